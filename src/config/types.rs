@@ -1,0 +1,305 @@
+//! Validated, typed configuration. Everything outside `config/` receives these types:
+//! durations are `Duration`, paths are absolute, secrets are `SecretString`.
+//! The TOML layout (raw mirror) lives in `config/raw.rs` and is private to `config/`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Absolute path of the agentd.toml that was loaded.
+    pub config_path: PathBuf,
+    /// Directory of the config file (relative paths resolve against it).
+    pub config_dir: PathBuf,
+    pub agent: AgentConfig,
+    pub providers: ProvidersConfig,
+    /// Every model that was defined (providers.d files in load order, then inline `[models.*]`),
+    /// loaded or not. See `ModelSet` for which ones can be used.
+    pub models: ModelSet,
+    /// `[routing]`: source name → model name. `primary` is used for unmapped sources.
+    pub routing: BTreeMap<String, String>,
+    pub fifo: FifoConfig,
+    pub http: HttpConfig,
+    pub telegram: TelegramConfig,
+    pub behavior: BehaviorConfig,
+    pub budget: BudgetConfig,
+    pub tools: ToolsConfig,
+    pub memory: MemoryConfig,
+    pub paths: PathsConfig,
+    pub logging: LoggingConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub name: String,
+    /// Absolute, canonical when it exists.
+    pub workspace: PathBuf,
+    pub timezone: chrono_tz::Tz,
+    pub context: ContextConfig,
+    pub skills: SkillsConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ContextConfig {
+    /// Files of tier `full` (from `[agent.context]`).
+    pub stable: Vec<String>,
+    pub semi_stable: Vec<String>,
+    /// Other tiers by name (`[agent.context.tiers.<tier>]`).
+    pub tiers: BTreeMap<String, TierFiles>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TierFiles {
+    pub stable: Vec<String>,
+    pub semi_stable: Vec<String>,
+}
+
+impl ContextConfig {
+    /// File set for a tier: `full` uses `[agent.context]`, known tiers their own lists,
+    /// unknown tiers have no files.
+    pub fn files_for(&self, tier: &str) -> TierFiles {
+        if tier == "full" {
+            return TierFiles {
+                stable: self.stable.clone(),
+                semi_stable: self.semi_stable.clone(),
+            };
+        }
+        self.tiers.get(tier).cloned().unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SkillsConfig {
+    /// Absolute (resolved against the workspace).
+    pub dir: PathBuf,
+    pub always_on: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProvidersConfig {
+    pub load: Vec<String>,
+    /// Absolute.
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderKind {
+    Anthropic,
+    OpenAi,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::OpenAi => "openai",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Pricing {
+    /// USD per million tokens.
+    pub input: f64,
+    pub output: f64,
+    pub cache_read: f64,
+    pub cache_write: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheTtl {
+    FiveMinutes,
+    OneHour,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Thinking {
+    Off,
+    Adaptive,
+    Budgeted,
+}
+
+/// One model definition, with provider-level keys already inherited.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// Config name (`primary`, `subagent`, ...).
+    pub name: String,
+    /// The provider file it came from (`anthropic`), or `inline` for `[models.*]` in agentd.toml.
+    pub provider: String,
+    pub kind: ProviderKind,
+    /// API model id.
+    pub model: String,
+    /// Anthropic: origin (client appends `/v1/messages`); OpenAI: API root (client appends
+    /// `/chat/completions`). No trailing slash.
+    pub base_url: String,
+    pub api_key_env: Option<String>,
+    /// `None` when no key is needed (local servers) or when the key is missing (then the
+    /// model is in `ModelSet::skipped`).
+    pub api_key: Option<SecretString>,
+    pub max_tokens: u32,
+    pub context_window: u32,
+    pub pricing: Pricing,
+    /// Anthropic cache breakpoints on (default true for anthropic, false for openai).
+    pub cache: bool,
+    pub cache_ttl: CacheTtl,
+    pub thinking: Thinking,
+    pub thinking_budget: u32,
+    pub thinking_effort: Option<String>,
+    pub supports_vision: bool,
+    pub fallback: Vec<String>,
+    /// OpenAI only: send the session id as `prompt_cache_key`.
+    pub prompt_cache_key: bool,
+}
+
+/// All defined models: the usable ones and the ones skipped with the reason.
+#[derive(Debug, Clone, Default)]
+pub struct ModelSet {
+    pub loaded: BTreeMap<String, Arc<ModelSpec>>,
+    /// model name → human-readable reason naming the fix, e.g.
+    /// "environment variable AGENTD_ANTHROPIC_KEY is not set (providers.d/anthropic.toml, models.primary); set it in config/.env or the environment".
+    pub skipped: BTreeMap<String, String>,
+}
+
+impl ModelSet {
+    pub fn get(&self, name: &str) -> Option<&Arc<ModelSpec>> {
+        self.loaded.get(name)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FifoConfig {
+    pub enabled: bool,
+    /// Absolute (default `state_dir/control.pipe`).
+    pub path: PathBuf,
+    pub max_line_bytes: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub enabled: bool,
+    pub host: String,
+    pub port: u16,
+    pub token_env: String,
+    pub token: Option<SecretString>,
+    pub max_body_bytes: usize,
+    pub rate_limit: u32,
+    pub status_rate_limit: u32,
+    pub rate_window: Duration,
+    pub callback_url: String,
+    pub callback_token_env: String,
+    pub callback_token: Option<SecretString>,
+    pub callback_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TelegramFormat {
+    Html,
+    Plain,
+}
+
+#[derive(Debug, Clone)]
+pub struct TelegramConfig {
+    pub enabled: bool,
+    pub token_env: String,
+    pub token: Option<SecretString>,
+    pub api_url: String,
+    /// Numeric user ids allowed to talk to the bot. Empty = nobody.
+    pub allow_from: Vec<i64>,
+    /// Contact name → Telegram user/chat id.
+    pub contacts: BTreeMap<String, i64>,
+    pub text_chunk_limit: usize,
+    pub poll_timeout: Duration,
+    pub max_download_bytes: u64,
+    pub format: TelegramFormat,
+}
+
+#[derive(Debug, Clone)]
+pub struct CompactionConfig {
+    pub threshold_tokens: u64,
+    pub model: String,
+    pub prompt: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct BehaviorConfig {
+    pub debounce: Duration,
+    pub max_concurrent_sessions: usize,
+    pub silent_tokens: Vec<String>,
+    pub typing_indicators: bool,
+    pub error_message: String,
+    pub max_turns_per_message: u32,
+    /// Inactivity timeout while streaming.
+    pub call_timeout: Duration,
+    pub api_retries: u32,
+    pub api_retry_base_delay: Duration,
+    pub message_retries: u32,
+    /// Characters.
+    pub output_truncation: usize,
+    pub compaction: CompactionConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BudgetConfig {
+    /// USD; 0 = off.
+    pub per_message_usd: f64,
+    pub daily_usd: f64,
+    pub monthly_usd: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ToolsConfig {
+    /// Explicit `[tools] enabled`, or `None` for the default (every tool whose dependencies are
+    /// configured).
+    pub enabled: Option<Vec<String>>,
+    pub exec_timeout: Duration,
+    pub exec_max_timeout: Duration,
+    pub exec_sandbox: ExecSandbox,
+    pub exec_network: bool,
+    /// Absolute.
+    pub allowed_paths: Vec<PathBuf>,
+    pub subagent_deny: Vec<String>,
+    pub subagent_model: String,
+    pub web_search_provider: String,
+    pub web_search_base_url: String,
+    pub web_fetch_max_bytes: u64,
+    pub web_fetch_allow_hosts: Vec<String>,
+    pub max_scheduled: u32,
+    pub max_delay: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecSandbox {
+    Landlock,
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct MemoryConfig {
+    pub enabled: bool,
+    pub search_top_k: u32,
+    pub indexer_include: Vec<String>,
+    pub chunk_chars: usize,
+    pub overlap_chars: usize,
+    pub recall_max_tokens: u32,
+    pub consolidation_enabled: bool,
+    pub consolidation_min_messages: u32,
+    pub consolidation_confidence_threshold: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PathsConfig {
+    /// Absolute.
+    pub state_dir: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct LoggingConfig {
+    pub level: String,
+    pub file: bool,
+    pub keep_files: usize,
+}

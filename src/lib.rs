@@ -1,0 +1,20 @@
+//! agentd — an always-on AI agent daemon.
+//!
+//! Codemap: see `docs/ARCHITECTURE.md`. In short: `config/` turns TOML into typed config,
+//! `llm/` talks to providers, `agent/` runs one message end to end, `session/` persists
+//! conversations, `store/` owns SQLite, `daemon/` wires everything and owns the lifecycle,
+//! `channels/` are the message sources, `control` is the FIFO line protocol shared with
+//! `agent-send`.
+
+pub mod agent;
+pub mod channels;
+pub mod config;
+pub mod control;
+pub mod cost;
+pub mod daemon;
+pub mod fsutil;
+pub mod llm;
+pub mod monitor;
+pub mod session;
+pub mod store;
+pub mod tools;

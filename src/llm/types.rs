@@ -1,0 +1,224 @@
+//! Provider-neutral conversation types. These are also the persisted format of session
+//! state files (SPEC §7 "internal neutral message format"), so changing a serde shape here is a
+//! format change: keep it backward compatible.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One conversation message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Message {
+    User {
+        content: Vec<UserBlock>,
+    },
+    Assistant {
+        #[serde(default)]
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+        /// Anthropic thinking blocks, kept verbatim (with signatures) so they can be sent back.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        thinking: Vec<ThinkingBlock>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
+    },
+    ToolResults {
+        results: Vec<ToolResult>,
+        /// A note from the daemon to the model appended after the results (e.g. the wrap-up
+        /// warning). Rendered as a text block after the results.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        notice: Option<String>,
+    },
+}
+
+impl Message {
+    pub fn user_text(text: impl Into<String>) -> Self {
+        Message::User {
+            content: vec![UserBlock::Text { text: text.into() }],
+        }
+    }
+
+    pub fn is_user(&self) -> bool {
+        matches!(self, Message::User { .. })
+    }
+
+    /// Tool calls of an assistant message (empty for other roles).
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        match self {
+            Message::Assistant { tool_calls, .. } => tool_calls,
+            _ => &[],
+        }
+    }
+}
+
+/// A content block of a user turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum UserBlock {
+    Text {
+        text: String,
+    },
+    /// Passed to the provider for the call(s) of the message that carried it, never persisted:
+    /// state files hold `Text` placeholders instead (see `placeholder`).
+    Image {
+        media_type: String,
+        /// Base64 data.
+        data: String,
+        /// What replaces the image from the next message on, e.g. "[image: inbox/123.jpg]".
+        placeholder: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// Parsed JSON arguments. If the model produced invalid JSON this is
+    /// `{"__invalid_json": "<raw text>"}` and the call is answered with an error result.
+    pub arguments: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub tool_call_id: String,
+    pub content: String,
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// A thinking block as returned by Anthropic. `redacted` blocks carry `data` instead of text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThinkingBlock {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// `redacted_thinking` payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted_data: Option<String>,
+}
+
+/// Token usage of one call, in agentd's normalised meaning: `input_tokens` excludes cache reads
+/// and writes (Anthropic's meaning; OpenAI's prompt_tokens are split as prompt − cached).
+/// No token is counted twice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+    }
+
+    /// Tokens of the prompt as the provider saw it (input + cache reads + cache writes).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+    }
+}
+
+/// A tool definition as offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments (an object schema).
+    pub input_schema: Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    Auto,
+    /// Tools stay defined (cache stays warm) but the model may not call them.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SystemTier {
+    Stable,
+    SemiStable,
+}
+
+/// One system prompt block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SystemBlock {
+    pub tier: SystemTier,
+    pub text: String,
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    EndTurn,
+    ToolUse,
+    MaxTokens,
+    StopSequence,
+    Refusal,
+    /// Anything else the provider said, verbatim.
+    Other(String),
+}
+
+impl StopReason {
+    pub fn as_str(&self) -> &str {
+        match self {
+            StopReason::EndTurn => "end_turn",
+            StopReason::ToolUse => "tool_use",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::StopSequence => "stop_sequence",
+            StopReason::Refusal => "refusal",
+            StopReason::Other(s) => s,
+        }
+    }
+}
+
+/// One LLM request in neutral form. Providers translate it at the edge.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    /// Session id (used as OpenAI `prompt_cache_key` when enabled, and for logs).
+    pub session_id: String,
+    /// System blocks in order: all stable blocks, then all semi_stable blocks.
+    pub system: Vec<SystemBlock>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub tool_choice: ToolChoice,
+    /// Number of messages the previous call of this session sent (`None` for the first call or
+    /// after compaction). Anthropic puts a cache breakpoint on the last block of message
+    /// `previous_messages - 1` so this call reads everything the previous one wrote.
+    pub previous_messages: Option<usize>,
+}
+
+/// A complete (non-streamed view of a streamed) response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatResponse {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub thinking: Vec<ThinkingBlock>,
+    pub stop_reason: StopReason,
+    pub usage: Usage,
+    /// API model id that answered.
+    pub model: String,
+}
+
+impl ChatResponse {
+    /// The assistant message to append to the history.
+    pub fn to_message(&self) -> Message {
+        Message::Assistant {
+            text: self.text.clone(),
+            tool_calls: self.tool_calls.clone(),
+            thinking: self.thinking.clone(),
+            usage: Some(self.usage),
+        }
+    }
+}
