@@ -1,0 +1,235 @@
+//! The JSONL audit trail's event format (SPEC §7). One line = one `TrailLine`.
+//!
+//! Completion rules (SPEC §5.2, used by recovery and by `agent-send --wait`): an `intake` event
+//! is complete once an assistant `message` with `final: true` or a `failure` lists its id in
+//! `reply_to`. A user `message` lists in `reply_to` the intake ids its turn carries.
+
+use serde::{Deserialize, Serialize};
+
+use crate::llm::{Message, ToolResult};
+
+/// Format version of trail lines.
+pub const TRAIL_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrailLine {
+    pub v: u32,
+    /// Per-session sequence number, strictly increasing across the session's files.
+    pub seq: u64,
+    /// RFC 3339.
+    pub ts: String,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// First event of a session.
+    Session {
+        session_id: String,
+        key: String,
+        model: String,
+    },
+    /// Durable intake of one inbound item: written before the item is acknowledged.
+    Intake(Intake),
+    /// A conversation message (user turn or assistant response).
+    Message(MessageEvent),
+    /// Results of one batch of tool calls (one neutral `tool_results` message).
+    ToolResult {
+        results: Vec<ToolResult>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        notice: Option<String>,
+    },
+    /// A reply delivery: `intent` before the send, `done`/`failed` after it.
+    Delivery {
+        reply_to: Vec<String>,
+        channel: String,
+        status: DeliveryStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+    /// Processing of these intake ids failed; `reply` is what the sender was told.
+    Failure {
+        reply_to: Vec<String>,
+        error: String,
+        reply: String,
+    },
+    /// The oldest `removed` messages were replaced by `summary`.
+    Compaction { summary: String, removed: usize },
+    /// The session was reset (its files move to `.archive/` right after this event).
+    Reset { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Intake {
+    /// Client-chosen id (agent-send: a UUID) or one the daemon assigned.
+    pub id: String,
+    /// `user`, `system`, `telegram`, `http`, `terminal`, `scheduler`.
+    pub source: String,
+    /// Sender name (`--from`, contact name, ...).
+    pub from: String,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageEvent {
+    #[serde(flatten)]
+    pub message: Message,
+    /// User turn: the intake ids it carries. Final assistant message: the ids it answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reply_to: Vec<String>,
+    /// Assistant only: this is the reply (no further calls for this turn).
+    #[serde(default, rename = "final", skip_serializing_if = "is_false")]
+    pub is_final: bool,
+    /// Assistant final only: the reply matched a silent token and is not delivered.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub silent: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Assistant only: config name of the model that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// Assistant only: loop turn (1-based) within the message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+    /// Assistant only: how many messages the request that produced it carried (restores the
+    /// cache breakpoint position on rebuild).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_messages: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+impl MessageEvent {
+    pub fn new(message: Message) -> Self {
+        MessageEvent {
+            message,
+            reply_to: Vec::new(),
+            is_final: false,
+            silent: false,
+            source: None,
+            from: None,
+            model: None,
+            stop_reason: None,
+            turn: None,
+            sent_messages: None,
+            cost_usd: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    Intent,
+    Done,
+    Failed,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::{ToolCall, Usage};
+
+    fn roundtrip(e: Event) {
+        let line = TrailLine {
+            v: TRAIL_VERSION,
+            seq: 7,
+            ts: "2026-11-03T14:05:00+01:00".into(),
+            event: e,
+        };
+        let s = serde_json::to_string(&line).unwrap();
+        let back: TrailLine = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, line, "{s}");
+    }
+
+    #[test]
+    fn every_event_roundtrips() {
+        roundtrip(Event::Session {
+            session_id: "s".into(),
+            key: "alice".into(),
+            model: "primary".into(),
+        });
+        roundtrip(Event::Intake(Intake {
+            id: "i1".into(),
+            source: "user".into(),
+            from: "alice".into(),
+            text: "hi".into(),
+            tier: Some("full".into()),
+            attachments: vec![],
+        }));
+        let mut m = MessageEvent::new(Message::Assistant {
+            text: "ok".into(),
+            tool_calls: vec![ToolCall {
+                id: "t1".into(),
+                name: "read".into(),
+                arguments: serde_json::json!({"path":"a"}),
+            }],
+            thinking: vec![],
+            usage: Some(Usage {
+                input_tokens: 1,
+                output_tokens: 2,
+                cache_read_tokens: 3,
+                cache_write_tokens: 4,
+            }),
+        });
+        m.is_final = true;
+        m.reply_to = vec!["i1".into()];
+        m.sent_messages = Some(3);
+        roundtrip(Event::Message(m));
+        roundtrip(Event::Message(MessageEvent::new(Message::user_text("hello"))));
+        roundtrip(Event::ToolResult {
+            results: vec![ToolResult {
+                tool_call_id: "t1".into(),
+                content: "x".into(),
+                is_error: true,
+            }],
+            notice: Some("wrap up".into()),
+        });
+        roundtrip(Event::Delivery {
+            reply_to: vec!["i1".into()],
+            channel: "telegram".into(),
+            status: DeliveryStatus::Intent,
+            detail: None,
+        });
+        roundtrip(Event::Failure {
+            reply_to: vec!["i1".into()],
+            error: "e".into(),
+            reply: "sorry".into(),
+        });
+        roundtrip(Event::Compaction {
+            summary: "s".into(),
+            removed: 4,
+        });
+        roundtrip(Event::Reset {
+            reason: "agent-send".into(),
+        });
+    }
+
+    #[test]
+    fn wire_shape_is_flat() {
+        let line = TrailLine {
+            v: 1,
+            seq: 1,
+            ts: "t".into(),
+            event: Event::Message(MessageEvent::new(Message::user_text("hi"))),
+        };
+        let v = serde_json::to_value(&line).unwrap();
+        assert_eq!(v["type"], "message");
+        assert_eq!(v["role"], "user");
+        assert_eq!(v["content"][0]["text"], "hi");
+    }
+}

@@ -1,0 +1,333 @@
+//! The session snapshot `<id>.state.json` and how it is derived from the trail. The trail is
+//! the source of truth: `SessionState::apply` folds one trail line into the state, so a
+//! snapshot plus the trail lines after its `last_seq` always equals a full replay. A missing or
+//! corrupt snapshot is rebuilt from the trail, tool results included (SPEC §7).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::event::{Event, TrailLine};
+use crate::llm::{Message, Usage, UserBlock};
+
+/// Format version of state files.
+pub const STATE_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub version: u32,
+    pub id: String,
+    pub key: String,
+    /// Model name the session was created with (routing may pick another per message).
+    pub model: String,
+    pub messages: Vec<Message>,
+    /// Unix seconds.
+    pub created_at: i64,
+    pub updated_at: i64,
+    /// Token totals over every call of the session.
+    pub usage: Usage,
+    pub cost_usd: f64,
+    pub compaction_count: u32,
+    /// Sequence number of the last trail line folded into this state.
+    pub last_seq: u64,
+    /// Messages sent by the previous LLM call (cache breakpoint position, SPEC §6).
+    #[serde(default)]
+    pub previous_messages: Option<usize>,
+    /// Prompt + output tokens of the last call: the context size.
+    #[serde(default)]
+    pub context_tokens: u64,
+    #[serde(default)]
+    pub flags: Flags,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Flags {
+    /// The "compaction is near" notice was given (SPEC §15).
+    #[serde(default)]
+    pub compaction_warned: bool,
+}
+
+impl SessionState {
+    pub fn new(id: &str, key: &str, model: &str, created_at: i64) -> Self {
+        SessionState {
+            version: STATE_VERSION,
+            id: id.to_string(),
+            key: key.to_string(),
+            model: model.to_string(),
+            messages: Vec::new(),
+            created_at,
+            updated_at: created_at,
+            usage: Usage::default(),
+            cost_usd: 0.0,
+            compaction_count: 0,
+            last_seq: 0,
+            previous_messages: None,
+            context_tokens: 0,
+            flags: Flags::default(),
+        }
+    }
+
+    /// Fold one trail line into the state. Lines at or below `last_seq` are ignored, so
+    /// applying a line twice is harmless.
+    pub fn apply(&mut self, line: &TrailLine) {
+        if line.seq <= self.last_seq {
+            return;
+        }
+        self.last_seq = line.seq;
+        if let Ok(t) = chrono::DateTime::parse_from_rfc3339(&line.ts) {
+            self.updated_at = t.timestamp();
+        }
+        match &line.event {
+            Event::Session { model, .. } => {
+                if self.model.is_empty() {
+                    self.model = model.clone();
+                }
+                if self.messages.is_empty()
+                    && let Ok(t) = chrono::DateTime::parse_from_rfc3339(&line.ts)
+                {
+                    self.created_at = t.timestamp();
+                }
+            }
+            Event::Message(m) => {
+                let mut msg = m.message.clone();
+                strip_images(&mut msg);
+                if let Message::Assistant {
+                    usage: Some(u), ..
+                } = &msg
+                {
+                    self.usage.add(u);
+                    self.context_tokens = u.prompt_tokens() + u.output_tokens;
+                }
+                if let Some(c) = m.cost_usd {
+                    self.cost_usd += c;
+                }
+                if let Some(n) = m.sent_messages {
+                    self.previous_messages = Some(n);
+                }
+                self.messages.push(msg);
+            }
+            Event::ToolResult { results, notice } => self.messages.push(Message::ToolResults {
+                results: results.clone(),
+                notice: notice.clone(),
+            }),
+            Event::Compaction { summary, removed } => {
+                let n = (*removed).min(self.messages.len());
+                self.messages.drain(..n);
+                self.messages.insert(0, Message::user_text(summary.clone()));
+                self.compaction_count += 1;
+                self.previous_messages = None;
+                self.flags.compaction_warned = false;
+            }
+            Event::Intake(_)
+            | Event::Delivery { .. }
+            | Event::Failure { .. }
+            | Event::Reset { .. } => {}
+        }
+    }
+
+    /// Replace image blocks by their text placeholders (done when a message is finished: images
+    /// are sent for every call of their own message only, SPEC §6).
+    pub fn strip_images(&mut self) {
+        for m in &mut self.messages {
+            strip_images(m);
+        }
+    }
+}
+
+fn strip_images(m: &mut Message) {
+    if let Message::User { content } = m {
+        for b in content.iter_mut() {
+            if let UserBlock::Image { placeholder, .. } = b {
+                *b = UserBlock::Text {
+                    text: std::mem::take(placeholder),
+                };
+            }
+        }
+    }
+}
+
+/// Rebuild a state from trail lines alone (no snapshot).
+pub fn rebuild(id: &str, key: &str, lines: &[TrailLine]) -> SessionState {
+    let mut s = SessionState::new(id, key, "", 0);
+    for l in lines {
+        s.apply(l);
+    }
+    s
+}
+
+/// Read a snapshot. `Ok(None)` when missing; `Err` when unreadable (the caller rebuilds).
+pub fn read_snapshot(path: &Path) -> Result<Option<SessionState>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Write a snapshot durably (temp + fsync + rename + dir fsync).
+pub fn write_snapshot(path: &Path, state: &SessionState) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
+    crate::fsutil::atomic_write(path, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::{ToolCall, ToolResult};
+    use crate::session::event::{Intake, MessageEvent};
+
+    fn line(seq: u64, event: Event) -> TrailLine {
+        TrailLine {
+            v: 1,
+            seq,
+            ts: "2026-11-03T14:05:00+00:00".into(),
+            event,
+        }
+    }
+
+    fn sample() -> Vec<TrailLine> {
+        let mut a1 = MessageEvent::new(Message::Assistant {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "t1".into(),
+                name: "read".into(),
+                arguments: serde_json::json!({"path": "x"}),
+            }],
+            thinking: vec![],
+            usage: Some(Usage {
+                input_tokens: 10,
+                output_tokens: 5,
+                cache_read_tokens: 100,
+                cache_write_tokens: 20,
+            }),
+        });
+        a1.sent_messages = Some(1);
+        a1.cost_usd = Some(0.5);
+        let mut a2 = MessageEvent::new(Message::Assistant {
+            text: "done".into(),
+            tool_calls: vec![],
+            thinking: vec![],
+            usage: Some(Usage {
+                input_tokens: 1,
+                output_tokens: 2,
+                cache_read_tokens: 130,
+                cache_write_tokens: 0,
+            }),
+        });
+        a2.sent_messages = Some(3);
+        a2.is_final = true;
+        vec![
+            line(
+                1,
+                Event::Session {
+                    session_id: "s".into(),
+                    key: "alice".into(),
+                    model: "primary".into(),
+                },
+            ),
+            line(
+                2,
+                Event::Intake(Intake {
+                    id: "i1".into(),
+                    source: "user".into(),
+                    from: "alice".into(),
+                    text: "hi".into(),
+                    tier: None,
+                    attachments: vec![],
+                }),
+            ),
+            line(
+                3,
+                Event::Message(MessageEvent::new(Message::User {
+                    content: vec![
+                        UserBlock::Text { text: "hi".into() },
+                        UserBlock::Image {
+                            media_type: "image/png".into(),
+                            data: "AAAA".into(),
+                            placeholder: "[image: a.png]".into(),
+                        },
+                    ],
+                })),
+            ),
+            line(4, Event::Message(a1)),
+            line(
+                5,
+                Event::ToolResult {
+                    results: vec![ToolResult {
+                        tool_call_id: "t1".into(),
+                        content: "file".into(),
+                        is_error: false,
+                    }],
+                    notice: None,
+                },
+            ),
+            line(6, Event::Message(a2)),
+        ]
+    }
+
+    #[test]
+    fn rebuild_includes_tool_results_and_totals() {
+        let s = rebuild("s", "alice", &sample());
+        assert_eq!(s.messages.len(), 4);
+        assert!(matches!(s.messages[2], Message::ToolResults { .. }));
+        assert_eq!(s.usage.input_tokens, 11);
+        assert_eq!(s.usage.cache_read_tokens, 230);
+        assert_eq!(s.previous_messages, Some(3));
+        assert_eq!(s.context_tokens, 1 + 130 + 2);
+        assert_eq!(s.model, "primary");
+        assert_eq!(s.last_seq, 6);
+        // Images are never persisted.
+        let Message::User { content } = &s.messages[0] else {
+            panic!()
+        };
+        assert_eq!(
+            content[1],
+            UserBlock::Text {
+                text: "[image: a.png]".into()
+            }
+        );
+    }
+
+    #[test]
+    fn snapshot_plus_tail_equals_full_replay() {
+        let lines = sample();
+        for cut in 0..lines.len() {
+            let mut s = rebuild("s", "alice", &lines[..cut]);
+            for l in &lines {
+                s.apply(l); // lines <= last_seq are skipped
+            }
+            assert_eq!(s, rebuild("s", "alice", &lines), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn compaction_replaces_oldest_messages() {
+        let mut lines = sample();
+        lines.push(line(
+            7,
+            Event::Compaction {
+                summary: "summary".into(),
+                removed: 3,
+            },
+        ));
+        let s = rebuild("s", "alice", &lines);
+        assert_eq!(s.messages.len(), 2);
+        assert_eq!(s.messages[0], Message::user_text("summary"));
+        assert_eq!(s.compaction_count, 1);
+        assert_eq!(s.previous_messages, None);
+    }
+
+    #[test]
+    fn snapshot_roundtrip() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.state.json");
+        assert_eq!(read_snapshot(&p).unwrap(), None);
+        let s = rebuild("s", "alice", &sample());
+        write_snapshot(&p, &s).unwrap();
+        assert_eq!(read_snapshot(&p).unwrap(), Some(s));
+        std::fs::write(&p, "{broken").unwrap();
+        assert!(read_snapshot(&p).is_err());
+    }
+}

@@ -1,0 +1,246 @@
+//! Append-only daily JSONL trail files `<id>.<YYYY-MM-DD>.jsonl` (SPEC §7): every event is one
+//! line written with a single write and fsynced before the caller moves on. Reading tolerates a
+//! torn last line (a crash mid-write); the writer truncates such a tail before appending.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use chrono_tz::Tz;
+
+use super::event::{Event, TRAIL_VERSION, TrailLine};
+use crate::fsutil;
+
+/// Writer of one session's trail. Not shared between threads by itself: `SessionHandle` wraps
+/// it in a mutex.
+#[derive(Debug)]
+pub struct TrailWriter {
+    dir: PathBuf,
+    id: String,
+    tz: Tz,
+    current: Option<(String, File)>,
+    next_seq: u64,
+}
+
+impl TrailWriter {
+    /// Open the trail of session `id` in `dir`: find the last sequence number and repair a torn
+    /// tail of the newest file.
+    pub fn open(dir: &Path, id: &str, tz: Tz) -> io::Result<TrailWriter> {
+        let files = trail_files(dir, id)?;
+        let mut next_seq = 1;
+        if let Some(last) = files.last() {
+            truncate_torn_tail(last)?;
+            if let Some(line) = last_line(last)? {
+                next_seq = line.seq + 1;
+            }
+        }
+        Ok(TrailWriter {
+            dir: dir.to_path_buf(),
+            id: id.to_string(),
+            tz,
+            current: None,
+            next_seq,
+        })
+    }
+
+    /// Append `event` (durably) and return the line as written.
+    pub fn append(&mut self, event: Event) -> io::Result<TrailLine> {
+        self.append_at(event, Utc::now())
+    }
+
+    pub fn append_at(&mut self, event: Event, now: DateTime<Utc>) -> io::Result<TrailLine> {
+        let local = now.with_timezone(&self.tz);
+        let line = TrailLine {
+            v: TRAIL_VERSION,
+            seq: self.next_seq,
+            ts: local.to_rfc3339_opts(SecondsFormat::Millis, false),
+            event,
+        };
+        let bytes = serde_json::to_vec(&line).map_err(io::Error::other)?;
+        let date = local.format("%Y-%m-%d").to_string();
+        let file = self.file_for(&date)?;
+        fsutil::append_line_fsync(file, &bytes)?;
+        self.next_seq += 1;
+        Ok(line)
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    fn file_for(&mut self, date: &str) -> io::Result<&mut File> {
+        let stale = !matches!(&self.current, Some((d, _)) if d == date);
+        if stale {
+            let path = self.dir.join(format!("{}.{}.jsonl", self.id, date));
+            let existed = path.exists();
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(&path)?;
+            if !existed {
+                fsutil::fsync_dir(&self.dir)?;
+            }
+            self.current = Some((date.to_string(), f));
+        }
+        Ok(&mut self.current.as_mut().expect("just set").1)
+    }
+}
+
+/// Trail files of a session, oldest first.
+pub fn trail_files(dir: &Path, id: &str) -> io::Result<Vec<PathBuf>> {
+    let prefix = format!("{id}.");
+    let mut out = Vec::new();
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for entry in rd {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if let Some(rest) = name.strip_prefix(&prefix)
+            && let Some(date) = rest.strip_suffix(".jsonl")
+            && date.len() == 10
+        {
+            out.push(entry.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Every readable line of the session's trail, oldest first. Lines that do not parse (a torn
+/// last line, or damage) are skipped with a warning; they never stop the read.
+pub fn read_trail(dir: &Path, id: &str) -> io::Result<Vec<TrailLine>> {
+    let mut out = Vec::new();
+    for f in trail_files(dir, id)? {
+        read_file_into(&f, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// Lines with `seq > after`.
+pub fn read_trail_after(dir: &Path, id: &str, after: u64) -> io::Result<Vec<TrailLine>> {
+    let mut all = read_trail(dir, id)?;
+    all.retain(|l| l.seq > after);
+    Ok(all)
+}
+
+fn read_file_into(path: &Path, out: &mut Vec<TrailLine>) -> io::Result<()> {
+    let file = File::open(path)?;
+    for (n, line) in BufReader::new(file).split(b'\n').enumerate() {
+        let line = line?;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<TrailLine>(&line) {
+            Ok(l) => out.push(l),
+            Err(e) => tracing::warn!(
+                file = %path.display(),
+                line = n + 1,
+                error = %e,
+                "skipping unreadable trail line"
+            ),
+        }
+    }
+    Ok(())
+}
+
+fn last_line(path: &Path) -> io::Result<Option<TrailLine>> {
+    let mut lines = Vec::new();
+    read_file_into(path, &mut lines)?;
+    Ok(lines.pop())
+}
+
+/// If the file does not end with a newline, cut it back to the last newline: that tail is a
+/// write the crash interrupted, never acknowledged.
+fn truncate_torn_tail(path: &Path) -> io::Result<()> {
+    let mut f = OpenOptions::new().read(true).write(true).open(path)?;
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    f.seek(SeekFrom::Start(len - 1))?;
+    let mut b = [0u8; 1];
+    f.read_exact(&mut b)?;
+    if b[0] == b'\n' {
+        return Ok(());
+    }
+    // Scan backwards for the last newline.
+    let mut buf = Vec::new();
+    f.seek(SeekFrom::Start(0))?;
+    f.read_to_end(&mut buf)?;
+    let keep = buf.iter().rposition(|&c| c == b'\n').map_or(0, |p| p + 1);
+    tracing::warn!(file = %path.display(), dropped_bytes = len - keep as u64, "truncating torn trail tail");
+    f.set_len(keep as u64)?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::Message;
+    use crate::session::event::MessageEvent;
+    use std::io::Write;
+
+    fn ev(text: &str) -> Event {
+        Event::Message(MessageEvent::new(Message::user_text(text)))
+    }
+
+    #[test]
+    fn appends_with_increasing_seq_and_reopens() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        w.append(ev("a")).unwrap();
+        w.append(ev("b")).unwrap();
+        drop(w);
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        assert_eq!(w.next_seq(), 3);
+        w.append(ev("c")).unwrap();
+        let lines = read_trail(d.path(), "s1").unwrap();
+        assert_eq!(lines.iter().map(|l| l.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    }
+
+    #[test]
+    fn daily_files_use_the_configured_zone() {
+        let d = tempfile::tempdir().unwrap();
+        let tz: Tz = "Europe/Berlin".parse().unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", tz).unwrap();
+        // 23:30 UTC on Nov 3 is 00:30 on Nov 4 in Berlin.
+        let t = "2026-11-03T23:30:00Z".parse::<DateTime<Utc>>().unwrap();
+        w.append_at(ev("a"), t).unwrap();
+        w.append_at(ev("b"), t - chrono::Duration::hours(2)).unwrap();
+        let files = trail_files(d.path(), "s1").unwrap();
+        let names: Vec<_> = files
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["s1.2026-11-03.jsonl", "s1.2026-11-04.jsonl"]);
+        // Other sessions' files with a shared prefix are not picked up.
+        fs::write(d.path().join("s10.2026-11-03.jsonl"), "").unwrap();
+        assert_eq!(trail_files(d.path(), "s1").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn torn_last_line_is_ignored_and_repaired() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        w.append(ev("a")).unwrap();
+        drop(w);
+        let f = trail_files(d.path(), "s1").unwrap().pop().unwrap();
+        let mut fh = OpenOptions::new().append(true).open(&f).unwrap();
+        fh.write_all(br#"{"v":1,"seq":2,"ts":"x","type":"mess"#).unwrap();
+        drop(fh);
+        assert_eq!(read_trail(d.path(), "s1").unwrap().len(), 1);
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        assert_eq!(w.next_seq(), 2);
+        w.append(ev("b")).unwrap();
+        let lines = read_trail(d.path(), "s1").unwrap();
+        assert_eq!(lines.len(), 2);
+        assert!(fs::read_to_string(&f).unwrap().ends_with("\n"));
+    }
+}
