@@ -1,1 +1,287 @@
-//! (stub: filled in by its owner)
+//! The control FIFO line protocol (SPEC §10.1), shared by the daemon and `agent-send`.
+//!
+//! One JSON object per line. Writers keep each line within `PIPE_BUF` (4096 bytes) so one
+//! `write` is atomic and concurrent writers never interleave; longer texts go to a file under
+//! `state_dir/inbox/` and travel as `text_file`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Linux `PIPE_BUF`: writes up to this size into a FIFO are atomic.
+pub const PIPE_BUF: usize = 4096;
+
+/// One control line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ControlLine {
+    /// A user message (source `user`), session keyed by `sender` (default `cli`).
+    User {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text_file: Option<PathBuf>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sender: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tier: Option<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        attachments: Vec<PathBuf>,
+    },
+    /// A system event (source `system`, session `system`).
+    System {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text_file: Option<PathBuf>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tier: Option<String>,
+    },
+    /// A notification from another program, processed as a system event.
+    Notify {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text_file: Option<PathBuf>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
+        #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+        reference: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<serde_json::Value>,
+    },
+    /// Reset sessions: `all`, a session key or a session id.
+    Reset {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        #[serde(default = "all")]
+        target: String,
+    },
+}
+
+fn all() -> String {
+    "all".to_string()
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ControlError {
+    #[error("line is {len} bytes, over the limit of {max}")]
+    TooLong { len: usize, max: usize },
+    #[error("line is not UTF-8")]
+    NotUtf8,
+    #[error("invalid control line: {0}")]
+    Invalid(String),
+    #[error("{kind} line needs a non-empty `text` or `text_file`")]
+    NoText { kind: &'static str },
+    #[error("`text_file` {0} is outside the state directory's inbox/")]
+    TextFileOutside(PathBuf),
+    #[error("cannot read `text_file` {path}: {error}")]
+    TextFile { path: PathBuf, error: String },
+}
+
+impl ControlLine {
+    /// The client id, if any.
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            ControlLine::User { id, .. }
+            | ControlLine::System { id, .. }
+            | ControlLine::Notify { id, .. }
+            | ControlLine::Reset { id, .. } => id.as_deref(),
+        }
+    }
+
+    pub fn set_id(&mut self, new: String) {
+        match self {
+            ControlLine::User { id, .. }
+            | ControlLine::System { id, .. }
+            | ControlLine::Notify { id, .. }
+            | ControlLine::Reset { id, .. } => *id = Some(new),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ControlLine::User { .. } => "user",
+            ControlLine::System { .. } => "system",
+            ControlLine::Notify { .. } => "notify",
+            ControlLine::Reset { .. } => "reset",
+        }
+    }
+
+    /// Serialize as one line including the trailing newline.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec(self).expect("control lines always serialize");
+        v.push(b'\n');
+        v
+    }
+}
+
+/// Parse one line (without its newline). Checks size, UTF-8, JSON shape and that message
+/// lines carry text.
+pub fn parse_line(line: &[u8], max_bytes: usize) -> Result<ControlLine, ControlError> {
+    if line.len() > max_bytes {
+        return Err(ControlError::TooLong {
+            len: line.len(),
+            max: max_bytes,
+        });
+    }
+    let s = std::str::from_utf8(line).map_err(|_| ControlError::NotUtf8)?;
+    let parsed: ControlLine =
+        serde_json::from_str(s.trim()).map_err(|e| ControlError::Invalid(e.to_string()))?;
+    let has_text = |text: &Option<String>, file: &Option<PathBuf>| {
+        text.as_deref().is_some_and(|t| !t.trim().is_empty()) || file.is_some()
+    };
+    match &parsed {
+        ControlLine::User {
+            text, text_file, ..
+        }
+        | ControlLine::System {
+            text, text_file, ..
+        }
+        | ControlLine::Notify {
+            text, text_file, ..
+        } if !has_text(text, text_file) => Err(ControlError::NoText {
+            kind: parsed.kind(),
+        }),
+        _ => Ok(parsed),
+    }
+}
+
+/// Resolve the text of a line: `text`, or the content of `text_file`, which must lie inside
+/// `state_dir/inbox/` (resolved, so symlinks cannot escape).
+pub fn resolve_text(
+    text: &Option<String>,
+    text_file: &Option<PathBuf>,
+    state_dir: &Path,
+) -> Result<String, ControlError> {
+    if let Some(t) = text
+        && !t.trim().is_empty()
+    {
+        return Ok(t.clone());
+    }
+    let Some(file) = text_file else {
+        return Err(ControlError::NoText { kind: "message" });
+    };
+    let inbox = state_dir
+        .join("inbox")
+        .canonicalize()
+        .map_err(|e| ControlError::TextFile {
+            path: file.clone(),
+            error: e.to_string(),
+        })?;
+    let real = file.canonicalize().map_err(|e| ControlError::TextFile {
+        path: file.clone(),
+        error: e.to_string(),
+    })?;
+    if !real.starts_with(&inbox) {
+        return Err(ControlError::TextFileOutside(file.clone()));
+    }
+    std::fs::read_to_string(&real).map_err(|e| ControlError::TextFile {
+        path: file.clone(),
+        error: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_each_type() {
+        let l = parse_line(
+            br#"{"id":"u1","type":"user","text":"hi","sender":"alice"}"#,
+            4096,
+        )
+        .unwrap();
+        assert_eq!(l.id(), Some("u1"));
+        assert_eq!(l.kind(), "user");
+        assert!(matches!(
+            parse_line(br#"{"type":"system","text":"beat"}"#, 4096).unwrap(),
+            ControlLine::System { .. }
+        ));
+        let n = parse_line(
+            br#"{"type":"notify","text":"x","source":"ci","ref":"r1","data":{"a":1}}"#,
+            4096,
+        )
+        .unwrap();
+        assert!(matches!(n, ControlLine::Notify { reference: Some(ref r), .. } if r == "r1"));
+        assert_eq!(
+            parse_line(br#"{"type":"reset"}"#, 4096).unwrap(),
+            ControlLine::Reset {
+                id: None,
+                target: "all".into()
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bad_lines() {
+        assert!(matches!(
+            parse_line(b"not json", 4096),
+            Err(ControlError::Invalid(_))
+        ));
+        assert!(matches!(
+            parse_line(br#"{"type":"launch","text":"x"}"#, 4096),
+            Err(ControlError::Invalid(_))
+        ));
+        assert!(matches!(
+            parse_line(br#"{"type":"user","text":"x","bogus":1}"#, 4096),
+            Err(ControlError::Invalid(_))
+        ));
+        assert!(matches!(
+            parse_line(br#"{"type":"user","text":"  "}"#, 4096),
+            Err(ControlError::NoText { .. })
+        ));
+        assert!(matches!(
+            parse_line(&[b'x'; 5000], 4096),
+            Err(ControlError::TooLong { .. })
+        ));
+        assert_eq!(parse_line(&[0xff, 0xfe], 4096), Err(ControlError::NotUtf8));
+    }
+
+    #[test]
+    fn text_file_must_be_in_inbox() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("inbox")).unwrap();
+        let inside = d.path().join("inbox/m.txt");
+        std::fs::write(&inside, "long text").unwrap();
+        let outside = d.path().join("secret.txt");
+        std::fs::write(&outside, "no").unwrap();
+        assert_eq!(
+            resolve_text(&None, &Some(inside), d.path()).unwrap(),
+            "long text"
+        );
+        assert!(matches!(
+            resolve_text(&None, &Some(outside.clone()), d.path()),
+            Err(ControlError::TextFileOutside(_))
+        ));
+        let sneaky = d.path().join("inbox/../secret.txt");
+        assert!(resolve_text(&None, &Some(sneaky), d.path()).is_err());
+        let link = d.path().join("inbox/link.txt");
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        assert!(resolve_text(&None, &Some(link), d.path()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = parse_line(&bytes, 512);
+        }
+
+        #[test]
+        fn encode_parse_roundtrip(text in "[^\u{0}]{1,200}", sender in "[a-z]{1,10}") {
+            prop_assume!(!text.trim().is_empty());
+            let l = ControlLine::User { id: Some("x".into()), text: Some(text), text_file: None,
+                sender: Some(sender), tier: None, attachments: vec![] };
+            let enc = l.encode();
+            prop_assert_eq!(parse_line(&enc[..enc.len() - 1], 1 << 20).unwrap(), l);
+        }
+    }
+}

@@ -1,1 +1,4 @@
-//! (stub: filled in by its owner)
+//! Message sources. Each one turns outside input into control lines / inbound items for the
+//! daemon's intake; none of them runs the agent.
+
+pub mod fifo;

@@ -1,0 +1,268 @@
+//! The control FIFO (SPEC §10.1): created with mode 0600 at start, read without ever blocking
+//! shutdown, removed on exit. Malformed lines are logged and skipped; they never stop the
+//! reader.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use nix::sys::stat::Mode;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::control::{ControlLine, parse_line};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FifoError {
+    #[error(
+        "{path} exists and is not a FIFO owned by this user; move it away or set [fifo] path"
+    )]
+    NotOurFifo { path: PathBuf },
+    #[error("cannot create FIFO {path}: {source}")]
+    Create { path: PathBuf, source: io::Error },
+    #[error("cannot open FIFO {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+}
+
+/// Create the FIFO at `path` (mode 0600). An existing FIFO owned by us (left by a crash) is
+/// replaced; anything else at that path is refused.
+pub fn create(path: &Path) -> Result<(), FifoError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(md) => {
+            let ours = md.file_type().is_fifo() && md.uid() == nix::unistd::getuid().as_raw();
+            if !ours {
+                return Err(FifoError::NotOurFifo {
+                    path: path.to_path_buf(),
+                });
+            }
+            std::fs::remove_file(path).map_err(|source| FifoError::Create {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(FifoError::Create {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
+    nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).map_err(|e| FifoError::Create {
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    Ok(())
+}
+
+/// Remove the FIFO if it is still ours.
+pub fn remove(path: &Path) {
+    if let Ok(md) = std::fs::symlink_metadata(path)
+        && md.file_type().is_fifo()
+    {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Read lines until `cancel` fires, sending each valid line (with an id assigned when it had
+/// none) to `out`. Opening read-write keeps a writer end inside the daemon, so the reader never
+/// sees EOF when a client disconnects.
+pub async fn run(
+    path: PathBuf,
+    max_line_bytes: usize,
+    out: mpsc::Sender<ControlLine>,
+    cancel: CancellationToken,
+) -> Result<(), FifoError> {
+    let mut rx = tokio::net::unix::pipe::OpenOptions::new()
+        .read_write(true)
+        .open_receiver(&path)
+        .map_err(|source| FifoError::Open {
+            path: path.clone(),
+            source,
+        })?;
+    let mut splitter = LineSplitter::new(max_line_bytes);
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let n = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            r = rx.read(&mut buf) => match r {
+                Ok(0) => continue,
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %e, "FIFO read failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    continue;
+                }
+            },
+        };
+        for item in splitter.push(&buf[..n]) {
+            let line = match item {
+                Ok(l) => l,
+                Err(len) => {
+                    tracing::warn!(
+                        bytes = len,
+                        max = max_line_bytes,
+                        "FIFO line over max_line_bytes skipped; send long texts as text_file"
+                    );
+                    continue;
+                }
+            };
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match parse_line(&line, max_line_bytes) {
+                Ok(mut l) => {
+                    if l.id().is_none() {
+                        l.set_id(uuid::Uuid::now_v7().to_string());
+                    }
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(()),
+                        r = out.send(l) => if r.is_err() { return Ok(()) },
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "malformed FIFO line skipped");
+                }
+            }
+        }
+    }
+}
+
+/// Splits a byte stream into lines, enforcing a maximum length: an oversize line is reported
+/// once (as `Err(bytes_seen)`) and discarded up to its newline.
+#[derive(Debug)]
+pub struct LineSplitter {
+    buf: Vec<u8>,
+    max: usize,
+    /// Bytes of an oversize line discarded so far (None = not discarding).
+    discarding: Option<usize>,
+}
+
+impl LineSplitter {
+    pub fn new(max: usize) -> Self {
+        LineSplitter {
+            buf: Vec::new(),
+            max,
+            discarding: None,
+        }
+    }
+
+    pub fn push(&mut self, mut data: &[u8]) -> Vec<Result<Vec<u8>, usize>> {
+        let mut out = Vec::new();
+        while !data.is_empty() {
+            let nl = data.iter().position(|&b| b == b'\n');
+            let (chunk, rest, complete) = match nl {
+                Some(p) => (&data[..p], &data[p + 1..], true),
+                None => (data, &data[data.len()..], false),
+            };
+            data = rest;
+            if let Some(seen) = self.discarding.as_mut() {
+                *seen += chunk.len();
+                if complete {
+                    out.push(Err(*seen));
+                    self.discarding = None;
+                }
+                continue;
+            }
+            if self.buf.len() + chunk.len() > self.max {
+                let seen = self.buf.len() + chunk.len();
+                self.buf.clear();
+                if complete {
+                    out.push(Err(seen));
+                } else {
+                    self.discarding = Some(seen);
+                }
+                continue;
+            }
+            self.buf.extend_from_slice(chunk);
+            if complete {
+                out.push(Ok(std::mem::take(&mut self.buf)));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn splits_and_discards_oversize() {
+        let mut s = LineSplitter::new(5);
+        let r = s.push(b"ab\ncdefghij\nxy");
+        assert_eq!(r, vec![Ok(b"ab".to_vec()), Err(8)]);
+        assert_eq!(s.push(b"z\n"), vec![Ok(b"xyz".to_vec())]);
+        // Oversize across chunks.
+        assert_eq!(s.push(b"123456"), vec![]);
+        assert_eq!(s.push(b"78\nok\n"), vec![Err(8), Ok(b"ok".to_vec())]);
+    }
+
+    proptest! {
+        #[test]
+        fn chunking_does_not_change_lines(lines in proptest::collection::vec("[a-z]{0,12}", 0..20),
+                                          cuts in proptest::collection::vec(0usize..400, 0..10)) {
+            let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            let bytes = text.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.sort();
+            let mut s = LineSplitter::new(8);
+            let mut got = Vec::new();
+            let mut prev = 0;
+            for c in cuts.into_iter().chain([bytes.len()]) {
+                got.extend(s.push(&bytes[prev..c]));
+                prev = c;
+            }
+            let want: Vec<Result<Vec<u8>, usize>> = lines.iter()
+                .map(|l| if l.len() > 8 { Err(l.len()) } else { Ok(l.as_bytes().to_vec()) })
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[tokio::test]
+    async fn reader_skips_malformed_and_delivers_valid() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("control.pipe");
+        create(&p).unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(p.clone(), 64, tx, cancel.clone()));
+        // Write like agent-send: one write per line. (O_RDWR so the open never blocks on a
+        // reader that this single-threaded test has not polled yet.)
+        let mut w = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        use std::io::Write;
+        w.write_all(b"garbage\n").unwrap();
+        w.write_all(br#"{"type":"explode"}"#).unwrap();
+        w.write_all(b"\n").unwrap();
+        w.write_all(&[b'x'; 100]).unwrap();
+        w.write_all(b"\n").unwrap();
+        w.write_all(br#"{"type":"user","text":"hi","id":"k1"}"#).unwrap();
+        w.write_all(b"\n").unwrap();
+        w.write_all(br#"{"type":"system","text":"no id"}"#).unwrap();
+        w.write_all(b"\n").unwrap();
+        let first = rx.recv().await.unwrap();
+        assert_eq!(first.id(), Some("k1"));
+        let second = rx.recv().await.unwrap();
+        assert!(second.id().is_some(), "an id is assigned");
+        drop(w);
+        cancel.cancel();
+        task.await.unwrap().unwrap();
+        remove(&p);
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn refuses_a_regular_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("control.pipe");
+        std::fs::write(&p, "x").unwrap();
+        assert!(matches!(create(&p), Err(FifoError::NotOurFifo { .. })));
+    }
+}
