@@ -7,7 +7,9 @@ pub mod paths;
 pub mod registry;
 pub mod session_status;
 
-pub use registry::ToolRegistry;
+pub use fs::ReadTool;
+pub use registry::{ToolRegistry, truncate_output};
+pub use session_status::SessionStatusTool;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,8 +31,11 @@ pub trait Tool: Send + Sync {
         None
     }
     /// Run the tool. Arguments were already validated against `spec().input_schema`.
-    fn call<'a>(&'a self, args: Value, ctx: &'a ToolContext)
-    -> BoxFuture<'a, Result<String, ToolError>>;
+    fn call<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, ToolError>>;
 }
 
 /// An error the model gets to read as an error result.
@@ -76,4 +81,72 @@ pub struct SessionStatus {
     pub uptime_seconds: u64,
     pub today_cost_usd: f64,
     pub today_tokens: Usage,
+}
+
+/// The built-in tools this module provides (`read`, `session_status`). When `cfg.enabled` is
+/// `Some`, only the tools it lists are returned; names it lists that are not built here are
+/// other modules' business (MCP, exec, ...) and are ignored.
+pub fn builtin_tools(cfg: &crate::config::ToolsConfig) -> Vec<Arc<dyn Tool>> {
+    let all: Vec<Arc<dyn Tool>> = vec![
+        Arc::new(fs::ReadTool::new()),
+        Arc::new(session_status::SessionStatusTool::new()),
+    ];
+    match &cfg.enabled {
+        None => all,
+        Some(enabled) => all
+            .into_iter()
+            .filter(|tool| enabled.iter().any(|name| *name == tool.spec().name))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ExecSandbox, ToolsConfig};
+
+    fn cfg(enabled: Option<Vec<&str>>) -> ToolsConfig {
+        ToolsConfig {
+            enabled: enabled.map(|v| v.into_iter().map(String::from).collect()),
+            exec_timeout: Duration::from_secs(60),
+            exec_max_timeout: Duration::from_secs(600),
+            exec_sandbox: ExecSandbox::None,
+            exec_network: false,
+            allowed_paths: vec![],
+            subagent_deny: vec![],
+            subagent_model: "subagent".into(),
+            web_search_provider: "brave".into(),
+            web_search_base_url: String::new(),
+            web_fetch_max_bytes: 0,
+            web_fetch_allow_hosts: vec![],
+            max_scheduled: 0,
+            max_delay: Duration::from_secs(1),
+        }
+    }
+
+    fn names(tools: &[Arc<dyn Tool>]) -> Vec<String> {
+        tools.iter().map(|t| t.spec().name).collect()
+    }
+
+    #[test]
+    fn builtin_tools_default_to_all() {
+        assert_eq!(
+            names(&builtin_tools(&cfg(None))),
+            ["read", "session_status"]
+        );
+    }
+
+    #[test]
+    fn builtin_tools_honour_enabled() {
+        let tools = builtin_tools(&cfg(Some(vec!["session_status", "exec"])));
+        assert_eq!(names(&tools), ["session_status"]);
+        assert!(builtin_tools(&cfg(Some(vec![]))).is_empty());
+    }
+
+    #[test]
+    fn builtin_tools_form_a_valid_registry() {
+        let reg = ToolRegistry::new(builtin_tools(&cfg(None)), Duration::from_secs(30), 30_000)
+            .expect("built-in schemas compile");
+        assert_eq!(reg.names(), ["read", "session_status"]);
+    }
 }

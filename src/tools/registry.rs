@@ -1,2 +1,669 @@
-//! (stub: filled in by its owner)
-pub struct ToolRegistry;
+//! The tool registry: holds the enabled tools with their compiled argument schemas and runs
+//! calls (SPEC §11): unknown tool, invalid JSON and schema violations become error results the
+//! model can read; every call runs under a timeout; output is truncated with a marker.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use serde_json::Value;
+
+use super::{Tool, ToolContext};
+use crate::llm::{ToolCall, ToolResult, ToolSpec};
+
+/// The key an adapter puts the raw text under when the model's arguments were not valid JSON.
+pub const INVALID_JSON_KEY: &str = "__invalid_json";
+
+/// At most this many schema violations are listed in one error result.
+const MAX_LISTED_VIOLATIONS: usize = 20;
+
+/// At most this many characters of unparseable arguments are echoed back to the model.
+const MAX_ECHOED_RAW_CHARS: usize = 200;
+
+struct Entry {
+    tool: Arc<dyn Tool>,
+    spec: ToolSpec,
+    validator: jsonschema::Validator,
+}
+
+/// The set of tools offered to the model, keyed by name (sorted, so the tool list — the head of
+/// the prompt cache — has a stable order).
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Entry>,
+    default_timeout: Duration,
+    output_truncation: usize,
+}
+
+impl fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolRegistry")
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .field("default_timeout", &self.default_timeout)
+            .field("output_truncation", &self.output_truncation)
+            .finish()
+    }
+}
+
+impl ToolRegistry {
+    /// Build a registry, compiling every tool's `input_schema`.
+    ///
+    /// Errors name the tool: a name not matching `^[A-Za-z0-9_-]{1,64}$` (what both Anthropic
+    /// and OpenAI accept), a duplicate name, or an input schema that is not an object schema or
+    /// does not compile.
+    pub fn new(
+        tools: Vec<Arc<dyn Tool>>,
+        default_timeout: Duration,
+        output_truncation: usize,
+    ) -> Result<ToolRegistry, String> {
+        let mut map = BTreeMap::new();
+        for tool in tools {
+            let spec = tool.spec();
+            if !is_valid_tool_name(&spec.name) {
+                return Err(format!(
+                    "tool name {:?} is invalid: use 1 to 64 characters from A-Z, a-z, 0-9, '_' \
+                     and '-'",
+                    spec.name
+                ));
+            }
+            if map.contains_key(&spec.name) {
+                return Err(format!(
+                    "tool '{}' is defined twice; tool names must be unique",
+                    spec.name
+                ));
+            }
+            if spec.input_schema.get("type").and_then(Value::as_str) != Some("object") {
+                return Err(format!(
+                    "tool '{}': input_schema must be an object schema ({{\"type\": \"object\", \
+                     ...}})",
+                    spec.name
+                ));
+            }
+            let validator = jsonschema::validator_for(&spec.input_schema)
+                .map_err(|e| format!("tool '{}': input_schema is invalid: {e}", spec.name))?;
+            map.insert(
+                spec.name.clone(),
+                Entry {
+                    tool,
+                    spec,
+                    validator,
+                },
+            );
+        }
+        Ok(ToolRegistry {
+            tools: map,
+            default_timeout,
+            output_truncation,
+        })
+    }
+
+    /// A registry with no tools (the model is offered none).
+    pub fn empty() -> ToolRegistry {
+        ToolRegistry {
+            tools: BTreeMap::new(),
+            default_timeout: Duration::from_secs(60),
+            output_truncation: 30_000,
+        }
+    }
+
+    /// Specs sorted by name (a stable order: the tool list is the head of the prompt cache).
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.values().map(|e| e.spec.clone()).collect()
+    }
+
+    /// Tool names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+
+    /// Whether a tool of that name is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tools.contains_key(name)
+    }
+
+    /// Number of registered tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// True when no tool is registered.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Run one call. Never fails: every problem becomes an error result the model can read.
+    pub async fn execute(&self, call: &ToolCall, ctx: &ToolContext) -> ToolResult {
+        let started = Instant::now();
+        let (content, is_error) = match self.run(call, ctx).await {
+            Ok(out) => (out, false),
+            Err(msg) => (msg, true),
+        };
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            tool = %call.name,
+            tool_call_id = %call.id,
+            session_id = %ctx.session_id,
+            duration_ms,
+            is_error,
+            output_bytes = content.len(),
+            "tool call"
+        );
+        ToolResult {
+            tool_call_id: call.id.clone(),
+            content: truncate_output(&content, self.output_truncation),
+            is_error,
+        }
+    }
+
+    /// Run all calls concurrently; results come back in the order of `calls`.
+    pub async fn execute_all(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<ToolResult> {
+        futures::future::join_all(calls.iter().map(|call| self.execute(call, ctx))).await
+    }
+
+    /// The checks and the call itself; `Err` is the text of an error result.
+    async fn run(&self, call: &ToolCall, ctx: &ToolContext) -> Result<String, String> {
+        let Some(entry) = self.tools.get(&call.name) else {
+            return Err(self.unknown_tool_message(&call.name));
+        };
+        if let Some(raw) = invalid_json_marker(&call.arguments) {
+            return Err(invalid_json_message(raw));
+        }
+        // Tools without arguments are sometimes called with nothing at all: treat as `{}`.
+        let args = match &call.arguments {
+            Value::Null => Value::Object(serde_json::Map::new()),
+            other => other.clone(),
+        };
+        validate_args(entry, &args)?;
+
+        let limit = entry.tool.timeout().unwrap_or(self.default_timeout);
+        let fut = AssertUnwindSafe(entry.tool.call(args, ctx)).catch_unwind();
+        match tokio::time::timeout(limit, fut).await {
+            Err(_elapsed) => Err(format!(
+                "tool '{}' timed out after {} s",
+                call.name,
+                format_seconds(limit)
+            )),
+            Ok(Err(_panic)) => {
+                tracing::error!(tool = %call.name, "tool panicked");
+                Err(format!(
+                    "tool '{}' failed with an internal error (it panicked); this is a bug in \
+                     agentd, not in the arguments",
+                    call.name
+                ))
+            }
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Ok(Ok(out))) => Ok(out),
+        }
+    }
+
+    fn unknown_tool_message(&self, name: &str) -> String {
+        let available = if self.tools.is_empty() {
+            "none".to_string()
+        } else {
+            self.tools.keys().cloned().collect::<Vec<_>>().join(", ")
+        };
+        format!("unknown tool '{name}'; available tools: {available}")
+    }
+}
+
+/// `Some(raw)` when the arguments are the adapter's invalid-JSON marker `{"__invalid_json": raw}`.
+fn invalid_json_marker(args: &Value) -> Option<&str> {
+    let obj = args.as_object()?;
+    if obj.len() != 1 {
+        return None;
+    }
+    obj.get(INVALID_JSON_KEY)?.as_str()
+}
+
+fn invalid_json_message(raw: &str) -> String {
+    let reason = match serde_json::from_str::<Value>(raw) {
+        Err(e) => e.to_string(),
+        Ok(_) => "not a JSON object".to_string(),
+    };
+    let shown: String = raw.chars().take(MAX_ECHOED_RAW_CHARS).collect();
+    let ellipsis = if shown.len() < raw.len() { "…" } else { "" };
+    format!(
+        "arguments are not valid JSON: {reason}. Received: {shown}{ellipsis}\nSend the \
+         arguments as one JSON object."
+    )
+}
+
+/// Check `args` against the tool's schema; `Err` lists each violation with its instance path.
+fn validate_args(entry: &Entry, args: &Value) -> Result<(), String> {
+    let errors: Vec<String> = entry
+        .validator
+        .iter_errors(args)
+        .map(|e| {
+            let path = e.instance_path().as_str();
+            let at = if path.is_empty() { "(root)" } else { path };
+            format!("- at {at}: {e}")
+        })
+        .collect();
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let total = errors.len();
+    let mut msg = format!("invalid arguments for tool '{}':\n", entry.spec.name);
+    msg.push_str(
+        &errors
+            .into_iter()
+            .take(MAX_LISTED_VIOLATIONS)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    if total > MAX_LISTED_VIOLATIONS {
+        msg.push_str(&format!(
+            "\n- ... and {} more",
+            total - MAX_LISTED_VIOLATIONS
+        ));
+    }
+    msg.push_str(&format!(
+        "\nExpected arguments (JSON Schema): {}",
+        entry.spec.input_schema
+    ));
+    Err(msg)
+}
+
+/// `^[A-Za-z0-9_-]{1,64}$`.
+fn is_valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Seconds without noise: `30`, `1.5`, `0.05`.
+fn format_seconds(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        return d.as_secs().to_string();
+    }
+    let s = format!("{:.3}", d.as_secs_f64());
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Char-boundary-safe truncation to `max` characters, with a marker like
+/// `"\n[output truncated: showing 30000 of 123456 characters]"` when anything was cut.
+pub fn truncate_output(s: &str, max: usize) -> String {
+    let Some((cut, _)) = s.char_indices().nth(max) else {
+        return s.to_string();
+    };
+    let total = max + s[cut..].chars().count();
+    format!(
+        "{}\n[output truncated: showing {max} of {total} characters]",
+        &s[..cut]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::{SessionStatus, StatusSource, ToolError};
+    use futures::future::BoxFuture;
+    use proptest::prelude::*;
+    use serde_json::json;
+    use std::path::PathBuf;
+
+    /// A configurable test tool.
+    struct TestTool {
+        name: &'static str,
+        schema: Value,
+        timeout: Option<Duration>,
+        behavior: Behavior,
+    }
+
+    #[derive(Clone)]
+    enum Behavior {
+        /// Echo the arguments as JSON.
+        Echo,
+        /// Sleep for this long, then answer with the string.
+        Sleep(Duration, &'static str),
+        Fail,
+        Panic,
+        Output(String),
+    }
+
+    impl TestTool {
+        fn new(name: &'static str, behavior: Behavior) -> TestTool {
+            TestTool {
+                name,
+                schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "text": {"type": "string"},
+                        "count": {"type": "integer", "minimum": 1}
+                    },
+                    "additionalProperties": false
+                }),
+                timeout: None,
+                behavior,
+            }
+        }
+    }
+
+    impl Tool for TestTool {
+        fn spec(&self) -> ToolSpec {
+            ToolSpec {
+                name: self.name.to_string(),
+                description: "test tool".into(),
+                input_schema: self.schema.clone(),
+            }
+        }
+        fn timeout(&self) -> Option<Duration> {
+            self.timeout
+        }
+        fn call<'a>(
+            &'a self,
+            args: Value,
+            _ctx: &'a ToolContext,
+        ) -> BoxFuture<'a, Result<String, ToolError>> {
+            let behavior = self.behavior.clone();
+            Box::pin(async move {
+                match behavior {
+                    Behavior::Echo => Ok(args.to_string()),
+                    Behavior::Sleep(d, out) => {
+                        tokio::time::sleep(d).await;
+                        Ok(out.to_string())
+                    }
+                    Behavior::Fail => Err(ToolError::Failed("disk on fire".into())),
+                    Behavior::Panic => panic!("boom"),
+                    Behavior::Output(s) => Ok(s),
+                }
+            })
+        }
+    }
+
+    struct NoStatus;
+    impl StatusSource for NoStatus {
+        fn session_status(&self) -> BoxFuture<'_, Result<SessionStatus, String>> {
+            Box::pin(async { Err("no status in tests".to_string()) })
+        }
+    }
+
+    fn ctx() -> ToolContext {
+        ToolContext {
+            session_id: "s1".into(),
+            session_key: "test:1".into(),
+            workspace: PathBuf::from("/nonexistent"),
+            allowed_paths: vec![],
+            status: Arc::new(NoStatus),
+        }
+    }
+
+    fn call(name: &str, args: Value) -> ToolCall {
+        ToolCall {
+            id: format!("id-{name}"),
+            name: name.into(),
+            arguments: args,
+        }
+    }
+
+    fn registry(tools: Vec<TestTool>) -> ToolRegistry {
+        let tools: Vec<Arc<dyn Tool>> = tools
+            .into_iter()
+            .map(|t| Arc::new(t) as Arc<dyn Tool>)
+            .collect();
+        ToolRegistry::new(tools, Duration::from_secs(5), 1000).expect("registry")
+    }
+
+    #[test]
+    fn specs_are_sorted_by_name() {
+        let reg = registry(vec![
+            TestTool::new("zeta", Behavior::Echo),
+            TestTool::new("alpha", Behavior::Echo),
+            TestTool::new("mid-dle_1", Behavior::Echo),
+        ]);
+        let names: Vec<_> = reg.specs().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["alpha", "mid-dle_1", "zeta"]);
+        assert_eq!(reg.names(), names);
+        assert!(ToolRegistry::empty().specs().is_empty());
+    }
+
+    #[test]
+    fn new_rejects_bad_names_duplicates_and_schemas() {
+        let build = |tools: Vec<TestTool>| {
+            let tools: Vec<Arc<dyn Tool>> = tools
+                .into_iter()
+                .map(|t| Arc::new(t) as Arc<dyn Tool>)
+                .collect();
+            ToolRegistry::new(tools, Duration::from_secs(1), 100).unwrap_err()
+        };
+        let err = build(vec![TestTool::new("bad name", Behavior::Echo)]);
+        assert!(err.contains("\"bad name\""), "{err}");
+        let long: &'static str = Box::leak("x".repeat(65).into_boxed_str());
+        assert!(build(vec![TestTool::new(long, Behavior::Echo)]).contains("invalid"));
+        assert!(build(vec![TestTool::new("", Behavior::Echo)]).contains("invalid"));
+
+        let err = build(vec![
+            TestTool::new("dup", Behavior::Echo),
+            TestTool::new("dup", Behavior::Echo),
+        ]);
+        assert!(err.contains("'dup'") && err.contains("twice"), "{err}");
+
+        let mut bad = TestTool::new("badschema", Behavior::Echo);
+        bad.schema = json!({"type": "object", "properties": {"x": {"type": 12}}});
+        let err = build(vec![bad]);
+        assert!(err.contains("'badschema'"), "{err}");
+
+        let mut not_object = TestTool::new("notobj", Behavior::Echo);
+        not_object.schema = json!({"type": "string"});
+        let err = build(vec![not_object]);
+        assert!(err.contains("'notobj'") && err.contains("object"), "{err}");
+    }
+
+    #[test]
+    fn tool_names_follow_the_provider_rule() {
+        assert!(is_valid_tool_name("read"));
+        assert!(is_valid_tool_name("mcp__server-time_now"));
+        assert!(is_valid_tool_name(&"a".repeat(64)));
+        assert!(!is_valid_tool_name(&"a".repeat(65)));
+        assert!(!is_valid_tool_name(""));
+        assert!(!is_valid_tool_name("a.b"));
+        assert!(!is_valid_tool_name("é"));
+    }
+
+    #[tokio::test]
+    async fn valid_call_returns_the_output() {
+        let reg = registry(vec![TestTool::new("echo", Behavior::Echo)]);
+        let res = reg
+            .execute(&call("echo", json!({"text": "hi"})), &ctx())
+            .await;
+        assert!(!res.is_error, "{}", res.content);
+        assert_eq!(res.tool_call_id, "id-echo");
+        assert_eq!(res.content, r#"{"text":"hi"}"#);
+    }
+
+    #[tokio::test]
+    async fn null_arguments_count_as_an_empty_object() {
+        let reg = registry(vec![TestTool::new("echo", Behavior::Echo)]);
+        let res = reg.execute(&call("echo", Value::Null), &ctx()).await;
+        assert!(!res.is_error, "{}", res.content);
+        assert_eq!(res.content, "{}");
+    }
+
+    #[tokio::test]
+    async fn unknown_tool_names_it_and_lists_available_ones() {
+        let reg = registry(vec![
+            TestTool::new("echo", Behavior::Echo),
+            TestTool::new("fail", Behavior::Fail),
+        ]);
+        let res = reg.execute(&call("nope", json!({})), &ctx()).await;
+        assert!(res.is_error);
+        assert!(
+            res.content.contains("unknown tool 'nope'"),
+            "{}",
+            res.content
+        );
+        assert!(res.content.contains("echo, fail"), "{}", res.content);
+        assert_eq!(res.tool_call_id, "id-nope");
+    }
+
+    #[tokio::test]
+    async fn invalid_json_marker_becomes_an_error() {
+        let reg = registry(vec![TestTool::new("echo", Behavior::Echo)]);
+        let res = reg
+            .execute(
+                &call(
+                    "echo",
+                    json!({"__invalid_json": "{\"text\": \"unterminated"}),
+                ),
+                &ctx(),
+            )
+            .await;
+        assert!(res.is_error);
+        assert!(
+            res.content.starts_with("arguments are not valid JSON: "),
+            "{}",
+            res.content
+        );
+        assert!(res.content.contains("unterminated"), "{}", res.content);
+    }
+
+    #[tokio::test]
+    async fn invalid_json_echo_is_bounded() {
+        let reg = registry(vec![TestTool::new("echo", Behavior::Echo)]);
+        let raw = format!("{{\"text\": \"{}", "é".repeat(5000));
+        let res = reg
+            .execute(&call("echo", json!({ "__invalid_json": raw })), &ctx())
+            .await;
+        assert!(res.is_error);
+        assert!(res.content.chars().count() < 600, "{}", res.content.len());
+        assert!(res.content.contains('…'));
+    }
+
+    #[tokio::test]
+    async fn schema_violations_are_listed_with_their_paths() {
+        let reg = registry(vec![TestTool::new("echo", Behavior::Echo)]);
+        let res = reg
+            .execute(
+                &call("echo", json!({"text": 5, "count": 0, "extra": true})),
+                &ctx(),
+            )
+            .await;
+        assert!(res.is_error);
+        let c = &res.content;
+        assert!(c.starts_with("invalid arguments for tool 'echo':"), "{c}");
+        assert!(c.contains("- at /text:"), "{c}");
+        assert!(c.contains("- at /count:"), "{c}");
+        assert!(c.contains("- at (root):") && c.contains("extra"), "{c}");
+        assert!(c.contains("Expected arguments (JSON Schema)"), "{c}");
+    }
+
+    #[tokio::test]
+    async fn tool_errors_become_error_results() {
+        let reg = registry(vec![TestTool::new("fail", Behavior::Fail)]);
+        let res = reg.execute(&call("fail", json!({})), &ctx()).await;
+        assert!(res.is_error);
+        assert_eq!(res.content, "disk on fire");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_tool_becomes_an_error_result() {
+        let reg = registry(vec![TestTool::new("panic", Behavior::Panic)]);
+        let res = reg.execute(&call("panic", json!({})), &ctx()).await;
+        assert!(res.is_error);
+        assert!(res.content.contains("internal error"), "{}", res.content);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_tool_times_out() {
+        let mut slow = TestTool::new("slow", Behavior::Sleep(Duration::from_secs(10), "late"));
+        slow.timeout = Some(Duration::from_millis(50));
+        let reg = registry(vec![slow]);
+        let res = reg.execute(&call("slow", json!({})), &ctx()).await;
+        assert!(res.is_error);
+        assert_eq!(res.content, "tool 'slow' timed out after 0.05 s");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn default_timeout_applies_without_a_tool_timeout() {
+        let slow = TestTool::new("slow", Behavior::Sleep(Duration::from_secs(10), "late"));
+        let reg = registry(vec![slow]); // default 5 s
+        let res = reg.execute(&call("slow", json!({})), &ctx()).await;
+        assert_eq!(res.content, "tool 'slow' timed out after 5 s");
+    }
+
+    #[tokio::test]
+    async fn long_output_is_truncated_with_a_marker() {
+        let reg = registry(vec![TestTool::new(
+            "big",
+            Behavior::Output("ä".repeat(1500)),
+        )]);
+        let res = reg.execute(&call("big", json!({})), &ctx()).await;
+        assert!(!res.is_error);
+        assert!(res.content.starts_with(&"ä".repeat(1000)));
+        assert!(
+            res.content
+                .ends_with("\n[output truncated: showing 1000 of 1500 characters]"),
+            "{}",
+            &res.content[res.content.len() - 80..]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn execute_all_keeps_order_when_later_calls_finish_first() {
+        let reg = registry(vec![
+            TestTool::new("slow", Behavior::Sleep(Duration::from_millis(300), "slow")),
+            TestTool::new("mid", Behavior::Sleep(Duration::from_millis(200), "mid")),
+            TestTool::new("fast", Behavior::Sleep(Duration::from_millis(100), "fast")),
+        ]);
+        let calls = vec![
+            call("slow", json!({})),
+            call("mid", json!({})),
+            call("nope", json!({})),
+            call("fast", json!({})),
+        ];
+        let started = tokio::time::Instant::now();
+        let results = reg.execute_all(&calls, &ctx()).await;
+        // Concurrent: the whole batch takes as long as the slowest call.
+        assert_eq!(started.elapsed(), Duration::from_millis(300));
+        let ids: Vec<_> = results.iter().map(|r| r.tool_call_id.as_str()).collect();
+        assert_eq!(ids, ["id-slow", "id-mid", "id-nope", "id-fast"]);
+        assert_eq!(results[0].content, "slow");
+        assert_eq!(results[1].content, "mid");
+        assert!(results[2].is_error);
+        assert_eq!(results[3].content, "fast");
+    }
+
+    #[test]
+    fn truncate_output_examples() {
+        assert_eq!(truncate_output("abc", 3), "abc");
+        assert_eq!(truncate_output("", 0), "");
+        assert_eq!(
+            truncate_output("abcdef", 2),
+            "ab\n[output truncated: showing 2 of 6 characters]"
+        );
+        assert_eq!(
+            truncate_output("日本語テキスト", 3),
+            "日本語\n[output truncated: showing 3 of 7 characters]"
+        );
+    }
+
+    #[test]
+    fn format_seconds_examples() {
+        assert_eq!(format_seconds(Duration::from_secs(30)), "30");
+        assert_eq!(format_seconds(Duration::from_millis(1500)), "1.5");
+        assert_eq!(format_seconds(Duration::from_millis(50)), "0.05");
+    }
+
+    proptest! {
+        #[test]
+        fn truncate_output_is_a_bounded_prefix(s in "\\PC{0,300}", max in 0usize..200) {
+            let out = truncate_output(&s, max);
+            let total = s.chars().count();
+            if total <= max {
+                prop_assert_eq!(&out, &s);
+            } else {
+                let marker = format!(
+                    "\n[output truncated: showing {max} of {total} characters]"
+                );
+                prop_assert!(out.ends_with(&marker));
+                let kept = &out[..out.len() - marker.len()];
+                prop_assert!(s.starts_with(kept));
+                prop_assert_eq!(kept.chars().count(), max);
+                prop_assert!(out.chars().count() <= max + marker.chars().count());
+            }
+        }
+    }
+}
