@@ -1,1 +1,481 @@
-//! (stub: filled in by its owner)
+//! Pricing and budgets (SPEC §8). The arithmetic and the budget decision are pure functions;
+//! [`budget_gate`] only adds the two ledger sums it needs.
+
+use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
+use chrono_tz::Tz;
+
+use crate::config::{BudgetConfig, Pricing};
+use crate::llm::Usage;
+use crate::store::{Db, StoreError};
+
+/// Cost in USD of one call: input·r_in + output·r_out + cache_read·r_cache_read +
+/// cache_write·r_cache_write, with rates in USD per million tokens.
+pub fn cost_usd(p: &Pricing, u: &Usage) -> f64 {
+    (u.input_tokens as f64 * p.input
+        + u.output_tokens as f64 * p.output
+        + u.cache_read_tokens as f64 * p.cache_read
+        + u.cache_write_tokens as f64 * p.cache_write)
+        / 1_000_000.0
+}
+
+/// A reporting period of `--cost` and `GET /api/v1/cost`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Period {
+    /// Since local midnight.
+    Today,
+    /// The last 7 × 24 h.
+    Week,
+    /// Since the first of the local month, 00:00.
+    Month,
+    /// Everything recorded.
+    All,
+}
+
+/// A period name that is not one of `today`, `week`, `month`, `all`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown period {0:?}: expected one of today, week, month, all")]
+pub struct ParsePeriodError(String);
+
+impl std::str::FromStr for Period {
+    type Err = ParsePeriodError;
+
+    /// Case-insensitive; surrounding whitespace is ignored.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "today" => Ok(Period::Today),
+            "week" => Ok(Period::Week),
+            "month" => Ok(Period::Month),
+            "all" => Ok(Period::All),
+            _ => Err(ParsePeriodError(s.chars().take(40).collect())),
+        }
+    }
+}
+
+impl std::fmt::Display for Period {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Period {
+    /// `"today"`, `"week"`, `"month"` or `"all"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Period::Today => "today",
+            Period::Week => "week",
+            Period::Month => "month",
+            Period::All => "all",
+        }
+    }
+
+    /// Unix seconds of the period's start in `tz`: today = local midnight; week = now − 7×24 h;
+    /// month = the first of the local month, 00:00; all = `None`. When local midnight does not
+    /// exist (a DST gap at 00:00) the first valid local time after it is used; when it exists
+    /// twice, the earlier one.
+    pub fn start(&self, tz: Tz, now: DateTime<Utc>) -> Option<i64> {
+        let local_today = now.with_timezone(&tz).date_naive();
+        match self {
+            Period::Today => Some(local_start_of_day(tz, local_today)),
+            Period::Week => Some((now - Duration::days(7)).timestamp()),
+            Period::Month => {
+                let first = local_today.with_day(1).unwrap_or(local_today);
+                Some(local_start_of_day(tz, first))
+            }
+            Period::All => None,
+        }
+    }
+}
+
+/// The earliest instant whose local date in `tz` is `day`: midnight if it exists, otherwise the
+/// end of the DST gap that swallowed it.
+fn local_start_of_day(tz: Tz, day: NaiveDate) -> i64 {
+    let midnight: NaiveDateTime = day.and_time(chrono::NaiveTime::MIN);
+    // Gaps are at most a couple of hours and transitions fall on whole minutes; a day is the
+    // hard upper bound of the search.
+    for minutes in 0..(24 * 60) {
+        let local = midnight + Duration::minutes(minutes);
+        if let Some(t) = tz.from_local_datetime(&local).earliest() {
+            return t.timestamp();
+        }
+    }
+    // Unreachable with real zone data; fall back to midnight read as UTC.
+    midnight.and_utc().timestamp()
+}
+
+/// Format dollars for messages: two decimals, more for sub-dollar amounts that need them
+/// (`$5.00`, `$0.0123`).
+fn usd(v: f64) -> String {
+    let mut s = format!("{v:.4}");
+    while s.ends_with('0') && s.len() - s.find('.').unwrap_or(s.len()) > 3 {
+        s.pop();
+    }
+    format!("${s}")
+}
+
+/// Whether a limit is on (0, negative or NaN means off) and reached.
+fn reached(limit: f64, spent: f64) -> bool {
+    limit > 0.0 && spent >= limit
+}
+
+/// The budget decision before each LLM call (SPEC §8). `Err` is a user-facing message naming
+/// the limit, the spend and the config key, e.g. "daily budget of $5.00 reached ($5.02 spent
+/// today); raise [budget] daily_usd or wait until tomorrow". Limits of 0 are off.
+pub fn check_budget(
+    cfg: &BudgetConfig,
+    spent_today: f64,
+    spent_month: f64,
+    spent_message: f64,
+) -> Result<(), String> {
+    if reached(cfg.per_message_usd, spent_message) {
+        return Err(format!(
+            "per-message budget of {} reached ({} spent on this message); raise [budget] \
+             per_message_usd or split the request into smaller messages",
+            usd(cfg.per_message_usd),
+            usd(spent_message)
+        ));
+    }
+    if reached(cfg.daily_usd, spent_today) {
+        return Err(format!(
+            "daily budget of {} reached ({} spent today); raise [budget] daily_usd or wait \
+             until tomorrow",
+            usd(cfg.daily_usd),
+            usd(spent_today)
+        ));
+    }
+    if reached(cfg.monthly_usd, spent_month) {
+        return Err(format!(
+            "monthly budget of {} reached ({} spent this month); raise [budget] monthly_usd or \
+             wait until next month",
+            usd(cfg.monthly_usd),
+            usd(spent_month)
+        ));
+    }
+    Ok(())
+}
+
+/// Why [`budget_gate`] refused a call.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    /// A limit is reached; the message is meant for the user (see [`check_budget`]).
+    #[error("{0}")]
+    Exceeded(String),
+    /// The ledger could not be read. The caller decides whether to fail open or closed.
+    #[error("cannot check the budget: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Check the budget before an LLM call: reads today's and this month's spend from the ledger
+/// (only for the limits that are on) and applies [`check_budget`]. Touches no database when
+/// the daily and monthly limits are both off.
+pub async fn budget_gate(
+    db: &Db,
+    cfg: &BudgetConfig,
+    tz: Tz,
+    now: DateTime<Utc>,
+    spent_message: f64,
+) -> Result<(), BudgetError> {
+    let spent_since = |period: Period, limit: f64| async move {
+        match period.start(tz, now) {
+            Some(since) if limit > 0.0 => db.spend_since(since).await,
+            _ => Ok(0.0),
+        }
+    };
+    let spent_today = spent_since(Period::Today, cfg.daily_usd).await?;
+    let spent_month = spent_since(Period::Month, cfg.monthly_usd).await?;
+    check_budget(cfg, spent_today, spent_month, spent_message).map_err(BudgetError::Exceeded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{CallType, CostRow};
+    use proptest::prelude::*;
+
+    const SONNET: Pricing = Pricing {
+        input: 3.0,
+        output: 15.0,
+        cache_read: 0.30,
+        cache_write: 3.75,
+    };
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn ts(s: &str) -> i64 {
+        utc(s).timestamp()
+    }
+
+    #[test]
+    fn pricing_arithmetic_is_exact() {
+        let u = Usage {
+            input_tokens: 1000,
+            output_tokens: 500,
+            cache_read_tokens: 2000,
+            cache_write_tokens: 100,
+        };
+        // 1000·3 + 500·15 + 2000·0.30 + 100·3.75 = 3000 + 7500 + 600 + 375 = 11475 per million.
+        assert!((cost_usd(&SONNET, &u) - 0.011475).abs() < 1e-12);
+        // Each rate applies to its own count only.
+        let only = |i, o, cr, cw| Usage {
+            input_tokens: i,
+            output_tokens: o,
+            cache_read_tokens: cr,
+            cache_write_tokens: cw,
+        };
+        assert_eq!(cost_usd(&SONNET, &only(1_000_000, 0, 0, 0)), 3.0);
+        assert_eq!(cost_usd(&SONNET, &only(0, 1_000_000, 0, 0)), 15.0);
+        assert!((cost_usd(&SONNET, &only(0, 0, 1_000_000, 0)) - 0.30).abs() < 1e-12);
+        assert_eq!(cost_usd(&SONNET, &only(0, 0, 0, 1_000_000)), 3.75);
+        assert_eq!(cost_usd(&Pricing::default(), &u), 0.0);
+    }
+
+    #[test]
+    fn period_parsing() {
+        for (s, p) in [
+            ("today", Period::Today),
+            ("week", Period::Week),
+            ("month", Period::Month),
+            ("all", Period::All),
+            (" Month ", Period::Month),
+        ] {
+            assert_eq!(s.parse::<Period>().unwrap(), p);
+        }
+        for p in [Period::Today, Period::Week, Period::Month, Period::All] {
+            assert_eq!(p.as_str().parse::<Period>().unwrap(), p);
+        }
+        let err = "yesterday".parse::<Period>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "unknown period \"yesterday\": expected one of today, week, month, all"
+        );
+        assert!("".parse::<Period>().is_err());
+        // Outside input is echoed bounded.
+        let long = "x"
+            .repeat(10_000)
+            .parse::<Period>()
+            .unwrap_err()
+            .to_string();
+        assert!(long.len() < 120, "{long}");
+    }
+
+    proptest! {
+        #[test]
+        fn period_parser_never_panics_and_only_accepts_names(s in ".{0,64}") {
+            match s.parse::<Period>() {
+                Ok(p) => prop_assert_eq!(p.as_str(), s.trim().to_ascii_lowercase()),
+                Err(e) => prop_assert!(e.to_string().contains("today, week, month, all")),
+            }
+        }
+    }
+
+    #[test]
+    fn period_starts_in_berlin_on_spring_forward_day() {
+        let tz = chrono_tz::Europe::Berlin;
+        // 2026-03-29: clocks jump 02:00 CET → 03:00 CEST. Noon UTC is 14:00 CEST.
+        let now = utc("2026-03-29T12:00:00Z");
+        // Midnight was still CET (+01:00).
+        assert_eq!(
+            Period::Today.start(tz, now),
+            Some(ts("2026-03-28T23:00:00Z"))
+        );
+        assert_eq!(
+            Period::Week.start(tz, now),
+            Some(ts("2026-03-22T12:00:00Z"))
+        );
+        assert_eq!(
+            Period::Month.start(tz, now),
+            Some(ts("2026-02-28T23:00:00Z"))
+        );
+        assert_eq!(Period::All.start(tz, now), None);
+        // 23:30 UTC on the 28th is already the 29th in Berlin.
+        assert_eq!(
+            Period::Today.start(tz, utc("2026-03-28T23:30:00Z")),
+            Some(ts("2026-03-28T23:00:00Z"))
+        );
+        // And 22:59 UTC is still the 28th.
+        assert_eq!(
+            Period::Today.start(tz, utc("2026-03-28T22:59:59Z")),
+            Some(ts("2026-03-27T23:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn period_starts_in_berlin_after_dst_changes() {
+        let tz = chrono_tz::Europe::Berlin;
+        // April: the month began in CEST (+02:00) although March 1 was CET.
+        let april = utc("2026-04-10T08:00:00Z");
+        assert_eq!(
+            Period::Month.start(tz, april),
+            Some(ts("2026-03-31T22:00:00Z"))
+        );
+        // 2026-10-25: clocks fall back 03:00 CEST → 02:00 CET; midnight was CEST.
+        let fall = utc("2026-10-25T12:00:00Z");
+        assert_eq!(
+            Period::Today.start(tz, fall),
+            Some(ts("2026-10-24T22:00:00Z"))
+        );
+        // The local day is 25 h long, "week" stays exactly 7×24 h.
+        assert_eq!(
+            Period::Week.start(tz, fall),
+            Some(ts("2026-10-18T12:00:00Z"))
+        );
+        assert_eq!(
+            Period::Month.start(tz, fall),
+            Some(ts("2026-09-30T22:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn missing_local_midnight_uses_the_first_valid_time() {
+        // Chile springs forward at 24:00 → 01:00: 2024-09-08 00:00 never happened in Santiago.
+        let tz = chrono_tz::America::Santiago;
+        let now = utc("2024-09-08T15:00:00Z"); // 12:00 -03
+        assert_eq!(
+            Period::Today.start(tz, now),
+            Some(ts("2024-09-08T04:00:00Z")) // 01:00 -03
+        );
+    }
+
+    fn budget(per_message: f64, daily: f64, monthly: f64) -> BudgetConfig {
+        BudgetConfig {
+            per_message_usd: per_message,
+            daily_usd: daily,
+            monthly_usd: monthly,
+        }
+    }
+
+    #[test]
+    fn zero_limits_are_off() {
+        assert!(check_budget(&budget(0.0, 0.0, 0.0), 1e9, 1e9, 1e9).is_ok());
+    }
+
+    #[test]
+    fn daily_limit() {
+        let cfg = budget(0.0, 5.0, 0.0);
+        assert!(check_budget(&cfg, 4.99, 1e6, 1e6).is_ok());
+        assert_eq!(
+            check_budget(&cfg, 5.02, 0.0, 0.0).unwrap_err(),
+            "daily budget of $5.00 reached ($5.02 spent today); raise [budget] daily_usd or \
+             wait until tomorrow"
+        );
+        // Reaching the limit exactly stops the next call.
+        assert!(check_budget(&cfg, 5.0, 0.0, 0.0).is_err());
+    }
+
+    #[test]
+    fn monthly_limit() {
+        let cfg = budget(0.0, 0.0, 50.0);
+        assert!(check_budget(&cfg, 1e6, 49.5, 1e6).is_ok());
+        let err = check_budget(&cfg, 0.0, 50.0, 0.0).unwrap_err();
+        assert!(err.starts_with("monthly budget of $50.00 reached ($50.00 spent this month)"));
+        assert!(err.contains("[budget] monthly_usd"), "{err}");
+    }
+
+    #[test]
+    fn per_message_limit() {
+        let cfg = budget(0.05, 0.0, 0.0);
+        assert!(check_budget(&cfg, 1e6, 1e6, 0.0499).is_ok());
+        let err = check_budget(&cfg, 0.0, 0.0, 0.0512).unwrap_err();
+        assert!(
+            err.starts_with("per-message budget of $0.05 reached ($0.0512 spent on this message)"),
+            "{err}"
+        );
+        assert!(err.contains("[budget] per_message_usd"), "{err}");
+    }
+
+    #[test]
+    fn usd_formatting() {
+        assert_eq!(usd(5.0), "$5.00");
+        assert_eq!(usd(5.02), "$5.02");
+        assert_eq!(usd(0.0123), "$0.0123");
+        assert_eq!(usd(0.5), "$0.50");
+        assert_eq!(usd(1234.5), "$1234.50");
+    }
+
+    async fn ledger() -> (tempfile::TempDir, Db) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("agentd.db")).unwrap();
+        (dir, db)
+    }
+
+    async fn spend(db: &Db, at: &str, usd: f64) {
+        db.insert_cost(CostRow {
+            timestamp: ts(at),
+            session_id: "s".into(),
+            model: "m".into(),
+            provider: "p".into(),
+            call_type: CallType::Chat,
+            usage: Usage::default(),
+            cost_usd: usd,
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn gate_reads_today_and_month_from_the_ledger() {
+        let (_d, db) = ledger().await;
+        let tz = chrono_tz::Europe::Berlin;
+        let now = utc("2026-03-29T12:00:00Z");
+        spend(&db, "2026-03-28T22:59:59Z", 3.0).await; // yesterday in Berlin, this month
+        spend(&db, "2026-03-28T23:00:00Z", 2.0).await; // today (local midnight)
+        spend(&db, "2026-02-28T22:00:00Z", 100.0).await; // last month
+
+        // Today: $2 < $2.5 ok; the $3 of yesterday does not count.
+        assert!(
+            budget_gate(&db, &budget(0.0, 2.5, 0.0), tz, now, 0.0)
+                .await
+                .is_ok()
+        );
+        let err = budget_gate(&db, &budget(0.0, 2.0, 0.0), tz, now, 0.0)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BudgetError::Exceeded(_)));
+        assert!(err.to_string().contains("($2.00 spent today)"), "{err}");
+
+        // Month: $5 this month, last month's $100 excluded.
+        assert!(
+            budget_gate(&db, &budget(0.0, 0.0, 5.01), tz, now, 0.0)
+                .await
+                .is_ok()
+        );
+        let err = budget_gate(&db, &budget(0.0, 0.0, 5.0), tz, now, 0.0)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("($5.00 spent this month)"),
+            "{err}"
+        );
+
+        // Per message needs no ledger.
+        let err = budget_gate(&db, &budget(1.0, 0.0, 0.0), tz, now, 1.5)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().starts_with("per-message budget"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn gate_skips_the_database_when_limits_are_off() {
+        // A handle on which every ledger query fails: reaching the DB would be an error.
+        let db = Db::without_schema_for_test();
+        let now = utc("2026-03-29T12:00:00Z");
+        let tz = chrono_tz::Europe::Berlin;
+        assert!(db.spend_since(0).await.is_err(), "precondition");
+        assert!(
+            budget_gate(&db, &budget(0.0, 0.0, 0.0), tz, now, 123.0)
+                .await
+                .is_ok()
+        );
+        assert!(
+            budget_gate(&db, &budget(200.0, 0.0, 0.0), tz, now, 123.0)
+                .await
+                .is_ok()
+        );
+        for cfg in [budget(0.0, 1.0, 0.0), budget(0.0, 0.0, 1.0)] {
+            let err = budget_gate(&db, &cfg, tz, now, 0.0).await.unwrap_err();
+            assert!(matches!(err, BudgetError::Store(_)), "{err}");
+            assert!(err.to_string().contains("no such table"), "{err}");
+        }
+    }
+}

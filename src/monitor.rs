@@ -1,1 +1,918 @@
-//! (stub: filled in by its owner)
+//! The live monitor (SPEC §9): `state_dir/monitor.json`, replaced atomically (temp + rename,
+//! no fsync: it is a live view, not data) on every loop event.
+//!
+//! The top level describes the most recently updated message in flight, or the last finished
+//! one when nothing is in flight (`state: "idle"`); `active` lists every message in flight,
+//! since sessions run concurrently. Writing never fails the daemon: errors are logged once per
+//! failure streak.
+//!
+//! Updates take a `std::sync::Mutex` (never held across an `.await`) and rewrite a small file
+//! while holding it, so snapshots reach the disk in update order and the shared temp file name
+//! of `atomic_write_nosync` is never written by two threads at once. Without fsync the write
+//! goes to the page cache and costs microseconds.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::fsutil::atomic_write_nosync;
+use crate::llm::Usage;
+
+/// Format version of `monitor.json`.
+pub const MONITOR_VERSION: u32 = 1;
+
+/// Turns kept per message (the most recent ones).
+const MAX_TURNS: usize = 50;
+
+/// Messages in flight are bounded by the session concurrency; this cap only protects against
+/// a caller that forgets `end` (the oldest entry is dropped).
+const MAX_ACTIVE: usize = 1024;
+
+/// A non-idle state not updated for longer than this is flagged "possibly stuck".
+const STUCK_AFTER_SECONDS: i64 = 60;
+
+/// What the loop of one message is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopState {
+    Idle,
+    /// Waiting for the model.
+    Thinking,
+    /// Running tool calls.
+    Tools,
+    /// Waiting before retrying a failed provider call.
+    RetryWait,
+}
+
+impl LoopState {
+    /// `"idle"`, `"thinking"`, `"tools"` or `"retry_wait"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LoopState::Idle => "idle",
+            LoopState::Thinking => "thinking",
+            LoopState::Tools => "tools",
+            LoopState::RetryWait => "retry_wait",
+        }
+    }
+}
+
+/// One finished LLM call of a message. Serialized flat: `duration_ms`, the four token counts,
+/// `stop_reason`, `tools`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TurnRecord {
+    pub duration_ms: u64,
+    #[serde(flatten)]
+    pub usage: Usage,
+    pub stop_reason: String,
+    /// Names of the tools the model called in this turn.
+    pub tools: Vec<String>,
+}
+
+/// One message in flight (or the last finished one).
+#[derive(Debug, Clone)]
+struct Msg {
+    session_id: String,
+    contact: String,
+    model: String,
+    state: LoopState,
+    turn: u32,
+    message_started_at: DateTime<Utc>,
+    turn_started_at: Option<DateTime<Utc>>,
+    tools_in_flight: Vec<String>,
+    turns: VecDeque<TurnRecord>,
+    updated_at: DateTime<Utc>,
+    /// Update counter value of the last change: orders updates within the same instant.
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    next_handle: u64,
+    seq: u64,
+    active: BTreeMap<u64, Msg>,
+    last_finished: Option<Msg>,
+    queue_depth: usize,
+    channels: BTreeMap<String, Value>,
+    /// When the monitor started: the `updated_at` of the idle state before any message.
+    created_at: DateTime<Utc>,
+    /// Whether the last write failed (log once per failure streak).
+    write_failing: bool,
+}
+
+/// The live monitor. `Send + Sync`; share it in an `Arc`. Every update rewrites the file.
+#[derive(Debug)]
+pub struct Monitor {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+#[derive(Serialize)]
+struct MsgView<'a> {
+    state: LoopState,
+    session_id: Option<&'a str>,
+    contact: Option<&'a str>,
+    model: Option<&'a str>,
+    turn: u32,
+    message_started_at: Option<String>,
+    turn_started_at: Option<String>,
+    tools_in_flight: &'a [String],
+    turns: &'a VecDeque<TurnRecord>,
+    updated_at: String,
+}
+
+impl<'a> MsgView<'a> {
+    fn of(m: &'a Msg, state: LoopState) -> Self {
+        MsgView {
+            state,
+            session_id: Some(&m.session_id),
+            contact: Some(&m.contact),
+            model: Some(&m.model),
+            turn: m.turn,
+            message_started_at: Some(rfc3339(m.message_started_at)),
+            turn_started_at: m.turn_started_at.map(rfc3339),
+            tools_in_flight: &m.tools_in_flight,
+            turns: &m.turns,
+            updated_at: rfc3339(m.updated_at),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct View<'a> {
+    version: u32,
+    #[serde(flatten)]
+    current: MsgView<'a>,
+    active: Vec<MsgView<'a>>,
+    queue_depth: usize,
+    channels: &'a BTreeMap<String, Value>,
+}
+
+static NO_TURNS: VecDeque<TurnRecord> = VecDeque::new();
+
+impl Inner {
+    fn view(&self) -> View<'_> {
+        let latest_active = self.active.values().max_by_key(|m| m.seq);
+        let current = match (latest_active, &self.last_finished) {
+            (Some(m), _) => MsgView::of(m, m.state),
+            (None, Some(m)) => MsgView::of(m, LoopState::Idle),
+            (None, None) => MsgView {
+                state: LoopState::Idle,
+                session_id: None,
+                contact: None,
+                model: None,
+                turn: 0,
+                message_started_at: None,
+                turn_started_at: None,
+                tools_in_flight: &[],
+                turns: &NO_TURNS,
+                updated_at: rfc3339(self.created_at),
+            },
+        };
+        View {
+            version: MONITOR_VERSION,
+            current,
+            active: self
+                .active
+                .values()
+                .map(|m| MsgView::of(m, m.state))
+                .collect(),
+            queue_depth: self.queue_depth,
+            channels: &self.channels,
+        }
+    }
+
+    fn snapshot(&self) -> Value {
+        serde_json::to_value(self.view()).unwrap_or(Value::Null)
+    }
+
+    /// Apply `f` to the message `h` and stamp it; `false` for an unknown (ended) handle.
+    fn touch(&mut self, h: u64, f: impl FnOnce(&mut Msg)) -> bool {
+        self.seq += 1;
+        let seq = self.seq;
+        match self.active.get_mut(&h) {
+            Some(m) => {
+                f(m);
+                m.updated_at = Utc::now();
+                m.seq = seq;
+                true
+            }
+            None => {
+                tracing::debug!(
+                    handle = h,
+                    "monitor update for a message no longer in flight"
+                );
+                false
+            }
+        }
+    }
+}
+
+impl Monitor {
+    /// A monitor writing to `path` (normally `state_dir/monitor.json`). Writes the idle state
+    /// immediately; a failed write is logged, never returned.
+    pub fn new(path: PathBuf) -> Monitor {
+        let monitor = Monitor {
+            path,
+            inner: Mutex::new(Inner {
+                next_handle: 1,
+                seq: 0,
+                active: BTreeMap::new(),
+                last_finished: None,
+                queue_depth: 0,
+                channels: BTreeMap::new(),
+                created_at: Utc::now(),
+                write_failing: false,
+            }),
+        };
+        let mut inner = monitor.lock();
+        monitor.publish(&mut inner);
+        drop(inner);
+        monitor
+    }
+
+    /// A poisoned lock only means another thread panicked mid-update; the data is still a
+    /// consistent-enough view, and the monitor must keep working.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Write the current view. Called with the lock held (see the module doc).
+    fn publish(&self, inner: &mut Inner) {
+        let result = serde_json::to_vec_pretty(&inner.view())
+            .map_err(std::io::Error::other)
+            .and_then(|mut bytes| {
+                bytes.push(b'\n');
+                atomic_write_nosync(&self.path, &bytes)
+            });
+        match result {
+            Ok(()) if inner.write_failing => {
+                inner.write_failing = false;
+                tracing::info!(path = %self.path.display(), "monitor file writable again");
+            }
+            Ok(()) => {}
+            Err(e) if !inner.write_failing => {
+                inner.write_failing = true;
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot write the monitor file");
+            }
+            Err(_) => {}
+        }
+    }
+
+    fn update(&self, h: u64, f: impl FnOnce(&mut Msg)) {
+        let mut inner = self.lock();
+        if inner.touch(h, f) {
+            self.publish(&mut inner);
+        }
+    }
+
+    /// A message starts its loop (state `thinking`, turn 0). Returns the handle for the other
+    /// calls about this message; pass it to [`Monitor::end`] when the message is done.
+    pub fn begin(&self, session_id: &str, contact: &str, model: &str) -> u64 {
+        let mut inner = self.lock();
+        let h = inner.next_handle;
+        inner.next_handle += 1;
+        inner.seq += 1;
+        let now = Utc::now();
+        let msg = Msg {
+            session_id: session_id.to_owned(),
+            contact: contact.to_owned(),
+            model: model.to_owned(),
+            state: LoopState::Thinking,
+            turn: 0,
+            message_started_at: now,
+            turn_started_at: None,
+            tools_in_flight: Vec::new(),
+            turns: VecDeque::new(),
+            updated_at: now,
+            seq: inner.seq,
+        };
+        if inner.active.len() >= MAX_ACTIVE
+            && let Some((old, _)) = inner.active.pop_first()
+        {
+            tracing::warn!(handle = old, "monitor: dropped a message never ended");
+        }
+        inner.active.insert(h, msg);
+        self.publish(&mut inner);
+        h
+    }
+
+    /// The loop of message `h` enters `state` in turn `turn` (1-based). A new turn number
+    /// restarts `turn_started_at`; leaving `Tools` clears `tools_in_flight`.
+    pub fn set_state(&self, h: u64, state: LoopState, turn: u32) {
+        self.update(h, |m| {
+            if turn != m.turn || m.turn_started_at.is_none() {
+                m.turn_started_at = Some(Utc::now());
+            }
+            m.turn = turn;
+            m.state = state;
+            if state != LoopState::Tools {
+                m.tools_in_flight.clear();
+            }
+        });
+    }
+
+    /// The tools message `h` is running right now.
+    pub fn set_tools(&self, h: u64, tools_in_flight: Vec<String>) {
+        self.update(h, |m| m.tools_in_flight = tools_in_flight);
+    }
+
+    /// Message `h` switched model (fallback).
+    pub fn set_model(&self, h: u64, model: &str) {
+        self.update(h, |m| model.clone_into(&mut m.model));
+    }
+
+    /// An LLM call of message `h` finished. Keeps the last 50 turns.
+    pub fn turn_done(&self, h: u64, t: TurnRecord) {
+        self.update(h, |m| {
+            if m.turns.len() >= MAX_TURNS {
+                m.turns.pop_front();
+            }
+            m.turns.push_back(t);
+        });
+    }
+
+    /// Message `h` finished (delivered, failed or cancelled). It becomes the "last finished"
+    /// message shown when nothing else is in flight. Unknown handles are ignored.
+    pub fn end(&self, h: u64) {
+        let mut inner = self.lock();
+        inner.seq += 1;
+        let seq = inner.seq;
+        if let Some(mut m) = inner.active.remove(&h) {
+            m.state = LoopState::Idle;
+            m.tools_in_flight.clear();
+            m.updated_at = Utc::now();
+            m.seq = seq;
+            inner.last_finished = Some(m);
+            self.publish(&mut inner);
+        }
+    }
+
+    /// Messages waiting in the intake queue.
+    pub fn set_queue_depth(&self, n: usize) {
+        let mut inner = self.lock();
+        if inner.queue_depth != n {
+            inner.queue_depth = n;
+            self.publish(&mut inner);
+        }
+    }
+
+    /// Health of a channel, e.g. `telegram` → `{"last_poll_ok_at": ..., "consecutive_errors": 0}`.
+    pub fn set_channel(&self, name: &str, health: Value) {
+        let mut inner = self.lock();
+        if inner.channels.get(name) != Some(&health) {
+            inner.channels.insert(name.to_owned(), health);
+            self.publish(&mut inner);
+        }
+    }
+
+    /// The current monitor document (what the file holds), e.g. for `GET /api/v1/monitor`.
+    pub fn snapshot(&self) -> Value {
+        self.lock().snapshot()
+    }
+}
+
+/// "5s", "2m 05s", "1h 02m", "3d 04h".
+fn human_duration(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {:02}s", s / 60, s % 60),
+        3600..86400 => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d {:02}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+fn time_field(v: &Value, key: &str) -> Option<DateTime<Utc>> {
+    str_field(v, key)
+        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// "12s ago" for a timestamp field, or `None` when absent or unparsable.
+fn ago(v: &Value, key: &str, now: DateTime<Utc>) -> Option<String> {
+    time_field(v, key).map(|t| format!("{} ago", human_duration((now - t).num_seconds())))
+}
+
+fn string_list(v: &Value, key: &str) -> Vec<String> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|x| match x {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The "possibly stuck" note for a message object, if it applies: a non-idle state whose
+/// `updated_at` is more than 60 s before `now`.
+fn stuck_note(m: &Value, now: DateTime<Utc>) -> Option<String> {
+    let state = str_field(m, "state").unwrap_or("idle");
+    if state == "idle" {
+        return None;
+    }
+    let age = (now - time_field(m, "updated_at")?).num_seconds();
+    (age > STUCK_AFTER_SECONDS)
+        .then(|| format!("POSSIBLY STUCK: no update for {}", human_duration(age)))
+}
+
+/// One-line description of a message object: "tg-1 (alice), thinking, turn 3, updated 2s ago".
+fn message_line(m: &Value, now: DateTime<Utc>) -> String {
+    let mut line = format!(
+        "{} ({}), {}, turn {}",
+        str_field(m, "session_id").unwrap_or("?"),
+        str_field(m, "contact").unwrap_or("?"),
+        str_field(m, "state").unwrap_or("?"),
+        m.get("turn").and_then(Value::as_u64).unwrap_or(0),
+    );
+    if let Some(model) = str_field(m, "model") {
+        let _ = write!(line, ", {model}");
+    }
+    if let Some(a) = ago(m, "updated_at", now) {
+        let _ = write!(line, ", updated {a}");
+    }
+    if let Some(note) = stuck_note(m, now) {
+        let _ = write!(line, " — {note}");
+    }
+    line
+}
+
+/// Render `monitor.json` for `agent-send --monitor`. Tolerates missing or mistyped fields (the
+/// file is read from disk). A non-idle state whose `updated_at` is older than 60 s is flagged
+/// "POSSIBLY STUCK".
+pub fn format_monitor(v: &Value, now: DateTime<Utc>) -> String {
+    let mut out = String::new();
+    if !v.is_object() {
+        return "monitor.json does not hold a JSON object\n".to_owned();
+    }
+    let version = v.get("version").and_then(Value::as_u64);
+    if version != Some(u64::from(MONITOR_VERSION)) {
+        let shown = version.map_or("missing".to_owned(), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "(monitor format version {shown}, this agent-send reads {MONITOR_VERSION}; fields may be missing)"
+        );
+    }
+    let state = str_field(v, "state").unwrap_or("unknown");
+    let idle = state == "idle";
+    let turn = v.get("turn").and_then(Value::as_u64).unwrap_or(0);
+
+    if idle {
+        let _ = writeln!(out, "state:      idle");
+    } else {
+        let _ = write!(out, "state:      {state}, turn {turn}");
+        if let Some(note) = stuck_note(v, now) {
+            let _ = write!(out, " — {note}");
+        }
+        out.push('\n');
+    }
+    if let Some(session) = str_field(v, "session_id") {
+        let label = if idle { "last:      " } else { "session:   " };
+        let contact = str_field(v, "contact").unwrap_or("?");
+        let _ = writeln!(out, "{label} {session} (contact {contact})");
+        if let Some(model) = str_field(v, "model") {
+            let _ = writeln!(out, "model:      {model}");
+        }
+        if let Some(a) = ago(v, "message_started_at", now) {
+            let _ = writeln!(out, "message:    started {a}");
+        }
+        if idle {
+            if let Some(a) = ago(v, "updated_at", now) {
+                let _ = writeln!(out, "finished:   {a}, after {turn} turn(s)");
+            }
+        } else {
+            if let Some(a) = ago(v, "turn_started_at", now) {
+                let _ = writeln!(out, "turn:       started {a}");
+            }
+            if let Some(a) = ago(v, "updated_at", now) {
+                let _ = writeln!(out, "updated:    {a}");
+            }
+            let tools = string_list(v, "tools_in_flight");
+            if !tools.is_empty() {
+                let _ = writeln!(out, "tools:      {}", tools.join(", "));
+            }
+        }
+        format_turns(&mut out, v);
+    } else {
+        let _ = writeln!(out, "no message handled since start");
+    }
+
+    let active: &[Value] = v
+        .get("active")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    let _ = writeln!(out, "active:     {}", active.len());
+    for m in active {
+        let _ = writeln!(out, "  - {}", message_line(m, now));
+    }
+    let queue = v.get("queue_depth").and_then(Value::as_u64).unwrap_or(0);
+    let _ = writeln!(out, "queue:      {queue}");
+    if let Some(channels) = v.get("channels").and_then(Value::as_object)
+        && !channels.is_empty()
+    {
+        let _ = writeln!(out, "channels:");
+        for (name, health) in channels {
+            let detail = match health.as_object() {
+                Some(fields) => fields
+                    .iter()
+                    .map(|(k, x)| match x {
+                        Value::String(s) => format!("{k}={s}"),
+                        other => format!("{k}={other}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                None => health.to_string(),
+            };
+            let _ = writeln!(out, "  {name}: {detail}");
+        }
+    }
+    out
+}
+
+/// Turns shown by `format_monitor` (the file keeps up to 50).
+const TURNS_SHOWN: usize = 10;
+
+fn format_turns(out: &mut String, v: &Value) {
+    let turns: &[Value] = v
+        .get("turns")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    if turns.is_empty() {
+        return;
+    }
+    let skip = turns.len().saturating_sub(TURNS_SHOWN);
+    if skip > 0 {
+        let _ = writeln!(out, "turns:      last {TURNS_SHOWN} of {}", turns.len());
+    } else {
+        let _ = writeln!(out, "turns:");
+    }
+    let n = |t: &Value, k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0);
+    for t in &turns[skip..] {
+        let mut line = format!(
+            "  {:>6} ms  in {} out {} cache-read {} cache-write {}  {}",
+            n(t, "duration_ms"),
+            n(t, "input_tokens"),
+            n(t, "output_tokens"),
+            n(t, "cache_read_tokens"),
+            n(t, "cache_write_tokens"),
+            str_field(t, "stop_reason").unwrap_or("?"),
+        );
+        let tools = string_list(t, "tools");
+        if !tools.is_empty() {
+            let _ = write!(line, "  [{}]", tools.join(", "));
+        }
+        let _ = writeln!(out, "{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn temp_monitor() -> (tempfile::TempDir, PathBuf, Monitor) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("monitor.json");
+        let m = Monitor::new(path.clone());
+        (dir, path, m)
+    }
+
+    fn read(path: &PathBuf) -> Value {
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    fn turn(ms: u64, stop: &str, tools: &[&str]) -> TurnRecord {
+        TurnRecord {
+            duration_ms: ms,
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 20,
+                cache_read_tokens: 30,
+                cache_write_tokens: 40,
+            },
+            stop_reason: stop.into(),
+            tools: tools.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn new_writes_an_idle_monitor_immediately() {
+        let (_d, path, _m) = temp_monitor();
+        let v = read(&path);
+        assert_eq!(v["state"], "idle");
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["session_id"], Value::Null);
+        assert_eq!(v["active"], json!([]));
+        assert_eq!(v["queue_depth"], 0);
+        assert_eq!(v["channels"], json!({}));
+        assert!(DateTime::parse_from_rfc3339(v["updated_at"].as_str().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn unwritable_path_never_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Monitor::new(dir.path().join("missing-dir").join("monitor.json"));
+        let h = m.begin("s", "c", "model");
+        m.end(h);
+        assert_eq!(m.snapshot()["state"], "idle");
+        assert_eq!(m.snapshot()["session_id"], "s");
+    }
+
+    #[test]
+    fn loop_events_are_written_to_the_file() {
+        let (_d, path, m) = temp_monitor();
+        let h = m.begin("tg-42", "alice", "claude-sonnet");
+        let v = read(&path);
+        assert_eq!(v["state"], "thinking");
+        assert_eq!(v["session_id"], "tg-42");
+        assert_eq!(v["contact"], "alice");
+        assert_eq!(v["model"], "claude-sonnet");
+        assert!(v["message_started_at"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(v["active"].as_array().unwrap().len(), 1);
+
+        m.set_state(h, LoopState::Thinking, 1);
+        let t1 = read(&path)["turn_started_at"].clone();
+        assert!(t1.is_string());
+        m.turn_done(h, turn(1200, "tool_use", &["exec"]));
+        m.set_state(h, LoopState::Tools, 1);
+        m.set_tools(h, vec!["exec".into(), "read_file".into()]);
+        let v = read(&path);
+        assert_eq!(v["state"], "tools");
+        assert_eq!(v["turn"], 1);
+        assert_eq!(v["tools_in_flight"], json!(["exec", "read_file"]));
+        assert_eq!(v["turn_started_at"], t1, "same turn keeps its start");
+        assert_eq!(
+            v["turns"],
+            json!([{"duration_ms": 1200, "input_tokens": 10, "output_tokens": 20,
+                    "cache_read_tokens": 30, "cache_write_tokens": 40,
+                    "stop_reason": "tool_use", "tools": ["exec"]}])
+        );
+
+        m.set_state(h, LoopState::RetryWait, 2);
+        m.set_model(h, "gpt-fallback");
+        let v = read(&path);
+        assert_eq!(v["state"], "retry_wait");
+        assert_eq!(v["turn"], 2);
+        assert_eq!(v["model"], "gpt-fallback");
+        assert_eq!(v["tools_in_flight"], json!([]), "leaving tools clears them");
+        assert_eq!(v["active"][0]["state"], "retry_wait");
+
+        m.set_queue_depth(3);
+        m.set_channel(
+            "telegram",
+            json!({"last_poll_ok_at": "2026-01-01T00:00:00Z", "consecutive_errors": 0}),
+        );
+        let v = read(&path);
+        assert_eq!(v["queue_depth"], 3);
+        assert_eq!(v["channels"]["telegram"]["consecutive_errors"], 0);
+        assert_eq!(v, m.snapshot(), "file and snapshot agree");
+    }
+
+    #[test]
+    fn idle_after_end_keeps_the_last_message() {
+        let (_d, path, m) = temp_monitor();
+        let h = m.begin("http-1", "api", "m1");
+        m.set_state(h, LoopState::Tools, 1);
+        m.set_tools(h, vec!["exec".into()]);
+        m.turn_done(h, turn(5, "end_turn", &[]));
+        m.end(h);
+        let v = read(&path);
+        assert_eq!(v["state"], "idle");
+        assert_eq!(v["session_id"], "http-1");
+        assert_eq!(v["contact"], "api");
+        assert_eq!(v["turn"], 1);
+        assert_eq!(v["turns"].as_array().unwrap().len(), 1);
+        assert_eq!(v["tools_in_flight"], json!([]));
+        assert_eq!(v["active"], json!([]));
+        // Updates for an ended handle are ignored.
+        m.set_state(h, LoopState::Thinking, 9);
+        m.end(h);
+        assert_eq!(read(&path), v);
+    }
+
+    #[test]
+    fn concurrent_messages_are_all_active() {
+        let (_d, path, m) = temp_monitor();
+        let a = m.begin("sess-a", "alice", "m");
+        let b = m.begin("sess-b", "bob", "m");
+        let v = read(&path);
+        let active = v["active"].as_array().unwrap();
+        assert_eq!(active.len(), 2);
+        assert_eq!(active[0]["session_id"], "sess-a");
+        assert_eq!(active[1]["session_id"], "sess-b");
+        // The top level follows the most recently updated message.
+        assert_eq!(v["session_id"], "sess-b");
+        m.set_state(a, LoopState::Tools, 2);
+        let v = read(&path);
+        assert_eq!(v["session_id"], "sess-a");
+        assert_eq!(v["state"], "tools");
+        // Ending one leaves the other in flight, shown at the top level (not idle).
+        m.end(a);
+        let v = read(&path);
+        assert_eq!(v["state"], "thinking");
+        assert_eq!(v["session_id"], "sess-b");
+        assert_eq!(v["active"].as_array().unwrap().len(), 1);
+        m.end(b);
+        let v = read(&path);
+        assert_eq!(v["state"], "idle");
+        assert_eq!(v["session_id"], "sess-b");
+    }
+
+    #[test]
+    fn monitor_is_shared_across_threads() {
+        let (_d, path, m) = temp_monitor();
+        let m = std::sync::Arc::new(m);
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let m = std::sync::Arc::clone(&m);
+                std::thread::spawn(move || {
+                    let h = m.begin(&format!("s{i}"), "c", "m");
+                    for t in 1..=20 {
+                        m.set_state(h, LoopState::Thinking, t);
+                        m.turn_done(h, turn(1, "tool_use", &["exec"]));
+                    }
+                    h
+                })
+            })
+            .collect();
+        let handles: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let v = read(&path);
+        assert_eq!(v["active"].as_array().unwrap().len(), 4);
+        assert_eq!(v, m.snapshot(), "the last write is the latest state");
+        for h in handles {
+            m.end(h);
+        }
+        assert_eq!(read(&path)["active"], json!([]));
+    }
+
+    #[test]
+    fn turns_are_bounded() {
+        let (_d, path, m) = temp_monitor();
+        let h = m.begin("s", "c", "m");
+        for i in 0..(MAX_TURNS as u64 + 7) {
+            m.turn_done(h, turn(i, "tool_use", &[]));
+        }
+        let v = read(&path);
+        let turns = v["turns"].as_array().unwrap();
+        assert_eq!(turns.len(), MAX_TURNS);
+        assert_eq!(turns[0]["duration_ms"], 7, "the oldest turns are dropped");
+        assert_eq!(turns[MAX_TURNS - 1]["duration_ms"], MAX_TURNS as u64 + 6);
+    }
+
+    #[test]
+    fn loop_state_serializes_snake_case() {
+        assert_eq!(json!(LoopState::RetryWait), json!("retry_wait"));
+        for s in [
+            LoopState::Idle,
+            LoopState::Thinking,
+            LoopState::Tools,
+            LoopState::RetryWait,
+        ] {
+            assert_eq!(json!(s), json!(s.as_str()));
+        }
+    }
+
+    fn sample(state: &str, updated_at: &str) -> Value {
+        json!({
+            "version": 1,
+            "state": state,
+            "session_id": "tg-42",
+            "contact": "alice",
+            "model": "claude-sonnet",
+            "turn": 3,
+            "message_started_at": "2026-05-01T11:58:00.000Z",
+            "turn_started_at": "2026-05-01T11:59:00.000Z",
+            "tools_in_flight": ["exec"],
+            "turns": [{"duration_ms": 1234, "input_tokens": 1, "output_tokens": 2,
+                       "cache_read_tokens": 3, "cache_write_tokens": 4,
+                       "stop_reason": "tool_use", "tools": ["exec"]}],
+            "updated_at": updated_at,
+            "active": if state == "idle" { json!([]) } else {
+                json!([{"state": state, "session_id": "tg-42", "contact": "alice",
+                        "model": "claude-sonnet", "turn": 3, "updated_at": updated_at}])
+            },
+            "queue_depth": 2,
+            "channels": {"telegram": {"consecutive_errors": 0,
+                                       "last_poll_ok_at": "2026-05-01T11:59:59Z"}}
+        })
+    }
+
+    fn noon() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-05-01T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn format_flags_a_stale_non_idle_state() {
+        let out = format_monitor(&sample("tools", "2026-05-01T11:58:30.000Z"), noon());
+        assert!(
+            out.contains("state:      tools, turn 3 — POSSIBLY STUCK: no update for 1m 30s"),
+            "{out}"
+        );
+        // The active entry is flagged too.
+        assert_eq!(out.matches("POSSIBLY STUCK").count(), 2, "{out}");
+        assert!(out.contains("tools:      exec"), "{out}");
+        assert!(out.contains("1234 ms"), "{out}");
+        assert!(out.contains("queue:      2"), "{out}");
+        assert!(out.contains("telegram: consecutive_errors=0"), "{out}");
+    }
+
+    #[test]
+    fn format_does_not_flag_fresh_or_idle_states() {
+        // Exactly 60 s is not "older than 60 s".
+        let fresh = format_monitor(&sample("thinking", "2026-05-01T11:59:00.000Z"), noon());
+        assert!(!fresh.contains("STUCK"), "{fresh}");
+        assert!(fresh.contains("updated:    1m 00s ago"), "{fresh}");
+        let idle = format_monitor(&sample("idle", "2026-05-01T10:00:00.000Z"), noon());
+        assert!(!idle.contains("STUCK"), "{idle}");
+        assert!(idle.contains("state:      idle"), "{idle}");
+        assert!(idle.contains("last:       tg-42 (contact alice)"), "{idle}");
+        assert!(idle.contains("finished:   2h 00m ago"), "{idle}");
+    }
+
+    #[test]
+    fn format_reads_what_the_monitor_writes() {
+        let (_d, path, m) = temp_monitor();
+        let out = format_monitor(&read(&path), Utc::now());
+        assert!(out.contains("no message handled since start"), "{out}");
+        let h = m.begin("s1", "bob", "m");
+        m.set_state(h, LoopState::Thinking, 1);
+        let out = format_monitor(&read(&path), Utc::now());
+        assert!(out.starts_with("state:      thinking, turn 1\n"), "{out}");
+        assert!(!out.contains("STUCK"));
+        assert!(!out.contains("version"), "{out}");
+        // Two minutes later without an update it would be flagged.
+        let later = Utc::now() + chrono::Duration::seconds(120);
+        assert!(format_monitor(&read(&path), later).contains("POSSIBLY STUCK"));
+    }
+
+    #[test]
+    fn format_tolerates_foreign_documents() {
+        assert!(format_monitor(&json!([1, 2]), noon()).contains("not hold a JSON object"));
+        let out = format_monitor(&json!({"state": 5, "turns": "x", "active": {}}), noon());
+        assert!(out.contains("format version missing"), "{out}");
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            Just("state".to_owned()),
+            Just("updated_at".to_owned()),
+            Just("turns".to_owned()),
+            Just("active".to_owned()),
+            Just("channels".to_owned()),
+            Just("session_id".to_owned()),
+            Just("tools_in_flight".to_owned()),
+            Just("version".to_owned()),
+            "[a-z_]{1,8}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            Just(json!("idle")),
+            Just(json!("2026-05-01T11:00:00Z")),
+            ".{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 32, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::from),
+                prop::collection::btree_map(key.clone(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn format_never_panics(v in arb_json()) {
+            let _ = format_monitor(&v, noon());
+        }
+    }
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human_duration(-3), "0s");
+        assert_eq!(human_duration(59), "59s");
+        assert_eq!(human_duration(125), "2m 05s");
+        assert_eq!(human_duration(3720), "1h 02m");
+        assert_eq!(human_duration(3 * 86400 + 4 * 3600), "3d 04h");
+    }
+}

@@ -1,1 +1,298 @@
-//! (stub: filled in by its owner)
+//! SQLite storage for `agentd.db` (SPEC §2, §8): the cost ledger and small key-value state.
+//!
+//! This is the only module that owns a `rusqlite::Connection` (DESIGN §2.1). A [`Db`] is a
+//! cheap, cloneable handle to an actor: one OS thread named `agentd-db` owns the connection and
+//! runs the queries, so async code never blocks a tokio worker on SQLite. The thread ends when
+//! the last handle is dropped.
+//!
+//! - [`Db::open`] is the daemon's writer: WAL, `synchronous=NORMAL` (a cost row lost to a power
+//!   cut is acceptable; none is lost to a crash), foreign keys on, 5 s busy timeout, migrations.
+//! - [`Db::open_read_only`] serves CLI queries (`agent-send --cost`) while the daemon may be
+//!   running: no migrations, no writes.
+
+mod actor;
+mod costs;
+mod kv;
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+use rusqlite_migration::{M, MigrationDefinitionError, Migrations};
+
+use actor::Actor;
+
+pub use costs::{CallType, CostRow, CostSummary, ModelCost};
+
+/// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Name of the DB actor thread (visible in `top -H`, `ps -L`, panics and core dumps).
+const THREAD_NAME: &str = "agentd-db";
+
+/// Schema migrations of `agentd.db`, applied in order; the version lives in `PRAGMA
+/// user_version`. Never edit a shipped migration: append a new file.
+pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> =
+    LazyLock::new(|| Migrations::new(vec![M::up(include_str!("migrations/0001_init.sql"))]));
+
+/// Errors of the store. Every variant names the database file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create or access database file {}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("cannot open database {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("cannot bring database {} to the current schema: {source}", path.display())]
+    Migrate {
+        path: PathBuf,
+        source: rusqlite_migration::Error,
+    },
+    #[error(
+        "database {} was written by a newer agentd (its schema is newer than this build knows); \
+         run the newer agentd or move the file away",
+        path.display()
+    )]
+    TooNew { path: PathBuf },
+    #[error("database {}: {source}", path.display())]
+    Query {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("cannot start the database thread for {}: {source}", path.display())]
+    Thread { path: PathBuf, source: io::Error },
+    #[error("database {}: the database thread has stopped", path.display())]
+    Stopped { path: PathBuf },
+    #[error("database {}: a query panicked (a bug; see the log)", path.display())]
+    Panicked { path: PathBuf },
+}
+
+/// Handle to `agentd.db`. Clone it freely; all clones share one connection and one thread.
+#[derive(Clone)]
+pub struct Db {
+    actor: Actor,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db").field("path", &self.path()).finish()
+    }
+}
+
+impl Db {
+    /// Create or open `agentd.db` at `path` for reading and writing, configure it (WAL,
+    /// `synchronous=NORMAL`, `foreign_keys=ON`, 5 s busy timeout) and run the migrations. A new
+    /// file is created with mode 0600. The parent directory must exist.
+    ///
+    /// Blocking (file I/O and migrations): call it at start-up or from `spawn_blocking`.
+    pub fn open(path: &Path) -> Result<Db, StoreError> {
+        create_private_file(path)?;
+        let mut conn = Connection::open(path).map_err(|source| open_err(path, source))?;
+        configure_writer(&conn).map_err(|source| open_err(path, source))?;
+        MIGRATIONS
+            .to_latest(&mut conn)
+            .map_err(|source| match source {
+                rusqlite_migration::Error::MigrationDefinition(
+                    MigrationDefinitionError::DatabaseTooFarAhead,
+                ) => StoreError::TooNew {
+                    path: path.to_path_buf(),
+                },
+                source => StoreError::Migrate {
+                    path: path.to_path_buf(),
+                    source,
+                },
+            })?;
+        let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
+        Ok(Db { actor })
+    }
+
+    /// Open `agentd.db` read-only, for queries from the CLI while the daemon may be running. No
+    /// migrations are run. `Ok(None)` when the file does not exist or holds no schema yet (the
+    /// daemon never ran): the caller reports "no data" rather than an error.
+    ///
+    /// Blocking (file I/O): call it from a CLI or from `spawn_blocking`.
+    pub fn open_read_only(path: &Path) -> Result<Option<Db>, StoreError> {
+        match path.try_exists() {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn =
+            Connection::open_with_flags(path, flags).map_err(|source| open_err(path, source))?;
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(|source| open_err(path, source))?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(|source| open_err(path, source))?;
+        if version == 0 {
+            return Ok(None);
+        }
+        let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
+        Ok(Some(Db { actor }))
+    }
+
+    /// A handle on an empty in-memory database without the schema: every ledger query fails.
+    /// For tests elsewhere in the crate that must prove the database is not touched.
+    #[cfg(test)]
+    pub(crate) fn without_schema_for_test() -> Db {
+        let conn = Connection::open_in_memory().expect("in-memory SQLite opens");
+        let (actor, _detached) =
+            Actor::spawn(conn, Path::new(":memory:"), THREAD_NAME).expect("thread spawns");
+        Db { actor }
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        self.actor.path()
+    }
+
+    /// Run `PRAGMA quick_check` (for `agentd doctor`): `true` when SQLite answers "ok".
+    pub async fn integrity_ok(&self) -> Result<bool, StoreError> {
+        self.actor
+            .call(|conn| {
+                let mut stmt = conn.prepare("PRAGMA quick_check")?;
+                let rows = stmt
+                    .query_map([], |row| row.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<String>>>()?;
+                Ok(rows.len() == 1 && rows[0] == "ok")
+            })
+            .await
+    }
+}
+
+fn open_err(path: &Path, source: rusqlite::Error) -> StoreError {
+    StoreError::Open {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Create the file with mode 0600 if it does not exist yet, so SQLite (which gives its `-wal`
+/// and `-shm` files the database file's mode) never creates a world-readable database.
+fn create_private_file(path: &Path) -> Result<(), StoreError> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(source) => Err(StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Connection settings of the writer (notes/crates.md §4). Foreign keys are on in the bundled
+/// build already; set explicitly so behaviour does not depend on the build.
+fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
+    let mode: String =
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        // E.g. a file system without shared memory support: still usable, only less concurrent.
+        tracing::warn!(journal_mode = %mode, "SQLite refused WAL mode; continuing with this mode");
+    }
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_valid() {
+        MIGRATIONS.validate().expect("migrations validate");
+    }
+
+    #[tokio::test]
+    async fn open_configures_wal_and_private_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        let db = Db::open(&path).unwrap();
+        let (mode, sync, fk): (String, i64, i64) = db
+            .actor
+            .call(|c| {
+                Ok((
+                    c.pragma_query_value(None, "journal_mode", |r| r.get(0))?,
+                    c.pragma_query_value(None, "synchronous", |r| r.get(0))?,
+                    c.pragma_query_value(None, "foreign_keys", |r| r.get(0))?,
+                ))
+            })
+            .await
+            .unwrap();
+        assert_eq!(mode, "wal");
+        assert_eq!(sync, 1, "synchronous=NORMAL");
+        assert_eq!(fk, 1);
+        let perm = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(perm, 0o600);
+        assert!(db.integrity_ok().await.unwrap());
+    }
+
+    #[test]
+    fn open_in_missing_directory_names_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nope").join("agentd.db");
+        let err = Db::open(&path).unwrap_err().to_string();
+        assert!(err.contains("nope/agentd.db"), "{err}");
+    }
+
+    #[test]
+    fn read_only_open_of_missing_file_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        assert!(Db::open_read_only(&path).unwrap().is_none());
+        assert!(!path.exists(), "read-only open must not create the file");
+    }
+
+    #[test]
+    fn read_only_open_of_empty_file_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        std::fs::write(&path, b"").unwrap();
+        assert!(Db::open_read_only(&path).unwrap().is_none());
+    }
+
+    #[test]
+    fn newer_schema_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.pragma_update(None, "user_version", 99).unwrap();
+        }
+        let err = Db::open(&path).unwrap_err();
+        assert!(matches!(err, StoreError::TooNew { .. }), "{err}");
+        assert!(err.to_string().contains("newer agentd"));
+    }
+
+    #[tokio::test]
+    async fn read_only_handle_cannot_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        let writer = Db::open(&path).unwrap();
+        let reader = Db::open_read_only(&path).unwrap().unwrap();
+        assert!(reader.kv_set("k", "v").await.is_err());
+        writer.kv_set("k", "v").await.unwrap();
+        assert_eq!(reader.kv_get("k").await.unwrap().as_deref(), Some("v"));
+    }
+}

@@ -1,0 +1,434 @@
+//! The cost ledger (SPEC §8): one row per provider call, and the sums budgets, `--cost`,
+//! `GET /api/v1/cost` and `session_status` read.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Db, StoreError};
+use crate::llm::Usage;
+
+/// What kind of provider call a cost row records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallType {
+    Chat,
+    Subagent,
+    Compaction,
+    Consolidation,
+    Embedding,
+}
+
+impl CallType {
+    /// The `call_type` column value: `"chat"`, `"subagent"`, `"compaction"`,
+    /// `"consolidation"` or `"embedding"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CallType::Chat => "chat",
+            CallType::Subagent => "subagent",
+            CallType::Compaction => "compaction",
+            CallType::Consolidation => "consolidation",
+            CallType::Embedding => "embedding",
+        }
+    }
+}
+
+impl std::fmt::Display for CallType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One provider call to record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostRow {
+    /// Unix seconds.
+    pub timestamp: i64,
+    pub session_id: String,
+    /// API model id.
+    pub model: String,
+    /// Provider name (`anthropic`, `openai`, ...).
+    pub provider: String,
+    pub call_type: CallType,
+    pub usage: Usage,
+    pub cost_usd: f64,
+}
+
+/// Spend over a period: the total and one entry per model, most expensive first. This is the
+/// body of `GET /api/v1/cost` (plus `period`) and of `agent-send --cost`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CostSummary {
+    pub total_cost: f64,
+    pub models: Vec<ModelCost>,
+}
+
+/// Token and cost totals of one model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelCost {
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub cost_usd: f64,
+}
+
+/// Token counts are `u64` in Rust and `INTEGER` (i64) in SQLite; real counts never come near
+/// the limit, so saturate rather than fail a cost insert.
+fn to_sql_count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Sums read back: a NULL or negative value (possible only if someone edited the file) is 0.
+fn from_sql_count(n: Option<i64>) -> u64 {
+    n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0)
+}
+
+impl Db {
+    /// Record one provider call.
+    pub async fn insert_cost(&self, row: CostRow) -> Result<(), StoreError> {
+        self.actor
+            .call(move |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO costs (timestamp, session_id, model, provider, call_type, \
+                     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                )?
+                .execute(rusqlite::params![
+                    row.timestamp,
+                    row.session_id,
+                    row.model,
+                    row.provider,
+                    row.call_type.as_str(),
+                    to_sql_count(row.usage.input_tokens),
+                    to_sql_count(row.usage.output_tokens),
+                    to_sql_count(row.usage.cache_read_tokens),
+                    to_sql_count(row.usage.cache_write_tokens),
+                    row.cost_usd,
+                ])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Sum of `cost_usd` over rows with `timestamp >= since` (Unix seconds); 0 when none.
+    pub async fn spend_since(&self, since: i64) -> Result<f64, StoreError> {
+        self.actor
+            .call(move |conn| {
+                conn.prepare_cached("SELECT TOTAL(cost_usd) FROM costs WHERE timestamp >= ?1")?
+                    .query_row([since], |row| row.get(0))
+            })
+            .await
+    }
+
+    /// Per-model breakdown (most expensive first, then by name) and total over rows with
+    /// `timestamp >= since`; `None` covers every row.
+    pub async fn cost_summary(&self, since: Option<i64>) -> Result<CostSummary, StoreError> {
+        let since = since.unwrap_or(i64::MIN);
+        self.actor
+            .call(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT model, SUM(input_tokens), SUM(output_tokens), \
+                     SUM(cache_read_tokens), SUM(cache_write_tokens), TOTAL(cost_usd) AS cost \
+                     FROM costs WHERE timestamp >= ?1 \
+                     GROUP BY model ORDER BY cost DESC, model ASC",
+                )?;
+                let models = stmt
+                    .query_map([since], |row| {
+                        Ok(ModelCost {
+                            model: row.get::<_, Option<String>>(0)?.unwrap_or_default(),
+                            input_tokens: from_sql_count(row.get(1)?),
+                            output_tokens: from_sql_count(row.get(2)?),
+                            cache_read_tokens: from_sql_count(row.get(3)?),
+                            cache_write_tokens: from_sql_count(row.get(4)?),
+                            cost_usd: row.get(5)?,
+                        })
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                let total_cost = models.iter().map(|m| m.cost_usd).sum();
+                Ok(CostSummary { total_cost, models })
+            })
+            .await
+    }
+
+    /// Token totals and cost over rows with `timestamp >= since` (for `session_status`:
+    /// "today's cost and tokens").
+    pub async fn usage_since(&self, since: i64) -> Result<(Usage, f64), StoreError> {
+        self.actor
+            .call(move |conn| {
+                conn.prepare_cached(
+                    "SELECT SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), \
+                     SUM(cache_write_tokens), TOTAL(cost_usd) FROM costs WHERE timestamp >= ?1",
+                )?
+                .query_row([since], |row| {
+                    let usage = Usage {
+                        input_tokens: from_sql_count(row.get(0)?),
+                        output_tokens: from_sql_count(row.get(1)?),
+                        cache_read_tokens: from_sql_count(row.get(2)?),
+                        cache_write_tokens: from_sql_count(row.get(3)?),
+                    };
+                    Ok((usage, row.get(4)?))
+                })
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn usage(i: u64, o: u64, cr: u64, cw: u64) -> Usage {
+        Usage {
+            input_tokens: i,
+            output_tokens: o,
+            cache_read_tokens: cr,
+            cache_write_tokens: cw,
+        }
+    }
+
+    fn row(timestamp: i64, model: &str, usage: Usage, cost_usd: f64) -> CostRow {
+        CostRow {
+            timestamp,
+            session_id: "s1".into(),
+            model: model.into(),
+            provider: "anthropic".into(),
+            call_type: CallType::Chat,
+            usage,
+            cost_usd,
+        }
+    }
+
+    fn temp_db() -> (tempfile::TempDir, PathBuf, Db) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        let db = Db::open(&path).unwrap();
+        (dir, path, db)
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn call_type_strings() {
+        let all = [
+            (CallType::Chat, "chat"),
+            (CallType::Subagent, "subagent"),
+            (CallType::Compaction, "compaction"),
+            (CallType::Consolidation, "consolidation"),
+            (CallType::Embedding, "embedding"),
+        ];
+        for (t, s) in all {
+            assert_eq!(t.as_str(), s);
+            assert_eq!(serde_json::to_value(t).unwrap(), s);
+        }
+    }
+
+    #[tokio::test]
+    async fn insert_stores_every_column() {
+        let (_d, _p, db) = temp_db();
+        let mut r = row(1_700_000_000, "claude-sonnet", usage(1, 2, 3, 4), 0.5);
+        r.call_type = CallType::Consolidation;
+        r.session_id = "tg-42".into();
+        db.insert_cost(r).await.unwrap();
+        let got: (i64, String, String, String, String, i64, i64, i64, i64, f64) = db
+            .actor
+            .call(|c| {
+                c.query_row(
+                    "SELECT timestamp, session_id, model, provider, call_type, input_tokens, \
+                     output_tokens, cache_read_tokens, cache_write_tokens, cost_usd FROM costs",
+                    [],
+                    |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                            r.get(6)?,
+                            r.get(7)?,
+                            r.get(8)?,
+                            r.get(9)?,
+                        ))
+                    },
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            got,
+            (
+                1_700_000_000,
+                "tg-42".into(),
+                "claude-sonnet".into(),
+                "anthropic".into(),
+                "consolidation".into(),
+                1,
+                2,
+                3,
+                4,
+                0.5
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn summary_groups_by_model_most_expensive_first() {
+        let (_d, _p, db) = temp_db();
+        db.insert_cost(row(100, "small", usage(10, 20, 30, 40), 0.25))
+            .await
+            .unwrap();
+        db.insert_cost(row(200, "big", usage(1000, 500, 2000, 100), 1.0))
+            .await
+            .unwrap();
+        db.insert_cost(row(300, "small", usage(1, 2, 3, 4), 0.5))
+            .await
+            .unwrap();
+
+        let all = db.cost_summary(None).await.unwrap();
+        assert!(close(all.total_cost, 1.75), "{all:?}");
+        assert_eq!(all.models.len(), 2);
+        assert_eq!(
+            all.models[0],
+            ModelCost {
+                model: "big".into(),
+                input_tokens: 1000,
+                output_tokens: 500,
+                cache_read_tokens: 2000,
+                cache_write_tokens: 100,
+                cost_usd: 1.0,
+            }
+        );
+        let small = &all.models[1];
+        assert_eq!(small.model, "small");
+        assert_eq!(
+            (
+                small.input_tokens,
+                small.output_tokens,
+                small.cache_read_tokens,
+                small.cache_write_tokens
+            ),
+            (11, 22, 33, 44)
+        );
+        assert!(close(small.cost_usd, 0.75));
+
+        // `since` filters rows before the breakdown.
+        let recent = db.cost_summary(Some(250)).await.unwrap();
+        assert_eq!(recent.models.len(), 1);
+        assert_eq!(recent.models[0].input_tokens, 1);
+        assert!(close(recent.total_cost, 0.5));
+
+        // The JSON shape of the HTTP/CLI answer.
+        let json = serde_json::to_value(&recent).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"total_cost": 0.5, "models": [{"model": "small",
+                "input_tokens": 1, "output_tokens": 2, "cache_read_tokens": 3,
+                "cache_write_tokens": 4, "cost_usd": 0.5}]})
+        );
+    }
+
+    #[tokio::test]
+    async fn empty_ledger_sums_to_zero() {
+        let (_d, _p, db) = temp_db();
+        let s = db.cost_summary(None).await.unwrap();
+        assert_eq!(s.total_cost, 0.0);
+        assert!(s.models.is_empty());
+        assert_eq!(db.spend_since(0).await.unwrap(), 0.0);
+        let (u, c) = db.usage_since(0).await.unwrap();
+        assert_eq!(u, Usage::default());
+        assert_eq!(c, 0.0);
+    }
+
+    #[tokio::test]
+    async fn spend_since_includes_the_boundary_second() {
+        let (_d, _p, db) = temp_db();
+        for (t, c) in [(99, 0.01), (100, 0.1), (101, 1.0)] {
+            db.insert_cost(row(t, "m", Usage::default(), c))
+                .await
+                .unwrap();
+        }
+        assert!(close(db.spend_since(i64::MIN).await.unwrap(), 1.11));
+        assert!(close(db.spend_since(99).await.unwrap(), 1.11));
+        assert!(close(db.spend_since(100).await.unwrap(), 1.1));
+        assert!(close(db.spend_since(101).await.unwrap(), 1.0));
+        assert_eq!(db.spend_since(102).await.unwrap(), 0.0);
+    }
+
+    #[tokio::test]
+    async fn usage_since_sums_tokens_and_cost() {
+        let (_d, _p, db) = temp_db();
+        db.insert_cost(row(10, "a", usage(1, 2, 3, 4), 0.1))
+            .await
+            .unwrap();
+        db.insert_cost(row(20, "b", usage(10, 20, 30, 40), 0.2))
+            .await
+            .unwrap();
+        db.insert_cost(row(5, "a", usage(100, 100, 100, 100), 9.0))
+            .await
+            .unwrap();
+        let (u, c) = db.usage_since(10).await.unwrap();
+        assert_eq!(u, usage(11, 22, 33, 44));
+        assert!(close(c, 0.3));
+    }
+
+    #[tokio::test]
+    async fn reopen_keeps_data() {
+        let (_d, path, db) = temp_db();
+        db.insert_cost(row(1, "m", usage(5, 6, 7, 8), 0.125))
+            .await
+            .unwrap();
+        db.kv_set("k", "v").await.unwrap();
+        drop(db);
+        let db = Db::open(&path).unwrap();
+        let s = db.cost_summary(None).await.unwrap();
+        assert_eq!(s.models.len(), 1);
+        assert_eq!(s.models[0].cache_write_tokens, 8);
+        assert_eq!(s.total_cost, 0.125);
+        assert_eq!(db.kv_get("k").await.unwrap().as_deref(), Some("v"));
+    }
+
+    #[tokio::test]
+    async fn read_only_handle_sees_rows_of_a_live_writer() {
+        let (_d, path, writer) = temp_db();
+        writer
+            .insert_cost(row(1, "m", usage(1, 1, 1, 1), 0.5))
+            .await
+            .unwrap();
+        let reader = Db::open_read_only(&path).unwrap().expect("file exists");
+        assert_eq!(reader.spend_since(0).await.unwrap(), 0.5);
+        // A row committed after the reader opened is visible to its next query.
+        writer
+            .insert_cost(row(2, "m", usage(1, 1, 1, 1), 0.25))
+            .await
+            .unwrap();
+        assert_eq!(reader.spend_since(0).await.unwrap(), 0.75);
+        assert_eq!(
+            reader.cost_summary(None).await.unwrap().models[0].input_tokens,
+            2
+        );
+        assert!(reader.integrity_ok().await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn read_only_handle_reads_after_the_writer_closed() {
+        let (_d, path, writer) = temp_db();
+        writer
+            .insert_cost(row(1, "m", usage(1, 1, 1, 1), 0.5))
+            .await
+            .unwrap();
+        drop(writer);
+        // The writer thread closes the connection asynchronously; its last close checkpoints
+        // and deletes the `-wal` file. Wait for that so the reader really opens a database
+        // whose WAL and shared-memory files are gone (the daemon is not running).
+        let wal = path.with_extension("db-wal");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while wal.exists() {
+            assert!(std::time::Instant::now() < deadline, "writer never closed");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let reader = Db::open_read_only(&path).unwrap().expect("file exists");
+        assert_eq!(reader.spend_since(0).await.unwrap(), 0.5);
+    }
+}
