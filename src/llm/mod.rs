@@ -1,21 +1,54 @@
 //! The LLM layer: provider-neutral types (`types`), the `Provider` trait, hand-written wire
-//! clients (`anthropic/`, `openai/`), SSE parsing, retries and the model `fallback` list
-//! (`router`). Only `llm/<provider>/` knows a provider's JSON.
+//! clients (`anthropic/`, `openai/`), SSE parsing (`sse`), the HTTP edge shared by both clients
+//! (`http`), backoff (`retry`) and the model `fallback` list (`router`). Only `llm/<provider>/`
+//! knows a provider's JSON.
 
 pub mod anthropic;
 pub mod error;
+mod http;
 pub mod openai;
+pub mod retry;
 pub mod router;
+mod sse;
+#[cfg(test)]
+pub(crate) mod testutil;
 pub mod types;
 
 pub use error::LlmError;
+pub use router::{ChatOutcome, Llm, LlmEvent};
 
 pub use types::*;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures::future::BoxFuture;
+
+use crate::config::{ModelSpec, ProviderKind};
 
 /// One provider client bound to one model definition. `chat` makes exactly one streamed call
 /// (no retries: those live in `router`).
 pub trait Provider: Send + Sync {
     fn chat<'a>(&'a self, req: &'a ChatRequest) -> BoxFuture<'a, Result<ChatResponse, LlmError>>;
+}
+
+/// The client for `spec`'s provider type. `http` is shared by all clients (one connection
+/// pool); `inactivity` bounds every wait for the response head and for each stream chunk.
+pub fn provider_for(
+    spec: Arc<ModelSpec>,
+    http: reqwest::Client,
+    inactivity: Duration,
+) -> Arc<dyn Provider> {
+    match spec.kind {
+        ProviderKind::Anthropic => {
+            Arc::new(anthropic::AnthropicClient::new(spec, http, inactivity))
+        }
+        ProviderKind::OpenAi => Arc::new(openai::OpenAiClient::new(spec, http, inactivity)),
+    }
+}
+
+/// Parse streamed tool-call arguments. Invalid JSON becomes `{"__invalid_json": "<raw>"}` so the
+/// agent can answer the call with an error result the model can read.
+pub(crate) fn parse_tool_arguments(raw: &str) -> serde_json::Value {
+    serde_json::from_str(raw).unwrap_or_else(|_| serde_json::json!({ "__invalid_json": raw }))
 }

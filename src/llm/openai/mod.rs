@@ -1,0 +1,74 @@
+//! OpenAI-compatible chat-completions client (`POST {base_url}/chat/completions`, streamed):
+//! OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio and others. `render` builds the wire
+//! JSON, `stream` parses the SSE answer.
+
+mod render;
+mod stream;
+
+pub use render::render_request;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+
+use super::http::{self, CallCtx};
+use super::{ChatRequest, ChatResponse, LlmError, Provider};
+use crate::config::ModelSpec;
+
+/// A client bound to one OpenAI-compatible model definition.
+pub struct OpenAiClient {
+    spec: Arc<ModelSpec>,
+    http: reqwest::Client,
+    inactivity: Duration,
+    label: String,
+}
+
+impl OpenAiClient {
+    /// `inactivity` bounds the wait for the response head and for every stream chunk.
+    pub fn new(spec: Arc<ModelSpec>, http: reqwest::Client, inactivity: Duration) -> Self {
+        let label = http::label(&spec);
+        OpenAiClient {
+            spec,
+            http,
+            inactivity,
+            label,
+        }
+    }
+
+    async fn call(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let body =
+            serde_json::to_vec(&render_request(&self.spec, req)).map_err(|e| LlmError::Decode {
+                provider: self.label.clone(),
+                message: format!("could not serialise the request: {e}"),
+            })?;
+        let mut request = self
+            .http
+            .post(format!("{}/chat/completions", self.spec.base_url))
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream")
+            .body(body);
+        if let Some(key) = &self.spec.api_key {
+            request = request.header(
+                AUTHORIZATION,
+                http::secret_header(&self.spec, "Bearer ", key)?,
+            );
+        }
+        let ctx = CallCtx {
+            label: &self.label,
+            inactivity: self.inactivity,
+            secret: self.spec.api_key.as_ref(),
+            parse_error: stream::parse_error_body,
+        };
+        let mut parser = stream::StreamParser::new(&self.label, &self.spec.model);
+        http::stream_call(request, &ctx, &mut parser).await?;
+        Ok(parser.finish())
+    }
+}
+
+impl Provider for OpenAiClient {
+    fn chat<'a>(&'a self, req: &'a ChatRequest) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(self.call(req))
+    }
+}
