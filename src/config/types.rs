@@ -32,6 +32,10 @@ pub struct Config {
     pub memory: MemoryConfig,
     pub paths: PathsConfig,
     pub logging: LoggingConfig,
+    /// `[mcp.servers.<name>]` by server name (§12).
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// `[[schedule]]` entries in file order (§14).
+    pub schedules: Vec<ScheduleEntry>,
 }
 
 #[derive(Debug, Clone)]
@@ -270,6 +274,9 @@ pub struct ToolsConfig {
     pub web_fetch_allow_hosts: Vec<String>,
     pub max_scheduled: u32,
     pub max_delay: Duration,
+    /// Search API key from `AGENTD_BRAVE_KEY`; `None` when unset (then `web_search` is not
+    /// enabled by default).
+    pub web_search_key: Option<SecretString>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,4 +309,80 @@ pub struct LoggingConfig {
     pub level: String,
     pub file: bool,
     pub keep_files: usize,
+}
+
+/// One MCP server (`[mcp.servers.<name>]`, §12).
+#[derive(Debug, Clone)]
+pub struct McpServerConfig {
+    /// Matches `[A-Za-z0-9_-]+`; tools are exposed as `<name>__<tool>`.
+    pub name: String,
+    pub transport: McpTransport,
+    pub enabled: bool,
+    /// Allow-list of the server's tools; `None` = all.
+    pub tools: Option<Vec<String>>,
+    pub timeout: Duration,
+}
+
+/// How to reach an MCP server. Values of `env` and `headers` are `${VAR}`-expanded and may hold
+/// secrets, hence `SecretString`.
+#[derive(Debug, Clone)]
+pub enum McpTransport {
+    /// A child process speaking stdio. Only `env` reaches the child.
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        env: BTreeMap<String, SecretString>,
+        /// Absolute; `None` = the daemon's choice (the workspace).
+        cwd: Option<PathBuf>,
+    },
+    /// Streamable HTTP.
+    Http {
+        url: String,
+        headers: BTreeMap<String, SecretString>,
+    },
+}
+
+/// One `[[schedule]]` entry (§14).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleEntry {
+    /// Unique among the entries.
+    pub name: String,
+    pub when: ScheduleWhen,
+    pub action: ScheduleAction,
+}
+
+/// When a schedule fires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleWhen {
+    /// 5-field cron expression in `agent.timezone` (checked for field count and characters
+    /// only; the scheduler parses it).
+    Cron(String),
+    /// Fixed interval.
+    Every(Duration),
+}
+
+/// What a schedule does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleAction {
+    /// A system event with this text.
+    System(String),
+    /// A message to a Telegram contact (a key of `channel.telegram.contacts`).
+    Message { text: String, to: String },
+    /// A built-in job.
+    Job(ScheduleJob),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleJob {
+    Index,
+    Consolidate,
+}
+
+impl ScheduleJob {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleJob::Index => "index",
+            ScheduleJob::Consolidate => "consolidate",
+        }
+    }
 }

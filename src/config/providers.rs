@@ -1,0 +1,420 @@
+//! Models: `providers.d/<name>.toml` files (top-level keys inherited by each `[models.<name>]`)
+//! and inline `[models.<name>]` in agentd.toml → `ModelSet` (SPEC §4).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use secrecy::SecretString;
+use toml::Table;
+
+use super::env::{Env, is_var_name};
+use super::error::{Problem, display_path};
+use super::types::{CacheTtl, ModelSet, ModelSpec, Pricing, ProviderKind, Thinking};
+use super::walker::{Section, Walker, join_key};
+
+/// Default Anthropic origin (the client appends `/v1/messages`).
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
+/// Default OpenAI API root (the client appends `/chat/completions`).
+pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// The `provider` label of models defined inline in agentd.toml.
+pub const INLINE_PROVIDER: &str = "inline";
+
+/// Every model key as read from one level (provider top level or one model table); all optional
+/// so that a model can inherit what it does not set.
+#[derive(Debug, Clone, Default)]
+struct ModelFields {
+    kind: Option<ProviderKind>,
+    api_key_env: Option<String>,
+    base_url: Option<String>,
+    model: Option<String>,
+    max_tokens: Option<u32>,
+    context_window: Option<u32>,
+    input: Option<f64>,
+    output: Option<f64>,
+    cache_read: Option<f64>,
+    cache_write: Option<f64>,
+    cache: Option<bool>,
+    cache_ttl: Option<CacheTtl>,
+    thinking: Option<Thinking>,
+    thinking_budget: Option<u32>,
+    thinking_effort: Option<String>,
+    supports_vision: Option<bool>,
+    fallback: Option<Vec<String>>,
+    prompt_cache_key: Option<bool>,
+}
+
+impl ModelFields {
+    /// Read every model key present in `s` (one line per key).
+    fn read(s: &mut Section<'_>) -> Self {
+        let mut f = ModelFields {
+            kind: s.choice(
+                "type",
+                &[
+                    ("anthropic", ProviderKind::Anthropic),
+                    ("openai", ProviderKind::OpenAi),
+                ],
+            ),
+            api_key_env: s.non_empty("api_key_env"),
+            base_url: s.non_empty("base_url"),
+            model: s.non_empty("model"),
+            max_tokens: s.int("max_tokens", 1),
+            context_window: s.int("context_window", 1),
+            cache: s.get("cache"),
+            cache_ttl: s.choice(
+                "cache_ttl",
+                &[("5m", CacheTtl::FiveMinutes), ("1h", CacheTtl::OneHour)],
+            ),
+            thinking: s.choice(
+                "thinking",
+                &[
+                    ("off", Thinking::Off),
+                    ("adaptive", Thinking::Adaptive),
+                    ("budgeted", Thinking::Budgeted),
+                ],
+            ),
+            thinking_budget: s.int("thinking_budget", 1),
+            thinking_effort: s.non_empty("thinking_effort"),
+            supports_vision: s.get("supports_vision"),
+            fallback: s.get("fallback"),
+            prompt_cache_key: s.get("prompt_cache_key"),
+            ..Default::default()
+        };
+        if let Some(var) = &f.api_key_env
+            && !is_var_name(var)
+        {
+            s.problem(
+                "api_key_env",
+                "is not an environment variable name; give the variable's name (e.g. \"AGENTD_ANTHROPIC_KEY\"), never the key itself",
+            );
+            f.api_key_env = None;
+        }
+        let mut cost = s.section("cost_per_mtok");
+        f.input = cost.number("input", 0.0, f64::MAX);
+        f.output = cost.number("output", 0.0, f64::MAX);
+        f.cache_read = cost.number("cache_read", 0.0, f64::MAX);
+        f.cache_write = cost.number("cache_write", 0.0, f64::MAX);
+        f
+    }
+
+    /// `self` (the model) wins over `top` (the provider file's top level).
+    fn inherit(self, top: &ModelFields) -> Self {
+        let t = top.clone();
+        ModelFields {
+            kind: self.kind.or(t.kind),
+            api_key_env: self.api_key_env.or(t.api_key_env),
+            base_url: self.base_url.or(t.base_url),
+            model: self.model.or(t.model),
+            max_tokens: self.max_tokens.or(t.max_tokens),
+            context_window: self.context_window.or(t.context_window),
+            input: self.input.or(t.input),
+            output: self.output.or(t.output),
+            cache_read: self.cache_read.or(t.cache_read),
+            cache_write: self.cache_write.or(t.cache_write),
+            cache: self.cache.or(t.cache),
+            cache_ttl: self.cache_ttl.or(t.cache_ttl),
+            thinking: self.thinking.or(t.thinking),
+            thinking_budget: self.thinking_budget.or(t.thinking_budget),
+            thinking_effort: self.thinking_effort.or(t.thinking_effort),
+            supports_vision: self.supports_vision.or(t.supports_vision),
+            fallback: self.fallback.or(t.fallback),
+            prompt_cache_key: self.prompt_cache_key.or(t.prompt_cache_key),
+        }
+    }
+}
+
+/// A model as defined somewhere, with where it came from.
+#[derive(Debug, Clone)]
+pub struct Defined {
+    pub spec: ModelSpec,
+    /// The file that defined it (for problems and skip reasons).
+    pub file: PathBuf,
+    /// `Some(reason)` when the key is missing and the model must be skipped.
+    pub skip_reason: Option<String>,
+}
+
+/// Collects model definitions in order; a later definition of a name replaces an earlier one.
+pub struct ModelCollector<'e> {
+    env: &'e Env,
+    /// `.env` path shown in skip reasons.
+    dotenv_path: PathBuf,
+    defined: BTreeMap<String, Defined>,
+    /// Names whose latest definition was invalid (already reported), with the file and the
+    /// `fallback` list so that its references are still checked.
+    invalid: BTreeMap<String, (PathBuf, Vec<String>)>,
+    /// Problems found in provider files (agentd.toml problems go to its own walker).
+    pub problems: Vec<Problem>,
+}
+
+impl<'e> ModelCollector<'e> {
+    pub fn new(env: &'e Env, dotenv_path: PathBuf) -> Self {
+        ModelCollector {
+            env,
+            dotenv_path,
+            defined: BTreeMap::new(),
+            invalid: BTreeMap::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    /// Load `<dir>/<name>.toml`. A missing or unreadable file is reported against
+    /// `providers.load[index]` of agentd.toml through `main`.
+    pub fn load_file(&mut self, main: &Walker<'_>, dir: &Path, index: usize, name: &str) {
+        let key = format!("providers.load[{index}]");
+        if name.is_empty()
+            || name.starts_with('.')
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            main.problem(
+                key,
+                format!(
+                    "{name:?} is not a provider file name; use the file's name without .toml, e.g. \"anthropic\""
+                ),
+            );
+            return;
+        }
+        let path = dir.join(format!("{name}.toml"));
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                main.problem(
+                    key,
+                    format!(
+                        "provider file {} does not exist; create it or remove {name:?} from [providers] load",
+                        display_path(&path)
+                    ),
+                );
+                return;
+            }
+            Err(e) => {
+                main.problem(
+                    key,
+                    format!("cannot read provider file {}: {e}", display_path(&path)),
+                );
+                return;
+            }
+        };
+        let w = Walker::new(&path, self.env);
+        match super::parse_toml(&text) {
+            Ok(table) => self.walk_provider_file(&w, name, table),
+            Err(message) => w.problem("", message),
+        }
+        self.problems.extend(w.into_problems());
+    }
+
+    fn walk_provider_file(&mut self, w: &Walker<'_>, name: &str, table: Table) {
+        let mut root = w.root(table);
+        let top = ModelFields::read(&mut root);
+        let mut models = root.section("models");
+        for (model_name, value) in models.rest() {
+            let Some(mut s) = models.child(&model_name, value) else {
+                continue;
+            };
+            let fields = ModelFields::read(&mut s).inherit(&top);
+            drop(s);
+            if fields.kind.is_none() {
+                w.problem(
+                    models.key_path(&model_name) + ".type",
+                    "required; set type = \"anthropic\" or \"openai\" at the top of the provider file or on the model",
+                );
+            }
+            self.define(w, &model_name, name, fields);
+        }
+    }
+
+    /// Inline `[models.<name>]` tables of agentd.toml; each needs `type` itself.
+    pub fn inline(&mut self, mut models: Section<'_>) {
+        let w = models.walker();
+        for (model_name, value) in models.rest() {
+            let Some(mut s) = models.child(&model_name, value) else {
+                continue;
+            };
+            let fields = ModelFields::read(&mut s);
+            drop(s);
+            if fields.kind.is_none() {
+                w.problem(
+                    models.key_path(&model_name) + ".type",
+                    "required for inline models; add type = \"anthropic\" or \"openai\"",
+                );
+            }
+            self.define(w, &model_name, INLINE_PROVIDER, fields);
+        }
+    }
+
+    /// Apply defaults, validate, resolve the key, and record the definition.
+    fn define(&mut self, w: &Walker<'_>, name: &str, provider: &str, f: ModelFields) {
+        let key = |k: &str| join_key(&join_key("models", name), k);
+        let before = w.problem_count();
+        let model = f.model.clone();
+        if model.is_none() {
+            w.problem(
+                key("model"),
+                "required; set the provider's model id, e.g. model = \"claude-sonnet-4-5\"",
+            );
+        }
+        let Some(kind) = f.kind else {
+            self.mark_invalid(w, name, &f);
+            return;
+        };
+        if kind != ProviderKind::Anthropic && f.cache_ttl.is_some() {
+            w.problem(
+                key("cache_ttl"),
+                "only valid for type = \"anthropic\"; remove it",
+            );
+        }
+        if kind != ProviderKind::OpenAi && f.prompt_cache_key.is_some() {
+            w.problem(
+                key("prompt_cache_key"),
+                "only valid for type = \"openai\"; remove it",
+            );
+        }
+        let max_tokens = f.max_tokens.unwrap_or(4096);
+        let thinking = f.thinking.unwrap_or(Thinking::Off);
+        let thinking_budget = f.thinking_budget.unwrap_or(10_000);
+        if thinking == Thinking::Budgeted && thinking_budget >= max_tokens {
+            w.problem(
+                key("thinking_budget"),
+                format!(
+                    "must be below max_tokens ({max_tokens}); lower thinking_budget or raise max_tokens"
+                ),
+            );
+        }
+        let default_url = match kind {
+            ProviderKind::Anthropic => ANTHROPIC_BASE_URL,
+            ProviderKind::OpenAi => OPENAI_BASE_URL,
+        };
+        let base_url = f
+            .base_url
+            .clone()
+            .unwrap_or_else(|| default_url.to_string())
+            .trim_end_matches('/')
+            .to_string();
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            w.problem(
+                key("base_url"),
+                format!("expected an http:// or https:// URL, got {base_url:?}"),
+            );
+        }
+        let fallback = f.fallback.clone().unwrap_or_default();
+        if fallback.iter().any(|n| n == name) {
+            w.problem(
+                key("fallback"),
+                format!("model {name:?} cannot fall back to itself; remove it from the list"),
+            );
+        }
+        let Some(model) = model.filter(|_| w.problem_count() == before) else {
+            self.mark_invalid(w, name, &f);
+            return;
+        };
+
+        let (api_key, skip_reason) = match &f.api_key_env {
+            None => (None, None),
+            Some(var) => match self.env.get_non_empty(var) {
+                Some(v) => (Some(SecretString::from(v)), None),
+                None => (
+                    None,
+                    Some(format!(
+                        "environment variable {var} is not set ({}); put it in {} or the environment",
+                        display_path(w.file()),
+                        display_path(&self.dotenv_path)
+                    )),
+                ),
+            },
+        };
+        let spec = ModelSpec {
+            name: name.to_string(),
+            provider: provider.to_string(),
+            kind,
+            model,
+            base_url,
+            api_key_env: f.api_key_env,
+            api_key,
+            max_tokens,
+            context_window: f.context_window.unwrap_or(200_000),
+            pricing: Pricing {
+                input: f.input.unwrap_or(0.0),
+                output: f.output.unwrap_or(0.0),
+                cache_read: f.cache_read.unwrap_or(0.0),
+                cache_write: f.cache_write.unwrap_or(0.0),
+            },
+            cache: f.cache.unwrap_or(kind == ProviderKind::Anthropic),
+            cache_ttl: f.cache_ttl.unwrap_or(CacheTtl::FiveMinutes),
+            thinking,
+            thinking_budget,
+            thinking_effort: f.thinking_effort,
+            supports_vision: f.supports_vision.unwrap_or(false),
+            fallback,
+            prompt_cache_key: f.prompt_cache_key.unwrap_or(false),
+        };
+        self.invalid.remove(name);
+        self.defined.insert(
+            name.to_string(),
+            Defined {
+                spec,
+                file: w.file().to_path_buf(),
+                skip_reason,
+            },
+        );
+    }
+
+    /// An invalid definition replaces any earlier one but is not kept.
+    fn mark_invalid(&mut self, w: &Walker<'_>, name: &str, f: &ModelFields) {
+        self.defined.remove(name);
+        let fallback = f.fallback.clone().unwrap_or_default();
+        self.invalid
+            .insert(name.to_string(), (w.file().to_path_buf(), fallback));
+    }
+
+    /// Whether a model of this name is defined (loaded, skipped, or invalid and already
+    /// reported).
+    pub fn is_defined(&self, name: &str) -> bool {
+        self.defined.contains_key(name) || self.invalid.contains_key(name)
+    }
+
+    /// Check every `fallback` name against the final set of definitions.
+    pub fn check_fallbacks(&mut self) {
+        let mut found = Vec::new();
+        let all = self
+            .defined
+            .iter()
+            .map(|(name, d)| (name, &d.file, &d.spec.fallback))
+            .chain(
+                self.invalid
+                    .iter()
+                    .map(|(name, (file, fb))| (name, file, fb)),
+            );
+        for (name, file, fallback) in all {
+            for (i, target) in fallback.iter().enumerate() {
+                if !self.is_defined(target) {
+                    found.push(Problem {
+                        file: file.clone(),
+                        key: format!("{}[{i}]", join_key(&join_key("models", name), "fallback")),
+                        message: format!(
+                            "no model named {target:?} is defined; define [models.{target}] or remove it from fallback"
+                        ),
+                    });
+                }
+            }
+        }
+        self.problems.extend(found);
+    }
+
+    /// The final `ModelSet`.
+    pub fn finish(self) -> (ModelSet, Vec<Problem>) {
+        let mut set = ModelSet::default();
+        for (name, d) in self.defined {
+            match d.skip_reason {
+                Some(reason) => {
+                    set.skipped.insert(name, reason);
+                }
+                None => {
+                    set.loaded.insert(name, Arc::new(d.spec));
+                }
+            }
+        }
+        (set, self.problems)
+    }
+}

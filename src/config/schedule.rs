@@ -1,0 +1,232 @@
+//! `[[schedule]]` entries (SPEC §14): when (`cron` or `every`) and what (`system`,
+//! `message` + `to`, or `job`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::types::{ScheduleAction, ScheduleEntry, ScheduleJob, ScheduleWhen};
+use super::walker::Section;
+
+/// All `[[schedule]]` entries. `contacts` are the Telegram contact names `to` may use.
+pub fn schedules(root: &mut Section<'_>, contacts: &BTreeMap<String, i64>) -> Vec<ScheduleEntry> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for mut s in root.tables("schedule") {
+        let name: Option<String> = match s.required::<String>("name", "\"heartbeat\"") {
+            Some(n) if n.trim().is_empty() => {
+                s.problem("name", "must not be empty");
+                None
+            }
+            other => other,
+        };
+        if let Some(n) = &name
+            && !seen.insert(n.clone())
+        {
+            s.problem(
+                "name",
+                format!("duplicate schedule name {n:?}; names must be unique"),
+            );
+        }
+        let when = when(&mut s);
+        let action = action(&mut s, contacts);
+        if let (Some(name), Some(when), Some(action)) = (name, when, action) {
+            out.push(ScheduleEntry { name, when, action });
+        }
+    }
+    out
+}
+
+fn when(s: &mut Section<'_>) -> Option<ScheduleWhen> {
+    let cron: Option<String> = s.get("cron");
+    let every: Option<String> = s.get("every");
+    match (cron, every) {
+        (Some(c), None) => match check_cron(&c) {
+            Ok(()) => Some(ScheduleWhen::Cron(
+                c.split_whitespace().collect::<Vec<_>>().join(" "),
+            )),
+            Err(msg) => {
+                s.problem("cron", msg);
+                None
+            }
+        },
+        (None, Some(e)) => match parse_every(&e) {
+            Ok(d) => Some(ScheduleWhen::Every(d)),
+            Err(msg) => {
+                s.problem("every", msg);
+                None
+            }
+        },
+        (Some(_), Some(_)) => {
+            s.problem("every", "give either cron or every, not both");
+            None
+        }
+        (None, None) => {
+            s.problem(
+                "cron",
+                "required: cron = \"0 9 * * *\" (5 fields) or every = \"15m\"",
+            );
+            None
+        }
+    }
+}
+
+fn action(s: &mut Section<'_>, contacts: &BTreeMap<String, i64>) -> Option<ScheduleAction> {
+    let system: Option<String> = s.get("system");
+    let message: Option<String> = s.get("message");
+    let to: Option<String> = s.get("to");
+    let job = s.choice(
+        "job",
+        &[
+            ("index", ScheduleJob::Index),
+            ("consolidate", ScheduleJob::Consolidate),
+        ],
+    );
+    let given = [system.is_some(), message.is_some(), job.is_some()]
+        .iter()
+        .filter(|b| **b)
+        .count();
+    if given != 1 {
+        s.problem(
+            "system",
+            "give exactly one of system = \"text\", message = \"text\" (with to = \"contact\"), or job = \"index\" | \"consolidate\"",
+        );
+        return None;
+    }
+    if message.is_none() && to.is_some() {
+        s.problem("to", "only valid with message; remove it");
+        return None;
+    }
+    if let Some(text) = system {
+        return Some(ScheduleAction::System(text));
+    }
+    if let Some(job) = job {
+        return Some(ScheduleAction::Job(job));
+    }
+    let text = message?;
+    let Some(to) = to else {
+        s.problem(
+            "to",
+            "required with message; name a contact of [channel.telegram] contacts",
+        );
+        return None;
+    };
+    if !contacts.contains_key(&to) {
+        s.problem(
+            "to",
+            format!(
+                "unknown contact {to:?}; add it to [channel.telegram] contacts as {to} = <chat id>"
+            ),
+        );
+        return None;
+    }
+    Some(ScheduleAction::Message { text, to })
+}
+
+/// Parse an interval such as `"30s"`, `"15m"`, `"1h"`, `"1d"` or `"1h30m"`; at least 1 s.
+pub fn parse_every(s: &str) -> Result<Duration, String> {
+    let bad = || {
+        format!(
+            "expected an interval such as \"30s\", \"15m\", \"1h\", \"1d\" or \"1h30m\", got {s:?}"
+        )
+    };
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(bad());
+    }
+    let mut total: u64 = 0;
+    let mut digits = String::new();
+    for c in t.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        digits.clear();
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(bad)?;
+    }
+    if !digits.is_empty() || total == 0 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(total))
+}
+
+/// Syntactic check of a 5-field cron expression: field count and allowed characters (digits,
+/// `* , - / ?`, `L W #` and month/day names). The scheduler does the full parse.
+pub fn check_cron(expr: &str) -> Result<(), String> {
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    if fields.len() != 5 {
+        return Err(format!(
+            "expected 5 fields (minute hour day-of-month month day-of-week), got {} in {expr:?}",
+            fields.len()
+        ));
+    }
+    for f in &fields {
+        if !f
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '*' | ',' | '-' | '/' | '?' | '#'))
+        {
+            return Err(format!("invalid cron field {f:?} in {expr:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn every_parses_units_and_compounds() {
+        assert_eq!(parse_every("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_every("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_every("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_every("1d"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_every("1h30m"), Ok(Duration::from_secs(5400)));
+        for bad in [
+            "",
+            "15",
+            "m",
+            "0m",
+            "1x",
+            "-1m",
+            "1.5h",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_every(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn cron_needs_five_fields() {
+        assert!(check_cron("0 9 * * 1-5").is_ok());
+        assert!(check_cron("*/15 * * JAN MON#2").is_ok());
+        assert!(check_cron("0 9 * *").is_err());
+        assert!(check_cron("0 0 9 * * *").is_err());
+        assert!(check_cron("0 9 * * $").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn every_never_panics(s in "\\PC{0,20}") {
+            if let Ok(d) = parse_every(&s) {
+                prop_assert!(d.as_secs() >= 1);
+            }
+        }
+
+        #[test]
+        fn every_roundtrips_minutes(n in 1u64..100_000) {
+            prop_assert_eq!(parse_every(&format!("{n}m")), Ok(Duration::from_secs(n * 60)));
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The plain sections of agentd.toml (SPEC §3): agent, paths, behavior, budget, memory,
+//! logging. One line per key; defaults live here.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::paths::{expand_tilde, resolve};
+use super::types::{
+    AgentConfig, BehaviorConfig, BudgetConfig, CompactionConfig, ContextConfig, LoggingConfig,
+    MemoryConfig, SkillsConfig, TierFiles,
+};
+use super::walker::Section;
+
+/// Default `behavior.error_message`.
+pub const DEFAULT_ERROR_MESSAGE: &str =
+    "Sorry, something went wrong on my side. Please try again in a moment.";
+
+/// Default `behavior.compaction.prompt`.
+pub const DEFAULT_COMPACTION_PROMPT: &str = "Summarise the conversation so far for your own future reference. Keep decisions, facts about the user, open tasks and commitments, names, numbers, file paths and anything else needed to continue the work; drop small talk. Write in the language of the conversation.";
+
+/// Read a path value: `${VAR}`-expanded and `~`-expanded, not yet resolved.
+pub fn path_value(s: &mut Section<'_>, key: &'static str) -> Option<PathBuf> {
+    let raw = s.non_empty(key)?;
+    tilde(s, key, &raw)
+}
+
+/// `~`-expand `raw` found at `key`; a problem when HOME is unset.
+pub fn tilde(s: &Section<'_>, key: &str, raw: &str) -> Option<PathBuf> {
+    let p = expand_tilde(raw, s.walker().env());
+    if p.is_none() {
+        s.problem(
+            key,
+            "uses ~ but HOME is not set; write an absolute path or set HOME",
+        );
+    }
+    p
+}
+
+/// Strings as owned list (for defaults).
+pub fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// `[agent]`. `workspace` is resolved against `config_dir`; `skills.dir` against the workspace.
+pub fn agent(root: &mut Section<'_>, config_dir: &Path) -> AgentConfig {
+    let mut s = root.section("agent");
+    let name: String = s.required("name", "\"agentd\"").unwrap_or_default();
+    let workspace = if s.has("workspace") {
+        path_value(&mut s, "workspace")
+    } else {
+        s.required::<String>("workspace", "\"../workspace\"");
+        None
+    };
+    let workspace = resolve(&workspace.unwrap_or_else(|| PathBuf::from(".")), config_dir);
+    let timezone = match s.get::<String>("timezone") {
+        Some(tz) => chrono_tz::Tz::from_str(&tz).unwrap_or_else(|_| {
+            s.problem(
+                "timezone",
+                format!(
+                    "unknown time zone {tz:?}; use an IANA name such as \"Europe/Berlin\" or \"UTC\""
+                ),
+            );
+            chrono_tz::UTC
+        }),
+        None => system_timezone(),
+    };
+
+    let mut c = s.section("context");
+    let mut context = ContextConfig {
+        stable: c.get("stable").unwrap_or_else(|| {
+            strings(&["SOUL.md", "AGENTS.md", "USER.md", "IDENTITY.md", "TOOLS.md"])
+        }),
+        semi_stable: c
+            .get("semi_stable")
+            .unwrap_or_else(|| strings(&["MEMORY.md"])),
+        tiers: Default::default(),
+    };
+    let mut tiers = c.section("tiers");
+    for (tier, value) in tiers.rest() {
+        if tier == "full" {
+            tiers.problem(
+                &tier,
+                "tier \"full\" uses [agent.context] itself; set stable and semi_stable there",
+            );
+            continue;
+        }
+        if let Some(mut t) = tiers.child(&tier, value) {
+            let files = TierFiles {
+                stable: t.get("stable").unwrap_or_default(),
+                semi_stable: t.get("semi_stable").unwrap_or_default(),
+            };
+            context.tiers.insert(tier, files);
+        }
+    }
+    drop(tiers);
+    drop(c);
+
+    let mut k = s.section("skills");
+    let skills_dir = path_value(&mut k, "dir").unwrap_or_else(|| PathBuf::from("skills"));
+    let skills = SkillsConfig {
+        dir: resolve(&skills_dir, &workspace),
+        always_on: k.get("always_on").unwrap_or_default(),
+    };
+    AgentConfig {
+        name,
+        workspace,
+        timezone,
+        context,
+        skills,
+    }
+}
+
+/// The system's time zone (iana-time-zone), UTC when it cannot be determined.
+pub fn system_timezone() -> chrono_tz::Tz {
+    iana_time_zone::get_timezone()
+        .ok()
+        .and_then(|name| chrono_tz::Tz::from_str(&name).ok())
+        .unwrap_or(chrono_tz::UTC)
+}
+
+/// `[behavior]`.
+pub fn behavior(root: &mut Section<'_>) -> BehaviorConfig {
+    let mut s = root.section("behavior");
+    let mut c = s.section("compaction");
+    let compaction = CompactionConfig {
+        threshold_tokens: c.int("threshold_tokens", 1).unwrap_or(150_000),
+        model: c.non_empty("model").unwrap_or_else(|| "compaction".into()),
+        prompt: c
+            .non_empty("prompt")
+            .unwrap_or_else(|| DEFAULT_COMPACTION_PROMPT.into()),
+    };
+    drop(c);
+    BehaviorConfig {
+        debounce: Duration::from_millis(s.int("debounce_ms", 0).unwrap_or(500)),
+        max_concurrent_sessions: s.int("max_concurrent_sessions", 1).unwrap_or(4),
+        silent_tokens: s
+            .get("silent_tokens")
+            .unwrap_or_else(|| strings(&["HEARTBEAT_OK", "NO_REPLY"])),
+        typing_indicators: s.get("typing_indicators").unwrap_or(true),
+        error_message: s
+            .non_empty("error_message")
+            .unwrap_or_else(|| DEFAULT_ERROR_MESSAGE.into()),
+        max_turns_per_message: s.int("max_turns_per_message", 1).unwrap_or(50),
+        call_timeout: Duration::from_secs(s.int("call_timeout_seconds", 1).unwrap_or(600)),
+        api_retries: s.int("api_retries", 0).unwrap_or(2),
+        api_retry_base_delay: Duration::from_secs_f64(
+            s.number("api_retry_base_delay_seconds", 0.0, 3600.0)
+                .unwrap_or(2.0),
+        ),
+        message_retries: s.int("message_retries", 0).unwrap_or(1),
+        output_truncation: s.int("output_truncation", 1).unwrap_or(30_000),
+        compaction,
+    }
+}
+
+/// `[budget]`.
+pub fn budget(root: &mut Section<'_>) -> BudgetConfig {
+    let mut s = root.section("budget");
+    BudgetConfig {
+        per_message_usd: s.number("per_message_usd", 0.0, f64::MAX).unwrap_or(0.0),
+        daily_usd: s.number("daily_usd", 0.0, f64::MAX).unwrap_or(0.0),
+        monthly_usd: s.number("monthly_usd", 0.0, f64::MAX).unwrap_or(0.0),
+    }
+}
+
+/// `[memory]`.
+pub fn memory(root: &mut Section<'_>) -> MemoryConfig {
+    let mut s = root.section("memory");
+    let enabled = s.get("enabled").unwrap_or(true);
+    let search_top_k = s.int("search_top_k", 1).unwrap_or(10);
+    let mut i = s.section("indexer");
+    let indexer_include = i
+        .get("include")
+        .unwrap_or_else(|| strings(&["MEMORY.md", "memory/*.md"]));
+    let chunk_chars: usize = i.int("chunk_chars", 1).unwrap_or(1600);
+    let overlap_chars: usize = i.int("overlap_chars", 0).unwrap_or(320);
+    if overlap_chars >= chunk_chars {
+        i.problem(
+            "overlap_chars",
+            format!("must be below chunk_chars ({chunk_chars})"),
+        );
+    }
+    drop(i);
+    let mut r = s.section("recall");
+    let recall_max_tokens = r.int("max_tokens", 0).unwrap_or(1500);
+    drop(r);
+    let mut c = s.section("consolidation");
+    MemoryConfig {
+        enabled,
+        search_top_k,
+        indexer_include,
+        chunk_chars,
+        overlap_chars,
+        recall_max_tokens,
+        consolidation_enabled: c.get("enabled").unwrap_or(false),
+        consolidation_min_messages: c.int("min_messages", 1).unwrap_or(4),
+        consolidation_confidence_threshold: c
+            .number("confidence_threshold", 0.0, 1.0)
+            .unwrap_or(0.6),
+    }
+}
+
+/// `[logging]`.
+pub fn logging(root: &mut Section<'_>) -> LoggingConfig {
+    let mut s = root.section("logging");
+    LoggingConfig {
+        level: s.non_empty("level").unwrap_or_else(|| "info".into()),
+        file: s.get("file").unwrap_or(true),
+        keep_files: s.int("keep_files", 1).unwrap_or(7),
+    }
+}
+
+/// `[paths]` → the absolute state directory. `AGENTD_STATE_DIR` (process env or .env) wins
+/// over `state_dir`; a relative value of the variable resolves against the current directory,
+/// a relative `state_dir` against the config directory. Default `~/.agentd`.
+pub fn state_dir(root: &mut Section<'_>, config_dir: &Path) -> PathBuf {
+    let mut s = root.section("paths");
+    let from_file = path_value(&mut s, "state_dir");
+    let env = s.walker().env();
+    if let Some(raw) = env.get_non_empty("AGENTD_STATE_DIR") {
+        if let Some(p) = expand_tilde(&raw, env) {
+            let cwd = std::env::current_dir().unwrap_or_else(|_| config_dir.to_path_buf());
+            return resolve(&p, &cwd);
+        }
+        s.walker().problem(
+            "",
+            "AGENTD_STATE_DIR uses ~ but HOME is not set; give an absolute path",
+        );
+    }
+    let path = from_file.or_else(|| {
+        let p = expand_tilde("~/.agentd", env);
+        if p.is_none() {
+            s.problem(
+                "state_dir",
+                "the default ~/.agentd needs HOME, which is not set; set state_dir or AGENTD_STATE_DIR",
+            );
+        }
+        p
+    });
+    resolve(
+        &path.unwrap_or_else(|| PathBuf::from(".agentd")),
+        config_dir,
+    )
+}

@@ -1,0 +1,958 @@
+//! End-to-end tests of `load` and `render_effective` on files in a temporary directory.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use secrecy::ExposeSecret;
+
+use super::*;
+
+const ANTHROPIC: &str = r#"
+type = "anthropic"
+api_key_env = "AGENTD_ANTHROPIC_KEY"
+[models.primary]
+model = "claude-sonnet-4-5"
+"#;
+
+/// A checkout-like layout: `<tmp>/config/agentd.toml`, `<tmp>/providers.d/*.toml`,
+/// `<tmp>/home` as HOME.
+struct Fixture {
+    dir: tempfile::TempDir,
+    env: BTreeMap<String, String>,
+}
+
+impl Fixture {
+    fn new(config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("config")).unwrap();
+        std::fs::create_dir_all(dir.path().join("providers.d")).unwrap();
+        std::fs::create_dir_all(dir.path().join("home")).unwrap();
+        let f = Fixture {
+            env: BTreeMap::from([(
+                "HOME".to_string(),
+                dir.path().join("home").display().to_string(),
+            )]),
+            dir,
+        };
+        f.write("config/agentd.toml", config);
+        f
+    }
+
+    fn root(&self) -> PathBuf {
+        std::fs::canonicalize(self.dir.path()).unwrap()
+    }
+
+    fn write(&self, rel: &str, text: &str) {
+        std::fs::write(self.dir.path().join(rel), text).unwrap();
+    }
+
+    fn provider(&self, name: &str, text: &str) {
+        self.write(&format!("providers.d/{name}.toml"), text);
+    }
+
+    fn set(&mut self, k: &str, v: &str) {
+        self.env.insert(k.to_string(), v.to_string());
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config/agentd.toml")
+    }
+
+    fn load(&self) -> Result<Config, ConfigError> {
+        load_with_env(&self.config_path(), self.env.clone())
+    }
+
+    fn ok(&self) -> Config {
+        match self.load() {
+            Ok(c) => c,
+            Err(e) => panic!("expected a valid config, got:\n{e}"),
+        }
+    }
+
+    /// Problems as `key: message` lines (file names stripped).
+    fn problems(&self) -> Vec<String> {
+        match self.load() {
+            Ok(_) => panic!("expected problems, config was valid"),
+            Err(ConfigError::Invalid { problems, .. }) => problems
+                .iter()
+                .map(|p| format!("{}: {}", p.key, p.message))
+                .collect(),
+            Err(e) => panic!("expected Invalid, got {e}"),
+        }
+    }
+}
+
+const MINIMAL: &str = r#"
+[agent]
+name = "test"
+workspace = "../workspace"
+[providers]
+dir = "../providers.d"
+"#;
+
+fn minimal_with_key() -> Fixture {
+    let mut f = Fixture::new(MINIMAL);
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "sk-test-SECRET");
+    f
+}
+
+fn has(problems: &[String], needle: &str) -> bool {
+    problems.iter().any(|p| p.contains(needle))
+}
+
+#[test]
+fn minimal_config_gets_every_default() {
+    let f = minimal_with_key();
+    let c = f.ok();
+    let root = f.root();
+    let home = root.join("home");
+
+    assert_eq!(c.config_path, root.join("config/agentd.toml"));
+    assert_eq!(c.config_dir, root.join("config"));
+    assert_eq!(c.agent.name, "test");
+    assert_eq!(c.agent.workspace, root.join("workspace"));
+    assert_eq!(c.agent.timezone, system_timezone());
+    assert_eq!(
+        c.agent.context.stable,
+        ["SOUL.md", "AGENTS.md", "USER.md", "IDENTITY.md", "TOOLS.md"]
+    );
+    assert_eq!(c.agent.context.semi_stable, ["MEMORY.md"]);
+    assert!(c.agent.context.tiers.is_empty());
+    assert_eq!(c.agent.skills.dir, root.join("workspace/skills"));
+    assert!(c.agent.skills.always_on.is_empty());
+    assert_eq!(c.providers.load, ["anthropic"]);
+    assert_eq!(c.providers.dir, root.join("providers.d"));
+    assert!(c.routing.is_empty());
+
+    assert_eq!(c.paths.state_dir, home.join(".agentd"));
+    assert!(c.fifo.enabled);
+    assert_eq!(c.fifo.path, home.join(".agentd/control.pipe"));
+    assert_eq!(c.fifo.max_line_bytes, 4096);
+
+    assert!(!c.http.enabled);
+    assert_eq!(c.http.host, "127.0.0.1");
+    assert_eq!(c.http.port, 8100);
+    assert_eq!(c.http.token_env, "AGENTD_HTTP_TOKEN");
+    assert!(c.http.token.is_none());
+    assert_eq!(c.http.max_body_bytes, 10 * 1024 * 1024);
+    assert_eq!((c.http.rate_limit, c.http.status_rate_limit), (30, 60));
+    assert_eq!(c.http.rate_window, Duration::from_secs(60));
+    assert_eq!(c.http.callback_url, "");
+    assert!(c.http.callback_token.is_none());
+    assert_eq!(c.http.callback_timeout, Duration::from_secs(10));
+
+    let t = &c.telegram;
+    assert!(!t.enabled);
+    assert_eq!(t.token_env, "AGENTD_TELEGRAM_TOKEN");
+    assert_eq!(t.api_url, "https://api.telegram.org");
+    assert!(t.allow_from.is_empty() && t.contacts.is_empty());
+    assert_eq!(t.text_chunk_limit, 4096);
+    assert_eq!(t.poll_timeout, Duration::from_secs(30));
+    assert_eq!(t.max_download_bytes, 20 * 1024 * 1024);
+    assert_eq!(t.format, TelegramFormat::Html);
+
+    let b = &c.behavior;
+    assert_eq!(b.debounce, Duration::from_millis(500));
+    assert_eq!(b.max_concurrent_sessions, 4);
+    assert_eq!(b.silent_tokens, ["HEARTBEAT_OK", "NO_REPLY"]);
+    assert!(b.typing_indicators);
+    assert!(!b.error_message.is_empty());
+    assert_eq!(b.max_turns_per_message, 50);
+    assert_eq!(b.call_timeout, Duration::from_secs(600));
+    assert_eq!((b.api_retries, b.message_retries), (2, 1));
+    assert_eq!(b.api_retry_base_delay, Duration::from_secs(2));
+    assert_eq!(b.output_truncation, 30_000);
+    assert_eq!(b.compaction.threshold_tokens, 150_000);
+    assert_eq!(b.compaction.model, "compaction");
+    assert!(!b.compaction.prompt.is_empty());
+
+    assert_eq!(c.budget, BudgetConfig::default());
+
+    let tl = &c.tools;
+    assert!(tl.enabled.is_none());
+    assert_eq!(tl.exec_timeout, Duration::from_secs(120));
+    assert_eq!(tl.exec_max_timeout, Duration::from_secs(600));
+    assert_eq!(tl.exec_sandbox, ExecSandbox::Landlock);
+    assert!(!tl.exec_network);
+    assert_eq!(
+        tl.allowed_paths,
+        [
+            root.join("workspace"),
+            std::fs::canonicalize("/tmp").unwrap()
+        ]
+    );
+    assert_eq!(
+        tl.subagent_deny,
+        ["sessions_spawn", "schedule_message", "react"]
+    );
+    assert_eq!(tl.subagent_model, "subagent");
+    assert_eq!(tl.web_search_provider, "brave");
+    assert!(tl.web_search_base_url.starts_with("https://"));
+    assert_eq!(tl.web_fetch_max_bytes, 2 * 1024 * 1024);
+    assert!(tl.web_fetch_allow_hosts.is_empty());
+    assert_eq!(tl.max_scheduled, 50);
+    assert_eq!(tl.max_delay, Duration::from_secs(30 * 86_400));
+    assert!(tl.web_search_key.is_none());
+
+    let m = &c.memory;
+    assert!(m.enabled);
+    assert_eq!(m.search_top_k, 10);
+    assert_eq!(m.indexer_include, ["MEMORY.md", "memory/*.md"]);
+    assert_eq!((m.chunk_chars, m.overlap_chars), (1600, 320));
+    assert_eq!(m.recall_max_tokens, 1500);
+    assert!(!m.consolidation_enabled);
+    assert_eq!(m.consolidation_min_messages, 4);
+    assert_eq!(m.consolidation_confidence_threshold, 0.6);
+
+    assert_eq!(c.logging.level, "info");
+    assert!(c.logging.file);
+    assert_eq!(c.logging.keep_files, 7);
+    assert!(c.mcp_servers.is_empty() && c.schedules.is_empty());
+
+    let p = c.models.get("primary").expect("primary loaded");
+    assert_eq!(p.provider, "anthropic");
+    assert_eq!(p.kind, ProviderKind::Anthropic);
+    assert_eq!(p.model, "claude-sonnet-4-5");
+    assert_eq!(p.base_url, ANTHROPIC_BASE_URL);
+    assert_eq!(
+        p.api_key.as_ref().map(|k| k.expose_secret().to_string()),
+        Some("sk-test-SECRET".to_string())
+    );
+    assert_eq!((p.max_tokens, p.context_window), (4096, 200_000));
+    assert!(p.cache);
+    assert_eq!(p.cache_ttl, CacheTtl::FiveMinutes);
+    assert_eq!(p.thinking, Thinking::Off);
+    assert_eq!(p.thinking_budget, 10_000);
+    assert!(!p.supports_vision && !p.prompt_cache_key);
+    assert!(p.fallback.is_empty() && p.thinking_effort.is_none());
+    assert_eq!(p.pricing, Pricing::default());
+    assert!(c.models.skipped.is_empty());
+}
+
+#[test]
+fn three_mistakes_are_reported_together_with_key_paths() {
+    let f = Fixture::new(
+        r#"
+[agent]
+name = "test"
+workspace = "../workspace"
+[providers]
+dir = "../providers.d"
+[behavior]
+max_turns_per_message = "x"
+[http]
+port = 0
+[channel.telegram]
+format = "markdown"
+"#,
+    );
+    f.provider("anthropic", ANTHROPIC);
+    let problems = f.problems();
+    assert_eq!(
+        problems,
+        [
+            "channel.telegram.format: expected one of \"html\", \"plain\", got \"markdown\"",
+            "http.port: expected an integer ≥ 1, got 0",
+            "behavior.max_turns_per_message: expected an integer ≥ 1, got \"x\"",
+        ]
+    );
+    // Display: one problem per line, each naming the file.
+    let text = f.load().unwrap_err().to_string();
+    assert_eq!(text.lines().count(), 3);
+    assert!(text.lines().all(|l| l.contains("agentd.toml: ")));
+}
+
+#[test]
+fn unknown_keys_are_errors_with_a_suggestion() {
+    let f = Fixture::new(
+        r#"
+[agent]
+nmae = "test"
+name = "test"
+workspace = "../workspace"
+[providers]
+dir = "../providers.d"
+[behaviour]
+debounce_ms = 1
+"#,
+    );
+    f.provider("anthropic", &format!("{ANTHROPIC}max_tokns = 5\n"));
+    let problems = f.problems();
+    assert!(
+        has(
+            &problems,
+            "agent.nmae: unknown key (did you mean \"name\"?)"
+        ),
+        "{problems:?}"
+    );
+    assert!(
+        has(
+            &problems,
+            "behaviour: unknown key (did you mean \"behavior\"?)"
+        ),
+        "{problems:?}"
+    );
+    assert!(
+        has(
+            &problems,
+            "models.primary.max_tokns: unknown key (did you mean \"max_tokens\"?)"
+        ),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn toml_syntax_errors_carry_line_and_column() {
+    let f = Fixture::new("[agent]\nname = \"x\"\nworkspace = \n");
+    let problems = f.problems();
+    assert_eq!(problems.len(), 1);
+    assert!(problems[0].contains("line 3"), "{problems:?}");
+    assert!(problems[0].contains("column"), "{problems:?}");
+}
+
+#[test]
+fn dotenv_beside_config_is_read_and_the_environment_wins() {
+    let mut f = Fixture::new(MINIMAL);
+    f.provider("anthropic", ANTHROPIC);
+    f.provider(
+        "openai",
+        "type = \"openai\"\napi_key_env = \"AGENTD_OPENAI_KEY\"\n[models.subagent]\nmodel = \"gpt-4.1-mini\"\n",
+    );
+    f.write(
+        "config/agentd.toml",
+        &MINIMAL.replace(
+            "[providers]",
+            "[providers]\nload = [\"anthropic\", \"openai\"]",
+        ),
+    );
+    f.write(
+        "config/.env",
+        "# secrets\nexport AGENTD_ANTHROPIC_KEY=\"from-file\"\nAGENTD_OPENAI_KEY='file-openai'\n",
+    );
+    f.set("AGENTD_ANTHROPIC_KEY", "from-process");
+    let c = f.ok();
+    let key = |name: &str| {
+        c.models
+            .get(name)
+            .unwrap()
+            .api_key
+            .as_ref()
+            .unwrap()
+            .expose_secret()
+            .to_string()
+    };
+    assert_eq!(key("primary"), "from-process");
+    assert_eq!(key("subagent"), "file-openai");
+}
+
+#[test]
+fn malformed_dotenv_lines_are_problems() {
+    let f = minimal_with_key();
+    f.write("config/.env", "GOOD=1\nthis is not an assignment\n");
+    let problems = f.problems();
+    assert_eq!(problems, ["line 2: expected KEY=VALUE"]);
+}
+
+#[test]
+fn variables_expand_and_undefined_ones_are_named() {
+    let mut f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!("{MINIMAL}[http]\nhost = \"${{BIND_HOST}}\"\ncallback_url = \"https://${{HOOK_HOST}}/hook\"\n"),
+    );
+    f.write("config/.env", "HOOK_HOST=hooks.example.org\n");
+    f.set("BIND_HOST", "0.0.0.0");
+    let c = f.ok();
+    assert_eq!(c.http.host, "0.0.0.0");
+    assert_eq!(c.http.callback_url, "https://hooks.example.org/hook");
+
+    f.env.remove("BIND_HOST");
+    let problems = f.problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].starts_with("http.host: environment variable BIND_HOST"));
+}
+
+#[test]
+fn provider_keys_are_inherited_and_model_values_win() {
+    let mut f = Fixture::new(&MINIMAL.replace(
+        "[providers]",
+        "[providers]\nload = [\"anthropic\", \"local\"]",
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.provider(
+        "local",
+        r#"
+type = "openai"
+base_url = "http://127.0.0.1:11434/v1/"
+max_tokens = 2048
+cost_per_mtok = { input = 1.0, output = 2.0 }
+[models.subagent]
+model = "small"
+[models.big]
+model = "large"
+max_tokens = 16000
+base_url = "http://10.0.0.2:8000/v1"
+cost_per_mtok = { output = 9.0 }
+prompt_cache_key = true
+fallback = ["subagent", "primary"]
+"#,
+    );
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    let c = f.ok();
+    let small = c.models.get("subagent").unwrap();
+    assert_eq!(small.provider, "local");
+    assert_eq!(small.kind, ProviderKind::OpenAi);
+    assert_eq!(small.base_url, "http://127.0.0.1:11434/v1");
+    assert_eq!(small.max_tokens, 2048);
+    assert!(small.api_key.is_none() && small.api_key_env.is_none());
+    assert!(!small.cache, "openai models default to cache = false");
+    assert_eq!(small.pricing.input, 1.0);
+    let big = c.models.get("big").unwrap();
+    assert_eq!(big.max_tokens, 16000);
+    assert_eq!(big.base_url, "http://10.0.0.2:8000/v1");
+    assert_eq!(big.pricing.output, 9.0);
+    assert_eq!(big.pricing.input, 1.0, "unset price fields still inherit");
+    assert!(big.prompt_cache_key);
+    assert_eq!(big.fallback, ["subagent", "primary"]);
+    assert_eq!(big.context_window, 200_000);
+}
+
+#[test]
+fn later_definitions_replace_earlier_ones_and_inline_models_need_type() {
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}[models.primary]\ntype = \"openai\"\nmodel = \"inline-model\"\n[models.untyped]\nmodel = \"x\"\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    let problems = f.problems();
+    assert_eq!(
+        problems,
+        ["models.untyped.type: required for inline models; add type = \"anthropic\" or \"openai\""]
+    );
+    f.write(
+        "config/agentd.toml",
+        &format!("{MINIMAL}[models.primary]\ntype = \"openai\"\nmodel = \"inline-model\"\n"),
+    );
+    let c = f.ok();
+    let p = c.models.get("primary").unwrap();
+    assert_eq!(p.provider, "inline");
+    assert_eq!(p.model, "inline-model");
+    assert_eq!(p.base_url, OPENAI_BASE_URL);
+}
+
+#[test]
+fn missing_key_skips_the_model_with_a_reason() {
+    let mut f = Fixture::new(MINIMAL);
+    f.provider(
+        "anthropic",
+        &format!(
+            "{ANTHROPIC}[models.local]\nmodel = \"m\"\ntype = \"openai\"\napi_key_env = \"\"\n"
+        ),
+    );
+    // An empty api_key_env is a mistake, not "no key".
+    assert!(has(
+        &f.problems(),
+        "models.local.api_key_env: must not be empty"
+    ));
+
+    f.provider(
+        "anthropic",
+        &format!("{ANTHROPIC}[models.other]\nmodel = \"m\"\n"),
+    );
+    f.set("AGENTD_ANTHROPIC_KEY", "   ");
+    let c = f.ok();
+    assert!(c.models.loaded.is_empty());
+    let reason = &c.models.skipped["primary"];
+    assert!(
+        reason.contains("environment variable AGENTD_ANTHROPIC_KEY is not set"),
+        "{reason}"
+    );
+    assert!(reason.contains("anthropic.toml"), "{reason}");
+    assert!(reason.contains(".env or the environment"), "{reason}");
+    assert!(c.models.skipped.contains_key("other"));
+}
+
+#[test]
+fn model_validation_problems() {
+    let f = Fixture::new(&MINIMAL.replace(
+        "[providers]",
+        "[providers]\nload = [\"anthropic\", \"oai\", \"nope\"]",
+    ));
+    f.provider(
+        "anthropic",
+        &format!(
+            "{ANTHROPIC}fallback = [\"ghost\"]\nthinking = \"budgeted\"\n[models.nomodel]\nmax_tokens = 10\n"
+        ),
+    );
+    f.provider(
+        "oai",
+        "type = \"openai\"\n[models.x]\nmodel = \"m\"\ncache_ttl = \"1h\"\n[models.y]\nmodel = \"m\"\ntype = \"claude\"\n",
+    );
+    let problems = f.problems();
+    for expected in [
+        "models.primary.thinking_budget: must be below max_tokens (4096)",
+        "models.nomodel.model: required",
+        "models.x.cache_ttl: only valid for type = \"anthropic\"",
+        "models.y.type: expected one of \"anthropic\", \"openai\", got \"claude\"",
+        "providers.load[2]: provider file",
+        // An invalid model's fallback list is still checked.
+        "models.primary.fallback[0]: no model named \"ghost\" is defined",
+    ] {
+        assert!(
+            has(&problems, expected),
+            "missing {expected:?} in {problems:?}"
+        );
+    }
+}
+
+#[test]
+fn fallback_and_routing_must_name_defined_models() {
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}[routing]\ntelegram = \"primary\"\nfifo = \"nowhere\"\ntelegarm = \"primary\"\n"
+    ));
+    f.provider(
+        "anthropic",
+        &format!("{ANTHROPIC}fallback = [\"backup\"]\n"),
+    );
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    let problems = f.problems();
+    assert!(
+        has(
+            &problems,
+            "models.primary.fallback[0]: no model named \"backup\" is defined"
+        ),
+        "{problems:?}"
+    );
+    assert!(
+        has(&problems, "routing.fifo: no model named \"nowhere\""),
+        "{problems:?}"
+    );
+    assert!(
+        has(
+            &problems,
+            "routing.telegarm: unknown message source (did you mean \"telegram\"?)"
+        ),
+        "{problems:?}"
+    );
+    assert_eq!(problems.len(), 3, "{problems:?}");
+}
+
+#[test]
+fn relative_paths_resolve_against_config_dir_and_workspace() {
+    let mut f = minimal_with_key();
+    std::fs::create_dir_all(f.dir.path().join("workspace")).unwrap();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            "{MINIMAL}[agent.skills]\ndir = \"my-skills\"\n[paths]\nstate_dir = \"state\"\n[fifo]\npath = \"~/pipe\"\n[tools.filesystem]\nallowed_paths = [\"data\", \"/srv\"]\n"
+        ),
+    );
+    let root = f.root();
+    let c = f.ok();
+    assert_eq!(c.agent.workspace, root.join("workspace"));
+    assert_eq!(c.agent.skills.dir, root.join("workspace/my-skills"));
+    assert_eq!(c.paths.state_dir, root.join("config/state"));
+    assert_eq!(c.fifo.path, root.join("home/pipe"));
+    assert_eq!(
+        c.tools.allowed_paths,
+        [root.join("config/data"), PathBuf::from("/srv")]
+    );
+
+    // AGENTD_STATE_DIR wins over [paths] state_dir.
+    f.set("AGENTD_STATE_DIR", "/var/lib/agentd-test");
+    let c = f.ok();
+    assert_eq!(c.paths.state_dir, Path::new("/var/lib/agentd-test"));
+}
+
+#[test]
+fn telegram_mcp_and_schedules_are_typed_and_validated() {
+    let mut f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            r#"{MINIMAL}
+[channel.telegram]
+enabled = true
+allow_from = [12345, 678]
+contacts = {{ Alice = 12345 }}
+[mcp.servers.time]
+command = "uvx"
+args = ["mcp-server-time"]
+env = {{ TZ = "UTC", TOKEN = "${{MCP_TOKEN}}" }}
+tools = ["get_current_time"]
+[mcp.servers.web]
+url = "https://mcp.example.org/mcp"
+headers = {{ Authorization = "Bearer x" }}
+timeout_seconds = 5
+[[schedule]]
+name = "heartbeat"
+every = "30m"
+system = "Execute HEARTBEAT.md"
+[[schedule]]
+name = "greet"
+cron = "0 9 * * 1-5"
+message = "Good morning"
+to = "Alice"
+[[schedule]]
+name = "index"
+cron = "15 3 * * *"
+job = "index"
+"#
+        ),
+    );
+    f.set("AGENTD_TELEGRAM_TOKEN", "123:abc");
+    f.set("MCP_TOKEN", "mcp-secret");
+    let c = f.ok();
+    assert_eq!(c.telegram.allow_from, [12345, 678]);
+    assert_eq!(c.telegram.contacts["Alice"], 12345);
+    assert!(c.telegram.token.is_some());
+    let time = &c.mcp_servers["time"];
+    match &time.transport {
+        McpTransport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => {
+            assert_eq!(command, "uvx");
+            assert_eq!(args, &["mcp-server-time"]);
+            assert_eq!(env["TOKEN"].expose_secret(), "mcp-secret");
+            assert!(cwd.is_none());
+        }
+        other => panic!("expected stdio, got {other:?}"),
+    }
+    assert_eq!(
+        time.tools.as_deref(),
+        Some(&["get_current_time".to_string()][..])
+    );
+    assert_eq!(time.timeout, Duration::from_secs(60));
+    assert!(matches!(
+        c.mcp_servers["web"].transport,
+        McpTransport::Http { .. }
+    ));
+    assert_eq!(c.mcp_servers["web"].timeout, Duration::from_secs(5));
+    assert_eq!(c.schedules.len(), 3);
+    assert_eq!(
+        c.schedules[0].when,
+        ScheduleWhen::Every(Duration::from_secs(1800))
+    );
+    assert_eq!(
+        c.schedules[1].action,
+        ScheduleAction::Message {
+            text: "Good morning".into(),
+            to: "Alice".into()
+        }
+    );
+    assert_eq!(
+        c.schedules[2].action,
+        ScheduleAction::Job(ScheduleJob::Index)
+    );
+
+    f.env.remove("AGENTD_TELEGRAM_TOKEN");
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            r#"{MINIMAL}
+[channel.telegram]
+enabled = true
+allow_from = ["me"]
+[mcp.servers."bad name"]
+command = "x"
+[mcp.servers.both]
+command = "x"
+url = "https://x"
+[mcp.servers.neither]
+enabled = true
+[[schedule]]
+name = "a"
+cron = "0 9 * *"
+system = "x"
+[[schedule]]
+name = "a"
+every = "soon"
+system = "x"
+job = "index"
+[[schedule]]
+name = "c"
+every = "1h"
+message = "hi"
+to = "Bob"
+"#
+        ),
+    );
+    let problems = f.problems();
+    for expected in [
+        "channel.telegram.token_env: environment variable AGENTD_TELEGRAM_TOKEN is not set",
+        "channel.telegram.allow_from[0]: expected an integer, got \"me\"",
+        "mcp.servers.\"bad name\": invalid server name",
+        "mcp.servers.both.url: server \"both\" has both command and url",
+        "mcp.servers.neither.command: server \"neither\" needs command",
+        "schedule[0].cron: expected 5 fields",
+        "schedule[1].name: duplicate schedule name \"a\"",
+        "schedule[1].every: expected an interval",
+        "schedule[1].system: give exactly one of",
+        "schedule[2].to: unknown contact \"Bob\"",
+    ] {
+        assert!(
+            has(&problems, expected),
+            "missing {expected:?} in {problems:?}"
+        );
+    }
+}
+
+#[test]
+fn unknown_tool_names_are_rejected() {
+    let f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!("{MINIMAL}[tools]\nenabled = [\"read\", \"exce\"]\nexec_timeout_seconds = 900\n"),
+    );
+    let problems = f.problems();
+    assert_eq!(
+        problems,
+        [
+            "tools.enabled[1]: unknown tool \"exce\" (did you mean \"exec\"?)",
+            "tools.exec_timeout_seconds: must not exceed exec_max_timeout_seconds (600)",
+        ]
+    );
+}
+
+#[test]
+fn missing_required_keys_name_the_fix() {
+    let f = Fixture::new("[providers]\ndir = \"../providers.d\"\n");
+    f.provider("anthropic", ANTHROPIC);
+    let problems = f.problems();
+    assert_eq!(
+        problems,
+        [
+            "agent.name: required; add name = \"agentd\" to [agent]",
+            "agent.workspace: required; add workspace = \"../workspace\" to [agent]",
+        ]
+    );
+}
+
+#[test]
+fn a_config_without_primary_is_a_problem() {
+    let f = Fixture::new(&MINIMAL.replace("[providers]", "[providers]\nload = []"));
+    assert!(has(
+        &f.problems(),
+        "models: no model named \"primary\" is defined"
+    ));
+}
+
+#[test]
+fn missing_config_file_is_an_io_error() {
+    let err = load_with_env(Path::new("/nonexistent/agentd.toml"), BTreeMap::new()).unwrap_err();
+    assert!(matches!(err, ConfigError::Io { .. }));
+    assert!(err.to_string().contains("/nonexistent/agentd.toml"));
+}
+
+#[test]
+fn render_effective_never_shows_secrets() {
+    let mut f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            "{MINIMAL}[http]\ncallback_url = \"https://h/x\"\ncallback_token_env = \"CB\"\n[mcp.servers.s]\nurl = \"https://m\"\nheaders = {{ Authorization = \"Bearer ${{CB}}\" }}\n"
+        ),
+    );
+    f.set("AGENTD_HTTP_TOKEN", "sk-test-SECRET-http");
+    f.set("AGENTD_TELEGRAM_TOKEN", "sk-test-SECRET-tg");
+    f.set("AGENTD_BRAVE_KEY", "sk-test-SECRET-brave");
+    f.set("CB", "sk-test-SECRET-cb");
+    let c = f.ok();
+    let text = render_effective(&c);
+    assert!(!text.contains("sk-test-SECRET"), "{text}");
+    assert!(text.contains("[redacted]"));
+    assert!(text.contains("[agent]") && text.contains("[models]"));
+    assert!(text.contains("claude-sonnet-4-5"));
+    assert!(text.contains(ANTHROPIC_BASE_URL));
+    // Debug output of the whole config is also free of secrets.
+    assert!(!format!("{c:?}").contains("sk-test-SECRET"));
+
+    // Skipped models are listed with their reason; unset secrets say so.
+    f.env.clear();
+    f.set("HOME", &f.root().join("home").display().to_string());
+    f.write("config/agentd.toml", MINIMAL);
+    let text = render_effective(&f.ok());
+    assert!(text.contains("primary = { skipped = "), "{text}");
+    assert!(text.contains("AGENTD_ANTHROPIC_KEY is not set"), "{text}");
+    assert!(text.contains("[not set]"), "{text}");
+}
+
+#[test]
+fn rendered_config_is_valid_toml() {
+    let f = minimal_with_key();
+    let text = render_effective(&f.ok());
+    if let Err(e) = text.parse::<toml::Table>() {
+        panic!("render_effective output is not TOML: {e}\n{text}");
+    }
+}
+
+#[test]
+fn shipped_config_loads_without_keys() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/agentd.toml");
+    let home = tempfile::tempdir().unwrap();
+    let env = BTreeMap::from([("HOME".to_string(), home.path().display().to_string())]);
+    let c = match load_with_env(&path, env) {
+        Ok(c) => c,
+        Err(e) => panic!("shipped config/agentd.toml is invalid:\n{e}"),
+    };
+    assert_eq!(c.agent.name, "agentd");
+    assert!(c.fifo.enabled && !c.http.enabled && !c.telegram.enabled);
+    assert!(c.agent.workspace.ends_with("workspace"));
+    // A developer's config/.env may hold a real key; only a clean checkout must skip primary.
+    if !path.with_file_name(".env").exists() {
+        assert!(c.models.loaded.is_empty());
+        assert!(c.models.skipped.contains_key("primary"));
+        assert!(c.models.skipped.contains_key("subagent"));
+        assert!(c.models.skipped.contains_key("compaction"));
+    }
+}
+
+#[test]
+fn shipped_provider_files_are_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[agent]\nname = \"t\"\nworkspace = \"{}\"\n[providers]\ndir = \"{}\"\nload = [\"anthropic\", \"openai\", \"ollama\"]\n",
+        dir.path().display(),
+        root.join("providers.d").display()
+    );
+    let path = dir.path().join("agentd.toml");
+    std::fs::write(&path, config).unwrap();
+    let env = BTreeMap::from([
+        ("HOME".to_string(), dir.path().display().to_string()),
+        ("AGENTD_OPENAI_KEY".to_string(), "k".to_string()),
+    ]);
+    let c = match load_with_env(&path, env) {
+        Ok(c) => c,
+        Err(e) => panic!("shipped providers.d is invalid:\n{e}"),
+    };
+    // ollama (loaded last) replaces primary; it needs no key.
+    let p = c.models.get("primary").unwrap();
+    assert_eq!(p.provider, "ollama");
+    assert_eq!(p.base_url, "http://127.0.0.1:11434/v1");
+    assert!(p.api_key.is_none());
+    let e = c.models.get("embeddings").unwrap();
+    assert_eq!(
+        (e.model.as_str(), e.pricing.input),
+        ("text-embedding-3-small", 0.02)
+    );
+    let sub = c.models.get("subagent").unwrap();
+    assert_eq!(sub.model, "gpt-4.1-mini");
+    assert!(c.models.skipped.contains_key("compaction"));
+}
+
+#[test]
+fn explicit_helper_models_must_exist_and_full_tier_is_not_redefined() {
+    let f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            "{MINIMAL}[behavior.compaction]\nmodel = \"cheap\"\n[tools]\nsubagent_model = \"primary\"\n[agent.context.tiers.full]\nstable = []\n"
+        ),
+    );
+    let problems = f.problems();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(has(
+        &problems,
+        "agent.context.tiers.full: tier \"full\" uses [agent.context]"
+    ));
+    assert!(has(
+        &problems,
+        "behavior.compaction.model: no model named \"cheap\""
+    ));
+}
+
+#[test]
+fn cli_path_wins_in_config_resolution() {
+    assert_eq!(
+        resolve_config_path(Some(Path::new("/etc/agentd.toml"))),
+        PathBuf::from("/etc/agentd.toml")
+    );
+    if std::env::var_os("AGENTD_CONFIG").is_none() {
+        assert_eq!(
+            resolve_config_path(None),
+            PathBuf::from("./config/agentd.toml")
+        );
+    }
+}
+
+/// Values of every TOML type, to put under keys the loader may or may not know.
+fn any_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("\"x\"".to_string()),
+        Just("\"${UNSET_VAR}\"".to_string()),
+        Just("\"~/p\"".to_string()),
+        any::<i64>().prop_map(|i| i.to_string()),
+        Just("-1".to_string()),
+        Just("0".to_string()),
+        Just("1.5".to_string()),
+        Just("true".to_string()),
+        Just("[]".to_string()),
+        Just("[1, \"a\"]".to_string()),
+        Just("{ a = 1 }".to_string()),
+        Just("1979-05-27".to_string()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever is put under whatever key, loading never panics, and an invalid config always
+    /// carries at least one problem naming a key or the file.
+    #[test]
+    fn loading_arbitrary_keys_never_panics(
+        section in prop::sample::select(vec![
+            "agent", "agent.context", "agent.skills", "providers", "routing", "channel.telegram",
+            "fifo", "http", "behavior", "behavior.compaction", "budget", "tools",
+            "tools.filesystem", "tools.web_fetch", "memory", "memory.indexer", "paths",
+            "logging", "mcp.servers.s", "models.primary", "agent.context.tiers.t",
+        ]),
+        key in prop::sample::select(vec![
+            "enabled", "name", "port", "path", "model", "type", "dir", "load", "stable",
+            "threshold_tokens", "allowed_paths", "max_bytes", "state_dir", "level", "command",
+            "url", "telegram", "fallback", "thinking_budget", "cost_per_mtok", "zzz",
+        ]),
+        value in any_value(),
+    ) {
+        let f = minimal_with_key();
+        let mut table: toml::Table = MINIMAL.parse().unwrap();
+        let v = format!("v = {value}").parse::<toml::Table>().unwrap().remove("v").unwrap();
+        let mut t = &mut table;
+        for part in section.split('.') {
+            let entry = t
+                .entry(part.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            t = entry.as_table_mut().unwrap();
+        }
+        t.insert(key.to_string(), v);
+        f.write("config/agentd.toml", &toml::to_string(&table).unwrap());
+        match f.load() {
+            Ok(_) => {}
+            Err(ConfigError::Invalid { problems, .. }) => {
+                prop_assert!(!problems.is_empty());
+                prop_assert!(problems.iter().all(|p| !p.message.is_empty()));
+            }
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+}
+
+#[test]
+fn default_state_dir_without_home_is_a_problem() {
+    let mut f = minimal_with_key();
+    f.env.remove("HOME");
+    assert_eq!(
+        f.problems(),
+        [
+            "paths.state_dir: the default ~/.agentd needs HOME, which is not set; set state_dir or AGENTD_STATE_DIR"
+        ]
+    );
+    f.set("AGENTD_STATE_DIR", "/srv/agentd-state");
+    assert_eq!(f.ok().paths.state_dir, Path::new("/srv/agentd-state"));
+}
