@@ -1,0 +1,6 @@
+//! The single integration-test binary (one link instead of one per file). Test modules are
+//! declared here; shared fakes and the daemon launcher live in `support/`.
+
+mod support;
+
+mod fake_llm_selftest;

@@ -1,0 +1,25 @@
+//! Test support: a fake LLM server speaking the real wire formats, the launcher for the real
+//! binaries, and small polling helpers.
+
+// Not every test module uses every helper.
+#![allow(dead_code)]
+
+pub mod daemon;
+pub mod fake_llm;
+
+use std::time::{Duration, Instant};
+
+/// Polls `f` every 20 ms until it returns `Some`, for at most `timeout`; panics naming `what`.
+/// Blocking: call it from `#[test]` functions or multi-threaded tokio tests.
+pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
