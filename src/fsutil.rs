@@ -62,7 +62,10 @@ pub fn append_line_fsync(file: &mut File, line: &[u8]) -> io::Result<()> {
 /// Create a directory (and parents) with mode 0700.
 pub fn create_private_dir(dir: &Path) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 trait Mode0600 {

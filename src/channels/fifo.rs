@@ -15,9 +15,7 @@ use crate::control::{ControlLine, parse_line};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FifoError {
-    #[error(
-        "{path} exists and is not a FIFO owned by this user; move it away or set [fifo] path"
-    )]
+    #[error("{path} exists and is not a FIFO owned by this user; move it away or set [fifo] path")]
     NotOurFifo { path: PathBuf },
     #[error("cannot create FIFO {path}: {source}")]
     Create { path: PathBuf, source: io::Error },
@@ -243,7 +241,8 @@ mod tests {
         w.write_all(b"\n").unwrap();
         w.write_all(&[b'x'; 100]).unwrap();
         w.write_all(b"\n").unwrap();
-        w.write_all(br#"{"type":"user","text":"hi","id":"k1"}"#).unwrap();
+        w.write_all(br#"{"type":"user","text":"hi","id":"k1"}"#)
+            .unwrap();
         w.write_all(b"\n").unwrap();
         w.write_all(br#"{"type":"system","text":"no id"}"#).unwrap();
         w.write_all(b"\n").unwrap();

@@ -190,7 +190,9 @@ mod tests {
         m.reply_to = vec!["i1".into()];
         m.sent_messages = Some(3);
         roundtrip(Event::Message(m));
-        roundtrip(Event::Message(MessageEvent::new(Message::user_text("hello"))));
+        roundtrip(Event::Message(MessageEvent::new(Message::user_text(
+            "hello",
+        ))));
         roundtrip(Event::ToolResult {
             results: vec![ToolResult {
                 tool_call_id: "t1".into(),

@@ -375,6 +375,9 @@ mod tests {
         .unwrap();
         let lines = h.read_trail().unwrap();
         assert!(pending_intakes(&lines).is_empty());
-        assert!(matches!(outcome_of(&lines, "c"), Some(Outcome::Failed { .. })));
+        assert!(matches!(
+            outcome_of(&lines, "c"),
+            Some(Outcome::Failed { .. })
+        ));
     }
 }

@@ -91,10 +91,7 @@ impl SessionState {
             Event::Message(m) => {
                 let mut msg = m.message.clone();
                 strip_images(&mut msg);
-                if let Message::Assistant {
-                    usage: Some(u), ..
-                } = &msg
-                {
+                if let Message::Assistant { usage: Some(u), .. } = &msg {
                     self.usage.add(u);
                     self.context_tokens = u.prompt_tokens() + u.output_tokens;
                 }

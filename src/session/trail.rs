@@ -213,7 +213,8 @@ mod tests {
         // 23:30 UTC on Nov 3 is 00:30 on Nov 4 in Berlin.
         let t = "2026-11-03T23:30:00Z".parse::<DateTime<Utc>>().unwrap();
         w.append_at(ev("a"), t).unwrap();
-        w.append_at(ev("b"), t - chrono::Duration::hours(2)).unwrap();
+        w.append_at(ev("b"), t - chrono::Duration::hours(2))
+            .unwrap();
         let files = trail_files(d.path(), "s1").unwrap();
         let names: Vec<_> = files
             .iter()
@@ -233,7 +234,8 @@ mod tests {
         drop(w);
         let f = trail_files(d.path(), "s1").unwrap().pop().unwrap();
         let mut fh = OpenOptions::new().append(true).open(&f).unwrap();
-        fh.write_all(br#"{"v":1,"seq":2,"ts":"x","type":"mess"#).unwrap();
+        fh.write_all(br#"{"v":1,"seq":2,"ts":"x","type":"mess"#)
+            .unwrap();
         drop(fh);
         assert_eq!(read_trail(d.path(), "s1").unwrap().len(), 1);
         let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
