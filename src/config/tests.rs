@@ -511,7 +511,7 @@ fn model_validation_problems() {
 #[test]
 fn fallback_and_routing_must_name_defined_models() {
     let mut f = Fixture::new(&format!(
-        "{MINIMAL}[routing]\ntelegram = \"primary\"\nfifo = \"nowhere\"\ntelegarm = \"primary\"\n"
+        "{MINIMAL}[routing]\ntelegram = \"primary\"\nuser = \"nowhere\"\ntelegarm = \"primary\"\n"
     ));
     f.provider(
         "anthropic",
@@ -527,7 +527,7 @@ fn fallback_and_routing_must_name_defined_models() {
         "{problems:?}"
     );
     assert!(
-        has(&problems, "routing.fifo: no model named \"nowhere\""),
+        has(&problems, "routing.user: no model named \"nowhere\""),
         "{problems:?}"
     );
     assert!(
