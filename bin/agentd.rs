@@ -1,1 +1,80 @@
-fn main() {}
+//! `agentd`: the daemon and its subcommands. Thin: parse arguments, load config, set up logging,
+//! call the library, map errors to exit codes (0 clean, 1 config/startup, 2 usage, 3 runtime).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "agentd", version, about = "An always-on AI agent daemon")]
+struct Cli {
+    /// Config file (default: $AGENTD_CONFIG, else ./config/agentd.toml).
+    #[arg(short = 'c', long = "config", global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon (the default).
+    Run,
+    /// Validate the configuration and print the effective config (secrets redacted) and which
+    /// models loaded or were skipped.
+    CheckConfig,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let path = agentd::config::resolve_config_path(cli.config.as_deref());
+    let cfg = match agentd::config::load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agentd: configuration error\n{e}");
+            return ExitCode::from(1);
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::CheckConfig => {
+            print!("{}", agentd::config::render_effective(&cfg));
+            ExitCode::SUCCESS
+        }
+        Command::Run => run(cfg),
+    }
+}
+
+fn run(cfg: agentd::config::Config) -> ExitCode {
+    let _guard = match agentd::telemetry::init(&cfg) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("agentd: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentd: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(agentd::daemon::run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "agentd failed");
+            eprintln!("agentd: {e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}

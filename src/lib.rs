@@ -17,4 +17,5 @@ pub mod llm;
 pub mod monitor;
 pub mod session;
 pub mod store;
+pub mod telemetry;
 pub mod tools;

@@ -1,1 +1,533 @@
-//! (stub: filled in by its owner)
+//! One message end to end (SPEC §5.5, §6): route to a model, append the user turn, run the
+//! agentic loop (LLM call → tools → results → …), record every step in the session trail and
+//! the cost ledger, and report the outcome. Works on neutral types only.
+
+pub mod prompt;
+mod status;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::cost::{self, BudgetError};
+use crate::llm::{
+    ChatRequest, Llm, LlmError, LlmEvent, Message, StopReason, ToolChoice, ToolResult, Usage,
+    UserBlock,
+};
+use crate::monitor::{LoopState, Monitor, TurnRecord};
+use crate::session::{Event, Intake, MessageEvent, SessionHandle, SessionState, TrailLine};
+use crate::store::{CallType, CostRow, Db};
+use crate::tools::{ToolContext, ToolRegistry};
+
+/// Shared services the loop needs. Cheap to clone.
+#[derive(Clone)]
+pub struct Agent {
+    pub cfg: Arc<Config>,
+    pub llm: Arc<Llm>,
+    pub db: Db,
+    pub tools: Arc<ToolRegistry>,
+    pub monitor: Arc<Monitor>,
+    pub started: Instant,
+}
+
+/// One unit of work for a session: the intakes merged into one user turn, or (after a
+/// restart) a turn whose user message is already in the trail and only needs finishing.
+#[derive(Debug, Clone)]
+pub struct Work {
+    pub intakes: Vec<Intake>,
+    pub resume: bool,
+}
+
+impl Work {
+    pub fn ids(&self) -> Vec<String> {
+        self.intakes.iter().map(|i| i.id.clone()).collect()
+    }
+    fn source(&self) -> &str {
+        self.intakes.first().map_or("user", |i| i.source.as_str())
+    }
+    fn from(&self) -> &str {
+        self.intakes.first().map_or("", |i| i.from.as_str())
+    }
+}
+
+/// How a message ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finish {
+    Reply {
+        text: String,
+        silent: bool,
+        usage: Usage,
+        cost_usd: f64,
+    },
+    Failed {
+        /// What the sender is told.
+        reply: String,
+        error: String,
+    },
+    /// Shutdown or /stop interrupted the loop; no completion was recorded, so the message is
+    /// resumed after the next start.
+    Cancelled,
+}
+
+/// An error that ends the message: what the user is told and what is logged.
+struct Fail {
+    reply: String,
+    error: String,
+}
+
+impl Agent {
+    /// Model name for a message from `source` (SPEC §3 `[routing]`).
+    pub fn route(&self, source: &str) -> String {
+        self.cfg
+            .routing
+            .get(source)
+            .cloned()
+            .unwrap_or_else(|| "primary".to_string())
+    }
+
+    /// Process one unit of work on `state` (which the caller loaded and saves afterwards).
+    pub async fn process(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        work: &Work,
+        cancel: &CancellationToken,
+    ) -> Finish {
+        let model = self.route(work.source());
+        let handle = self.monitor.begin(&session.id, &session.key, &model);
+        let result = self
+            .run_loop(session, state, work, &model, handle, cancel)
+            .await;
+        self.monitor.end(handle);
+        state.strip_images();
+        match result {
+            Ok(finish) => finish,
+            Err(None) => Finish::Cancelled,
+            Err(Some(fail)) => {
+                let ev = Event::Failure {
+                    reply_to: work.ids(),
+                    error: fail.error.clone(),
+                    reply: fail.reply.clone(),
+                };
+                if let Err(e) = append(session, ev).await {
+                    tracing::error!(session = %session.id, error = %e, "cannot record failure in the trail");
+                }
+                Finish::Failed {
+                    reply: fail.reply,
+                    error: fail.error,
+                }
+            }
+        }
+    }
+
+    /// `Err(None)` = cancelled; `Err(Some)` = failed.
+    async fn run_loop(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        work: &Work,
+        model: &str,
+        handle: u64,
+        cancel: &CancellationToken,
+    ) -> Result<Finish, Option<Fail>> {
+        let cfg = &self.cfg;
+        let ids = work.ids();
+        if !work.resume {
+            let msg = self.user_turn(work);
+            let mut ev = MessageEvent::new(msg.clone());
+            ev.reply_to = ids.clone();
+            ev.source = Some(work.source().to_string());
+            ev.from = Some(work.from().to_string());
+            self.record(session, state, Event::Message(ev)).await?;
+            // The in-memory copy keeps images for this message's calls.
+            if let Some(last) = state.messages.last_mut() {
+                *last = msg;
+            }
+        }
+
+        let tier = work
+            .intakes
+            .first()
+            .and_then(|i| i.tier.clone())
+            .unwrap_or_else(|| default_tier(work.source()).to_string());
+        let max_turns = cfg.behavior.max_turns_per_message.max(1);
+        let mut spent = 0.0;
+        let mut total = Usage::default();
+
+        for turn in 1..=max_turns {
+            self.repair_dangling(session, state).await?;
+            self.check_budget(spent).await?;
+
+            let last_turn = turn == max_turns;
+            let req = ChatRequest {
+                session_id: session.id.clone(),
+                system: prompt::system_blocks(
+                    &cfg.agent.workspace,
+                    &cfg.agent.context.files_for(&tier),
+                ),
+                messages: state.messages.clone(),
+                tools: self.tools.specs(),
+                tool_choice: if last_turn {
+                    ToolChoice::None
+                } else {
+                    ToolChoice::Auto
+                },
+                previous_messages: state.previous_messages,
+            };
+            let sent = req.messages.len();
+            self.monitor.set_state(handle, LoopState::Thinking, turn);
+            let started = Instant::now();
+            let monitor = self.monitor.clone();
+            let on_event = move |e: LlmEvent| match e {
+                LlmEvent::RetryWait {
+                    model,
+                    attempt,
+                    delay,
+                    error,
+                } => {
+                    tracing::warn!(%model, attempt, delay_ms = delay.as_millis() as u64, %error, "LLM call failed; retrying");
+                    monitor.set_state(handle, LoopState::RetryWait, turn);
+                }
+                LlmEvent::Fallback { from, to, error } => {
+                    tracing::warn!(%from, %to, %error, "model failed; trying fallback");
+                    monitor.set_model(handle, &to);
+                    monitor.set_state(handle, LoopState::Thinking, turn);
+                }
+            };
+            let outcome = tokio::select! {
+                _ = cancel.cancelled() => return Err(None),
+                r = self.chat_with_message_retries(model, &req, &on_event) => r,
+            };
+            let outcome = outcome.map_err(|e| Some(self.fail_from_llm(e)))?;
+            let spec = outcome.model;
+            let mut resp = outcome.response;
+            let usage = resp.usage;
+            let call_cost = cost::cost_usd(&spec.pricing, &usage);
+            spent += call_cost;
+            total.add(&usage);
+            self.record_cost(&session.id, &spec.model, &spec.provider, usage, call_cost)
+                .await;
+
+            let has_tools = !resp.tool_calls.is_empty();
+            if last_turn && has_tools {
+                tracing::warn!(session = %session.id, "model called tools on the last turn; calls dropped");
+                resp.tool_calls.clear();
+            }
+            let is_final = resp.tool_calls.is_empty();
+            let silent = is_final && prompt::is_silent(&resp.text, &cfg.behavior.silent_tokens);
+            let mut ev = MessageEvent::new(resp.to_message());
+            ev.model = Some(spec.name.clone());
+            ev.stop_reason = Some(resp.stop_reason.as_str().to_string());
+            ev.turn = Some(turn);
+            ev.sent_messages = Some(sent);
+            ev.cost_usd = Some(call_cost);
+            if is_final {
+                ev.is_final = true;
+                ev.silent = silent;
+                ev.reply_to = ids.clone();
+            }
+            self.record(session, state, Event::Message(ev)).await?;
+            let tool_names: Vec<String> = resp.tool_calls.iter().map(|c| c.name.clone()).collect();
+            self.monitor.turn_done(
+                handle,
+                TurnRecord {
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    usage,
+                    stop_reason: resp.stop_reason.as_str().to_string(),
+                    tools: tool_names.clone(),
+                },
+            );
+
+            if is_final {
+                return Ok(Finish::Reply {
+                    text: resp.text,
+                    silent,
+                    usage: total,
+                    cost_usd: spent,
+                });
+            }
+
+            self.monitor.set_state(handle, LoopState::Tools, turn);
+            self.monitor.set_tools(handle, tool_names);
+            let ctx = self.tool_context(session, state, &spec.name, spec.context_window);
+            let results = tokio::select! {
+                _ = cancel.cancelled() => return Err(None),
+                r = self.tools.execute_all(&resp.tool_calls, &ctx) => r,
+            };
+            let notice = wrap_up_notice(&resp.stop_reason, max_turns - turn);
+            self.record(
+                session,
+                state,
+                Event::ToolResult {
+                    results: results
+                        .into_iter()
+                        .map(|r| ToolResult {
+                            content: crate::tools::truncate_output(
+                                &r.content,
+                                cfg.behavior.output_truncation,
+                            ),
+                            ..r
+                        })
+                        .collect(),
+                    notice,
+                },
+            )
+            .await?;
+        }
+        unreachable!("the last turn is always final")
+    }
+
+    /// The user turn for `work`: the dynamic context block, then each intake's text with its
+    /// time prefix (debounced messages are joined with newlines).
+    fn user_turn(&self, work: &Work) -> Message {
+        let cfg = &self.cfg;
+        let now = Utc::now();
+        let tz = cfg.agent.timezone;
+        let context = prompt::DynamicContext {
+            now,
+            tz,
+            source: work.source(),
+            from: work.from(),
+            max_turns: cfg.behavior.max_turns_per_message,
+            silent_tokens: &cfg.behavior.silent_tokens,
+        }
+        .render();
+        let mut text = prompt::time_prefix(now, tz);
+        text.push(' ');
+        let joined: Vec<String> = work
+            .intakes
+            .iter()
+            .map(|i| {
+                let mut t = i.text.clone();
+                for a in &i.attachments {
+                    t.push_str(&format!("\n[attachment: {a}]"));
+                }
+                t
+            })
+            .collect();
+        text.push_str(&joined.join("\n"));
+        Message::User {
+            content: vec![UserBlock::Text { text: context }, UserBlock::Text { text }],
+        }
+    }
+
+    /// A crash between a tool call and its results leaves calls without results: answer them
+    /// with error results before the next call (SPEC §6).
+    async fn repair_dangling(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+    ) -> Result<(), Option<Fail>> {
+        let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
+            return Ok(());
+        };
+        if tool_calls.is_empty() {
+            return Ok(());
+        }
+        let results = tool_calls
+            .iter()
+            .map(|c| ToolResult {
+                tool_call_id: c.id.clone(),
+                content: format!(
+                    "error: tool '{}' did not finish: the daemon stopped before its result was recorded",
+                    c.name
+                ),
+                is_error: true,
+            })
+            .collect();
+        tracing::warn!(session = %session.id, "repairing dangling tool calls");
+        self.record(
+            session,
+            state,
+            Event::ToolResult {
+                results,
+                notice: None,
+            },
+        )
+        .await
+    }
+
+    async fn check_budget(&self, spent_message: f64) -> Result<(), Option<Fail>> {
+        let cfg = &self.cfg;
+        match cost::budget_gate(
+            &self.db,
+            &cfg.budget,
+            cfg.agent.timezone,
+            Utc::now(),
+            spent_message,
+        )
+        .await
+        {
+            Ok(()) => Ok(()),
+            Err(BudgetError::Exceeded(msg)) => Err(Some(Fail {
+                reply: msg.clone(),
+                error: msg,
+            })),
+            Err(e) => {
+                // The ledger is unreadable: fail closed, since a budget exists.
+                Err(Some(Fail {
+                    reply: cfg.behavior.error_message.clone(),
+                    error: e.to_string(),
+                }))
+            }
+        }
+    }
+
+    /// `behavior.message_retries`: after the provider layer gave up (retries and fallbacks),
+    /// try the whole call again this many times if the error is transient.
+    async fn chat_with_message_retries(
+        &self,
+        model: &str,
+        req: &ChatRequest,
+        on_event: &(dyn Fn(LlmEvent) + Send + Sync),
+    ) -> Result<crate::llm::ChatOutcome, LlmError> {
+        let mut attempt = 0;
+        loop {
+            match self.llm.chat(model, req, on_event).await {
+                Err(e) if e.is_retryable() && attempt < self.cfg.behavior.message_retries => {
+                    attempt += 1;
+                    let delay = self.cfg.behavior.api_retry_base_delay * 2;
+                    tracing::warn!(error = %e, attempt, "message-level retry");
+                    tokio::time::sleep(delay).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn fail_from_llm(&self, e: LlmError) -> Fail {
+        let reply = match &e {
+            // Configuration problems: tell the user exactly what to fix.
+            LlmError::NotLoaded { .. } | LlmError::UnknownModel(_) | LlmError::Budget(_) => {
+                e.to_string()
+            }
+            _ => self.cfg.behavior.error_message.clone(),
+        };
+        Fail {
+            reply,
+            error: e.to_string(),
+        }
+    }
+
+    /// Append an event to the trail (durably) and fold it into the state.
+    async fn record(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        event: Event,
+    ) -> Result<(), Option<Fail>> {
+        match append(session, event).await {
+            Ok(line) => {
+                state.apply(&line);
+                Ok(())
+            }
+            Err(e) => Err(Some(Fail {
+                reply: self.cfg.behavior.error_message.clone(),
+                error: format!("cannot write the session trail: {e}"),
+            })),
+        }
+    }
+
+    async fn record_cost(
+        &self,
+        session_id: &str,
+        model: &str,
+        provider: &str,
+        usage: Usage,
+        cost_usd: f64,
+    ) {
+        let row = CostRow {
+            timestamp: Utc::now().timestamp(),
+            session_id: session_id.to_string(),
+            model: model.to_string(),
+            provider: provider.to_string(),
+            call_type: CallType::Chat,
+            usage,
+            cost_usd,
+        };
+        if let Err(e) = self.db.insert_cost(row).await {
+            tracing::error!(error = %e, "cannot record cost row");
+        }
+    }
+
+    fn tool_context(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &SessionState,
+        model: &str,
+        context_window: u32,
+    ) -> ToolContext {
+        ToolContext {
+            session_id: session.id.clone(),
+            session_key: session.key.clone(),
+            workspace: self.cfg.agent.workspace.clone(),
+            allowed_paths: self.cfg.tools.allowed_paths.clone(),
+            status: Arc::new(status::LoopStatus {
+                db: self.db.clone(),
+                tz: self.cfg.agent.timezone,
+                started: self.started,
+                session_id: session.id.clone(),
+                session_key: session.key.clone(),
+                model: model.to_string(),
+                context_tokens: state.context_tokens,
+                context_window: context_window as u64,
+                messages: state.messages.len(),
+                compactions: state.compaction_count,
+            }),
+        }
+    }
+}
+
+/// Default prompt tier per source (SPEC §5.6).
+pub fn default_tier(source: &str) -> &'static str {
+    match source {
+        "system" => "operational",
+        _ => "full",
+    }
+}
+
+/// The note appended after tool results: max_tokens hit, or two calls left (SPEC §6).
+fn wrap_up_notice(stop: &StopReason, remaining: u32) -> Option<String> {
+    let mut parts = Vec::new();
+    if *stop == StopReason::MaxTokens {
+        parts.push("Your last response hit the output token limit (max_tokens) after complete tool calls; their results are above. Wrap up: keep the next response short.");
+    }
+    if remaining == 2 {
+        parts.push("Only 2 model calls remain for this message: wrap up now and give your final answer; on the last call tools are disabled.");
+    }
+    (!parts.is_empty()).then(|| format!("[agentd] {}", parts.join(" ")))
+}
+
+/// Append on the blocking pool (the append fsyncs).
+pub async fn append(session: &Arc<SessionHandle>, event: Event) -> std::io::Result<TrailLine> {
+    let s = session.clone();
+    tokio::task::spawn_blocking(move || s.append(event))
+        .await
+        .map_err(std::io::Error::other)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrap_up_notice_on_two_remaining_and_max_tokens() {
+        assert_eq!(wrap_up_notice(&StopReason::ToolUse, 5), None);
+        assert!(
+            wrap_up_notice(&StopReason::ToolUse, 2)
+                .unwrap()
+                .contains("Only 2 model calls remain")
+        );
+        let both = wrap_up_notice(&StopReason::MaxTokens, 2).unwrap();
+        assert!(both.contains("max_tokens") && both.contains("Only 2"));
+    }
+
+    #[test]
+    fn system_source_defaults_to_operational() {
+        assert_eq!(default_tier("system"), "operational");
+        assert_eq!(default_tier("user"), "full");
+    }
+}

@@ -1,1 +1,228 @@
-//! (stub: filled in by its owner)
+//! The daemon (SPEC §5, §10.4): builds the subsystems, recovers unfinished work, runs the
+//! sources and per-session workers, and owns the lifecycle (PID lock, signals, graceful stop).
+
+pub mod intake;
+pub mod pidlock;
+pub mod workers;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::agent::Agent;
+use crate::channels::fifo;
+use crate::config::Config;
+use crate::fsutil;
+use crate::llm::Llm;
+use crate::monitor::Monitor;
+use crate::session::SessionStore;
+use crate::store::Db;
+use crate::tools::{ToolRegistry, builtin_tools};
+
+use intake::IntakeHandler;
+use pidlock::PidLock;
+use workers::Dispatcher;
+
+/// How long in-flight messages may run after SIGTERM before they are interrupted (they resume
+/// after the next start).
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Capacity of the bounded intake queue between sources and intake.
+const INTAKE_QUEUE: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Configuration or start-up problem (exit code 1).
+    #[error("{0}")]
+    Startup(String),
+    /// Failure while running (exit code 3).
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl DaemonError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            DaemonError::Startup(_) => 1,
+            DaemonError::Runtime(_) => 3,
+        }
+    }
+}
+
+/// Well-known paths under the state directory (SPEC §2).
+pub struct StatePaths {
+    pub root: PathBuf,
+}
+
+impl StatePaths {
+    pub fn pid(&self) -> PathBuf {
+        self.root.join("agentd.pid")
+    }
+    pub fn db(&self) -> PathBuf {
+        self.root.join("agentd.db")
+    }
+    pub fn sessions(&self) -> PathBuf {
+        self.root.join("sessions")
+    }
+    pub fn monitor(&self) -> PathBuf {
+        self.root.join("monitor.json")
+    }
+    pub fn inbox(&self) -> PathBuf {
+        self.root.join("inbox")
+    }
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+}
+
+/// Run the daemon until SIGTERM/SIGINT.
+pub async fn run(cfg: Config) -> Result<(), DaemonError> {
+    let started = Instant::now();
+    // Handlers first, so a SIGTERM during start-up is a graceful stop too.
+    let signals = ShutdownSignals::install()?;
+    let cfg = Arc::new(cfg);
+    let paths = StatePaths {
+        root: cfg.paths.state_dir.clone(),
+    };
+    let startup =
+        |what: &str, e: &dyn std::fmt::Display| DaemonError::Startup(format!("{what}: {e}"));
+
+    for dir in [
+        paths.root.clone(),
+        paths.sessions(),
+        paths.inbox(),
+        paths.logs(),
+    ] {
+        fsutil::create_private_dir(&dir)
+            .map_err(|e| startup(&format!("cannot create {}", dir.display()), &e))?;
+    }
+    let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
+    let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
+    let store = Arc::new(
+        SessionStore::open(&paths.sessions(), cfg.agent.timezone)
+            .map_err(|e| startup("cannot open the sessions directory", &e))?,
+    );
+    let monitor = Arc::new(Monitor::new(paths.monitor()));
+
+    for (name, reason) in &cfg.models.skipped {
+        tracing::warn!(model = %name, %reason, "model not loaded");
+    }
+    for (name, spec) in &cfg.models.loaded {
+        tracing::info!(model = %name, provider = %spec.provider, api_model = %spec.model, "model loaded");
+    }
+    let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
+    let tools = Arc::new(
+        ToolRegistry::new(
+            builtin_tools(&cfg.tools),
+            cfg.tools.exec_timeout,
+            cfg.behavior.output_truncation,
+        )
+        .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?,
+    );
+    let agent = Agent {
+        cfg: cfg.clone(),
+        llm,
+        db,
+        tools,
+        monitor: monitor.clone(),
+        started,
+    };
+
+    let tracker = TaskTracker::new();
+    let stop = CancellationToken::new();
+    let abort = CancellationToken::new();
+    let dispatcher = Dispatcher::new(
+        agent.clone(),
+        store.clone(),
+        tracker.clone(),
+        stop.clone(),
+        abort.clone(),
+    );
+    let intake = Arc::new(IntakeHandler {
+        agent: agent.clone(),
+        store: store.clone(),
+        dispatcher: dispatcher.clone(),
+    });
+    intake.recover().await;
+
+    // Sources. The FIFO is created last: its existence tells clients the daemon is ready.
+    let (tx, mut rx) = mpsc::channel(INTAKE_QUEUE);
+    if cfg.fifo.enabled {
+        fifo::create(&cfg.fifo.path).map_err(|e| DaemonError::Startup(e.to_string()))?;
+        let path = cfg.fifo.path.clone();
+        let max = cfg.fifo.max_line_bytes;
+        let stop = stop.clone();
+        tracker.spawn(async move {
+            if let Err(e) = fifo::run(path, max, tx, stop).await {
+                tracing::error!(error = %e, "FIFO reader stopped");
+            }
+        });
+    } else {
+        drop(tx);
+    }
+    {
+        let intake = intake.clone();
+        tracker.spawn(async move {
+            while let Some(line) = rx.recv().await {
+                intake.handle(line).await;
+            }
+        });
+    }
+    tracing::info!(
+        pid = std::process::id(),
+        state_dir = %paths.root.display(),
+        startup_ms = started.elapsed().as_millis() as u64,
+        "agentd ready"
+    );
+
+    signals.wait().await;
+    tracing::info!("shutting down: no new work; waiting for messages in flight");
+    stop.cancel();
+    tracker.close();
+    if tokio::time::timeout(SHUTDOWN_DEADLINE, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            deadline_s = SHUTDOWN_DEADLINE.as_secs(),
+            "messages still running at the deadline; interrupting (they resume after restart)"
+        );
+        abort.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+    }
+    if cfg.fifo.enabled {
+        fifo::remove(&cfg.fifo.path);
+    }
+    pid.release();
+    tracing::info!("agentd stopped");
+    Ok(())
+}
+
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> Result<Self, DaemonError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let err = |e: std::io::Error| {
+            DaemonError::Startup(format!("cannot install signal handlers: {e}"))
+        };
+        Ok(ShutdownSignals {
+            term: signal(SignalKind::terminate()).map_err(err)?,
+            int: signal(SignalKind::interrupt()).map_err(err)?,
+        })
+    }
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM received"),
+            _ = self.int.recv() => tracing::info!("SIGINT received"),
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Prompt building (SPEC §6): the stable and semi_stable system blocks from workspace files,
+//! the dynamic context attached to the newest user turn, the time prefix, silent tokens.
+//!
+//! Everything here is pure or reads files only; the order and bytes it produces are part of the
+//! prompt-cache contract: the same inputs must always render the same text.
+
+use std::path::Path;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+
+use crate::config::TierFiles;
+use crate::llm::{SystemBlock, SystemTier};
+
+/// System blocks for a tier: one stable block and one semi_stable block, each the tier's files
+/// as `--- NAME ---` + content, in the configured order. Missing files are skipped (logged at
+/// debug); an empty tier gives no block.
+pub fn system_blocks(workspace: &Path, files: &TierFiles) -> Vec<SystemBlock> {
+    let mut out = Vec::new();
+    for (tier, names) in [
+        (SystemTier::Stable, &files.stable),
+        (SystemTier::SemiStable, &files.semi_stable),
+    ] {
+        let text = render_files(workspace, names);
+        if !text.is_empty() {
+            out.push(SystemBlock { tier, text });
+        }
+    }
+    out
+}
+
+fn render_files(workspace: &Path, names: &[String]) -> String {
+    let mut parts = Vec::new();
+    for name in names {
+        match std::fs::read_to_string(workspace.join(name)) {
+            Ok(content) => parts.push(format!("--- {name} ---\n{}", content.trim_end())),
+            Err(e) => tracing::debug!(file = %name, error = %e, "workspace file not loaded"),
+        }
+    }
+    parts.join("\n\n")
+}
+
+/// `[Mon, 03. Nov 2026 - 14:05 CET]`
+pub fn time_prefix(now: DateTime<Utc>, tz: Tz) -> String {
+    format!(
+        "[{}]",
+        now.with_timezone(&tz).format("%a, %d. %b %Y - %H:%M %Z")
+    )
+}
+
+/// What the model is told about the message it is answering. Attached to the newest user turn
+/// (never to the system prompt) so that everything before it stays byte-identical.
+pub struct DynamicContext<'a> {
+    pub now: DateTime<Utc>,
+    pub tz: Tz,
+    pub source: &'a str,
+    pub from: &'a str,
+    pub max_turns: u32,
+    pub silent_tokens: &'a [String],
+}
+
+impl DynamicContext<'_> {
+    pub fn render(&self) -> String {
+        let framing = match self.source {
+            "telegram" => "a Telegram chat message; your reply is sent to that chat.",
+            "user" => {
+                "a message sent with agent-send; your reply is recorded in the session trail (and sent by Telegram if the sender is a contact)."
+            }
+            "system" => {
+                "a system event (agent-send --system, a notification or a schedule); your reply is not delivered to anyone — use tools to act or message people."
+            }
+            "http" => "a request over the HTTP API; your reply is the HTTP response.",
+            "terminal" => {
+                "a message typed in the terminal (agentd chat); your reply is printed there."
+            }
+            _ => "a message from an unknown source.",
+        };
+        let silent = if self.silent_tokens.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "If nothing needs to be said, reply with exactly one of: {} (such replies are not delivered).",
+                self.silent_tokens.join(", ")
+            )
+        };
+        format!(
+            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n</agentd-context>",
+            self.now
+                .with_timezone(&self.tz)
+                .format("%a, %d. %b %Y - %H:%M %Z"),
+            self.tz.name(),
+            self.source,
+            framing,
+            self.from,
+            self.max_turns,
+            silent,
+        )
+    }
+}
+
+/// A reply that starts or ends with a silent token as a whole word is not delivered (SPEC §5.7).
+pub fn is_silent(text: &str, tokens: &[String]) -> bool {
+    let t = text.trim();
+    tokens.iter().filter(|tok| !tok.is_empty()).any(|tok| {
+        let starts = t
+            .strip_prefix(tok.as_str())
+            .is_some_and(|rest| !rest.chars().next().is_some_and(is_word_char));
+        let ends = t
+            .strip_suffix(tok.as_str())
+            .is_some_and(|rest| !rest.chars().next_back().is_some_and(is_word_char));
+        starts || ends
+    })
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks() -> Vec<String> {
+        vec!["HEARTBEAT_OK".into(), "NO_REPLY".into()]
+    }
+
+    #[test]
+    fn silent_tokens_match_whole_words_at_either_end() {
+        assert!(is_silent("NO_REPLY", &toks()));
+        assert!(is_silent("  HEARTBEAT_OK\n", &toks()));
+        assert!(is_silent("NO_REPLY - nothing to do", &toks()));
+        assert!(is_silent("All quiet. HEARTBEAT_OK", &toks()));
+        assert!(!is_silent("NO_REPLYING", &toks()));
+        assert!(!is_silent("say NO_REPLY_X", &toks()));
+        assert!(!is_silent("I will not NO_REPLY you here.", &toks()));
+        assert!(!is_silent("hello", &toks()));
+        assert!(!is_silent("", &toks()));
+    }
+
+    #[test]
+    fn time_prefix_uses_zone_abbreviation() {
+        let t: DateTime<Utc> = "2026-11-03T13:05:00Z".parse().unwrap();
+        let tz: Tz = "Europe/Berlin".parse().unwrap();
+        assert_eq!(time_prefix(t, tz), "[Tue, 03. Nov 2026 - 14:05 CET]");
+    }
+
+    #[test]
+    fn system_blocks_render_files_in_order_and_skip_missing() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("SOUL.md"), "soul\n").unwrap();
+        std::fs::write(d.path().join("USER.md"), "user").unwrap();
+        std::fs::write(d.path().join("MEMORY.md"), "mem").unwrap();
+        let files = TierFiles {
+            stable: vec!["SOUL.md".into(), "MISSING.md".into(), "USER.md".into()],
+            semi_stable: vec!["MEMORY.md".into()],
+        };
+        let b = system_blocks(d.path(), &files);
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[0].tier, SystemTier::Stable);
+        assert_eq!(b[0].text, "--- SOUL.md ---\nsoul\n\n--- USER.md ---\nuser");
+        assert_eq!(b[1].text, "--- MEMORY.md ---\nmem");
+        assert!(system_blocks(d.path(), &TierFiles::default()).is_empty());
+    }
+
+    #[test]
+    fn dynamic_context_names_source_sender_and_limits() {
+        let c = DynamicContext {
+            now: "2026-11-03T13:05:00Z".parse().unwrap(),
+            tz: Tz::UTC,
+            source: "user",
+            from: "alice",
+            max_turns: 50,
+            silent_tokens: &toks(),
+        }
+        .render();
+        assert!(c.contains("Sender: alice"));
+        assert!(c.contains("at most 50 model calls"));
+        assert!(c.contains("NO_REPLY"));
+    }
+}

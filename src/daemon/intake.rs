@@ -1,0 +1,289 @@
+//! Durable intake (SPEC §5.2): every inbound item is appended to its session's trail before it
+//! is acknowledged, then queued. Also turns control lines into jobs and re-queues what a crash
+//! left unfinished.
+
+use std::sync::Arc;
+
+use crate::agent::{Agent, Work};
+use crate::control::{self, ControlLine};
+use crate::session::{self, Event, Intake, SessionStore};
+
+use super::workers::{Dispatcher, Job};
+
+/// Turns control lines (FIFO) into durable intakes and jobs.
+pub struct IntakeHandler {
+    pub agent: Agent,
+    pub store: Arc<SessionStore>,
+    pub dispatcher: Arc<Dispatcher>,
+}
+
+/// A session key from outside input: non-empty, at most 64 characters, no control characters
+/// and no path separators.
+pub fn valid_key(key: &str) -> bool {
+    !key.trim().is_empty()
+        && key.chars().count() <= 64
+        && !key.chars().any(|c| c.is_control() || c == '/' || c == '\\')
+}
+
+impl IntakeHandler {
+    pub async fn handle(&self, line: ControlLine) {
+        let state_dir = &self.agent.cfg.paths.state_dir;
+        let id = line.id().unwrap_or_default().to_string();
+        let (key, intake) = match line {
+            ControlLine::User {
+                text,
+                text_file,
+                sender,
+                tier,
+                attachments,
+                ..
+            } => {
+                let key = sender.unwrap_or_else(|| "cli".to_string());
+                if !valid_key(&key) {
+                    tracing::warn!(id = %id, "FIFO line skipped: invalid sender (1-64 characters, no control characters or slashes)");
+                    return;
+                }
+                let text = match control::resolve_text(&text, &text_file, state_dir) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(id = %id, error = %e, "FIFO line skipped");
+                        return;
+                    }
+                };
+                let intake = Intake {
+                    id,
+                    source: "user".into(),
+                    from: key.clone(),
+                    text,
+                    tier,
+                    attachments: attachments
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect(),
+                };
+                (key, intake)
+            }
+            ControlLine::System {
+                text,
+                text_file,
+                tier,
+                ..
+            } => {
+                let text = match control::resolve_text(&text, &text_file, state_dir) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(id = %id, error = %e, "FIFO line skipped");
+                        return;
+                    }
+                };
+                (
+                    "system".to_string(),
+                    Intake {
+                        id,
+                        source: "system".into(),
+                        from: "system".into(),
+                        text,
+                        tier,
+                        attachments: vec![],
+                    },
+                )
+            }
+            ControlLine::Notify {
+                text,
+                text_file,
+                source,
+                reference,
+                data,
+                ..
+            } => {
+                let body = match control::resolve_text(&text, &text_file, state_dir) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(id = %id, error = %e, "FIFO line skipped");
+                        return;
+                    }
+                };
+                (
+                    "system".to_string(),
+                    Intake {
+                        id,
+                        source: "system".into(),
+                        from: source.clone().unwrap_or_else(|| "notify".into()),
+                        text: notify_text(
+                            &body,
+                            source.as_deref(),
+                            reference.as_deref(),
+                            data.as_ref(),
+                        ),
+                        tier: None,
+                        attachments: vec![],
+                    },
+                )
+            }
+            ControlLine::Reset { target, .. } => {
+                self.reset(&target, "control FIFO reset").await;
+                return;
+            }
+        };
+        self.accept(&key, intake).await;
+    }
+
+    /// Record the intake durably, then queue it. An intake that cannot be recorded is not
+    /// acknowledged (the writer times out and may retry).
+    pub async fn accept(&self, key: &str, intake: Intake) {
+        let store = self.store.clone();
+        let k = key.to_string();
+        let model = self.agent.route(&intake.source);
+        let ev = Event::Intake(intake.clone());
+        let recorded = tokio::task::spawn_blocking(move || {
+            let session = store.get_or_create(&k, &model)?;
+            session.append(ev)
+        })
+        .await;
+        match recorded {
+            Ok(Ok(_)) => {
+                tracing::info!(id = %intake.id, session_key = %key, source = %intake.source, "message accepted");
+                self.dispatcher
+                    .submit(
+                        key,
+                        Job::Message(Work {
+                            intakes: vec![intake],
+                            resume: false,
+                        }),
+                    )
+                    .await;
+            }
+            Ok(Err(e)) => {
+                tracing::error!(id = %intake.id, session_key = %key, error = %e, "cannot record intake; message NOT accepted")
+            }
+            Err(e) => tracing::error!(id = %intake.id, error = %e, "intake task failed"),
+        }
+    }
+
+    /// Reset `all`, a session key or a session id, through each session's queue.
+    pub async fn reset(&self, target: &str, reason: &str) -> usize {
+        let index = self.store.index();
+        let keys: Vec<String> = if target == "all" {
+            index.keys().cloned().collect()
+        } else {
+            session::index::lookup(&index, target)
+                .map(|(k, _)| vec![k.clone()])
+                .unwrap_or_default()
+        };
+        if keys.is_empty() {
+            tracing::info!(%target, "reset: no such session");
+        }
+        for k in &keys {
+            self.dispatcher
+                .submit(
+                    k,
+                    Job::Reset {
+                        reason: reason.to_string(),
+                    },
+                )
+                .await;
+        }
+        keys.len()
+    }
+
+    /// Queue everything a previous run acknowledged but did not finish: turns that started are
+    /// resumed, the rest processed as new (SPEC §5.2).
+    pub async fn recover(&self) -> usize {
+        let mut count = 0;
+        for (key, entry) in self.store.index() {
+            let dir = self.store.dir().to_path_buf();
+            let id = entry.session_id.clone();
+            let lines = match tokio::task::spawn_blocking(move || {
+                session::trail::read_trail(&dir, &id)
+            })
+            .await
+            {
+                Ok(Ok(l)) => l,
+                Ok(Err(e)) => {
+                    tracing::error!(session_key = %key, error = %e, "cannot read trail for recovery");
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            let pending = session::pending_intakes(&lines);
+            let (started, fresh): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.started);
+            if !started.is_empty() {
+                count += started.len();
+                self.dispatcher
+                    .submit(
+                        &key,
+                        Job::Message(Work {
+                            intakes: started.into_iter().map(|p| p.intake).collect(),
+                            resume: true,
+                        }),
+                    )
+                    .await;
+            }
+            for p in fresh {
+                count += 1;
+                self.dispatcher
+                    .submit(
+                        &key,
+                        Job::Message(Work {
+                            intakes: vec![p.intake],
+                            resume: false,
+                        }),
+                    )
+                    .await;
+            }
+        }
+        if count > 0 {
+            tracing::info!(count, "recovered unfinished messages from the trails");
+        }
+        count
+    }
+}
+
+/// The text a notification becomes: a header naming where it came from, the message, and any
+/// structured data.
+fn notify_text(
+    body: &str,
+    source: Option<&str>,
+    reference: Option<&str>,
+    data: Option<&serde_json::Value>,
+) -> String {
+    let mut head = format!("[notification from {}", source.unwrap_or("unknown"));
+    if let Some(r) = reference {
+        head.push_str(&format!(", ref {r}"));
+    }
+    head.push(']');
+    let mut out = format!("{head} {body}");
+    if let Some(d) = data {
+        out.push_str(&format!("\ndata: {d}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(valid_key("alice"));
+        assert!(valid_key("Bob Smith"));
+        assert!(!valid_key(""));
+        assert!(!valid_key("a/b"));
+        assert!(!valid_key("a\nb"));
+        assert!(!valid_key(&"x".repeat(65)));
+    }
+
+    #[test]
+    fn notify_text_names_source_ref_and_data() {
+        let t = notify_text(
+            "build failed",
+            Some("ci"),
+            Some("#42"),
+            Some(&serde_json::json!({"a":1})),
+        );
+        assert_eq!(
+            t,
+            "[notification from ci, ref #42] build failed\ndata: {\"a\":1}"
+        );
+    }
+}

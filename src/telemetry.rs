@@ -1,0 +1,57 @@
+//! Logging: structured `tracing` events to stderr (journald under systemd) and, when
+//! `[logging] file` is on, to daily-rotated files in `state_dir/logs/`.
+
+use tracing_appender::non_blocking::WorkerGuard;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::config::Config;
+
+/// Keep the returned guard alive until exit: dropping it flushes the file writer.
+pub fn init(cfg: &Config) -> Result<Option<WorkerGuard>, String> {
+    let filter = std::env::var("AGENTD_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| cfg.logging.level.clone());
+    let filter = EnvFilter::try_new(&filter).map_err(|e| {
+        format!("invalid log filter {filter:?} (AGENTD_LOG or [logging] level): {e}")
+    })?;
+    // Under systemd the journal adds timestamps.
+    let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false);
+    let (file_layer, guard) = if cfg.logging.file {
+        let dir = cfg.paths.state_dir.join("logs");
+        crate::fsutil::create_private_dir(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let appender = tracing_appender::rolling::Builder::new()
+            .rotation(tracing_appender::rolling::Rotation::DAILY)
+            .filename_prefix("agentd")
+            .filename_suffix("log")
+            .max_log_files(cfg.logging.keep_files.max(1))
+            .build(&dir)
+            .map_err(|e| format!("cannot open log files in {}: {e}", dir.display()))?;
+        let (nb, guard) = tracing_appender::non_blocking(appender);
+        (
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(nb)
+                    .with_ansi(false),
+            ),
+            Some(guard),
+        )
+    } else {
+        (None, None)
+    };
+    let registry = tracing_subscriber::registry().with(filter).with(file_layer);
+    if under_journal {
+        registry.with(stderr.without_time()).try_init()
+    } else {
+        registry.with(stderr).try_init()
+    }
+    .map_err(|e| format!("cannot initialise logging: {e}"))?;
+    Ok(guard)
+}
