@@ -4,3 +4,4 @@
 mod support;
 
 mod fake_llm_selftest;
+mod daemon_e2e;

@@ -1,0 +1,537 @@
+//! End-to-end tests of the real `agentd` binary (issue: foundation). Each test lays out a
+//! temporary config/state, points providers.d at a fake LLM on 127.0.0.1 that speaks the real
+//! wire format (JSON + SSE), and talks to the daemon the way users do: the control FIFO and
+//! `agent-send`.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::daemon::TestDaemon;
+use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
+use crate::support::wait_until;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+pub fn agentd_toml(provider: &str) -> String {
+    format!(
+        r#"
+[agent]
+name = "testbot"
+workspace = "../workspace"
+timezone = "UTC"
+
+[providers]
+dir = "../providers.d"
+load = ["{provider}"]
+
+[behavior]
+api_retry_base_delay_seconds = 0.01
+
+[logging]
+file = false
+"#
+    )
+}
+
+/// A provider file for a fake server. Sonnet-class prices so costs are non-trivial.
+pub fn provider_toml(kind: &str, base_url: &str) -> String {
+    format!(
+        r#"
+type = "{kind}"
+base_url = "{base_url}"
+
+[models.primary]
+model = "fake-model"
+max_tokens = 1024
+cost_per_mtok = {{ input = 3.0, output = 15.0, cache_read = 0.3, cache_write = 3.75 }}
+"#
+    )
+}
+
+/// Start a daemon whose `primary` model is served by `fake`.
+pub fn daemon_with(fake: &FakeLlm, kind: &str) -> TestDaemon {
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml(kind, &fake.base_url()))],
+    );
+    d.start();
+    d
+}
+
+/// Write one control line into the FIFO with a single write, as agent-send does.
+pub fn fifo_write(d: &TestDaemon, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.state_dir.join("control.pipe"))
+        .expect("open control.pipe");
+    let mut bytes = line.as_bytes().to_vec();
+    bytes.push(b'\n');
+    f.write_all(&bytes).expect("write control line");
+}
+
+/// The trail line that completes intake `id` (final assistant message or failure).
+pub fn wait_outcome(d: &TestDaemon, key: &str, id: &str) -> Value {
+    wait_until(WAIT, &format!("outcome of {id}"), || {
+        d.trail(key).into_iter().find(|l| is_outcome_of(l, id))
+    })
+}
+
+fn is_outcome_of(l: &Value, id: &str) -> bool {
+    let answers = l["reply_to"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|r| r == id));
+    answers && (l["final"] == true || l["type"] == "failure")
+}
+
+fn count(lines: &[Value], pred: impl Fn(&Value) -> bool) -> usize {
+    lines.iter().filter(|l| pred(l)).count()
+}
+
+fn db_rows(state_dir: &Path) -> Vec<(String, String, i64, i64, i64, i64, f64, String)> {
+    let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
+    let mut st = conn
+        .prepare("SELECT model, call_type, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, provider FROM costs ORDER BY id")
+        .unwrap();
+    st.query_map([], |r| {
+        Ok((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+            r.get(7)?,
+        ))
+    })
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
+}
+
+/// Must-show 2: `agent-send -m hello --from alice --wait 20` prints the model's reply; the
+/// trail, the state snapshot, the costs row and monitor.json match SPEC §7–§9.
+#[test]
+fn agent_send_roundtrip_records_trail_costs_and_monitor() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    fake.push(Reply::Text {
+        text: "Hello Alice!".into(),
+        usage: Usage::new(1200, 30, 800, 0),
+    });
+    let d = daemon_with(&fake, "openai");
+
+    let out = d.agent_send(&["-m", "hello", "--from", "alice", "--wait", "20"]);
+    assert!(
+        out.status.success(),
+        "agent-send failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Hello Alice!");
+
+    // The request the provider saw.
+    let req = &fake.requests()[0];
+    assert_eq!(req["model"], "fake-model");
+    assert_eq!(req["stream"], true);
+    let msgs = req["messages"].as_array().unwrap();
+    assert_eq!(msgs[0]["role"], "system");
+    assert!(msgs[0]["content"].as_str().unwrap().contains("--- SOUL.md ---"));
+    let user = serde_json::to_string(&msgs[1]["content"]).unwrap();
+    assert!(user.contains("<agentd-context>") && user.contains("] hello"));
+
+    // Trail (SPEC §7): session, intake, user message, final assistant message.
+    let id = d.session_id("alice").expect("session in index");
+    let trail = d.trail("alice");
+    let types: Vec<&str> = trail.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["session", "intake", "message", "message"], "{trail:#?}");
+    for (i, l) in trail.iter().enumerate() {
+        assert_eq!(l["seq"], i as u64 + 1);
+        assert!(chrono::DateTime::parse_from_rfc3339(l["ts"].as_str().unwrap()).is_ok());
+    }
+    let fin = &trail[3];
+    assert_eq!(fin["role"], "assistant");
+    assert_eq!(fin["text"], "Hello Alice!");
+    assert_eq!(fin["final"], true);
+    assert_eq!(fin["reply_to"], serde_json::json!([trail[1]["id"]]));
+    assert_eq!(fin["usage"]["input_tokens"], 1200);
+    assert_eq!(fin["usage"]["cache_read_tokens"], 800);
+
+    // State snapshot.
+    let state: Value = serde_json::from_slice(
+        &std::fs::read(d.sessions_dir().join(format!("{id}.state.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["key"], "alice");
+    assert_eq!(state["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(state["last_seq"], 4);
+
+    // Costs (SPEC §8): OpenAI prompt 2000 incl. 800 cached → input 1200, cache_read 800.
+    let rows = db_rows(&d.state_dir);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (model, call_type, i, o, cr, cw, cost, provider) = rows[0].clone();
+    assert_eq!((model.as_str(), call_type.as_str(), provider.as_str()), ("fake-model", "chat", "fake"));
+    assert_eq!((i, o, cr, cw), (1200, 30, 800, 0));
+    let want = (1200.0 * 3.0 + 30.0 * 15.0 + 800.0 * 0.3) / 1e6;
+    assert!((cost - want).abs() < 1e-12, "cost {cost} != {want}");
+
+    // Monitor (SPEC §9): idle, describing the finished message.
+    let mon: Value =
+        serde_json::from_slice(&std::fs::read(d.state_dir.join("monitor.json")).unwrap()).unwrap();
+    assert_eq!(mon["state"], "idle");
+    assert_eq!(mon["session_id"], id.as_str());
+    assert_eq!(mon["queue_depth"], 0);
+    assert_eq!(mon["turns"][0]["input_tokens"], 1200);
+    assert_eq!(mon["turns"][0]["stop_reason"], "end_turn");
+    assert!(mon["active"].as_array().unwrap().is_empty());
+
+    // Queries work, also with --json.
+    let cost_out = d.agent_send(&["--cost", "all", "--json"]);
+    assert!(cost_out.status.success());
+    let v: Value = serde_json::from_slice(&cost_out.stdout).unwrap();
+    assert!((v["total_cost"].as_f64().unwrap() - want).abs() < 1e-12);
+}
+
+/// Must-show 1: with no key the daemon starts, and a message gets an answer naming the missing
+/// variable.
+#[test]
+fn missing_key_answer_names_the_variable() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = std::fs::read_to_string(repo.join("config/agentd.toml")).unwrap();
+    let anthropic = std::fs::read_to_string(repo.join("providers.d/anthropic.toml")).unwrap();
+    let mut d = TestDaemon::new(&shipped, &[("anthropic", &anthropic)]);
+    d.start();
+    let out = d.agent_send(&["-m", "hello", "--from", "alice", "--wait", "20"]);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("AGENTD_ANTHROPIC_KEY"), "{all}\n{}", d.log());
+    assert_eq!(out.status.code(), Some(1), "a failed message exits 1: {all}");
+    assert!(d.is_running());
+}
+
+fn blocks_of(req: &Value) -> Vec<Value> {
+    let strip = |b: &Value| {
+        let mut b = b.clone();
+        if let Some(o) = b.as_object_mut() {
+            o.remove("cache_control");
+        }
+        b
+    };
+    let mut out = Vec::new();
+    for t in req["tools"].as_array().into_iter().flatten() {
+        out.push(serde_json::json!({"tool": strip(t)}));
+    }
+    for s in req["system"].as_array().into_iter().flatten() {
+        out.push(serde_json::json!({"system": strip(s)}));
+    }
+    for m in req["messages"].as_array().unwrap() {
+        for b in m["content"].as_array().unwrap() {
+            out.push(serde_json::json!({"role": m["role"], "block": strip(b)}));
+        }
+    }
+    out
+}
+
+/// Positions (in `blocks_of` order) of the blocks that carry `cache_control`.
+fn marker_positions(req: &Value) -> Vec<usize> {
+    let mut pos = Vec::new();
+    let mut i = 0;
+    let mut visit = |b: &Value| {
+        if b.get("cache_control").is_some() {
+            pos.push(i);
+        }
+        i += 1;
+    };
+    for t in req["tools"].as_array().into_iter().flatten() {
+        visit(t);
+    }
+    for s in req["system"].as_array().into_iter().flatten() {
+        visit(s);
+    }
+    for m in req["messages"].as_array().unwrap() {
+        for b in m["content"].as_array().unwrap() {
+            visit(b);
+        }
+    }
+    pos
+}
+
+/// Must-show 3: ten consecutive requests of one session, with parallel tool calls in between:
+/// each request's block list (tools, system, messages; markers stripped) starts with the
+/// previous request's list, and the four breakpoints sit where SPEC §6 says.
+#[test]
+fn anthropic_requests_are_append_only_with_four_breakpoints() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let u = |i, o, cr, cw| Usage::new(i, o, cr, cw);
+    let script: Vec<Vec<Reply>> = vec![
+        vec![
+            Reply::ToolCalls {
+                text: Some("Let me look.".into()),
+                calls: vec![
+                    ("t1".into(), "read".into(), serde_json::json!({"path": "SOUL.md"})),
+                    ("t2".into(), "session_status".into(), serde_json::json!({})),
+                ],
+                usage: u(2000, 40, 0, 1800),
+            },
+            Reply::Text { text: "first".into(), usage: u(300, 10, 1800, 250) },
+        ],
+        vec![
+            Reply::ToolCalls {
+                text: None,
+                calls: vec![
+                    ("t3".into(), "read".into(), serde_json::json!({"path": "AGENTS.md"})),
+                    ("t4".into(), "read".into(), serde_json::json!({"path": "USER.md", "limit": 2})),
+                    ("t5".into(), "session_status".into(), serde_json::json!({})),
+                ],
+                usage: u(100, 40, 2050, 60),
+            },
+            Reply::ToolCalls {
+                text: None,
+                calls: vec![("t6".into(), "read".into(), serde_json::json!({"path": "nope/../../etc/passwd"}))],
+                usage: u(100, 20, 2110, 500),
+            },
+            Reply::Text { text: "second".into(), usage: u(50, 10, 2610, 80) },
+        ],
+        vec![Reply::Text { text: "third".into(), usage: u(60, 10, 2690, 70) }],
+        vec![
+            Reply::ToolCalls {
+                text: None,
+                calls: vec![
+                    ("t7".into(), "read".into(), serde_json::json!({"path": "IDENTITY.md"})),
+                    ("t8".into(), "read".into(), serde_json::json!({"path": "TOOLS.md"})),
+                ],
+                usage: u(60, 30, 2760, 90),
+            },
+            Reply::Text { text: "fourth".into(), usage: u(40, 10, 2850, 300) },
+        ],
+        vec![
+            Reply::ToolCalls {
+                text: Some("checking".into()),
+                calls: vec![("t9".into(), "session_status".into(), serde_json::json!({}))],
+                usage: u(60, 30, 3150, 70),
+            },
+            Reply::Text { text: "fifth".into(), usage: u(40, 10, 3220, 60) },
+        ],
+    ];
+    let mut expected_requests = 0;
+    for msg in &script {
+        for r in msg {
+            fake.push(r.clone());
+            expected_requests += 1;
+        }
+    }
+    assert_eq!(expected_requests, 10);
+    let d = daemon_with(&fake, "anthropic");
+    for (n, _) in script.iter().enumerate() {
+        let id = format!("m{n}");
+        fifo_write(
+            &d,
+            &format!(r#"{{"id":"{id}","type":"user","text":"message {n}","sender":"carol"}}"#),
+        );
+        let done = wait_outcome(&d, "carol", &id);
+        assert_eq!(done["type"], "message", "{done}\n{}", d.log());
+    }
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 10);
+
+    let lists: Vec<Vec<Value>> = reqs.iter().map(blocks_of).collect();
+    for i in 1..lists.len() {
+        let (prev, cur) = (&lists[i - 1], &lists[i]);
+        assert!(cur.len() > prev.len(), "request {i} did not grow");
+        assert_eq!(&cur[..prev.len()], &prev[..], "request {i} is not an append-only extension of request {}", i - 1);
+    }
+
+    let n_tools = reqs[0]["tools"].as_array().unwrap().len();
+    assert_eq!(n_tools, 2, "read and session_status");
+    for (i, req) in reqs.iter().enumerate() {
+        let sys = req["system"].as_array().unwrap();
+        assert_eq!(sys.len(), 2, "stable + semi_stable blocks");
+        let stable_end = n_tools; // index of the stable block
+        let semi_end = n_tools + 1;
+        let last = lists[i].len() - 1;
+        let mut want = vec![stable_end, semi_end];
+        if i > 0 {
+            let prev_last = lists[i - 1].len() - 1;
+            if prev_last != last {
+                want.push(prev_last);
+            }
+        }
+        want.push(last);
+        assert_eq!(marker_positions(req), want, "breakpoints of request {i}");
+        assert!(marker_positions(req).len() <= 4);
+        // No tool definition carries a marker: the stable block's marker covers them.
+        for t in req["tools"].as_array().unwrap() {
+            assert!(t.get("cache_control").is_none());
+        }
+    }
+
+    // Snapshot of the first request's wire shape (what Anthropic sees).
+    let first = &reqs[0];
+    assert_eq!(first["model"], "fake-model");
+    assert_eq!(first["stream"], true);
+    assert_eq!(first["max_tokens"], 1024);
+    assert_eq!(first["tool_choice"], serde_json::json!({"type": "auto"}));
+    assert_eq!(first["system"][0]["cache_control"], serde_json::json!({"type": "ephemeral"}));
+    assert!(first["system"][0]["text"].as_str().unwrap().starts_with("--- SOUL.md ---"));
+    assert!(first["system"][1]["text"].as_str().unwrap().starts_with("--- MEMORY.md ---"));
+    let content = &first["messages"][0]["content"];
+    assert!(content[0]["text"].as_str().unwrap().starts_with("<agentd-context>"));
+    assert!(content[1]["text"].as_str().unwrap().ends_with("] message 0"));
+    assert_eq!(content[1]["cache_control"], serde_json::json!({"type": "ephemeral"}));
+    // Parallel results come back in the order the model issued the calls.
+    let second = &reqs[1]["messages"];
+    let results = second[2]["content"].as_array().unwrap();
+    assert_eq!(results[0]["tool_use_id"], "t1");
+    assert_eq!(results[1]["tool_use_id"], "t2");
+    assert!(results[0]["content"].as_str().unwrap().contains("Soul"));
+    // The escape attempt became an error result, not a file read.
+    let fourth = serde_json::to_string(&reqs[4]["messages"]).unwrap();
+    assert!(fourth.contains("\"is_error\":true"));
+    assert!(!fourth.contains("root:x:0:0"));
+}
+
+/// Must-show 4: SIGKILL after the FIFO message was accepted and while the model call is in
+/// flight; after restart the message is answered exactly once and every file parses.
+#[test]
+fn kill9_during_model_call_answers_once_after_restart() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    fake.push(Reply::Hang);
+    fake.push(Reply::Text {
+        text: "answered after restart".into(),
+        usage: Usage::new(10, 5, 0, 0),
+    });
+    let mut d = daemon_with(&fake, "openai");
+    let out = d.agent_send(&["-m", "survive this", "--from", "dave"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until(WAIT, "the model call", || (fake.requests().len() == 1).then_some(()));
+    d.kill9();
+
+    d.start();
+    let intake_id = d
+        .trail("dave")
+        .into_iter()
+        .find(|l| l["type"] == "intake")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let fin = wait_outcome(&d, "dave", &intake_id);
+    assert_eq!(fin["text"], "answered after restart");
+    // Give a duplicate a chance to appear, then check exactly-once.
+    let out = d.agent_send(&["-m", "and now?", "--from", "dave", "--wait", "20"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let trail = d.trail("dave");
+    assert_eq!(count(&trail, |l| l["type"] == "intake" && l["id"] == intake_id.as_str()), 1);
+    assert_eq!(
+        count(&trail, |l| l["role"] == "user" && l["reply_to"][0] == intake_id.as_str()),
+        1,
+        "the user turn is not appended twice"
+    );
+    assert_eq!(count(&trail, |l| is_outcome_of(l, &intake_id)), 1, "{trail:#?}");
+    assert_eq!(fake.requests().len(), 3, "hung call, resumed call, second message");
+    // Every state file parses.
+    for e in std::fs::read_dir(d.sessions_dir()).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "json") {
+            serde_json::from_slice::<Value>(&std::fs::read(&p).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        }
+    }
+}
+
+/// Must-show 6: malformed FIFO lines (invalid JSON, unknown type, oversize) are logged and
+/// skipped; the next valid line is processed.
+#[test]
+fn malformed_fifo_lines_are_skipped() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let mut d = daemon_with(&fake, "openai");
+    fifo_write(&d, "this is not json");
+    fifo_write(&d, r#"{"type":"launch_missiles","text":"x"}"#);
+    fifo_write(&d, &format!(r#"{{"type":"user","text":"{}"}}"#, "y".repeat(4100)));
+    fifo_write(&d, &"z".repeat(9000));
+    fifo_write(&d, r#"{"type":"user","text":"   "}"#);
+    fifo_write(&d, r#"{"id":"good","type":"user","text":"still there?","sender":"erin"}"#);
+    let fin = wait_outcome(&d, "erin", "good");
+    assert!(fin["text"].as_str().unwrap().starts_with("echo: "), "{fin}");
+    let log = d.log();
+    assert_eq!(log.matches("malformed FIFO line skipped").count(), 3, "{log}");
+    assert_eq!(log.matches("over max_line_bytes").count(), 2, "{log}");
+    assert!(d.is_running());
+    assert_eq!(fake.requests().len(), 1);
+}
+
+/// Must-show 5: three mistakes → all three reported with key paths, exit 1.
+#[test]
+fn check_config_reports_every_mistake() {
+    let d = TestDaemon::new(
+        r#"
+[agent]
+nmae = "typo"
+name = "x"
+workspace = "../workspace"
+
+[providers]
+dir = "../providers.d"
+load = ["fake"]
+
+[behavior]
+max_turns_per_message = "many"
+
+[fifo]
+max_line_bytes = -5
+"#,
+        &[("fake", &provider_toml("openai", "http://127.0.0.1:9/v1"))],
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["check-config", "-c"])
+        .arg(&d.config_path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in ["agent.nmae", "behavior.max_turns_per_message", "fifo.max_line_bytes"] {
+        assert!(err.contains(key), "missing {key} in:\n{err}");
+    }
+
+    // A good config prints the effective config, secrets redacted.
+    let with_key = format!(
+        "api_key_env = \"AGENTD_TEST_KEY\"\n{}",
+        provider_toml("openai", "http://127.0.0.1:9/v1")
+    );
+    let good = TestDaemon::new(&agentd_toml("fake"), &[("fake", &with_key)]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["check-config", "-c"])
+        .arg(&good.config_path)
+        .env("AGENTD_TEST_KEY", "sk-very-secret-value")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("primary"), "{text}");
+    assert!(!text.contains("sk-very-secret-value"), "{text}");
+}
+
+/// Single instance: a second daemon on the same state dir exits 1 with a clear message;
+/// SIGTERM stops the first cleanly and removes the FIFO and PID file.
+#[test]
+fn single_instance_and_graceful_stop() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let mut d = daemon_with(&fake, "openai");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["run", "-c"])
+        .arg(&d.config_path)
+        .env("AGENTD_STATE_DIR", &d.state_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"));
+    let status = d.sigterm();
+    assert!(status.success(), "{status:?}\n{}", d.log());
+    assert!(!d.state_dir.join("control.pipe").exists());
+    assert!(!d.state_dir.join("agentd.pid").exists());
+}
