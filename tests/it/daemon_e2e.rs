@@ -535,3 +535,104 @@ fn single_instance_and_graceful_stop() {
     assert!(!d.state_dir.join("control.pipe").exists());
     assert!(!d.state_dir.join("agentd.pid").exists());
 }
+
+/// The loop's limits (SPEC §6): with 3 turns, the model is told to wrap up when 2 remain and
+/// the last call has tool use disabled (tools still defined) so a final answer is guaranteed.
+#[test]
+fn wrap_up_notice_and_tools_withheld_on_last_turn() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    for n in 0..3 {
+        fake.push(Reply::tool_calls(vec![(
+            &format!("c{n}"),
+            "session_status",
+            serde_json::json!({}),
+        )]));
+    }
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake").replace("[behavior]", "[behavior]\nmax_turns_per_message = 3"),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.start();
+    fifo_write(&d, r#"{"id":"w1","type":"user","text":"loop forever","sender":"frank"}"#);
+    let fin = wait_outcome(&d, "frank", "w1");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 3, "{}", d.log());
+    assert_eq!(reqs[0]["tool_choice"], serde_json::json!({"type": "auto"}));
+    assert_eq!(reqs[1]["tool_choice"], serde_json::json!({"type": "auto"}));
+    assert_eq!(reqs[2]["tool_choice"], serde_json::json!({"type": "none"}));
+    assert_eq!(reqs[2]["tools"].as_array().unwrap().len(), 2, "tools stay defined");
+    let second = serde_json::to_string(&reqs[1]["messages"]).unwrap();
+    assert!(second.contains("Only 2 model calls remain"), "{second}");
+    // The model called a tool anyway on the last turn: the call is dropped, the turn is final.
+    assert_eq!(fin["final"], true);
+    assert!(fin.get("tool_calls").is_none(), "{fin}");
+}
+
+/// Dangling tool calls (a crash between call and result) are answered with error results
+/// before the next call; the acknowledged message is then finished.
+#[test]
+fn dangling_tool_call_is_repaired_on_resume() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::text("recovered"));
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    // A trail as a crash leaves it: the model asked for a tool, no result was recorded.
+    let sessions = d.sessions_dir();
+    std::fs::create_dir_all(&sessions).unwrap();
+    let id = "0190aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee";
+    std::fs::write(
+        sessions.join("sessions.json"),
+        format!(r#"{{"gina": {{"session_id": "{id}", "created_at": 1795300000}}}}"#),
+    )
+    .unwrap();
+    let lines = [
+        format!(r#"{{"v":1,"seq":1,"ts":"2026-11-22T01:00:00.000+00:00","type":"session","session_id":"{id}","key":"gina","model":"primary"}}"#),
+        r#"{"v":1,"seq":2,"ts":"2026-11-22T01:00:00.100+00:00","type":"intake","id":"g1","source":"user","from":"gina","text":"read it"}"#.to_string(),
+        r#"{"v":1,"seq":3,"ts":"2026-11-22T01:00:00.200+00:00","type":"message","role":"user","content":[{"type":"text","text":"read it"}],"reply_to":["g1"],"source":"user","from":"gina"}"#.to_string(),
+        r#"{"v":1,"seq":4,"ts":"2026-11-22T01:00:01.000+00:00","type":"message","role":"assistant","text":"","tool_calls":[{"id":"tc1","name":"read","arguments":{"path":"SOUL.md"}}],"model":"primary","turn":1,"sent_messages":1}"#.to_string(),
+        r#"{"v":1,"seq":5,"ts":"2026-11-22T01:00:01.5"#.to_string(), // torn line
+    ];
+    std::fs::write(sessions.join(format!("{id}.2026-11-22.jsonl")), lines.join("\n")).unwrap();
+    d.start();
+    let fin = wait_outcome(&d, "gina", "g1");
+    assert_eq!(fin["text"], "recovered");
+    let req = &fake.requests()[0];
+    let msgs = req["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 3, "{req}");
+    let result = &msgs[2]["content"][0];
+    assert_eq!(result["type"], "tool_result");
+    assert_eq!(result["tool_use_id"], "tc1");
+    assert_eq!(result["is_error"], true);
+    // The previous call (1 message) ended with the user turn: its last block carries the
+    // breakpoint that lets this call read what that call wrote.
+    assert!(msgs[0]["content"][0].get("cache_control").is_some(), "{req}");
+    assert!(msgs[1]["content"][0].get("cache_control").is_none(), "{req}");
+    let trail = d.trail("gina");
+    assert_eq!(count(&trail, |l| l["type"] == "tool_result"), 1);
+    assert_eq!(count(&trail, |l| l["role"] == "user"), 1);
+}
+
+/// Budgets are enforced before the call (SPEC §8): once today's spend reached the daily limit
+/// the call is not made and the user is told which limit.
+#[test]
+fn daily_budget_blocks_the_next_call() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    fake.push(Reply::Text {
+        text: "expensive".into(),
+        usage: Usage::new(1_000_000, 0, 0, 0),
+    });
+    let mut d = TestDaemon::new(
+        &format!("{}\n[budget]\ndaily_usd = 1.0\n", agentd_toml("fake")),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    d.start();
+    fifo_write(&d, r#"{"id":"b1","type":"user","text":"one","sender":"hank"}"#);
+    assert_eq!(wait_outcome(&d, "hank", "b1")["text"], "expensive");
+    fifo_write(&d, r#"{"id":"b2","type":"user","text":"two","sender":"hank"}"#);
+    let refused = wait_outcome(&d, "hank", "b2");
+    assert_eq!(refused["type"], "failure");
+    assert!(refused["reply"].as_str().unwrap().contains("daily_usd"), "{refused}");
+    assert_eq!(fake.requests().len(), 1, "no call made over budget");
+}
