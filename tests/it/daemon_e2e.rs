@@ -90,7 +90,10 @@ fn count(lines: &[Value], pred: impl Fn(&Value) -> bool) -> usize {
     lines.iter().filter(|l| pred(l)).count()
 }
 
-fn db_rows(state_dir: &Path) -> Vec<(String, String, i64, i64, i64, i64, f64, String)> {
+/// (model, call_type, input, output, cache_read, cache_write, cost_usd, provider)
+type CostRowTuple = (String, String, i64, i64, i64, i64, f64, String);
+
+fn db_rows(state_dir: &Path) -> Vec<CostRowTuple> {
     let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
     let mut st = conn
         .prepare("SELECT model, call_type, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, provider FROM costs ORDER BY id")
@@ -138,7 +141,12 @@ fn agent_send_roundtrip_records_trail_costs_and_monitor() {
     assert_eq!(req["stream"], true);
     let msgs = req["messages"].as_array().unwrap();
     assert_eq!(msgs[0]["role"], "system");
-    assert!(msgs[0]["content"].as_str().unwrap().contains("--- SOUL.md ---"));
+    assert!(
+        msgs[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("--- SOUL.md ---")
+    );
     let user = serde_json::to_string(&msgs[1]["content"]).unwrap();
     assert!(user.contains("<agentd-context>") && user.contains("] hello"));
 
@@ -146,7 +154,11 @@ fn agent_send_roundtrip_records_trail_costs_and_monitor() {
     let id = d.session_id("alice").expect("session in index");
     let trail = d.trail("alice");
     let types: Vec<&str> = trail.iter().map(|l| l["type"].as_str().unwrap()).collect();
-    assert_eq!(types, ["session", "intake", "message", "message"], "{trail:#?}");
+    assert_eq!(
+        types,
+        ["session", "intake", "message", "message"],
+        "{trail:#?}"
+    );
     for (i, l) in trail.iter().enumerate() {
         assert_eq!(l["seq"], i as u64 + 1);
         assert!(chrono::DateTime::parse_from_rfc3339(l["ts"].as_str().unwrap()).is_ok());
@@ -172,7 +184,10 @@ fn agent_send_roundtrip_records_trail_costs_and_monitor() {
     let rows = db_rows(&d.state_dir);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let (model, call_type, i, o, cr, cw, cost, provider) = rows[0].clone();
-    assert_eq!((model.as_str(), call_type.as_str(), provider.as_str()), ("fake-model", "chat", "fake"));
+    assert_eq!(
+        (model.as_str(), call_type.as_str(), provider.as_str()),
+        ("fake-model", "chat", "fake")
+    );
     assert_eq!((i, o, cr, cw), (1200, 30, 800, 0));
     let want = (1200.0 * 3.0 + 30.0 * 15.0 + 800.0 * 0.3) / 1e6;
     assert!((cost - want).abs() < 1e-12, "cost {cost} != {want}");
@@ -210,7 +225,11 @@ fn missing_key_answer_names_the_variable() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(all.contains("AGENTD_ANTHROPIC_KEY"), "{all}\n{}", d.log());
-    assert_eq!(out.status.code(), Some(1), "a failed message exits 1: {all}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed message exits 1: {all}"
+    );
     assert!(d.is_running());
 }
 
@@ -273,41 +292,77 @@ fn anthropic_requests_are_append_only_with_four_breakpoints() {
             Reply::ToolCalls {
                 text: Some("Let me look.".into()),
                 calls: vec![
-                    ("t1".into(), "read".into(), serde_json::json!({"path": "SOUL.md"})),
+                    (
+                        "t1".into(),
+                        "read".into(),
+                        serde_json::json!({"path": "SOUL.md"}),
+                    ),
                     ("t2".into(), "session_status".into(), serde_json::json!({})),
                 ],
                 usage: u(2000, 40, 0, 1800),
             },
-            Reply::Text { text: "first".into(), usage: u(300, 10, 1800, 250) },
+            Reply::Text {
+                text: "first".into(),
+                usage: u(300, 10, 1800, 250),
+            },
         ],
         vec![
             Reply::ToolCalls {
                 text: None,
                 calls: vec![
-                    ("t3".into(), "read".into(), serde_json::json!({"path": "AGENTS.md"})),
-                    ("t4".into(), "read".into(), serde_json::json!({"path": "USER.md", "limit": 2})),
+                    (
+                        "t3".into(),
+                        "read".into(),
+                        serde_json::json!({"path": "AGENTS.md"}),
+                    ),
+                    (
+                        "t4".into(),
+                        "read".into(),
+                        serde_json::json!({"path": "USER.md", "limit": 2}),
+                    ),
                     ("t5".into(), "session_status".into(), serde_json::json!({})),
                 ],
                 usage: u(100, 40, 2050, 60),
             },
             Reply::ToolCalls {
                 text: None,
-                calls: vec![("t6".into(), "read".into(), serde_json::json!({"path": "nope/../../etc/passwd"}))],
+                calls: vec![(
+                    "t6".into(),
+                    "read".into(),
+                    serde_json::json!({"path": "nope/../../etc/passwd"}),
+                )],
                 usage: u(100, 20, 2110, 500),
             },
-            Reply::Text { text: "second".into(), usage: u(50, 10, 2610, 80) },
+            Reply::Text {
+                text: "second".into(),
+                usage: u(50, 10, 2610, 80),
+            },
         ],
-        vec![Reply::Text { text: "third".into(), usage: u(60, 10, 2690, 70) }],
+        vec![Reply::Text {
+            text: "third".into(),
+            usage: u(60, 10, 2690, 70),
+        }],
         vec![
             Reply::ToolCalls {
                 text: None,
                 calls: vec![
-                    ("t7".into(), "read".into(), serde_json::json!({"path": "IDENTITY.md"})),
-                    ("t8".into(), "read".into(), serde_json::json!({"path": "TOOLS.md"})),
+                    (
+                        "t7".into(),
+                        "read".into(),
+                        serde_json::json!({"path": "IDENTITY.md"}),
+                    ),
+                    (
+                        "t8".into(),
+                        "read".into(),
+                        serde_json::json!({"path": "TOOLS.md"}),
+                    ),
                 ],
                 usage: u(60, 30, 2760, 90),
             },
-            Reply::Text { text: "fourth".into(), usage: u(40, 10, 2850, 300) },
+            Reply::Text {
+                text: "fourth".into(),
+                usage: u(40, 10, 2850, 300),
+            },
         ],
         vec![
             Reply::ToolCalls {
@@ -315,7 +370,10 @@ fn anthropic_requests_are_append_only_with_four_breakpoints() {
                 calls: vec![("t9".into(), "session_status".into(), serde_json::json!({}))],
                 usage: u(60, 30, 3150, 70),
             },
-            Reply::Text { text: "fifth".into(), usage: u(40, 10, 3220, 60) },
+            Reply::Text {
+                text: "fifth".into(),
+                usage: u(40, 10, 3220, 60),
+            },
         ],
     ];
     let mut expected_requests = 0;
@@ -343,7 +401,12 @@ fn anthropic_requests_are_append_only_with_four_breakpoints() {
     for i in 1..lists.len() {
         let (prev, cur) = (&lists[i - 1], &lists[i]);
         assert!(cur.len() > prev.len(), "request {i} did not grow");
-        assert_eq!(&cur[..prev.len()], &prev[..], "request {i} is not an append-only extension of request {}", i - 1);
+        assert_eq!(
+            &cur[..prev.len()],
+            &prev[..],
+            "request {i} is not an append-only extension of request {}",
+            i - 1
+        );
     }
 
     let n_tools = reqs[0]["tools"].as_array().unwrap().len();
@@ -376,13 +439,39 @@ fn anthropic_requests_are_append_only_with_four_breakpoints() {
     assert_eq!(first["stream"], true);
     assert_eq!(first["max_tokens"], 1024);
     assert_eq!(first["tool_choice"], serde_json::json!({"type": "auto"}));
-    assert_eq!(first["system"][0]["cache_control"], serde_json::json!({"type": "ephemeral"}));
-    assert!(first["system"][0]["text"].as_str().unwrap().starts_with("--- SOUL.md ---"));
-    assert!(first["system"][1]["text"].as_str().unwrap().starts_with("--- MEMORY.md ---"));
+    assert_eq!(
+        first["system"][0]["cache_control"],
+        serde_json::json!({"type": "ephemeral"})
+    );
+    assert!(
+        first["system"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("--- SOUL.md ---")
+    );
+    assert!(
+        first["system"][1]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("--- MEMORY.md ---")
+    );
     let content = &first["messages"][0]["content"];
-    assert!(content[0]["text"].as_str().unwrap().starts_with("<agentd-context>"));
-    assert!(content[1]["text"].as_str().unwrap().ends_with("] message 0"));
-    assert_eq!(content[1]["cache_control"], serde_json::json!({"type": "ephemeral"}));
+    assert!(
+        content[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("<agentd-context>")
+    );
+    assert!(
+        content[1]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with("] message 0")
+    );
+    assert_eq!(
+        content[1]["cache_control"],
+        serde_json::json!({"type": "ephemeral"})
+    );
     // Parallel results come back in the order the model issued the calls.
     let second = &reqs[1]["messages"];
     let results = second[2]["content"].as_array().unwrap();
@@ -407,8 +496,14 @@ fn kill9_during_model_call_answers_once_after_restart() {
     });
     let mut d = daemon_with(&fake, "openai");
     let out = d.agent_send(&["-m", "survive this", "--from", "dave"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    wait_until(WAIT, "the model call", || (fake.requests().len() == 1).then_some(()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(WAIT, "the model call", || {
+        (fake.requests().len() == 1).then_some(())
+    });
     d.kill9();
 
     d.start();
@@ -424,16 +519,33 @@ fn kill9_during_model_call_answers_once_after_restart() {
     assert_eq!(fin["text"], "answered after restart");
     // Give a duplicate a chance to appear, then check exactly-once.
     let out = d.agent_send(&["-m", "and now?", "--from", "dave", "--wait", "20"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let trail = d.trail("dave");
-    assert_eq!(count(&trail, |l| l["type"] == "intake" && l["id"] == intake_id.as_str()), 1);
     assert_eq!(
-        count(&trail, |l| l["role"] == "user" && l["reply_to"][0] == intake_id.as_str()),
+        count(&trail, |l| l["type"] == "intake"
+            && l["id"] == intake_id.as_str()),
+        1
+    );
+    assert_eq!(
+        count(&trail, |l| l["role"] == "user"
+            && l["reply_to"][0] == intake_id.as_str()),
         1,
         "the user turn is not appended twice"
     );
-    assert_eq!(count(&trail, |l| is_outcome_of(l, &intake_id)), 1, "{trail:#?}");
-    assert_eq!(fake.requests().len(), 3, "hung call, resumed call, second message");
+    assert_eq!(
+        count(&trail, |l| is_outcome_of(l, &intake_id)),
+        1,
+        "{trail:#?}"
+    );
+    assert_eq!(
+        fake.requests().len(),
+        3,
+        "hung call, resumed call, second message"
+    );
     // Every state file parses.
     for e in std::fs::read_dir(d.sessions_dir()).unwrap() {
         let p = e.unwrap().path();
@@ -452,14 +564,24 @@ fn malformed_fifo_lines_are_skipped() {
     let mut d = daemon_with(&fake, "openai");
     fifo_write(&d, "this is not json");
     fifo_write(&d, r#"{"type":"launch_missiles","text":"x"}"#);
-    fifo_write(&d, &format!(r#"{{"type":"user","text":"{}"}}"#, "y".repeat(4100)));
+    fifo_write(
+        &d,
+        &format!(r#"{{"type":"user","text":"{}"}}"#, "y".repeat(4100)),
+    );
     fifo_write(&d, &"z".repeat(9000));
     fifo_write(&d, r#"{"type":"user","text":"   "}"#);
-    fifo_write(&d, r#"{"id":"good","type":"user","text":"still there?","sender":"erin"}"#);
+    fifo_write(
+        &d,
+        r#"{"id":"good","type":"user","text":"still there?","sender":"erin"}"#,
+    );
     let fin = wait_outcome(&d, "erin", "good");
     assert!(fin["text"].as_str().unwrap().starts_with("echo: "), "{fin}");
     let log = d.log();
-    assert_eq!(log.matches("malformed FIFO line skipped").count(), 3, "{log}");
+    assert_eq!(
+        log.matches("malformed FIFO line skipped").count(),
+        3,
+        "{log}"
+    );
     assert_eq!(log.matches("over max_line_bytes").count(), 2, "{log}");
     assert!(d.is_running());
     assert_eq!(fake.requests().len(), 1);
@@ -494,7 +616,11 @@ max_line_bytes = -5
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    for key in ["agent.nmae", "behavior.max_turns_per_message", "fifo.max_line_bytes"] {
+    for key in [
+        "agent.nmae",
+        "behavior.max_turns_per_message",
+        "fifo.max_line_bytes",
+    ] {
         assert!(err.contains(key), "missing {key} in:\n{err}");
     }
 
@@ -511,7 +637,11 @@ max_line_bytes = -5
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("primary"), "{text}");
     assert!(!text.contains("sk-very-secret-value"), "{text}");
 }
@@ -553,14 +683,21 @@ fn wrap_up_notice_and_tools_withheld_on_last_turn() {
         &[("fake", &provider_toml("anthropic", &fake.base_url()))],
     );
     d.start();
-    fifo_write(&d, r#"{"id":"w1","type":"user","text":"loop forever","sender":"frank"}"#);
+    fifo_write(
+        &d,
+        r#"{"id":"w1","type":"user","text":"loop forever","sender":"frank"}"#,
+    );
     let fin = wait_outcome(&d, "frank", "w1");
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 3, "{}", d.log());
     assert_eq!(reqs[0]["tool_choice"], serde_json::json!({"type": "auto"}));
     assert_eq!(reqs[1]["tool_choice"], serde_json::json!({"type": "auto"}));
     assert_eq!(reqs[2]["tool_choice"], serde_json::json!({"type": "none"}));
-    assert_eq!(reqs[2]["tools"].as_array().unwrap().len(), 2, "tools stay defined");
+    assert_eq!(
+        reqs[2]["tools"].as_array().unwrap().len(),
+        2,
+        "tools stay defined"
+    );
     let second = serde_json::to_string(&reqs[1]["messages"]).unwrap();
     assert!(second.contains("Only 2 model calls remain"), "{second}");
     // The model called a tool anyway on the last turn: the call is dropped, the turn is final.
@@ -594,7 +731,11 @@ fn dangling_tool_call_is_repaired_on_resume() {
         r#"{"v":1,"seq":4,"ts":"2026-11-22T01:00:01.000+00:00","type":"message","role":"assistant","text":"","tool_calls":[{"id":"tc1","name":"read","arguments":{"path":"SOUL.md"}}],"model":"primary","turn":1,"sent_messages":1}"#.to_string(),
         r#"{"v":1,"seq":5,"ts":"2026-11-22T01:00:01.5"#.to_string(), // torn line
     ];
-    std::fs::write(sessions.join(format!("{id}.2026-11-22.jsonl")), lines.join("\n")).unwrap();
+    std::fs::write(
+        sessions.join(format!("{id}.2026-11-22.jsonl")),
+        lines.join("\n"),
+    )
+    .unwrap();
     d.start();
     let fin = wait_outcome(&d, "gina", "g1");
     assert_eq!(fin["text"], "recovered");
@@ -607,8 +748,14 @@ fn dangling_tool_call_is_repaired_on_resume() {
     assert_eq!(result["is_error"], true);
     // The previous call (1 message) ended with the user turn: its last block carries the
     // breakpoint that lets this call read what that call wrote.
-    assert!(msgs[0]["content"][0].get("cache_control").is_some(), "{req}");
-    assert!(msgs[1]["content"][0].get("cache_control").is_none(), "{req}");
+    assert!(
+        msgs[0]["content"][0].get("cache_control").is_some(),
+        "{req}"
+    );
+    assert!(
+        msgs[1]["content"][0].get("cache_control").is_none(),
+        "{req}"
+    );
     let trail = d.trail("gina");
     assert_eq!(count(&trail, |l| l["type"] == "tool_result"), 1);
     assert_eq!(count(&trail, |l| l["role"] == "user"), 1);
@@ -628,11 +775,20 @@ fn daily_budget_blocks_the_next_call() {
         &[("fake", &provider_toml("openai", &fake.base_url()))],
     );
     d.start();
-    fifo_write(&d, r#"{"id":"b1","type":"user","text":"one","sender":"hank"}"#);
+    fifo_write(
+        &d,
+        r#"{"id":"b1","type":"user","text":"one","sender":"hank"}"#,
+    );
     assert_eq!(wait_outcome(&d, "hank", "b1")["text"], "expensive");
-    fifo_write(&d, r#"{"id":"b2","type":"user","text":"two","sender":"hank"}"#);
+    fifo_write(
+        &d,
+        r#"{"id":"b2","type":"user","text":"two","sender":"hank"}"#,
+    );
     let refused = wait_outcome(&d, "hank", "b2");
     assert_eq!(refused["type"], "failure");
-    assert!(refused["reply"].as_str().unwrap().contains("daily_usd"), "{refused}");
+    assert!(
+        refused["reply"].as_str().unwrap().contains("daily_usd"),
+        "{refused}"
+    );
     assert_eq!(fake.requests().len(), 1, "no call made over budget");
 }

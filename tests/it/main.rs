@@ -3,5 +3,5 @@
 
 mod support;
 
-mod fake_llm_selftest;
 mod daemon_e2e;
+mod fake_llm_selftest;
