@@ -162,12 +162,21 @@ impl Agent {
             self.check_budget(spent).await?;
 
             let last_turn = turn == max_turns;
+            // Workspace files are re-read for every call (SPEC §6), off the async workers.
+            let workspace = cfg.agent.workspace.clone();
+            let files = cfg.agent.context.files_for(&tier);
+            let system =
+                tokio::task::spawn_blocking(move || prompt::system_blocks(&workspace, &files))
+                    .await
+                    .map_err(|e| {
+                        Some(Fail {
+                            reply: cfg.behavior.error_message.clone(),
+                            error: format!("cannot read workspace files: {e}"),
+                        })
+                    })?;
             let req = ChatRequest {
                 session_id: session.id.clone(),
-                system: prompt::system_blocks(
-                    &cfg.agent.workspace,
-                    &cfg.agent.context.files_for(&tier),
-                ),
+                system,
                 messages: state.messages.clone(),
                 tools: self.tools.specs(),
                 tool_choice: if last_turn {
@@ -261,19 +270,8 @@ impl Agent {
             self.record(
                 session,
                 state,
-                Event::ToolResult {
-                    results: results
-                        .into_iter()
-                        .map(|r| ToolResult {
-                            content: crate::tools::truncate_output(
-                                &r.content,
-                                cfg.behavior.output_truncation,
-                            ),
-                            ..r
-                        })
-                        .collect(),
-                    notice,
-                },
+                // The registry already truncated each output to `output_truncation`.
+                Event::ToolResult { results, notice },
             )
             .await?;
         }

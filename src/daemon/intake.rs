@@ -6,6 +6,25 @@ use std::sync::Arc;
 
 use crate::agent::{Agent, Work};
 use crate::control::{self, ControlLine};
+
+/// `control::resolve_text` reads `text_file` from disk: run it on the blocking pool.
+async fn resolve_text(
+    text: Option<String>,
+    text_file: Option<std::path::PathBuf>,
+    state_dir: std::path::PathBuf,
+) -> Result<String, control::ControlError> {
+    if text_file.is_none() {
+        return control::resolve_text(&text, &None, &state_dir);
+    }
+    tokio::task::spawn_blocking(move || control::resolve_text(&text, &text_file, &state_dir))
+        .await
+        .unwrap_or_else(|e| {
+            Err(control::ControlError::TextFile {
+                path: Default::default(),
+                error: e.to_string(),
+            })
+        })
+}
 use crate::session::{self, Event, Intake, SessionStore};
 
 use super::workers::{Dispatcher, Job};
@@ -43,7 +62,7 @@ impl IntakeHandler {
                     tracing::warn!(id = %id, "FIFO line skipped: invalid sender (1-64 characters, no control characters or slashes)");
                     return;
                 }
-                let text = match control::resolve_text(&text, &text_file, state_dir) {
+                let text = match resolve_text(text, text_file, state_dir.clone()).await {
                     Ok(t) => t,
                     Err(e) => {
                         tracing::warn!(id = %id, error = %e, "FIFO line skipped");
@@ -69,7 +88,7 @@ impl IntakeHandler {
                 tier,
                 ..
             } => {
-                let text = match control::resolve_text(&text, &text_file, state_dir) {
+                let text = match resolve_text(text, text_file, state_dir.clone()).await {
                     Ok(t) => t,
                     Err(e) => {
                         tracing::warn!(id = %id, error = %e, "FIFO line skipped");
@@ -96,7 +115,7 @@ impl IntakeHandler {
                 data,
                 ..
             } => {
-                let body = match control::resolve_text(&text, &text_file, state_dir) {
+                let body = match resolve_text(text, text_file, state_dir.clone()).await {
                     Ok(t) => t,
                     Err(e) => {
                         tracing::warn!(id = %id, error = %e, "FIFO line skipped");

@@ -5,3 +5,4 @@ mod support;
 
 mod daemon_e2e;
 mod fake_llm_selftest;
+mod architecture;
