@@ -4,6 +4,8 @@
 //! knows a provider's JSON.
 
 pub mod anthropic;
+#[cfg(test)]
+mod conformance_tests;
 pub mod error;
 mod http;
 pub mod openai;

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
-use crate::llm::{ChatRequest, Message, SystemTier, ToolChoice, UserBlock};
+use crate::llm::{ChatRequest, Message, SystemBlock, SystemTier, ToolChoice, UserBlock};
 
 /// Text of a block that would otherwise be empty (the API rejects empty content).
 const EMPTY: &str = "(empty)";
@@ -22,8 +22,8 @@ pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
     body.insert("max_tokens".into(), json!(spec.max_tokens));
     body.insert("stream".into(), json!(true));
 
-    if !req.system.is_empty() {
-        body.insert("system".into(), render_system(req, marker.as_ref()));
+    if let Some(system) = render_system(req, marker.as_ref()) {
+        body.insert("system".into(), system);
     }
     body.insert("messages".into(), render_messages(req, marker.as_ref()));
 
@@ -79,20 +79,25 @@ fn mark(block: &mut Value, marker: &Value) {
     }
 }
 
-fn render_system(req: &ChatRequest, marker: Option<&Value>) -> Value {
-    let mut blocks: Vec<Value> = req
-        .system
+/// The `system` blocks, without empty ones (the API rejects empty text blocks); `None` when
+/// nothing is left.
+fn render_system(req: &ChatRequest, marker: Option<&Value>) -> Option<Value> {
+    let kept: Vec<&SystemBlock> = req.system.iter().filter(|b| !b.text.is_empty()).collect();
+    if kept.is_empty() {
+        return None;
+    }
+    let mut blocks: Vec<Value> = kept
         .iter()
         .map(|b| json!({ "type": "text", "text": b.text }))
         .collect();
     if let Some(marker) = marker {
         for tier in [SystemTier::Stable, SystemTier::SemiStable] {
-            if let Some(i) = req.system.iter().rposition(|b| b.tier == tier) {
+            if let Some(i) = kept.iter().rposition(|b| b.tier == tier) {
                 mark(&mut blocks[i], marker);
             }
         }
     }
-    Value::Array(blocks)
+    Some(Value::Array(blocks))
 }
 
 /// One wire message under construction.
@@ -144,21 +149,25 @@ fn render_messages(req: &ChatRequest, marker: Option<&Value>) -> Value {
     )
 }
 
-/// The content blocks of one neutral message (never empty).
+/// The content blocks of one neutral message (never empty). Empty text blocks are left out:
+/// the API rejects them.
 fn render_blocks(message: &Message) -> Vec<Value> {
     let mut blocks = Vec::new();
     match message {
         Message::User { content } => {
             for block in content {
-                blocks.push(match block {
-                    UserBlock::Text { text } => json!({ "type": "text", "text": text }),
+                match block {
+                    UserBlock::Text { text } if text.is_empty() => {}
+                    UserBlock::Text { text } => {
+                        blocks.push(json!({ "type": "text", "text": text }));
+                    }
                     UserBlock::Image {
                         media_type, data, ..
-                    } => json!({
+                    } => blocks.push(json!({
                         "type": "image",
                         "source": { "type": "base64", "media_type": media_type, "data": data },
-                    }),
-                });
+                    })),
+                }
             }
         }
         Message::Assistant {
@@ -198,7 +207,7 @@ fn render_blocks(message: &Message) -> Vec<Value> {
                     "is_error": r.is_error,
                 }));
             }
-            if let Some(notice) = notice {
+            if let Some(notice) = notice.as_deref().filter(|n| !n.is_empty()) {
                 blocks.push(json!({ "type": "text", "text": notice }));
             }
         }
@@ -213,7 +222,7 @@ fn render_blocks(message: &Message) -> Vec<Value> {
 mod tests {
     use super::*;
     use crate::llm::testutil::{model_spec, sample_request};
-    use crate::llm::{SystemBlock, ThinkingBlock, ToolCall, ToolResult};
+    use crate::llm::{ThinkingBlock, ToolCall, ToolResult};
 
     fn spec(ttl: CacheTtl) -> ModelSpec {
         let mut s = model_spec(
@@ -458,5 +467,61 @@ mod tests {
             body["system"],
             json!([{ "type": "text", "text": "S", "cache_control": cc }])
         );
+    }
+
+    #[test]
+    fn empty_texts_are_left_out() {
+        let s = spec(CacheTtl::FiveMinutes);
+        let cc = json!({ "type": "ephemeral" });
+        let text = |t: &str| UserBlock::Text { text: t.into() };
+        let mut req = ChatRequest {
+            session_id: "s".into(),
+            system: vec![
+                SystemBlock {
+                    tier: SystemTier::Stable,
+                    text: "S".into(),
+                },
+                SystemBlock {
+                    tier: SystemTier::Stable,
+                    text: String::new(),
+                },
+            ],
+            messages: vec![
+                Message::User {
+                    content: vec![text(""), text("q")],
+                },
+                Message::ToolResults {
+                    results: vec![ToolResult {
+                        tool_call_id: "t".into(),
+                        content: String::new(),
+                        is_error: false,
+                    }],
+                    notice: Some(String::new()),
+                },
+                Message::User {
+                    content: vec![text("")],
+                },
+            ],
+            tools: vec![],
+            tool_choice: ToolChoice::Auto,
+            previous_messages: None,
+        };
+        let body = render_request(&s, &req);
+        // The stable marker moves to the last non-empty stable block.
+        assert_eq!(
+            body["system"],
+            json!([{ "type": "text", "text": "S", "cache_control": cc }])
+        );
+        assert_eq!(
+            body["messages"],
+            json!([{ "role": "user", "content": [
+                { "type": "text", "text": "q" },
+                { "type": "tool_result", "tool_use_id": "t", "content": "", "is_error": false },
+                { "type": "text", "text": EMPTY, "cache_control": cc },
+            ]}])
+        );
+
+        req.system[0].text.clear();
+        assert!(render_request(&s, &req).get("system").is_none());
     }
 }

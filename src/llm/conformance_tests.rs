@@ -1,0 +1,659 @@
+//! Conformance of the request bodies the hand-written clients send with the providers' published
+//! API descriptions: every body `render_request` produces for a representative set of neutral
+//! requests must validate against the request-body schema of `POST /v1/messages` (Anthropic) or
+//! `POST /chat/completions` (OpenAI). The schemas are extracted from the OpenAPI files by
+//! `scripts/extract-spec-schemas.py`; provenance and spec gaps are in
+//! `tests/fixtures/specs/README.md`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+
+use jsonschema::error::ValidationErrorKind;
+use jsonschema::{Draft, ValidationError, Validator};
+use serde_json::{Value, json};
+
+use crate::config::{CacheTtl, ModelSpec, ProviderKind, Thinking};
+use crate::llm::testutil::{model_spec, sample_request};
+use crate::llm::{
+    ChatRequest, Message, SystemBlock, SystemTier, ThinkingBlock, ToolCall, ToolChoice, ToolResult,
+    ToolSpec, UserBlock, anthropic, openai,
+};
+
+const ANTHROPIC_SCHEMA: &str =
+    include_str!("../../tests/fixtures/specs/anthropic-messages-request.schema.json");
+const OPENAI_SCHEMA: &str =
+    include_str!("../../tests/fixtures/specs/openai-chat-request.schema.json");
+
+static ANTHROPIC: LazyLock<Validator> =
+    LazyLock::new(|| compile("anthropic-messages-request", ANTHROPIC_SCHEMA));
+static OPENAI: LazyLock<Validator> =
+    LazyLock::new(|| compile("openai-chat-request", OPENAI_SCHEMA));
+
+/// Compile a fixture. Every `$ref` in it is local (`#/components/schemas/...`), so nothing is
+/// retrieved.
+fn compile(name: &str, text: &str) -> Validator {
+    let schema: Value = serde_json::from_str(text)
+        .unwrap_or_else(|e| panic!("fixture {name} is not JSON: {e}; regenerate it"));
+    jsonschema::options()
+        .with_draft(Draft::Draft202012)
+        .build(&schema)
+        .unwrap_or_else(|e| panic!("fixture {name} does not compile: {e}"))
+}
+
+/// One error line, with the failures of the `anyOf`/`oneOf` branches indented below it (the
+/// top-level message alone does not say which field of which branch was wrong). Branches for
+/// another variant (their `type` or `role` does not match) are counted, not listed.
+fn describe(error: &ValidationError<'_>, depth: usize, out: &mut String) {
+    let indent = "  ".repeat(depth);
+    let _ = writeln!(
+        out,
+        "{indent}- at {} (schema {}): {}",
+        shown(&error.instance_path().to_string()),
+        error.evaluation_path(),
+        error.masked_with("<value>")
+    );
+    let branches = match error.kind() {
+        ValidationErrorKind::AnyOf { context } | ValidationErrorKind::OneOfNotValid { context } => {
+            context
+        }
+        _ => return,
+    };
+    let at = error.instance_path().to_string();
+    let mut relevant: Vec<_> = branches
+        .iter()
+        .enumerate()
+        .filter(|(_, branch)| !other_variant(&at, branch))
+        .collect();
+    if relevant.is_empty() {
+        relevant = branches.iter().enumerate().collect();
+    }
+    let omitted = branches.len() - relevant.len();
+    if omitted > 0 {
+        let _ = writeln!(
+            out,
+            "{indent}  ({omitted} branches for other variants omitted)"
+        );
+    }
+    for (i, branch) in relevant {
+        let _ = writeln!(out, "{indent}  branch {i}:");
+        for e in branch {
+            describe(e, depth + 2, out);
+        }
+    }
+}
+
+/// Whether a branch failed because the instance at `at` is another variant: its `type` or
+/// `role` property does not have the branch's constant/enum value.
+fn other_variant(at: &str, branch: &[ValidationError<'_>]) -> bool {
+    branch.iter().any(|e| {
+        let path = e.instance_path().to_string();
+        matches!(
+            e.kind(),
+            ValidationErrorKind::Constant { .. } | ValidationErrorKind::Enum { .. }
+        ) && (path == format!("{at}/type") || path == format!("{at}/role"))
+    })
+}
+
+/// Panics with every validation error (instance path, schema path, branch details) and the
+/// rendered body unless `body` is a valid Anthropic Messages request.
+fn assert_anthropic(case: &str, body: &Value) {
+    let mut report = String::new();
+    for e in ANTHROPIC.iter_errors(body) {
+        describe(&e, 0, &mut report);
+    }
+    fail_on_report("anthropic", case, body, &report);
+}
+
+/// Like `assert_anthropic` for an OpenAI chat-completions request, plus `undeclared_keys`.
+fn assert_openai(case: &str, body: &Value) {
+    let mut report = String::new();
+    for e in OPENAI.iter_errors(body) {
+        describe(&e, 0, &mut report);
+    }
+    for problem in undeclared_keys(body) {
+        let _ = writeln!(report, "- {problem}");
+    }
+    fail_on_report("openai", case, body, &report);
+}
+
+fn fail_on_report(api: &str, case: &str, body: &Value, report: &str) {
+    if report.is_empty() {
+        return;
+    }
+    let pretty = serde_json::to_string_pretty(body).unwrap_or_else(|e| e.to_string());
+    panic!(
+        "{api} request `{case}` violates the API description:\n{report}rendered body:\n{pretty}"
+    );
+}
+
+/// A JSON pointer for humans: the root is "(root)", not "".
+fn shown(pointer: &str) -> &str {
+    if pointer.is_empty() {
+        "(root)"
+    } else {
+        pointer
+    }
+}
+
+/// A schema of the OpenAI fixture by name.
+fn openai_schema(name: &str) -> &'static Value {
+    static DOC: LazyLock<Value> = LazyLock::new(|| {
+        serde_json::from_str(OPENAI_SCHEMA).unwrap_or_else(|e| panic!("openai fixture: {e}"))
+    });
+    &DOC["components"]["schemas"][name]
+}
+
+/// Property names `schema` declares, through `$ref`, `allOf` and the branches of
+/// `anyOf`/`oneOf` (their union).
+fn declared(schema: &Value, out: &mut BTreeSet<String>) {
+    if let Some(props) = schema["properties"].as_object() {
+        out.extend(props.keys().cloned());
+    }
+    if let Some(name) = schema["$ref"]
+        .as_str()
+        .and_then(|r| r.strip_prefix("#/components/schemas/"))
+    {
+        declared(openai_schema(name), out);
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        for sub in schema[key].as_array().into_iter().flatten() {
+            declared(sub, out);
+        }
+    }
+}
+
+/// OpenAI's schemas leave `additionalProperties` open, so a misspelt optional field would
+/// still validate. This closes the gap for the objects agentd builds: the body, each message,
+/// tool call, content part, tool and function may only use keys the description declares.
+fn undeclared_keys(body: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut check = |at: String, object: &Value, schema: &Value, name: &str| {
+        let mut allowed = BTreeSet::new();
+        declared(schema, &mut allowed);
+        for key in object.as_object().into_iter().flat_map(|o| o.keys()) {
+            if !allowed.contains(key) {
+                problems.push(format!(
+                    "at {}: `{key}` is not a property of {name}",
+                    shown(&at)
+                ));
+            }
+        }
+    };
+    let request = "CreateChatCompletionRequest";
+    check(String::new(), body, openai_schema(request), request);
+    let options = "ChatCompletionStreamOptions";
+    check(
+        "/stream_options".into(),
+        &body["stream_options"],
+        openai_schema(options),
+        options,
+    );
+    for (i, message) in body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let name = match message["role"].as_str() {
+            Some("system") => "ChatCompletionRequestSystemMessage",
+            Some("user") => "ChatCompletionRequestUserMessage",
+            Some("assistant") => "ChatCompletionRequestAssistantMessage",
+            Some("tool") => "ChatCompletionRequestToolMessage",
+            _ => continue, // the schema reports unknown roles
+        };
+        check(format!("/messages/{i}"), message, openai_schema(name), name);
+        let part = "ChatCompletionRequestUserMessageContentPart";
+        for (j, p) in message["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            check(
+                format!("/messages/{i}/content/{j}"),
+                p,
+                openai_schema(part),
+                part,
+            );
+        }
+        let call = "ChatCompletionMessageToolCall";
+        for (j, c) in message["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let at = format!("/messages/{i}/tool_calls/{j}");
+            check(at.clone(), c, openai_schema(call), call);
+            let function = &openai_schema(call)["properties"]["function"];
+            check(
+                format!("{at}/function"),
+                &c["function"],
+                function,
+                "its function",
+            );
+        }
+    }
+    for (i, tool) in body["tools"].as_array().into_iter().flatten().enumerate() {
+        let (t, f) = ("ChatCompletionTool", "FunctionObject");
+        check(format!("/tools/{i}"), tool, openai_schema(t), t);
+        check(
+            format!("/tools/{i}/function"),
+            &tool["function"],
+            openai_schema(f),
+            f,
+        );
+    }
+    problems
+}
+
+fn check_anthropic(case: &str, spec: &ModelSpec, req: &ChatRequest) {
+    assert_anthropic(case, &anthropic::render_request(spec, req));
+}
+
+fn check_openai(case: &str, spec: &ModelSpec, req: &ChatRequest) {
+    assert_openai(case, &openai::render_request(spec, req));
+}
+
+// ---- neutral requests -------------------------------------------------------------------
+
+fn request(messages: Vec<Message>) -> ChatRequest {
+    ChatRequest {
+        session_id: "sess-42".into(),
+        system: vec![],
+        messages,
+        tools: vec![],
+        tool_choice: ToolChoice::Auto,
+        previous_messages: None,
+    }
+}
+
+fn plain_text() -> ChatRequest {
+    request(vec![Message::user_text("hello")])
+}
+
+fn with_system() -> ChatRequest {
+    let mut req = plain_text();
+    req.system = vec![
+        SystemBlock {
+            tier: SystemTier::Stable,
+            text: "You are agentd.".into(),
+        },
+        SystemBlock {
+            tier: SystemTier::Stable,
+            text: "Tools: read, exec.".into(),
+        },
+        SystemBlock {
+            tier: SystemTier::SemiStable,
+            text: "Memory: none yet.".into(),
+        },
+    ];
+    req
+}
+
+fn tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: "read_file".into(),
+            description: "Read a file of the workspace".into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "path": { "type": "string", "description": "relative path" },
+                    "offset": { "type": "integer", "minimum": 0 },
+                },
+                "required": ["path"],
+                "additionalProperties": false,
+            }),
+        },
+        ToolSpec {
+            name: "session_status".into(),
+            description: "Show the session status".into(),
+            input_schema: json!({ "type": "object", "properties": {} }),
+        },
+    ]
+}
+
+fn with_tools(choice: ToolChoice) -> ChatRequest {
+    let mut req = with_system();
+    req.tools = tools();
+    req.tool_choice = choice;
+    req
+}
+
+/// An assistant turn with only tool calls (no text, no thinking), its results, and a second
+/// user message straight after the first (merged into one wire message by Anthropic).
+fn tool_calls_without_text() -> ChatRequest {
+    let mut req = request(vec![
+        Message::user_text("first"),
+        Message::user_text("second"),
+        Message::Assistant {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "toolu_01A".into(),
+                name: "read_file".into(),
+                arguments: json!({ "path": "notes.md" }),
+            }],
+            thinking: vec![],
+            usage: None,
+        },
+        Message::ToolResults {
+            results: vec![ToolResult {
+                tool_call_id: "toolu_01A".into(),
+                content: "# notes".into(),
+                is_error: false,
+            }],
+            notice: None,
+        },
+        Message::Assistant {
+            text: String::new(),
+            tool_calls: vec![],
+            thinking: vec![],
+            usage: None,
+        },
+        Message::user_text("thanks"),
+    ]);
+    req.tools = tools();
+    req.previous_messages = Some(4);
+    req
+}
+
+/// Empty strings wherever the neutral types allow them: a system block, a user text block, a
+/// thinking block, a tool result and a notice.
+fn empty_texts() -> ChatRequest {
+    let mut req = request(vec![
+        Message::User {
+            content: vec![
+                UserBlock::Text {
+                    text: String::new(),
+                },
+                UserBlock::Text { text: "q".into() },
+            ],
+        },
+        Message::Assistant {
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "toolu_01B".into(),
+                name: "session_status".into(),
+                arguments: json!({}),
+            }],
+            thinking: vec![ThinkingBlock {
+                thinking: Some(String::new()),
+                signature: Some("sig".into()),
+                redacted_data: None,
+            }],
+            usage: None,
+        },
+        Message::ToolResults {
+            results: vec![ToolResult {
+                tool_call_id: "toolu_01B".into(),
+                content: String::new(),
+                is_error: true,
+            }],
+            notice: Some(String::new()),
+        },
+        Message::User {
+            content: vec![UserBlock::Text {
+                text: String::new(),
+            }],
+        },
+    ]);
+    req.system = vec![
+        SystemBlock {
+            tier: SystemTier::Stable,
+            text: "stable".into(),
+        },
+        SystemBlock {
+            tier: SystemTier::SemiStable,
+            text: String::new(),
+        },
+    ];
+    req.tools = tools();
+    req.previous_messages = Some(3);
+    req
+}
+
+// ---- Anthropic ----------------------------------------------------------------------------
+
+fn anthropic_spec() -> ModelSpec {
+    let mut s = model_spec(
+        "primary",
+        ProviderKind::Anthropic,
+        "https://api.anthropic.com",
+    );
+    s.model = "claude-sonnet-4-5".into();
+    s.max_tokens = 8192;
+    s
+}
+
+fn cached(ttl: CacheTtl) -> ModelSpec {
+    let mut s = anthropic_spec();
+    s.cache = true;
+    s.cache_ttl = ttl;
+    s
+}
+
+#[test]
+fn anthropic_plain_text_turn() {
+    check_anthropic("plain text", &anthropic_spec(), &plain_text());
+}
+
+#[test]
+fn anthropic_system_blocks_with_and_without_cache() {
+    check_anthropic("system, no cache", &anthropic_spec(), &with_system());
+    check_anthropic(
+        "system, cache 5m",
+        &cached(CacheTtl::FiveMinutes),
+        &with_system(),
+    );
+    check_anthropic(
+        "system, cache 1h",
+        &cached(CacheTtl::OneHour),
+        &with_system(),
+    );
+}
+
+#[test]
+fn anthropic_tools_with_choice_auto_and_none() {
+    let spec = cached(CacheTtl::FiveMinutes);
+    check_anthropic("tools, auto", &spec, &with_tools(ToolChoice::Auto));
+    check_anthropic("tools, none", &spec, &with_tools(ToolChoice::None));
+}
+
+/// Image, signed and redacted thinking, text + tool calls, results with is_error and a notice,
+/// consecutive user-role messages merged, and four cache breakpoints.
+#[test]
+fn anthropic_full_conversation_with_both_ttls() {
+    let req = sample_request();
+    check_anthropic("full, no cache", &anthropic_spec(), &req);
+    check_anthropic("full, cache 5m", &cached(CacheTtl::FiveMinutes), &req);
+    check_anthropic("full, cache 1h", &cached(CacheTtl::OneHour), &req);
+}
+
+#[test]
+fn anthropic_tool_calls_without_text_and_merged_users() {
+    let req = tool_calls_without_text();
+    let spec = cached(CacheTtl::OneHour);
+    check_anthropic("tool calls only", &spec, &req);
+    // The second user message really was merged into the first wire message.
+    let body = anthropic::render_request(&spec, &req);
+    assert_eq!(
+        body["messages"][0]["content"].as_array().map(Vec::len),
+        Some(2)
+    );
+}
+
+#[test]
+fn anthropic_thinking_modes() {
+    let req = sample_request();
+
+    let mut adaptive = cached(CacheTtl::FiveMinutes);
+    adaptive.thinking = Thinking::Adaptive;
+    check_anthropic("thinking adaptive", &adaptive, &req);
+
+    for effort in ["low", "medium", "high", "max"] {
+        adaptive.thinking_effort = Some(effort.into());
+        let body = anthropic::render_request(&adaptive, &req);
+        assert_eq!(body["output_config"], json!({ "effort": effort }));
+        assert_anthropic("thinking adaptive + effort", &body);
+    }
+
+    let mut budgeted = cached(CacheTtl::FiveMinutes);
+    budgeted.thinking = Thinking::Budgeted;
+    budgeted.thinking_budget = 4096;
+    check_anthropic("thinking budgeted", &budgeted, &req);
+}
+
+/// The API rejects empty text blocks ("text content blocks must be non-empty").
+#[test]
+fn anthropic_empty_texts() {
+    check_anthropic(
+        "empty texts",
+        &cached(CacheTtl::FiveMinutes),
+        &empty_texts(),
+    );
+    check_anthropic("empty texts, no cache", &anthropic_spec(), &empty_texts());
+}
+
+// ---- OpenAI --------------------------------------------------------------------------------
+
+fn openai_spec(base_url: &str) -> ModelSpec {
+    let mut s = model_spec("primary", ProviderKind::OpenAi, base_url);
+    s.model = "gpt-5.1".into();
+    s.max_tokens = 4096;
+    s
+}
+
+const OPENAI_URL: &str = "https://api.openai.com/v1";
+const LOCAL_URL: &str = "http://localhost:11434/v1";
+
+#[test]
+fn openai_plain_text_turn() {
+    check_openai("plain text", &openai_spec(OPENAI_URL), &plain_text());
+    check_openai("plain text, local", &openai_spec(LOCAL_URL), &plain_text());
+}
+
+#[test]
+fn openai_system_and_tools_with_choice_auto_and_none() {
+    let spec = openai_spec(OPENAI_URL);
+    check_openai("system", &spec, &with_system());
+    check_openai("tools, auto", &spec, &with_tools(ToolChoice::Auto));
+    check_openai("tools, none", &spec, &with_tools(ToolChoice::None));
+}
+
+/// Image part, tool calls with text, tool results (one an error) and a notice.
+#[test]
+fn openai_full_conversation() {
+    check_openai("full", &openai_spec(OPENAI_URL), &sample_request());
+    check_openai("full, local", &openai_spec(LOCAL_URL), &sample_request());
+}
+
+#[test]
+fn openai_tool_calls_without_text() {
+    let spec = openai_spec(OPENAI_URL);
+    let req = tool_calls_without_text();
+    check_openai("tool calls only", &spec, &req);
+    let body = openai::render_request(&spec, &req);
+    assert_eq!(body["messages"][2]["content"], Value::Null);
+    assert_eq!(body["messages"][4]["content"], json!(""));
+}
+
+#[test]
+fn openai_prompt_cache_key_and_token_limit_keys() {
+    let mut spec = openai_spec(OPENAI_URL);
+    spec.prompt_cache_key = true;
+    let body = openai::render_request(&spec, &with_tools(ToolChoice::Auto));
+    assert_eq!(body["prompt_cache_key"], json!("sess-42"));
+    assert_eq!(body["max_completion_tokens"], json!(4096));
+    assert_openai("prompt_cache_key", &body);
+
+    let local = openai_spec(LOCAL_URL);
+    let body = openai::render_request(&local, &with_tools(ToolChoice::Auto));
+    assert_eq!(body["max_tokens"], json!(4096));
+    assert_openai("max_tokens (non-OpenAI host)", &body);
+}
+
+#[test]
+fn openai_empty_texts() {
+    check_openai("empty texts", &openai_spec(OPENAI_URL), &empty_texts());
+}
+
+// ---- the checker itself ---------------------------------------------------------------------
+
+/// The schemas really constrain: bodies with a wrong field name, shape or value are rejected.
+#[test]
+fn schemas_reject_malformed_bodies() {
+    let spec = cached(CacheTtl::FiveMinutes);
+    let good = anthropic::render_request(&spec, &sample_request());
+    assert!(ANTHROPIC.is_valid(&good));
+
+    let mut unknown_field = good.clone();
+    unknown_field["max_output_tokens"] = json!(10);
+    assert!(!ANTHROPIC.is_valid(&unknown_field));
+
+    let mut bad_ttl = good.clone();
+    bad_ttl["system"][1]["cache_control"]["ttl"] = json!("2h");
+    assert!(!ANTHROPIC.is_valid(&bad_ttl));
+
+    let mut bad_block = good.clone();
+    bad_block["messages"][1]["content"][3]["arguments"] = json!({});
+    assert!(!ANTHROPIC.is_valid(&bad_block));
+
+    let mut missing = good;
+    if let Some(o) = missing.as_object_mut() {
+        o.remove("max_tokens");
+    }
+    assert!(!ANTHROPIC.is_valid(&missing));
+
+    let good = openai::render_request(&openai_spec(OPENAI_URL), &sample_request());
+    assert!(OPENAI.is_valid(&good));
+
+    let mut bad_role = good.clone();
+    bad_role["messages"][0]["role"] = json!("narrator");
+    assert!(!OPENAI.is_valid(&bad_role));
+
+    let mut bad_choice = good.clone();
+    bad_choice["tool_choice"] = json!("sometimes");
+    assert!(!OPENAI.is_valid(&bad_choice));
+
+    let mut bad_call = good.clone();
+    bad_call["messages"][2]["tool_calls"][0]["function"]["arguments"] = json!({ "path": "a" });
+    assert!(!OPENAI.is_valid(&bad_call));
+
+    // Misspelt optional names pass OpenAI's open schemas; the key check catches them.
+    assert!(undeclared_keys(&good).is_empty());
+    let mut misspelt = good;
+    misspelt["max_completion_token"] = json!(10);
+    misspelt["messages"][3]["tool_call"] = json!("tu1");
+    misspelt["messages"][1]["content"][1]["image"] = json!({});
+    misspelt["tools"][0]["function"]["schema"] = json!({});
+    misspelt["stream_options"]["usage"] = json!(true);
+    assert!(OPENAI.is_valid(&misspelt));
+    assert_eq!(
+        undeclared_keys(&misspelt).len(),
+        5,
+        "{:?}",
+        undeclared_keys(&misspelt)
+    );
+}
+
+/// Values agentd takes from the configuration and passes through unchanged, which the API only
+/// accepts in a range: `thinking_budget` of at least 1024 and an `effort` from a fixed list.
+/// Config validation accepts any budget ≥ 1 and any non-empty effort today, so these bodies
+/// can be sent; this pins the API's rule for whoever tightens the validation.
+#[test]
+fn api_ranges_for_configured_values() {
+    let mut spec = anthropic_spec();
+    spec.thinking = Thinking::Budgeted;
+    spec.thinking_budget = 1024;
+    assert!(ANTHROPIC.is_valid(&anthropic::render_request(&spec, &plain_text())));
+    spec.thinking_budget = 1023;
+    assert!(!ANTHROPIC.is_valid(&anthropic::render_request(&spec, &plain_text())));
+
+    spec.thinking = Thinking::Adaptive;
+    spec.thinking_effort = Some("xhigh".into());
+    assert!(ANTHROPIC.is_valid(&anthropic::render_request(&spec, &plain_text())));
+    spec.thinking_effort = Some("extreme".into());
+    assert!(!ANTHROPIC.is_valid(&anthropic::render_request(&spec, &plain_text())));
+}
