@@ -13,6 +13,9 @@ use super::error::{Problem, display_path};
 use super::types::{CacheTtl, ModelSet, ModelSpec, Pricing, ProviderKind, Thinking};
 use super::walker::{Section, Walker, join_key};
 
+/// Values the Anthropic API accepts for `output_config.effort`.
+const THINKING_EFFORTS: &[&str] = &["low", "medium", "high", "xhigh", "max"];
+
 /// Default Anthropic origin (the client appends `/v1/messages`).
 pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 /// Default OpenAI API root (the client appends `/chat/completions`).
@@ -279,6 +282,23 @@ impl<'e> ModelCollector<'e> {
                 key("thinking_budget"),
                 format!(
                     "must be below max_tokens ({max_tokens}); lower thinking_budget or raise max_tokens"
+                ),
+            );
+        }
+        if thinking == Thinking::Budgeted && thinking_budget < 1024 {
+            w.problem(
+                key("thinking_budget"),
+                format!("must be at least 1024 (the API minimum), got {thinking_budget}"),
+            );
+        }
+        if let Some(effort) = &f.thinking_effort
+            && !THINKING_EFFORTS.contains(&effort.as_str())
+        {
+            w.problem(
+                key("thinking_effort"),
+                format!(
+                    "expected one of {}, got {effort:?}",
+                    THINKING_EFFORTS.join(", ")
                 ),
             );
         }

@@ -956,3 +956,21 @@ fn default_state_dir_without_home_is_a_problem() {
     f.set("AGENTD_STATE_DIR", "/srv/agentd-state");
     assert_eq!(f.ok().paths.state_dir, Path::new("/srv/agentd-state"));
 }
+
+#[test]
+fn thinking_values_follow_the_api_ranges() {
+    let f = minimal_with_key();
+    f.provider(
+        "anthropic",
+        "type = \"anthropic\"\napi_key_env = \"AGENTD_ANTHROPIC_KEY\"\n[models.primary]\nmodel = \"m\"\nmax_tokens = 8192\nthinking = \"budgeted\"\nthinking_budget = 512\nthinking_effort = \"extreme\"\n",
+    );
+    let problems = f.problems();
+    assert!(
+        has(&problems, "thinking_budget: must be at least 1024"),
+        "{problems:?}"
+    );
+    assert!(
+        has(&problems, "thinking_effort: expected one of"),
+        "{problems:?}"
+    );
+}

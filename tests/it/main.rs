@@ -3,6 +3,6 @@
 
 mod support;
 
+mod architecture;
 mod daemon_e2e;
 mod fake_llm_selftest;
-mod architecture;
