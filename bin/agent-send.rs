@@ -1,1 +1,247 @@
-fn main() {}
+//! `agent-send`: send a message, system event or reset to a running agentd through its control
+//! FIFO, or query its state files (SPEC §10.1). The logic lives in `agentd::cli`.
+//!
+//! Exit codes: 0 success, 1 daemon not running / FIFO missing / message failed / config
+//! error, 2 usage error, 3 timed out waiting for intake, reply or reset.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use agentd::cli::{self, Action, CliError, Outgoing, SendOptions};
+use agentd::cost::Period;
+use clap::{ArgGroup, Parser};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agent-send",
+    version,
+    about = "Send a message to agentd through its control FIFO, or query its state",
+    group(ArgGroup::new("action").required(true).multiple(false)
+        .args(["message", "system", "reset", "cost", "sessions", "monitor", "history", "status"])),
+    group(ArgGroup::new("text_action").multiple(false).args(["message", "system"])),
+    // `requires` naming a single arg of the required "action" group is not enforced by clap;
+    // naming a group is.
+    group(ArgGroup::new("message_action").args(["message"])),
+    group(ArgGroup::new("history_action").args(["history"])),
+    group(ArgGroup::new("waitable").multiple(false).args(["message", "system", "reset"])),
+)]
+struct Args {
+    /// Send TEXT as a user message (`-` reads it from stdin).
+    #[arg(short = 'm', long, value_name = "TEXT", allow_hyphen_values = true)]
+    message: Option<String>,
+    /// Send TEXT as a system event (`-` reads it from stdin).
+    #[arg(short = 's', long, value_name = "TEXT", allow_hyphen_values = true)]
+    system: Option<String>,
+    /// Sender name for -m; also the session key.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "cli",
+        requires = "message_action"
+    )]
+    from: String,
+    /// Context tier for -m or -s (e.g. full, operational).
+    #[arg(long, value_name = "TIER", requires = "text_action")]
+    tier: Option<String>,
+    /// Attach FILE to -m (repeatable).
+    #[arg(
+        short = 'a',
+        long = "attach",
+        value_name = "FILE",
+        requires = "message_action"
+    )]
+    attach: Vec<PathBuf>,
+    /// Reset a session by key or id; without TARGET, all sessions.
+    #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "all")]
+    reset: Option<String>,
+    /// After intake, wait up to SECONDS (default 60) for the reply and print it.
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "60",
+          requires = "waitable")]
+    wait: Option<u64>,
+    /// Seconds to wait for the daemon to record the message.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    timeout: u64,
+    /// Spend per model: today (default), week, month or all.
+    #[arg(long, value_name = "PERIOD", num_args = 0..=1, default_missing_value = "today",
+          value_parser = parse_period)]
+    cost: Option<Period>,
+    /// List the open sessions.
+    #[arg(long)]
+    sessions: bool,
+    /// Show the live monitor.
+    #[arg(long)]
+    monitor: bool,
+    /// Show the conversation of a session (key or id, live or archived).
+    #[arg(long, value_name = "KEY_OR_ID")]
+    history: Option<String>,
+    /// With --history: do not abbreviate tool results and arguments.
+    #[arg(long, requires = "history_action")]
+    full: bool,
+    /// Whether the daemon runs, its FIFO, monitor state and today's cost.
+    #[arg(long)]
+    status: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    /// State directory (overrides AGENTD_STATE_DIR and the config).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Config file (default: $AGENTD_CONFIG, else ./config/agentd.toml).
+    #[arg(short = 'c', long, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
+/// A `--cost` period; the error lists the valid values (clap exits 2).
+fn parse_period(s: &str) -> Result<Period, String> {
+    s.parse::<Period>().map_err(|e| e.to_string())
+}
+
+fn action(args: &Args) -> Result<Action, CliError> {
+    let opts = SendOptions {
+        intake_timeout: Duration::from_secs(args.timeout),
+        wait: args.wait.map(Duration::from_secs),
+    };
+    if let Some(m) = &args.message {
+        let out = Outgoing::User {
+            text: cli::send::message_text(m, std::io::stdin().lock())?,
+            sender: args.from.clone(),
+            tier: args.tier.clone(),
+            attachments: cli::send::attachments(&args.attach)?,
+        };
+        return Ok(Action::Send { out, opts });
+    }
+    if let Some(s) = &args.system {
+        let out = Outgoing::System {
+            text: cli::send::message_text(s, std::io::stdin().lock())?,
+            tier: args.tier.clone(),
+        };
+        return Ok(Action::Send { out, opts });
+    }
+    if let Some(target) = &args.reset {
+        let out = Outgoing::Reset {
+            target: target.clone(),
+        };
+        return Ok(Action::Send { out, opts });
+    }
+    if let Some(period) = args.cost {
+        return Ok(Action::Cost(period));
+    }
+    if let Some(target) = &args.history {
+        return Ok(Action::History {
+            target: target.clone(),
+            full: args.full,
+        });
+    }
+    if args.sessions {
+        return Ok(Action::Sessions);
+    }
+    if args.monitor {
+        return Ok(Action::Monitor);
+    }
+    Ok(Action::Status)
+}
+
+fn run(args: &Args) -> Result<cli::Output, CliError> {
+    let ctx = cli::context::resolve_from_env(args.state_dir.as_deref(), args.config.as_deref())?;
+    cli::run(&ctx, &action(args)?, args.json)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let (stdout, stderr, code) = match run(&args) {
+        Ok(out) => (out.stdout, out.stderr, out.code),
+        Err(e) => (String::new(), format!("agent-send: {e}\n"), e.exit_code()),
+    };
+    // A closed stdout (`| head`) is not worth a panic.
+    let _ = std::io::stdout().lock().write_all(stdout.as_bytes());
+    let _ = std::io::stderr().lock().write_all(stderr.as_bytes());
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("agent-send").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn usage_errors_exit_2() {
+        for bad in [
+            &[][..],
+            &["-m", "a", "-s", "b"],
+            &["--sessions", "--status"],
+            &["--cost", "yesterday"],
+            &["--full", "--status"],
+            &["--from", "bob", "--cost"],
+            &["--attach", "f", "-s", "x"],
+            &["--tier", "full", "--reset"],
+            &["--wait", "--sessions"],
+        ] {
+            let err = parse(bad).expect_err(&format!("{bad:?} must be refused"));
+            assert_eq!(err.exit_code(), 2, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn optional_values_have_their_defaults() {
+        let a = parse(&["-m", "hi", "--wait"]).unwrap();
+        assert_eq!(a.wait, Some(60));
+        assert_eq!(a.from, "cli");
+        assert_eq!(a.timeout, 10);
+        assert_eq!(parse(&["-m", "hi", "--wait", "5"]).unwrap().wait, Some(5));
+        assert_eq!(parse(&["--cost"]).unwrap().cost, Some(Period::Today));
+        assert_eq!(
+            parse(&["--cost", "Month"]).unwrap().cost,
+            Some(Period::Month)
+        );
+        assert_eq!(parse(&["--reset"]).unwrap().reset.as_deref(), Some("all"));
+        assert_eq!(
+            parse(&["--reset", "alice", "--wait"])
+                .unwrap()
+                .reset
+                .as_deref(),
+            Some("alice")
+        );
+        let a = parse(&["-m", "-", "-a", "x", "-a", "y", "--from", "bob"]).unwrap();
+        assert_eq!(a.message.as_deref(), Some("-"));
+        assert_eq!(a.attach.len(), 2);
+        assert!(
+            parse(&["--history", "alice", "--full", "--json"])
+                .unwrap()
+                .full
+        );
+    }
+
+    #[test]
+    fn the_action_follows_the_flag() {
+        let a = parse(&["--reset"]).unwrap();
+        assert!(matches!(
+            action(&a).unwrap(),
+            Action::Send { out: Outgoing::Reset { ref target }, .. } if target == "all"
+        ));
+        let a = parse(&["-s", "beat", "--tier", "operational", "--wait", "3"]).unwrap();
+        let Action::Send { out, opts } = action(&a).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            out,
+            Outgoing::System {
+                text: "beat".into(),
+                tier: Some("operational".into())
+            }
+        );
+        assert_eq!(opts.wait, Some(Duration::from_secs(3)));
+        assert_eq!(
+            action(&parse(&["--status"]).unwrap()).unwrap(),
+            Action::Status
+        );
+        assert_eq!(
+            action(&parse(&["--monitor"]).unwrap()).unwrap(),
+            Action::Monitor
+        );
+    }
+}

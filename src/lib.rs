@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod channels;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod cost;

@@ -1,0 +1,90 @@
+//! `agent-send`'s logic (SPEC §10.1): build and write one control line and confirm its intake,
+//! or answer one query from the state files. `bin/agent-send.rs` only parses arguments and
+//! prints the [`Output`].
+//!
+//! - `context`: state directory, FIFO path, time zone, context windows.
+//! - `line`: the control line, spilling long texts to `state_dir/inbox/`.
+//! - `fifo`: non-blocking open (ENXIO = daemon not running) and the single atomic write.
+//! - `wait`: polling the session index and trails for intake, outcome and reset.
+//! - `send`: a send end to end and its output.
+//! - `cost`, `sessions`, `history`, `status`: the queries; they never need the daemon.
+//!
+//! Everything here is blocking; it is meant for the CLI process, not for a tokio worker.
+
+pub mod context;
+pub mod cost;
+mod error;
+pub mod fifo;
+pub mod history;
+pub mod line;
+pub mod output;
+pub mod send;
+pub mod sessions;
+pub mod status;
+pub mod wait;
+
+pub use context::Context;
+pub use error::{CliError, EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE};
+pub use line::Outgoing;
+pub use output::Output;
+pub use send::{SendOptions, SendResult};
+
+use std::path::Path;
+
+use crate::cost::Period;
+use crate::session::index;
+
+/// The one thing an `agent-send` run does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// `-m`, `-s` or `--reset`.
+    Send { out: Outgoing, opts: SendOptions },
+    /// `--cost [period]`.
+    Cost(Period),
+    /// `--sessions`.
+    Sessions,
+    /// `--monitor`.
+    Monitor,
+    /// `--history KEY_OR_ID [--full]`.
+    History { target: String, full: bool },
+    /// `--status`.
+    Status,
+}
+
+/// Run `action` against the daemon's files in `ctx`; `as_json` selects machine-readable
+/// output. Blocking.
+pub fn run(ctx: &Context, action: &Action, as_json: bool) -> Result<Output, CliError> {
+    let now = chrono::Utc::now();
+    match action {
+        Action::Send { out, opts } => Ok(send::render(&send::send(ctx, out, *opts)?, as_json)),
+        Action::Cost(period) => Ok(cost::render(
+            &cost::cost_report(&ctx.state_dir, *period, ctx.timezone, now)?,
+            as_json,
+        )),
+        Action::Sessions => Ok(sessions::render(
+            &sessions::sessions_report(&ctx.sessions_dir(), &ctx.context_windows)?,
+            ctx.timezone,
+            as_json,
+        )),
+        Action::Monitor => status::monitor(&ctx.state_dir, now, as_json),
+        Action::History { target, full } => Ok(history::render(
+            &history::history(&ctx.sessions_dir(), target)?,
+            *full,
+            as_json,
+        )),
+        Action::Status => Ok(status::render(&status::status(ctx, now)?, as_json)),
+    }
+}
+
+/// Read `sessions.json` of `sessions_dir` (missing = empty). A corrupt index is an error: its
+/// message already names the file.
+pub(crate) fn read_index(sessions_dir: &Path) -> Result<index::Index, CliError> {
+    index::read_index(sessions_dir).map_err(|e| {
+        let what = if e.kind() == std::io::ErrorKind::InvalidData {
+            "read the session index".to_string()
+        } else {
+            format!("read {}", sessions_dir.join(index::INDEX_FILE).display())
+        };
+        CliError::io(what, e)
+    })
+}
