@@ -143,7 +143,11 @@ impl Db {
                         })
                     })?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
-                let total_cost = models.iter().map(|m| m.cost_usd).sum();
+                // Not `sum()`: an empty f64 sum is -0.0, which prints as "$-0.0000".
+                let total_cost = models
+                    .iter()
+                    .map(|m| m.cost_usd)
+                    .fold(0.0, |acc, c| acc + c);
                 Ok(CostSummary { total_cost, models })
             })
             .await
@@ -334,6 +338,7 @@ mod tests {
         let (_d, _p, db) = temp_db();
         let s = db.cost_summary(None).await.unwrap();
         assert_eq!(s.total_cost, 0.0);
+        assert!(s.total_cost.is_sign_positive(), "-0.0 prints as $-0.0000");
         assert!(s.models.is_empty());
         assert_eq!(db.spend_since(0).await.unwrap(), 0.0);
         let (u, c) = db.usage_since(0).await.unwrap();
