@@ -792,3 +792,38 @@ fn daily_budget_blocks_the_next_call() {
     );
     assert_eq!(fake.requests().len(), 1, "no call made over budget");
 }
+
+/// `agent-send --reset KEY` goes through the session's queue: the session's files move to
+/// `.archive/` (nothing deleted) and its index entry goes; the next message starts a new
+/// session.
+#[test]
+fn reset_archives_the_session() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let d = daemon_with(&fake, "openai");
+    let out = d.agent_send(&["-m", "remember me", "--from", "ivy", "--wait", "20"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let old = d.session_id("ivy").unwrap();
+    let out = d.agent_send(&["--reset", "ivy", "--wait", "20"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(d.session_id("ivy"), None);
+    let archived =
+        crate::support::daemon::read_trail_files(&d.sessions_dir().join(".archive"), &old);
+    assert_eq!(archived.last().unwrap()["type"], "reset");
+    assert!(
+        d.sessions_dir()
+            .join(".archive")
+            .join(format!("{old}.state.json"))
+            .exists()
+    );
+    let out = d.agent_send(&["-m", "who am I?", "--from", "ivy", "--wait", "20"]);
+    assert!(out.status.success());
+    assert_ne!(d.session_id("ivy").unwrap(), old);
+}
