@@ -7,6 +7,7 @@
 //! `agent-send`.
 
 pub mod agent;
+pub mod api;
 pub mod channels;
 pub mod cli;
 pub mod config;

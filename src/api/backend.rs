@@ -1,0 +1,119 @@
+//! What the HTTP API needs from the daemon. The router (`api/`) is written against this trait
+//! so it can be tested with an in-memory backend; the daemon implements it.
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cost::Period;
+use crate::llm::Usage;
+
+/// `POST /api/v1/chat` body (SPEC §10.2).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatIn {
+    pub message: String,
+    #[serde(default)]
+    pub sender: Option<String>,
+    /// Prepended to the message as `[context] …`.
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub tier: Option<String>,
+    #[serde(default)]
+    pub attachments: Vec<AttachmentIn>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachmentIn {
+    pub content_type: String,
+    /// Base64.
+    pub data: String,
+    #[serde(default)]
+    pub filename: Option<String>,
+}
+
+/// The outcome of a chat message, after the whole loop.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatOutcome {
+    Reply {
+        reply: String,
+        session_id: String,
+        silent: bool,
+        /// Token totals over the whole loop.
+        tokens: Usage,
+        cost_usd: f64,
+    },
+    Failed {
+        error: String,
+        session_id: String,
+    },
+}
+
+/// `POST /api/v1/notify` body.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyIn {
+    pub message: String,
+    #[serde(default)]
+    pub source: Option<String>,
+    #[serde(default, rename = "ref")]
+    pub reference: Option<String>,
+    #[serde(default)]
+    pub data: Option<Value>,
+    #[serde(default)]
+    pub sender: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NotifyAccepted {
+    pub accepted: bool,
+    /// RFC 3339.
+    pub queued_at: String,
+}
+
+/// An error a backend call reports; the router maps it to a status code and `{"error": …}`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    /// 400
+    #[error("{0}")]
+    BadRequest(String),
+    /// 404
+    #[error("{0}")]
+    NotFound(String),
+    /// 503 (e.g. shutting down, queue full)
+    #[error("{0}")]
+    Unavailable(String),
+    /// 500
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The daemon as the HTTP API sees it. Every JSON value returned is the endpoint's body
+/// without the `agent` field (the router adds `agent` and the `X-Agentd-Agent` header).
+pub trait ApiBackend: Send + Sync + 'static {
+    /// Durably accept the message (HTTP source, session `http-<sender>`, not debounced), then
+    /// wait for the whole loop. Dropping the future does NOT cancel the work: the router uses
+    /// that for the 408 after `call_timeout_seconds`; the reply still lands in the trail and
+    /// the webhook.
+    fn chat(&self, req: ChatIn) -> BoxFuture<'_, Result<ChatOutcome, BackendError>>;
+    /// Durably accept a notification (a `system` event) and return at once.
+    fn notify(&self, req: NotifyIn) -> BoxFuture<'_, Result<NotifyAccepted, BackendError>>;
+    /// Reset through the queue; returns how many sessions were queued for reset.
+    fn reset(&self, target: String) -> BoxFuture<'_, Result<usize, BackendError>>;
+    /// `{status:"ok", pid, uptime_seconds, version, models, channels, active_sessions, queue_depth, today_cost}`
+    fn status(&self) -> BoxFuture<'_, Result<Value, BackendError>>;
+    /// `{sessions:[…]}`
+    fn sessions(&self) -> BoxFuture<'_, Result<Value, BackendError>>;
+    /// `{period, total_cost, models:[…]}`
+    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>>;
+    /// Contents of monitor.json.
+    fn monitor(&self) -> BoxFuture<'_, Result<Value, BackendError>>;
+    /// `{session_id, events:[…]}` for a session id of the index or archive; `Ok(None)` = 404.
+    /// The router has already checked that `session_id` has no path or glob characters.
+    fn history(&self, session_id: String, full: bool)
+    -> BoxFuture<'_, Result<Option<Value>, BackendError>>;
+    /// Prometheus text exposition.
+    fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>>;
+}
