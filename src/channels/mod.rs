@@ -2,3 +2,4 @@
 //! daemon's intake; none of them runs the agent.
 
 pub mod fifo;
+pub mod telegram;
