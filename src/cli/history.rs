@@ -336,6 +336,7 @@ mod tests {
             text: "read it".into(),
             tier: None,
             attachments: vec![],
+            route: None,
         }))
         .unwrap();
         let mut u = MessageEvent::new(Message::user_text("read it"));

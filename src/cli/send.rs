@@ -351,6 +351,7 @@ mod tests {
                 text: "hi".into(),
                 tier: None,
                 attachments: vec![],
+                route: None,
             }))
             .unwrap();
             h.id.clone()

@@ -288,6 +288,7 @@ mod tests {
             text: "hi".into(),
             tier: None,
             attachments: vec![],
+            route: None,
         })
     }
 

@@ -79,6 +79,7 @@ impl IntakeHandler {
                         .iter()
                         .map(|p| p.display().to_string())
                         .collect(),
+                    route: None,
                 };
                 (key, intake)
             }
@@ -104,6 +105,7 @@ impl IntakeHandler {
                         text,
                         tier,
                         attachments: vec![],
+                        route: None,
                     },
                 )
             }
@@ -136,6 +138,7 @@ impl IntakeHandler {
                         ),
                         tier: None,
                         attachments: vec![],
+                        route: None,
                     },
                 )
             }
@@ -144,12 +147,13 @@ impl IntakeHandler {
                 return;
             }
         };
-        self.accept(&key, intake).await;
+        // Errors are logged by `accept`; the FIFO writer sees no intake record and times out.
+        let _ = self.accept(&key, intake).await;
     }
 
     /// Record the intake durably, then queue it. An intake that cannot be recorded is not
     /// acknowledged (the writer times out and may retry).
-    pub async fn accept(&self, key: &str, intake: Intake) {
+    pub async fn accept(&self, key: &str, intake: Intake) -> Result<(), String> {
         let store = self.store.clone();
         let k = key.to_string();
         let model = self.agent.route(&intake.source);
@@ -159,7 +163,7 @@ impl IntakeHandler {
             session.append(ev)
         })
         .await;
-        match recorded {
+        let err = match recorded {
             Ok(Ok(_)) => {
                 tracing::info!(id = %intake.id, session_key = %key, source = %intake.source, "message accepted");
                 self.dispatcher
@@ -171,12 +175,13 @@ impl IntakeHandler {
                         }),
                     )
                     .await;
+                return Ok(());
             }
-            Ok(Err(e)) => {
-                tracing::error!(id = %intake.id, session_key = %key, error = %e, "cannot record intake; message NOT accepted")
-            }
-            Err(e) => tracing::error!(id = %intake.id, error = %e, "intake task failed"),
-        }
+            Ok(Err(e)) => format!("cannot record the message in the session trail: {e}"),
+            Err(e) => format!("intake task failed: {e}"),
+        };
+        tracing::error!(id = %intake.id, session_key = %key, error = %err, "message NOT accepted");
+        Err(err)
     }
 
     /// Reset `all`, a session key or a session id, through each session's queue.
@@ -260,7 +265,7 @@ impl IntakeHandler {
 
 /// The text a notification becomes: a header naming where it came from, the message, and any
 /// structured data.
-fn notify_text(
+pub fn notify_text(
     body: &str,
     source: Option<&str>,
     reference: Option<&str>,

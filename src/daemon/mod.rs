@@ -1,6 +1,7 @@
 //! The daemon (SPEC §5, §10.4): builds the subsystems, recovers unfinished work, runs the
 //! sources and per-session workers, and owns the lifecycle (PID lock, signals, graceful stop).
 
+pub mod delivery;
 pub mod intake;
 pub mod pidlock;
 pub mod workers;

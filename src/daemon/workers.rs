@@ -1,26 +1,40 @@
-//! The queue behind intake (SPEC §5.4): one worker task per session key processes that
+//! The queue behind intake (SPEC §5.3–§5.5): one worker task per session key processes that
 //! session's jobs one at a time in arrival order; different sessions run concurrently up to
-//! `max_concurrent_sessions` (a semaphore).
+//! `max_concurrent_sessions` (a semaphore). Messages of one sender arriving within
+//! `debounce_ms` are merged into one turn. After each message the reply is delivered (with
+//! intent/done records) and anyone waiting for it (HTTP `/chat`) is told.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use tokio::sync::{Mutex, Semaphore, mpsc};
+use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::delivery::{Deliverer, Target, target_for};
 use crate::agent::{Agent, Finish, Work};
-use crate::session::{SessionState, SessionStore};
+use crate::session::{DeliveryStatus, Event, SessionHandle, SessionState, SessionStore};
 
 /// A job for one session.
 #[derive(Debug)]
 pub enum Job {
     Message(Work),
     /// Archive the session (through the queue so it never races a running message).
-    Reset {
-        reason: String,
-    },
+    Reset { reason: String },
+}
+
+/// What a waiter learns when its message is done.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub session_id: String,
+    pub finish: Finish,
+}
+
+/// Sources whose messages are merged when they arrive within the debounce window.
+fn debounced(source: &str) -> bool {
+    matches!(source, "telegram" | "user")
 }
 
 /// Routes jobs to per-session workers.
@@ -30,6 +44,10 @@ pub struct Dispatcher {
     workers: Mutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
     permits: Arc<Semaphore>,
     depth: Arc<AtomicUsize>,
+    active: Arc<AtomicUsize>,
+    waiters: std::sync::Mutex<HashMap<String, oneshot::Sender<Completion>>>,
+    running: std::sync::Mutex<HashMap<String, CancellationToken>>,
+    deliverer: std::sync::RwLock<Option<Arc<dyn Deliverer>>>,
     tracker: TaskTracker,
     /// Fired at shutdown: workers start no new job.
     stop: CancellationToken,
@@ -54,10 +72,26 @@ impl Dispatcher {
             workers: Mutex::new(HashMap::new()),
             permits,
             depth: Arc::new(AtomicUsize::new(0)),
+            active: Arc::new(AtomicUsize::new(0)),
+            waiters: std::sync::Mutex::new(HashMap::new()),
+            running: std::sync::Mutex::new(HashMap::new()),
+            deliverer: std::sync::RwLock::new(None),
             tracker,
             stop,
             abort,
         })
+    }
+
+    /// Install the channel that delivers replies (Telegram), once it is set up.
+    pub fn set_deliverer(&self, d: Arc<dyn Deliverer>) {
+        *self.deliverer.write().unwrap_or_else(|p| p.into_inner()) = Some(d);
+    }
+
+    fn deliverer(&self) -> Option<Arc<dyn Deliverer>> {
+        self.deliverer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Jobs queued and not yet started.
@@ -65,9 +99,35 @@ impl Dispatcher {
         self.depth.load(Ordering::Relaxed)
     }
 
-    /// Keys of sessions that have a worker.
-    pub async fn active_keys(&self) -> Vec<String> {
-        self.workers.lock().await.keys().cloned().collect()
+    /// Messages being processed right now.
+    pub fn active_sessions(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Be told when intake `id` is done. Register before submitting.
+    pub fn wait_for(&self, id: &str) -> oneshot::Receiver<Completion> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), tx);
+        rx
+    }
+
+    /// Cancel the message in flight for `key` (Telegram `/stop`). Returns whether one ran.
+    pub fn stop_session(&self, key: &str) -> bool {
+        match self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+        {
+            Some(t) => {
+                t.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     pub async fn submit(self: &Arc<Self>, key: &str, job: Job) {
@@ -89,17 +149,34 @@ impl Dispatcher {
         self.tracker.spawn(async move { me.worker(key, rx).await });
     }
 
+    fn dequeued(&self) {
+        self.depth.fetch_sub(1, Ordering::Relaxed);
+        self.agent.monitor.set_queue_depth(self.queue_depth());
+    }
+
     async fn worker(self: Arc<Self>, key: String, mut rx: mpsc::UnboundedReceiver<Job>) {
         let mut state: Option<SessionState> = None;
+        let mut held: VecDeque<Job> = VecDeque::new();
         loop {
-            let job = tokio::select! {
-                _ = self.stop.cancelled() => break,
-                j = rx.recv() => match j { Some(j) => j, None => break },
+            let job = match held.pop_front() {
+                Some(j) => j,
+                None => tokio::select! {
+                    biased;
+                    _ = self.stop.cancelled() => break,
+                    j = rx.recv() => match j {
+                        Some(j) => { self.dequeued(); j }
+                        None => break,
+                    },
+                },
             };
-            self.depth.fetch_sub(1, Ordering::Relaxed);
-            self.agent.monitor.set_queue_depth(self.queue_depth());
+            if self.stop.is_cancelled() {
+                break;
+            }
             match job {
-                Job::Message(work) => {
+                Job::Message(mut work) => {
+                    if !work.resume && work.intakes.first().is_some_and(|i| debounced(&i.source)) {
+                        self.debounce(&mut work, &mut rx, &mut held).await;
+                    }
                     let Ok(_permit) = self.permits.clone().acquire_owned().await else {
                         break;
                     };
@@ -129,6 +206,44 @@ impl Dispatcher {
         }
     }
 
+    /// Merge further messages of the same source that arrive within the debounce window
+    /// (restarted by each one, capped at 5 windows). Other jobs are held in order.
+    async fn debounce(
+        &self,
+        work: &mut Work,
+        rx: &mut mpsc::UnboundedReceiver<Job>,
+        held: &mut VecDeque<Job>,
+    ) {
+        let window = self.agent.cfg.behavior.debounce;
+        if window.is_zero() || !held.is_empty() {
+            return;
+        }
+        let source = work.intakes[0].source.clone();
+        let deadline = tokio::time::Instant::now() + window * 5;
+        loop {
+            let until = (tokio::time::Instant::now() + window).min(deadline);
+            let next = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => return,
+                j = rx.recv() => j,
+            };
+            match next {
+                Some(Job::Message(w))
+                    if !w.resume && w.intakes.first().is_some_and(|i| i.source == source) =>
+                {
+                    self.dequeued();
+                    work.intakes.extend(w.intakes);
+                }
+                Some(other) => {
+                    self.dequeued();
+                    held.push_back(other);
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
     async fn run_message(
         &self,
         key: &str,
@@ -153,7 +268,45 @@ impl Dispatcher {
             );
         }
         let st = state.as_mut().expect("loaded above");
-        let finish = self.agent.process(&session, st, &work, &self.abort).await;
+
+        let target = target_for(&work, &self.agent.cfg);
+        let deliverer = self.deliverer();
+        let stop = self.abort.child_token();
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_string(), stop.clone());
+        let typing = match (&target, &deliverer) {
+            (Some(t), Some(d)) if self.agent.cfg.behavior.typing_indicators => {
+                Some(spawn_typing(d.clone(), t.clone()))
+            }
+            _ => None,
+        };
+        self.active.fetch_add(1, Ordering::Relaxed);
+        let mut finish = self.agent.process(&session, st, &work, &stop).await;
+        self.active.fetch_sub(1, Ordering::Relaxed);
+        if let Some(t) = typing {
+            t.cancel();
+        }
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+
+        // A user's /stop (not the shutdown deadline) ends the message for good.
+        if finish == Finish::Cancelled && !self.abort.is_cancelled() {
+            let reply = "Stopped.".to_string();
+            let ev = Event::Failure {
+                reply_to: work.ids(),
+                error: "stopped by the user".into(),
+                reply: reply.clone(),
+            };
+            crate::agent::append(&session, ev).await?;
+            finish = Finish::Failed {
+                reply,
+                error: "stopped by the user".into(),
+            };
+        }
         match &finish {
             Finish::Reply {
                 silent,
@@ -177,6 +330,76 @@ impl Dispatcher {
         tokio::task::spawn_blocking(move || s.save_state(&snapshot))
             .await
             .map_err(std::io::Error::other)??;
+
+        let text = match &finish {
+            Finish::Reply {
+                text,
+                silent: false,
+                ..
+            } => Some(text.clone()),
+            Finish::Failed { reply, .. } => Some(reply.clone()),
+            _ => None,
+        };
+        if let (Some(target), Some(d), Some(text)) = (&target, &deliverer, text) {
+            deliver_recorded(&session, d.as_ref(), target, &work.ids(), &text).await;
+        }
+        if finish != Finish::Cancelled {
+            let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            for id in work.ids() {
+                if let Some(tx) = waiters.remove(&id) {
+                    let _ = tx.send(Completion {
+                        session_id: session.id.clone(),
+                        finish: finish.clone(),
+                    });
+                }
+            }
+        }
         Ok(())
     }
+}
+
+/// Record the intent, send, record the outcome (SPEC §5.2).
+pub async fn deliver_recorded(
+    session: &Arc<SessionHandle>,
+    d: &dyn Deliverer,
+    target: &Target,
+    ids: &[String],
+    text: &str,
+) {
+    let record = |status, detail| Event::Delivery {
+        reply_to: ids.to_vec(),
+        channel: target.channel().to_string(),
+        status,
+        detail,
+    };
+    if let Err(e) = crate::agent::append(session, record(DeliveryStatus::Intent, None)).await {
+        tracing::error!(session = %session.id, error = %e, "cannot record delivery intent; not sending");
+        return;
+    }
+    let (status, detail) = match d.deliver(target, text).await {
+        Ok(()) => (DeliveryStatus::Done, None),
+        Err(e) => {
+            tracing::warn!(session = %session.id, channel = target.channel(), error = %e, "delivery failed");
+            (DeliveryStatus::Failed, Some(e))
+        }
+    };
+    if let Err(e) = crate::agent::append(session, record(status, detail)).await {
+        tracing::error!(session = %session.id, error = %e, "cannot record delivery outcome");
+    }
+}
+
+/// "typing…" every 4 s until the returned token is cancelled.
+fn spawn_typing(d: Arc<dyn Deliverer>, target: Target) -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        loop {
+            d.typing(&target).await;
+            tokio::select! {
+                _ = t.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(4)) => {}
+            }
+        }
+    });
+    token
 }

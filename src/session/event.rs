@@ -74,6 +74,22 @@ pub struct Intake {
     pub tier: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<String>,
+    /// Where the reply goes when that is not implied by the source and sender (a Telegram
+    /// chat). Recorded so a restart delivers to the same place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+}
+
+/// A reply destination recorded with the intake.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "channel", rename_all = "snake_case")]
+pub enum Route {
+    Telegram {
+        chat_id: i64,
+        /// The message being answered (for reactions and reply threading).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message_id: Option<i32>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -170,6 +186,7 @@ mod tests {
             text: "hi".into(),
             tier: Some("full".into()),
             attachments: vec![],
+            route: None,
         }));
         let mut m = MessageEvent::new(Message::Assistant {
             text: "ok".into(),

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono_tz::Tz;
 
-pub use event::{DeliveryStatus, Event, Intake, MessageEvent, TrailLine};
+pub use event::{DeliveryStatus, Event, Intake, MessageEvent, Route, TrailLine};
 pub use index::{Index, IndexEntry};
 pub use state::SessionState;
 pub use trail::TrailWriter;
@@ -275,6 +275,7 @@ mod tests {
             text: format!("text {id}"),
             tier: None,
             attachments: vec![],
+            route: None,
         })
     }
 

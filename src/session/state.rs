@@ -233,6 +233,7 @@ mod tests {
                     text: "hi".into(),
                     tier: None,
                     attachments: vec![],
+                    route: None,
                 }),
             ),
             line(

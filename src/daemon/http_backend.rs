@@ -1,0 +1,255 @@
+//! The daemon side of the HTTP API: `ApiBackend` over durable intake, the dispatcher, the
+//! session files and the ledger. Query answers reuse `cli`'s report builders, so HTTP and
+//! `agent-send --json` answer with the same shapes (parity).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use base64::Engine;
+use chrono::{SecondsFormat, Utc};
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+
+use super::intake::{IntakeHandler, notify_text, valid_key};
+use super::workers::Dispatcher;
+use crate::agent::Finish;
+use crate::api::backend::{
+    ApiBackend, BackendError, ChatIn, ChatOutcome, NotifyAccepted, NotifyIn,
+};
+use crate::config::Config;
+use crate::cost::Period;
+use crate::metrics::Metrics;
+use crate::monitor::Monitor;
+use crate::session::Intake;
+
+pub struct DaemonBackend {
+    pub cfg: Arc<Config>,
+    pub intake: Arc<IntakeHandler>,
+    pub dispatcher: Arc<Dispatcher>,
+    pub monitor: Arc<Monitor>,
+    pub metrics: Arc<Metrics>,
+    pub started: Instant,
+}
+
+impl DaemonBackend {
+    fn state_dir(&self) -> PathBuf {
+        self.cfg.paths.state_dir.clone()
+    }
+
+    /// Decode attachments into `inbox/` (mode 0600) and return their paths.
+    fn save_attachments(
+        &self,
+        id: &str,
+        attachments: &[crate::api::backend::AttachmentIn],
+    ) -> Result<Vec<String>, BackendError> {
+        let inbox = self.state_dir().join("inbox");
+        let mut out = Vec::new();
+        for (n, a) in attachments.iter().enumerate() {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(a.data.as_bytes())
+                .map_err(|e| BackendError::BadRequest(format!("attachments[{n}].data: not base64: {e}")))?;
+            let ext = a
+                .filename
+                .as_deref()
+                .and_then(|f| std::path::Path::new(f).extension())
+                .and_then(|e| e.to_str())
+                .filter(|e| e.len() <= 8 && e.chars().all(|c| c.is_ascii_alphanumeric()))
+                .unwrap_or("bin");
+            let path = inbox.join(format!("{id}-{n}.{ext}"));
+            crate::fsutil::atomic_write(&path, &bytes)
+                .map_err(|e| BackendError::Internal(format!("cannot save attachment: {e}")))?;
+            out.push(path.display().to_string());
+        }
+        Ok(out)
+    }
+}
+
+fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
+) -> BoxFuture<'static, Result<T, BackendError>> {
+    Box::pin(async move {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| BackendError::Internal(e.to_string()))?
+    })
+}
+
+impl ApiBackend for DaemonBackend {
+    fn chat(&self, req: ChatIn) -> BoxFuture<'_, Result<ChatOutcome, BackendError>> {
+        Box::pin(async move {
+            let sender = req.sender.unwrap_or_else(|| "anonymous".to_string());
+            let key = format!("http-{sender}");
+            if !valid_key(&key) {
+                return Err(BackendError::BadRequest(
+                    "sender: 1-59 characters, no control characters or slashes".into(),
+                ));
+            }
+            let id = uuid::Uuid::now_v7().to_string();
+            let attachments = self.save_attachments(&id, &req.attachments)?;
+            let done = self.dispatcher.wait_for(&id);
+            let intake = Intake {
+                id,
+                source: "http".into(),
+                from: sender,
+                text: req.message,
+                tier: req.tier,
+                attachments,
+                route: None,
+            };
+            self.intake
+                .accept(&key, intake)
+                .await
+                .map_err(BackendError::Unavailable)?;
+            let c = done
+                .await
+                .map_err(|_| BackendError::Unavailable("agentd is shutting down".into()))?;
+            Ok(match c.finish {
+                Finish::Reply {
+                    text,
+                    silent,
+                    usage,
+                    cost_usd,
+                } => ChatOutcome::Reply {
+                    reply: if silent { String::new() } else { text },
+                    session_id: c.session_id,
+                    silent,
+                    tokens: usage,
+                    cost_usd,
+                },
+                Finish::Failed { reply, error } => ChatOutcome::Failed {
+                    error: if reply == error { error } else { format!("{reply} ({error})") },
+                    session_id: c.session_id,
+                },
+                Finish::Cancelled => {
+                    return Err(BackendError::Unavailable(
+                        "interrupted by shutdown; the message resumes after restart".into(),
+                    ));
+                }
+            })
+        })
+    }
+
+    fn notify(&self, req: NotifyIn) -> BoxFuture<'_, Result<NotifyAccepted, BackendError>> {
+        Box::pin(async move {
+            let intake = Intake {
+                id: uuid::Uuid::now_v7().to_string(),
+                source: "system".into(),
+                from: req
+                    .sender
+                    .clone()
+                    .or(req.source.clone())
+                    .unwrap_or_else(|| "notify".into()),
+                text: notify_text(
+                    &req.message,
+                    req.source.as_deref(),
+                    req.reference.as_deref(),
+                    req.data.as_ref(),
+                ),
+                tier: None,
+                attachments: vec![],
+                route: None,
+            };
+            self.intake
+                .accept("system", intake)
+                .await
+                .map_err(BackendError::Unavailable)?;
+            Ok(NotifyAccepted {
+                accepted: true,
+                queued_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+            })
+        })
+    }
+
+    fn reset(&self, target: String) -> BoxFuture<'_, Result<usize, BackendError>> {
+        Box::pin(async move { Ok(self.intake.reset(&target, "HTTP reset").await) })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let dir = self.state_dir();
+        let tz = self.cfg.agent.timezone;
+        let models = json!({
+            "loaded": self.cfg.models.loaded.keys().collect::<Vec<_>>(),
+            "skipped": self.cfg.models.skipped,
+        });
+        let channels = self.monitor.snapshot()["channels"].clone();
+        let base = json!({
+            "status": "ok",
+            "pid": std::process::id(),
+            "uptime_seconds": self.started.elapsed().as_secs(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "models": models,
+            "channels": channels,
+            "active_sessions": self.dispatcher.active_sessions(),
+            "queue_depth": self.dispatcher.queue_depth(),
+        });
+        blocking(move || {
+            let today = crate::cli::cost::today_cost(&dir, tz, Utc::now())
+                .map_err(|e| BackendError::Internal(e.to_string()))?;
+            let mut v = base;
+            v["today_cost"] = json!(today);
+            Ok(v)
+        })
+    }
+
+    fn sessions(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let dir = self.state_dir().join("sessions");
+        let windows = self
+            .cfg
+            .models
+            .loaded
+            .iter()
+            .map(|(k, m)| (k.clone(), m.context_window))
+            .collect();
+        blocking(move || {
+            let r = crate::cli::sessions::sessions_report(&dir, &windows)
+                .map_err(|e| BackendError::Internal(e.to_string()))?;
+            serde_json::to_value(r).map_err(|e| BackendError::Internal(e.to_string()))
+        })
+    }
+
+    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let dir = self.state_dir();
+        let tz = self.cfg.agent.timezone;
+        blocking(move || {
+            let r = crate::cli::cost::cost_report(&dir, period, tz, Utc::now())
+                .map_err(|e| BackendError::Internal(e.to_string()))?;
+            serde_json::to_value(r).map_err(|e| BackendError::Internal(e.to_string()))
+        })
+    }
+
+    fn monitor(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let v = self.monitor.snapshot();
+        Box::pin(async move { Ok(v) })
+    }
+
+    fn history(
+        &self,
+        session_id: String,
+        full: bool,
+    ) -> BoxFuture<'_, Result<Option<Value>, BackendError>> {
+        let dir = self.state_dir().join("sessions");
+        blocking(move || {
+            // Session ids only (not keys): of the index, or files in the archive.
+            let index = crate::session::index::read_index(&dir)
+                .map_err(|e| BackendError::Internal(e.to_string()))?;
+            let known = index.values().any(|e| e.session_id == session_id)
+                || !crate::session::trail::trail_files(&dir.join(".archive"), &session_id)
+                    .unwrap_or_default()
+                    .is_empty();
+            if !known {
+                return Ok(None);
+            }
+            let h = crate::cli::history::history(&dir, &session_id)
+                .map_err(|e| BackendError::Internal(e.to_string()))?;
+            Ok(Some(crate::cli::history::to_json(&h, full)))
+        })
+    }
+
+    fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>> {
+        self.metrics.set_queue_depth(self.dispatcher.queue_depth());
+        self.metrics.set_active(self.dispatcher.active_sessions());
+        let text = self.metrics.render();
+        Box::pin(async move { Ok(text) })
+    }
+}
