@@ -112,8 +112,11 @@ pub trait ApiBackend: Send + Sync + 'static {
     fn monitor(&self) -> BoxFuture<'_, Result<Value, BackendError>>;
     /// `{session_id, events:[…]}` for a session id of the index or archive; `Ok(None)` = 404.
     /// The router has already checked that `session_id` has no path or glob characters.
-    fn history(&self, session_id: String, full: bool)
-    -> BoxFuture<'_, Result<Option<Value>, BackendError>>;
+    fn history(
+        &self,
+        session_id: String,
+        full: bool,
+    ) -> BoxFuture<'_, Result<Option<Value>, BackendError>>;
     /// Prometheus text exposition.
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>>;
 }

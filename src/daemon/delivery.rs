@@ -24,8 +24,11 @@ impl Target {
 
 /// A channel that can deliver replies. Implemented by the Telegram channel.
 pub trait Deliverer: Send + Sync {
-    fn deliver<'a>(&'a self, target: &'a Target, text: &'a str)
-    -> BoxFuture<'a, Result<(), String>>;
+    fn deliver<'a>(
+        &'a self,
+        target: &'a Target,
+        text: &'a str,
+    ) -> BoxFuture<'a, Result<(), String>>;
     /// Show "typing…" (refreshed by the caller every 4 s while the loop runs).
     fn typing<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, ()>;
 }
@@ -56,7 +59,9 @@ pub fn undelivered(lines: &[TrailLine]) -> (Vec<(Vec<String>, String)>, Vec<Vec<
     let mut status: HashMap<&str, DeliveryStatus> = HashMap::new();
     for l in lines {
         if let Event::Delivery {
-            reply_to, status: s, ..
+            reply_to,
+            status: s,
+            ..
         } = &l.event
         {
             for id in reply_to {

@@ -22,7 +22,9 @@ use crate::session::{DeliveryStatus, Event, SessionHandle, SessionState, Session
 pub enum Job {
     Message(Work),
     /// Archive the session (through the queue so it never races a running message).
-    Reset { reason: String },
+    Reset {
+        reason: String,
+    },
 }
 
 /// What a waiter learns when its message is done.

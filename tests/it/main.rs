@@ -4,5 +4,6 @@
 mod support;
 
 mod architecture;
+mod concurrency;
 mod daemon_e2e;
 mod fake_llm_selftest;

@@ -3,5 +3,7 @@
 
 /// Render Markdown as the HTML subset Telegram accepts (`parse_mode = HTML`).
 pub fn markdown_to_html(md: &str) -> String {
-    md.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    md.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
