@@ -23,6 +23,9 @@ enum Command {
     /// Validate the configuration and print the effective config (secrets redacted) and which
     /// models loaded or were skipped.
     CheckConfig,
+    /// Check config, provider reachability, Telegram, databases and disk space; print a
+    /// pass/fail table (exit 1 when a check fails).
+    Doctor,
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run => run(cfg),
+        Command::Doctor => doctor(&cfg),
     }
 }
 
@@ -76,5 +80,26 @@ fn run(cfg: agentd::config::Config) -> ExitCode {
             eprintln!("agentd: {e}");
             ExitCode::from(e.exit_code() as u8)
         }
+    }
+}
+
+fn doctor(cfg: &agentd::config::Config) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentd: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let checks = rt.block_on(agentd::doctor::run(cfg));
+    let (table, ok) = agentd::doctor::render(&checks);
+    print!("{table}");
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

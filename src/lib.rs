@@ -14,6 +14,7 @@ pub mod config;
 pub mod control;
 pub mod cost;
 pub mod daemon;
+pub mod doctor;
 pub mod fsutil;
 pub mod llm;
 pub mod monitor;

@@ -827,3 +827,37 @@ fn reset_archives_the_session() {
     assert!(out.status.success());
     assert_ne!(d.session_id("ivy").unwrap(), old);
 }
+
+/// `agentd doctor` prints a pass/fail table; a reachable fake provider passes, an unreachable
+/// one fails the run (exit 1).
+#[test]
+fn doctor_prints_a_table() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    let run = |cfg: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .args(["doctor", "-c"])
+            .arg(cfg)
+            .env("AGENTD_STATE_DIR", &d.state_dir)
+            .output()
+            .unwrap()
+    };
+    let out = run(&d.config_path);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(table.contains("PASS  model primary"), "{table}");
+    assert!(table.contains("disk space"), "{table}");
+
+    // Port 9 on loopback: nothing listens there.
+    let down = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("openai", "http://127.0.0.1:9/v1"))],
+    );
+    let out = run(&down.config_path);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    assert!(table.contains("FAIL  model primary"), "{table}");
+}

@@ -1,0 +1,227 @@
+//! `agentd doctor` (SPEC §10.4): checks the configuration, provider reachability, Telegram,
+//! the databases and disk space, and prints a pass/fail table. Read-only apart from creating
+//! the state directory if it is missing.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::config::Config;
+
+/// One line of the table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    pub name: String,
+    pub status: Status,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Pass => "PASS",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+        }
+    }
+}
+
+fn check(name: impl Into<String>, status: Status, detail: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        status,
+        detail: detail.into(),
+    }
+}
+
+/// Free space under which the state directory is flagged.
+const MIN_FREE_BYTES: u64 = 100 * 1024 * 1024;
+
+/// Run every check. Network checks use short timeouts.
+pub async fn run(cfg: &Config) -> Vec<Check> {
+    let mut out = vec![check(
+        "config",
+        Status::Pass,
+        format!("{} loaded", cfg.config_path.display()),
+    )];
+    for (name, reason) in &cfg.models.skipped {
+        out.push(check(format!("model {name}"), Status::Warn, reason.clone()));
+    }
+    for (name, spec) in &cfg.models.loaded {
+        out.push(reachable(&format!("model {name}"), &spec.base_url).await);
+    }
+    if cfg.telegram.enabled {
+        out.push(reachable("telegram api", &cfg.telegram.api_url).await);
+    }
+    out.push(state_dir(cfg));
+    out.push(database(cfg).await);
+    out.push(disk(cfg));
+    let ws = &cfg.agent.workspace;
+    out.push(if ws.is_dir() {
+        check("workspace", Status::Pass, ws.display().to_string())
+    } else {
+        check(
+            "workspace",
+            Status::Fail,
+            format!("{} is not a directory; fix [agent] workspace", ws.display()),
+        )
+    });
+    out
+}
+
+/// Can we open a TCP connection to the URL's host? (No request is made: that would need the
+/// key and cost money.)
+async fn reachable(name: &str, url: &str) -> Check {
+    let Some((host, port)) = host_port(url) else {
+        return check(name, Status::Fail, format!("cannot parse URL {url}"));
+    };
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => check(name, Status::Pass, format!("{host}:{port} reachable")),
+        Ok(Err(e)) => check(name, Status::Fail, format!("{host}:{port}: {e}")),
+        Err(_) => check(
+            name,
+            Status::Fail,
+            format!("{host}:{port}: no answer in 5 s"),
+        ),
+    }
+}
+
+/// `scheme://host[:port]/…` → (host, port).
+fn host_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    let authority = authority.rsplit('@').next()?;
+    let default = match scheme {
+        "https" => 443,
+        "http" => 80,
+        _ => return None,
+    };
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (h, rest) = v6.split_once(']')?;
+        let port = rest
+            .strip_prefix(':')
+            .map_or(Some(default), |p| p.parse().ok())?;
+        return Some((h.to_string(), port));
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) => Some((h.to_string(), p.parse().ok()?)),
+        None => Some((authority.to_string(), default)),
+    }
+}
+
+fn state_dir(cfg: &Config) -> Check {
+    let dir = &cfg.paths.state_dir;
+    match crate::fsutil::create_private_dir(dir) {
+        Ok(()) => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir)
+                .map(|m| m.permissions().mode() & 0o777)
+                .unwrap_or(0);
+            if mode & 0o077 != 0 {
+                check(
+                    "state dir",
+                    Status::Warn,
+                    format!("{} has mode {mode:o}; run chmod 700 on it", dir.display()),
+                )
+            } else {
+                check("state dir", Status::Pass, dir.display().to_string())
+            }
+        }
+        Err(e) => check("state dir", Status::Fail, format!("{}: {e}", dir.display())),
+    }
+}
+
+async fn database(cfg: &Config) -> Check {
+    let path = cfg.paths.state_dir.join("agentd.db");
+    match crate::store::Db::open_read_only(&path) {
+        Ok(None) => check("agentd.db", Status::Pass, "not created yet"),
+        Ok(Some(db)) => match db.integrity_ok().await {
+            Ok(true) => check("agentd.db", Status::Pass, "integrity ok"),
+            Ok(false) => check(
+                "agentd.db",
+                Status::Fail,
+                "integrity check failed; restore from a backup",
+            ),
+            Err(e) => check("agentd.db", Status::Fail, e.to_string()),
+        },
+        Err(e) => check("agentd.db", Status::Fail, e.to_string()),
+    }
+}
+
+fn disk(cfg: &Config) -> Check {
+    match nix::sys::statvfs::statvfs(&cfg.paths.state_dir) {
+        Ok(s) => {
+            let free = s.blocks_available() as u64 * s.fragment_size() as u64;
+            let mib = free / (1024 * 1024);
+            if free < MIN_FREE_BYTES {
+                check(
+                    "disk space",
+                    Status::Fail,
+                    format!("{mib} MiB free under the state dir"),
+                )
+            } else {
+                check("disk space", Status::Pass, format!("{mib} MiB free"))
+            }
+        }
+        Err(e) => check("disk space", Status::Warn, e.to_string()),
+    }
+}
+
+/// The table, and whether everything passed (warnings pass).
+pub fn render(checks: &[Check]) -> (String, bool) {
+    let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    let mut s = String::new();
+    for c in checks {
+        let _ = writeln!(
+            s,
+            "{:<4}  {:<width$}  {}",
+            c.status.label(),
+            c.name,
+            c.detail
+        );
+    }
+    let ok = checks.iter().all(|c| c.status != Status::Fail);
+    (s, ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_parses_common_urls() {
+        assert_eq!(
+            host_port("https://api.anthropic.com"),
+            Some(("api.anthropic.com".into(), 443))
+        );
+        assert_eq!(
+            host_port("http://127.0.0.1:11434/v1"),
+            Some(("127.0.0.1".into(), 11434))
+        );
+        assert_eq!(host_port("http://[::1]:8080/x"), Some(("::1".into(), 8080)));
+        assert_eq!(host_port("ftp://x"), None);
+    }
+
+    #[test]
+    fn render_fails_only_on_fail() {
+        let (t, ok) = render(&[
+            check("a", Status::Pass, "fine"),
+            check("bb", Status::Warn, "hmm"),
+        ]);
+        assert!(ok);
+        assert!(t.contains("WARN  bb  hmm"));
+        let (_, ok) = render(&[check("a", Status::Fail, "no")]);
+        assert!(!ok);
+    }
+}
