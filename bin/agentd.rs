@@ -20,6 +20,9 @@ struct Cli {
 enum Command {
     /// Run the daemon (the default).
     Run,
+    /// Run the daemon in the foreground with this terminal as one more channel (stdin in,
+    /// replies on stdout; logs go to the log file, warnings to stderr). Ctrl-D stops it.
+    Chat,
     /// Validate the configuration and print the effective config (secrets redacted) and which
     /// models loaded or were skipped.
     CheckConfig,
@@ -49,13 +52,14 @@ fn main() -> ExitCode {
             print!("{}", agentd::config::render_effective(&cfg));
             ExitCode::SUCCESS
         }
-        Command::Run => run(cfg),
+        Command::Run => run(cfg, agentd::daemon::RunOptions::default()),
+        Command::Chat => run(cfg, agentd::daemon::RunOptions { terminal: true }),
         Command::Doctor => doctor(&cfg),
     }
 }
 
-fn run(cfg: agentd::config::Config) -> ExitCode {
-    let _guard = match agentd::telemetry::init(&cfg) {
+fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCode {
+    let _guard = match agentd::telemetry::init(&cfg, opts.terminal) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("agentd: {e}");
@@ -73,7 +77,7 @@ fn run(cfg: agentd::config::Config) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(agentd::daemon::run(cfg)) {
+    match rt.block_on(agentd::daemon::run(cfg, opts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "agentd failed");

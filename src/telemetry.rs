@@ -3,13 +3,15 @@
 
 use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::Config;
 
-/// Keep the returned guard alive until exit: dropping it flushes the file writer.
-pub fn init(cfg: &Config) -> Result<Option<WorkerGuard>, String> {
+/// Keep the returned guard alive until exit: dropping it flushes the file writer. With
+/// `quiet_stderr` (the terminal channel of `agentd chat`) only warnings reach stderr.
+pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, String> {
     let filter = std::env::var("AGENTD_LOG")
         .ok()
         .filter(|v| !v.trim().is_empty())
@@ -19,6 +21,11 @@ pub fn init(cfg: &Config) -> Result<Option<WorkerGuard>, String> {
     })?;
     // Under systemd the journal adds timestamps.
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let stderr_level = if quiet_stderr {
+        tracing_subscriber::filter::LevelFilter::WARN
+    } else {
+        tracing_subscriber::filter::LevelFilter::TRACE
+    };
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -48,9 +55,11 @@ pub fn init(cfg: &Config) -> Result<Option<WorkerGuard>, String> {
     };
     let registry = tracing_subscriber::registry().with(filter).with(file_layer);
     if under_journal {
-        registry.with(stderr.without_time()).try_init()
+        registry
+            .with(stderr.without_time().with_filter(stderr_level))
+            .try_init()
     } else {
-        registry.with(stderr).try_init()
+        registry.with(stderr.with_filter(stderr_level)).try_init()
     }
     .map_err(|e| format!("cannot initialise logging: {e}"))?;
     Ok(guard)

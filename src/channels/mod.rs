@@ -3,3 +3,4 @@
 
 pub mod fifo;
 pub mod telegram;
+pub mod terminal;

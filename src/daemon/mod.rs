@@ -80,8 +80,15 @@ impl StatePaths {
     }
 }
 
-/// Run the daemon until SIGTERM/SIGINT.
-pub async fn run(cfg: Config) -> Result<(), DaemonError> {
+/// How the daemon runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// `agentd chat`: stdin/stdout is one more channel (source `terminal`); EOF stops the daemon.
+    pub terminal: bool,
+}
+
+/// Run the daemon until SIGTERM/SIGINT (or, in terminal mode, end of input).
+pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     let started = Instant::now();
     // Handlers first, so a SIGTERM during start-up is a graceful stop too.
     let signals = ShutdownSignals::install()?;
@@ -180,7 +187,21 @@ pub async fn run(cfg: Config) -> Result<(), DaemonError> {
         "agentd ready"
     );
 
-    signals.wait().await;
+    let input_closed = CancellationToken::new();
+    if opts.terminal {
+        let intake = intake.clone();
+        let dispatcher = dispatcher.clone();
+        let stop = stop.clone();
+        let closed = input_closed.clone();
+        tracker.spawn(async move {
+            crate::channels::terminal::run(intake, dispatcher, stop).await;
+            closed.cancel();
+        });
+    }
+    tokio::select! {
+        _ = signals.wait() => {}
+        _ = input_closed.cancelled() => tracing::info!("end of terminal input"),
+    }
     tracing::info!("shutting down: no new work; waiting for messages in flight");
     stop.cancel();
     tracker.close();

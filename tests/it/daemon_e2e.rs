@@ -861,3 +861,40 @@ fn doctor_prints_a_table() {
     assert_eq!(out.status.code(), Some(1), "{table}");
     assert!(table.contains("FAIL  model primary"), "{table}");
 }
+
+/// `agentd chat`: stdin lines are messages of the `terminal` session, replies go to stdout,
+/// end of input stops the daemon cleanly.
+#[test]
+fn chat_answers_on_stdout_and_stops_at_eof() {
+    use std::process::Stdio;
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["chat", "-c"])
+        .arg(&d.config_path)
+        .env("AGENTD_STATE_DIR", &d.state_dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello from the terminal\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("echo: "), "{stdout}");
+    assert!(stdout.contains("hello from the terminal"), "{stdout}");
+    assert_eq!(d.trail("terminal")[1]["source"], "terminal");
+}
