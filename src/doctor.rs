@@ -162,7 +162,7 @@ async fn database(cfg: &Config) -> Check {
 fn disk(cfg: &Config) -> Check {
     match nix::sys::statvfs::statvfs(&cfg.paths.state_dir) {
         Ok(s) => {
-            let free = s.blocks_available() as u64 * s.fragment_size() as u64;
+            let free = s.blocks_available().saturating_mul(s.fragment_size());
             let mib = free / (1024 * 1024);
             if free < MIN_FREE_BYTES {
                 check(

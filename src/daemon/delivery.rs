@@ -51,10 +51,13 @@ pub fn target_for(work: &Work, cfg: &Config) -> Option<Target> {
     }
 }
 
+/// `(replies to send: (ids, text)), (ids whose send is uncertain)`.
+pub type Undelivered = (Vec<(Vec<String>, String)>, Vec<Vec<String>>);
+
 /// Replies of a trail that still need a send: final, non-silent assistant messages and
 /// failures whose ids have no `delivery` record at all. Those with an intent but no outcome
 /// are returned separately: they are logged, never repeated.
-pub fn undelivered(lines: &[TrailLine]) -> (Vec<(Vec<String>, String)>, Vec<Vec<String>>) {
+pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
     use std::collections::HashMap;
     let mut status: HashMap<&str, DeliveryStatus> = HashMap::new();
     for l in lines {
