@@ -16,6 +16,7 @@ pub mod cost;
 pub mod daemon;
 pub mod fsutil;
 pub mod llm;
+pub mod metrics;
 pub mod monitor;
 pub mod session;
 pub mod store;
