@@ -1,3 +1,25 @@
 //! The HTTP API (SPEC §10.2). Only this module names `axum`.
+//!
+//! - [`backend`]: the fixed contract with the daemon ([`ApiBackend`](backend::ApiBackend)).
+//! - `server`: [`router`], [`bind`], [`serve`] and the shared [`ApiState`].
+//! - `handlers`: one function per endpoint, plus the pure input checks they use.
+//! - `auth`, `ratelimit`: the bearer check and the per-IP windows, as route layers.
+//! - `reply`: JSON bodies; the outermost layer adds `agent` and `X-Agentd-Agent` to every answer.
+//! - [`webhook`]: the callback POSTed after every processed message.
 
 pub mod backend;
+
+mod auth;
+mod error;
+mod handlers;
+mod ratelimit;
+mod reply;
+mod server;
+pub mod webhook;
+
+pub use error::ApiError;
+pub use server::{ApiState, SHUTDOWN_GRACE, bind, router, serve};
+pub use webhook::{TokenCounts, Webhook, WebhookError, WebhookPayload};
+
+#[cfg(test)]
+mod tests;

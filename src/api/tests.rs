@@ -1,0 +1,549 @@
+//! Router tests in process (`oneshot`) against an in-memory backend.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::ConnectInfo;
+use axum::http::{Request, Response, StatusCode};
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use tower::ServiceExt as _;
+
+use super::backend::*;
+use super::router;
+use crate::config::HttpConfig;
+use crate::cost::Period;
+use crate::llm::Usage;
+
+const TOKEN: &str = "test-token";
+
+#[derive(Default)]
+struct Fake {
+    chat_delay: Duration,
+    chats: Mutex<Vec<ChatIn>>,
+    chat_finished: AtomicBool,
+    history_ids: Mutex<Vec<(String, bool)>>,
+    periods: Mutex<Vec<Period>>,
+    panic_on_status: bool,
+}
+
+impl ApiBackend for Fake {
+    fn chat(&self, req: ChatIn) -> BoxFuture<'_, Result<ChatOutcome, BackendError>> {
+        async move {
+            tokio::time::sleep(self.chat_delay).await;
+            let message = req.message.clone();
+            self.chats.lock().unwrap().push(req);
+            self.chat_finished.store(true, Ordering::SeqCst);
+            if message == "fail" {
+                return Ok(ChatOutcome::Failed {
+                    error: "model exploded".into(),
+                    session_id: "s-fail".into(),
+                });
+            }
+            Ok(ChatOutcome::Reply {
+                reply: format!("echo: {message}"),
+                session_id: "s1".into(),
+                silent: false,
+                tokens: Usage {
+                    input_tokens: 1,
+                    output_tokens: 2,
+                    cache_read_tokens: 3,
+                    cache_write_tokens: 4,
+                },
+                cost_usd: 0.5,
+            })
+        }
+        .boxed()
+    }
+    fn notify(&self, _req: NotifyIn) -> BoxFuture<'_, Result<NotifyAccepted, BackendError>> {
+        async {
+            Ok(NotifyAccepted {
+                accepted: true,
+                queued_at: "2026-01-01T00:00:00Z".into(),
+            })
+        }
+        .boxed()
+    }
+    fn reset(&self, target: String) -> BoxFuture<'_, Result<usize, BackendError>> {
+        async move {
+            match target.as_str() {
+                "all" => Ok(3),
+                "busy" => Err(BackendError::Unavailable("shutting down".into())),
+                _ => Ok(1),
+            }
+        }
+        .boxed()
+    }
+    fn status(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        async {
+            assert!(!self.panic_on_status, "status exploded");
+            Ok(json!({"status": "ok", "pid": 1}))
+        }
+        .boxed()
+    }
+    fn sessions(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        async { Ok(json!({"sessions": []})) }.boxed()
+    }
+    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>> {
+        async move {
+            self.periods.lock().unwrap().push(period);
+            Ok(json!({"period": period.as_str(), "total_cost": 0.0, "models": []}))
+        }
+        .boxed()
+    }
+    fn monitor(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        async { Ok(json!({"state": "idle"})) }.boxed()
+    }
+    fn history(
+        &self,
+        session_id: String,
+        full: bool,
+    ) -> BoxFuture<'_, Result<Option<Value>, BackendError>> {
+        async move {
+            self.history_ids
+                .lock()
+                .unwrap()
+                .push((session_id.clone(), full));
+            Ok((session_id == "s1").then(|| json!({"session_id": session_id, "events": []})))
+        }
+        .boxed()
+    }
+    fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>> {
+        async { Ok("# HELP agentd_x X.\n# TYPE agentd_x counter\nagentd_x 1\n".to_owned()) }.boxed()
+    }
+}
+
+fn config(token: Option<&str>) -> HttpConfig {
+    HttpConfig {
+        enabled: true,
+        host: "127.0.0.1".into(),
+        port: 0,
+        token_env: "AGENTD_HTTP_TOKEN".into(),
+        token: token.map(SecretString::from),
+        max_body_bytes: 2048,
+        rate_limit: 100,
+        status_rate_limit: 100,
+        rate_window: Duration::from_secs(60),
+        callback_url: String::new(),
+        callback_token_env: String::new(),
+        callback_token: None,
+        callback_timeout: Duration::from_secs(1),
+    }
+}
+
+fn app_with(fake: Arc<Fake>, cfg: HttpConfig, timeout: Duration) -> Router {
+    router(fake, &cfg, "kira", timeout)
+}
+
+fn app() -> (Arc<Fake>, Router) {
+    let fake = Arc::new(Fake::default());
+    (
+        fake.clone(),
+        app_with(fake, config(Some(TOKEN)), Duration::from_secs(5)),
+    )
+}
+
+fn req(method: &str, uri: &str, body: Option<&str>) -> Request<Body> {
+    let mut b = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("authorization", format!("Bearer {TOKEN}"));
+    if body.is_some() {
+        b = b.header("content-type", "application/json");
+    }
+    b.body(body.map(|s| Body::from(s.to_owned())).unwrap_or_default())
+        .unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Value, Response<()>) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let bytes = to_bytes(body, 16 << 20).await.unwrap();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    let head = Response::from_parts(parts, ());
+    (head.status(), value, head)
+}
+
+/// Every answer names the agent in the header, and JSON answers in the body.
+fn assert_agent(value: &Value, head: &Response<()>) {
+    assert_eq!(head.headers()["x-agentd-agent"], "kira");
+    if head.headers()["content-type"] == "application/json" {
+        assert_eq!(value["agent"], "kira", "{value}");
+    }
+}
+
+#[tokio::test]
+async fn chat_returns_the_reply_with_tokens_and_agent() {
+    let (fake, app) = app();
+    let (status, v, head) = send(
+        &app,
+        req(
+            "POST",
+            "/api/v1/chat",
+            Some(r#"{"message":"hi","context":"ci run 7","sender":"ci"}"#),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_agent(&v, &head);
+    assert_eq!(
+        v,
+        json!({"reply": "echo: [context] ci run 7\nhi", "session_id": "s1", "silent": false,
+               "tokens": {"input": 1, "output": 2, "cache_read": 3, "cache_write": 4},
+               "cost_usd": 0.5, "agent": "kira"})
+    );
+    let chats = fake.chats.lock().unwrap();
+    assert_eq!(chats[0].context, None);
+    assert_eq!(chats[0].sender.as_deref(), Some("ci"));
+}
+
+#[tokio::test]
+async fn chat_failure_is_500_with_session_id() {
+    let (_, app) = app();
+    let (status, v, _) = send(
+        &app,
+        req("POST", "/api/v1/chat", Some(r#"{"message":"fail"}"#)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        v,
+        json!({"error": "model exploded", "session_id": "s-fail", "agent": "kira"})
+    );
+}
+
+#[tokio::test]
+async fn chat_bad_input_is_400_naming_the_problem() {
+    let (fake, app) = app();
+    for (body, needle) in [
+        ("{not json", "parse the request body as JSON"),
+        (r#"{"sender":"x"}"#, "missing field `message`"),
+        (r#"{"message":"hi","bogus":1}"#, "unknown field `bogus`"),
+        (r#"{"message":"  "}"#, "message is empty"),
+        (
+            r#"{"message":"hi","attachments":[{"content_type":"image/png","data":"!!"}]}"#,
+            "base64",
+        ),
+        (
+            r#"{"message":"hi","attachments":[{"content_type":"nope","data":"aGk="}]}"#,
+            "content_type",
+        ),
+    ] {
+        let (status, v, head) = send(&app, req("POST", "/api/v1/chat", Some(body))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} → {v}");
+        assert_agent(&v, &head);
+        let error = v["error"].as_str().unwrap();
+        assert!(error.contains(needle), "{body} → {error}");
+    }
+    assert!(fake.chats.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn chat_without_json_content_type_is_415() {
+    let (_, app) = app();
+    let request = Request::post("/api/v1/chat")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::from(r#"{"message":"hi"}"#))
+        .unwrap();
+    let (status, v, _) = send(&app, request).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(v["error"].as_str().unwrap().contains("application/json"));
+}
+
+#[tokio::test]
+async fn chat_times_out_with_408_and_the_work_continues() {
+    let fake = Arc::new(Fake {
+        chat_delay: Duration::from_millis(300),
+        ..Fake::default()
+    });
+    let app = app_with(fake.clone(), config(Some(TOKEN)), Duration::from_millis(50));
+    let (status, v, head) = send(
+        &app,
+        req("POST", "/api/v1/chat", Some(r#"{"message":"slow"}"#)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT);
+    assert_agent(&v, &head);
+    let error = v["error"].as_str().unwrap();
+    assert!(error.starts_with("still working after 0.05 s"), "{error}");
+    assert!(!fake.chat_finished.load(Ordering::SeqCst));
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !fake.chat_finished.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the backend's chat finished after the 408");
+}
+
+#[tokio::test]
+async fn notify_is_202() {
+    let (_, app) = app();
+    let (status, v, _) = send(
+        &app,
+        req(
+            "POST",
+            "/api/v1/notify",
+            Some(r#"{"message":"build done","ref":"ci#7","data":{"x":1}}"#),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(
+        v,
+        json!({"accepted": true, "queued_at": "2026-01-01T00:00:00Z", "agent": "kira"})
+    );
+}
+
+#[tokio::test]
+async fn reset_reports_the_count_and_maps_backend_errors() {
+    let (_, app) = app();
+    let (status, v, _) = send(
+        &app,
+        req(
+            "POST",
+            "/api/v1/sessions/reset",
+            Some(r#"{"target":"all"}"#),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"reset": true, "target": "all", "count": 3, "agent": "kira"})
+    );
+    let (status, v, _) = send(
+        &app,
+        req(
+            "POST",
+            "/api/v1/sessions/reset",
+            Some(r#"{"target":"busy"}"#),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(v["error"], "shutting down");
+    let (status, _, _) = send(&app, req("POST", "/api/v1/sessions/reset", Some("{}"))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn read_endpoints_answer_json_with_agent() {
+    let (_, app) = app();
+    for (uri, key) in [
+        ("/api/v1/status", "status"),
+        ("/api/v1/sessions", "sessions"),
+        ("/api/v1/monitor", "state"),
+        ("/api/v1/cost", "period"),
+        ("/api/v1/sessions/s1/history", "events"),
+    ] {
+        let (status, v, head) = send(&app, req("GET", uri, None)).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {v}");
+        assert_agent(&v, &head);
+        assert!(v.get(key).is_some(), "{uri}: {v}");
+    }
+}
+
+#[tokio::test]
+async fn cost_period_defaults_to_today_and_bad_ones_are_400() {
+    let (fake, app) = app();
+    send(&app, req("GET", "/api/v1/cost", None)).await;
+    send(&app, req("GET", "/api/v1/cost?period=WEEK", None)).await;
+    let (status, v, _) = send(&app, req("GET", "/api/v1/cost?period=year", None)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("today, week, month, all")
+    );
+    assert_eq!(*fake.periods.lock().unwrap(), [Period::Today, Period::Week]);
+}
+
+#[tokio::test]
+async fn history_ids_are_checked_before_the_backend() {
+    let (fake, app) = app();
+    let (status, _, _) = send(
+        &app,
+        req("GET", "/api/v1/sessions/s1/history?full=true", None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, v, _) = send(&app, req("GET", "/api/v1/sessions/nope/history", None)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(v["agent"], "kira");
+    for uri in [
+        "/api/v1/sessions/..%2F..%2Fetc/history",
+        "/api/v1/sessions/a/b/history",
+        "/api/v1/sessions/*/history",
+        "/api/v1/sessions/%00/history",
+        "/api/v1/sessions/a.b/history",
+        "/api/v1/sessions/%2e%2e/history",
+    ] {
+        let (status, v, head) = send(&app, req("GET", uri, None)).await;
+        assert!(
+            status == StatusCode::BAD_REQUEST || status == StatusCode::NOT_FOUND,
+            "{uri}: {status}"
+        );
+        assert_agent(&v, &head);
+    }
+    let (status, _, _) = send(
+        &app,
+        req("GET", "/api/v1/sessions/s1/history?full=maybe", None),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        *fake.history_ids.lock().unwrap(),
+        [("s1".to_owned(), true), ("nope".to_owned(), false)]
+    );
+}
+
+#[tokio::test]
+async fn metrics_is_prometheus_text_with_the_agent_header() {
+    let (_, app) = app();
+    let (status, v, head) = send(&app, req("GET", "/metrics", None)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        head.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    assert_eq!(head.headers()["x-agentd-agent"], "kira");
+    assert!(v.as_str().unwrap().contains("agentd_x 1"));
+}
+
+#[tokio::test]
+async fn auth_401_503_and_open_status() {
+    let (_, app) = app();
+    for auth in [None, Some("Bearer wrong"), Some("Basic dGVzdA==")] {
+        let mut b = Request::get("/api/v1/sessions");
+        if let Some(a) = auth {
+            b = b.header("authorization", a);
+        }
+        let (status, v, head) = send(&app, b.body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{auth:?}");
+        assert_eq!(head.headers()["www-authenticate"], "Bearer");
+        assert_agent(&v, &head);
+    }
+    let (status, _, _) = send(
+        &app,
+        Request::get("/api/v1/status").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let fake = Arc::new(Fake::default());
+    let open = app_with(fake, config(None), Duration::from_secs(1));
+    let (status, v, _) = send(&open, req("GET", "/metrics", None)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        v["error"],
+        "HTTP API token not configured: set AGENTD_HTTP_TOKEN"
+    );
+    let (status, _, _) = send(&open, req("GET", "/api/v1/status", None)).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_json() {
+    let (_, app) = app();
+    let (status, v, head) = send(&app, Request::get("/nope").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_agent(&v, &head);
+    assert_eq!(v["error"], "no such endpoint: GET /nope");
+    let (status, v, head) = send(&app, req("GET", "/api/v1/chat", None)).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_agent(&v, &head);
+    assert!(v["error"].is_string());
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_413_json() {
+    let (fake, app) = app();
+    let big = format!(r#"{{"message":"{}"}}"#, "x".repeat(4096));
+    let (status, v, head) = send(&app, req("POST", "/api/v1/chat", Some(&big))).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_agent(&v, &head);
+    assert!(v["error"].as_str().unwrap().contains("2048"), "{v}");
+    // Without a Content-Length (streamed body) the limit still holds.
+    let stream = futures::stream::iter(vec![Ok::<_, std::io::Error>(big.clone())]);
+    let request = Request::post("/api/v1/chat")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap();
+    let (status, v, _) = send(&app, request).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(v["error"].as_str().unwrap().contains("max_body_bytes"));
+    assert!(fake.chats.lock().unwrap().is_empty());
+}
+
+fn from(ip: &str, mut request: Request<Body>) -> Request<Body> {
+    let addr: SocketAddr = format!("{ip}:1234").parse().unwrap();
+    request.extensions_mut().insert(ConnectInfo(addr));
+    request
+}
+
+#[tokio::test]
+async fn rate_limits_are_per_group_and_per_ip() {
+    let fake = Arc::new(Fake::default());
+    let mut cfg = config(Some(TOKEN));
+    cfg.rate_limit = 2;
+    cfg.status_rate_limit = 3;
+    let app = app_with(fake, cfg, Duration::from_secs(5));
+    let notify = || req("POST", "/api/v1/notify", Some(r#"{"message":"m"}"#));
+    for _ in 0..2 {
+        let (status, _, _) = send(&app, from("10.0.0.1", notify())).await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+    }
+    let (status, v, head) = send(&app, from("10.0.0.1", notify())).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_agent(&v, &head);
+    let retry: u64 = head.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry));
+    // Another address, and the read group, are unaffected.
+    let (status, _, _) = send(&app, from("10.0.0.2", notify())).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    for _ in 0..3 {
+        let (status, _, _) = send(&app, from("10.0.0.1", req("GET", "/api/v1/status", None))).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, _, head) = send(&app, from("10.0.0.1", req("GET", "/metrics", None))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(head.headers().contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_a_json_500() {
+    let fake = Arc::new(Fake {
+        panic_on_status: true,
+        ..Fake::default()
+    });
+    let app = app_with(fake, config(Some(TOKEN)), Duration::from_secs(1));
+    let (status, v, head) = send(&app, req("GET", "/api/v1/status", None)).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_agent(&v, &head);
+}
+
+#[tokio::test]
+async fn the_configured_limit_replaces_axums_2_mb_default() {
+    let fake = Arc::new(Fake::default());
+    let mut cfg = config(Some(TOKEN));
+    cfg.max_body_bytes = 4 * 1024 * 1024;
+    let app = app_with(fake.clone(), cfg, Duration::from_secs(5));
+    let body = format!(r#"{{"message":"{}"}}"#, "x".repeat(3 * 1024 * 1024));
+    let (status, v, _) = send(&app, req("POST", "/api/v1/chat", Some(&body))).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(fake.chats.lock().unwrap()[0].message.len(), 3 * 1024 * 1024);
+}
