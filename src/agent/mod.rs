@@ -30,6 +30,7 @@ pub struct Agent {
     pub db: Db,
     pub tools: Arc<ToolRegistry>,
     pub monitor: Arc<Monitor>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub started: Instant,
 }
 
@@ -210,11 +211,16 @@ impl Agent {
                 _ = cancel.cancelled() => return Err(None),
                 r = self.chat_with_message_retries(model, &req, &on_event) => r,
             };
-            let outcome = outcome.map_err(|e| Some(self.fail_from_llm(e)))?;
+            let outcome = outcome.map_err(|e| {
+                self.metrics.error("llm");
+                Some(self.fail_from_llm(e))
+            })?;
             let spec = outcome.model;
             let mut resp = outcome.response;
             let usage = resp.usage;
             let call_cost = cost::cost_usd(&spec.pricing, &usage);
+            self.metrics
+                .llm_call(&spec.model, &usage, call_cost, started.elapsed());
             spent += call_cost;
             total.add(&usage);
             self.record_cost(&session.id, &spec.model, &spec.provider, usage, call_cost)
@@ -266,6 +272,14 @@ impl Agent {
                 _ = cancel.cancelled() => return Err(None),
                 r = self.tools.execute_all(&resp.tool_calls, &ctx) => r,
             };
+            for r in &results {
+                let name = resp
+                    .tool_calls
+                    .iter()
+                    .find(|c| c.id == r.tool_call_id)
+                    .map_or("unknown", |c| c.name.as_str());
+                self.metrics.tool_call(name, !r.is_error);
+            }
             let notice = wrap_up_notice(&resp.stop_reason, max_turns - turn);
             self.record(
                 session,

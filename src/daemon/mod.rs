@@ -2,6 +2,7 @@
 //! sources and per-session workers, and owns the lifecycle (PID lock, signals, graceful stop).
 
 pub mod delivery;
+pub mod http_backend;
 pub mod intake;
 pub mod pidlock;
 pub mod workers;
@@ -131,14 +132,18 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         )
         .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?,
     );
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let agent = Agent {
         cfg: cfg.clone(),
         llm,
         db,
         tools,
         monitor: monitor.clone(),
+        metrics: metrics.clone(),
         started,
     };
+    let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
+        .map_err(|e| DaemonError::Startup(e.to_string()))?;
 
     let tracker = TaskTracker::new();
     let stop = CancellationToken::new();
@@ -146,6 +151,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     let dispatcher = Dispatcher::new(
         agent.clone(),
         store.clone(),
+        webhook.is_enabled().then_some(webhook),
         tracker.clone(),
         stop.clone(),
         abort.clone(),
@@ -179,6 +185,35 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
                 intake.handle(line).await;
             }
         });
+    }
+    if cfg.http.enabled {
+        let listener = crate::api::bind(&cfg.http)
+            .await
+            .map_err(|e| DaemonError::Startup(e.to_string()))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| DaemonError::Startup(format!("HTTP listener: {e}")))?;
+        let backend = Arc::new(http_backend::DaemonBackend {
+            cfg: cfg.clone(),
+            intake: intake.clone(),
+            dispatcher: dispatcher.clone(),
+            monitor: monitor.clone(),
+            metrics: metrics.clone(),
+            started,
+        });
+        let router = crate::api::router(
+            backend,
+            &cfg.http,
+            &cfg.agent.name,
+            cfg.behavior.call_timeout,
+        );
+        let stop = stop.clone();
+        tracker.spawn(async move {
+            if let Err(e) = crate::api::serve(listener, router, stop).await {
+                tracing::error!(error = %e, "HTTP server stopped");
+            }
+        });
+        tracing::info!(%addr, "HTTP API listening");
     }
     tracing::info!(
         pid = std::process::id(),

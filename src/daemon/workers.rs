@@ -50,6 +50,7 @@ pub struct Dispatcher {
     waiters: std::sync::Mutex<HashMap<String, oneshot::Sender<Completion>>>,
     running: std::sync::Mutex<HashMap<String, CancellationToken>>,
     deliverer: std::sync::RwLock<Option<Arc<dyn Deliverer>>>,
+    webhook: Option<crate::api::webhook::Webhook>,
     tracker: TaskTracker,
     /// Fired at shutdown: workers start no new job.
     stop: CancellationToken,
@@ -61,6 +62,7 @@ impl Dispatcher {
     pub fn new(
         agent: Agent,
         store: Arc<SessionStore>,
+        webhook: Option<crate::api::webhook::Webhook>,
         tracker: TaskTracker,
         stop: CancellationToken,
         abort: CancellationToken,
@@ -78,6 +80,7 @@ impl Dispatcher {
             waiters: std::sync::Mutex::new(HashMap::new()),
             running: std::sync::Mutex::new(HashMap::new()),
             deliverer: std::sync::RwLock::new(None),
+            webhook,
             tracker,
             stop,
             abort,
@@ -285,6 +288,7 @@ impl Dispatcher {
             _ => None,
         };
         self.active.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
         let mut finish = self.agent.process(&session, st, &work, &stop).await;
         self.active.fetch_sub(1, Ordering::Relaxed);
         if let Some(t) = typing {
@@ -345,6 +349,21 @@ impl Dispatcher {
         if let (Some(target), Some(d), Some(text)) = (&target, &deliverer, text) {
             deliver_recorded(&session, d.as_ref(), target, &work.ids(), &text).await;
         }
+        let source = work.intakes.first().map_or("", |i| i.source.as_str());
+        let outcome = match &finish {
+            Finish::Reply { silent: true, .. } => crate::metrics::Outcome::Silent,
+            Finish::Reply { .. } => crate::metrics::Outcome::Reply,
+            Finish::Failed { .. } => crate::metrics::Outcome::Failed,
+            Finish::Cancelled => crate::metrics::Outcome::Cancelled,
+        };
+        self.agent
+            .metrics
+            .message_done(source, outcome, started.elapsed());
+        if let Some(w) = &self.webhook
+            && finish != Finish::Cancelled
+        {
+            w.send(webhook_payload(&work, &session.id, &finish));
+        }
         if finish != Finish::Cancelled {
             let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
             for id in work.ids() {
@@ -404,4 +423,32 @@ fn spawn_typing(d: Arc<dyn Deliverer>, target: Target) -> CancellationToken {
         }
     });
     token
+}
+
+/// The callback body of SPEC §10.2 for a finished message.
+fn webhook_payload(
+    work: &Work,
+    session_id: &str,
+    finish: &Finish,
+) -> crate::api::webhook::WebhookPayload {
+    let first = work.intakes.first();
+    let (reply, silent, usage) = match finish {
+        Finish::Reply {
+            text,
+            silent,
+            usage,
+            ..
+        } => (text.clone(), *silent, *usage),
+        Finish::Failed { reply, .. } => (reply.clone(), false, Default::default()),
+        Finish::Cancelled => (String::new(), false, Default::default()),
+    };
+    crate::api::webhook::WebhookPayload {
+        reply,
+        session_id: session_id.to_string(),
+        sender: first.map(|i| i.from.clone()).unwrap_or_default(),
+        source: first.map(|i| i.source.clone()).unwrap_or_default(),
+        silent,
+        tokens: (&usage).into(),
+        notify_meta: None,
+    }
 }

@@ -7,3 +7,4 @@ mod architecture;
 mod concurrency;
 mod daemon_e2e;
 mod fake_llm_selftest;
+mod http_api;
