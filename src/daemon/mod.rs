@@ -2,7 +2,9 @@
 //! sources and per-session workers, and owns the lifecycle (PID lock, signals, graceful stop).
 
 pub mod intake;
+pub mod notify;
 pub mod pidlock;
+pub mod signals;
 pub mod workers;
 
 use std::path::PathBuf;
