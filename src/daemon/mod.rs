@@ -4,7 +4,9 @@
 pub mod delivery;
 pub mod http_backend;
 pub mod intake;
+pub mod notify;
 pub mod pidlock;
+pub mod signals;
 pub mod workers;
 
 use std::path::PathBuf;
