@@ -48,7 +48,9 @@ impl DaemonBackend {
         for (n, a) in attachments.iter().enumerate() {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(a.data.as_bytes())
-                .map_err(|e| BackendError::BadRequest(format!("attachments[{n}].data: not base64: {e}")))?;
+                .map_err(|e| {
+                    BackendError::BadRequest(format!("attachments[{n}].data: not base64: {e}"))
+                })?;
             let ext = a
                 .filename
                 .as_deref()
@@ -118,7 +120,11 @@ impl ApiBackend for DaemonBackend {
                     cost_usd,
                 },
                 Finish::Failed { reply, error } => ChatOutcome::Failed {
-                    error: if reply == error { error } else { format!("{reply} ({error})") },
+                    error: if reply == error {
+                        error
+                    } else {
+                        format!("{reply} ({error})")
+                    },
                     session_id: c.session_id,
                 },
                 Finish::Cancelled => {

@@ -94,7 +94,9 @@ pub struct RunOptions {
 pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     let started = Instant::now();
     // Handlers first, so a SIGTERM during start-up is a graceful stop too.
-    let signals = ShutdownSignals::install()?;
+    let mut signals = signals::Signals::install()
+        .map_err(|e| DaemonError::Startup(format!("cannot install signal handlers: {e}")))?;
+    let notifier = notify::Notifier::from_env();
     let cfg = Arc::new(cfg);
     let paths = StatePaths {
         root: cfg.paths.state_dir.clone(),
@@ -235,10 +237,59 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             closed.cancel();
         });
     }
-    tokio::select! {
-        _ = signals.wait() => {}
-        _ = input_closed.cancelled() => tracing::info!("end of terminal input"),
+    notifier.ready(&format!(
+        "ready: {} model(s) loaded, {} skipped",
+        cfg.models.loaded.len(),
+        cfg.models.skipped.len()
+    ));
+    let mut watchdog = notifier.watchdog_interval().map(tokio::time::interval);
+    loop {
+        let tick = async {
+            match watchdog.as_mut() {
+                Some(i) => {
+                    i.tick().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            sig = signals.next() => match sig {
+                Some(sig) if sig.is_shutdown() => {
+                    tracing::info!(signal = sig.name(), "shutdown signal received");
+                    break;
+                }
+                Some(signals::Signal::Hangup) => {
+                    // Workspace files are re-read for every message; skills and schedules
+                    // will reload here once they exist. agentd.toml needs a restart.
+                    notifier.reloading("reloading workspace");
+                    tracing::info!("SIGHUP: workspace reloaded (files are re-read per message; agentd.toml changes need a restart)");
+                    notifier.ready_again("ready");
+                }
+                Some(signals::Signal::User1) => {
+                    tracing::info!("SIGUSR1: skill rescan requested (no skills subsystem yet)");
+                }
+                Some(_) => {}
+                None => break,
+            },
+            _ = input_closed.cancelled() => {
+                tracing::info!("end of terminal input");
+                break;
+            }
+            _ = tick => {
+                // Ping only while the main loop runs and the database thread answers.
+                match tokio::time::timeout(Duration::from_secs(5), agent.db.kv_get("health")).await {
+                    Ok(Ok(_)) => notifier.watchdog(),
+                    other => tracing::error!(result = ?other.map(|r| r.map(|_| ())), "health check failed; not pinging the watchdog"),
+                }
+                notifier.status(&format!(
+                    "{} active, {} queued",
+                    dispatcher.active_sessions(),
+                    dispatcher.queue_depth()
+                ));
+            }
+        }
     }
+    notifier.stopping("stopping: finishing messages in flight");
     tracing::info!("shutting down: no new work; waiting for messages in flight");
     stop.cancel();
     tracker.close();
@@ -259,29 +310,4 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     pid.release();
     tracing::info!("agentd stopped");
     Ok(())
-}
-
-struct ShutdownSignals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl ShutdownSignals {
-    fn install() -> Result<Self, DaemonError> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let err = |e: std::io::Error| {
-            DaemonError::Startup(format!("cannot install signal handlers: {e}"))
-        };
-        Ok(ShutdownSignals {
-            term: signal(SignalKind::terminate()).map_err(err)?,
-            int: signal(SignalKind::interrupt()).map_err(err)?,
-        })
-    }
-
-    async fn wait(mut self) {
-        tokio::select! {
-            _ = self.term.recv() => tracing::info!("SIGTERM received"),
-            _ = self.int.recv() => tracing::info!("SIGINT received"),
-        }
-    }
 }

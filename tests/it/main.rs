@@ -8,3 +8,4 @@ mod concurrency;
 mod daemon_e2e;
 mod fake_llm_selftest;
 mod http_api;
+mod systemd;

@@ -244,3 +244,43 @@ fn exec_start_rewrite_and_exposure_parsing() {
     );
     assert_eq!(parse_exposure("nothing here"), None);
 }
+
+/// The daemon tells systemd READY=1 once local setup is done (FIFO up), pings the watchdog
+/// when `WATCHDOG_USEC` asks for it, survives SIGHUP (a reload, not a stop), and says
+/// STOPPING=1 on SIGTERM.
+#[test]
+fn sd_notify_ready_watchdog_reload_and_stopping() {
+    use crate::daemon_e2e::{agentd_toml, provider_toml};
+    use crate::support::daemon::TestDaemon;
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let (_dir, sock, path) = notify_socket();
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("openai", "http://127.0.0.1:9/v1"))],
+    );
+    d.set_env("NOTIFY_SOCKET", path.to_str().unwrap());
+    d.set_env("WATCHDOG_USEC", "400000"); // ping every 200 ms
+    d.start();
+    let mut seen = Vec::new();
+    let mut next = |what: &str| loop {
+        let m = recv_notification(&sock)
+            .unwrap_or_else(|| panic!("no {what} notification; got {seen:?}"));
+        seen.push(m.clone());
+        if m.contains(what) {
+            return m;
+        }
+    };
+    let ready = next("READY=1");
+    assert!(ready.contains("STATUS=ready"), "{ready}");
+    next("WATCHDOG=1");
+    kill(Pid::from_raw(d.pid().unwrap() as i32), Signal::SIGHUP).unwrap();
+    next("RELOADING=1");
+    next("READY=1");
+    assert!(d.is_running(), "SIGHUP must not stop the daemon");
+    next("WATCHDOG=1");
+    let status = d.sigterm();
+    assert!(status.success());
+    next("STOPPING=1");
+}
