@@ -8,4 +8,5 @@ mod concurrency;
 mod daemon_e2e;
 mod fake_llm_selftest;
 mod http_api;
+mod http_daemon;
 mod systemd;

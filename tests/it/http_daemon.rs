@@ -1,0 +1,207 @@
+//! The HTTP API of the real daemon (SPEC §10.2): `/chat` runs the whole loop against a fake
+//! provider and answers with the reply and the token totals; `/notify` is accepted durably;
+//! `/metrics` counts what happened.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::daemon_e2e::{agentd_toml, provider_toml, wait_outcome};
+use crate::support::daemon::TestDaemon;
+use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
+use crate::support::wait_until;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn http_chat_notify_status_metrics_against_the_real_daemon() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![("h1".into(), "session_status".into(), json!({}))],
+        usage: Usage::new(100, 10, 0, 50),
+    });
+    fake.push(Reply::Text {
+        text: "Hi over HTTP".into(),
+        usage: Usage::new(20, 5, 50, 10),
+    });
+    let port = free_port();
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[http]\nenabled = true\nport = {port}\n",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_HTTP_TOKEN", "test-token-123");
+    d.start();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking_client();
+
+    let status: Value = wait_until(Duration::from_secs(20), "HTTP status", || {
+        client
+            .get(format!("{base}/api/v1/status"))
+            .send()
+            .ok()
+            .and_then(|r| r.json().ok())
+    });
+    assert_eq!(status["status"], "ok");
+    assert_eq!(status["agent"], "testbot");
+
+    let r = client
+        .post(format!("{base}/api/v1/chat"))
+        .bearer_auth("test-token-123")
+        .json(&json!({"message": "hello", "sender": "svc", "context": "from a test"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().unwrap();
+    assert_eq!(body["reply"], "Hi over HTTP");
+    // Token totals cover the whole loop (two calls).
+    assert_eq!(
+        body["tokens"],
+        json!({"input": 120, "output": 15, "cache_read": 50, "cache_write": 60})
+    );
+    let sid = body["session_id"].as_str().unwrap().to_string();
+    assert_eq!(d.session_id("http-svc").as_deref(), Some(sid.as_str()));
+    let sent = serde_json::to_string(&fake.requests()[0]["messages"]).unwrap();
+    assert!(sent.contains("[context] from a test\\nhello"), "{sent}");
+
+    let r = client
+        .post(format!("{base}/api/v1/chat"))
+        .bearer_auth("wrong")
+        .json(&json!({"message": "x"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
+    let r = client
+        .post(format!("{base}/api/v1/notify"))
+        .bearer_auth("test-token-123")
+        .json(&json!({"message": "disk almost full", "source": "monitoring", "ref": "alert-7"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let intake = wait_until(Duration::from_secs(20), "notify intake", || {
+        d.trail("system")
+            .into_iter()
+            .find(|l| l["type"] == "intake")
+    });
+    assert!(
+        intake["text"]
+            .as_str()
+            .unwrap()
+            .contains("[notification from monitoring, ref alert-7] disk almost full")
+    );
+    wait_outcome(&d, "system", intake["id"].as_str().unwrap());
+
+    let hist: Value = client
+        .get(format!("{base}/api/v1/sessions/{sid}/history"))
+        .bearer_auth("test-token-123")
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(hist["session_id"], sid.as_str());
+    assert!(hist["events"].as_array().unwrap().len() >= 5);
+
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .bearer_auth("test-token-123")
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(metrics.contains("agentd_messages_total"), "{metrics}");
+    assert!(metrics.contains("agentd_tool_calls_total"), "{metrics}");
+
+    let r: Value = client
+        .post(format!("{base}/api/v1/sessions/reset"))
+        .bearer_auth("test-token-123")
+        .json(&json!({"target": "http-svc"}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(r["count"], 1);
+    wait_until(Duration::from_secs(20), "reset", || {
+        d.session_id("http-svc").is_none().then_some(())
+    });
+    assert!(d.sigterm().success());
+}
+
+mod reqwest {
+    pub use ::reqwest::*;
+    /// A blocking-style client: these tests are plain `#[test]`s, so run each request on a
+    /// small private runtime.
+    pub fn blocking_client() -> Blocking {
+        Blocking {
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            c: Client::new(),
+        }
+    }
+    pub struct Blocking {
+        rt: tokio::runtime::Runtime,
+        c: Client,
+    }
+    pub struct Req<'a> {
+        rt: &'a tokio::runtime::Runtime,
+        b: RequestBuilder,
+    }
+    pub struct Resp<'a> {
+        rt: &'a tokio::runtime::Runtime,
+        r: Response,
+    }
+    impl Blocking {
+        pub fn get(&self, url: String) -> Req<'_> {
+            Req {
+                rt: &self.rt,
+                b: self.c.get(url),
+            }
+        }
+        pub fn post(&self, url: String) -> Req<'_> {
+            Req {
+                rt: &self.rt,
+                b: self.c.post(url),
+            }
+        }
+    }
+    impl<'a> Req<'a> {
+        pub fn bearer_auth(self, t: &str) -> Self {
+            Req {
+                rt: self.rt,
+                b: self.b.bearer_auth(t),
+            }
+        }
+        pub fn json(self, v: &serde_json::Value) -> Self {
+            Req {
+                rt: self.rt,
+                b: self.b.json(v),
+            }
+        }
+        pub fn send(self) -> Result<Resp<'a>> {
+            let r = self.rt.block_on(self.b.send())?;
+            Ok(Resp { rt: self.rt, r })
+        }
+    }
+    impl Resp<'_> {
+        pub fn status(&self) -> u16 {
+            self.r.status().as_u16()
+        }
+        pub fn json<T: serde::de::DeserializeOwned>(self) -> Result<T> {
+            self.rt.block_on(self.r.json())
+        }
+        pub fn text(self) -> Result<String> {
+            self.rt.block_on(self.r.text())
+        }
+    }
+}
