@@ -1,4 +1,7 @@
 //! Telegram (SPEC §10.3). Only this module names `teloxide`.
 
+pub mod client;
 pub mod format;
+pub mod inbound;
+pub mod poll;
 pub mod split;

@@ -6,6 +6,7 @@
 
 pub mod daemon;
 pub mod fake_llm;
+pub mod fake_telegram;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,661 @@
+//! The Telegram Bot API client (SPEC §10.3): a teloxide `Bot` pointed at `api_url`, with an HTTP
+//! client of its own (teloxide's reqwest, never ours) whose timeout outlasts a long poll.
+//!
+//! Every error that leaves this module is a [`TgError`] whose text has been scrubbed of the bot
+//! token: reqwest errors carry the request URL, and the URL carries the token
+//! (`/bot<token>/<method>`).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use secrecy::{ExposeSecret, SecretString};
+use teloxide::net::Download;
+use teloxide::payloads::setters::*;
+use teloxide::requests::Requester;
+use teloxide::types::{
+    AllowedUpdate, ChatAction, ChatId, FileId, InputFile, MessageId, ParseMode, ReactionType,
+    Update,
+};
+use teloxide::{ApiError, Bot, RequestError};
+use tokio::io::AsyncWriteExt;
+
+use super::format::markdown_to_html;
+use super::inbound::bot_id_from_token;
+use super::split::split_message;
+use crate::config::{TelegramConfig, TelegramFormat};
+
+/// How much longer than the long-poll timeout the HTTP client waits for an answer.
+pub const HTTP_TIMEOUT_SLACK: Duration = Duration::from_secs(15);
+
+/// Flood-control waits (`retry_after`) up to this long are slept through and the call retried;
+/// longer ones are returned as [`TgError::RetryAfter`].
+pub const MAX_FLOOD_WAIT: Duration = Duration::from_secs(60);
+
+/// How many flood-control waits one call sleeps through before giving up.
+pub const MAX_FLOOD_RETRIES: u32 = 3;
+
+/// What goes wrong talking to Telegram. Texts never contain the bot token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TgError {
+    /// 401: the token is wrong or revoked.
+    #[error(
+        "telegram token rejected (401 Unauthorized); put the bot's current token in the variable named by [channel.telegram] token_env"
+    )]
+    Unauthorized,
+    /// 409: another process polls with this token (or a webhook is set).
+    #[error(
+        "telegram: 409 Conflict: another getUpdates consumer uses this bot token; stop the other instance"
+    )]
+    Conflict,
+    /// 429: flood control; retry after this long.
+    #[error("telegram: flood control (429), retry after {} s", .0.as_secs())]
+    RetryAfter(Duration),
+    /// 400 "can't parse entities": the HTML was rejected.
+    #[error("telegram rejected the formatted text: {0}")]
+    ParseEntities(String),
+    /// 400 "message is too long".
+    #[error("telegram: message is too long")]
+    TooLong,
+    /// Any other Bot API error, with Telegram's description.
+    #[error("telegram API error: {0}")]
+    Api(String),
+    /// The request did not reach Telegram or the answer broke off.
+    #[error("telegram: network error: {0}")]
+    Network(String),
+    /// The HTTP client gave up waiting for an answer.
+    #[error("telegram: request timed out")]
+    Timeout,
+    /// The answer was not the Bot API's JSON (e.g. a proxy's HTML error page).
+    #[error("telegram: unexpected response: {0}")]
+    InvalidResponse(String),
+    /// A download is larger than allowed.
+    #[error(
+        "telegram: file of {size} bytes exceeds max_download_bytes = {max}; raise [channel.telegram] max_download_bytes to accept it"
+    )]
+    TooLarge { size: u64, max: u64 },
+    /// A local file could not be read or written.
+    #[error("telegram: {0}")]
+    Io(String),
+    /// The channel is not usable as configured.
+    #[error("[channel.telegram]: {0}")]
+    Config(String),
+}
+
+/// What kind of file [`TelegramClient::send_file`] sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// Shown inline as a photo (compressed by Telegram; max 10 MB).
+    Photo,
+    /// Sent as a file, unchanged.
+    Document,
+    /// A voice note (OGG/Opus).
+    Voice,
+    /// A music file.
+    Audio,
+}
+
+/// Who the bot is (`getMe`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BotInfo {
+    pub id: i64,
+    pub username: Option<String>,
+    pub first_name: String,
+}
+
+/// A Bot API client. Cheap to clone (the HTTP client is shared).
+#[derive(Clone)]
+pub struct TelegramClient {
+    bot: Bot,
+    token: SecretString,
+    bot_id: Option<i64>,
+}
+
+impl std::fmt::Debug for TelegramClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelegramClient")
+            .field("api_url", &self.bot.api_url().as_str())
+            .field("bot_id", &self.bot_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Replaces every form of `token` in `s` with `<token>`: verbatim, percent-encoded, and the
+/// secret part after the colon on its own.
+pub fn scrub_token(s: &str, token: &str) -> String {
+    if token.is_empty() {
+        return s.to_string();
+    }
+    let mut out = s.replace(token, "<token>");
+    let encoded = token.replace(':', "%3A");
+    if encoded != token {
+        out = out.replace(&encoded, "<token>");
+    }
+    if let Some((_, secret)) = token.split_once(':')
+        && secret.len() >= 8
+    {
+        out = out.replace(secret, "<token>");
+    }
+    out
+}
+
+/// `e` and its sources, joined with ": ".
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let t = src.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = src.source();
+    }
+    s
+}
+
+/// A file size from teloxide, where a missing size is `u32::MAX`.
+fn known_size(size: u32) -> Option<u64> {
+    (size != u32::MAX).then_some(u64::from(size))
+}
+
+/// Keeps `[A-Za-z0-9_-]` of `s` (at most `max` characters).
+fn safe_part(s: &str, max: usize) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(max)
+        .collect()
+}
+
+/// `<unix ts>-<file_unique_id>.<ext>`, with the extension taken from Telegram's file path
+/// (`voice/file_3.oga` → `oga`; none → `bin`) and both parts reduced to safe characters.
+pub fn download_file_name(unix_ts: i64, unique_id: &str, file_path: &str) -> String {
+    let uid = match safe_part(unique_id, 64) {
+        s if s.is_empty() => "file".to_string(),
+        s => s,
+    };
+    let last = file_path.rsplit('/').next().unwrap_or("");
+    let ext = last
+        .rsplit_once('.')
+        .map(|(_, e)| safe_part(e, 10).to_ascii_lowercase())
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| "bin".to_string());
+    format!("{unix_ts}-{uid}.{ext}")
+}
+
+impl TelegramClient {
+    /// A client for `cfg.api_url` with the token from `cfg.token`; its HTTP timeout is
+    /// `cfg.poll_timeout` + [`HTTP_TIMEOUT_SLACK`].
+    pub fn new(cfg: &TelegramConfig) -> Result<TelegramClient, TgError> {
+        let token = cfg.token.clone().ok_or_else(|| {
+            TgError::Config(format!(
+                "no bot token: set the environment variable {} (token_env)",
+                cfg.token_env
+            ))
+        })?;
+        let raw = token.expose_secret();
+        let http = teloxide::net::default_reqwest_settings()
+            .timeout(cfg.poll_timeout + HTTP_TIMEOUT_SLACK)
+            .build()
+            .map_err(|e| {
+                TgError::Config(scrub_token(
+                    &format!("cannot build the HTTP client: {}", error_chain(&e)),
+                    raw,
+                ))
+            })?;
+        let base = cfg.api_url.trim_end_matches('/');
+        let url = reqwest::Url::parse(base).map_err(|e| {
+            TgError::Config(format!(
+                "api_url {base:?} is not a URL ({e}); e.g. https://api.telegram.org"
+            ))
+        })?;
+        if url.cannot_be_a_base() {
+            return Err(TgError::Config(format!(
+                "api_url {base:?} cannot be a base URL; e.g. https://api.telegram.org"
+            )));
+        }
+        let bot = Bot::with_client(raw, http).set_api_url(url);
+        Ok(TelegramClient {
+            bot,
+            bot_id: bot_id_from_token(raw),
+            token,
+        })
+    }
+
+    /// The bot's user id as read from the token (the number before the colon).
+    pub fn bot_id(&self) -> Option<i64> {
+        self.bot_id
+    }
+
+    /// `s` without the bot token.
+    pub fn scrub(&self, s: &str) -> String {
+        scrub_token(s, self.token.expose_secret())
+    }
+
+    /// Maps a teloxide error to a scrubbed [`TgError`].
+    fn map_err(&self, e: RequestError) -> TgError {
+        match e {
+            RequestError::Api(ApiError::InvalidToken) => TgError::Unauthorized,
+            RequestError::Api(ApiError::TerminatedByOtherGetUpdates) => TgError::Conflict,
+            RequestError::Api(ApiError::CantParseEntities(d)) => {
+                TgError::ParseEntities(self.scrub(&d))
+            }
+            RequestError::Api(ApiError::MessageIsTooLong) => TgError::TooLong,
+            RequestError::Api(other) => TgError::Api(self.scrub(&other.to_string())),
+            RequestError::RetryAfter(s) => TgError::RetryAfter(s.duration()),
+            RequestError::MigrateToChatId(id) => {
+                TgError::Api(format!("the group was migrated to supergroup {id}"))
+            }
+            RequestError::Network(e) if e.is_timeout() => TgError::Timeout,
+            RequestError::Network(e) => TgError::Network(self.scrub(&error_chain(&*e))),
+            RequestError::InvalidJson { source, raw } => {
+                let head: String = raw.chars().take(200).collect();
+                TgError::InvalidResponse(self.scrub(&format!("{source}; body starts {head:?}")))
+            }
+            RequestError::Io(e) => TgError::Io(self.scrub(&error_chain(&*e))),
+        }
+    }
+
+    /// `getMe`: checks the token and names the bot.
+    pub async fn get_me(&self) -> Result<BotInfo, TgError> {
+        let me = self.bot.get_me().await.map_err(|e| self.map_err(e))?;
+        Ok(BotInfo {
+            id: i64::try_from(me.user.id.0).unwrap_or(i64::MAX),
+            username: me.user.username.clone(),
+            first_name: me.user.first_name.clone(),
+        })
+    }
+
+    /// One long poll: `getUpdates` with `offset` (confirming everything below it), `timeout`
+    /// (whole seconds) and `allowed_updates = ["message"]`.
+    pub async fn get_updates(
+        &self,
+        offset: i64,
+        timeout: Duration,
+    ) -> Result<Vec<Update>, TgError> {
+        let offset = i32::try_from(offset.max(0)).unwrap_or(i32::MAX);
+        let secs = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX);
+        self.bot
+            .get_updates()
+            .offset(offset)
+            .timeout(secs)
+            .allowed_updates(vec![AllowedUpdate::Message])
+            .await
+            .map_err(|e| self.map_err(e))
+    }
+
+    /// Runs `call` again after flood-control waits up to [`MAX_FLOOD_WAIT`], at most
+    /// [`MAX_FLOOD_RETRIES`] times.
+    async fn with_flood_retry<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T, TgError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, TgError>>,
+    {
+        let mut waits = 0;
+        loop {
+            match call().await {
+                Err(TgError::RetryAfter(d)) if waits < MAX_FLOOD_RETRIES && d <= MAX_FLOOD_WAIT => {
+                    waits += 1;
+                    tracing::warn!(
+                        call = what,
+                        retry_after_seconds = d.as_secs(),
+                        "telegram: flood control; waiting before retrying"
+                    );
+                    tokio::time::sleep(d).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One `sendMessage`; returns the message id.
+    async fn send_text(&self, chat_id: i64, text: &str, html: bool) -> Result<i32, TgError> {
+        self.with_flood_retry("sendMessage", || async {
+            let req = self.bot.send_message(ChatId(chat_id), text);
+            let req = if html {
+                req.parse_mode(ParseMode::Html)
+            } else {
+                req
+            };
+            req.await.map(|m| m.id.0).map_err(|e| self.map_err(e))
+        })
+        .await
+    }
+
+    /// Sends `text` to `chat_id` as one or more messages of at most `limit` UTF-16 units (the
+    /// splitter's chunks, in order). With `TelegramFormat::Html` each chunk is rendered to
+    /// Telegram HTML; a chunk Telegram rejects ("can't parse entities", "too long") is resent
+    /// as plain text. Flood control is waited out. Returns the message ids; a blank `text`
+    /// sends nothing. On an error, chunks before it have been delivered.
+    pub async fn send_reply(
+        &self,
+        chat_id: i64,
+        text: &str,
+        format: TelegramFormat,
+        limit: usize,
+    ) -> Result<Vec<i32>, TgError> {
+        let mut ids = Vec::new();
+        for chunk in split_message(text, limit) {
+            if chunk.trim().is_empty() {
+                continue;
+            }
+            let id = match format {
+                TelegramFormat::Plain => self.send_text(chat_id, &chunk, false).await?,
+                TelegramFormat::Html => {
+                    match self
+                        .send_text(chat_id, &markdown_to_html(&chunk), true)
+                        .await
+                    {
+                        Ok(id) => id,
+                        Err(e @ (TgError::ParseEntities(_) | TgError::TooLong)) => {
+                            tracing::warn!(
+                                chat_id,
+                                error = %e,
+                                "telegram: formatted reply rejected; resending this part as plain text"
+                            );
+                            self.send_text(chat_id, &chunk, false).await?
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// Shows "typing…" in `chat_id` (Telegram clears it after ~5 s or at the next message).
+    pub async fn send_typing(&self, chat_id: i64) -> Result<(), TgError> {
+        self.bot
+            .send_chat_action(ChatId(chat_id), ChatAction::Typing)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.map_err(e))
+    }
+
+    /// Sets the bot's reaction on a message to `emoji` (one of Telegram's reaction emoji).
+    pub async fn react(&self, chat_id: i64, message_id: i32, emoji: &str) -> Result<(), TgError> {
+        self.bot
+            .set_message_reaction(ChatId(chat_id), MessageId(message_id))
+            .reaction(vec![ReactionType::Emoji {
+                emoji: emoji.to_string(),
+            }])
+            .await
+            .map(|_| ())
+            .map_err(|e| self.map_err(e))
+    }
+
+    /// Sends the file at `path` as `kind`, with an optional caption; returns the message id.
+    pub async fn send_file(
+        &self,
+        chat_id: i64,
+        path: &Path,
+        kind: FileKind,
+        caption: Option<&str>,
+    ) -> Result<i32, TgError> {
+        match tokio::fs::metadata(path).await {
+            Ok(md) if md.is_file() => {}
+            Ok(_) => return Err(TgError::Io(format!("{} is not a file", path.display()))),
+            Err(e) => return Err(TgError::Io(format!("cannot read {}: {e}", path.display()))),
+        }
+        self.with_flood_retry("send file", || async {
+            let chat = ChatId(chat_id);
+            let file = InputFile::file(path.to_path_buf());
+            let sent = match (kind, caption) {
+                (FileKind::Photo, None) => self.bot.send_photo(chat, file).await,
+                (FileKind::Photo, Some(c)) => self.bot.send_photo(chat, file).caption(c).await,
+                (FileKind::Document, None) => self.bot.send_document(chat, file).await,
+                (FileKind::Document, Some(c)) => {
+                    self.bot.send_document(chat, file).caption(c).await
+                }
+                (FileKind::Voice, None) => self.bot.send_voice(chat, file).await,
+                (FileKind::Voice, Some(c)) => self.bot.send_voice(chat, file).caption(c).await,
+                (FileKind::Audio, None) => self.bot.send_audio(chat, file).await,
+                (FileKind::Audio, Some(c)) => self.bot.send_audio(chat, file).caption(c).await,
+            };
+            sent.map(|m| m.id.0).map_err(|e| self.map_err(e))
+        })
+        .await
+    }
+
+    /// Downloads the file `file_id` into `dest_dir` (created with mode 0700 if missing) as
+    /// `<unix ts>-<file_unique_id>.<ext>`, mode 0600. Refused with [`TgError::TooLarge`] when
+    /// `getFile` reports more than `max_bytes`, and stopped (the partial file removed) if more
+    /// arrive while streaming.
+    pub async fn download(
+        &self,
+        file_id: &str,
+        dest_dir: &Path,
+        max_bytes: u64,
+    ) -> Result<PathBuf, TgError> {
+        let file = self
+            .bot
+            .get_file(FileId(file_id.to_string()))
+            .await
+            .map_err(|e| self.map_err(e))?;
+        if let Some(size) = known_size(file.meta.size)
+            && size > max_bytes
+        {
+            return Err(TgError::TooLarge {
+                size,
+                max: max_bytes,
+            });
+        }
+        create_dir_0700(dest_dir).await?;
+        let name = download_file_name(
+            chrono::Utc::now().timestamp(),
+            &file.meta.unique_id.0,
+            &file.path,
+        );
+        let (path, mut out) = create_new_0600(dest_dir, &name).await?;
+        let written = self.stream_to(&file.path, &mut out, max_bytes, &path).await;
+        drop(out);
+        match written {
+            Ok(()) => Ok(path),
+            Err(e) => {
+                if let Err(rm) = tokio::fs::remove_file(&path).await {
+                    tracing::warn!(path = %path.display(), error = %rm, "telegram: cannot remove a partial download");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn stream_to(
+        &self,
+        file_path: &str,
+        out: &mut tokio::fs::File,
+        max_bytes: u64,
+        path: &Path,
+    ) -> Result<(), TgError> {
+        let io_err =
+            |e: std::io::Error| TgError::Io(format!("cannot write {}: {e}", path.display()));
+        let mut stream = self.bot.download_file_stream(file_path);
+        let mut total: u64 = 0;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                if e.is_timeout() {
+                    TgError::Timeout
+                } else {
+                    TgError::Network(self.scrub(&error_chain(&e)))
+                }
+            })?;
+            total += chunk.len() as u64;
+            if total > max_bytes {
+                return Err(TgError::TooLarge {
+                    size: total,
+                    max: max_bytes,
+                });
+            }
+            out.write_all(&chunk).await.map_err(io_err)?;
+        }
+        out.flush().await.map_err(io_err)?;
+        out.sync_all().await.map_err(io_err)?;
+        Ok(())
+    }
+}
+
+async fn create_dir_0700(dir: &Path) -> Result<(), TgError> {
+    let mut b = tokio::fs::DirBuilder::new();
+    b.recursive(true).mode(0o700);
+    b.create(dir)
+        .await
+        .map_err(|e| TgError::Io(format!("cannot create {}: {e}", dir.display())))
+}
+
+/// Creates `dir/name` (or `dir/<stem>-<n>.<ext>` if taken) exclusively with mode 0600.
+async fn create_new_0600(dir: &Path, name: &str) -> Result<(PathBuf, tokio::fs::File), TgError> {
+    let (stem, ext) = name.rsplit_once('.').unwrap_or((name, "bin"));
+    for n in 0..100u32 {
+        let candidate = if n == 0 {
+            dir.join(name)
+        } else {
+            dir.join(format!("{stem}-{n}.{ext}"))
+        };
+        let opened = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&candidate)
+            .await;
+        match opened {
+            Ok(f) => return Ok((candidate, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(TgError::Io(format!(
+                    "cannot create {}: {e}",
+                    candidate.display()
+                )));
+            }
+        }
+    }
+    Err(TgError::Io(format!(
+        "cannot create a free file name for {name} in {}",
+        dir.display()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    const TOKEN: &str = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw";
+
+    fn cfg(api_url: &str) -> TelegramConfig {
+        TelegramConfig {
+            enabled: true,
+            token_env: "AGENTD_TELEGRAM_TOKEN".into(),
+            token: Some(SecretString::from(TOKEN)),
+            api_url: api_url.into(),
+            allow_from: vec![],
+            contacts: BTreeMap::new(),
+            text_chunk_limit: 4096,
+            poll_timeout: Duration::from_secs(1),
+            max_download_bytes: 1024,
+            format: TelegramFormat::Html,
+        }
+    }
+
+    #[test]
+    fn scrub_removes_every_form_of_the_token() {
+        let s = format!(
+            "error sending request for url (http://h/bot{TOKEN}/GetUpdates) / bot{} / secret {}",
+            TOKEN.replace(':', "%3A"),
+            TOKEN.split_once(':').unwrap().1
+        );
+        let out = scrub_token(&s, TOKEN);
+        assert!(!out.contains("AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"), "{out}");
+        assert_eq!(out.matches("<token>").count(), 3, "{out}");
+        assert!(out.contains("http://h/bot<token>/GetUpdates"), "{out}");
+        assert_eq!(scrub_token("nothing here", TOKEN), "nothing here");
+        assert_eq!(scrub_token("x", ""), "x");
+    }
+
+    #[test]
+    fn file_names_are_safe_and_keep_the_extension() {
+        assert_eq!(
+            download_file_name(1700000000, "AgADxyz", "voice/file_3.oga"),
+            "1700000000-AgADxyz.oga"
+        );
+        assert_eq!(
+            download_file_name(1, "../../etc/passwd", "documents/file_9"),
+            "1-etcpasswd.bin"
+        );
+        assert_eq!(download_file_name(1, "", "photos/a.JPG"), "1-file.jpg");
+        assert_eq!(download_file_name(1, "u", "x.t/ar"), "1-u.bin");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn download_names_stay_inside_the_directory(uid in ".{0,80}", path in ".{0,80}") {
+            let name = download_file_name(1_700_000_000, &uid, &path);
+            proptest::prop_assert!(name.starts_with("1700000000-"));
+            proptest::prop_assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)), "{}", name);
+            proptest::prop_assert_eq!(name.matches('.').count(), 1);
+            proptest::prop_assert!(!name.ends_with('.'));
+        }
+
+        #[test]
+        fn scrubbed_text_never_holds_the_token(prefix in ".{0,40}", suffix in ".{0,40}") {
+            let s = format!("{prefix}{TOKEN}{suffix}");
+            proptest::prop_assert!(!scrub_token(&s, TOKEN).contains(TOKEN));
+        }
+    }
+
+    #[test]
+    fn missing_token_and_bad_url_are_config_errors() {
+        let mut c = cfg("http://127.0.0.1:1");
+        c.token = None;
+        let e = TelegramClient::new(&c).unwrap_err();
+        assert!(e.to_string().contains("AGENTD_TELEGRAM_TOKEN"), "{e}");
+        let e = TelegramClient::new(&cfg("not a url")).unwrap_err();
+        assert!(matches!(e, TgError::Config(_)), "{e:?}");
+        assert!(!e.to_string().contains(TOKEN));
+    }
+
+    #[tokio::test]
+    async fn network_errors_never_carry_the_token() {
+        // Port 1 on loopback: connection refused, and reqwest's error names the URL.
+        let client = TelegramClient::new(&cfg("http://127.0.0.1:1")).unwrap();
+        assert_eq!(client.bot_id(), Some(123456789));
+        let e = client
+            .get_updates(0, Duration::from_secs(0))
+            .await
+            .unwrap_err();
+        let text = format!("{e} {e:?}");
+        assert!(matches!(e, TgError::Network(_)), "{text}");
+        assert!(text.contains("Connection refused"), "{text}");
+        assert!(!text.contains(TOKEN.split_once(':').unwrap().1), "{text}");
+        let e = client.send_typing(1).await.unwrap_err();
+        assert!(!format!("{e:?}").contains(TOKEN), "{e:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let e = client.download("f", dir.path(), 10).await.unwrap_err();
+        assert!(!format!("{e:?}").contains(TOKEN), "{e:?}");
+        assert!(!format!("{client:?}").contains(TOKEN));
+    }
+
+    #[tokio::test]
+    async fn request_errors_that_name_the_url_are_scrubbed() {
+        // A real reqwest error from teloxide's own client: its Debug form names the URL with the
+        // token; whatever reaches TgError must not.
+        let client = TelegramClient::new(&cfg("http://127.0.0.1:1")).unwrap();
+        let raw = client
+            .bot
+            .client()
+            .get(format!("http://127.0.0.1:1/bot{TOKEN}/GetMe"))
+            .send()
+            .await
+            .unwrap_err();
+        assert!(format!("{raw:?}").contains(TOKEN), "precondition: {raw:?}");
+        assert!(!client.scrub(&format!("{raw:?}")).contains(TOKEN));
+        let e = client.map_err(RequestError::from(raw));
+        assert!(!format!("{e} {e:?}").contains(TOKEN), "{e:?}");
+        let e = client.map_err(RequestError::Api(ApiError::Unknown(format!(
+            "Bad Request: echo {TOKEN}"
+        ))));
+        assert!(!format!("{e} {e:?}").contains(TOKEN), "{e:?}");
+    }
+}

@@ -1,0 +1,432 @@
+//! Inbound Telegram messages as agentd sees them (SPEC §10.3): pure conversion of a teloxide
+//! `Update` / `Message` into [`TgInbound`], the `allow_from` filter and contact names. Nothing
+//! here does I/O.
+
+use teloxide::types::{Message, Update, UpdateKind};
+
+use crate::config::TelegramConfig;
+
+/// One message from a Telegram user, ready for intake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TgInbound {
+    /// The update's id; the poller confirms `update_id + 1` after intake.
+    pub update_id: i64,
+    /// Where replies go.
+    pub chat_id: i64,
+    /// The sender; what `allow_from` and `contacts` match.
+    pub user_id: i64,
+    /// The message's id in its chat (for reactions and replies).
+    pub message_id: i32,
+    /// The session key: the contact name whose id is `user_id`, else `tg:<user id>`.
+    pub from_name: String,
+    /// The text, or the media caption; empty when there is neither.
+    pub text: String,
+    /// An attachment to download (photos: the largest size).
+    pub media: Option<TgMedia>,
+    /// `/reset`, `/stop` or `/status` (also `/reset@bot_name`, arguments ignored).
+    pub is_command: Option<TgCommand>,
+}
+
+/// An attachment of an inbound message. Download it with `TelegramClient::download`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TgMedia {
+    pub kind: TgMediaKind,
+    pub file_id: String,
+    /// The sender's file name (documents and some audio files).
+    pub file_name: Option<String>,
+    /// MIME type as reported by Telegram (photos: `image/jpeg`).
+    pub mime: Option<String>,
+    /// Size in bytes, when Telegram reports it.
+    pub size: Option<u64>,
+}
+
+/// Kinds of attachment agentd accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TgMediaKind {
+    Photo,
+    Voice,
+    Audio,
+    Document,
+}
+
+/// Chat commands of allowed users (SPEC §10.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TgCommand {
+    /// Archive this chat's session.
+    Reset,
+    /// Cancel the message in flight.
+    Stop,
+    /// Report status.
+    Status,
+}
+
+/// Whether `user_id` may talk to the bot: listed in `allow_from` (empty = nobody).
+pub fn allowed(user_id: i64, cfg: &TelegramConfig) -> bool {
+    cfg.allow_from.contains(&user_id)
+}
+
+/// The session key of `user_id`: the first contact name (in name order) mapped to it, else
+/// `tg:<user id>`.
+pub fn contact_name(user_id: i64, cfg: &TelegramConfig) -> String {
+    cfg.contacts
+        .iter()
+        .find(|(_, id)| **id == user_id)
+        .map_or_else(|| format!("tg:{user_id}"), |(name, _)| name.clone())
+}
+
+/// The command at the start of `text`, if it is one of ours: `/reset`, `/stop`, `/status`,
+/// optionally addressed (`/stop@my_bot`) and followed by arguments.
+pub fn parse_command(text: &str) -> Option<TgCommand> {
+    let first = text.split_whitespace().next()?;
+    let name = first.strip_prefix('/')?;
+    let name = name.split_once('@').map_or(name, |(n, _)| n);
+    match name.to_ascii_lowercase().as_str() {
+        "reset" => Some(TgCommand::Reset),
+        "stop" => Some(TgCommand::Stop),
+        "status" => Some(TgCommand::Status),
+        _ => None,
+    }
+}
+
+/// The bot's own user id: the number before the colon of a bot token.
+pub fn bot_id_from_token(token: &str) -> Option<i64> {
+    token.split_once(':')?.0.parse().ok()
+}
+
+/// The inbound message carried by `update`, or `None` for anything agentd ignores: updates
+/// other than `message`, messages without a user sender, messages from bots (including this
+/// one, `bot_id`), and messages with neither text, caption nor a supported attachment.
+/// `allow_from` is NOT checked here (the poller logs rejected senders).
+pub fn from_update(
+    update: &Update,
+    bot_id: Option<i64>,
+    cfg: &TelegramConfig,
+) -> Option<TgInbound> {
+    match &update.kind {
+        UpdateKind::Message(msg) => from_message(i64::from(update.id.0), msg, bot_id, cfg),
+        _ => None,
+    }
+}
+
+/// See [`from_update`].
+pub fn from_message(
+    update_id: i64,
+    msg: &Message,
+    bot_id: Option<i64>,
+    cfg: &TelegramConfig,
+) -> Option<TgInbound> {
+    let from = msg.from.as_ref()?;
+    let user_id = i64::try_from(from.id.0).ok()?;
+    if from.is_bot || Some(user_id) == bot_id {
+        return None;
+    }
+    let text = msg
+        .text()
+        .or_else(|| msg.caption())
+        .unwrap_or("")
+        .to_string();
+    let media = media_of(msg);
+    if text.trim().is_empty() && media.is_none() {
+        return None;
+    }
+    let is_command = msg.text().and_then(parse_command);
+    Some(TgInbound {
+        update_id,
+        chat_id: msg.chat.id.0,
+        user_id,
+        message_id: msg.id.0,
+        from_name: contact_name(user_id, cfg),
+        text,
+        media,
+        is_command,
+    })
+}
+
+/// A file size from teloxide, where a missing size is `u32::MAX`.
+fn known_size(size: u32) -> Option<u64> {
+    (size != u32::MAX).then_some(u64::from(size))
+}
+
+fn media_of(msg: &Message) -> Option<TgMedia> {
+    if let Some(sizes) = msg.photo() {
+        let best = sizes
+            .iter()
+            .max_by_key(|p| (u64::from(p.width) * u64::from(p.height), p.file.size))?;
+        return Some(TgMedia {
+            kind: TgMediaKind::Photo,
+            file_id: best.file.id.0.clone(),
+            file_name: None,
+            mime: Some("image/jpeg".into()),
+            size: known_size(best.file.size),
+        });
+    }
+    if let Some(v) = msg.voice() {
+        return Some(TgMedia {
+            kind: TgMediaKind::Voice,
+            file_id: v.file.id.0.clone(),
+            file_name: None,
+            mime: v.mime_type.as_ref().map(ToString::to_string),
+            size: known_size(v.file.size),
+        });
+    }
+    if let Some(a) = msg.audio() {
+        return Some(TgMedia {
+            kind: TgMediaKind::Audio,
+            file_id: a.file.id.0.clone(),
+            file_name: a.file_name.clone(),
+            mime: a.mime_type.as_ref().map(ToString::to_string),
+            size: known_size(a.file.size),
+        });
+    }
+    if let Some(d) = msg.document() {
+        return Some(TgMedia {
+            kind: TgMediaKind::Document,
+            file_id: d.file.id.0.clone(),
+            file_name: d.file_name.clone(),
+            mime: d.mime_type.as_ref().map(ToString::to_string),
+            size: known_size(d.file.size),
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::config::TelegramFormat;
+
+    fn cfg() -> TelegramConfig {
+        TelegramConfig {
+            enabled: true,
+            token_env: "AGENTD_TELEGRAM_TOKEN".into(),
+            token: None,
+            api_url: "https://api.telegram.org".into(),
+            allow_from: vec![42, 7],
+            contacts: BTreeMap::from([("Alice".to_string(), 42), ("Zed".to_string(), 42)]),
+            text_chunk_limit: 4096,
+            poll_timeout: Duration::from_secs(30),
+            max_download_bytes: 20 << 20,
+            format: TelegramFormat::Html,
+        }
+    }
+
+    fn message(from: Value, extra: Value) -> Message {
+        let mut m = json!({
+            "message_id": 17,
+            "from": from,
+            "chat": {"id": 42, "type": "private", "first_name": "A"},
+            "date": 1_700_000_000,
+        });
+        if let (Some(m), Some(e)) = (m.as_object_mut(), extra.as_object()) {
+            m.extend(e.clone());
+        }
+        serde_json::from_value(m).expect("valid Message JSON")
+    }
+
+    fn user(id: i64) -> Value {
+        json!({"id": id, "is_bot": false, "first_name": "A"})
+    }
+
+    fn update(kind: &str, payload: Value) -> Update {
+        let mut u = serde_json::Map::new();
+        u.insert("update_id".into(), json!(900));
+        u.insert(kind.into(), payload);
+        // From text, as teloxide parses it: `UpdateKind` needs borrowed keys.
+        serde_json::from_str(&Value::Object(u).to_string()).expect("valid Update")
+    }
+
+    #[test]
+    fn text_message_becomes_inbound_with_contact_name() {
+        let m = message(user(42), json!({"text": "hello"}));
+        let got = from_message(5, &m, Some(999), &cfg()).expect("accepted");
+        assert_eq!(
+            got,
+            TgInbound {
+                update_id: 5,
+                chat_id: 42,
+                user_id: 42,
+                message_id: 17,
+                from_name: "Alice".into(),
+                text: "hello".into(),
+                media: None,
+                is_command: None,
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_sender_is_named_by_id() {
+        let m = message(user(555), json!({"text": "hi"}));
+        assert_eq!(
+            from_message(1, &m, None, &cfg()).unwrap().from_name,
+            "tg:555"
+        );
+        assert_eq!(contact_name(555, &cfg()), "tg:555");
+    }
+
+    #[test]
+    fn allow_from_is_exact_and_empty_means_nobody() {
+        assert!(allowed(42, &cfg()));
+        assert!(!allowed(43, &cfg()));
+        let mut c = cfg();
+        c.allow_from.clear();
+        assert!(!allowed(42, &c));
+    }
+
+    #[test]
+    fn own_and_other_bot_messages_are_ignored() {
+        let own = message(
+            json!({"id": 999, "is_bot": true, "first_name": "Me", "username": "me_bot"}),
+            json!({"text": "echo"}),
+        );
+        assert!(from_message(1, &own, Some(999), &cfg()).is_none());
+        let other = message(
+            json!({"id": 5, "is_bot": true, "first_name": "B", "username": "b_bot"}),
+            json!({"text": "x"}),
+        );
+        assert!(from_message(1, &other, Some(999), &cfg()).is_none());
+        // Even if is_bot were missing, our own id is recognised.
+        let spoof = message(user(999), json!({"text": "x"}));
+        assert!(from_message(1, &spoof, Some(999), &cfg()).is_none());
+    }
+
+    #[test]
+    fn non_message_updates_are_ignored() {
+        let edited = update(
+            "edited_message",
+            json!({"message_id": 1, "from": user(42), "date": 1, "edit_date": 2,
+                   "chat": {"id": 42, "type": "private", "first_name": "A"}, "text": "x"}),
+        );
+        assert!(from_update(&edited, None, &cfg()).is_none());
+        let msg = update(
+            "message",
+            json!({"message_id": 1, "from": user(42), "date": 1,
+                   "chat": {"id": 42, "type": "private", "first_name": "A"}, "text": "x"}),
+        );
+        let got = from_update(&msg, None, &cfg()).expect("message update accepted");
+        assert_eq!(got.update_id, 900);
+    }
+
+    #[test]
+    fn photo_takes_largest_size_and_caption() {
+        let m = message(
+            user(42),
+            json!({"caption": "look", "photo": [
+                {"file_id": "small", "file_unique_id": "s", "width": 90, "height": 60, "file_size": 10},
+                {"file_id": "big", "file_unique_id": "b", "width": 1280, "height": 960, "file_size": 5000},
+                {"file_id": "mid", "file_unique_id": "m", "width": 320, "height": 240, "file_size": 100},
+            ]}),
+        );
+        let got = from_message(1, &m, None, &cfg()).unwrap();
+        assert_eq!(got.text, "look");
+        let media = got.media.unwrap();
+        assert_eq!(media.kind, TgMediaKind::Photo);
+        assert_eq!(media.file_id, "big");
+        assert_eq!(media.size, Some(5000));
+    }
+
+    #[test]
+    fn voice_audio_and_document_are_recognised() {
+        let v = message(
+            user(42),
+            json!({"voice": {"file_id": "v1", "file_unique_id": "u", "duration": 3,
+                              "mime_type": "audio/ogg", "file_size": 1234}}),
+        );
+        let got = from_message(1, &v, None, &cfg()).unwrap();
+        assert_eq!(got.text, "");
+        let media = got.media.unwrap();
+        assert_eq!(
+            (media.kind, media.mime.as_deref(), media.size),
+            (TgMediaKind::Voice, Some("audio/ogg"), Some(1234))
+        );
+
+        let a = message(
+            user(42),
+            json!({"audio": {"file_id": "a1", "file_unique_id": "u", "duration": 60,
+                              "file_name": "song.mp3", "mime_type": "audio/mpeg"}}),
+        );
+        let media = from_message(1, &a, None, &cfg()).unwrap().media.unwrap();
+        assert_eq!(media.kind, TgMediaKind::Audio);
+        assert_eq!(media.file_name.as_deref(), Some("song.mp3"));
+        assert_eq!(
+            media.size, None,
+            "a missing file_size is unknown, not u32::MAX"
+        );
+
+        let d = message(
+            user(42),
+            json!({"caption": "the report", "document": {"file_id": "d1", "file_unique_id": "u",
+                   "file_name": "r.pdf", "mime_type": "application/pdf", "file_size": 99}}),
+        );
+        let got = from_message(1, &d, None, &cfg()).unwrap();
+        assert_eq!(got.text, "the report");
+        let media = got.media.unwrap();
+        assert_eq!(
+            (
+                media.kind,
+                media.file_name.as_deref(),
+                media.mime.as_deref()
+            ),
+            (
+                TgMediaKind::Document,
+                Some("r.pdf"),
+                Some("application/pdf")
+            )
+        );
+    }
+
+    #[test]
+    fn messages_without_content_are_ignored() {
+        let sticker = message(
+            user(42),
+            json!({"sticker": {"file_id": "s", "file_unique_id": "u", "type": "regular",
+                   "width": 512, "height": 512, "is_animated": false, "is_video": false}}),
+        );
+        assert!(from_message(1, &sticker, None, &cfg()).is_none());
+        let blank = message(user(42), json!({"text": "   "}));
+        assert!(from_message(1, &blank, None, &cfg()).is_none());
+    }
+
+    #[test]
+    fn commands_are_parsed() {
+        assert_eq!(parse_command("/reset"), Some(TgCommand::Reset));
+        assert_eq!(parse_command("/stop@agentd_bot"), Some(TgCommand::Stop));
+        assert_eq!(parse_command("/status now please"), Some(TgCommand::Status));
+        assert_eq!(parse_command("/STOP"), Some(TgCommand::Stop));
+        assert_eq!(parse_command("/start"), None);
+        assert_eq!(parse_command("reset"), None);
+        assert_eq!(parse_command("please /reset"), None);
+        assert_eq!(parse_command(""), None);
+        let m = message(user(42), json!({"text": "/reset"}));
+        assert_eq!(
+            from_message(1, &m, None, &cfg()).unwrap().is_command,
+            Some(TgCommand::Reset)
+        );
+        // A caption is never a command.
+        let c = message(
+            user(42),
+            json!({"caption": "/reset", "document": {"file_id": "d", "file_unique_id": "u"}}),
+        );
+        assert_eq!(from_message(1, &c, None, &cfg()).unwrap().is_command, None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn commands_only_from_a_leading_slash(text in ".{0,40}") {
+            if parse_command(&text).is_some() {
+                proptest::prop_assert!(text.trim_start().starts_with('/'));
+            }
+        }
+    }
+
+    #[test]
+    fn bot_id_comes_from_the_token() {
+        assert_eq!(bot_id_from_token("123456:ABC-def"), Some(123456));
+        assert_eq!(bot_id_from_token("garbage"), None);
+    }
+}
