@@ -263,6 +263,53 @@ impl IntakeHandler {
     }
 }
 
+impl IntakeHandler {
+    /// Deliver replies that a crash left unsent (no `delivery` record at all). A reply with an
+    /// intent but no outcome is NOT sent again — Telegram has no idempotency key — only logged.
+    pub async fn recover_deliveries(&self) {
+        let Some(deliverer) = self.dispatcher.deliverer() else {
+            return;
+        };
+        for (key, entry) in self.store.index() {
+            let Ok(Some(session)) = self.store.get(&key) else {
+                continue;
+            };
+            let s = session.clone();
+            let Ok(Ok(lines)) = tokio::task::spawn_blocking(move || s.read_trail()).await else {
+                continue;
+            };
+            let (todo, uncertain) = super::delivery::undelivered(&lines);
+            for ids in uncertain {
+                tracing::warn!(session_key = %key, ?ids, "a reply was being sent when agentd stopped; not sending it again");
+            }
+            for (ids, text) in todo {
+                let intakes: Vec<Intake> = lines
+                    .iter()
+                    .filter_map(|l| match &l.event {
+                        Event::Intake(i) if ids.contains(&i.id) => Some(i.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                let work = Work {
+                    intakes,
+                    resume: false,
+                };
+                if let Some(target) = super::delivery::target_for(&work, &self.agent.cfg) {
+                    tracing::info!(session_key = %key, session = %entry.session_id, "delivering a reply left unsent by a restart");
+                    super::workers::deliver_recorded(
+                        &session,
+                        deliverer.as_ref(),
+                        &target,
+                        &ids,
+                        &text,
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+}
+
 /// The text a notification becomes: a header naming where it came from, the message, and any
 /// structured data.
 pub fn notify_text(

@@ -7,6 +7,7 @@ pub mod intake;
 pub mod notify;
 pub mod pidlock;
 pub mod signals;
+pub mod telegram;
 pub mod workers;
 
 use std::path::PathBuf;
@@ -165,7 +166,29 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         store: store.clone(),
         dispatcher: dispatcher.clone(),
     });
+    // Deliverer first (replies a crash left unsent), then unfinished work, then new input.
+    let telegram = if cfg.telegram.enabled {
+        Some(
+            telegram::install(&cfg, &dispatcher)
+                .map_err(|e| DaemonError::Startup(format!("telegram: {e}")))?,
+        )
+    } else {
+        None
+    };
+    intake.recover_deliveries().await;
     intake.recover().await;
+    if let Some(client) = telegram {
+        telegram::start_poller(
+            client,
+            cfg.clone(),
+            agent.db.clone(),
+            intake.clone(),
+            dispatcher.clone(),
+            monitor.clone(),
+            &tracker,
+            stop.clone(),
+        );
+    }
 
     // Sources. The FIFO is created last: its existence tells clients the daemon is ready.
     let (tx, mut rx) = mpsc::channel(INTAKE_QUEUE);

@@ -92,7 +92,7 @@ impl Dispatcher {
         *self.deliverer.write().unwrap_or_else(|p| p.into_inner()) = Some(d);
     }
 
-    fn deliverer(&self) -> Option<Arc<dyn Deliverer>> {
+    pub fn deliverer(&self) -> Option<Arc<dyn Deliverer>> {
         self.deliverer
             .read()
             .unwrap_or_else(|p| p.into_inner())

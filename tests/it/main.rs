@@ -7,6 +7,8 @@ mod architecture;
 mod concurrency;
 mod daemon_e2e;
 mod fake_llm_selftest;
+mod fake_telegram_selftest;
 mod http_api;
 mod http_daemon;
 mod systemd;
+mod telegram_e2e;

@@ -1,0 +1,243 @@
+//! Wiring of the Telegram channel into the daemon: the poller's sink is durable intake (SPEC
+//! §5.2: the offset advances only after the intake record is written), chat commands for allowed
+//! users, media downloads into `inbox/`, reply delivery and the typing indicator, the offset in
+//! `agentd.db`, and poller health in the monitor.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::delivery::{Deliverer, Target};
+use super::intake::IntakeHandler;
+use super::workers::Dispatcher;
+use crate::channels::telegram::client::TelegramClient;
+use crate::channels::telegram::inbound::{TgCommand, TgInbound, TgMediaKind};
+use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
+use crate::config::Config;
+use crate::monitor::Monitor;
+use crate::session::{Intake, Route};
+use crate::store::Db;
+
+const OFFSET_KEY: &str = "telegram.offset";
+
+struct DbOffsets(Db);
+
+impl OffsetStore for DbOffsets {
+    fn load(&self) -> BoxFuture<'_, Option<i64>> {
+        Box::pin(async move {
+            match self.0.kv_get(OFFSET_KEY).await {
+                Ok(v) => v.and_then(|s| s.parse().ok()),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the Telegram offset; starting from the server's");
+                    None
+                }
+            }
+        })
+    }
+
+    fn save(&self, offset: i64) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.0.kv_set(OFFSET_KEY, &offset.to_string()).await {
+                tracing::error!(error = %e, "cannot save the Telegram offset");
+            }
+        })
+    }
+}
+
+struct Sink {
+    cfg: Arc<Config>,
+    client: TelegramClient,
+    intake: Arc<IntakeHandler>,
+    dispatcher: Arc<Dispatcher>,
+}
+
+impl Sink {
+    async fn command(&self, msg: &TgInbound, cmd: TgCommand) -> Result<(), String> {
+        let key = &msg.from_name;
+        let reply = match cmd {
+            TgCommand::Reset => {
+                let n = self.intake.reset(key, "telegram /reset").await;
+                if n > 0 {
+                    "Session reset. The conversation so far is archived."
+                } else {
+                    "There is no session to reset."
+                }
+                .to_string()
+            }
+            TgCommand::Stop => {
+                if self.dispatcher.stop_session(key) {
+                    "Stopping the message in flight.".to_string()
+                } else {
+                    "Nothing is running.".to_string()
+                }
+            }
+            TgCommand::Status => format!(
+                "{}: {} message(s) running, {} queued.",
+                self.cfg.agent.name,
+                self.dispatcher.active_sessions(),
+                self.dispatcher.queue_depth()
+            ),
+        };
+        if let Err(e) = self
+            .client
+            .send_reply(
+                msg.chat_id,
+                &reply,
+                self.cfg.telegram.format,
+                self.cfg.telegram.text_chunk_limit,
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "cannot answer a Telegram command");
+        }
+        Ok(())
+    }
+}
+
+impl TgSink for Sink {
+    fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            if let Some(cmd) = msg.is_command {
+                return self.command(&msg, cmd).await;
+            }
+            let mut text = msg.text.clone();
+            let mut attachments = Vec::new();
+            if let Some(media) = &msg.media {
+                let inbox = self.cfg.paths.state_dir.join("inbox");
+                match self
+                    .client
+                    .download(&media.file_id, &inbox, self.cfg.telegram.max_download_bytes)
+                    .await
+                {
+                    Ok(path) => {
+                        let shown = path.display().to_string();
+                        if media.kind == TgMediaKind::Voice && text.is_empty() {
+                            text = format!(
+                                "[voice note saved as {shown}; no transcription is configured]"
+                            );
+                        }
+                        attachments.push(shown);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Telegram download failed");
+                        text.push_str(&format!("\n[attachment could not be downloaded: {e}]"));
+                    }
+                }
+            }
+            if text.trim().is_empty() && attachments.is_empty() {
+                return Ok(());
+            }
+            let intake = Intake {
+                id: format!("tg-{}", msg.update_id),
+                source: "telegram".into(),
+                from: msg.from_name.clone(),
+                text,
+                tier: None,
+                attachments,
+                route: Some(Route::Telegram {
+                    chat_id: msg.chat_id,
+                    message_id: Some(msg.message_id),
+                }),
+            };
+            self.intake.accept(&msg.from_name, intake).await
+        })
+    }
+}
+
+struct TgDeliverer {
+    cfg: Arc<Config>,
+    client: TelegramClient,
+}
+
+impl Deliverer for TgDeliverer {
+    fn deliver<'a>(
+        &'a self,
+        target: &'a Target,
+        text: &'a str,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let Target::Telegram { chat_id } = target;
+            self.client
+                .send_reply(
+                    *chat_id,
+                    text,
+                    self.cfg.telegram.format,
+                    self.cfg.telegram.text_chunk_limit,
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn typing<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Target::Telegram { chat_id } = target;
+            if let Err(e) = self.client.send_typing(*chat_id).await {
+                tracing::debug!(error = %e, "typing indicator failed");
+            }
+        })
+    }
+}
+
+/// Build the client and install it as the reply deliverer. Call before recovery, so replies a
+/// crash left unsent can be delivered, and before `start_poller`.
+pub fn install(cfg: &Arc<Config>, dispatcher: &Dispatcher) -> Result<TelegramClient, String> {
+    let client = TelegramClient::new(&cfg.telegram).map_err(|e| e.to_string())?;
+    dispatcher.set_deliverer(Arc::new(TgDeliverer {
+        cfg: cfg.clone(),
+        client: client.clone(),
+    }));
+    Ok(client)
+}
+
+/// Start the poller (not waiting for Telegram: its health goes to the monitor).
+#[allow(clippy::too_many_arguments)]
+pub fn start_poller(
+    client: TelegramClient,
+    cfg: Arc<Config>,
+    db: Db,
+    intake: Arc<IntakeHandler>,
+    dispatcher: Arc<Dispatcher>,
+    monitor: Arc<Monitor>,
+    tracker: &TaskTracker,
+    stop: CancellationToken,
+) {
+    let (health_tx, mut health_rx) = poll::health_channel();
+    {
+        let stop = stop.clone();
+        tracker.spawn(async move {
+            loop {
+                let h = health_rx.borrow_and_update().clone();
+                monitor.set_channel("telegram", serde_json::to_value(&h).unwrap_or_default());
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    r = health_rx.changed() => if r.is_err() { return },
+                }
+            }
+        });
+    }
+    let sink = Arc::new(Sink {
+        cfg: cfg.clone(),
+        client: client.clone(),
+        intake,
+        dispatcher,
+    });
+    let tg_cfg = cfg.telegram.clone();
+    tracker.spawn(async move {
+        if let Err(e) = poll::run(
+            client,
+            tg_cfg,
+            Arc::new(DbOffsets(db)),
+            sink,
+            health_tx,
+            stop,
+        )
+        .await
+        {
+            tracing::error!(error = %e, "Telegram poller stopped");
+        }
+    });
+}

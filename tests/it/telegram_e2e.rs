@@ -1,0 +1,158 @@
+//! The real daemon against the fake Bot API (issue: channels, must-show 1): allowed users get
+//! the model's reply, others get nothing (and are logged with their id), long replies arrive
+//! split within the limit, 409 storms are survived, and a restart in the middle of a
+//! conversation neither loses nor repeats a message.
+
+use std::time::Duration;
+
+use crate::daemon_e2e::{agentd_toml, provider_toml};
+use crate::support::daemon::TestDaemon;
+use crate::support::fake_llm::{FakeLlm, Reply, Wire};
+use crate::support::fake_telegram::FakeTelegram;
+use crate::support::wait_until;
+
+const TOKEN: &str = "123456:TEST-secret-token";
+const ALICE: i64 = 1001;
+const MALLORY: i64 = 2002;
+const WAIT: Duration = Duration::from_secs(40);
+
+fn daemon(llm: &FakeLlm, tg: &FakeTelegram, format: &str) -> TestDaemon {
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\nformat = \"{format}\"\ncontacts = {{ Alice = {ALICE} }}\n\n[behavior]\ndebounce_ms = 50",
+            tg.api_url()
+        ),
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &llm.base_url()))],
+    );
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.start();
+    d
+}
+
+fn sent_to(tg: &FakeTelegram, chat: i64) -> Vec<String> {
+    tg.sent()
+        .into_iter()
+        .filter(|m| m.chat_id == chat)
+        .map(|m| m.plain)
+        .collect()
+}
+
+#[test]
+fn allowed_user_gets_the_reply_and_others_get_nothing() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Hello **Alice**!"));
+    let tg = FakeTelegram::spawn(TOKEN);
+    let d = daemon(&llm, &tg, "html");
+    tg.push_text(MALLORY, MALLORY, "let me in");
+    tg.push_text(ALICE, ALICE, "hi bot");
+    wait_until(WAIT, "reply to Alice", || {
+        (!sent_to(&tg, ALICE).is_empty()).then_some(())
+    });
+    let got = sent_to(&tg, ALICE);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].contains("Hello") && got[0].contains("Alice"),
+        "{got:?}"
+    );
+    assert!(sent_to(&tg, MALLORY).is_empty());
+    assert_eq!(
+        llm.requests().len(),
+        1,
+        "only Alice's message reached the model"
+    );
+    assert!(d.log().contains(&MALLORY.to_string()), "rejected id logged");
+    assert!(!d.log().contains("TEST-secret-token"), "token never logged");
+    // The session is keyed by the contact name and the trail records the delivery.
+    let trail = d.trail("Alice");
+    assert!(
+        trail
+            .iter()
+            .any(|l| l["type"] == "delivery" && l["status"] == "done"),
+        "{trail:#?}"
+    );
+    assert!(!tg.actions().is_empty(), "typing indicator sent");
+}
+
+#[test]
+fn long_reply_is_split_within_the_limit() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let para = "The quick brown fox jumps over the lazy dog. ".repeat(20);
+    let long: String = (0..10).map(|i| format!("Part {i}. {para}\n\n")).collect();
+    let long = long[..9000.min(long.len())].to_string();
+    llm.push(Reply::text(long.clone()));
+    let tg = FakeTelegram::spawn(TOKEN);
+    let _d = daemon(&llm, &tg, "plain");
+    tg.push_text(ALICE, ALICE, "tell me a long story");
+    let chunks = wait_until(WAIT, "the split reply", || {
+        let s = sent_to(&tg, ALICE);
+        let total: usize = s
+            .iter()
+            .map(|c| c.chars().filter(|c| !c.is_whitespace()).count())
+            .sum();
+        let want = long.chars().filter(|c| !c.is_whitespace()).count();
+        (total >= want).then_some(s)
+    });
+    assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+    for c in &chunks {
+        assert!(c.encode_utf16().count() <= 4096);
+    }
+    let squash = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+    assert_eq!(squash(&chunks.concat()), squash(&long));
+}
+
+#[test]
+fn conflict_storm_is_survived() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.fail_next(4, 409);
+    let _d = daemon(&llm, &tg, "plain");
+    tg.push_text(ALICE, ALICE, "are you there?");
+    wait_until(WAIT, "reply after the 409 storm", || {
+        (!sent_to(&tg, ALICE).is_empty()).then_some(())
+    });
+}
+
+#[test]
+fn restart_mid_conversation_neither_loses_nor_repeats() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::Hang);
+    llm.push(Reply::text("answer one"));
+    llm.push(Reply::text("answer two"));
+    let tg = FakeTelegram::spawn(TOKEN);
+    let mut d = daemon(&llm, &tg, "plain");
+    tg.push_text(ALICE, ALICE, "first question");
+    wait_until(WAIT, "the model call", || {
+        (llm.requests().len() == 1).then_some(())
+    });
+    d.kill9();
+    d.start();
+    wait_until(WAIT, "answer one", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m.contains("answer one"))
+            .then_some(())
+    });
+    tg.push_text(ALICE, ALICE, "second question");
+    wait_until(WAIT, "answer two", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m.contains("answer two"))
+            .then_some(())
+    });
+    let sent = sent_to(&tg, ALICE);
+    assert_eq!(
+        sent,
+        vec!["answer one".to_string(), "answer two".to_string()],
+        "{sent:?}"
+    );
+    let trail = d.trail("Alice");
+    let intakes = trail.iter().filter(|l| l["type"] == "intake").count();
+    assert_eq!(
+        intakes, 2,
+        "the first update is not taken in twice: {trail:#?}"
+    );
+}
