@@ -156,3 +156,23 @@ fn restart_mid_conversation_neither_loses_nor_repeats() {
         "the first update is not taken in twice: {trail:#?}"
     );
 }
+
+/// A 5xx from the Bot API and a poll that never answers: the daemon's poller backs off,
+/// detects the hung poll, restarts it, and the message still gets its reply.
+#[test]
+fn server_error_and_hanging_poll_are_survived() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.fail_next(1, 502);
+    tg.hang_next_poll();
+    let d = daemon(&llm, &tg, "plain");
+    tg.push_text(ALICE, ALICE, "still alive?");
+    wait_until(Duration::from_secs(120), "reply after a 502 and a hung poll", || {
+        (!sent_to(&tg, ALICE).is_empty()).then_some(())
+    });
+    let mon: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.state_dir.join("monitor.json")).unwrap()).unwrap();
+    let health = &mon["channels"]["telegram"];
+    assert!(health["last_poll_ok_at"].is_string(), "{mon}");
+    assert!(health["restarts"].as_u64().unwrap_or(0) >= 1, "hung poll restarted: {mon}");
+}
