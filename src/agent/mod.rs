@@ -89,6 +89,20 @@ impl Agent {
             .unwrap_or_else(|| "primary".to_string())
     }
 
+    /// Model for a unit of work: `vision` when the message carries an image and that model is
+    /// loaded, else the source's route.
+    pub fn route_work(&self, work: &Work) -> String {
+        let has_image = work
+            .intakes
+            .iter()
+            .flat_map(|i| &i.attachments)
+            .any(|a| image_media_type(a).is_some());
+        if has_image && self.cfg.models.get("vision").is_some() {
+            return "vision".to_string();
+        }
+        self.route(work.source())
+    }
+
     /// Process one unit of work on `state` (which the caller loaded and saves afterwards).
     pub async fn process(
         &self,
@@ -97,7 +111,7 @@ impl Agent {
         work: &Work,
         cancel: &CancellationToken,
     ) -> Finish {
-        let model = self.route(work.source());
+        let model = self.route_work(work);
         let handle = self.monitor.begin(&session.id, &session.key, &model);
         let result = self
             .run_loop(session, state, work, &model, handle, cancel)
@@ -137,8 +151,19 @@ impl Agent {
         let cfg = &self.cfg;
         let ids = work.ids();
         if !work.resume {
-            let msg = self.user_turn(work);
-            let mut ev = MessageEvent::new(msg.clone());
+            let images = if self
+                .cfg
+                .models
+                .get(model)
+                .is_some_and(|m| m.supports_vision)
+            {
+                load_images(work).await
+            } else {
+                Vec::new()
+            };
+            let msg = self.user_turn(work, images);
+            // Images are never persisted: the trail gets the placeholders.
+            let mut ev = MessageEvent::new(msg.without_images());
             ev.reply_to = ids.clone();
             ev.source = Some(work.source().to_string());
             ev.from = Some(work.from().to_string());
@@ -294,7 +319,7 @@ impl Agent {
 
     /// The user turn for `work`: the dynamic context block, then each intake's text with its
     /// time prefix (debounced messages are joined with newlines).
-    fn user_turn(&self, work: &Work) -> Message {
+    fn user_turn(&self, work: &Work, images: Vec<UserBlock>) -> Message {
         let cfg = &self.cfg;
         let now = Utc::now();
         let tz = cfg.agent.timezone;
@@ -321,9 +346,9 @@ impl Agent {
             })
             .collect();
         text.push_str(&joined.join("\n"));
-        Message::User {
-            content: vec![UserBlock::Text { text: context }, UserBlock::Text { text }],
-        }
+        let mut content = vec![UserBlock::Text { text: context }, UserBlock::Text { text }];
+        content.extend(images);
+        Message::User { content }
     }
 
     /// A crash between a tool call and its results leaves calls without results: answer them
@@ -491,6 +516,56 @@ impl Agent {
             }),
         }
     }
+}
+
+/// Largest image passed to a model (Anthropic's per-image limit).
+const MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
+
+/// The media type of an image attachment, by extension.
+fn image_media_type(path: &str) -> Option<&'static str> {
+    let ext = std::path::Path::new(path)
+        .extension()?
+        .to_str()?
+        .to_ascii_lowercase();
+    Some(match ext.as_str() {
+        "jpg" | "jpeg" => "image/jpeg",
+        "png" => "image/png",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        _ => return None,
+    })
+}
+
+/// Image blocks for the message's image attachments (read off the async workers). They are
+/// sent for this message's calls only; the trail and later calls keep the text placeholder.
+async fn load_images(work: &Work) -> Vec<UserBlock> {
+    use base64::Engine;
+    let paths: Vec<String> = work
+        .intakes
+        .iter()
+        .flat_map(|i| i.attachments.clone())
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        paths
+            .iter()
+            .filter_map(|p| {
+                let media_type = image_media_type(p)?;
+                let len = std::fs::metadata(p).ok()?.len();
+                if len > MAX_IMAGE_BYTES {
+                    tracing::warn!(path = %p, bytes = len, "image too large to pass to the model");
+                    return None;
+                }
+                let bytes = std::fs::read(p).ok()?;
+                Some(UserBlock::Image {
+                    media_type: media_type.to_string(),
+                    data: base64::engine::general_purpose::STANDARD.encode(bytes),
+                    placeholder: format!("[image: {p}]"),
+                })
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default()
 }
 
 /// Default prompt tier per source (SPEC §5.6).

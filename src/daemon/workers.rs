@@ -255,9 +255,7 @@ impl Dispatcher {
         state: &mut Option<SessionState>,
         work: Work,
     ) -> std::io::Result<()> {
-        let model = self
-            .agent
-            .route(work.intakes.first().map_or("user", |i| i.source.as_str()));
+        let model = self.agent.route_work(&work);
         let store = self.store.clone();
         let k = key.to_string();
         let m = model.clone();

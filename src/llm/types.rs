@@ -43,6 +43,24 @@ impl Message {
         matches!(self, Message::User { .. })
     }
 
+    /// This message with every image replaced by its text placeholder (what is persisted).
+    pub fn without_images(&self) -> Message {
+        match self {
+            Message::User { content } => Message::User {
+                content: content
+                    .iter()
+                    .map(|b| match b {
+                        UserBlock::Image { placeholder, .. } => UserBlock::Text {
+                            text: placeholder.clone(),
+                        },
+                        other => other.clone(),
+                    })
+                    .collect(),
+            },
+            other => other.clone(),
+        }
+    }
+
     /// Tool calls of an assistant message (empty for other roles).
     pub fn tool_calls(&self) -> &[ToolCall] {
         match self {

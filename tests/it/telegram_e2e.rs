@@ -167,12 +167,62 @@ fn server_error_and_hanging_poll_are_survived() {
     tg.hang_next_poll();
     let d = daemon(&llm, &tg, "plain");
     tg.push_text(ALICE, ALICE, "still alive?");
-    wait_until(Duration::from_secs(120), "reply after a 502 and a hung poll", || {
-        (!sent_to(&tg, ALICE).is_empty()).then_some(())
-    });
+    wait_until(
+        Duration::from_secs(120),
+        "reply after a 502 and a hung poll",
+        || (!sent_to(&tg, ALICE).is_empty()).then_some(()),
+    );
     let mon: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.state_dir.join("monitor.json")).unwrap()).unwrap();
     let health = &mon["channels"]["telegram"];
     assert!(health["last_poll_ok_at"].is_string(), "{mon}");
-    assert!(health["restarts"].as_u64().unwrap_or(0) >= 1, "hung poll restarted: {mon}");
+    assert!(
+        health["restarts"].as_u64().unwrap_or(0) >= 1,
+        "hung poll restarted: {mon}"
+    );
+}
+
+/// A photo from Telegram is downloaded into inbox/, routed to the `vision` model and passed as
+/// an image block for that message's calls only; later requests carry the text placeholder.
+#[test]
+fn photo_goes_to_the_vision_model_once() {
+    use base64::Engine;
+    let llm = FakeLlm::spawn(Wire::Anthropic);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let providers = format!(
+        "{}\n[models.vision]\nmodel = \"fake-vision\"\nsupports_vision = true\n",
+        provider_toml("anthropic", &llm.base_url())
+    );
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\nformat = \"plain\"\ncontacts = {{ Alice = {ALICE} }}\n\n[behavior]\ndebounce_ms = 50",
+            tg.api_url()
+        ),
+    );
+    let mut d = TestDaemon::new(&toml, &[("fake", &providers)]);
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.start();
+    let png = b"\x89PNG\r\n\x1a\nfake-png-bytes".to_vec();
+    tg.push_photo(ALICE, ALICE, &png, Some("what is this?"));
+    wait_until(WAIT, "reply to the photo", || {
+        (!sent_to(&tg, ALICE).is_empty()).then_some(())
+    });
+    tg.push_text(ALICE, ALICE, "and now?");
+    wait_until(WAIT, "second reply", || {
+        (sent_to(&tg, ALICE).len() == 2).then_some(())
+    });
+    let reqs = llm.requests();
+    assert_eq!(reqs[0]["model"], "fake-vision");
+    let first = serde_json::to_string(&reqs[0]["messages"]).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&png);
+    assert!(first.contains(&b64), "image block sent: {first}");
+    assert!(first.contains("what is this?"));
+    assert_eq!(reqs[1]["model"], "fake-model");
+    let second = serde_json::to_string(&reqs[1]["messages"]).unwrap();
+    assert!(!second.contains(&b64), "image not re-sent");
+    assert!(second.contains("[image: "), "placeholder instead: {second}");
+    // Never persisted: the trail has no image data.
+    let trail = serde_json::to_string(&d.trail("Alice")).unwrap();
+    assert!(!trail.contains(&b64));
 }
