@@ -57,7 +57,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
         out.push(reachable(&format!("model {name}"), &spec.base_url).await);
     }
     if cfg.telegram.enabled {
-        out.push(reachable("telegram api", &cfg.telegram.api_url).await);
+        out.push(telegram(cfg).await);
     }
     out.push(state_dir(cfg));
     out.push(database(cfg).await);
@@ -73,6 +73,23 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
         )
     });
     out
+}
+
+/// Telegram `getMe` with the configured token (errors never contain the token).
+async fn telegram(cfg: &Config) -> Check {
+    let client = match crate::channels::telegram::client::TelegramClient::new(&cfg.telegram) {
+        Ok(c) => c,
+        Err(e) => return check("telegram getMe", Status::Fail, e.to_string()),
+    };
+    match tokio::time::timeout(Duration::from_secs(10), client.get_me()).await {
+        Ok(Ok(me)) => check(
+            "telegram getMe",
+            Status::Pass,
+            format!("bot @{} (id {})", me.username.unwrap_or_default(), me.id),
+        ),
+        Ok(Err(e)) => check("telegram getMe", Status::Fail, e.to_string()),
+        Err(_) => check("telegram getMe", Status::Fail, "no answer in 10 s"),
+    }
 }
 
 /// Can we open a TCP connection to the URL's host? (No request is made: that would need the

@@ -226,3 +226,32 @@ fn photo_goes_to_the_vision_model_once() {
     let trail = serde_json::to_string(&d.trail("Alice")).unwrap();
     assert!(!trail.contains(&b64));
 }
+
+/// `agentd doctor` checks Telegram with getMe against the configured API.
+#[test]
+fn doctor_checks_telegram_get_me() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\n\n[behavior]",
+            tg.api_url()
+        ),
+    );
+    let d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &llm.base_url()))],
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["doctor", "-c"])
+        .arg(&d.config_path)
+        .env("AGENTD_STATE_DIR", &d.state_dir)
+        .env("AGENTD_TELEGRAM_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(table.contains("PASS  telegram getMe"), "{table}");
+    assert!(!table.contains("secret-token"), "{table}");
+}
