@@ -97,8 +97,15 @@ impl Agent {
             .iter()
             .flat_map(|i| &i.attachments)
             .any(|a| image_media_type(a).is_some());
-        if has_image && self.cfg.models.get("vision").is_some() {
-            return "vision".to_string();
+        if has_image {
+            let vision = self
+                .cfg
+                .routing
+                .get("vision")
+                .map_or("vision", String::as_str);
+            if self.cfg.models.get(vision).is_some() {
+                return vision.to_string();
+            }
         }
         self.route(work.source())
     }
@@ -150,6 +157,9 @@ impl Agent {
     ) -> Result<Finish, Option<Fail>> {
         let cfg = &self.cfg;
         let ids = work.ids();
+        // Calls left without results (a crash, /stop during tools) are answered before
+        // anything is appended: providers reject a tool call without its result.
+        self.repair_dangling(session, state).await?;
         if !work.resume {
             let images = if self
                 .cfg
@@ -457,10 +467,17 @@ impl Agent {
         event: Event,
     ) -> Result<(), Option<Fail>> {
         match append(session, event).await {
-            Ok(line) => {
+            Ok(line) if line.seq > state.last_seq => {
                 state.apply(&line);
                 Ok(())
             }
+            Ok(line) => Err(Some(Fail {
+                reply: self.cfg.behavior.error_message.clone(),
+                error: format!(
+                    "trail sequence went backwards (line {} after state {}); the state is rebuilt from the trail on the next message",
+                    line.seq, state.last_seq
+                ),
+            })),
             Err(e) => Err(Some(Fail {
                 reply: self.cfg.behavior.error_message.clone(),
                 error: format!("cannot write the session trail: {e}"),

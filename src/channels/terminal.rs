@@ -37,7 +37,7 @@ pub async fn run(intake: Arc<IntakeHandler>, dispatcher: Arc<Dispatcher>, stop: 
         let id = uuid::Uuid::now_v7().to_string();
         let done = dispatcher.wait_for(&id);
         let intake_item = Intake {
-            id,
+            id: id.clone(),
             source: "terminal".into(),
             from: "terminal".into(),
             text: text.to_string(),
@@ -46,7 +46,10 @@ pub async fn run(intake: Arc<IntakeHandler>, dispatcher: Arc<Dispatcher>, stop: 
             route: None,
         };
         let answer = match intake.accept("terminal", intake_item).await {
-            Err(e) => format!("[error] {e}"),
+            Err(e) => {
+                dispatcher.forget(&id);
+                format!("[error] {e}")
+            }
             Ok(()) => tokio::select! {
                 _ = stop.cancelled() => return,
                 c = done => match c.map(|c| c.finish) {

@@ -36,14 +36,20 @@ impl DaemonBackend {
     fn state_dir(&self) -> PathBuf {
         self.cfg.paths.state_dir.clone()
     }
+}
 
+/// Writes `/chat` attachments into `inbox/` (blocking: decode + fsync).
+struct AttachmentSaver {
+    inbox: PathBuf,
+}
+
+impl AttachmentSaver {
     /// Decode attachments into `inbox/` (mode 0600) and return their paths.
-    fn save_attachments(
+    fn save(
         &self,
         id: &str,
         attachments: &[crate::api::backend::AttachmentIn],
     ) -> Result<Vec<String>, BackendError> {
-        let inbox = self.state_dir().join("inbox");
         let mut out = Vec::new();
         for (n, a) in attachments.iter().enumerate() {
             let bytes = base64::engine::general_purpose::STANDARD
@@ -57,14 +63,28 @@ impl DaemonBackend {
                 .and_then(|f| std::path::Path::new(f).extension())
                 .and_then(|e| e.to_str())
                 .filter(|e| e.len() <= 8 && e.chars().all(|c| c.is_ascii_alphanumeric()))
+                .or_else(|| extension_for(&a.content_type))
                 .unwrap_or("bin");
-            let path = inbox.join(format!("{id}-{n}.{ext}"));
+            let path = self.inbox.join(format!("{id}-{n}.{ext}"));
             crate::fsutil::atomic_write(&path, &bytes)
                 .map_err(|e| BackendError::Internal(format!("cannot save attachment: {e}")))?;
             out.push(path.display().to_string());
         }
         Ok(out)
     }
+}
+
+/// A file extension for common content types (images are recognised by extension later).
+fn extension_for(content_type: &str) -> Option<&'static str> {
+    Some(match content_type.split(';').next()?.trim() {
+        "image/jpeg" => "jpg",
+        "image/png" => "png",
+        "image/gif" => "gif",
+        "image/webp" => "webp",
+        "application/pdf" => "pdf",
+        "text/plain" => "txt",
+        _ => return None,
+    })
 }
 
 fn blocking<T: Send + 'static>(
@@ -88,10 +108,18 @@ impl ApiBackend for DaemonBackend {
                 ));
             }
             let id = uuid::Uuid::now_v7().to_string();
-            let attachments = self.save_attachments(&id, &req.attachments)?;
+            let attachments = {
+                let me = AttachmentSaver {
+                    inbox: self.state_dir().join("inbox"),
+                };
+                let (id, list) = (id.clone(), req.attachments.clone());
+                tokio::task::spawn_blocking(move || me.save(&id, &list))
+                    .await
+                    .map_err(|e| BackendError::Internal(e.to_string()))??
+            };
             let done = self.dispatcher.wait_for(&id);
             let intake = Intake {
-                id,
+                id: id.clone(),
                 source: "http".into(),
                 from: sender,
                 text: req.message,
@@ -99,10 +127,10 @@ impl ApiBackend for DaemonBackend {
                 attachments,
                 route: None,
             };
-            self.intake
-                .accept(&key, intake)
-                .await
-                .map_err(BackendError::Unavailable)?;
+            if let Err(e) = self.intake.accept(&key, intake).await {
+                self.dispatcher.forget(&id);
+                return Err(BackendError::Unavailable(e));
+            }
             let c = done
                 .await
                 .map_err(|_| BackendError::Unavailable("agentd is shutting down".into()))?;

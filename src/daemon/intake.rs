@@ -157,14 +157,15 @@ impl IntakeHandler {
         let store = self.store.clone();
         let k = key.to_string();
         let model = self.agent.route(&intake.source);
-        let ev = Event::Intake(intake.clone());
-        let recorded = tokio::task::spawn_blocking(move || {
-            let session = store.get_or_create(&k, &model)?;
-            session.append(ev)
-        })
-        .await;
+        let item = intake.clone();
+        let recorded =
+            tokio::task::spawn_blocking(move || store.append_intake(&k, &model, item)).await;
         let err = match recorded {
-            Ok(Ok(_)) => {
+            Ok(Ok((_, false))) => {
+                tracing::info!(id = %intake.id, session_key = %key, "duplicate intake id; already accepted, not queued again");
+                return Ok(());
+            }
+            Ok(Ok((_, true))) => {
                 tracing::info!(id = %intake.id, session_key = %key, source = %intake.source, "message accepted");
                 self.dispatcher
                     .submit(
@@ -271,7 +272,10 @@ impl IntakeHandler {
             return;
         };
         for (key, entry) in self.store.index() {
-            let Ok(Some(session)) = self.store.get(&key) else {
+            let store = self.store.clone();
+            let k = key.clone();
+            let Ok(Ok(Some(session))) = tokio::task::spawn_blocking(move || store.get(&k)).await
+            else {
                 continue;
             };
             let s = session.clone();
@@ -290,6 +294,11 @@ impl IntakeHandler {
                         _ => None,
                     })
                     .collect();
+                // Only Telegram messages: their target was fixed when they arrived. (A FIFO
+                // sender who became a contact later must not get old replies.)
+                if intakes.first().is_none_or(|i| i.source != "telegram") {
+                    continue;
+                }
                 let work = Work {
                     intakes,
                     resume: false,

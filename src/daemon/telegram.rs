@@ -20,14 +20,20 @@ use crate::monitor::Monitor;
 use crate::session::{Intake, Route};
 use crate::store::Db;
 
-const OFFSET_KEY: &str = "telegram.offset";
+/// The offset belongs to one bot: switching tokens must not skip the new bot's updates.
+fn offset_key(bot_id: Option<i64>) -> String {
+    match bot_id {
+        Some(id) => format!("telegram.{id}.offset"),
+        None => "telegram.offset".to_string(),
+    }
+}
 
-struct DbOffsets(Db);
+struct DbOffsets(Db, String);
 
 impl OffsetStore for DbOffsets {
     fn load(&self) -> BoxFuture<'_, Option<i64>> {
         Box::pin(async move {
-            match self.0.kv_get(OFFSET_KEY).await {
+            match self.0.kv_get(&self.1).await {
                 Ok(v) => v.and_then(|s| s.parse().ok()),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot read the Telegram offset; starting from the server's");
@@ -39,7 +45,7 @@ impl OffsetStore for DbOffsets {
 
     fn save(&self, offset: i64) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            if let Err(e) = self.0.kv_set(OFFSET_KEY, &offset.to_string()).await {
+            if let Err(e) = self.0.kv_set(&self.1, &offset.to_string()).await {
                 tracing::error!(error = %e, "cannot save the Telegram offset");
             }
         })
@@ -130,7 +136,10 @@ impl TgSink for Sink {
                 return Ok(());
             }
             let intake = Intake {
-                id: format!("tg-{}", msg.update_id),
+                id: match self.client.bot_id() {
+                    Some(bot) => format!("tg-{bot}-{}", msg.update_id),
+                    None => format!("tg-{}", msg.update_id),
+                },
                 source: "telegram".into(),
                 from: msg.from_name.clone(),
                 text,
@@ -226,11 +235,12 @@ pub fn start_poller(
         dispatcher,
     });
     let tg_cfg = cfg.telegram.clone();
+    let bot_id = client.bot_id();
     tracker.spawn(async move {
         if let Err(e) = poll::run(
             client,
             tg_cfg,
-            Arc::new(DbOffsets(db)),
+            Arc::new(DbOffsets(db, offset_key(bot_id))),
             sink,
             health_tx,
             stop,

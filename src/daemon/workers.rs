@@ -185,9 +185,26 @@ impl Dispatcher {
                     let Ok(_permit) = self.permits.clone().acquire_owned().await else {
                         break;
                     };
+                    // Shutdown began during the debounce window or the wait for a permit: do
+                    // not start the message; its intake is pending and resumes after restart.
+                    if self.stop.is_cancelled() {
+                        break;
+                    }
+                    let ids = work.ids();
                     if let Err(e) = self.run_message(&key, &mut state, work).await {
                         tracing::error!(session_key = %key, error = %e, "message processing failed");
                         state = None;
+                        // Nobody waits forever: tell waiters (HTTP /chat, agentd chat).
+                        self.complete(
+                            &ids,
+                            Completion {
+                                session_id: String::new(),
+                                finish: Finish::Failed {
+                                    reply: self.agent.cfg.behavior.error_message.clone(),
+                                    error: e.to_string(),
+                                },
+                            },
+                        );
                     }
                 }
                 Job::Reset { reason } => {
@@ -259,9 +276,23 @@ impl Dispatcher {
         let store = self.store.clone();
         let k = key.to_string();
         let m = model.clone();
-        let session = tokio::task::spawn_blocking(move || store.get_or_create(&k, &m))
-            .await
-            .map_err(std::io::Error::other)??;
+        // The intake records must be in the trail of the session that answers them: after a
+        // reset that raced this message they are re-recorded in the new session (a no-op for
+        // ids the session already has), so recovery and `agent-send --wait` find them.
+        let intakes = if work.resume {
+            Vec::new()
+        } else {
+            work.intakes.clone()
+        };
+        let session = tokio::task::spawn_blocking(move || {
+            let mut session = store.get_or_create(&k, &m)?;
+            for i in intakes {
+                session = store.append_intake(&k, &m, i)?.0;
+            }
+            Ok::<_, std::io::Error>(session)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
         if state.as_ref().is_none_or(|s| s.id != session.id) {
             let s = session.clone();
             *state = Some(
@@ -329,11 +360,17 @@ impl Dispatcher {
                 tracing::info!(session = %session.id, "message interrupted; it resumes after restart")
             }
         }
+        // The trail is the source of truth: a snapshot that cannot be written (full disk) is
+        // rebuilt from it later, so this is a warning, not a failure of the message.
         let snapshot = st.clone();
         let s = session.clone();
-        tokio::task::spawn_blocking(move || s.save_state(&snapshot))
-            .await
-            .map_err(std::io::Error::other)??;
+        match tokio::task::spawn_blocking(move || s.save_state(&snapshot)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(session = %session.id, error = %e, "cannot save the state snapshot")
+            }
+            Err(e) => tracing::warn!(session = %session.id, error = %e, "snapshot task failed"),
+        }
 
         let text = match &finish {
             Finish::Reply {
@@ -362,18 +399,32 @@ impl Dispatcher {
         {
             w.send(webhook_payload(&work, &session.id, &finish));
         }
-        if finish != Finish::Cancelled {
-            let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            for id in work.ids() {
-                if let Some(tx) = waiters.remove(&id) {
-                    let _ = tx.send(Completion {
-                        session_id: session.id.clone(),
-                        finish: finish.clone(),
-                    });
-                }
+        self.complete(
+            &work.ids(),
+            Completion {
+                session_id: session.id.clone(),
+                finish,
+            },
+        );
+        Ok(())
+    }
+
+    /// Tell whoever waits for these intake ids (also on `Cancelled`, so they stop waiting).
+    fn complete(&self, ids: &[String], c: Completion) {
+        let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            if let Some(tx) = waiters.remove(id) {
+                let _ = tx.send(c.clone());
             }
         }
-        Ok(())
+    }
+
+    /// Drop a waiter whose message was never accepted.
+    pub fn forget(&self, id: &str) {
+        self.waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 }
 

@@ -41,6 +41,8 @@ pub struct SessionHandle {
     pub key: String,
     dir: PathBuf,
     trail: Mutex<TrailWriter>,
+    /// Intake ids already in the trail (loaded on first intake).
+    intake_ids: Mutex<Option<HashSet<String>>>,
 }
 
 impl SessionStore {
@@ -71,13 +73,22 @@ impl SessionStore {
     /// The session for `key`, created (index entry + `session` event) if it does not exist.
     pub fn get_or_create(&self, key: &str, model: &str) -> io::Result<Arc<SessionHandle>> {
         let mut inner = self.lock();
+        self.get_or_create_locked(&mut inner, key, model)
+    }
+
+    fn get_or_create_locked(
+        &self,
+        inner: &mut Inner,
+        key: &str,
+        model: &str,
+    ) -> io::Result<Arc<SessionHandle>> {
         if let Some(entry) = inner.index.get(key) {
             let id = entry.session_id.clone();
-            return self.open_handle(&mut inner, key, &id);
+            return self.open_handle(inner, key, &id);
         }
         let id = uuid::Uuid::now_v7().to_string();
         let now = chrono::Utc::now().timestamp();
-        let h = self.open_handle(&mut inner, key, &id)?;
+        let h = self.open_handle(inner, key, &id)?;
         h.append(Event::Session {
             session_id: id.clone(),
             key: key.to_string(),
@@ -92,6 +103,42 @@ impl SessionStore {
         );
         index::write_index(&self.dir, &inner.index)?;
         Ok(h)
+    }
+
+    /// Durable intake: get or create the session of `key` and append `intake`, under the store
+    /// lock so a concurrent reset cannot archive the trail in between. An id the session has
+    /// already taken in is not written again (`Ok((id, false))`): redelivered Telegram updates
+    /// and retried client lines are accepted once.
+    pub fn append_intake(
+        &self,
+        key: &str,
+        model: &str,
+        intake: Intake,
+    ) -> io::Result<(Arc<SessionHandle>, bool)> {
+        let mut inner = self.lock();
+        let h = self.get_or_create_locked(&mut inner, key, model)?;
+        let mut ids = h.intake_ids.lock().unwrap_or_else(|p| p.into_inner());
+        if ids.is_none() {
+            let known = trail::read_trail(&self.dir, &h.id)?
+                .into_iter()
+                .filter_map(|l| match l.event {
+                    Event::Intake(i) => Some(i.id),
+                    _ => None,
+                })
+                .collect();
+            *ids = Some(known);
+        }
+        let set = ids.as_mut().expect("filled above");
+        if set.contains(&intake.id) {
+            drop(ids);
+            return Ok((h, false));
+        }
+        let id = intake.id.clone();
+        h.append(Event::Intake(intake))?;
+        set.insert(id);
+        drop(ids);
+        drop(inner);
+        Ok((h, true))
     }
 
     /// The session for `key` if it exists.
@@ -117,6 +164,7 @@ impl SessionStore {
             key: key.to_string(),
             dir: self.dir.clone(),
             trail: Mutex::new(TrailWriter::open(&self.dir, id, self.tz)?),
+            intake_ids: Mutex::new(None),
         });
         inner.open.insert(id.to_string(), h.clone());
         Ok(h)
@@ -134,6 +182,10 @@ impl SessionStore {
             reason: reason.to_string(),
         })?;
         inner.open.remove(&entry.session_id);
+        // Index first: a crash while moving files then leaves files of a session the index no
+        // longer names (harmless), never an index entry pointing at half-moved files.
+        inner.index.remove(key);
+        index::write_index(&self.dir, &inner.index)?;
         let archive = self.dir.join(".archive");
         let prefix = format!("{}.", entry.session_id);
         for e in std::fs::read_dir(&self.dir)? {
@@ -143,8 +195,7 @@ impl SessionStore {
             }
         }
         fsutil::fsync_dir(&archive)?;
-        inner.index.remove(key);
-        index::write_index(&self.dir, &inner.index)?;
+        fsutil::fsync_dir(&self.dir)?;
         Ok(true)
     }
 

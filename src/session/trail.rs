@@ -29,11 +29,16 @@ impl TrailWriter {
     /// tail of the newest file.
     pub fn open(dir: &Path, id: &str, tz: Tz) -> io::Result<TrailWriter> {
         let files = trail_files(dir, id)?;
-        let mut next_seq = 1;
         if let Some(last) = files.last() {
             truncate_torn_tail(last)?;
-            if let Some(line) = last_line(last)? {
+        }
+        // The newest file may be empty (a crash during the first write of a new day, a full
+        // disk): walk back until a line is found, so `seq` never goes backwards.
+        let mut next_seq = 1;
+        for f in files.iter().rev() {
+            if let Some(line) = last_line(f)? {
                 next_seq = line.seq + 1;
+                break;
             }
         }
         Ok(TrailWriter {
@@ -224,6 +229,21 @@ mod tests {
         // Other sessions' files with a shared prefix are not picked up.
         fs::write(d.path().join("s10.2026-11-03.jsonl"), "").unwrap();
         assert_eq!(trail_files(d.path(), "s1").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn seq_continues_past_an_empty_newest_file() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        w.append_at(ev("a"), "2026-11-03T10:00:00Z".parse().unwrap())
+            .unwrap();
+        w.append_at(ev("b"), "2026-11-03T10:00:01Z".parse().unwrap())
+            .unwrap();
+        drop(w);
+        // A crash during the first write of the next day leaves an empty file.
+        fs::write(d.path().join("s1.2026-11-04.jsonl"), "").unwrap();
+        let w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        assert_eq!(w.next_seq(), 3);
     }
 
     #[test]

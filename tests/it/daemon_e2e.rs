@@ -898,3 +898,72 @@ fn chat_answers_on_stdout_and_stops_at_eof() {
     assert!(stdout.contains("hello from the terminal"), "{stdout}");
     assert_eq!(d.trail("terminal")[1]["source"], "terminal");
 }
+
+/// A message that was stopped during its tool calls leaves calls without results; the next
+/// message must answer them first, or the provider would reject every later request.
+#[test]
+fn next_message_repairs_calls_left_by_a_stopped_message() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::text("fresh start"));
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    let sessions = d.sessions_dir();
+    std::fs::create_dir_all(&sessions).unwrap();
+    let id = "0190aaaa-bbbb-7ccc-8ddd-ffffffffffff";
+    std::fs::write(
+        sessions.join("sessions.json"),
+        format!(r#"{{"kim": {{"session_id": "{id}", "created_at": 1795300000}}}}"#),
+    )
+    .unwrap();
+    let lines = [
+        format!(r#"{{"v":1,"seq":1,"ts":"2026-11-22T01:00:00.000+00:00","type":"session","session_id":"{id}","key":"kim","model":"primary"}}"#),
+        r#"{"v":1,"seq":2,"ts":"2026-11-22T01:00:00.100+00:00","type":"intake","id":"k1","source":"user","from":"kim","text":"run it"}"#.to_string(),
+        r#"{"v":1,"seq":3,"ts":"2026-11-22T01:00:00.200+00:00","type":"message","role":"user","content":[{"type":"text","text":"run it"}],"reply_to":["k1"]}"#.to_string(),
+        r#"{"v":1,"seq":4,"ts":"2026-11-22T01:00:01.000+00:00","type":"message","role":"assistant","text":"","tool_calls":[{"id":"tc9","name":"read","arguments":{"path":"SOUL.md"}}],"turn":1,"sent_messages":1}"#.to_string(),
+        r#"{"v":1,"seq":5,"ts":"2026-11-22T01:00:02.000+00:00","type":"failure","reply_to":["k1"],"error":"stopped by the user","reply":"Stopped."}"#.to_string(),
+    ];
+    std::fs::write(
+        sessions.join(format!("{id}.2026-11-22.jsonl")),
+        lines.join("\n") + "\n",
+    )
+    .unwrap();
+    d.start();
+    fifo_write(
+        &d,
+        r#"{"id":"k2","type":"user","text":"next","sender":"kim"}"#,
+    );
+    let fin = wait_outcome(&d, "kim", "k2");
+    assert_eq!(fin["text"], "fresh start");
+    let msgs = fake.requests()[0]["messages"].clone();
+    let m = msgs.as_array().unwrap();
+    // user, assistant(tool_use), user(tool_result error + new turn merged)
+    assert_eq!(m.len(), 3, "{msgs}");
+    assert_eq!(m[2]["content"][0]["type"], "tool_result");
+    assert_eq!(m[2]["content"][0]["tool_use_id"], "tc9");
+    assert!(serde_json::to_string(&m[2]).unwrap().contains("] next"));
+}
+
+/// Intake is idempotent by id: the same control line written twice is processed once.
+#[test]
+fn duplicate_intake_ids_are_accepted_once() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let d = daemon_with(&fake, "openai");
+    let line = r#"{"id":"same-id","type":"user","text":"only once","sender":"lee"}"#;
+    fifo_write(&d, line);
+    wait_outcome(&d, "lee", "same-id");
+    fifo_write(&d, line);
+    fifo_write(
+        &d,
+        r#"{"id":"other","type":"user","text":"marker","sender":"lee"}"#,
+    );
+    wait_outcome(&d, "lee", "other");
+    let trail = d.trail("lee");
+    assert_eq!(
+        count(&trail, |l| l["type"] == "intake" && l["id"] == "same-id"),
+        1
+    );
+    assert_eq!(fake.requests().len(), 2, "one call per distinct message");
+    assert!(d.log().contains("duplicate intake id"));
+}

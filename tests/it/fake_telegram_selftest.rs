@@ -934,7 +934,10 @@ async fn rejected_html_falls_back_to_plain_text() {
     let sent = fake.sent();
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].parse_mode, None);
-    assert_eq!(sent[0].text, "**bold** and <b>");
+    assert_eq!(
+        sent[0].text, "bold and <b>",
+        "the fallback strips the Markdown markers"
+    );
     let tries: Vec<Value> = fake
         .requests()
         .into_iter()

@@ -21,7 +21,7 @@ use teloxide::types::{
 use teloxide::{ApiError, Bot, RequestError};
 use tokio::io::AsyncWriteExt;
 
-use super::format::markdown_to_html;
+use super::format::{markdown_to_html, strip_to_plain};
 use super::inbound::bot_id_from_token;
 use super::split::split_message;
 use crate::config::{TelegramConfig, TelegramFormat};
@@ -341,7 +341,10 @@ impl TelegramClient {
                 continue;
             }
             let id = match format {
-                TelegramFormat::Plain => self.send_text(chat_id, &chunk, false).await?,
+                TelegramFormat::Plain => {
+                    self.send_text(chat_id, &strip_to_plain(&chunk), false)
+                        .await?
+                }
                 TelegramFormat::Html => {
                     match self
                         .send_text(chat_id, &markdown_to_html(&chunk), true)
@@ -354,7 +357,8 @@ impl TelegramClient {
                                 error = %e,
                                 "telegram: formatted reply rejected; resending this part as plain text"
                             );
-                            self.send_text(chat_id, &chunk, false).await?
+                            self.send_text(chat_id, &strip_to_plain(&chunk), false)
+                                .await?
                         }
                         Err(e) => return Err(e),
                     }
