@@ -20,6 +20,7 @@ pub mod llm;
 pub mod metrics;
 pub mod monitor;
 pub mod session;
+pub mod skills;
 pub mod store;
 pub mod telemetry;
 pub mod tools;

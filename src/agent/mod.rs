@@ -31,6 +31,7 @@ pub struct Agent {
     pub tools: Arc<ToolRegistry>,
     pub monitor: Arc<Monitor>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub skills: Arc<crate::skills::SkillSet>,
     pub started: Instant,
 }
 
@@ -201,15 +202,17 @@ impl Agent {
             // Workspace files are re-read for every call (SPEC §6), off the async workers.
             let workspace = cfg.agent.workspace.clone();
             let files = cfg.agent.context.files_for(&tier);
-            let system =
-                tokio::task::spawn_blocking(move || prompt::system_blocks(&workspace, &files))
-                    .await
-                    .map_err(|e| {
-                        Some(Fail {
-                            reply: cfg.behavior.error_message.clone(),
-                            error: format!("cannot read workspace files: {e}"),
-                        })
-                    })?;
+            let skills_text = self.skills.semi_stable_text();
+            let system = tokio::task::spawn_blocking(move || {
+                prompt::system_blocks(&workspace, &files, &skills_text)
+            })
+            .await
+            .map_err(|e| {
+                Some(Fail {
+                    reply: cfg.behavior.error_message.clone(),
+                    error: format!("cannot read workspace files: {e}"),
+                })
+            })?;
             let req = ChatRequest {
                 session_id: session.id.clone(),
                 system,
@@ -333,6 +336,13 @@ impl Agent {
         let cfg = &self.cfg;
         let now = Utc::now();
         let tz = cfg.agent.timezone;
+        let all_text: String = work
+            .intakes
+            .iter()
+            .map(|i| i.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let triggered = self.skills.triggered(&all_text);
         let context = prompt::DynamicContext {
             now,
             tz,
@@ -340,6 +350,7 @@ impl Agent {
             from: work.from(),
             max_turns: cfg.behavior.max_turns_per_message,
             silent_tokens: &cfg.behavior.silent_tokens,
+            skills: &triggered,
         }
         .render();
         let mut text = prompt::time_prefix(now, tz);

@@ -15,13 +15,21 @@ use crate::llm::{SystemBlock, SystemTier};
 /// System blocks for a tier: one stable block and one semi_stable block, each the tier's files
 /// as `--- NAME ---` + content, in the configured order. Missing files are skipped (logged at
 /// debug); an empty tier gives no block.
-pub fn system_blocks(workspace: &Path, files: &TierFiles) -> Vec<SystemBlock> {
+/// `extra_semi` (the skills index and `always_on` skill bodies) is appended to the
+/// semi_stable block.
+pub fn system_blocks(workspace: &Path, files: &TierFiles, extra_semi: &str) -> Vec<SystemBlock> {
     let mut out = Vec::new();
     for (tier, names) in [
         (SystemTier::Stable, &files.stable),
         (SystemTier::SemiStable, &files.semi_stable),
     ] {
-        let text = render_files(workspace, names);
+        let mut text = render_files(workspace, names);
+        if tier == SystemTier::SemiStable && !extra_semi.is_empty() {
+            if !text.is_empty() {
+                text.push_str("\n\n");
+            }
+            text.push_str(extra_semi);
+        }
         if !text.is_empty() {
             out.push(SystemBlock { tier, text });
         }
@@ -57,6 +65,8 @@ pub struct DynamicContext<'a> {
     pub from: &'a str,
     pub max_turns: u32,
     pub silent_tokens: &'a [String],
+    /// Bodies of skills whose trigger appears in this message.
+    pub skills: &'a [crate::skills::Skill],
 }
 
 impl DynamicContext<'_> {
@@ -83,8 +93,15 @@ impl DynamicContext<'_> {
                 self.silent_tokens.join(", ")
             )
         };
+        let mut skills = String::new();
+        for s in self.skills {
+            skills.push_str(&format!(
+                "\nSkill triggered by this message:\n--- SKILL {} ---\n{}\n",
+                s.name, s.body
+            ));
+        }
         format!(
-            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n</agentd-context>",
+            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{skills}</agentd-context>",
             self.now
                 .with_timezone(&self.tz)
                 .format("%a, %d. %b %Y - %H:%M %Z"),
@@ -154,12 +171,17 @@ mod tests {
             stable: vec!["SOUL.md".into(), "MISSING.md".into(), "USER.md".into()],
             semi_stable: vec!["MEMORY.md".into()],
         };
-        let b = system_blocks(d.path(), &files);
+        let b = system_blocks(d.path(), &files, "");
         assert_eq!(b.len(), 2);
         assert_eq!(b[0].tier, SystemTier::Stable);
         assert_eq!(b[0].text, "--- SOUL.md ---\nsoul\n\n--- USER.md ---\nuser");
         assert_eq!(b[1].text, "--- MEMORY.md ---\nmem");
-        assert!(system_blocks(d.path(), &TierFiles::default()).is_empty());
+        assert!(system_blocks(d.path(), &TierFiles::default(), "").is_empty());
+        let with_skills = system_blocks(d.path(), &files, "--- SKILLS ---\n- x: y");
+        assert_eq!(
+            with_skills[1].text,
+            "--- MEMORY.md ---\nmem\n\n--- SKILLS ---\n- x: y"
+        );
     }
 
     #[test]
@@ -171,6 +193,7 @@ mod tests {
             from: "alice",
             max_turns: 50,
             silent_tokens: &toks(),
+            skills: &[],
         }
         .render();
         assert!(c.contains("Sender: alice"));

@@ -129,9 +129,24 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         tracing::info!(model = %name, provider = %spec.provider, api_model = %spec.model, "model loaded");
     }
     let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
+    let skills = Arc::new(crate::skills::SkillSet::load(
+        &cfg.agent.skills.dir,
+        &cfg.agent.skills.always_on,
+    ));
+    let mut tool_list = builtin_tools(&cfg.tools);
+    if cfg
+        .tools
+        .enabled
+        .as_ref()
+        .is_none_or(|e| e.iter().any(|n| n == "load_skill"))
+    {
+        tool_list.push(Arc::new(crate::skills::LoadSkillTool {
+            skills: skills.clone(),
+        }));
+    }
     let tools = Arc::new(
         ToolRegistry::new(
-            builtin_tools(&cfg.tools),
+            tool_list,
             cfg.tools.exec_timeout,
             cfg.behavior.output_truncation,
         )
@@ -145,6 +160,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         tools,
         monitor: monitor.clone(),
         metrics: metrics.clone(),
+        skills: skills.clone(),
         started,
     };
     let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
@@ -284,12 +300,14 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
                 Some(signals::Signal::Hangup) => {
                     // Workspace files are re-read for every message; skills and schedules
                     // will reload here once they exist. agentd.toml needs a restart.
-                    notifier.reloading("reloading workspace");
-                    tracing::info!("SIGHUP: workspace reloaded (files are re-read per message; agentd.toml changes need a restart)");
+                    notifier.reloading("reloading workspace and skills");
+                    let n = skills.rescan();
+                    tracing::info!(skills = n, "SIGHUP: workspace and skills reloaded (workspace files are re-read per message; agentd.toml changes need a restart)");
                     notifier.ready_again("ready");
                 }
                 Some(signals::Signal::User1) => {
-                    tracing::info!("SIGUSR1: skill rescan requested (no skills subsystem yet)");
+                    let n = skills.rescan();
+                    tracing::info!(skills = n, "SIGUSR1: skills rescanned");
                 }
                 Some(_) => {}
                 None => break,

@@ -410,7 +410,7 @@ fn anthropic_requests_are_append_only_with_four_breakpoints() {
     }
 
     let n_tools = reqs[0]["tools"].as_array().unwrap().len();
-    assert_eq!(n_tools, 2, "read and session_status");
+    assert_eq!(n_tools, 3, "load_skill, read and session_status");
     for (i, req) in reqs.iter().enumerate() {
         let sys = req["system"].as_array().unwrap();
         assert_eq!(sys.len(), 2, "stable + semi_stable blocks");
@@ -695,7 +695,7 @@ fn wrap_up_notice_and_tools_withheld_on_last_turn() {
     assert_eq!(reqs[2]["tool_choice"], serde_json::json!({"type": "none"}));
     assert_eq!(
         reqs[2]["tools"].as_array().unwrap().len(),
-        2,
+        3,
         "tools stay defined"
     );
     let second = serde_json::to_string(&reqs[1]["messages"]).unwrap();
@@ -966,4 +966,76 @@ fn duplicate_intake_ids_are_accepted_once() {
     );
     assert_eq!(fake.requests().len(), 2, "one call per distinct message");
     assert!(d.log().contains("duplicate intake id"));
+}
+
+/// Skills (issue: tools): the index is in the semi_stable block, a trigger word puts the body
+/// into that message's dynamic context, `load_skill` returns a body, SIGUSR1 rescans.
+#[test]
+fn skills_index_triggers_load_skill_and_rescan() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::tool_calls(vec![(
+        "s1",
+        "load_skill",
+        serde_json::json!({"name": "example"}),
+    )]));
+    fake.push(Reply::text("done"));
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.start();
+    fifo_write(
+        &d,
+        r#"{"id":"sk1","type":"user","text":"show me the example skill","sender":"sam"}"#,
+    );
+    wait_outcome(&d, "sam", "sk1");
+    let reqs = fake.requests();
+    let semi = reqs[0]["system"][1]["text"].as_str().unwrap();
+    assert!(
+        semi.contains("--- SKILLS ---") && semi.contains("- example: "),
+        "{semi}"
+    );
+    let turn = reqs[0]["messages"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(
+        turn.contains("--- SKILL example ---"),
+        "triggered body in the dynamic context: {turn}"
+    );
+    let result = &reqs[1]["messages"][2]["content"][0];
+    assert_eq!(result["tool_use_id"], "s1");
+    assert!(
+        result["content"]
+            .as_str()
+            .unwrap()
+            .contains("Example skill"),
+        "{result}"
+    );
+
+    // A new skill appears after SIGUSR1.
+    let dir = d.workspace().join("skills/weather");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("SKILL.md"),
+        "---\nname: weather\ndescription: Check the weather\n---\nLook outside.",
+    )
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.pid().unwrap() as i32),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .unwrap();
+    wait_until(WAIT, "rescan", || {
+        d.log().contains("skills rescanned").then_some(())
+    });
+    fifo_write(
+        &d,
+        r#"{"id":"sk2","type":"user","text":"hi","sender":"sam"}"#,
+    );
+    wait_outcome(&d, "sam", "sk2");
+    let semi = fake.requests()[2]["system"][1]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(semi.contains("- weather: Check the weather"), "{semi}");
 }
