@@ -119,6 +119,9 @@ impl Agent {
         work: &Work,
         cancel: &CancellationToken,
     ) -> Finish {
+        if work.source() == "scheduler" && !work.resume {
+            return self.deliver_scheduled(session, state, work).await;
+        }
         let model = self.route_work(work);
         let handle = self.monitor.begin(&session.id, &session.key, &model);
         let result = self
@@ -143,6 +146,61 @@ impl Agent {
                     error: fail.error,
                 }
             }
+        }
+    }
+
+    /// A scheduled message (SPEC §14) is delivered as written, not sent to the model: the
+    /// trail gets a user turn saying so and the text as the final assistant message, so the
+    /// model sees later that it was sent.
+    async fn deliver_scheduled(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        work: &Work,
+    ) -> Finish {
+        let text = work
+            .intakes
+            .iter()
+            .map(|i| i.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let note = format!(
+            "{} [scheduler] A message scheduled earlier is being sent now; it follows as your reply.",
+            prompt::time_prefix(Utc::now(), self.cfg.agent.timezone)
+        );
+        let mut user = MessageEvent::new(Message::user_text(note));
+        user.reply_to = work.ids();
+        user.source = Some("scheduler".into());
+        let mut reply = MessageEvent::new(Message::Assistant {
+            text: text.clone(),
+            tool_calls: vec![],
+            thinking: vec![],
+            usage: None,
+        });
+        reply.is_final = true;
+        reply.reply_to = work.ids();
+        for ev in [Event::Message(user), Event::Message(reply)] {
+            if let Err(Some(fail)) = self.record(session, state, ev).await {
+                let _ = append(
+                    session,
+                    Event::Failure {
+                        reply_to: work.ids(),
+                        error: fail.error.clone(),
+                        reply: fail.reply.clone(),
+                    },
+                )
+                .await;
+                return Finish::Failed {
+                    reply: fail.reply,
+                    error: fail.error,
+                };
+            }
+        }
+        Finish::Reply {
+            text,
+            silent: false,
+            usage: Usage::default(),
+            cost_usd: 0.0,
         }
     }
 

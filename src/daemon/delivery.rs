@@ -42,7 +42,7 @@ pub fn target_for(work: &Work, cfg: &Config) -> Option<Target> {
         ("telegram", Some(Route::Telegram { chat_id, .. })) => {
             Some(Target::Telegram { chat_id: *chat_id })
         }
-        ("user", _) if cfg.telegram.enabled => cfg
+        ("user" | "scheduler", _) if cfg.telegram.enabled => cfg
             .telegram
             .contacts
             .get(&first.from)

@@ -144,6 +144,25 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             skills: skills.clone(),
         }));
     }
+    let schedule_wake = Arc::new(tokio::sync::Notify::new());
+    let wanted = |n: &str| {
+        cfg.tools
+            .enabled
+            .as_ref()
+            .is_none_or(|e| e.iter().any(|x| x == n))
+    };
+    let schedule_tools = crate::tools::schedule::ScheduleTools {
+        db: db.clone(),
+        wake: schedule_wake.clone(),
+        max_scheduled: cfg.tools.max_scheduled,
+        max_delay: cfg.tools.max_delay,
+        tz: cfg.agent.timezone,
+    };
+    for t in schedule_tools.tools() {
+        if wanted(&t.spec().name) {
+            tool_list.push(t);
+        }
+    }
     let tools = Arc::new(
         ToolRegistry::new(
             tool_list,
@@ -193,6 +212,16 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     };
     intake.recover_deliveries().await;
     intake.recover().await;
+    {
+        let scheduler = Arc::new(crate::scheduler::Scheduler {
+            cfg: cfg.clone(),
+            db: agent.db.clone(),
+            intake: intake.clone(),
+            wake: schedule_wake.clone(),
+        });
+        let stop = stop.clone();
+        tracker.spawn(async move { scheduler.run(stop).await });
+    }
     if let Some(client) = telegram {
         telegram::start_poller(
             client,

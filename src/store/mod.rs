@@ -13,6 +13,8 @@
 mod actor;
 mod costs;
 mod kv;
+mod scheduled;
+pub use scheduled::Scheduled;
 
 use std::fs::OpenOptions;
 use std::io;
@@ -36,8 +38,12 @@ const THREAD_NAME: &str = "agentd-db";
 
 /// Schema migrations of `agentd.db`, applied in order; the version lives in `PRAGMA
 /// user_version`. Never edit a shipped migration: append a new file.
-pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> =
-    LazyLock::new(|| Migrations::new(vec![M::up(include_str!("migrations/0001_init.sql"))]));
+pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> = LazyLock::new(|| {
+    Migrations::new(vec![
+        M::up(include_str!("migrations/0001_init.sql")),
+        M::up(include_str!("migrations/0002_scheduled.sql")),
+    ])
+});
 
 /// Errors of the store. Every variant names the database file.
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,7 @@
 pub mod fs;
 pub mod paths;
 pub mod registry;
+pub mod schedule;
 pub mod session_status;
 
 pub use fs::ReadTool;

@@ -1039,3 +1039,24 @@ fn skills_index_triggers_load_skill_and_rescan() {
         .to_string();
     assert!(semi.contains("- weather: Check the weather"), "{semi}");
 }
+
+/// A `[[schedule]]` entry with `every` fires a system event through the queue.
+#[test]
+fn schedule_entry_fires_a_system_event() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[[schedule]]\nname = \"beat\"\nevery = \"1s\"\nsystem = \"Execute HEARTBEAT.md\"\n",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    d.start();
+    let intake = wait_until(WAIT, "heartbeat intake", || {
+        d.trail("system")
+            .into_iter()
+            .find(|l| l["type"] == "intake" && l["text"] == "Execute HEARTBEAT.md")
+    });
+    assert!(intake["id"].as_str().unwrap().starts_with("schedule-beat-"));
+    wait_outcome(&d, "system", intake["id"].as_str().unwrap());
+}

@@ -255,3 +255,58 @@ fn doctor_checks_telegram_get_me() {
     assert!(table.contains("PASS  telegram getMe"), "{table}");
     assert!(!table.contains("secret-token"), "{table}");
 }
+
+/// A message scheduled with `schedule_message` survives a kill -9 before it is due, is
+/// delivered once to the contact after restart, and is recorded in the contact's trail.
+#[test]
+fn scheduled_message_survives_restart_and_is_delivered_once() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::tool_calls(vec![(
+        "c1",
+        "schedule_message",
+        serde_json::json!({"target": "Alice", "text": "Reminder: stretch!", "delay_seconds": 2}),
+    )]));
+    llm.push(Reply::text("Scheduled."));
+    let tg = FakeTelegram::spawn(TOKEN);
+    let mut d = daemon(&llm, &tg, "plain");
+    crate::daemon_e2e::fifo_write(
+        &d,
+        r#"{"id":"s1","type":"user","text":"remind Alice to stretch","sender":"ops"}"#,
+    );
+    crate::daemon_e2e::wait_outcome(&d, "ops", "s1");
+    d.kill9();
+    d.start();
+    wait_until(WAIT, "the scheduled message", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m.contains("Reminder: stretch!"))
+            .then_some(())
+    });
+    // Restart again, then a normal exchange: the reminder is not sent a second time.
+    assert!(d.sigterm().success());
+    d.start();
+    tg.push_text(ALICE, ALICE, "thanks");
+    wait_until(WAIT, "reply to thanks", || {
+        (sent_to(&tg, ALICE).len() >= 2).then_some(())
+    });
+    let sent = sent_to(&tg, ALICE);
+    assert_eq!(
+        sent.iter()
+            .filter(|m| m.contains("Reminder: stretch!"))
+            .count(),
+        1,
+        "{sent:?}"
+    );
+    let trail = d.trail("Alice");
+    assert!(
+        trail
+            .iter()
+            .any(|l| l["final"] == true && l["text"] == "Reminder: stretch!"),
+        "{trail:#?}"
+    );
+    assert!(
+        trail
+            .iter()
+            .any(|l| l["type"] == "delivery" && l["status"] == "done")
+    );
+}

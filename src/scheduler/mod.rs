@@ -1,0 +1,211 @@
+//! The scheduler (SPEC §14): one-shot messages from `schedule_message` (in `agentd.db`) and
+//! the `[[schedule]]` entries (`cron` in `agent.timezone`, or `every`). Everything it fires goes
+//! through durable intake, so it is ordered with the session's other messages, recorded in the
+//! trail, and never delivered twice (intake ids are idempotent: `sched-<id>`,
+//! `schedule-<name>-<slot>`). A run missed while the daemon was down runs once at start.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ScheduleAction, ScheduleEntry, ScheduleWhen};
+use crate::daemon::intake::IntakeHandler;
+use crate::session::Intake;
+use crate::store::Db;
+
+/// Longest sleep between checks (config changes and clock jumps are picked up within it).
+const MAX_SLEEP: Duration = Duration::from_secs(60);
+
+pub struct Scheduler {
+    pub cfg: Arc<Config>,
+    pub db: Db,
+    pub intake: Arc<IntakeHandler>,
+    /// Woken when a one-shot message is added or cancelled.
+    pub wake: Arc<Notify>,
+}
+
+/// The next time `entry` fires strictly after `after` (Unix seconds).
+pub fn next_after(entry: &ScheduleEntry, after: i64, tz: chrono_tz::Tz) -> Option<i64> {
+    match &entry.when {
+        ScheduleWhen::Every(d) => Some(after + d.as_secs().max(1) as i64),
+        ScheduleWhen::Cron(expr) => {
+            let cron = croner::Cron::from_str(expr).ok()?;
+            let start = tz.timestamp_opt(after, 0).single()?;
+            cron.find_next_occurrence(&start, false)
+                .ok()
+                .map(|t| t.timestamp())
+        }
+    }
+}
+
+impl Scheduler {
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        for e in &self.cfg.schedules {
+            if let ScheduleWhen::Cron(expr) = &e.when
+                && croner::Cron::from_str(expr).is_err()
+            {
+                tracing::error!(schedule = %e.name, cron = %expr, "invalid cron expression; entry ignored (fix [[schedule]] cron)");
+            }
+        }
+        loop {
+            let now = Utc::now().timestamp();
+            let mut next_wake = now + MAX_SLEEP.as_secs() as i64;
+            match self.db.schedule_pending().await {
+                Ok(list) => {
+                    for s in list {
+                        if s.due_at <= now {
+                            self.fire_message(&s.id, &s.target, &s.text).await;
+                        } else {
+                            next_wake = next_wake.min(s.due_at);
+                        }
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "scheduler: cannot read scheduled messages"),
+            }
+            for entry in &self.cfg.schedules {
+                if let Some(at) = self.check_entry(entry, now).await {
+                    next_wake = next_wake.min(at);
+                }
+            }
+            let sleep = Duration::from_secs((next_wake - Utc::now().timestamp()).max(0) as u64)
+                .min(MAX_SLEEP);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+
+    /// Fire `entry` if due (once, however many slots were missed); return its next time.
+    async fn check_entry(&self, entry: &ScheduleEntry, now: i64) -> Option<i64> {
+        let tz = self.cfg.agent.timezone;
+        let last = match self.db.schedule_last_run(&entry.name).await {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                // First start with this entry: nothing was missed; count from now.
+                let _ = self.db.schedule_set_run(&entry.name, now).await;
+                now
+            }
+            Err(e) => {
+                tracing::error!(schedule = %entry.name, error = %e, "scheduler: cannot read the run log");
+                return None;
+            }
+        };
+        let due = next_after(entry, last, tz)?;
+        if due > now {
+            return Some(due);
+        }
+        tracing::info!(schedule = %entry.name, due, "schedule fired");
+        let id = format!("schedule-{}-{due}", entry.name);
+        match &entry.action {
+            ScheduleAction::System(text) => {
+                let intake = Intake {
+                    id,
+                    source: "system".into(),
+                    from: format!("schedule:{}", entry.name),
+                    text: text.clone(),
+                    tier: None,
+                    attachments: vec![],
+                    route: None,
+                };
+                if let Err(e) = self.intake.accept("system", intake).await {
+                    tracing::error!(schedule = %entry.name, error = %e, "scheduled system event not accepted; retrying later");
+                    return Some(now + 30);
+                }
+            }
+            ScheduleAction::Message { text, to } => {
+                self.fire_message(&id, to, text).await;
+            }
+            ScheduleAction::Job(job) => {
+                tracing::warn!(schedule = %entry.name, job = job.as_str(), "scheduled job is not available in this build yet");
+            }
+        }
+        if let Err(e) = self.db.schedule_set_run(&entry.name, now).await {
+            tracing::error!(schedule = %entry.name, error = %e, "scheduler: cannot record the run");
+        }
+        next_after(entry, now, tz)
+    }
+
+    /// Hand a scheduled message to the target's session (source `scheduler`: delivered as
+    /// written, not sent to the model), then mark it done. Idempotent by intake id.
+    async fn fire_message(&self, id: &str, target: &str, text: &str) {
+        let intake = Intake {
+            id: if id.starts_with("schedule-") {
+                id.to_string()
+            } else {
+                format!("sched-{id}")
+            },
+            source: "scheduler".into(),
+            from: target.to_string(),
+            text: text.to_string(),
+            tier: None,
+            attachments: vec![],
+            route: None,
+        };
+        match self.intake.accept(target, intake).await {
+            Ok(()) => {
+                if !id.starts_with("schedule-")
+                    && let Err(e) = self.db.schedule_finish(id, "done").await
+                {
+                    tracing::error!(id, error = %e, "cannot mark scheduled message done (it will not be sent twice)");
+                }
+            }
+            Err(e) => {
+                tracing::error!(id, error = %e, "scheduled message not accepted; retrying later")
+            }
+        }
+    }
+}
+
+/// `at` as RFC 3339 → Unix seconds (for `schedule_message`).
+pub fn parse_at(at: &str) -> Result<i64, String> {
+    DateTime::parse_from_rfc3339(at)
+        .map(|t| t.timestamp())
+        .map_err(|e| format!("`at` must be an RFC 3339 time like 2026-11-24T09:00:00+01:00: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(when: ScheduleWhen) -> ScheduleEntry {
+        ScheduleEntry {
+            name: "e".into(),
+            when,
+            action: ScheduleAction::System("x".into()),
+        }
+    }
+
+    #[test]
+    fn next_fire_times() {
+        let tz: chrono_tz::Tz = "Europe/Berlin".parse().unwrap();
+        let every = entry(ScheduleWhen::Every(Duration::from_secs(900)));
+        assert_eq!(next_after(&every, 1000, tz), Some(1900));
+        // 09:00 Berlin on weekdays; from Sunday 2026-11-22 12:00 UTC → Monday 08:00 UTC.
+        let cron = entry(ScheduleWhen::Cron("0 9 * * 1-5".into()));
+        let sun = "2026-11-22T12:00:00Z"
+            .parse::<DateTime<Utc>>()
+            .unwrap()
+            .timestamp();
+        let mon = "2026-11-23T08:00:00Z"
+            .parse::<DateTime<Utc>>()
+            .unwrap()
+            .timestamp();
+        assert_eq!(next_after(&cron, sun, tz), Some(mon));
+        assert_eq!(
+            next_after(&entry(ScheduleWhen::Cron("bad".into())), sun, tz),
+            None
+        );
+    }
+
+    #[test]
+    fn at_parsing() {
+        assert!(parse_at("2026-11-24T09:00:00+01:00").is_ok());
+        assert!(parse_at("tomorrow").is_err());
+    }
+}
