@@ -144,6 +144,33 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             skills: skills.clone(),
         }));
     }
+    // The Telegram client is built before the tools (message/react use it) and installed as
+    // the reply deliverer before recovery.
+    let telegram = if cfg.telegram.enabled {
+        Some(
+            crate::channels::telegram::client::TelegramClient::new(&cfg.telegram)
+                .map_err(|e| DaemonError::Startup(format!("telegram: {e}")))?,
+        )
+    } else {
+        None
+    };
+    if let Some(client) = &telegram {
+        let m = crate::tools::messaging::Messaging {
+            cfg: cfg.clone(),
+            client: client.clone(),
+            sessions: store.clone(),
+        };
+        for t in m.tools() {
+            if cfg
+                .tools
+                .enabled
+                .as_ref()
+                .is_none_or(|e| e.iter().any(|x| *x == t.spec().name))
+            {
+                tool_list.push(t);
+            }
+        }
+    }
     let schedule_wake = Arc::new(tokio::sync::Notify::new());
     let wanted = |n: &str| {
         cfg.tools
@@ -202,14 +229,9 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         dispatcher: dispatcher.clone(),
     });
     // Deliverer first (replies a crash left unsent), then unfinished work, then new input.
-    let telegram = if cfg.telegram.enabled {
-        Some(
-            telegram::install(&cfg, &dispatcher)
-                .map_err(|e| DaemonError::Startup(format!("telegram: {e}")))?,
-        )
-    } else {
-        None
-    };
+    if let Some(client) = &telegram {
+        telegram::install(&cfg, &dispatcher, client.clone());
+    }
     intake.recover_deliveries().await;
     intake.recover().await;
     {

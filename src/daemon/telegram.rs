@@ -191,15 +191,13 @@ impl Deliverer for TgDeliverer {
     }
 }
 
-/// Build the client and install it as the reply deliverer. Call before recovery, so replies a
+/// Install the client as the reply deliverer. Call before recovery, so replies a
 /// crash left unsent can be delivered, and before `start_poller`.
-pub fn install(cfg: &Arc<Config>, dispatcher: &Dispatcher) -> Result<TelegramClient, String> {
-    let client = TelegramClient::new(&cfg.telegram).map_err(|e| e.to_string())?;
+pub fn install(cfg: &Arc<Config>, dispatcher: &Dispatcher, client: TelegramClient) {
     dispatcher.set_deliverer(Arc::new(TgDeliverer {
         cfg: cfg.clone(),
-        client: client.clone(),
+        client,
     }));
-    Ok(client)
 }
 
 /// Start the poller (not waiting for Telegram: its health goes to the monitor).

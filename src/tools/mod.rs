@@ -3,6 +3,7 @@
 //! and the built-in tools. SPEC §11.
 
 pub mod fs;
+pub mod messaging;
 pub mod paths;
 pub mod registry;
 pub mod schedule;

@@ -310,3 +310,40 @@ fn scheduled_message_survives_restart_and_is_delivered_once() {
             .any(|l| l["type"] == "delivery" && l["status"] == "done")
     );
 }
+
+/// `message` sends text and files to a contact; `react` reacts to the contact's last message.
+#[test]
+fn message_and_react_tools_reach_telegram() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("hey"));
+    llm.push(Reply::tool_calls(vec![
+        (
+            "m1",
+            "message",
+            serde_json::json!({"target": "Alice", "text": "Hi from ops", "attachments": ["SOUL.md"]}),
+        ),
+        ("r1", "react", serde_json::json!({"target": "Alice", "emoji": "👍"})),
+    ]));
+    llm.push(Reply::text("done"));
+    let tg = FakeTelegram::spawn(TOKEN);
+    let d = daemon(&llm, &tg, "plain");
+    let pushed = tg.push_text(ALICE, ALICE, "hello");
+    wait_until(WAIT, "reply to hello", || {
+        (!sent_to(&tg, ALICE).is_empty()).then_some(())
+    });
+    crate::daemon_e2e::fifo_write(
+        &d,
+        r#"{"id":"o1","type":"user","text":"greet Alice","sender":"ops"}"#,
+    );
+    let fin = crate::daemon_e2e::wait_outcome(&d, "ops", "o1");
+    assert_eq!(fin["text"], "done");
+    assert!(sent_to(&tg, ALICE).iter().any(|m| m == "Hi from ops"));
+    let files = tg.sent_files();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].chat_id, ALICE);
+    assert!(String::from_utf8_lossy(&files[0].bytes).contains("Soul"));
+    let r = tg.reactions();
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0].message_id, pushed.message_id);
+    assert_eq!(r[0].emoji, vec!["👍".to_string()]);
+}
