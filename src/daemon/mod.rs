@@ -190,6 +190,15 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             tool_list.push(t);
         }
     }
+    let spawn_tool = Arc::new(crate::tools::spawn::SpawnTool {
+        cfg: cfg.clone(),
+        llm: llm.clone(),
+        db: db.clone(),
+        registry: std::sync::OnceLock::new(),
+    });
+    if wanted("sessions_spawn") {
+        tool_list.push(spawn_tool.clone());
+    }
     let tools = Arc::new(
         ToolRegistry::new(
             tool_list,
@@ -198,6 +207,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         )
         .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?,
     );
+    let _ = spawn_tool.registry.set(tools.clone());
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let agent = Agent {
         cfg: cfg.clone(),

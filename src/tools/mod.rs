@@ -8,6 +8,7 @@ pub mod paths;
 pub mod registry;
 pub mod schedule;
 pub mod session_status;
+pub mod spawn;
 
 pub use fs::ReadTool;
 pub use registry::{ToolRegistry, truncate_output};

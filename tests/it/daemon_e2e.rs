@@ -410,7 +410,16 @@ fn anthropic_requests_are_append_only_with_four_breakpoints() {
     }
 
     let n_tools = reqs[0]["tools"].as_array().unwrap().len();
-    assert_eq!(n_tools, 3, "load_skill, read and session_status");
+    let names: Vec<&str> = reqs[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"read") && names.contains(&"session_status"), "{names:?}");
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted, "tools in a stable (sorted) order");
     for (i, req) in reqs.iter().enumerate() {
         let sys = req["system"].as_array().unwrap();
         assert_eq!(sys.len(), 2, "stable + semi_stable blocks");
@@ -695,7 +704,7 @@ fn wrap_up_notice_and_tools_withheld_on_last_turn() {
     assert_eq!(reqs[2]["tool_choice"], serde_json::json!({"type": "none"}));
     assert_eq!(
         reqs[2]["tools"].as_array().unwrap().len(),
-        3,
+        reqs[0]["tools"].as_array().unwrap().len(),
         "tools stay defined"
     );
     let second = serde_json::to_string(&reqs[1]["messages"]).unwrap();
@@ -1059,4 +1068,62 @@ fn schedule_entry_fires_a_system_event() {
     });
     assert!(intake["id"].as_str().unwrap().starts_with("schedule-beat-"));
     wait_outcome(&d, "system", intake["id"].as_str().unwrap());
+}
+
+/// A sub-agent that calls a denied tool gets an error result and the tool does not run; its
+/// calls are recorded as `subagent` costs.
+#[test]
+fn subagent_denied_tool_is_refused_at_execution() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::tool_calls(vec![(
+        "p1",
+        "sessions_spawn",
+        serde_json::json!({"prompt": "schedule a reminder"}),
+    )]));
+    fake.push(Reply::tool_calls(vec![(
+        "x1",
+        "schedule_message",
+        serde_json::json!({"target": "Bob", "text": "sneaky", "delay_seconds": 60}),
+    )]));
+    fake.push(Reply::text("sub done"));
+    fake.push(Reply::text("ok"));
+    let d = daemon_with(&fake, "anthropic");
+    fifo_write(
+        &d,
+        r#"{"id":"sa1","type":"user","text":"delegate","sender":"una"}"#,
+    );
+    let fin = wait_outcome(&d, "una", "sa1");
+    assert_eq!(fin["text"], "ok");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 4);
+    let sub_tools: Vec<&str> = reqs[1]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    for denied in ["sessions_spawn", "schedule_message", "react"] {
+        assert!(!sub_tools.contains(&denied), "{sub_tools:?}");
+    }
+    let refused = serde_json::to_string(&reqs[2]["messages"]).unwrap();
+    assert!(refused.contains("not allowed for sub-agents"), "{refused}");
+    assert!(
+        serde_json::to_string(&reqs[3]["messages"])
+            .unwrap()
+            .contains("sub done")
+    );
+    // The tool did not run: nothing was scheduled.
+    let conn = rusqlite::Connection::open(d.state_dir.join("agentd.db")).unwrap();
+    let n: i64 = conn
+        .query_row("SELECT COUNT(*) FROM scheduled", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 0);
+    let sub_calls: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM costs WHERE call_type = 'subagent'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(sub_calls, 2);
 }
