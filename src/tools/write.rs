@@ -1,9 +1,16 @@
 //! `write`: replace a file's content atomically (SPEC §11), under the same path rule as `read`
 //! (`paths.rs`). Also holds the checked atomic write that `edit` shares.
 
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use futures::future::BoxFuture;
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat, renameat};
+use nix::sys::stat::{Mode, SFlag, fchmod, fstatat};
+use nix::unistd::{UnlinkatFlags, fsync, unlinkat};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -91,8 +98,12 @@ impl Tool for WriteTool {
 /// Atomically replace `resolved` (a path returned by `resolve_allowed`) with `bytes`.
 ///
 /// Refuses content over [`MAX_WRITE_BYTES`], a directory, and anything that is not a regular
-/// file (FIFO, socket, device) or is a symlink. Missing parent directories are created, each
-/// re-checked to lie inside `allowed` after creation. Blocking: call from `spawn_blocking`.
+/// file (FIFO, socket, device) or is a symlink. Missing parent directories are created and the
+/// directory is re-checked, then opened beneath its allowed root without following symlinks;
+/// the temp file and the rename are relative to that directory fd (reliability notes §3.8).
+/// Unlike `fsutil::atomic_write`, the temp name is unpredictable and created `O_EXCL |
+/// O_NOFOLLOW`, so a symlink planted at it (e.g. by `exec`) cannot redirect the write.
+/// Blocking: call from `spawn_blocking`.
 pub(crate) fn write_checked(
     resolved: &Path,
     bytes: &[u8],
@@ -152,8 +163,124 @@ pub(crate) fn write_checked(
             checked.display()
         )));
     }
-    crate::fsutil::atomic_write(resolved, bytes)
+    let name = resolved.file_name().ok_or_else(|| {
+        ToolError::Invalid(format!("'{shown}' has no file name; give a file path"))
+    })?;
+    let dir = open_dir_beneath(parent, allowed, shown)?;
+    replace_in_dir(&dir, Path::new(name), bytes, shown)
+}
+
+/// Open `dir` (inside one of `allowed`) as a directory fd, refusing any symlink on the way
+/// (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`; `O_NOFOLLOW` plus a
+/// `/proc/self/fd` check where `openat2` is unavailable).
+fn open_dir_beneath(dir: &Path, allowed: &[PathBuf], shown: &str) -> Result<OwnedFd, ToolError> {
+    let denied = || {
+        ToolError::Denied(format!(
+            "the directory of '{shown}' is outside the allowed paths or changed into a symlink \
+             while it was being written; refusing to write"
+        ))
+    };
+    let root = allowed
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .filter(|r| dir.starts_with(r))
+        .max_by_key(|r| r.components().count())
+        .ok_or_else(denied)?;
+    let rel = match dir.strip_prefix(&root) {
+        Ok(rel) if rel.as_os_str().is_empty() => Path::new("."),
+        Ok(rel) => rel,
+        Err(_) => return Err(denied()),
+    };
+    let io_err = |e: Errno| match e {
+        Errno::ELOOP | Errno::EXDEV => denied(),
+        other => ToolError::Failed(format!(
+            "cannot open the directory of '{shown}': {}",
+            other.desc()
+        )),
+    };
+    let root_fd = nix::fcntl::open(
+        root.as_path(),
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err)?;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let how = OpenHow::new().flags(flags).resolve(
+        ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_SYMLINKS
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+    );
+    match nix::fcntl::openat2(&root_fd, rel, how) {
+        Ok(fd) => Ok(fd),
+        Err(Errno::ENOSYS) | Err(Errno::EPERM) => {
+            let fd =
+                nix::fcntl::open(dir, flags | OFlag::O_NOFOLLOW, Mode::empty()).map_err(io_err)?;
+            let link = format!("/proc/self/fd/{}", fd.as_raw_fd());
+            match std::fs::read_link(link) {
+                Ok(actual) if !actual.starts_with(&root) => Err(denied()),
+                _ => Ok(fd),
+            }
+        }
+        Err(e) => Err(io_err(e)),
+    }
+}
+
+/// Replace `name` inside the directory `dir` with `bytes`: a fresh temp file (random name,
+/// `O_CREAT | O_EXCL | O_NOFOLLOW`, so nothing planted in advance can redirect it), fsync,
+/// `renameat` over `name`, fsync the directory. A replaced file keeps its permission bits.
+fn replace_in_dir(dir: &OwnedFd, name: &Path, bytes: &[u8], shown: &str) -> Result<(), ToolError> {
+    let failed = |what: &str, e: Errno| {
+        ToolError::Failed(format!("cannot write '{shown}' ({what}): {}", e.desc()))
+    };
+    let mode = match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => {
+            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+            if kind == SFlag::S_IFDIR {
+                return Err(ToolError::Invalid(format!(
+                    "'{shown}' is a directory; write takes a file path"
+                )));
+            }
+            if kind == SFlag::S_IFLNK {
+                return Err(ToolError::Denied(format!(
+                    "'{shown}' changed into a symlink after it was checked; refusing to write \
+                     through it"
+                )));
+            }
+            if kind != SFlag::S_IFREG {
+                return Err(ToolError::Invalid(format!(
+                    "'{shown}' is not a regular file (a FIFO, socket or device); write only \
+                     replaces regular files"
+                )));
+            }
+            Mode::from_bits_truncate(st.st_mode & 0o7777)
+        }
+        Err(Errno::ENOENT) => Mode::from_bits_truncate(0o644),
+        Err(e) => return Err(failed("stat", e)),
+    };
+    let tmp = PathBuf::from(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let fd = openat(
+        dir,
+        tmp.as_path(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(|e| failed("create temp file", e))?;
+    let mut file = File::from(fd);
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
         .map_err(|e| ToolError::Failed(format!("cannot write '{shown}': {e}")))
+        .and_then(|()| fchmod(&file, mode).map_err(|e| failed("chmod", e)))
+        .and_then(|()| renameat(dir, tmp.as_path(), dir, name).map_err(|e| failed("rename", e)));
+    if let Err(e) = written {
+        let _ = unlinkat(dir, tmp.as_path(), UnlinkatFlags::NoRemoveDir);
+        return Err(e);
+    }
+    fsync(dir).map_err(|e| failed("fsync directory", e))
 }
 
 #[cfg(test)]
@@ -299,6 +426,39 @@ pub(crate) mod tests {
         let err = write(&ws, "big.txt", &big).await.unwrap_err();
         assert!(err.to_string().contains("limit"), "{err}");
         assert!(!ws.ctx.workspace.join("big.txt").exists());
+    }
+
+    #[tokio::test]
+    async fn a_symlink_planted_at_a_temp_name_is_not_followed() {
+        let ws = workspace();
+        // The predictable temp name `fsutil::atomic_write` would use.
+        let planted = format!(".a.txt.tmp.{}", std::process::id());
+        symlink(
+            ws.base.join("outside/secret"),
+            ws.ctx.workspace.join(&planted),
+        )
+        .unwrap();
+        write(&ws, "a.txt", "new").await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(ws.base.join("outside/secret")).unwrap(),
+            "secret\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(ws.ctx.workspace.join("a.txt")).unwrap(),
+            "new"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replaced_file_keeps_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let ws = workspace();
+        let path = ws.ctx.workspace.join("run.sh");
+        std::fs::write(&path, "old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o750)).unwrap();
+        write(&ws, "run.sh", "new").await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o750);
     }
 
     #[tokio::test]
