@@ -259,26 +259,37 @@ impl Guard {
                 reason: e.to_string(),
             })?
             .collect();
-        if addrs.is_empty() {
-            return Err(SsrfError::Dns {
-                host: name,
-                reason: "no addresses".into(),
-            });
-        }
-        if !allowed {
-            for addr in &addrs {
-                let ip = canonical_ip(addr.ip());
-                if let Some(why) = block_reason(ip) {
-                    return Err(SsrfError::Blocked {
-                        host: name,
-                        addr: ip,
-                        why,
-                    });
-                }
+        validate_answers(name, addrs, allowed)
+    }
+}
+
+/// Accept a DNS answer only when it is non-empty and — unless the host is allow-listed — no
+/// address in it is blocked: one private answer among public ones refuses the whole name, since
+/// the connector could pick any of them.
+fn validate_answers(
+    name: String,
+    addrs: Vec<SocketAddr>,
+    allowed: bool,
+) -> Result<Vec<SocketAddr>, SsrfError> {
+    if addrs.is_empty() {
+        return Err(SsrfError::Dns {
+            host: name,
+            reason: "no addresses".into(),
+        });
+    }
+    if !allowed {
+        for addr in &addrs {
+            let ip = canonical_ip(addr.ip());
+            if let Some(why) = block_reason(ip) {
+                return Err(SsrfError::Blocked {
+                    host: name,
+                    addr: ip,
+                    why,
+                });
             }
         }
-        Ok(addrs)
     }
+    Ok(addrs)
 }
 
 /// Names that always mean this machine or an internal network.
@@ -622,6 +633,23 @@ mod tests {
         let g = Guard::new(vec!["other".into()]);
         let err = g.resolve(&url("http://127.0.0.1.:80/")).await.unwrap_err();
         assert!(matches!(err, SsrfError::Blocked { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn mixed_public_and_private_answers_are_refused() {
+        let public: SocketAddr = "93.184.216.34:80".parse().unwrap();
+        let private: SocketAddr = "10.0.0.5:80".parse().unwrap();
+        let mapped: SocketAddr = "[::ffff:169.254.169.254]:80".parse().unwrap();
+        assert_eq!(
+            validate_answers("h".into(), vec![public], false).unwrap(),
+            vec![public]
+        );
+        for bad in [vec![public, private], vec![mapped, public], vec![]] {
+            assert!(validate_answers("h".into(), bad, false).is_err());
+        }
+        let err = validate_answers("h".into(), vec![mapped], false).unwrap_err();
+        assert!(err.to_string().contains("169.254.169.254"), "{err}");
+        assert!(validate_answers("h".into(), vec![public, private], true).is_ok());
     }
 
     proptest! {
