@@ -2,6 +2,7 @@
 //! arguments, per-call timeout, output truncation, concurrent execution with ordered results)
 //! and the built-in tools. SPEC §11.
 
+pub mod edit;
 pub mod fs;
 pub mod messaging;
 pub mod paths;
@@ -9,6 +10,8 @@ pub mod registry;
 pub mod schedule;
 pub mod session_status;
 pub mod spawn;
+pub mod web;
+pub mod write;
 
 pub use fs::ReadTool;
 pub use registry::{ToolRegistry, truncate_output};
@@ -86,12 +89,18 @@ pub struct SessionStatus {
     pub today_tokens: Usage,
 }
 
-/// The built-in tools this module provides (`read`, `session_status`). When `cfg.enabled` is
-/// `Some`, only the tools it lists are returned; names it lists that are not built here are
-/// other modules' business (MCP, exec, ...) and are ignored.
+/// The built-in tools this module provides (`read`, `write`, `edit`, `web_fetch`,
+/// `session_status`). When `cfg.enabled` is `Some`, only the tools it lists are returned; names
+/// it lists that are not built here are other modules' business (MCP, exec, ...) and are ignored.
 pub fn builtin_tools(cfg: &crate::config::ToolsConfig) -> Vec<Arc<dyn Tool>> {
     let all: Vec<Arc<dyn Tool>> = vec![
         Arc::new(fs::ReadTool::new()),
+        Arc::new(write::WriteTool::new()),
+        Arc::new(edit::EditTool::new()),
+        Arc::new(web::WebFetchTool::new(
+            cfg.web_fetch_max_bytes,
+            cfg.web_fetch_allow_hosts.clone(),
+        )),
         Arc::new(session_status::SessionStatusTool::new()),
     ];
     match &cfg.enabled {
@@ -136,7 +145,7 @@ mod tests {
     fn builtin_tools_default_to_all() {
         assert_eq!(
             names(&builtin_tools(&cfg(None))),
-            ["read", "session_status"]
+            ["read", "write", "edit", "web_fetch", "session_status"]
         );
     }
 
@@ -151,6 +160,9 @@ mod tests {
     fn builtin_tools_form_a_valid_registry() {
         let reg = ToolRegistry::new(builtin_tools(&cfg(None)), Duration::from_secs(30), 30_000)
             .expect("built-in schemas compile");
-        assert_eq!(reg.names(), ["read", "session_status"]);
+        assert_eq!(
+            reg.names(),
+            ["edit", "read", "session_status", "web_fetch", "write"]
+        );
     }
 }

@@ -416,7 +416,10 @@ fn anthropic_requests_are_append_only_with_four_breakpoints() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert!(names.contains(&"read") && names.contains(&"session_status"), "{names:?}");
+    assert!(
+        names.contains(&"read") && names.contains(&"session_status"),
+        "{names:?}"
+    );
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(names, sorted, "tools in a stable (sorted) order");

@@ -10,5 +10,6 @@ mod fake_llm_selftest;
 mod fake_telegram_selftest;
 mod http_api;
 mod http_daemon;
+mod ssrf;
 mod systemd;
 mod telegram_e2e;
