@@ -22,12 +22,19 @@ fn write_replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    // A fresh random name, created exclusively and without following symlinks: a link planted
+    // at a predictable temp name cannot redirect the write.
+    let tmp = dir.join(format!(
+        ".{name}.tmp.{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
     {
+        use std::os::unix::fs::OpenOptionsExt;
         let mut f = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .mode_0600()
             .open(&tmp)?;
         f.write_all(bytes)?;
@@ -92,5 +99,18 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two");
         let names: Vec<_> = fs::read_dir(d.path()).unwrap().collect();
         assert_eq!(names.len(), 1, "temp file left behind");
+    }
+
+    #[test]
+    fn a_planted_symlink_at_the_old_temp_name_is_not_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = d.path().join("outside");
+        fs::write(&outside, "untouched").unwrap();
+        let p = d.path().join("x.json");
+        let old_name = d.path().join(format!(".x.json.tmp.{}", std::process::id()));
+        std::os::unix::fs::symlink(&outside, &old_name).unwrap();
+        atomic_write(&p, b"data").unwrap();
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "untouched");
+        assert_eq!(fs::read(&p).unwrap(), b"data");
     }
 }
