@@ -19,6 +19,7 @@ pub mod fsutil;
 pub mod llm;
 pub mod metrics;
 pub mod monitor;
+pub mod sandbox;
 pub mod session;
 pub mod store;
 pub mod telemetry;

@@ -2,6 +2,7 @@
 //! arguments, per-call timeout, output truncation, concurrent execution with ordered results)
 //! and the built-in tools. SPEC §11.
 
+pub mod exec;
 pub mod fs;
 pub mod paths;
 pub mod registry;
