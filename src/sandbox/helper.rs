@@ -73,10 +73,10 @@ pub fn helper_main(policy_json: &str, argv: &[OsString]) -> i32 {
 }
 
 fn run(policy: &Policy, argv: &[OsString]) -> Result<i32, String> {
-    let isolation = if policy.no_namespaces {
-        Isolation::Subreaper
+    let (isolation, mount_ns) = if policy.no_namespaces {
+        (Isolation::Subreaper, false)
     } else {
-        enter_namespaces(policy.network)?
+        enter_namespaces(policy.network, !policy.no_mount_namespace)?
     };
     if isolation == Isolation::Subreaper {
         prctl::set_child_subreaper(true)
@@ -92,7 +92,7 @@ fn run(policy: &Policy, argv: &[OsString]) -> Result<i32, String> {
         Err(e) => Err(format!("cannot fork: {e}")),
         Ok(ForkResult::Child) => {
             drop(alive_wr);
-            let code = child_main(policy, argv, isolation, alive_rd);
+            let code = child_main(policy, argv, isolation, mount_ns, alive_rd);
             std::process::exit(code)
         }
         Ok(ForkResult::Parent { child }) => {
@@ -104,18 +104,23 @@ fn run(policy: &Policy, argv: &[OsString]) -> Result<i32, String> {
     }
 }
 
-/// Try to unshare user, PID and mount namespaces (and network unless allowed). Returns which
-/// isolation is in effect; an error only when the namespaces were entered but could not be
-/// set up (then running on would be neither isolated nor predictable).
-fn enter_namespaces(network: bool) -> Result<Isolation, String> {
+/// Try to unshare user, PID and mount namespaces (and network unless allowed); without the
+/// mount namespace when that is refused (systemd's `RestrictNamespaces=user pid net`). Returns
+/// the isolation in effect and whether a mount namespace was entered; an error only when the
+/// namespaces were entered but could not be set up.
+fn enter_namespaces(network: bool, want_mount: bool) -> Result<(Isolation, bool), String> {
     let (uid, gid) = (getuid(), getgid());
-    let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS;
+    let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWPID;
     if !network {
         flags |= CloneFlags::CLONE_NEWNET;
     }
-    if unshare(flags).is_err() {
-        return Ok(Isolation::Subreaper);
-    }
+    let mount_ns = if want_mount && unshare(flags | CloneFlags::CLONE_NEWNS).is_ok() {
+        true
+    } else if unshare(flags).is_ok() {
+        false
+    } else {
+        return Ok((Isolation::Subreaper, false));
+    };
     let write = |file: &str, text: String| {
         std::fs::write(format!("/proc/self/{file}"), text)
             .map_err(|e| format!("cannot write /proc/self/{file} in the new user namespace: {e}"))
@@ -123,12 +128,18 @@ fn enter_namespaces(network: bool) -> Result<Isolation, String> {
     write("setgroups", "deny".into())?;
     write("uid_map", format!("{uid} {uid} 1"))?;
     write("gid_map", format!("{gid} {gid} 1"))?;
-    Ok(Isolation::Namespaces)
+    Ok((Isolation::Namespaces, mount_ns))
 }
 
 /// The forked child: with namespaces it is PID 1 of the new PID namespace (a tiny init that
 /// runs the command as its child); without, it becomes the command itself.
-fn child_main(policy: &Policy, argv: &[OsString], isolation: Isolation, alive: OwnedFd) -> i32 {
+fn child_main(
+    policy: &Policy,
+    argv: &[OsString],
+    isolation: Isolation,
+    mount_ns: bool,
+    alive: OwnedFd,
+) -> i32 {
     if let Err(e) = prctl::set_pdeathsig(Signal::SIGKILL) {
         eprintln!("{ERROR_PREFIX}cannot set the parent-death signal: {e}");
         return EXIT_SETUP_FAILED;
@@ -141,12 +152,15 @@ fn child_main(policy: &Policy, argv: &[OsString], isolation: Isolation, alive: O
         Isolation::Namespaces => {
             // Without a private /proc, Landlock grants no /proc at all; without Landlock
             // (mode none) the host /proc stays visible — a documented limit.
-            let private_proc = match remount_proc() {
+            let remounted = if mount_ns {
+                remount_proc()
+            } else {
+                Err("no mount namespace for a private /proc".to_string())
+            };
+            let private_proc = match remounted {
                 Ok(()) => true,
                 Err(msg) => {
-                    if policy.mode == SandboxMode::Landlock {
-                        eprintln!("{ERROR_PREFIX}note: {msg}; /proc is hidden instead");
-                    }
+                    proc_note(policy, &msg);
                     false
                 }
             };
@@ -160,6 +174,15 @@ fn child_main(policy: &Policy, argv: &[OsString], isolation: Isolation, alive: O
                 Ok(ForkResult::Parent { child }) => init_loop(child),
             }
         }
+    }
+}
+
+/// Mention (on the command's stderr) that /proc is hidden, only when a mount namespace was
+/// expected but failed; the routine no-mount-namespace case stays quiet.
+fn proc_note(policy: &Policy, msg: &str) {
+    if policy.mode == SandboxMode::Landlock && !policy.no_mount_namespace && !msg.starts_with("no ")
+    {
+        eprintln!("{ERROR_PREFIX}note: {msg}; /proc is hidden instead");
     }
 }
 

@@ -50,6 +50,10 @@ pub struct Policy {
     /// (tests of the fallback path).
     #[serde(default)]
     pub no_namespaces: bool,
+    /// Skip the mount namespace (and so the private /proc), as under a systemd unit whose
+    /// `RestrictNamespaces=` forbids it (tests of that path).
+    #[serde(default)]
+    pub no_mount_namespace: bool,
 }
 
 impl Policy {
@@ -95,6 +99,7 @@ impl Policy {
             read_exec,
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             no_namespaces: false,
+            no_mount_namespace: false,
         })
     }
 

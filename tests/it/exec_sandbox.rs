@@ -27,9 +27,21 @@ fn helper() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_agentd")))
 }
 
-fn policy(ws: &Path, mode: SandboxMode, no_namespaces: bool, timeout: Duration) -> Policy {
+/// Which isolation path the helper is made to take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ns {
+    /// User + PID + mount + network namespaces (private /proc).
+    Full,
+    /// No mount namespace, as under the systemd unit (`RestrictNamespaces=user pid net`).
+    NoMount,
+    /// The subreaper fallback (no namespaces).
+    Off,
+}
+
+fn policy(ws: &Path, mode: SandboxMode, ns: Ns, timeout: Duration) -> Policy {
     let mut p = Policy::build(mode, false, &[ws.to_path_buf()], &[], timeout).unwrap();
-    p.no_namespaces = no_namespaces;
+    p.no_namespaces = ns == Ns::Off;
+    p.no_mount_namespace = ns == Ns::NoMount;
     p
 }
 
@@ -39,14 +51,15 @@ async fn run(p: &Policy, ws: &Path, cmd: &str) -> ExecOutput {
 
 /// Whether namespaces work here (so the assertions that need them apply).
 async fn namespaces_available(ws: &Path) -> bool {
-    let p = policy(ws, SandboxMode::None, false, Duration::from_secs(10));
+    let p = policy(ws, SandboxMode::None, Ns::Full, Duration::from_secs(10));
     run(&p, ws, "echo $$").await.stdout.trim() == "2"
 }
 
-const VARIANTS: [(SandboxMode, bool); 3] = [
-    (SandboxMode::Landlock, false),
-    (SandboxMode::Landlock, true),
-    (SandboxMode::None, false),
+const VARIANTS: [(SandboxMode, Ns); 4] = [
+    (SandboxMode::Landlock, Ns::Full),
+    (SandboxMode::Landlock, Ns::NoMount),
+    (SandboxMode::Landlock, Ns::Off),
+    (SandboxMode::None, Ns::Full),
 ];
 
 /// (a) Runs in a child copy of this test binary whose real (initial) environment holds the
@@ -98,11 +111,11 @@ async fn canary_child() {
          cat /proc/{me}/environ; tr '\\0' '\\n' < /proc/*/environ; \
          for f in /proc/[0-9]*/environ; do cat \"$f\"; done; true"
     );
-    for (mode, no_ns) in VARIANTS {
-        let p = policy(ws.path(), mode, no_ns, Duration::from_secs(20));
+    for (mode, ns) in VARIANTS {
+        let p = policy(ws.path(), mode, ns, Duration::from_secs(20));
         let out = run(&p, ws.path(), &cmd).await;
         println!(
-            "--- {mode:?} no_namespaces={no_ns}\n{}\n{}",
+            "--- {mode:?} isolation={ns:?}\n{}\n{}",
             out.stdout, out.stderr
         );
     }
@@ -139,7 +152,7 @@ fn processes_with(marker: &str) -> Vec<String> {
 /// (b) `setsid` grandchildren die with the tree on timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_the_whole_tree_including_setsid_grandchildren() {
-    for (i, (mode, no_ns)) in VARIANTS.into_iter().enumerate() {
+    for (i, (mode, ns)) in VARIANTS.into_iter().enumerate() {
         let ws = tempfile::tempdir().unwrap();
         // A unique sleep argument identifies this test's processes in the host's /proc.
         let marker = format!("300.{}{i}", std::process::id());
@@ -147,7 +160,7 @@ async fn timeout_kills_the_whole_tree_including_setsid_grandchildren() {
             "setsid sh -c 'sleep {marker}' & setsid sh -c 'sleep {marker} & wait' & \
              echo started > started; sleep {marker}"
         );
-        let p = policy(ws.path(), mode, no_ns, Duration::from_secs(3));
+        let p = policy(ws.path(), mode, ns, Duration::from_secs(3));
         let ws_path = ws.path().to_path_buf();
         let task = tokio::spawn(async move { run(&p, &ws_path, &cmd).await });
         let t0 = Instant::now();
@@ -162,15 +175,15 @@ async fn timeout_kills_the_whole_tree_including_setsid_grandchildren() {
         let running = processes_with(&marker);
         assert!(
             running.len() >= 3,
-            "{mode:?}/{no_ns}: expected the sleeps, got {running:?}"
+            "{mode:?}/{ns:?}: expected the sleeps, got {running:?}"
         );
         let out = task.await.unwrap();
-        assert!(out.timed_out, "{mode:?}/{no_ns}: {out:?}");
+        assert!(out.timed_out, "{mode:?}/{ns:?}: {out:?}");
         assert_eq!(out.exit_code, None);
         let survivors = processes_with(&marker);
         assert!(
             survivors.is_empty(),
-            "{mode:?}/{no_ns}: survivors {survivors:?}"
+            "{mode:?}/{ns:?}: survivors {survivors:?}"
         );
     }
 }
@@ -281,20 +294,20 @@ async fn network_is_off_unless_allowed() {
          socket.SOCK_DGRAM); s.sendto(b\"udp-leak\", (\"127.0.0.1\", {udp_port})); \
          print(\"UDP-SENT\")' || echo UDP-FAILED"
     );
-    for (mode, no_ns) in VARIANTS {
-        let p = policy(ws.path(), mode, no_ns, Duration::from_secs(20));
+    for (mode, ns) in VARIANTS {
+        let p = policy(ws.path(), mode, ns, Duration::from_secs(20));
         let out = run(&p, ws.path(), &cmd).await;
         let text = format!("{}{}", out.stdout, out.stderr);
-        assert!(text.contains("TCP-FAILED"), "{mode:?}/{no_ns}: {text}");
-        assert!(!text.contains("TCP-CONNECTED"), "{mode:?}/{no_ns}: {text}");
+        assert!(text.contains("TCP-FAILED"), "{mode:?}/{ns:?}: {text}");
+        assert!(!text.contains("TCP-CONNECTED"), "{mode:?}/{ns:?}: {text}");
         let mut buf = [0u8; 64];
         let received = udp.recv(&mut buf).is_ok();
-        if have_ns && !no_ns {
-            assert!(text.contains("UDP-FAILED"), "{mode:?}/{no_ns}: {text}");
+        if have_ns && ns != Ns::Off {
+            assert!(text.contains("UDP-FAILED"), "{mode:?}/{ns:?}: {text}");
             assert!(!received, "UDP datagram escaped the network namespace");
         } else {
             println!(
-                "note: {mode:?} no_namespaces={no_ns}: subreaper fallback, UDP is not blocked \
+                "note: {mode:?} isolation={ns:?}: subreaper fallback, UDP is not blocked \
                  (datagram received: {received})"
             );
         }
@@ -303,7 +316,7 @@ async fn network_is_off_unless_allowed() {
     let mut p = policy(
         ws.path(),
         SandboxMode::Landlock,
-        false,
+        Ns::Full,
         Duration::from_secs(20),
     );
     p.network = true;
