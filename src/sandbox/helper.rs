@@ -37,6 +37,16 @@ pub const EXIT_SETUP_FAILED: i32 = 125;
 /// Start of every message the helper itself writes to stderr.
 pub const ERROR_PREFIX: &str = "agentd sandbox-exec: ";
 
+/// Write one line to the helper's stderr. That stream is the protocol channel to the daemon
+/// (which reads it with the command's stderr and recognises [`ERROR_PREFIX`]); the helper has
+/// no tracing subscriber, and this is not logging.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// The Landlock ABI whose filesystem rights are requested (best effort below it).
 const FS_ABI: ABI = ABI::V5;
 
@@ -55,18 +65,18 @@ pub fn helper_main(policy_json: &str, argv: &[OsString]) -> i32 {
     let policy = match serde_json::from_str::<Policy>(policy_json) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("{ERROR_PREFIX}invalid --policy JSON: {e}");
+            say!("{ERROR_PREFIX}invalid --policy JSON: {e}");
             return EXIT_SETUP_FAILED;
         }
     };
     if argv.is_empty() {
-        eprintln!("{ERROR_PREFIX}no command given after `--`");
+        say!("{ERROR_PREFIX}no command given after `--`");
         return EXIT_SETUP_FAILED;
     }
     match run(&policy, argv) {
         Ok(code) => code,
         Err(msg) => {
-            eprintln!("{ERROR_PREFIX}{msg}");
+            say!("{ERROR_PREFIX}{msg}");
             EXIT_SETUP_FAILED
         }
     }
@@ -141,7 +151,7 @@ fn child_main(
     alive: OwnedFd,
 ) -> i32 {
     if let Err(e) = prctl::set_pdeathsig(Signal::SIGKILL) {
-        eprintln!("{ERROR_PREFIX}cannot set the parent-death signal: {e}");
+        say!("{ERROR_PREFIX}cannot set the parent-death signal: {e}");
         return EXIT_SETUP_FAILED;
     }
     if parent_gone(alive) {
@@ -167,7 +177,7 @@ fn child_main(
             // SAFETY: still single-threaded.
             match unsafe { fork() } {
                 Err(e) => {
-                    eprintln!("{ERROR_PREFIX}cannot fork: {e}");
+                    say!("{ERROR_PREFIX}cannot fork: {e}");
                     EXIT_SETUP_FAILED
                 }
                 Ok(ForkResult::Child) => confine_and_exec(policy, argv, isolation, private_proc),
@@ -182,7 +192,7 @@ fn child_main(
 fn proc_note(policy: &Policy, msg: &str) {
     if policy.mode == SandboxMode::Landlock && !policy.no_mount_namespace && !msg.starts_with("no ")
     {
-        eprintln!("{ERROR_PREFIX}note: {msg}; /proc is hidden instead");
+        say!("{ERROR_PREFIX}note: {msg}; /proc is hidden instead");
     }
 }
 
@@ -236,20 +246,20 @@ fn confine_and_exec(
     private_proc: bool,
 ) -> i32 {
     if let Err(msg) = set_rlimits(policy) {
-        eprintln!("{ERROR_PREFIX}{msg}");
+        say!("{ERROR_PREFIX}{msg}");
         return EXIT_SETUP_FAILED;
     }
     let _ = prctl::set_dumpable(false);
     if let Err(msg) = apply_landlock(policy, isolation, private_proc) {
-        eprintln!("{ERROR_PREFIX}{msg}");
+        say!("{ERROR_PREFIX}{msg}");
         return EXIT_SETUP_FAILED;
     }
     if let Err(e) = prctl::set_no_new_privs() {
-        eprintln!("{ERROR_PREFIX}cannot set no_new_privs: {e}");
+        say!("{ERROR_PREFIX}cannot set no_new_privs: {e}");
         return EXIT_SETUP_FAILED;
     }
     let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
-    eprintln!(
+    say!(
         "{ERROR_PREFIX}cannot run {:?}: {err}",
         argv[0].to_string_lossy()
     );
@@ -386,7 +396,7 @@ fn supervise(policy: &Policy, child: Pid, isolation: Isolation) -> Result<i32, S
                 }
                 Isolation::Subreaper => kill_descendants(),
             }
-            eprintln!(
+            say!(
                 "{ERROR_PREFIX}timed out after {} s; the whole process tree was killed",
                 policy.timeout().as_secs_f64()
             );
