@@ -325,3 +325,43 @@ async fn network_is_off_unless_allowed() {
     let mut accepted = tcp.accept().unwrap().0;
     let _ = accepted.read(&mut [0u8; 1]);
 }
+
+/// (c) on every isolation path with Landlock: the same confinement as through the tool.
+#[tokio::test]
+async fn filesystem_confinement_holds_on_every_isolation_path() {
+    let outside = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    std::fs::write(state.path().join("secret.txt"), "state-secret").unwrap();
+    for ns in [Ns::Full, Ns::NoMount, Ns::Off] {
+        let ws = tempfile::tempdir().unwrap();
+        let p = policy(
+            ws.path(),
+            SandboxMode::Landlock,
+            ns,
+            Duration::from_secs(20),
+        );
+        let cmd = format!(
+            "echo in > inside.txt && echo WROTE-INSIDE; echo out > {o}/x || echo \
+             OUTSIDE-DENIED; cat {s}/secret.txt || echo STATE-DENIED; echo gone > /dev/null \
+             && echo DEVNULL-OK",
+            o = outside.path().display(),
+            s = state.path().display()
+        );
+        let out = run(&p, ws.path(), &cmd).await;
+        assert_eq!(out.exit_code, Some(0), "{ns:?}: {out:?}");
+        for expected in [
+            "WROTE-INSIDE",
+            "OUTSIDE-DENIED",
+            "STATE-DENIED",
+            "DEVNULL-OK",
+        ] {
+            assert!(
+                out.stdout.contains(expected),
+                "{ns:?}: missing {expected}: {out:?}"
+            );
+        }
+        assert!(!out.stdout.contains("state-secret"), "{ns:?}: {out:?}");
+        assert!(ws.path().join("inside.txt").exists());
+        assert!(!outside.path().join("x").exists(), "{ns:?}");
+    }
+}
