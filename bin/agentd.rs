@@ -29,6 +29,14 @@ enum Command {
     /// Check config, provider reachability, Telegram, databases and disk space; print a
     /// pass/fail table (exit 1 when a check fails).
     Doctor,
+    /// Internal: the exec tool's sandbox helper (`--policy <json> -- <command...>`).
+    #[command(hide = true)]
+    SandboxExec {
+        #[arg(long)]
+        policy: String,
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -39,6 +47,11 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    // The sandbox helper needs no config: it gets everything in its policy.
+    if let Some(Command::SandboxExec { policy, command }) = &cli.command {
+        let code = agentd::sandbox::helper_main(policy, command);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let path = agentd::config::resolve_config_path(cli.config.as_deref());
     let cfg = match agentd::config::load(&path) {
         Ok(c) => c,
@@ -55,6 +68,7 @@ fn main() -> ExitCode {
         Command::Run => run(cfg, agentd::daemon::RunOptions::default()),
         Command::Chat => run(cfg, agentd::daemon::RunOptions { terminal: true }),
         Command::Doctor => doctor(&cfg),
+        Command::SandboxExec { .. } => ExitCode::from(2),
     }
 }
 

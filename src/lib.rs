@@ -20,6 +20,7 @@ pub mod llm;
 pub mod metrics;
 pub mod monitor;
 pub mod net;
+pub mod sandbox;
 pub mod scheduler;
 pub mod session;
 pub mod skills;

@@ -138,6 +138,15 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         .tools
         .enabled
         .as_ref()
+        .is_none_or(|e| e.iter().any(|n| n == "exec"))
+    {
+        // Sandboxed shell: never the state or config directory (see docs/security.md).
+        tool_list.push(Arc::new(crate::tools::exec::ExecTool::from_config(&cfg)));
+    }
+    if cfg
+        .tools
+        .enabled
+        .as_ref()
         .is_none_or(|e| e.iter().any(|n| n == "load_skill"))
     {
         tool_list.push(Arc::new(crate::skills::LoadSkillTool {

@@ -3,6 +3,7 @@
 //! and the built-in tools. SPEC §11.
 
 pub mod edit;
+pub mod exec;
 pub mod fs;
 pub mod messaging;
 pub mod paths;

@@ -6,6 +6,7 @@ mod support;
 mod architecture;
 mod concurrency;
 mod daemon_e2e;
+mod exec_sandbox;
 mod fake_llm_selftest;
 mod fake_telegram_selftest;
 mod http_api;

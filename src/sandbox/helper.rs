@@ -1,0 +1,515 @@
+//! The `agentd sandbox-exec` helper: a single-threaded, synchronous process the daemon spawns
+//! for every `exec` call. It isolates itself (user + PID + mount [+ network] namespaces, or a
+//! child subreaper when namespaces are unavailable), confines the command (Landlock, rlimits,
+//! no_new_privs), runs it, enforces the wall-clock timeout and kills the whole process tree.
+//!
+//! Exit status: the command's exit code, `128 + signal` when it was killed by a signal,
+//! [`EXIT_TIMED_OUT`] on timeout and [`EXIT_SETUP_FAILED`] (with a message on stderr starting
+//! with [`ERROR_PREFIX`]) when the sandbox could not be set up — the command never runs then.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
+};
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::prctl;
+use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid, fork, getgid, getpid, getuid, pipe2};
+
+use super::policy::{Policy, READ_WRITE_DEVICES, SandboxMode};
+
+/// Exit status of the helper when the command ran out of time (as `timeout(1)`).
+pub const EXIT_TIMED_OUT: i32 = 124;
+/// Exit status of the helper when the sandbox could not be set up (as `env(1)`).
+pub const EXIT_SETUP_FAILED: i32 = 125;
+/// Start of every message the helper itself writes to stderr.
+pub const ERROR_PREFIX: &str = "agentd sandbox-exec: ";
+
+/// Write one line to the helper's stderr. That stream is the protocol channel to the daemon
+/// (which reads it with the command's stderr and recognises [`ERROR_PREFIX`]); the helper has
+/// no tracing subscriber, and this is not logging.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// The Landlock ABI whose filesystem rights are requested (best effort below it).
+const FS_ABI: ABI = ABI::V5;
+
+/// How the process tree is held together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// New user + PID + mount (+ network) namespaces: killing the namespace's init kills all.
+    Namespaces,
+    /// No namespaces: the helper is a child subreaper and kills every descendant itself.
+    Subreaper,
+}
+
+/// Entry point of the hidden `sandbox-exec` subcommand. `argv` is the command to run
+/// (`/bin/sh -c ...`). Returns the exit status for the helper process.
+pub fn helper_main(policy_json: &str, argv: &[OsString]) -> i32 {
+    let policy = match serde_json::from_str::<Policy>(policy_json) {
+        Ok(p) => p,
+        Err(e) => {
+            say!("{ERROR_PREFIX}invalid --policy JSON: {e}");
+            return EXIT_SETUP_FAILED;
+        }
+    };
+    if argv.is_empty() {
+        say!("{ERROR_PREFIX}no command given after `--`");
+        return EXIT_SETUP_FAILED;
+    }
+    match run(&policy, argv) {
+        Ok(code) => code,
+        Err(msg) => {
+            say!("{ERROR_PREFIX}{msg}");
+            EXIT_SETUP_FAILED
+        }
+    }
+}
+
+fn run(policy: &Policy, argv: &[OsString]) -> Result<i32, String> {
+    let (isolation, mount_ns) = if policy.no_namespaces {
+        (Isolation::Subreaper, false)
+    } else {
+        enter_namespaces(policy.network, !policy.no_mount_namespace)?
+    };
+    if isolation == Isolation::Subreaper {
+        prctl::set_child_subreaper(true)
+            .map_err(|e| format!("cannot become a child subreaper: {e}"))?;
+    }
+    // The child notices through this pipe (EOF) that the helper died before its
+    // PR_SET_PDEATHSIG took effect.
+    let (alive_rd, alive_wr) =
+        pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create a pipe: {e}"))?;
+    // SAFETY: the helper is single-threaded (nothing has spawned a thread), so the child may
+    // run arbitrary code after fork.
+    match unsafe { fork() } {
+        Err(e) => Err(format!("cannot fork: {e}")),
+        Ok(ForkResult::Child) => {
+            drop(alive_wr);
+            let code = child_main(policy, argv, isolation, mount_ns, alive_rd);
+            std::process::exit(code)
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(alive_rd);
+            let code = supervise(policy, child, isolation);
+            drop(alive_wr);
+            code
+        }
+    }
+}
+
+/// Try to unshare user, PID and mount namespaces (and network unless allowed); without the
+/// mount namespace when that is refused (systemd's `RestrictNamespaces=user pid net`). Returns
+/// the isolation in effect and whether a mount namespace was entered; an error only when the
+/// namespaces were entered but could not be set up.
+fn enter_namespaces(network: bool, want_mount: bool) -> Result<(Isolation, bool), String> {
+    let (uid, gid) = (getuid(), getgid());
+    let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWPID;
+    if !network {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    let mount_ns = if want_mount && unshare(flags | CloneFlags::CLONE_NEWNS).is_ok() {
+        true
+    } else if unshare(flags).is_ok() {
+        false
+    } else {
+        return Ok((Isolation::Subreaper, false));
+    };
+    let write = |file: &str, text: String| {
+        std::fs::write(format!("/proc/self/{file}"), text)
+            .map_err(|e| format!("cannot write /proc/self/{file} in the new user namespace: {e}"))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("{uid} {uid} 1"))?;
+    write("gid_map", format!("{gid} {gid} 1"))?;
+    Ok((Isolation::Namespaces, mount_ns))
+}
+
+/// The forked child: with namespaces it is PID 1 of the new PID namespace (a tiny init that
+/// runs the command as its child); without, it becomes the command itself.
+fn child_main(
+    policy: &Policy,
+    argv: &[OsString],
+    isolation: Isolation,
+    mount_ns: bool,
+    alive: OwnedFd,
+) -> i32 {
+    if let Err(e) = prctl::set_pdeathsig(Signal::SIGKILL) {
+        say!("{ERROR_PREFIX}cannot set the parent-death signal: {e}");
+        return EXIT_SETUP_FAILED;
+    }
+    if parent_gone(alive) {
+        return EXIT_SETUP_FAILED;
+    }
+    match isolation {
+        Isolation::Subreaper => confine_and_exec(policy, argv, isolation, false),
+        Isolation::Namespaces => {
+            // Without a private /proc, Landlock grants no /proc at all; without Landlock
+            // (mode none) the host /proc stays visible — a documented limit.
+            let remounted = if mount_ns {
+                remount_proc()
+            } else {
+                Err("no mount namespace for a private /proc".to_string())
+            };
+            let private_proc = match remounted {
+                Ok(()) => true,
+                Err(msg) => {
+                    proc_note(policy, &msg);
+                    false
+                }
+            };
+            // SAFETY: still single-threaded.
+            match unsafe { fork() } {
+                Err(e) => {
+                    say!("{ERROR_PREFIX}cannot fork: {e}");
+                    EXIT_SETUP_FAILED
+                }
+                Ok(ForkResult::Child) => confine_and_exec(policy, argv, isolation, private_proc),
+                Ok(ForkResult::Parent { child }) => init_loop(child),
+            }
+        }
+    }
+}
+
+/// Mention (on the command's stderr) that /proc is hidden, only when a mount namespace was
+/// expected but failed; the routine no-mount-namespace case stays quiet.
+fn proc_note(policy: &Policy, msg: &str) {
+    if policy.mode == SandboxMode::Landlock && !policy.no_mount_namespace && !msg.starts_with("no ")
+    {
+        say!("{ERROR_PREFIX}note: {msg}; /proc is hidden instead");
+    }
+}
+
+/// Whether the write end of the liveness pipe is closed (the helper died).
+fn parent_gone(alive: OwnedFd) -> bool {
+    if fcntl(&alive, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).is_err() {
+        return false;
+    }
+    let mut file = std::fs::File::from(alive);
+    matches!(file.read(&mut [0u8; 1]), Ok(0))
+}
+
+/// Make mounts private and mount a fresh /proc that shows only this PID namespace.
+fn remount_proc() -> Result<(), String> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("cannot make mounts private: {e}"))?;
+    mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("cannot mount a private /proc: {e}"))
+}
+
+/// PID 1 of the namespace: reap every orphan until the command exits, then exit with its
+/// status (which makes the kernel kill whatever else is left in the namespace).
+fn init_loop(command: Pid) -> i32 {
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => return code,
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == command => return 128 + sig as i32,
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => return EXIT_SETUP_FAILED,
+        }
+    }
+}
+
+/// Apply rlimits, Landlock and no_new_privs, then exec the command. Returns only on failure.
+fn confine_and_exec(
+    policy: &Policy,
+    argv: &[OsString],
+    isolation: Isolation,
+    private_proc: bool,
+) -> i32 {
+    if let Err(msg) = set_rlimits(policy) {
+        say!("{ERROR_PREFIX}{msg}");
+        return EXIT_SETUP_FAILED;
+    }
+    let _ = prctl::set_dumpable(false);
+    if let Err(msg) = apply_landlock(policy, isolation, private_proc) {
+        say!("{ERROR_PREFIX}{msg}");
+        return EXIT_SETUP_FAILED;
+    }
+    if let Err(e) = prctl::set_no_new_privs() {
+        say!("{ERROR_PREFIX}cannot set no_new_privs: {e}");
+        return EXIT_SETUP_FAILED;
+    }
+    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+    say!(
+        "{ERROR_PREFIX}cannot run {:?}: {err}",
+        argv[0].to_string_lossy()
+    );
+    if err.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    }
+}
+
+fn set_rlimits(policy: &Policy) -> Result<(), String> {
+    const GIB: u64 = 1024 * 1024 * 1024;
+    let cpu = policy.timeout().as_secs().saturating_add(1);
+    let limits = [
+        (Resource::RLIMIT_CPU, cpu, cpu.saturating_add(5)),
+        (Resource::RLIMIT_FSIZE, GIB, GIB),
+        (Resource::RLIMIT_NOFILE, 1024, 1024),
+        (Resource::RLIMIT_CORE, 0, 0),
+        (Resource::RLIMIT_AS, 16 * GIB, 16 * GIB),
+    ];
+    for (resource, soft, hard) in limits {
+        setrlimit(resource, soft, hard)
+            .map_err(|e| format!("cannot set {resource:?} to {soft}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Confine the filesystem (mode `landlock`) and, when the network is not allowed and no
+/// network namespace isolates it, TCP bind/connect (any mode). Refuses to go on when the
+/// kernel does not enforce what the policy needs.
+fn apply_landlock(policy: &Policy, isolation: Isolation, proc_visible: bool) -> Result<(), String> {
+    let confine_fs = policy.mode == SandboxMode::Landlock;
+    let need_net = !policy.network && isolation == Isolation::Subreaper;
+    if !confine_fs && !need_net {
+        return Ok(());
+    }
+    let err = |e: landlock::RulesetError| format!("Landlock setup failed: {e}");
+    let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::BestEffort);
+    if confine_fs {
+        ruleset = ruleset
+            .handle_access(AccessFs::from_all(FS_ABI))
+            .map_err(err)?;
+        ruleset = ruleset.scope(Scope::from_all(ABI::V6)).map_err(err)?;
+    }
+    if !policy.network {
+        // Without a network namespace this is the only network barrier: require it.
+        let level = if need_net {
+            CompatLevel::HardRequirement
+        } else {
+            CompatLevel::BestEffort
+        };
+        ruleset = ruleset
+            .set_compatibility(level)
+            .handle_access(AccessNet::from_all(ABI::V4))
+            .map_err(|e| {
+                format!(
+                    "cannot block the network: no network namespace and no Landlock network \
+                     rules (kernel 6.7+ needed): {e}; set exec_network = true to run anyway"
+                )
+            })?
+            .set_compatibility(CompatLevel::BestEffort);
+    }
+    let mut created = ruleset.create().map_err(err)?;
+    if confine_fs {
+        let existing = |paths: &[std::path::PathBuf]| -> Vec<std::path::PathBuf> {
+            paths.iter().filter(|p| p.exists()).cloned().collect()
+        };
+        let devices: Vec<std::path::PathBuf> = READ_WRITE_DEVICES.iter().map(Into::into).collect();
+        // Without a private /proc, the host's /proc would show the daemon's environment to a
+        // same-uid command (Landlock's ptrace restriction does not cover it everywhere): grant
+        // no /proc at all then.
+        let read_exec: Vec<std::path::PathBuf> = policy
+            .read_exec
+            .iter()
+            .filter(|p| proc_visible || !p.starts_with("/proc"))
+            .cloned()
+            .collect();
+        created = created
+            .add_rules(path_beneath_rules(
+                existing(&read_exec),
+                AccessFs::from_read(FS_ABI),
+            ))
+            .map_err(err)?
+            .add_rules(path_beneath_rules(
+                existing(&policy.read_write),
+                AccessFs::from_all(FS_ABI),
+            ))
+            .map_err(err)?
+            .add_rules(path_beneath_rules(
+                existing(&devices),
+                AccessFs::from_read(FS_ABI) | AccessFs::WriteFile,
+            ))
+            .map_err(err)?;
+    }
+    let status = created.restrict_self().map_err(err)?;
+    if status.ruleset == RulesetStatus::NotEnforced {
+        return Err(if confine_fs {
+            "Landlock is not enforced by this kernel (needs Linux 5.13+ with landlock in the \
+             `lsm=` list); refusing to run the command unsandboxed. Set [tools] exec_sandbox = \
+             \"none\" to run it without Landlock"
+                .into()
+        } else {
+            "Landlock network rules are not enforced; refusing to run with the network open. \
+             Set exec_network = true to allow it"
+                .into()
+        });
+    }
+    Ok(())
+}
+
+/// Wait for the child until the deadline; on expiry kill the whole tree. Returns the
+/// helper's exit status.
+fn supervise(policy: &Policy, child: Pid, isolation: Isolation) -> Result<i32, String> {
+    let deadline = Instant::now() + policy.timeout();
+    loop {
+        let finished = match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => Some(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => Some(128 + sig as i32),
+            Ok(_) | Err(Errno::EINTR) => None,
+            Err(e) => return Err(format!("waiting for the command failed: {e}")),
+        };
+        if let Some(code) = finished {
+            if isolation == Isolation::Subreaper {
+                kill_descendants();
+            }
+            return Ok(code);
+        }
+        if Instant::now() >= deadline {
+            match isolation {
+                // Killing the namespace's init makes the kernel kill every process in it.
+                Isolation::Namespaces => {
+                    let _ = kill(child, Signal::SIGKILL);
+                    let _ = waitpid(child, None);
+                }
+                Isolation::Subreaper => kill_descendants(),
+            }
+            say!(
+                "{ERROR_PREFIX}timed out after {} s; the whole process tree was killed",
+                policy.timeout().as_secs_f64()
+            );
+            return Ok(EXIT_TIMED_OUT);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGKILL every (non-zombie) descendant of this process until none is left, reaping them.
+/// Orphans — also `setsid` ones — are re-parented to us as the child subreaper.
+pub fn kill_descendants() {
+    for _ in 0..200 {
+        let alive = descendants(getpid(), &process_table());
+        for pid in &alive {
+            let _ = kill(*pid, Signal::SIGKILL);
+        }
+        while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
+                break;
+            }
+        }
+        if alive.is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `pid -> (parent pid, is zombie)` for every process in /proc.
+fn process_table() -> HashMap<i32, (i32, bool)> {
+    let mut table = HashMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return table;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
+            && let Some((ppid, zombie)) = parse_stat(&stat)
+        {
+            table.insert(pid, (ppid, zombie));
+        }
+    }
+    table
+}
+
+/// Parent pid and zombie state from a `/proc/<pid>/stat` line (the command name may contain
+/// spaces and parentheses, so parse after the last `)`).
+fn parse_stat(stat: &str) -> Option<(i32, bool)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((ppid, state == "Z" || state == "X"))
+}
+
+/// Live (non-zombie) descendants of `root` in `table`.
+fn descendants(root: Pid, table: &HashMap<i32, (i32, bool)>) -> Vec<Pid> {
+    let mut out = Vec::new();
+    let mut frontier = vec![root.as_raw()];
+    while let Some(parent) = frontier.pop() {
+        for (&pid, &(ppid, zombie)) in table {
+            if ppid == parent && pid != root.as_raw() {
+                frontier.push(pid);
+                if !zombie {
+                    out.push(Pid::from_raw(pid));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_parse_after_the_last_paren() {
+        assert_eq!(parse_stat("12 (sh) S 7 12 12 0"), Some((7, false)));
+        assert_eq!(parse_stat("12 (a) b) (c) Z 3 1"), Some((3, true)));
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(parse_stat("1 (x) R notanumber"), None);
+    }
+
+    #[test]
+    fn descendants_walk_the_tree_and_skip_zombies() {
+        let table: HashMap<i32, (i32, bool)> = [
+            (10, (1, false)),
+            (11, (10, false)),
+            (12, (11, true)),
+            (13, (12, false)),
+            (20, (1, false)),
+        ]
+        .into_iter()
+        .collect();
+        let mut got: Vec<i32> = descendants(Pid::from_raw(10), &table)
+            .into_iter()
+            .map(Pid::as_raw)
+            .collect();
+        got.sort();
+        assert_eq!(got, [11, 13]);
+    }
+
+    #[test]
+    fn bad_policy_json_is_a_setup_failure() {
+        assert_eq!(helper_main("{", &["true".into()]), EXIT_SETUP_FAILED);
+        assert_eq!(helper_main("{}", &["true".into()]), EXIT_SETUP_FAILED);
+    }
+}

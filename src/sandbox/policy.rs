@@ -1,0 +1,214 @@
+//! The sandbox policy handed from the daemon to the `sandbox-exec` helper (as JSON on its
+//! command line), and the checks that build it from the config.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Paths the sandboxed command may read and execute (when they exist).
+pub const READ_EXEC_PATHS: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/etc",
+    "/proc",
+    "/dev/urandom",
+    "/dev/zero",
+];
+
+/// Device files the command may read and write besides the allowed paths.
+pub const READ_WRITE_DEVICES: &[&str] = &["/dev/null"];
+
+/// How the command is confined (`[tools] exec_sandbox`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    /// Landlock must be enforced; the command is refused when it is not.
+    Landlock,
+    /// No Landlock; still a clean environment, namespaces when available and tree kill.
+    None,
+}
+
+/// Everything the helper needs to know; serialised to JSON for `--policy`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    pub mode: SandboxMode,
+    /// Whether the command may use the network.
+    pub network: bool,
+    /// Absolute directories the command may read and write (`filesystem.allowed_paths`).
+    pub read_write: Vec<PathBuf>,
+    /// Absolute paths the command may read and execute (system directories).
+    pub read_exec: Vec<PathBuf>,
+    /// Wall-clock limit in milliseconds; the whole process tree is killed after it.
+    pub timeout_ms: u64,
+    /// Skip the namespaces and use the subreaper fallback even when namespaces are available
+    /// (tests of the fallback path).
+    #[serde(default)]
+    pub no_namespaces: bool,
+    /// Skip the mount namespace (and so the private /proc), as under a systemd unit whose
+    /// `RestrictNamespaces=` forbids it (tests of that path).
+    #[serde(default)]
+    pub no_mount_namespace: bool,
+}
+
+impl Policy {
+    /// Build a policy. `protected` are directories the command must never read (the state
+    /// directory, the config directory). An allowed path that is or contains one of them is
+    /// refused; a system read path that contains one is split so the protected one is left out.
+    pub fn build(
+        mode: SandboxMode,
+        network: bool,
+        allowed_paths: &[PathBuf],
+        protected: &[PathBuf],
+        timeout: Duration,
+    ) -> Result<Policy, String> {
+        let protected: Vec<PathBuf> = protected.iter().map(|p| normalize(p)).collect();
+        let mut read_write = Vec::new();
+        for path in allowed_paths {
+            if !path.is_absolute() {
+                return Err(format!(
+                    "filesystem.allowed_paths entry {:?} is not absolute",
+                    path.display().to_string()
+                ));
+            }
+            let path = normalize(path);
+            if let Some(p) = protected.iter().find(|p| p.starts_with(&path)) {
+                return Err(format!(
+                    "filesystem.allowed_paths entry {:?} contains {:?} (the state or config \
+                     directory), which the exec tool must not read; remove that entry or move \
+                     the directory out of it",
+                    path.display().to_string(),
+                    p.display().to_string()
+                ));
+            }
+            read_write.push(path);
+        }
+        let mut read_exec = Vec::new();
+        for path in READ_EXEC_PATHS {
+            read_exec.extend(split_around(Path::new(path), &protected));
+        }
+        Ok(Policy {
+            mode,
+            network,
+            read_write,
+            read_exec,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            no_namespaces: false,
+            no_mount_namespace: false,
+        })
+    }
+
+    /// The wall-clock limit.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+/// Lexical normalisation: drop `.` and resolve `..` (no symlinks are followed).
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// `grant` itself when it contains no protected path; otherwise its children (recursively
+/// split), leaving out the protected paths themselves.
+fn split_around(grant: &Path, protected: &[PathBuf]) -> Vec<PathBuf> {
+    if protected.iter().any(|p| grant.starts_with(p)) {
+        return Vec::new();
+    }
+    if !protected.iter().any(|p| p.starts_with(grant)) {
+        return vec![grant.to_path_buf()];
+    }
+    let Ok(entries) = std::fs::read_dir(grant) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        out.extend(split_around(&entry.path(), protected));
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(allowed: &[&str], protected: &[&str]) -> Result<Policy, String> {
+        Policy::build(
+            SandboxMode::Landlock,
+            false,
+            &allowed.iter().map(PathBuf::from).collect::<Vec<_>>(),
+            &protected.iter().map(PathBuf::from).collect::<Vec<_>>(),
+            Duration::from_secs(5),
+        )
+    }
+
+    #[test]
+    fn allowed_paths_become_read_write() {
+        let p = build(&["/work/ws", "/tmp"], &["/var/lib/agentd"]).unwrap();
+        assert_eq!(p.read_write, [PathBuf::from("/work/ws"), "/tmp".into()]);
+        assert!(p.read_exec.contains(&PathBuf::from("/usr")));
+        assert_eq!(p.timeout_ms, 5000);
+    }
+
+    #[test]
+    fn allowed_path_containing_state_dir_is_refused() {
+        let err = build(&["/var"], &["/var/lib/agentd"]).unwrap_err();
+        assert!(err.contains("/var/lib/agentd"), "{err}");
+        assert!(build(&["/var/lib/agentd"], &["/var/lib/agentd"]).is_err());
+        assert!(build(&["/var/lib/agentd/../agentd"], &["/var/lib/agentd"]).is_err());
+        assert!(build(&["/var/lib/agentd-other"], &["/var/lib/agentd"]).is_ok());
+    }
+
+    #[test]
+    fn relative_allowed_path_is_refused() {
+        assert!(build(&["ws"], &[]).is_err());
+    }
+
+    #[test]
+    fn system_read_path_is_split_around_a_protected_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("a/secret")).unwrap();
+        std::fs::create_dir_all(root.join("a/other")).unwrap();
+        std::fs::create_dir_all(root.join("b")).unwrap();
+        let got = split_around(root, &[root.join("a/secret")]);
+        assert_eq!(got, [root.join("a/other"), root.join("b")]);
+        assert_eq!(
+            split_around(&root.join("b"), &[root.join("a")]),
+            [root.join("b")]
+        );
+        assert!(split_around(&root.join("a"), &[root.to_path_buf()]).is_empty());
+    }
+
+    #[test]
+    fn etc_config_dir_is_not_readable() {
+        let p = build(&["/tmp/ws"], &["/etc/agentd"]).unwrap();
+        assert!(!p.read_exec.contains(&PathBuf::from("/etc")));
+        assert!(p.read_exec.iter().all(|r| !r.starts_with("/etc/agentd")));
+        assert!(p.read_exec.contains(&PathBuf::from("/etc/passwd")));
+    }
+
+    #[test]
+    fn policy_round_trips_as_json() {
+        let p = build(&["/tmp/ws"], &[]).unwrap();
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), p);
+        assert!(serde_json::from_str::<Policy>("{\"mode\":\"landlock\"}").is_err());
+    }
+}
