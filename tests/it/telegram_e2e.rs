@@ -67,13 +67,13 @@ fn allowed_user_gets_the_reply_and_others_get_nothing() {
     assert!(d.log().contains(&MALLORY.to_string()), "rejected id logged");
     assert!(!d.log().contains("TEST-secret-token"), "token never logged");
     // The session is keyed by the contact name and the trail records the delivery.
-    let trail = d.trail("Alice");
-    assert!(
-        trail
+    // (the `done` record is written right after the send returns)
+    wait_until(WAIT, "delivery done record", || {
+        d.trail("Alice")
             .iter()
-            .any(|l| l["type"] == "delivery" && l["status"] == "done"),
-        "{trail:#?}"
-    );
+            .any(|l| l["type"] == "delivery" && l["status"] == "done")
+            .then_some(())
+    });
     assert!(!tg.actions().is_empty(), "typing indicator sent");
 }
 
@@ -304,11 +304,12 @@ fn scheduled_message_survives_restart_and_is_delivered_once() {
             .any(|l| l["final"] == true && l["text"] == "Reminder: stretch!"),
         "{trail:#?}"
     );
-    assert!(
-        trail
+    wait_until(WAIT, "delivery done record", || {
+        d.trail("Alice")
             .iter()
             .any(|l| l["type"] == "delivery" && l["status"] == "done")
-    );
+            .then_some(())
+    });
 }
 
 /// `message` sends text and files to a contact; `react` reacts to the contact's last message.
