@@ -134,6 +134,18 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         &cfg.agent.skills.always_on,
     ));
     let mut tool_list = builtin_tools(&cfg.tools);
+    if let Some(key) = &cfg.tools.web_search_key
+        && cfg
+            .tools
+            .enabled
+            .as_ref()
+            .is_none_or(|e| e.iter().any(|n| n == "web_search"))
+    {
+        tool_list.push(Arc::new(crate::tools::web_search::WebSearchTool::new(
+            &cfg.tools.web_search_base_url,
+            key.clone(),
+        )));
+    }
     if cfg
         .tools
         .enabled

@@ -12,6 +12,7 @@ pub mod schedule;
 pub mod session_status;
 pub mod spawn;
 pub mod web;
+pub mod web_search;
 pub mod write;
 
 pub use fs::ReadTool;

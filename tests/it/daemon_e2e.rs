@@ -1130,3 +1130,77 @@ fn subagent_denied_tool_is_refused_at_execution() {
         .unwrap();
     assert_eq!(sub_calls, 2);
 }
+
+/// A one-shot fake of the Brave Search API: answers every request with `body` and records the
+/// request heads.
+fn fake_brave(body: &'static str) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{Read, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "http://{}/res/v1/web/search",
+        listener.local_addr().unwrap()
+    );
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rec = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let mut buf = [0u8; 8192];
+            let n = s.read(&mut buf).unwrap_or(0);
+            rec.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, seen)
+}
+
+/// `web_search` is offered when a Brave key is configured and sends the key and the query.
+#[test]
+fn web_search_uses_the_configured_endpoint_and_key() {
+    let (url, seen) = fake_brave(
+        r#"{"web":{"results":[{"title":"Agentd docs","url":"https://example.org/agentd","description":"How to run it"}]}}"#,
+    );
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    fake.push(Reply::tool_calls(vec![(
+        "w1",
+        "web_search",
+        serde_json::json!({"query": "agentd daemon", "count": 3}),
+    )]));
+    fake.push(Reply::text("found it"));
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[tools]\nweb_search.base_url = \"{url}\"\n",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_BRAVE_KEY", "brave-test-key");
+    d.start();
+    fifo_write(
+        &d,
+        r#"{"id":"ws1","type":"user","text":"search","sender":"vic"}"#,
+    );
+    assert_eq!(wait_outcome(&d, "vic", "ws1")["text"], "found it");
+    let head = seen.lock().unwrap()[0].clone();
+    assert!(
+        head.starts_with("GET /res/v1/web/search?q=agentd+daemon&count=3"),
+        "{head}"
+    );
+    assert!(
+        head.to_lowercase()
+            .contains("x-subscription-token: brave-test-key"),
+        "{head}"
+    );
+    let result = serde_json::to_string(&fake.requests()[1]["messages"]).unwrap();
+    assert!(
+        result.contains("Agentd docs") && result.contains("untrusted-content"),
+        "{result}"
+    );
+    assert!(!d.log().contains("brave-test-key"));
+}
