@@ -5,6 +5,7 @@
 pub mod edit;
 pub mod exec;
 pub mod fs;
+pub mod mcp;
 pub mod messaging;
 pub mod paths;
 pub mod registry;

@@ -1,0 +1,197 @@
+//! MCP client against a tiny Python stdio server: tool discovery, calls, env isolation and
+//! restart after the child dies.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentd::config::{McpServerConfig, McpTransport};
+use agentd::tools::mcp::McpManager;
+use agentd::tools::{SessionStatus, StatusSource, Tool, ToolContext};
+use futures::future::BoxFuture;
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const SERVER: &str = r#"
+import json, os, sys
+TOOLS = [
+  {"name": "echo", "description": "echo text", "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
+  {"name": "env", "description": "report env", "inputSchema": {"type": "object", "properties": {}}},
+  {"name": "pid", "description": "report pid", "inputSchema": {"type": "object", "properties": {}}},
+  {"name": "fail", "description": "always fails", "inputSchema": {"type": "object", "properties": {}}},
+  {"name": "hidden", "description": "not on the allow-list", "inputSchema": {"type": "object"}},
+]
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    line = line.strip()
+    if not line:
+        continue
+    msg = json.loads(line)
+    mid = msg.get("id"); method = msg.get("method")
+    if mid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": msg["params"].get("protocolVersion", "2025-06-18"), "capabilities": {"tools": {}}, "serverInfo": {"name": "fake", "version": "0.1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": TOOLS}})
+    elif method == "tools/call":
+        name = msg["params"]["name"]; args = msg["params"].get("arguments") or {}
+        err = False
+        if name == "echo":
+            text = "echo: " + args.get("text", "")
+        elif name == "env":
+            text = "SECRET_CHECK=%s AGENTD_TEST_SECRET=%s" % (os.environ.get("SECRET_CHECK", "<unset>"), os.environ.get("AGENTD_TEST_SECRET", "<unset>"))
+        elif name == "pid":
+            text = str(os.getpid())
+        else:
+            text = "it broke"; err = True
+        send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": text}], "isError": err}})
+    else:
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no such method"}})
+"#;
+
+struct NoStatus;
+impl StatusSource for NoStatus {
+    fn session_status(&self) -> BoxFuture<'_, Result<SessionStatus, String>> {
+        Box::pin(async { Err("none".to_string()) })
+    }
+}
+
+fn ctx(dir: &std::path::Path) -> ToolContext {
+    ToolContext {
+        session_id: "s".into(),
+        session_key: "k".into(),
+        workspace: dir.to_path_buf(),
+        allowed_paths: vec![],
+        status: Arc::new(NoStatus),
+    }
+}
+
+fn find(tools: &[Arc<dyn Tool>], name: &str) -> Arc<dyn Tool> {
+    tools
+        .iter()
+        .find(|t| t.spec().name == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("tool {name} missing"))
+}
+
+#[tokio::test]
+async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
+    // SAFETY: set before any child is spawned; only this test reads it.
+    unsafe { std::env::set_var("AGENTD_TEST_SECRET", "leaked") };
+    let dir = tempfile::tempdir()?;
+    let script = dir.path().join("server.py");
+    std::fs::write(&script, SERVER)?;
+    let python = ["/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("/usr/bin/python3");
+
+    let mut env = BTreeMap::new();
+    env.insert("SECRET_CHECK".to_string(), SecretString::from("configured"));
+    let mut servers = BTreeMap::new();
+    servers.insert(
+        "fake".to_string(),
+        McpServerConfig {
+            name: "fake".into(),
+            transport: McpTransport::Stdio {
+                command: python.into(),
+                args: vec![script.display().to_string()],
+                env,
+                cwd: Some(dir.path().to_path_buf()),
+            },
+            enabled: true,
+            tools: Some(vec![
+                "echo".into(),
+                "env".into(),
+                "pid".into(),
+                "fail".into(),
+            ]),
+            timeout: Duration::from_secs(10),
+        },
+    );
+    servers.insert(
+        "remote".to_string(),
+        McpServerConfig {
+            name: "remote".into(),
+            transport: McpTransport::Http {
+                url: "http://127.0.0.1:1/mcp".into(),
+                headers: BTreeMap::new(),
+            },
+            enabled: true,
+            tools: None,
+            timeout: Duration::from_secs(10),
+        },
+    );
+    let cancel = CancellationToken::new();
+    let mgr = McpManager::start(&servers, cancel.clone());
+    mgr.wait_ready(Duration::from_secs(10)).await;
+
+    let status = mgr.status();
+    assert_eq!(status["fake"]["state"], "ready", "{status}");
+    assert_eq!(status["remote"]["state"], "disabled", "{status}");
+
+    let tools = mgr.tools();
+    let mut names: Vec<String> = tools.iter().map(|t| t.spec().name).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["fake__echo", "fake__env", "fake__fail", "fake__pid"]
+    );
+    // The registry accepts them.
+    agentd::tools::ToolRegistry::new(tools.clone(), Duration::from_secs(30), 10_000)
+        .map_err(anyhow::Error::msg)?;
+
+    let c = ctx(dir.path());
+    let out = find(&tools, "fake__echo")
+        .call(json!({"text": "hi"}), &c)
+        .await?;
+    assert_eq!(out, "echo: hi");
+
+    let out = find(&tools, "fake__env").call(json!({}), &c).await?;
+    assert_eq!(out, "SECRET_CHECK=configured AGENTD_TEST_SECRET=<unset>");
+
+    let err = find(&tools, "fake__fail").call(json!({}), &c).await;
+    assert!(
+        matches!(&err, Err(e) if e.to_string().contains("it broke")),
+        "{err:?}"
+    );
+
+    // Kill the child; the supervisor restarts it and calls work again.
+    let pid: i32 = find(&tools, "fake__pid")
+        .call(json!({}), &c)
+        .await?
+        .parse()?;
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()?;
+    assert!(killed.success());
+
+    let echo = find(&tools, "fake__echo");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = mgr.status();
+        if status["fake"]["restarts"].as_u64().unwrap_or(0) >= 1
+            && status["fake"]["state"] == "ready"
+            && let Ok(out) = echo.call(json!({"text": "again"}), &c).await
+        {
+            assert_eq!(out, "echo: again");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server did not come back: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let new_pid: i32 = find(&tools, "fake__pid")
+        .call(json!({}), &c)
+        .await?
+        .parse()?;
+    assert_ne!(new_pid, pid);
+    let _: Value = mgr.status();
+    cancel.cancel();
+    Ok(())
+}
