@@ -59,6 +59,9 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
     if cfg.telegram.enabled {
         out.push(telegram(cfg).await);
     }
+    if !cfg.mcp_servers.is_empty() {
+        out.extend(mcp(cfg).await);
+    }
     out.push(state_dir(cfg));
     out.push(database(cfg).await);
     out.push(disk(cfg));
@@ -90,6 +93,32 @@ async fn telegram(cfg: &Config) -> Check {
         Ok(Err(e)) => check("telegram getMe", Status::Fail, e.to_string()),
         Err(_) => check("telegram getMe", Status::Fail, "no answer in 10 s"),
     }
+}
+
+/// Start each MCP server, wait up to 10 s for its tool list, report its state.
+async fn mcp(cfg: &Config) -> Vec<Check> {
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mgr = crate::tools::mcp::McpManager::start(&cfg.mcp_servers, cancel.clone());
+    mgr.wait_ready(Duration::from_secs(10)).await;
+    let status = mgr.status();
+    cancel.cancel();
+    let mut out = Vec::new();
+    for (name, st) in status.as_object().into_iter().flatten() {
+        let state = st["state"].as_str().unwrap_or("unknown");
+        let (status, detail) = match state {
+            "ready" => (Status::Pass, format!("ready, {} tool(s)", st["tools"])),
+            "disabled" => (Status::Warn, "disabled".to_string()),
+            other => (
+                Status::Fail,
+                format!(
+                    "{other}: {}",
+                    st["last_error"].as_str().unwrap_or("not ready in 10 s")
+                ),
+            ),
+        };
+        out.push(check(format!("mcp {name}"), status, detail));
+    }
+    out
 }
 
 /// Can we open a TCP connection to the URL's host? (No request is made: that would need the

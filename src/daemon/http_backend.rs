@@ -29,6 +29,7 @@ pub struct DaemonBackend {
     pub dispatcher: Arc<Dispatcher>,
     pub monitor: Arc<Monitor>,
     pub metrics: Arc<Metrics>,
+    pub mcp: Arc<crate::tools::mcp::McpManager>,
     pub started: Instant,
 }
 
@@ -214,6 +215,7 @@ impl ApiBackend for DaemonBackend {
             "version": env!("CARGO_PKG_VERSION"),
             "models": models,
             "channels": channels,
+            "mcp": self.mcp.status(),
             "active_sessions": self.dispatcher.active_sessions(),
             "queue_depth": self.dispatcher.queue_depth(),
         });

@@ -192,6 +192,14 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             }
         }
     }
+    // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
+    // logged and retried by each server's supervisor, never fatal.
+    let mcp_cancel = CancellationToken::new();
+    let mcp = crate::tools::mcp::McpManager::start(&cfg.mcp_servers, mcp_cancel.clone());
+    if !cfg.mcp_servers.is_empty() {
+        mcp.wait_ready(Duration::from_secs(10)).await;
+        tool_list.extend(mcp.tools());
+    }
     let schedule_wake = Arc::new(tokio::sync::Notify::new());
     let wanted = |n: &str| {
         cfg.tools
@@ -324,6 +332,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             dispatcher: dispatcher.clone(),
             monitor: monitor.clone(),
             metrics: metrics.clone(),
+            mcp: mcp.clone(),
             started,
         });
         let router = crate::api::router(
@@ -430,6 +439,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     if cfg.fifo.enabled {
         fifo::remove(&cfg.fifo.path);
     }
+    mcp_cancel.cancel();
     pid.release();
     tracing::info!("agentd stopped");
     Ok(())

@@ -11,6 +11,7 @@ mod fake_llm_selftest;
 mod fake_telegram_selftest;
 mod http_api;
 mod http_daemon;
+mod mcp;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;

@@ -13,7 +13,7 @@ use secrecy::SecretString;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-const SERVER: &str = r#"
+pub const SERVER: &str = r#"
 import json, os, sys
 TOOLS = [
   {"name": "echo", "description": "echo text", "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}},
@@ -194,4 +194,82 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
     let _: Value = mgr.status();
     cancel.cancel();
     Ok(())
+}
+
+/// The real daemon with an MCP server in its config: the server's tools reach the model's tool
+/// list under namespaced names, a call returns the server's result, and the server's state is
+/// in `/api/v1/status` and `agentd doctor`.
+#[test]
+fn daemon_offers_mcp_tools_to_the_model() {
+    use crate::daemon_e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
+    use crate::support::daemon::TestDaemon;
+    use crate::support::fake_llm::{FakeLlm, Reply, Wire};
+
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::tool_calls(vec![(
+        "m1",
+        "fake__echo",
+        serde_json::json!({"text": "ping"}),
+    )]));
+    fake.push(Reply::text("done"));
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("server.py");
+    std::fs::write(&script, SERVER).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let toml = format!(
+        "{}\n[http]\nenabled = true\nport = {port}\n\n[mcp.servers.fake]\ncommand = \"python3\"\nargs = [\"{}\"]\nenv = {{ SECRET_CHECK = \"configured\" }}\n",
+        agentd_toml("fake"),
+        script.display()
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.start();
+    fifo_write(
+        &d,
+        r#"{"id":"mc1","type":"user","text":"use mcp","sender":"max"}"#,
+    );
+    let fin = wait_outcome(&d, "max", "mc1");
+    assert_eq!(fin["text"], "done");
+    let reqs = fake.requests();
+    let names: Vec<&str> = reqs[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"fake__echo"), "{names:?}");
+    let result = &reqs[1]["messages"][2]["content"][0];
+    assert_eq!(result["type"], "tool_result", "{result}");
+    assert_eq!(
+        result["content"], "echo: ping",
+        "the server's own answer: {result}"
+    );
+    assert_eq!(result["is_error"], false);
+    let status: serde_json::Value = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            reqwest::get(format!("http://127.0.0.1:{port}/api/v1/status"))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap()
+        });
+    assert_eq!(status["mcp"]["fake"]["state"], "ready", "{status}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["doctor", "-c"])
+        .arg(&d.config_path)
+        .env("AGENTD_STATE_DIR", &d.state_dir)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("PASS  mcp fake"), "{table}");
 }
