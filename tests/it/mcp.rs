@@ -273,3 +273,145 @@ fn daemon_offers_mcp_tools_to_the_model() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("PASS  mcp fake"), "{table}");
 }
+
+/// Installs the real peers once per target dir (scripts/install-test-peers.sh) and returns
+/// their directory.
+fn real_peers() -> std::path::PathBuf {
+    static ONCE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let dest = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-peers");
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-test-peers.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg(&dest)
+            .output()
+            .expect("run scripts/install-test-peers.sh");
+        assert!(
+            out.status.success(),
+            "installing the MCP test peers failed (needs python3/pip and node/npm with registry access):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dest
+    })
+    .clone()
+}
+
+/// Pids of our direct children whose command line contains `needle`.
+fn child_pids(needle: &str) -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .unwrap_or("");
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if ppid == me && String::from_utf8_lossy(&cmd).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The real reference servers, installed by the project's script: `mcp-server-time` (PyPI)
+/// and `@modelcontextprotocol/server-everything` (npm) over stdio. Their tools appear with
+/// namespaced names, calls return the servers' results, and killing a server leads to a
+/// restart and working calls again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_reference_servers_time_and_everything() {
+    let peers = tokio::task::spawn_blocking(real_peers).await.unwrap();
+    let path = SecretString::from("/usr/local/bin:/usr/bin:/bin".to_string());
+    let mut servers = BTreeMap::new();
+    let mut time_env = BTreeMap::new();
+    time_env.insert(
+        "PYTHONPATH".to_string(),
+        SecretString::from(peers.join("py").display().to_string()),
+    );
+    time_env.insert("PATH".to_string(), path.clone());
+    servers.insert(
+        "time".to_string(),
+        McpServerConfig {
+            name: "time".into(),
+            transport: McpTransport::Stdio {
+                command: "python3".into(),
+                args: vec!["-m".into(), "mcp_server_time".into()],
+                env: time_env,
+                cwd: None,
+            },
+            enabled: true,
+            tools: None,
+            timeout: Duration::from_secs(30),
+        },
+    );
+    let mut node_env = BTreeMap::new();
+    node_env.insert("PATH".to_string(), path);
+    servers.insert(
+        "everything".to_string(),
+        McpServerConfig {
+            name: "everything".into(),
+            transport: McpTransport::Stdio {
+                command: "node".into(),
+                args: vec![
+                    peers
+                        .join("npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+                        .display()
+                        .to_string(),
+                    "stdio".into(),
+                ],
+                env: node_env,
+                cwd: None,
+            },
+            enabled: true,
+            tools: None,
+            timeout: Duration::from_secs(30),
+        },
+    );
+    let cancel = CancellationToken::new();
+    let mgr = McpManager::start(&servers, cancel.clone());
+    mgr.wait_ready(Duration::from_secs(30)).await;
+    let status = mgr.status();
+    assert_eq!(status["time"]["state"], "ready", "{status}");
+    assert_eq!(status["everything"]["state"], "ready", "{status}");
+    let tools = mgr.tools();
+    let dir = tempfile::tempdir().unwrap();
+    let c = ctx(dir.path());
+    let now = find(&tools, "time__get_current_time")
+        .call(json!({"timezone": "UTC"}), &c)
+        .await
+        .expect("time call");
+    assert!(now.contains("UTC") && now.contains("datetime"), "{now}");
+    let echo = find(&tools, "everything__echo")
+        .call(json!({"message": "hello mcp"}), &c)
+        .await
+        .expect("echo call");
+    assert!(echo.contains("hello mcp"), "{echo}");
+
+    // Kill the time server: the supervisor restarts it and calls work again.
+    let pids = child_pids("mcp_server_time");
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = mgr.status();
+        if s["time"]["restarts"].as_u64().unwrap_or(0) >= 1 && s["time"]["state"] == "ready" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no restart: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let again = find(&tools, "time__get_current_time")
+        .call(json!({"timezone": "Europe/Berlin"}), &c)
+        .await
+        .expect("time call after restart");
+    assert!(again.contains("Europe/Berlin"), "{again}");
+    cancel.cancel();
+}
