@@ -91,16 +91,12 @@ impl McpManager {
         cancel: CancellationToken,
     ) -> Arc<McpManager> {
         let mut list = Vec::new();
-        for (name, cfg) in servers {
+        for cfg in servers.values() {
             let mut state = State::Starting;
             let mut last_error = None;
             if !cfg.enabled {
                 state = State::Disabled;
                 last_error = Some("disabled in config".to_string());
-            } else if matches!(cfg.transport, McpTransport::Http { .. }) {
-                tracing::warn!(server = %name, "MCP streamable HTTP transport is not supported yet; server disabled");
-                state = State::Disabled;
-                last_error = Some("streamable HTTP transport is not supported yet".to_string());
             }
             let server = Arc::new(Server {
                 cfg: cfg.clone(),
@@ -255,14 +251,41 @@ type Running = rmcp::service::RunningService<RoleClient, ()>;
 
 /// Spawn the child, do the handshake and list its tools (bounded by the server timeout).
 async fn connect(server: &Server) -> Result<(Running, Vec<rmcp::model::Tool>), String> {
-    let McpTransport::Stdio {
-        command,
-        args,
-        env,
-        cwd,
-    } = &server.cfg.transport
-    else {
-        return Err("only stdio servers are supported".to_string());
+    let timeout = server.cfg.timeout;
+    let (command, args, env, cwd) = match &server.cfg.transport {
+        McpTransport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => (command, args, env, cwd),
+        McpTransport::Http { url, headers } => {
+            use rmcp::transport::StreamableHttpClientTransport;
+            use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+            let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            for (k, v) in headers {
+                let v = v.expose_secret();
+                if k.eq_ignore_ascii_case("authorization") {
+                    config.auth_header = Some(v.strip_prefix("Bearer ").unwrap_or(v).to_string());
+                } else {
+                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                        .map_err(|_| format!("headers: {k:?} is not a valid header name"))?;
+                    let value = reqwest::header::HeaderValue::from_str(v)
+                        .map_err(|_| format!("headers.{k}: not a valid header value"))?;
+                    config.custom_headers.insert(name, value);
+                }
+            }
+            let transport = StreamableHttpClientTransport::from_config(config);
+            let service = tokio::time::timeout(timeout, ().serve(transport))
+                .await
+                .map_err(|_| format!("initialize timed out after {}s", timeout.as_secs()))?
+                .map_err(|e| format!("initialize failed: {e}"))?;
+            let tools = tokio::time::timeout(timeout, service.list_all_tools())
+                .await
+                .map_err(|_| format!("tools/list timed out after {}s", timeout.as_secs()))?
+                .map_err(|e| format!("tools/list failed: {e}"))?;
+            return Ok((service, tools));
+        }
     };
     let cmd = Command::new(command).configure(|c| {
         c.args(args)
@@ -285,7 +308,6 @@ async fn connect(server: &Server) -> Result<(Running, Vec<rmcp::model::Tool>), S
             }
         });
     }
-    let timeout = server.cfg.timeout;
     let service = tokio::time::timeout(timeout, ().serve(transport))
         .await
         .map_err(|_| format!("initialize timed out after {}s", timeout.as_secs()))?

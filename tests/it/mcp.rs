@@ -131,7 +131,9 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
 
     let status = mgr.status();
     assert_eq!(status["fake"]["state"], "ready", "{status}");
-    assert_eq!(status["remote"]["state"], "disabled", "{status}");
+    // Nothing listens on port 1: the HTTP server is not ready and says why (and is retried).
+    assert_ne!(status["remote"]["state"], "ready", "{status}");
+    assert!(status["remote"]["last_error"].is_string(), "{status}");
 
     let tools = mgr.tools();
     let mut names: Vec<String> = tools.iter().map(|t| t.spec().name).collect();
@@ -414,4 +416,61 @@ async fn real_reference_servers_time_and_everything() {
         .expect("time call after restart");
     assert!(again.contains("Europe/Berlin"), "{again}");
     cancel.cancel();
+}
+
+/// `@modelcontextprotocol/server-everything` over streamable HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_everything_server_over_streamable_http() {
+    let peers = tokio::task::spawn_blocking(real_peers).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new("node")
+        .arg(peers.join("npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start node");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server-everything did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut servers = BTreeMap::new();
+    servers.insert(
+        "web".to_string(),
+        McpServerConfig {
+            name: "web".into(),
+            transport: McpTransport::Http {
+                url: format!("http://127.0.0.1:{port}/mcp"),
+                headers: BTreeMap::new(),
+            },
+            enabled: true,
+            tools: Some(vec!["echo".into()]),
+            timeout: Duration::from_secs(30),
+        },
+    );
+    let cancel = CancellationToken::new();
+    let mgr = McpManager::start(&servers, cancel.clone());
+    mgr.wait_ready(Duration::from_secs(30)).await;
+    let status = mgr.status();
+    assert_eq!(status["web"]["state"], "ready", "{status}");
+    let tools = mgr.tools();
+    assert_eq!(tools.len(), 1, "the allow-list keeps only echo");
+    let dir = tempfile::tempdir().unwrap();
+    let out = find(&tools, "web__echo")
+        .call(json!({"message": "over http"}), &ctx(dir.path()))
+        .await
+        .expect("echo over streamable HTTP");
+    assert!(out.contains("over http"), "{out}");
+    cancel.cancel();
+    let _ = child.kill();
+    let _ = child.wait();
 }
