@@ -279,6 +279,17 @@ pub struct ToolsConfig {
     pub web_search_key: Option<SecretString>,
 }
 
+impl ToolsConfig {
+    /// Whether the built-in tool `name` may be offered: listed in `[tools] enabled`, or any
+    /// tool when that key is absent. (Dependencies, e.g. a search key, are checked by whoever
+    /// builds the tool.)
+    pub fn is_enabled(&self, name: &str) -> bool {
+        self.enabled
+            .as_ref()
+            .is_none_or(|e| e.iter().any(|n| n == name))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExecSandbox {
     Landlock,

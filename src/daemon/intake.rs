@@ -7,6 +7,22 @@ use std::sync::Arc;
 use crate::agent::{Agent, Work};
 use crate::control::{self, ControlLine};
 
+/// The text of a control line, or `None` (logged: the line is skipped).
+async fn text_or_skip(
+    id: &str,
+    text: Option<String>,
+    text_file: Option<std::path::PathBuf>,
+    state_dir: &std::path::Path,
+) -> Option<String> {
+    match resolve_text(text, text_file, state_dir.to_path_buf()).await {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(id = %id, error = %e, "FIFO line skipped");
+            None
+        }
+    }
+}
+
 /// `control::resolve_text` reads `text_file` from disk: run it on the blocking pool.
 async fn resolve_text(
     text: Option<String>,
@@ -62,12 +78,8 @@ impl IntakeHandler {
                     tracing::warn!(id = %id, "FIFO line skipped: invalid sender (1-64 characters, no control characters or slashes)");
                     return;
                 }
-                let text = match resolve_text(text, text_file, state_dir.clone()).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!(id = %id, error = %e, "FIFO line skipped");
-                        return;
-                    }
+                let Some(text) = text_or_skip(&id, text, text_file, state_dir).await else {
+                    return;
                 };
                 let intake = Intake {
                     id,
@@ -89,12 +101,8 @@ impl IntakeHandler {
                 tier,
                 ..
             } => {
-                let text = match resolve_text(text, text_file, state_dir.clone()).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!(id = %id, error = %e, "FIFO line skipped");
-                        return;
-                    }
+                let Some(text) = text_or_skip(&id, text, text_file, state_dir).await else {
+                    return;
                 };
                 (
                     "system".to_string(),
@@ -117,12 +125,8 @@ impl IntakeHandler {
                 data,
                 ..
             } => {
-                let body = match resolve_text(text, text_file, state_dir.clone()).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!(id = %id, error = %e, "FIFO line skipped");
-                        return;
-                    }
+                let Some(body) = text_or_skip(&id, text, text_file, state_dir).await else {
+                    return;
                 };
                 (
                     "system".to_string(),

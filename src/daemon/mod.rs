@@ -133,38 +133,20 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         &cfg.agent.skills.dir,
         &cfg.agent.skills.always_on,
     ));
+    // Built-in tools: every candidate, then one `[tools] enabled` filter. MCP tools are
+    // governed by their server's `tools` list instead (SPEC §3).
     let mut tool_list = builtin_tools(&cfg.tools);
-    if let Some(key) = &cfg.tools.web_search_key
-        && cfg
-            .tools
-            .enabled
-            .as_ref()
-            .is_none_or(|e| e.iter().any(|n| n == "web_search"))
-    {
+    if let Some(key) = &cfg.tools.web_search_key {
         tool_list.push(Arc::new(crate::tools::web_search::WebSearchTool::new(
             &cfg.tools.web_search_base_url,
             key.clone(),
         )));
     }
-    if cfg
-        .tools
-        .enabled
-        .as_ref()
-        .is_none_or(|e| e.iter().any(|n| n == "exec"))
-    {
-        // Sandboxed shell: never the state or config directory (see docs/security.md).
-        tool_list.push(Arc::new(crate::tools::exec::ExecTool::from_config(&cfg)));
-    }
-    if cfg
-        .tools
-        .enabled
-        .as_ref()
-        .is_none_or(|e| e.iter().any(|n| n == "load_skill"))
-    {
-        tool_list.push(Arc::new(crate::skills::LoadSkillTool {
-            skills: skills.clone(),
-        }));
-    }
+    // Sandboxed shell: never the state or config directory (see docs/security.md).
+    tool_list.push(Arc::new(crate::tools::exec::ExecTool::from_config(&cfg)));
+    tool_list.push(Arc::new(crate::skills::LoadSkillTool {
+        skills: skills.clone(),
+    }));
     // The Telegram client is built before the tools (message/react use it) and installed as
     // the reply deliverer before recovery.
     let telegram = if cfg.telegram.enabled {
@@ -181,32 +163,9 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             client: client.clone(),
             sessions: store.clone(),
         };
-        for t in m.tools() {
-            if cfg
-                .tools
-                .enabled
-                .as_ref()
-                .is_none_or(|e| e.iter().any(|x| *x == t.spec().name))
-            {
-                tool_list.push(t);
-            }
-        }
-    }
-    // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
-    // logged and retried by each server's supervisor, never fatal.
-    let mcp_cancel = CancellationToken::new();
-    let mcp = crate::tools::mcp::McpManager::start(&cfg.mcp_servers, mcp_cancel.clone());
-    if !cfg.mcp_servers.is_empty() {
-        mcp.wait_ready(Duration::from_secs(10)).await;
-        tool_list.extend(mcp.tools());
+        tool_list.extend(m.tools());
     }
     let schedule_wake = Arc::new(tokio::sync::Notify::new());
-    let wanted = |n: &str| {
-        cfg.tools
-            .enabled
-            .as_ref()
-            .is_none_or(|e| e.iter().any(|x| x == n))
-    };
     let schedule_tools = crate::tools::schedule::ScheduleTools {
         db: db.clone(),
         wake: schedule_wake.clone(),
@@ -214,19 +173,22 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         max_delay: cfg.tools.max_delay,
         tz: cfg.agent.timezone,
     };
-    for t in schedule_tools.tools() {
-        if wanted(&t.spec().name) {
-            tool_list.push(t);
-        }
-    }
+    tool_list.extend(schedule_tools.tools());
     let spawn_tool = Arc::new(crate::tools::spawn::SpawnTool {
         cfg: cfg.clone(),
         llm: llm.clone(),
         db: db.clone(),
         registry: std::sync::OnceLock::new(),
     });
-    if wanted("sessions_spawn") {
-        tool_list.push(spawn_tool.clone());
+    tool_list.push(spawn_tool.clone());
+    tool_list.retain(|t| cfg.tools.is_enabled(&t.spec().name));
+    // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
+    // logged and retried by each server's supervisor, never fatal.
+    let mcp_cancel = CancellationToken::new();
+    let mcp = crate::tools::mcp::McpManager::start(&cfg.mcp_servers, mcp_cancel.clone());
+    if !cfg.mcp_servers.is_empty() {
+        mcp.wait_ready(Duration::from_secs(10)).await;
+        tool_list.extend(mcp.tools());
     }
     let tools = Arc::new(
         ToolRegistry::new(

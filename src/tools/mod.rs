@@ -106,13 +106,9 @@ pub fn builtin_tools(cfg: &crate::config::ToolsConfig) -> Vec<Arc<dyn Tool>> {
         )),
         Arc::new(session_status::SessionStatusTool::new()),
     ];
-    match &cfg.enabled {
-        None => all,
-        Some(enabled) => all
-            .into_iter()
-            .filter(|tool| enabled.iter().any(|name| *name == tool.spec().name))
-            .collect(),
-    }
+    all.into_iter()
+        .filter(|tool| cfg.is_enabled(&tool.spec().name))
+        .collect()
 }
 
 #[cfg(test)]
