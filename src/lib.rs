@@ -17,6 +17,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod fsutil;
 pub mod llm;
+pub mod memory;
 pub mod metrics;
 pub mod monitor;
 pub mod net;

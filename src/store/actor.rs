@@ -21,7 +21,7 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 /// Cheap, cloneable handle to the DB thread. The thread ends (and closes the connection) when
 /// the last handle is dropped: its receiver then sees the channel closed.
 #[derive(Clone)]
-pub(super) struct Actor {
+pub(crate) struct Actor {
     tx: mpsc::Sender<Job>,
     path: Arc<PathBuf>,
 }
@@ -29,7 +29,7 @@ pub(super) struct Actor {
 impl Actor {
     /// Move `conn` onto a new thread named `thread_name`. The join handle is only needed by
     /// tests; dropping it detaches the thread, which still ends with the last `Actor`.
-    pub(super) fn spawn(
+    pub(crate) fn spawn(
         conn: Connection,
         path: &Path,
         thread_name: &str,
@@ -48,13 +48,13 @@ impl Actor {
     }
 
     /// The database file this actor serves.
-    pub(super) fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Run `f` on the DB thread and return its result. If the caller's future is dropped after
     /// the job was queued, the job still runs (an insert is not lost by a cancelled caller).
-    pub(super) async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    pub(crate) async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         F: FnOnce(&mut Connection) -> rusqlite::Result<R> + Send + 'static,
         R: Send + 'static,

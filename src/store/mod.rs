@@ -10,7 +10,7 @@
 //! - [`Db::open_read_only`] serves CLI queries (`agent-send --cost`) while the daemon may be
 //!   running: no migrations, no writes.
 
-mod actor;
+pub(crate) mod actor;
 mod costs;
 mod kv;
 mod scheduled;
@@ -31,7 +31,7 @@ use actor::Actor;
 pub use costs::{CallType, CostRow, CostSummary, ModelCost};
 
 /// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Name of the DB actor thread (visible in `top -H`, `ps -L`, panics and core dumps).
 const THREAD_NAME: &str = "agentd-db";
@@ -180,7 +180,7 @@ impl Db {
     }
 }
 
-fn open_err(path: &Path, source: rusqlite::Error) -> StoreError {
+pub(crate) fn open_err(path: &Path, source: rusqlite::Error) -> StoreError {
     StoreError::Open {
         path: path.to_path_buf(),
         source,
@@ -189,7 +189,7 @@ fn open_err(path: &Path, source: rusqlite::Error) -> StoreError {
 
 /// Create the file with mode 0600 if it does not exist yet, so SQLite (which gives its `-wal`
 /// and `-shm` files the database file's mode) never creates a world-readable database.
-fn create_private_file(path: &Path) -> Result<(), StoreError> {
+pub(crate) fn create_private_file(path: &Path) -> Result<(), StoreError> {
     match OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -207,7 +207,7 @@ fn create_private_file(path: &Path) -> Result<(), StoreError> {
 
 /// Connection settings of the writer (notes/crates.md §4). Foreign keys are on in the bundled
 /// build already; set explicitly so behaviour does not depend on the build.
-fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
+pub(crate) fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
     let mode: String =
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
