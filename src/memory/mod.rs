@@ -8,6 +8,7 @@
 //! model: it is what tools, the indexer and the agent loop hold.
 
 pub mod embed;
+pub mod fts;
 pub mod search;
 
 use std::path::{Path, PathBuf};
