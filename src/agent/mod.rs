@@ -2,6 +2,7 @@
 //! agentic loop (LLM call → tools → results → …), record every step in the session trail and
 //! the cost ledger, and report the outcome. Works on neutral types only.
 
+pub mod compaction;
 pub mod prompt;
 mod status;
 
@@ -219,7 +220,9 @@ impl Agent {
         // Calls left without results (a crash, /stop during tools) are answered before
         // anything is appended: providers reject a tool call without its result.
         self.repair_dangling(session, state).await?;
+        let tier = compaction::work_tier(work);
         if !work.resume {
+            let compaction_near = self.take_compaction_warning(state, &tier).await;
             let images = if self
                 .cfg
                 .models
@@ -230,7 +233,7 @@ impl Agent {
             } else {
                 Vec::new()
             };
-            let msg = self.user_turn(work, images);
+            let msg = self.user_turn(work, images, compaction_near);
             // Images are never persisted: the trail gets the placeholders.
             let mut ev = MessageEvent::new(msg.without_images());
             ev.reply_to = ids.clone();
@@ -243,11 +246,6 @@ impl Agent {
             }
         }
 
-        let tier = work
-            .intakes
-            .first()
-            .and_then(|i| i.tier.clone())
-            .unwrap_or_else(|| default_tier(work.source()).to_string());
         let max_turns = cfg.behavior.max_turns_per_message.max(1);
         let mut spent = 0.0;
         let mut total = Usage::default();
@@ -271,11 +269,15 @@ impl Agent {
                     error: format!("cannot read workspace files: {e}"),
                 })
             })?;
+            let tools = self.tools.specs();
+            // The context-window guard: compact first, or fail instead of sending (SPEC §15).
+            self.fit_context(session, state, model, &system, &tools)
+                .await?;
             let req = ChatRequest {
                 session_id: session.id.clone(),
                 system,
                 messages: state.messages.clone(),
-                tools: self.tools.specs(),
+                tools,
                 tool_choice: if last_turn {
                     ToolChoice::None
                 } else {
@@ -319,8 +321,15 @@ impl Agent {
                 .llm_call(&spec.model, &usage, call_cost, started.elapsed());
             spent += call_cost;
             total.add(&usage);
-            self.record_cost(&session.id, &spec.model, &spec.provider, usage, call_cost)
-                .await;
+            self.record_cost(
+                &session.id,
+                &spec.model,
+                &spec.provider,
+                CallType::Chat,
+                usage,
+                call_cost,
+            )
+            .await;
 
             let has_tools = !resp.tool_calls.is_empty();
             if last_turn && has_tools {
@@ -390,7 +399,8 @@ impl Agent {
 
     /// The user turn for `work`: the dynamic context block, then each intake's text with its
     /// time prefix (debounced messages are joined with newlines).
-    fn user_turn(&self, work: &Work, images: Vec<UserBlock>) -> Message {
+    /// `compaction_near` adds the "compaction is near" notice (SPEC §15).
+    fn user_turn(&self, work: &Work, images: Vec<UserBlock>, compaction_near: bool) -> Message {
         let cfg = &self.cfg;
         let now = Utc::now();
         let tz = cfg.agent.timezone;
@@ -409,6 +419,7 @@ impl Agent {
             max_turns: cfg.behavior.max_turns_per_message,
             silent_tokens: &cfg.behavior.silent_tokens,
             skills: &triggered,
+            compaction_near,
         }
         .render();
         let mut text = prompt::time_prefix(now, tz);
@@ -559,6 +570,7 @@ impl Agent {
         session_id: &str,
         model: &str,
         provider: &str,
+        call_type: CallType,
         usage: Usage,
         cost_usd: f64,
     ) {
@@ -567,7 +579,7 @@ impl Agent {
             session_id: session_id.to_string(),
             model: model.to_string(),
             provider: provider.to_string(),
-            call_type: CallType::Chat,
+            call_type,
             usage,
             cost_usd,
         };

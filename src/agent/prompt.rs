@@ -67,6 +67,8 @@ pub struct DynamicContext<'a> {
     pub silent_tokens: &'a [String],
     /// Bodies of skills whose trigger appears in this message.
     pub skills: &'a [crate::skills::Skill],
+    /// The conversation is near its compaction threshold: tell the agent once (SPEC §15).
+    pub compaction_near: bool,
 }
 
 impl DynamicContext<'_> {
@@ -100,8 +102,13 @@ impl DynamicContext<'_> {
                 s.name, s.body
             ));
         }
+        let near = if self.compaction_near {
+            format!("{}\n", super::compaction::NEAR_NOTICE)
+        } else {
+            String::new()
+        };
         format!(
-            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{skills}</agentd-context>",
+            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{near}{skills}</agentd-context>",
             self.now
                 .with_timezone(&self.tz)
                 .format("%a, %d. %b %Y - %H:%M %Z"),
@@ -194,9 +201,11 @@ mod tests {
             max_turns: 50,
             silent_tokens: &toks(),
             skills: &[],
+            compaction_near: false,
         }
         .render();
         assert!(c.contains("Sender: alice"));
+        assert!(!c.contains("compaction threshold"));
         assert!(c.contains("at most 50 model calls"));
         assert!(c.contains("NO_REPLY"));
     }

@@ -360,17 +360,7 @@ impl Dispatcher {
                 tracing::info!(session = %session.id, "message interrupted; it resumes after restart")
             }
         }
-        // The trail is the source of truth: a snapshot that cannot be written (full disk) is
-        // rebuilt from it later, so this is a warning, not a failure of the message.
-        let snapshot = st.clone();
-        let s = session.clone();
-        match tokio::task::spawn_blocking(move || s.save_state(&snapshot)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(session = %session.id, error = %e, "cannot save the state snapshot")
-            }
-            Err(e) => tracing::warn!(session = %session.id, error = %e, "snapshot task failed"),
-        }
+        save_snapshot(&session, st).await;
 
         let text = match &finish {
             Finish::Reply {
@@ -399,6 +389,7 @@ impl Dispatcher {
         {
             w.send(webhook_payload(&work, &session.id, &finish));
         }
+        let finished = finish != Finish::Cancelled;
         self.complete(
             &work.ids(),
             Completion {
@@ -406,6 +397,17 @@ impl Dispatcher {
                 finish,
             },
         );
+        // Check compaction last, once the reply is out (SPEC §5.5), also after silent replies
+        // and failures. A shutdown deadline interrupts it; nothing is recorded then.
+        if finished && !self.stop.is_cancelled() {
+            let compacted = tokio::select! {
+                _ = self.abort.cancelled() => false,
+                c = self.agent.after_message(&session, st, &work) => c,
+            };
+            if compacted {
+                save_snapshot(&session, st).await;
+            }
+        }
         Ok(())
     }
 
@@ -425,6 +427,20 @@ impl Dispatcher {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+    }
+}
+
+/// Write the state snapshot. The trail is the source of truth: a snapshot that cannot be
+/// written (full disk) is rebuilt from it later, so this is a warning, not a failure.
+async fn save_snapshot(session: &Arc<SessionHandle>, st: &SessionState) {
+    let snapshot = st.clone();
+    let s = session.clone();
+    match tokio::task::spawn_blocking(move || s.save_state(&snapshot)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(session = %session.id, error = %e, "cannot save the state snapshot")
+        }
+        Err(e) => tracing::warn!(session = %session.id, error = %e, "snapshot task failed"),
     }
 }
 

@@ -1,0 +1,526 @@
+//! Compaction and the context-window guard (SPEC §15).
+//!
+//! * Token estimates of a request (pure): about one token per four bytes of text plus a small
+//!   per-message and per-block overhead; when the last call's real usage is known
+//!   (`SessionState::context_tokens`), that number plus the estimate of what was appended since.
+//! * The cut (pure): how many of the oldest messages to replace by a summary, so that about two
+//!   thirds of the conversation go, a tool call is never separated from its results and the
+//!   remaining list is valid for both providers once the summary user message is put in front.
+//! * The compaction itself: the removed prefix, as a plain-text transcript, is summarised by the
+//!   `compaction` model (no tools); `Event::Compaction { summary, removed }` goes to the trail
+//!   through the same path as every other event, so the state folds it; a `compaction` cost row
+//!   is recorded. The system prompt (stable and semi_stable tiers) is never part of it.
+//!
+//! When: after each finished message (`Agent::after_message`, called by the session worker once
+//! the reply is delivered) if the estimate exceeds `behavior.compaction.threshold_tokens`; and
+//! before each LLM call (`Agent::fit_context`, called by the loop) if the request would not fit
+//! the model's `context_window` minus its `max_tokens`. A failed summary is logged and retried at
+//! the next of those opportunities (never in a loop).
+
+use std::sync::Arc;
+
+use super::{Agent, Fail, Work, default_tier, prompt};
+use crate::cost;
+use crate::llm::{
+    ChatRequest, LlmError, LlmEvent, Message, SystemBlock, SystemTier, ToolChoice, ToolSpec,
+    UserBlock,
+};
+use crate::session::{Event, SessionHandle, SessionState};
+use crate::store::CallType;
+
+/// Bytes of text per estimated token (conservative for non-ASCII text: bytes, not chars).
+const BYTES_PER_TOKEN: u64 = 4;
+/// Role markers and message framing.
+const MESSAGE_OVERHEAD: u64 = 4;
+/// Framing of one content block (type, ids).
+const BLOCK_OVERHEAD: u64 = 3;
+/// An image, whatever its size (Anthropic bills about 1,600 tokens for a 1.15 MP image).
+const IMAGE_TOKENS: u64 = 1_600;
+/// Share of the conversation's estimated tokens a compaction removes.
+pub const CUT_FRACTION: f64 = 2.0 / 3.0;
+/// The agent is warned once this share of `threshold_tokens` is reached.
+pub const WARN_FRACTION: f64 = 0.8;
+/// Longest text kept from one message in the transcript sent for summarising.
+const TRANSCRIPT_ITEM_CHARS: usize = 4_000;
+/// Shortest per-message cap tried when the transcript has to shrink to fit the summary model.
+const TRANSCRIPT_MIN_ITEM_CHARS: usize = 200;
+/// What the summary message starts with in the conversation.
+pub const SUMMARY_HEADER: &str = "[agentd] Summary of the earlier conversation (older messages were replaced by this summary):";
+/// The notice attached to the dynamic context once compaction is near.
+pub const NEAR_NOTICE: &str = "Context: this conversation is close to its compaction threshold. Soon the oldest part will be replaced by a summary; write anything you must keep verbatim (facts, decisions, open tasks) to memory now.";
+
+/// Why a compaction did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum CompactionError {
+    #[error(
+        "no place to cut: the conversation has too few complete messages to summarise ({messages} message(s))"
+    )]
+    NothingToCut { messages: usize },
+    #[error("summary call failed on model '{model}': {error}")]
+    Llm { model: String, error: LlmError },
+    #[error("summary call not made: {0}")]
+    Budget(String),
+    #[error("model '{model}' returned an empty summary")]
+    EmptySummary { model: String },
+    #[error("cannot record the compaction in the session trail: {0}")]
+    Trail(String),
+}
+
+/// Estimated tokens of a text.
+pub fn text_tokens(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(BYTES_PER_TOKEN)
+}
+
+/// Estimated tokens of one message as the providers render it.
+pub fn message_tokens(m: &Message) -> u64 {
+    let body: u64 = match m {
+        Message::User { content } => content
+            .iter()
+            .map(|b| {
+                BLOCK_OVERHEAD
+                    + match b {
+                        UserBlock::Text { text } => text_tokens(text),
+                        UserBlock::Image { .. } => IMAGE_TOKENS,
+                    }
+            })
+            .sum(),
+        Message::Assistant {
+            text,
+            tool_calls,
+            thinking,
+            ..
+        } => {
+            let thinking: u64 = thinking
+                .iter()
+                .map(|t| {
+                    BLOCK_OVERHEAD
+                        + t.thinking.as_deref().map_or(0, text_tokens)
+                        + t.signature.as_deref().map_or(0, text_tokens)
+                        + t.redacted_data.as_deref().map_or(0, text_tokens)
+                })
+                .sum();
+            let calls: u64 = tool_calls
+                .iter()
+                .map(|c| {
+                    BLOCK_OVERHEAD
+                        + text_tokens(&c.id)
+                        + text_tokens(&c.name)
+                        + text_tokens(&c.arguments.to_string())
+                })
+                .sum();
+            BLOCK_OVERHEAD + text_tokens(text) + thinking + calls
+        }
+        Message::ToolResults { results, notice } => {
+            let results: u64 = results
+                .iter()
+                .map(|r| BLOCK_OVERHEAD + text_tokens(&r.tool_call_id) + text_tokens(&r.content))
+                .sum();
+            results + notice.as_deref().map_or(0, |n| BLOCK_OVERHEAD + text_tokens(n))
+        }
+    };
+    MESSAGE_OVERHEAD + body
+}
+
+/// Estimated tokens of a list of messages.
+pub fn messages_tokens(messages: &[Message]) -> u64 {
+    messages.iter().map(message_tokens).sum()
+}
+
+/// Estimated tokens of the part of a request that is not the conversation: the system blocks
+/// and the tool definitions.
+pub fn fixed_tokens(system: &[SystemBlock], tools: &[ToolSpec]) -> u64 {
+    let system: u64 = system
+        .iter()
+        .map(|b| BLOCK_OVERHEAD + text_tokens(&b.text))
+        .sum();
+    let tools: u64 = tools
+        .iter()
+        .map(|t| {
+            BLOCK_OVERHEAD
+                + text_tokens(&t.name)
+                + text_tokens(&t.description)
+                + text_tokens(&t.input_schema.to_string())
+        })
+        .sum();
+    system + tools
+}
+
+/// Estimated tokens of a whole request.
+pub fn request_tokens(system: &[SystemBlock], messages: &[Message], tools: &[ToolSpec]) -> u64 {
+    fixed_tokens(system, tools) + messages_tokens(messages)
+}
+
+/// The context size of the session's next request. When the last call's real usage is known
+/// (`context_tokens` of the call that sent `previous_messages` messages and produced the next
+/// one), that number plus the estimate of the messages appended after it; otherwise (first
+/// call, after a compaction, after a rebuild without usage) `fixed` (system + tools) plus the
+/// estimate of every message.
+pub fn context_estimate(state: &SessionState, fixed: u64) -> u64 {
+    measured_estimate(state).unwrap_or_else(|| fixed + messages_tokens(&state.messages))
+}
+
+/// The estimate based on the last call's real usage, when it applies.
+fn measured_estimate(state: &SessionState) -> Option<u64> {
+    match state.previous_messages {
+        Some(n) if state.context_tokens > 0 && n < state.messages.len() => {
+            Some(state.context_tokens + messages_tokens(&state.messages[n + 1..]))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the conversation may be cut before `messages[i]`: the retained part starts with a
+/// user turn or an assistant message (never with tool results, which would be orphaned), and the
+/// removed part does not end with an assistant message whose tool calls have their results in
+/// the retained part.
+fn is_cut_point(messages: &[Message], i: usize) -> bool {
+    if i == 0 || i >= messages.len() {
+        return false;
+    }
+    let starts_ok = !matches!(messages[i], Message::ToolResults { .. });
+    let prev_closed = messages[i - 1].tool_calls().is_empty();
+    starts_ok && prev_closed
+}
+
+/// How many of the oldest messages to replace by a summary: the cut point whose removed prefix
+/// is closest to `fraction` of the estimated tokens, preferring cuts before a user turn (a
+/// whole exchange goes) and taking one before an assistant message only when there is no such
+/// user turn (one long tool loop). `None` when no message can be removed.
+///
+/// After `[summary user message] + messages[cut..]` every tool call is still followed by its
+/// results and no result is orphaned (see the property test), which both renderers need:
+/// Anthropic merges consecutive user messages into one turn and requires each `tool_result` to
+/// answer a `tool_use` of the turn right before it; OpenAI requires each `tool` message to
+/// follow the assistant message with its call.
+pub fn plan_cut(messages: &[Message], fraction: f64) -> Option<usize> {
+    let total = messages_tokens(messages) as f64;
+    let target = total * fraction.clamp(0.0, 1.0);
+    let mut prefix = 0u64;
+    let mut best_user: Option<(usize, f64)> = None;
+    let mut best_any: Option<(usize, f64)> = None;
+    for (i, m) in messages.iter().enumerate() {
+        if is_cut_point(messages, i) {
+            let distance = (prefix as f64 - target).abs();
+            let slot = if m.is_user() {
+                &mut best_user
+            } else {
+                &mut best_any
+            };
+            if slot.is_none_or(|(_, d)| distance < d) {
+                *slot = Some((i, distance));
+            }
+        }
+        prefix += message_tokens(m);
+    }
+    best_user.or(best_any).map(|(i, _)| i)
+}
+
+/// The removed prefix as a plain-text transcript for the summary model (no tool blocks, so the
+/// summary request needs no tool definitions and is valid on every provider). Each item is cut
+/// to `item_chars` characters; images appear as their placeholders.
+pub fn transcript(messages: &[Message], item_chars: usize) -> String {
+    let mut names = std::collections::HashMap::new();
+    let mut out = String::new();
+    for m in messages {
+        match m {
+            Message::User { content } => {
+                let text: Vec<&str> = content
+                    .iter()
+                    .map(|b| match b {
+                        UserBlock::Text { text } => text.as_str(),
+                        UserBlock::Image { placeholder, .. } => placeholder.as_str(),
+                    })
+                    .collect();
+                push_item(&mut out, "user", &text.join("\n"), item_chars);
+            }
+            Message::Assistant {
+                text, tool_calls, ..
+            } => {
+                if !text.is_empty() {
+                    push_item(&mut out, "assistant", text, item_chars);
+                }
+                for c in tool_calls {
+                    names.insert(c.id.as_str(), c.name.as_str());
+                    let label = format!("assistant called tool {}", c.name);
+                    push_item(&mut out, &label, &c.arguments.to_string(), item_chars);
+                }
+            }
+            Message::ToolResults { results, notice } => {
+                for r in results {
+                    let name = names.get(r.tool_call_id.as_str()).copied().unwrap_or("?");
+                    let label = if r.is_error {
+                        format!("tool {name} failed")
+                    } else {
+                        format!("tool {name} returned")
+                    };
+                    push_item(&mut out, &label, &r.content, item_chars);
+                }
+                if let Some(n) = notice {
+                    push_item(&mut out, "agentd", n, item_chars);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn push_item(out: &mut String, label: &str, text: &str, max_chars: usize) {
+    out.push('[');
+    out.push_str(label);
+    out.push_str("]\n");
+    let mut chars = text.char_indices();
+    match chars.nth(max_chars) {
+        Some((cut, _)) => {
+            out.push_str(&text[..cut]);
+            out.push_str(" […cut]");
+        }
+        None => out.push_str(text),
+    }
+    out.push_str("\n\n");
+}
+
+/// The transcript, shrunk (per-item cap halved step by step) until its estimate fits
+/// `max_tokens`; at the smallest cap it is returned as is.
+pub fn transcript_within(messages: &[Message], max_tokens: u64) -> String {
+    let mut cap = TRANSCRIPT_ITEM_CHARS;
+    loop {
+        let t = transcript(messages, cap);
+        if text_tokens(&t) <= max_tokens || cap <= TRANSCRIPT_MIN_ITEM_CHARS {
+            return t;
+        }
+        cap /= 2;
+    }
+}
+
+/// The summary request: the configured instructions as the only system block, the transcript
+/// as the only user message, no tools.
+pub fn summary_request(session_id: &str, instructions: &str, transcript: &str) -> ChatRequest {
+    ChatRequest {
+        session_id: session_id.to_string(),
+        system: vec![SystemBlock {
+            tier: SystemTier::Stable,
+            text: instructions.to_string(),
+        }],
+        messages: vec![Message::user_text(format!(
+            "<conversation>\n{}</conversation>\n\nSummarise the conversation above as instructed. Reply with the summary only.",
+            transcript
+        ))],
+        tools: Vec::new(),
+        tool_choice: ToolChoice::None,
+        previous_messages: None,
+    }
+}
+
+/// The text of the summary message that replaces the removed prefix.
+pub fn summary_message(summary: &str) -> String {
+    format!("{SUMMARY_HEADER}\n\n{}", summary.trim())
+}
+
+impl Agent {
+    /// Call point for memory consolidation (SPEC §13, §15: "with consolidation first when
+    /// enabled"). Runs right before every compaction, with the state still holding the messages
+    /// about to be summarised. Does nothing yet but log; memory consolidation hooks in here.
+    pub async fn before_compaction(&self, session: &Arc<SessionHandle>, state: &SessionState) {
+        tracing::debug!(
+            session = %session.id,
+            messages = state.messages.len(),
+            "before compaction (no memory consolidation configured)"
+        );
+    }
+
+    /// Name of the model that writes summaries: `behavior.compaction.model` when loaded, else
+    /// `primary`.
+    pub fn compaction_model(&self) -> String {
+        let name = &self.cfg.behavior.compaction.model;
+        if self.llm.models().get(name).is_some() {
+            name.clone()
+        } else {
+            "primary".to_string()
+        }
+    }
+
+    /// Replace about two thirds of the conversation by a summary. Returns how many messages
+    /// were removed. On error nothing changed.
+    pub async fn compact(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+    ) -> Result<usize, CompactionError> {
+        let cut =
+            plan_cut(&state.messages, CUT_FRACTION).ok_or(CompactionError::NothingToCut {
+                messages: state.messages.len(),
+            })?;
+        self.before_compaction(session, state).await;
+
+        let model = self.compaction_model();
+        let room = self.llm.models().get(&model).map_or(u64::MAX, |s| {
+            u64::from(s.context_window.saturating_sub(s.max_tokens)).saturating_sub(
+                text_tokens(&self.cfg.behavior.compaction.prompt) + 2 * MESSAGE_OVERHEAD + 50,
+            )
+        });
+        let text = transcript_within(&state.messages[..cut], room);
+        let req = summary_request(&session.id, &self.cfg.behavior.compaction.prompt, &text);
+
+        if let Err(Some(Fail { error, .. })) = self.check_budget(0.0).await {
+            return Err(CompactionError::Budget(error));
+        }
+        let on_event = |e: LlmEvent| {
+            if let LlmEvent::RetryWait { attempt, error, .. } = e {
+                tracing::debug!(attempt, %error, "summary call retrying");
+            }
+        };
+        let outcome =
+            self.llm
+                .chat(&model, &req, &on_event)
+                .await
+                .map_err(|error| CompactionError::Llm {
+                    model: model.clone(),
+                    error,
+                })?;
+        let spec = outcome.model;
+        let usage = outcome.response.usage;
+        let call_cost = cost::cost_usd(&spec.pricing, &usage);
+        self.metrics
+            .llm_call(&spec.model, &usage, call_cost, std::time::Duration::ZERO);
+        self.record_cost(
+            &session.id,
+            &spec.model,
+            &spec.provider,
+            CallType::Compaction,
+            usage,
+            call_cost,
+        )
+        .await;
+        let summary = outcome.response.text.trim();
+        if summary.is_empty() {
+            return Err(CompactionError::EmptySummary { model });
+        }
+        let event = Event::Compaction {
+            summary: summary_message(summary),
+            removed: cut,
+        };
+        self.record(session, state, event)
+            .await
+            .map_err(|f| CompactionError::Trail(f.map_or_else(String::new, |f| f.error)))?;
+        Ok(cut)
+    }
+
+    /// [`context_estimate`] for the session's next request in `tier`; the workspace files are
+    /// read only when no measured usage applies.
+    async fn estimate(&self, state: &SessionState, tier: &str) -> u64 {
+        match measured_estimate(state) {
+            Some(n) => n,
+            None => self.fixed_estimate(tier).await + messages_tokens(&state.messages),
+        }
+    }
+
+    /// System blocks and tool definitions of `tier` (the fixed part of a request), estimated.
+    async fn fixed_estimate(&self, tier: &str) -> u64 {
+        let workspace = self.cfg.agent.workspace.clone();
+        let files = self.cfg.agent.context.files_for(tier);
+        let skills_text = self.skills.semi_stable_text();
+        let system = tokio::task::spawn_blocking(move || {
+            prompt::system_blocks(&workspace, &files, &skills_text)
+        })
+        .await
+        .unwrap_or_default();
+        fixed_tokens(&system, &self.tools.specs())
+    }
+
+    /// Whether the next user turn should carry the "compaction is near" notice (once per
+    /// compaction cycle: sets `flags.compaction_warned`).
+    pub(super) async fn take_compaction_warning(
+        &self,
+        state: &mut SessionState,
+        tier: &str,
+    ) -> bool {
+        if state.flags.compaction_warned {
+            return false;
+        }
+        let threshold = self.cfg.behavior.compaction.threshold_tokens;
+        let estimate = self.estimate(state, tier).await;
+        if (estimate as f64) < threshold as f64 * WARN_FRACTION {
+            return false;
+        }
+        state.flags.compaction_warned = true;
+        true
+    }
+
+    /// After a finished message (reply delivered): compact when the context estimate exceeds
+    /// `behavior.compaction.threshold_tokens`. A failure is logged and leaves the session as it
+    /// was; the next message tries again. Returns whether the state changed.
+    pub async fn after_message(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        work: &Work,
+    ) -> bool {
+        let threshold = self.cfg.behavior.compaction.threshold_tokens;
+        let tier = work_tier(work);
+        let estimate = self.estimate(state, &tier).await;
+        if estimate <= threshold {
+            return false;
+        }
+        tracing::info!(session = %session.id, estimate, threshold, "context above the compaction threshold; compacting");
+        match self.compact(session, state).await {
+            Ok(removed) => {
+                tracing::info!(session = %session.id, removed, left = state.messages.len(), "conversation compacted");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e, "compaction failed; the session continues and compaction is retried after the next message");
+                false
+            }
+        }
+    }
+
+    /// Before an LLM call: if the request (`system`, `tools` and the state's messages) would
+    /// not fit `model`'s context window minus its `max_tokens`, compact first; if it still
+    /// does not fit, fail the message instead of sending it.
+    pub(super) async fn fit_context(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        model: &str,
+        system: &[SystemBlock],
+        tools: &[ToolSpec],
+    ) -> Result<(), Option<Fail>> {
+        let Some(spec) = self.cfg.models.get(model) else {
+            return Ok(());
+        };
+        let limit = u64::from(spec.context_window.saturating_sub(spec.max_tokens));
+        if limit == 0 {
+            return Ok(());
+        }
+        let fixed = fixed_tokens(system, tools);
+        let estimate = context_estimate(state, fixed);
+        if estimate <= limit {
+            return Ok(());
+        }
+        tracing::warn!(session = %session.id, model, estimate, limit, "request would not fit the context window; compacting first");
+        if let Err(e) = self.compact(session, state).await {
+            tracing::warn!(session = %session.id, error = %e, "compaction before the call failed");
+        }
+        let estimate = context_estimate(state, fixed);
+        if estimate <= limit {
+            return Ok(());
+        }
+        let msg = format!(
+            "This conversation (about {estimate} tokens) does not fit the context window of model '{model}' ({} tokens, {} of them reserved for the answer), even after compaction. Reset the session (Telegram /reset or agent-send --reset) or send a shorter message.",
+            spec.context_window, spec.max_tokens
+        );
+        Err(Some(Fail {
+            reply: msg.clone(),
+            error: msg,
+        }))
+    }
+}
+
+/// The prompt tier of a unit of work (its first intake's, else the source's default).
+pub(super) fn work_tier(work: &Work) -> String {
+    work.intakes
+        .first()
+        .and_then(|i| i.tier.clone())
+        .unwrap_or_else(|| default_tier(work.source()).to_string())
+}
+
