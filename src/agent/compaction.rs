@@ -183,9 +183,10 @@ fn is_cut_point(messages: &[Message], i: usize) -> bool {
 }
 
 /// How many of the oldest messages to replace by a summary: the cut point whose removed prefix
-/// is closest to `fraction` of the estimated tokens, preferring cuts before a user turn (a
-/// whole exchange goes) and taking one before an assistant message only when there is no such
-/// user turn (one long tool loop). `None` when no message can be removed.
+/// is closest to `fraction` of the estimated tokens. A cut before a user turn (a whole exchange
+/// goes) is preferred as long as it removes at least half of that target; otherwise the closest
+/// cut before an assistant message is taken (one long tool loop). `None` when no message can be
+/// removed.
 ///
 /// After `[summary user message] + messages[cut..]` every tool call is still followed by its
 /// results and no result is orphaned (see the property test), which both renderers need:
@@ -196,23 +197,26 @@ pub fn plan_cut(messages: &[Message], fraction: f64) -> Option<usize> {
     let total = messages_tokens(messages) as f64;
     let target = total * fraction.clamp(0.0, 1.0);
     let mut prefix = 0u64;
-    let mut best_user: Option<(usize, f64)> = None;
-    let mut best_any: Option<(usize, f64)> = None;
+    // (index, removed tokens, distance to the target)
+    let mut best_user: Option<(usize, f64, f64)> = None;
+    let mut best_any: Option<(usize, f64, f64)> = None;
     for (i, m) in messages.iter().enumerate() {
         if is_cut_point(messages, i) {
-            let distance = (prefix as f64 - target).abs();
-            let slot = if m.is_user() {
-                &mut best_user
-            } else {
-                &mut best_any
-            };
-            if slot.is_none_or(|(_, d)| distance < d) {
-                *slot = Some((i, distance));
+            let removed = prefix as f64;
+            let candidate = (i, removed, (removed - target).abs());
+            if best_any.is_none_or(|b| candidate.2 < b.2) {
+                best_any = Some(candidate);
+            }
+            if m.is_user() && best_user.is_none_or(|b| candidate.2 < b.2) {
+                best_user = Some(candidate);
             }
         }
         prefix += message_tokens(m);
     }
-    best_user.or(best_any).map(|(i, _)| i)
+    match best_user {
+        Some((i, removed, _)) if removed >= target / 2.0 => Some(i),
+        _ => best_any.map(|(i, _, _)| i),
+    }
 }
 
 /// The removed prefix as a plain-text transcript for the summary model (no tool blocks, so the
@@ -524,3 +528,367 @@ pub(super) fn work_tier(work: &Work) -> String {
         .unwrap_or_else(|| default_tier(work.source()).to_string())
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::{ThinkingBlock, ToolCall, ToolResult};
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    fn user(text: &str) -> Message {
+        Message::user_text(text)
+    }
+
+    fn reply(text: &str) -> Message {
+        Message::Assistant {
+            text: text.into(),
+            tool_calls: vec![],
+            thinking: vec![],
+            usage: None,
+        }
+    }
+
+    fn calls(ids: &[&str]) -> Message {
+        Message::Assistant {
+            text: String::new(),
+            tool_calls: ids
+                .iter()
+                .map(|id| ToolCall {
+                    id: id.to_string(),
+                    name: "read".into(),
+                    arguments: json!({"path": "x"}),
+                })
+                .collect(),
+            thinking: vec![ThinkingBlock {
+                thinking: Some("hmm".into()),
+                signature: Some("sig".into()),
+                redacted_data: None,
+            }],
+            usage: None,
+        }
+    }
+
+    fn results(ids: &[&str]) -> Message {
+        Message::ToolResults {
+            results: ids
+                .iter()
+                .map(|id| ToolResult {
+                    tool_call_id: id.to_string(),
+                    content: format!("result {id}"),
+                    is_error: false,
+                })
+                .collect(),
+            notice: None,
+        }
+    }
+
+    #[test]
+    fn text_tokens_round_up_bytes_over_four() {
+        assert_eq!(text_tokens(""), 0);
+        assert_eq!(text_tokens("abcd"), 1);
+        assert_eq!(text_tokens("abcde"), 2);
+        // Non-ASCII counts bytes (conservative).
+        assert_eq!(text_tokens("ää"), 1);
+    }
+
+    #[test]
+    fn images_count_a_fixed_amount_not_their_base64_size() {
+        let m = Message::User {
+            content: vec![UserBlock::Image {
+                media_type: "image/png".into(),
+                data: "A".repeat(4_000_000),
+                placeholder: "[image: a.png]".into(),
+            }],
+        };
+        assert_eq!(
+            message_tokens(&m),
+            MESSAGE_OVERHEAD + BLOCK_OVERHEAD + IMAGE_TOKENS
+        );
+    }
+
+    #[test]
+    fn message_tokens_grow_with_every_part() {
+        let base = message_tokens(&reply("hello world"));
+        assert!(message_tokens(&reply(&"x".repeat(400))) >= 100);
+        assert!(message_tokens(&calls(&["a"])) > message_tokens(&reply("")));
+        assert!(message_tokens(&results(&["a", "b"])) > message_tokens(&results(&["a"])));
+        assert!(base > MESSAGE_OVERHEAD);
+        let spec = ToolSpec {
+            name: "read".into(),
+            description: "d".repeat(40),
+            input_schema: json!({"type": "object"}),
+        };
+        let system = [SystemBlock {
+            tier: SystemTier::Stable,
+            text: "s".repeat(80),
+        }];
+        assert_eq!(
+            request_tokens(&system, &[reply("hello world")], std::slice::from_ref(&spec)),
+            fixed_tokens(&system, &[spec]) + base
+        );
+    }
+
+    #[test]
+    fn context_estimate_uses_measured_usage_plus_what_came_after() {
+        let mut state = SessionState::new("s", "k", "primary", 0);
+        state.messages = vec![user("q1"), reply("a1"), user(&"n".repeat(400))];
+        // No measured usage yet: everything is estimated.
+        assert_eq!(
+            context_estimate(&state, 1000),
+            1000 + messages_tokens(&state.messages)
+        );
+        // The last call sent 1 message and produced message 1; message 2 came after.
+        state.previous_messages = Some(1);
+        state.context_tokens = 5000;
+        assert_eq!(
+            context_estimate(&state, 1000),
+            5000 + message_tokens(&state.messages[2])
+        );
+        // After a compaction the position is unknown again.
+        state.previous_messages = None;
+        assert_eq!(
+            context_estimate(&state, 7),
+            7 + messages_tokens(&state.messages)
+        );
+    }
+
+    #[test]
+    fn plan_cut_takes_about_two_thirds_at_a_user_turn() {
+        let mut messages = Vec::new();
+        for i in 0..9 {
+            messages.push(user(&format!("question {i} {}", "q".repeat(200))));
+            messages.push(reply(&format!("answer {i} {}", "a".repeat(200))));
+        }
+        let cut = plan_cut(&messages, CUT_FRACTION).unwrap();
+        assert_eq!(cut, 12);
+        assert!(messages[cut].is_user());
+    }
+
+    #[test]
+    fn plan_cut_never_splits_a_call_from_its_results() {
+        let messages = vec![
+            user("start"),
+            calls(&["a", "b"]),
+            results(&["a", "b"]),
+            calls(&["c"]),
+            results(&["c"]),
+            reply("done"),
+            user("next"),
+        ];
+        for f in [0.1, 0.3, 0.5, 0.7, 0.9] {
+            let cut = plan_cut(&messages, f).unwrap();
+            assert!(is_cut_point(&messages, cut), "fraction {f}: cut {cut}");
+            assert!(!matches!(messages[cut], Message::ToolResults { .. }));
+        }
+    }
+
+    #[test]
+    fn plan_cut_inside_one_long_tool_loop() {
+        // One message with many tool rounds: the only user turns are the summary and the
+        // question, so the cut goes before an assistant message.
+        let mut messages = vec![user("old summary"), user("question")];
+        for i in 0..10 {
+            let id = format!("t{i}");
+            messages.push(calls(&[&id]));
+            messages.push(Message::ToolResults {
+                results: vec![ToolResult {
+                    tool_call_id: id,
+                    content: "r".repeat(400),
+                    is_error: false,
+                }],
+                notice: None,
+            });
+        }
+        messages.push(reply("final"));
+        let cut = plan_cut(&messages, CUT_FRACTION).unwrap();
+        assert!(cut > 2, "cut {cut}");
+        assert!(matches!(messages[cut], Message::Assistant { .. }));
+    }
+
+    #[test]
+    fn plan_cut_needs_something_to_keep() {
+        assert_eq!(plan_cut(&[], CUT_FRACTION), None);
+        assert_eq!(plan_cut(&[user("only")], CUT_FRACTION), None);
+        // Results are never the first retained message.
+        assert_eq!(plan_cut(&[user("q"), results(&["a"])], CUT_FRACTION), None);
+        // A tool round may be kept on its own behind the summary.
+        assert_eq!(
+            plan_cut(&[user("q"), calls(&["a"]), results(&["a"])], CUT_FRACTION),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn transcript_names_tools_and_cuts_long_items() {
+        let messages = vec![
+            user("please read x"),
+            calls(&["a"]),
+            Message::ToolResults {
+                results: vec![ToolResult {
+                    tool_call_id: "a".into(),
+                    content: "z".repeat(50),
+                    is_error: true,
+                }],
+                notice: Some("wrap up".into()),
+            },
+            reply("it failed"),
+        ];
+        let t = transcript(&messages, 10);
+        assert!(t.contains("[user]\nplease rea […cut]"), "{t}");
+        assert!(t.contains("[assistant called tool read]"), "{t}");
+        assert!(t.contains("[tool read failed]\nzzzzzzzzzz […cut]"), "{t}");
+        assert!(t.contains("[agentd]\nwrap up"), "{t}");
+        assert!(t.contains("[assistant]\nit failed"), "{t}");
+        // Shrinks to fit.
+        let long = vec![user(&"w".repeat(40_000))];
+        assert!(text_tokens(&transcript_within(&long, 600)) <= 600);
+    }
+
+    #[test]
+    fn summary_request_has_no_tools_and_renders_without_tool_fields() {
+        let req = summary_request("s1", "Summarise.", "[user]\nhi\n\n");
+        assert!(req.tools.is_empty());
+        assert_eq!(req.tool_choice, ToolChoice::None);
+        assert_eq!(req.system[0].text, "Summarise.");
+        let spec = crate::llm::testutil::model_spec(
+            "compaction",
+            crate::config::ProviderKind::Anthropic,
+            "http://x",
+        );
+        let body = crate::llm::anthropic::render_request(&spec, &req);
+        assert!(body.get("tools").is_none() && body.get("tool_choice").is_none());
+        assert_eq!(body["messages"].as_array().unwrap().len(), 1);
+        assert!(summary_message("  the gist \n").ends_with("\n\nthe gist"));
+    }
+
+    /// A conversation of `turns`: (tool rounds of (calls per round), text size).
+    fn conversation(summary: bool, turns: &[(Vec<usize>, usize)]) -> Vec<Message> {
+        let mut out = Vec::new();
+        if summary {
+            out.push(user(&summary_message("earlier")));
+        }
+        let mut next = 0;
+        for (t, (rounds, size)) in turns.iter().enumerate() {
+            out.push(user(&format!("msg {t} {}", "u".repeat(*size))));
+            for n in rounds {
+                let ids: Vec<String> = (0..*n)
+                    .map(|_| {
+                        next += 1;
+                        format!("call{next}")
+                    })
+                    .collect();
+                let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+                out.push(calls(&refs));
+                out.push(results(&refs));
+            }
+            out.push(reply(&"r".repeat(*size)));
+        }
+        out
+    }
+
+    /// Every tool call is answered right after it, and every result answers the call before it.
+    fn check_pairs(messages: &[Message]) -> Result<(), String> {
+        for (j, m) in messages.iter().enumerate() {
+            let calls: Vec<&str> = m.tool_calls().iter().map(|c| c.id.as_str()).collect();
+            if !calls.is_empty() {
+                match messages.get(j + 1) {
+                    Some(Message::ToolResults { results, .. }) => {
+                        let got: Vec<&str> =
+                            results.iter().map(|r| r.tool_call_id.as_str()).collect();
+                        if got != calls {
+                            return Err(format!("results at {} do not match calls at {j}", j + 1));
+                        }
+                    }
+                    _ => return Err(format!("calls at {j} have no results after them")),
+                }
+            }
+            if let Message::ToolResults { .. } = m
+                && (j == 0 || messages[j - 1].tool_calls().is_empty())
+            {
+                return Err(format!("orphaned results at {j}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The Anthropic wire form: roles alternate starting with user, each `tool_result` answers a
+    /// `tool_use` of the assistant message right before it and comes before any text block.
+    fn check_anthropic_wire(body: &Value) -> Result<(), String> {
+        let wire = body["messages"].as_array().ok_or("no messages")?;
+        for (k, m) in wire.iter().enumerate() {
+            let want = if k % 2 == 0 { "user" } else { "assistant" };
+            if m["role"] != want {
+                return Err(format!("wire message {k} has role {}", m["role"]));
+            }
+            let blocks = m["content"].as_array().ok_or("no content")?;
+            let mut seen_text = false;
+            for b in blocks {
+                match b["type"].as_str() {
+                    Some("tool_result") => {
+                        if seen_text {
+                            return Err(format!("tool_result after text in wire message {k}"));
+                        }
+                        let id = &b["tool_use_id"];
+                        let answered = k > 0
+                            && wire[k - 1]["content"]
+                                .as_array()
+                                .is_some_and(|p| p.iter().any(|x| x["id"] == *id));
+                        if !answered {
+                            return Err(format!("orphaned tool_result {id} in wire message {k}"));
+                        }
+                    }
+                    Some("text") => seen_text = true,
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn turn_strategy() -> impl Strategy<Value = (Vec<usize>, usize)> {
+        (prop::collection::vec(1usize..4, 0..4), 0usize..600)
+    }
+
+    proptest! {
+        #[test]
+        fn cut_plus_summary_keeps_every_call_with_its_results(
+            summary in any::<bool>(),
+            turns in prop::collection::vec(turn_strategy(), 1..12),
+            fraction in 0.05f64..0.95,
+        ) {
+            let messages = conversation(summary, &turns);
+            prop_assert!(check_pairs(&messages).is_ok());
+            let cut = plan_cut(&messages, fraction);
+            if turns.len() >= 2 || summary {
+                prop_assert!(cut.is_some(), "a user turn after the first is always a cut point");
+            }
+            let Some(cut) = cut else { return Ok(()) };
+            prop_assert!(cut >= 1 && cut < messages.len());
+            let mut after = vec![user(&summary_message("the gist"))];
+            after.extend_from_slice(&messages[cut..]);
+            // Nothing but the removed prefix is lost.
+            prop_assert_eq!(&after[1..], &messages[cut..]);
+            if let Err(e) = check_pairs(&after) {
+                return Err(TestCaseError::fail(format!("cut {cut}: {e}")));
+            }
+            let req = ChatRequest {
+                session_id: "s".into(),
+                system: vec![],
+                messages: after,
+                tools: vec![],
+                tool_choice: ToolChoice::Auto,
+                previous_messages: None,
+            };
+            let spec = crate::llm::testutil::model_spec(
+                "primary",
+                crate::config::ProviderKind::Anthropic,
+                "http://x",
+            );
+            let body = crate::llm::anthropic::render_request(&spec, &req);
+            if let Err(e) = check_anthropic_wire(&body) {
+                return Err(TestCaseError::fail(format!("cut {cut}: {e}")));
+            }
+        }
+    }
+}
