@@ -3,7 +3,8 @@
 //! usage fields that off-the-shelf mocks leave out.
 //!
 //! Tests script replies with [`FakeLlm::push`]; each request consumes one reply in FIFO order.
-//! With an empty script the fake echoes the last user message, so smoke tests need no script.
+//! With an empty script the fake asks the responder set with [`FakeLlm::set_responder`], if
+//! any, and otherwise echoes the last user message, so smoke tests need no script.
 //!
 //! The server runs on its own thread with its own single-threaded tokio runtime, so test code
 //! that blocks (waiting on a child process, polling files) can never starve it, whatever the
@@ -158,10 +159,14 @@ struct Recorded {
     body: Value,
 }
 
+/// Answers a request (its JSON body) when the script is empty; `None` falls back to the echo.
+pub type Responder = dyn Fn(&Value) -> Option<Reply> + Send + Sync;
+
 /// State shared by the handle and the server.
 struct Shared {
     wire: Wire,
     queue: Mutex<VecDeque<Reply>>,
+    responder: Mutex<Option<Arc<Responder>>>,
     recorded: Mutex<Vec<Recorded>>,
     count: watch::Sender<usize>,
     next_id: AtomicU64,
@@ -218,6 +223,7 @@ impl FakeLlm {
         let shared = Arc::new(Shared {
             wire,
             queue: Mutex::new(VecDeque::new()),
+            responder: Mutex::new(None),
             recorded: Mutex::new(Vec::new()),
             count,
             next_id: AtomicU64::new(0),
@@ -253,6 +259,17 @@ impl FakeLlm {
     /// Appends a scripted reply; replies are consumed one per request, in order.
     pub fn push(&self, r: Reply) {
         self.shared.queue().push_back(r);
+    }
+
+    /// Sets a responder consulted for each request that finds the script empty (scripted
+    /// replies still come first); when it returns `None` the fake echoes as usual. Lets a test
+    /// drive long conversations whose answers depend on the request.
+    pub fn set_responder(&self, f: impl Fn(&Value) -> Option<Reply> + Send + Sync + 'static) {
+        *self
+            .shared
+            .responder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(f));
     }
 
     /// Scripted replies not consumed yet.
@@ -373,10 +390,18 @@ async fn handle(
     if !body.is_object() {
         return error_response(wire, 400, "the request body is not a JSON object", None);
     }
-    let reply = shared.queue().pop_front().unwrap_or_else(|| Reply::Text {
-        text: format!("echo: {}", last_user_text(&body)),
-        usage: DEFAULT_USAGE,
-    });
+    let scripted = shared.queue().pop_front();
+    let responder = shared
+        .responder
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let reply = scripted
+        .or_else(|| responder.and_then(|f| f(&body)))
+        .unwrap_or_else(|| Reply::Text {
+            text: format!("echo: {}", last_user_text(&body)),
+            usage: DEFAULT_USAGE,
+        });
     let ctx = Ctx {
         wire,
         stream: body.get("stream").and_then(Value::as_bool) == Some(true),
