@@ -45,7 +45,8 @@ const TRANSCRIPT_ITEM_CHARS: usize = 4_000;
 /// Shortest per-message cap tried when the transcript has to shrink to fit the summary model.
 const TRANSCRIPT_MIN_ITEM_CHARS: usize = 200;
 /// What the summary message starts with in the conversation.
-pub const SUMMARY_HEADER: &str = "[agentd] Summary of the earlier conversation (older messages were replaced by this summary):";
+pub const SUMMARY_HEADER: &str =
+    "[agentd] Summary of the earlier conversation (older messages were replaced by this summary):";
 /// The notice attached to the dynamic context once compaction is near.
 pub const NEAR_NOTICE: &str = "Context: this conversation is close to its compaction threshold. Soon the oldest part will be replaced by a summary; write anything you must keep verbatim (facts, decisions, open tasks) to memory now.";
 
@@ -115,7 +116,10 @@ pub fn message_tokens(m: &Message) -> u64 {
                 .iter()
                 .map(|r| BLOCK_OVERHEAD + text_tokens(&r.tool_call_id) + text_tokens(&r.content))
                 .sum();
-            results + notice.as_deref().map_or(0, |n| BLOCK_OVERHEAD + text_tokens(n))
+            results
+                + notice
+                    .as_deref()
+                    .map_or(0, |n| BLOCK_OVERHEAD + text_tokens(n))
         }
     };
     MESSAGE_OVERHEAD + body
@@ -350,10 +354,9 @@ impl Agent {
         session: &Arc<SessionHandle>,
         state: &mut SessionState,
     ) -> Result<usize, CompactionError> {
-        let cut =
-            plan_cut(&state.messages, CUT_FRACTION).ok_or(CompactionError::NothingToCut {
-                messages: state.messages.len(),
-            })?;
+        let cut = plan_cut(&state.messages, CUT_FRACTION).ok_or(CompactionError::NothingToCut {
+            messages: state.messages.len(),
+        })?;
         self.before_compaction(session, state).await;
 
         let model = self.compaction_model();
@@ -373,14 +376,14 @@ impl Agent {
                 tracing::debug!(attempt, %error, "summary call retrying");
             }
         };
-        let outcome =
-            self.llm
-                .chat(&model, &req, &on_event)
-                .await
-                .map_err(|error| CompactionError::Llm {
-                    model: model.clone(),
-                    error,
-                })?;
+        let outcome = self
+            .llm
+            .chat(&model, &req, &on_event)
+            .await
+            .map_err(|error| CompactionError::Llm {
+                model: model.clone(),
+                error,
+            })?;
         let spec = outcome.model;
         let usage = outcome.response.usage;
         let call_cost = cost::cost_usd(&spec.pricing, &usage);
@@ -528,7 +531,6 @@ pub(super) fn work_tier(work: &Work) -> String {
         .unwrap_or_else(|| default_tier(work.source()).to_string())
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,7 +626,11 @@ mod tests {
             text: "s".repeat(80),
         }];
         assert_eq!(
-            request_tokens(&system, &[reply("hello world")], std::slice::from_ref(&spec)),
+            request_tokens(
+                &system,
+                &[reply("hello world")],
+                std::slice::from_ref(&spec)
+            ),
             fixed_tokens(&system, &[spec]) + base
         );
     }

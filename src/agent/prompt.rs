@@ -209,4 +209,21 @@ mod tests {
         assert!(c.contains("at most 50 model calls"));
         assert!(c.contains("NO_REPLY"));
     }
+
+    #[test]
+    fn dynamic_context_carries_the_compaction_notice_when_near() {
+        let c = DynamicContext {
+            now: "2026-11-03T13:05:00Z".parse().unwrap(),
+            tz: Tz::UTC,
+            source: "user",
+            from: "alice",
+            max_turns: 50,
+            silent_tokens: &[],
+            skills: &[],
+            compaction_near: true,
+        }
+        .render();
+        assert!(c.contains(crate::agent::compaction::NEAR_NOTICE), "{c}");
+        assert!(c.ends_with("</agentd-context>"));
+    }
 }

@@ -289,7 +289,10 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
         }
         check_pairs(*i, body);
         assert_eq!(body["system"][0], identity[0], "request {i}: stable block");
-        assert_eq!(body["system"][1], identity[1], "request {i}: semi_stable block");
+        assert_eq!(
+            body["system"][1], identity[1],
+            "request {i}: semi_stable block"
+        );
         if last_user_text(body).contains("close to its compaction threshold") {
             notices += 1;
         }
@@ -320,7 +323,10 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
     let first = chats.last().unwrap().1["messages"][0]["content"][0]["text"]
         .as_str()
         .unwrap();
-    assert!(first.contains("Summary of the earlier conversation"), "{first}");
+    assert!(
+        first.contains("Summary of the earlier conversation"),
+        "{first}"
+    );
 
     eprintln!(
         "{} requests, {} compactions, {failed} failed summary calls, {notices} notices, recovered at message {recovered_at}",
@@ -333,4 +339,99 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
         "took {:?}",
         started.elapsed()
     );
+}
+
+/// The context-window guard: a request that would not fit `context_window - max_tokens` is
+/// compacted before it is sent; one that cannot fit even then fails with a clear error and is
+/// never sent.
+#[test]
+fn request_over_the_context_window_is_compacted_first_or_refused() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.set_responder(|body| {
+        if is_summary_request(body) {
+            return Some(Reply::Text {
+                text: "SUMMARY: earlier long messages.".into(),
+                usage: usage_for(body, 10),
+            });
+        }
+        Some(Reply::Text {
+            text: format!("reply {}", message_number(body)?),
+            usage: usage_for(body, 10),
+        })
+    });
+    let port = free_port();
+    // Threshold far away: only the guard compacts.
+    let config = format!(
+        "{}\n[http]\nenabled = true\nport = {port}\nrate_limit = 100000\n\n[behavior.compaction]\nthreshold_tokens = 1000000\nprompt = \"{PROMPT_MARK}: summarise.\"\n\n[tools]\nenabled = [\"session_status\"]\n",
+        agentd_toml("fake")
+    );
+    let provider = provider_toml("anthropic", &fake.base_url()).replace(
+        "max_tokens = 1024",
+        "max_tokens = 1024\ncontext_window = 6000",
+    );
+    let mut d = TestDaemon::new(&config, &[("fake", &provider)]);
+    d.set_env("AGENTD_HTTP_TOKEN", "tok");
+    d.start();
+    let base = format!("http://127.0.0.1:{port}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let chat = |n: usize, size: usize| -> (u16, Value) {
+        let body = json!({"message": format!("MSG-{n}-END {}", "u".repeat(size)), "sender": "big"});
+        rt.block_on(async {
+            let r = client
+                .post(format!("{base}/api/v1/chat"))
+                .bearer_auth("tok")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json().await.unwrap())
+        })
+    };
+
+    // ~1,000 tokens per message: the fifth no longer fits 6000 - 1024 without compaction.
+    for n in 0..8 {
+        let (status, r) = chat(n, 4000);
+        assert_eq!(status, 200, "message {n}: {r}\n{}", d.log());
+        assert_eq!(r["reply"], format!("reply {n}"));
+    }
+    let trail = d.trail("http-big");
+    assert!(
+        !compactions(&trail).is_empty(),
+        "no compaction by the guard"
+    );
+    let limit = 6000 - 1024;
+    for (i, body) in fake.requests().iter().enumerate() {
+        if !is_summary_request(body) {
+            let estimate = body.to_string().len() / 4;
+            assert!(
+                estimate < limit + 500,
+                "request {i}: about {estimate} tokens"
+            );
+            check_pairs(i, body);
+        }
+    }
+
+    // A single message larger than the window cannot fit, compaction or not.
+    let before = fake.requests().len();
+    let (status, r) = chat(99, 40_000);
+    assert_eq!(status, 500, "{r}");
+    let error = r["error"].as_str().unwrap();
+    assert!(
+        error.contains("does not fit the context window of model 'primary'"),
+        "{error}"
+    );
+    let sent_after: Vec<Value> = fake.requests()[before..].to_vec();
+    assert!(
+        sent_after.iter().all(is_summary_request),
+        "the oversized request was sent"
+    );
+    // The session still answers.
+    let (status, r) = chat(100, 100);
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["reply"], "reply 100");
+    assert!(d.sigterm().success());
 }
