@@ -376,6 +376,7 @@ impl Agent {
                 tracing::debug!(attempt, %error, "summary call retrying");
             }
         };
+        let started = std::time::Instant::now();
         let outcome = self
             .llm
             .chat(&model, &req, &on_event)
@@ -388,7 +389,7 @@ impl Agent {
         let usage = outcome.response.usage;
         let call_cost = cost::cost_usd(&spec.pricing, &usage);
         self.metrics
-            .llm_call(&spec.model, &usage, call_cost, std::time::Duration::ZERO);
+            .llm_call(&spec.model, &usage, call_cost, started.elapsed());
         self.record_cost(
             &session.id,
             &spec.model,
