@@ -4,6 +4,7 @@
 mod support;
 
 mod architecture;
+mod compaction;
 mod concurrency;
 mod daemon_e2e;
 mod exec_sandbox;
