@@ -29,6 +29,24 @@ enum Command {
     /// Check config, provider reachability, Telegram, databases and disk space; print a
     /// pass/fail table (exit 1 when a check fails).
     Doctor,
+    /// Index the workspace notes for memory search ([memory] indexer.include): only changed
+    /// files are read again, only new texts embedded. Progress on stderr.
+    Index {
+        /// Show the index's counts instead of running.
+        #[arg(long)]
+        status: bool,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Extract facts, episodes and commitments from the sessions and notes not consolidated
+    /// yet into long-term memory (uses the `consolidation` model, else `compaction`, else
+    /// `primary`).
+    Consolidate {
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Internal: the exec tool's sandbox helper (`--policy <json> -- <command...>`).
     #[command(hide = true)]
     SandboxExec {
@@ -68,6 +86,16 @@ fn main() -> ExitCode {
         Command::Run => run(cfg, agentd::daemon::RunOptions::default()),
         Command::Chat => run(cfg, agentd::daemon::RunOptions { terminal: true }),
         Command::Doctor => doctor(&cfg),
+        Command::Index { status, json } => memory_command(&cfg, |cfg| async move {
+            if status {
+                agentd::cli::memory::status(cfg, json).await
+            } else {
+                agentd::cli::memory::index(cfg, json).await
+            }
+        }),
+        Command::Consolidate { json } => {
+            memory_command(&cfg, |cfg| agentd::cli::memory::consolidate(cfg, json))
+        }
         Command::SandboxExec { .. } => ExitCode::from(2),
     }
 }
@@ -100,6 +128,36 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
             tracing::error!(error = %e, "agentd failed");
             eprintln!("agentd: {e}");
             ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}
+
+/// Run a memory command on a current-thread runtime with logging to stderr (warnings only,
+/// unless AGENTD_LOG says otherwise): its summary on stdout, exit 0; an error on stderr, exit 1.
+fn memory_command<'a, F, Fut>(cfg: &'a agentd::config::Config, f: F) -> ExitCode
+where
+    F: FnOnce(&'a agentd::config::Config) -> Fut,
+    Fut: std::future::Future<Output = Result<String, agentd::memory::MemoryError>>,
+{
+    agentd::telemetry::init_cli();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentd: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(f(cfg)) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("agentd: {e}");
+            ExitCode::from(1)
         }
     }
 }

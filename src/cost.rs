@@ -4,9 +4,9 @@
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
-use crate::config::{BudgetConfig, Pricing};
+use crate::config::{BudgetConfig, Config, ModelSpec, Pricing};
 use crate::llm::Usage;
-use crate::store::{Db, StoreError};
+use crate::store::{CallType, CostRow, Db, StoreError};
 
 /// Cost in USD of one call: input·r_in + output·r_out + cache_read·r_cache_read +
 /// cache_write·r_cache_write, with rates in USD per million tokens.
@@ -183,6 +183,57 @@ pub async fn budget_gate(
     let spent_today = spent_since(Period::Today, cfg.daily_usd).await?;
     let spent_month = spent_since(Period::Month, cfg.monthly_usd).await?;
     check_budget(cfg, spent_today, spent_month, spent_message).map_err(BudgetError::Exceeded)
+}
+
+/// The cost ledger with the budget, for provider calls made outside a message (embeddings,
+/// consolidation): the daily and monthly limits apply before each call, and each call writes
+/// its row.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    pub db: Db,
+    pub budget: BudgetConfig,
+    pub tz: Tz,
+}
+
+impl Ledger {
+    pub fn new(db: Db, cfg: &Config) -> Ledger {
+        Ledger {
+            db,
+            budget: cfg.budget,
+            tz: cfg.agent.timezone,
+        }
+    }
+
+    /// `Err` when today's or this month's limit is reached (the message names it) or the
+    /// ledger cannot be read while a limit is set (fail closed).
+    pub async fn gate(&self) -> Result<(), BudgetError> {
+        budget_gate(&self.db, &self.budget, self.tz, Utc::now(), 0.0).await
+    }
+
+    /// Record one call of `spec` and return its cost. A failed insert is logged, not returned:
+    /// the call already happened.
+    pub async fn record(
+        &self,
+        session_id: &str,
+        spec: &ModelSpec,
+        call_type: CallType,
+        usage: Usage,
+    ) -> f64 {
+        let cost = cost_usd(&spec.pricing, &usage);
+        let row = CostRow {
+            timestamp: Utc::now().timestamp(),
+            session_id: session_id.to_string(),
+            model: spec.model.clone(),
+            provider: spec.provider.clone(),
+            call_type,
+            usage,
+            cost_usd: cost,
+        };
+        if let Err(e) = self.db.insert_cost(row).await {
+            tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row");
+        }
+        cost
+    }
 }
 
 #[cfg(test)]

@@ -64,6 +64,9 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
     }
     out.push(state_dir(cfg));
     out.push(database(cfg).await);
+    if cfg.memory.enabled {
+        out.push(memory_database(cfg).await);
+    }
     out.push(disk(cfg));
     let ws = &cfg.agent.workspace;
     out.push(if ws.is_dir() {
@@ -202,6 +205,41 @@ async fn database(cfg: &Config) -> Check {
             Err(e) => check("agentd.db", Status::Fail, e.to_string()),
         },
         Err(e) => check("agentd.db", Status::Fail, e.to_string()),
+    }
+}
+
+async fn memory_database(cfg: &Config) -> Check {
+    let path = cfg.paths.state_dir.join(crate::memory::DB_FILE);
+    let model = cfg
+        .models
+        .get(crate::memory::embed::MODEL_NAME)
+        .map(|s| s.model.clone());
+    match crate::store::memory::MemoryDb::open_read_only(&path) {
+        Ok(None) => check(
+            "memory.db",
+            Status::Pass,
+            "not created yet (run `agentd index`)",
+        ),
+        Ok(Some(db)) => match (
+            db.integrity_ok().await,
+            db.index_status(model.as_deref()).await,
+        ) {
+            (Ok(true), Ok(st)) => check(
+                "memory.db",
+                Status::Pass,
+                format!(
+                    "integrity ok; {} file(s), {} chunk(s), {} embedded, {} fact(s)",
+                    st.files, st.chunks, st.embedded_chunks, st.facts
+                ),
+            ),
+            (Ok(false), _) => check(
+                "memory.db",
+                Status::Fail,
+                "integrity check failed; move it away and run `agentd index` (facts and episodes are in it too: restore from a backup if you have one)",
+            ),
+            (Err(e), _) | (_, Err(e)) => check("memory.db", Status::Fail, e.to_string()),
+        },
+        Err(e) => check("memory.db", Status::Fail, e.to_string()),
     }
 }
 

@@ -64,3 +64,18 @@ pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, Str
     .map_err(|e| format!("cannot initialise logging: {e}"))?;
     Ok(guard)
 }
+
+/// Logging for one-shot commands (`agentd index`, `agentd consolidate`): stderr only, warnings
+/// and errors unless `AGENTD_LOG` asks for more. A second call does nothing.
+pub fn init_cli() {
+    let filter = std::env::var("AGENTD_LOG")
+        .ok()
+        .and_then(|v| EnvFilter::try_new(v.trim()).ok())
+        .unwrap_or_else(|| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .try_init();
+}

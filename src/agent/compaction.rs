@@ -223,76 +223,12 @@ pub fn plan_cut(messages: &[Message], fraction: f64) -> Option<usize> {
     }
 }
 
-/// The removed prefix as a plain-text transcript for the summary model (no tool blocks, so the
-/// summary request needs no tool definitions and is valid on every provider). Each item is cut
-/// to `item_chars` characters; images appear as their placeholders.
-pub fn transcript(messages: &[Message], item_chars: usize) -> String {
-    let mut names = std::collections::HashMap::new();
-    let mut out = String::new();
-    for m in messages {
-        match m {
-            Message::User { content } => {
-                let text: Vec<&str> = content
-                    .iter()
-                    .map(|b| match b {
-                        UserBlock::Text { text } => text.as_str(),
-                        UserBlock::Image { placeholder, .. } => placeholder.as_str(),
-                    })
-                    .collect();
-                push_item(&mut out, "user", &text.join("\n"), item_chars);
-            }
-            Message::Assistant {
-                text, tool_calls, ..
-            } => {
-                if !text.is_empty() {
-                    push_item(&mut out, "assistant", text, item_chars);
-                }
-                for c in tool_calls {
-                    names.insert(c.id.as_str(), c.name.as_str());
-                    let label = format!("assistant called tool {}", c.name);
-                    push_item(&mut out, &label, &c.arguments.to_string(), item_chars);
-                }
-            }
-            Message::ToolResults { results, notice } => {
-                for r in results {
-                    let name = names.get(r.tool_call_id.as_str()).copied().unwrap_or("?");
-                    let label = if r.is_error {
-                        format!("tool {name} failed")
-                    } else {
-                        format!("tool {name} returned")
-                    };
-                    push_item(&mut out, &label, &r.content, item_chars);
-                }
-                if let Some(n) = notice {
-                    push_item(&mut out, "agentd", n, item_chars);
-                }
-            }
-        }
-    }
-    out
-}
-
-fn push_item(out: &mut String, label: &str, text: &str, max_chars: usize) {
-    out.push('[');
-    out.push_str(label);
-    out.push_str("]\n");
-    let mut chars = text.char_indices();
-    match chars.nth(max_chars) {
-        Some((cut, _)) => {
-            out.push_str(&text[..cut]);
-            out.push_str(" […cut]");
-        }
-        None => out.push_str(text),
-    }
-    out.push_str("\n\n");
-}
-
 /// The transcript, shrunk (per-item cap halved step by step) until its estimate fits
 /// `max_tokens`; at the smallest cap it is returned as is.
 pub fn transcript_within(messages: &[Message], max_tokens: u64) -> String {
     let mut cap = TRANSCRIPT_ITEM_CHARS;
     loop {
-        let t = transcript(messages, cap);
+        let t = crate::llm::transcript::transcript(messages, cap);
         if text_tokens(&t) <= max_tokens || cap <= TRANSCRIPT_MIN_ITEM_CHARS {
             return t;
         }
@@ -325,15 +261,25 @@ pub fn summary_message(summary: &str) -> String {
 }
 
 impl Agent {
-    /// Call point for memory consolidation (SPEC §13, §15: "with consolidation first when
-    /// enabled"). Runs right before every compaction, with the state still holding the messages
-    /// about to be summarised. Does nothing yet but log; memory consolidation hooks in here.
+    /// Memory consolidation before a compaction (SPEC §13, §15: "with consolidation first
+    /// when enabled"): what is about to be summarised is first extracted into structured
+    /// memory. A failure is logged; the compaction goes on (the watermark did not move, so the
+    /// next consolidation picks the messages up from the trail).
     pub async fn before_compaction(&self, session: &Arc<SessionHandle>, state: &SessionState) {
-        tracing::debug!(
-            session = %session.id,
-            messages = state.messages.len(),
-            "before compaction (no memory consolidation configured)"
-        );
+        let Some(consolidator) = self.consolidator.as_ref() else {
+            return;
+        };
+        if !self.cfg.memory.consolidation_enabled {
+            return;
+        }
+        match consolidator.session(session.dir(), &session.id).await {
+            Ok(outcome) => {
+                tracing::info!(session = %session.id, messages = state.messages.len(), ?outcome, "consolidated before compaction")
+            }
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e, "consolidation before compaction failed; compacting anyway")
+            }
+        }
     }
 
     /// Name of the model that writes summaries: `behavior.compaction.model` when loaded, else
@@ -741,7 +687,7 @@ mod tests {
             },
             reply("it failed"),
         ];
-        let t = transcript(&messages, 10);
+        let t = crate::llm::transcript::transcript(&messages, 10);
         assert!(t.contains("[user]\nplease rea […cut]"), "{t}");
         assert!(t.contains("[assistant called tool read]"), "{t}");
         assert!(t.contains("[tool read failed]\nzzzzzzzzzz […cut]"), "{t}");

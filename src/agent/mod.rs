@@ -33,6 +33,11 @@ pub struct Agent {
     pub monitor: Arc<Monitor>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub skills: Arc<crate::skills::SkillSet>,
+    /// Long-term memory (`[memory] enabled`): recall for each message.
+    pub memory: Option<crate::memory::Memory>,
+    /// Consolidation before compaction and on session close (when
+    /// `consolidation.enabled`).
+    pub consolidator: Option<crate::memory::consolidate::Consolidator>,
     pub started: Instant,
 }
 
@@ -53,6 +58,14 @@ impl Work {
     }
     fn from(&self) -> &str {
         self.intakes.first().map_or("", |i| i.from.as_str())
+    }
+    /// The texts of the intakes, joined with newlines.
+    fn text(&self) -> String {
+        self.intakes
+            .iter()
+            .map(|i| i.text.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
@@ -233,7 +246,11 @@ impl Agent {
             } else {
                 Vec::new()
             };
-            let msg = self.user_turn(work, images, compaction_near);
+            let recall = match &self.memory {
+                Some(memory) => memory.recall(&work.text(), &session.id).await,
+                None => None,
+            };
+            let msg = self.user_turn(work, images, compaction_near, recall.as_deref());
             // Images are never persisted: the trail gets the placeholders.
             let mut ev = MessageEvent::new(msg.without_images());
             ev.reply_to = ids.clone();
@@ -400,17 +417,17 @@ impl Agent {
     /// The user turn for `work`: the dynamic context block, then each intake's text with its
     /// time prefix (debounced messages are joined with newlines).
     /// `compaction_near` adds the "compaction is near" notice (SPEC §15).
-    fn user_turn(&self, work: &Work, images: Vec<UserBlock>, compaction_near: bool) -> Message {
+    fn user_turn(
+        &self,
+        work: &Work,
+        images: Vec<UserBlock>,
+        compaction_near: bool,
+        recall: Option<&str>,
+    ) -> Message {
         let cfg = &self.cfg;
         let now = Utc::now();
         let tz = cfg.agent.timezone;
-        let all_text: String = work
-            .intakes
-            .iter()
-            .map(|i| i.text.as_str())
-            .collect::<Vec<_>>()
-            .join("\n");
-        let triggered = self.skills.triggered(&all_text);
+        let triggered = self.skills.triggered(&work.text());
         let context = prompt::DynamicContext {
             now,
             tz,
@@ -420,6 +437,7 @@ impl Agent {
             silent_tokens: &cfg.behavior.silent_tokens,
             skills: &triggered,
             compaction_near,
+            recall,
         }
         .render();
         let mut text = prompt::time_prefix(now, tz);

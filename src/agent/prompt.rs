@@ -69,6 +69,9 @@ pub struct DynamicContext<'a> {
     pub skills: &'a [crate::skills::Skill],
     /// The conversation is near its compaction threshold: tell the agent once (SPEC §15).
     pub compaction_near: bool,
+    /// What long-term memory recalls for this message (SPEC §13), already within
+    /// `recall.max_tokens`.
+    pub recall: Option<&'a str>,
 }
 
 impl DynamicContext<'_> {
@@ -102,13 +105,19 @@ impl DynamicContext<'_> {
                 s.name, s.body
             ));
         }
+        let recall = match self.recall {
+            Some(r) => format!(
+                "Recalled from long-term memory (may be incomplete; memory_search for more):\n<memory-recall>\n{r}\n</memory-recall>\n"
+            ),
+            None => String::new(),
+        };
         let near = if self.compaction_near {
             format!("{}\n", super::compaction::NEAR_NOTICE)
         } else {
             String::new()
         };
         format!(
-            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{near}{skills}</agentd-context>",
+            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{near}{recall}{skills}</agentd-context>",
             self.now
                 .with_timezone(&self.tz)
                 .format("%a, %d. %b %Y - %H:%M %Z"),
@@ -202,9 +211,11 @@ mod tests {
             silent_tokens: &toks(),
             skills: &[],
             compaction_near: false,
+            recall: None,
         }
         .render();
         assert!(c.contains("Sender: alice"));
+        assert!(!c.contains("memory-recall"));
         assert!(!c.contains("compaction threshold"));
         assert!(c.contains("at most 50 model calls"));
         assert!(c.contains("NO_REPLY"));
@@ -221,8 +232,10 @@ mod tests {
             silent_tokens: &[],
             skills: &[],
             compaction_near: true,
+            recall: Some("Known facts:\n- Anna · birthday: 3 May (fact #1)"),
         }
         .render();
+        assert!(c.contains("<memory-recall>\nKnown facts:\n- Anna · birthday: 3 May (fact #1)\n</memory-recall>"), "{c}");
         assert!(c.contains(crate::agent::compaction::NEAR_NOTICE), "{c}");
         assert!(c.ends_with("</agentd-context>"));
     }

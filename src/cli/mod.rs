@@ -10,6 +10,10 @@
 //! - `cost`, `sessions`, `history`, `status`: the queries; they never need the daemon.
 //!
 //! Everything here is blocking; it is meant for the CLI process, not for a tokio worker.
+//!
+//! `memory` is the other command-line front end here: `agentd index` and `agentd consolidate`
+//! (async, run by `bin/agentd.rs` on a current-thread runtime), kept here because only `cli/`
+//! prints.
 
 pub mod context;
 pub mod cost;
@@ -17,6 +21,7 @@ mod error;
 pub mod fifo;
 pub mod history;
 pub mod line;
+pub mod memory;
 pub mod output;
 pub mod send;
 pub mod sessions;

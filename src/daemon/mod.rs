@@ -129,6 +129,19 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         tracing::info!(model = %name, provider = %spec.provider, api_model = %spec.model, "model loaded");
     }
     let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
+    // Long-term memory (SPEC §13): memory.db, its tools, recall, consolidation.
+    let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
+    let memory = if cfg.memory.enabled {
+        Some(
+            crate::memory::Memory::open(&cfg, llm.clone(), Some(ledger.clone()))
+                .map_err(|e| startup("cannot open the memory database", &e))?,
+        )
+    } else {
+        None
+    };
+    let consolidator = memory.as_ref().map(|m| {
+        crate::memory::consolidate::Consolidator::new(m.clone(), llm.clone(), ledger.clone(), &cfg)
+    });
     let skills = Arc::new(crate::skills::SkillSet::load(
         &cfg.agent.skills.dir,
         &cfg.agent.skills.always_on,
@@ -181,6 +194,9 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         registry: std::sync::OnceLock::new(),
     });
     tool_list.push(spawn_tool.clone());
+    if let Some(m) = &memory {
+        tool_list.extend(crate::tools::memory::tools(m));
+    }
     tool_list.retain(|t| cfg.tools.is_enabled(&t.spec().name));
     // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
     // logged and retried by each server's supervisor, never fatal.
@@ -208,6 +224,8 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         monitor: monitor.clone(),
         metrics: metrics.clone(),
         skills: skills.clone(),
+        memory: memory.clone(),
+        consolidator: consolidator.clone(),
         started,
     };
     let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
@@ -241,6 +259,14 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             db: agent.db.clone(),
             intake: intake.clone(),
             wake: schedule_wake.clone(),
+            memory_jobs: memory
+                .clone()
+                .zip(consolidator.clone())
+                .map(|(memory, consolidator)| crate::memory::MemoryJobs {
+                    memory,
+                    consolidator,
+                    sessions_dir: paths.sessions(),
+                }),
         });
         let stop = stop.clone();
         tracker.spawn(async move { scheduler.run(stop).await });

@@ -210,9 +210,13 @@ impl Dispatcher {
                 Job::Reset { reason } => {
                     let store = self.store.clone();
                     let k = key.clone();
+                    let closing = self.store.index().get(&key).map(|e| e.session_id.clone());
                     match tokio::task::spawn_blocking(move || store.archive(&k, &reason)).await {
                         Ok(Ok(true)) => {
-                            tracing::info!(session_key = %key, "session reset and archived")
+                            tracing::info!(session_key = %key, "session reset and archived");
+                            if let Some(id) = closing {
+                                self.consolidate_closed(id);
+                            }
                         }
                         Ok(Ok(false)) => {}
                         Ok(Err(e)) => {
@@ -419,6 +423,30 @@ impl Dispatcher {
                 let _ = tx.send(c.clone());
             }
         }
+    }
+
+    /// Consolidate a session that was just closed (SPEC §13 "on session close", when
+    /// `consolidation.enabled`), from its archived trail, in the background: the reset does not
+    /// wait for the model. If the daemon stops first, `agentd consolidate` picks it up (the
+    /// watermark did not move).
+    fn consolidate_closed(&self, session_id: String) {
+        let Some(c) = self.agent.consolidator.clone() else {
+            return;
+        };
+        if !self.agent.cfg.memory.consolidation_enabled {
+            return;
+        }
+        let archive = self.store.dir().join(".archive");
+        let stop = self.stop.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                r = c.session(&archive, &session_id) => match r {
+                    Ok(outcome) => tracing::info!(session = %session_id, ?outcome, "closed session consolidated"),
+                    Err(e) => tracing::warn!(session = %session_id, error = %e, "consolidating the closed session failed; `agentd consolidate` retries it"),
+                },
+            }
+        });
     }
 
     /// Drop a waiter whose message was never accepted.

@@ -48,6 +48,10 @@ pub enum LlmError {
     /// The message was cancelled (shutdown or /stop).
     #[error("cancelled")]
     Cancelled,
+    /// The model's provider type cannot do what was asked (e.g. embeddings from an
+    /// `anthropic` model). The message names the model and the fix.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl LlmError {

@@ -86,7 +86,7 @@ pub(crate) async fn stream_call<H: SseHandler>(
 }
 
 /// Build `LlmError::Http` from a non-2xx response.
-async fn error_response(mut response: reqwest::Response, ctx: &CallCtx<'_>) -> LlmError {
+pub(crate) async fn error_response(mut response: reqwest::Response, ctx: &CallCtx<'_>) -> LlmError {
     let status = response.status();
     let retry_after = retry_after(response.headers(), SystemTime::now());
     let mut body = Vec::new();

@@ -14,10 +14,11 @@ pub mod router;
 mod sse;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod transcript;
 pub mod types;
 
 pub use error::LlmError;
-pub use router::{ChatOutcome, Llm, LlmEvent};
+pub use router::{ChatOutcome, EmbedOutcome, Llm, LlmEvent};
 
 pub use types::*;
 
@@ -32,6 +33,19 @@ use crate::config::{ModelSpec, ProviderKind};
 /// (no retries: those live in `router`).
 pub trait Provider: Send + Sync {
     fn chat<'a>(&'a self, req: &'a ChatRequest) -> BoxFuture<'a, Result<ChatResponse, LlmError>>;
+
+    /// One embeddings request for `texts` (no retries). Only OpenAI-compatible servers have
+    /// an embeddings endpoint; other providers answer `Unsupported`.
+    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, LlmError>> {
+        let _ = texts;
+        Box::pin(async {
+            Err(LlmError::Unsupported(
+                "this model's provider has no embeddings endpoint; define the `embeddings` \
+                 model with type = \"openai\" (any OpenAI-compatible /embeddings server)"
+                    .to_string(),
+            ))
+        })
+    }
 }
 
 /// The client for `spec`'s provider type. `http` is shared by all clients (one connection

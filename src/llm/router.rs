@@ -41,6 +41,13 @@ pub struct ChatOutcome {
     pub model: Arc<ModelSpec>,
 }
 
+/// An embeddings answer and the model that gave it.
+#[derive(Debug)]
+pub struct EmbedOutcome {
+    pub embeddings: super::Embeddings,
+    pub model: Arc<ModelSpec>,
+}
+
 /// All loaded models with their clients, plus the retry policy.
 pub struct Llm {
     models: ModelSet,
@@ -98,7 +105,10 @@ impl Llm {
         on_event: &(dyn Fn(LlmEvent) + Send + Sync),
     ) -> Result<ChatOutcome, LlmError> {
         let (spec, provider) = self.resolve(model)?;
-        let mut error = match self.with_retries(spec, provider, req, on_event).await {
+        let mut error = match self
+            .with_retries(spec, || provider.chat(req), on_event)
+            .await
+        {
             Ok(response) => {
                 return Ok(ChatOutcome {
                     response,
@@ -132,7 +142,7 @@ impl Llm {
             });
             tried.push(next.as_str());
             match self
-                .with_retries(next_spec, next_provider, req, on_event)
+                .with_retries(next_spec, || next_provider.chat(req), on_event)
                 .await
             {
                 Ok(response) => {
@@ -163,16 +173,37 @@ impl Llm {
         }
     }
 
-    async fn with_retries(
+    /// One embeddings request to `model` (SPEC §13), with the same retries as a chat call but
+    /// never a fallback: another model's vectors would not be comparable with the stored ones.
+    pub async fn embed(
+        &self,
+        model: &str,
+        texts: &[String],
+        on_event: &(dyn Fn(LlmEvent) + Send + Sync),
+    ) -> Result<EmbedOutcome, LlmError> {
+        let (spec, provider) = self.resolve(model)?;
+        let embeddings = self
+            .with_retries(spec, || provider.embed(texts), on_event)
+            .await?;
+        Ok(EmbedOutcome {
+            embeddings,
+            model: spec.clone(),
+        })
+    }
+
+    async fn with_retries<T, F, Fut>(
         &self,
         spec: &ModelSpec,
-        provider: &Arc<dyn Provider>,
-        req: &ChatRequest,
+        call: F,
         on_event: &(dyn Fn(LlmEvent) + Send + Sync),
-    ) -> Result<ChatResponse, LlmError> {
+    ) -> Result<T, LlmError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, LlmError>>,
+    {
         let mut attempt = 0;
         loop {
-            match provider.chat(req).await {
+            match call().await {
                 Ok(response) => return Ok(response),
                 Err(e) if e.is_retryable() && attempt < self.retries => {
                     attempt += 1;

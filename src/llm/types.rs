@@ -217,6 +217,14 @@ pub struct ChatRequest {
     pub previous_messages: Option<usize>,
 }
 
+/// The answer to one embeddings request: one vector per input text, in input order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embeddings {
+    pub vectors: Vec<Vec<f32>>,
+    /// Input tokens billed (the server's `usage.prompt_tokens`; 0 when it does not say).
+    pub prompt_tokens: u64,
+}
+
 /// A complete (non-streamed view of a streamed) response.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatResponse {

@@ -25,6 +25,22 @@ pub fn words(text: &str) -> impl Iterator<Item = String> + '_ {
         .filter(move |w| seen.insert(w.clone()))
 }
 
+/// Common English function words: alone they say nothing about what a message is about.
+const STOPWORDS: &[&str] = &[
+    "a", "about", "after", "again", "all", "am", "an", "and", "any", "are", "as", "at", "be",
+    "been", "before", "but", "by", "can", "could", "did", "do", "does", "for", "from", "had",
+    "has", "have", "he", "her", "here", "him", "his", "how", "i", "if", "in", "into", "is", "it",
+    "its", "just", "me", "my", "no", "not", "now", "of", "ok", "okay", "on", "or", "our", "please",
+    "s", "she", "so", "some", "than", "thank", "thanks", "that", "the", "their", "them", "then",
+    "there", "these", "they", "this", "to", "too", "up", "us", "very", "was", "we", "were", "what",
+    "when", "where", "which", "who", "why", "will", "with", "would", "yes", "you", "your",
+];
+
+/// The words of `text` that are not stop words (see [`words`]).
+pub fn keywords(text: &str) -> impl Iterator<Item = String> + '_ {
+    words(text).filter(|w| !STOPWORDS.contains(&w.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,7 +77,17 @@ mod tests {
             run(&c, &m).unwrap_or_else(|e| panic!("{q:?} -> {m:?}: {e}"));
         }
         let hits = run(&c, &sanitize("When is ANNA's birthday?").unwrap()).unwrap();
-        assert_eq!(hits.first().map(String::as_str), Some("Anna's birthday is on 3 May"));
+        assert_eq!(
+            hits.first().map(String::as_str),
+            Some("Anna's birthday is on 3 May")
+        );
+    }
+
+    #[test]
+    fn keywords_drop_stop_words() {
+        let k: Vec<String> = keywords("OK, thanks! When is Anna's birthday?").collect();
+        assert_eq!(k, vec!["anna", "birthday"]);
+        assert_eq!(keywords("ok thank you").count(), 0);
     }
 
     #[test]

@@ -1,34 +1,47 @@
-//! Long-term memory (SPEC §13): `memory.db` with the workspace index (files, line-based chunks,
-//! FTS5, embeddings), hybrid search, structured memory (facts, episodes, commitments, aliases),
-//! consolidation and recall.
+//! Long-term memory (SPEC §13): the workspace index (line-based chunks, FTS5, embeddings),
+//! hybrid search, structured memory (facts, episodes, commitments, aliases), consolidation and
+//! recall. The SQL lives in `store::memory`; this module is the logic around it. The commands
+//! `agentd index` and `agentd consolidate` are in `cli::memory`.
 //!
-//! [`MemoryDb`] is the only owner of the `memory.db` connection: like `agentd.db` it is served
-//! by one dedicated thread (the store's actor), so async code never blocks on SQLite.
-//! [`Memory`] bundles the database with the config, the workspace and the optional embeddings
-//! model: it is what tools, the indexer and the agent loop hold.
+//! | File | What |
+//! |---|---|
+//! | `chunk.rs` | the line-based chunker and content hashes (pure) |
+//! | `fts.rs` | the FTS5 query sanitiser (pure) |
+//! | `rank.rs` | cosine top-k and reciprocal-rank fusion (pure) |
+//! | `embed.rs` | the `embeddings` model: batches, normalisation, cost rows, the query cache |
+//! | `index.rs` | `agentd index`: scan, hash, chunk, store, embed; the run lock; progress |
+//! | `search.rs` | hybrid search over chunks, facts and episodes |
+//! | `recall.rs` | the recall block of the dynamic context |
+//! | `consolidate.rs` | facts, episodes and commitments extracted by an LLM, watermarked |
 
+pub mod chunk;
+pub mod consolidate;
 pub mod embed;
 pub mod fts;
+pub mod index;
+pub mod rank;
+pub mod recall;
 pub mod search;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
-use rusqlite::{Connection, OpenFlags};
-use rusqlite_migration::{M, MigrationDefinitionError, Migrations};
+use chrono_tz::Tz;
 
-use crate::config::MemoryConfig;
-use crate::store::actor::Actor;
-use crate::store::{Db, StoreError};
+use crate::config::{Config, MemoryConfig};
+use crate::cost::Ledger;
+use crate::llm::Llm;
+use crate::store::StoreError;
+use crate::store::memory::{MemoryDb, VectorSet};
 
-/// Name of the memory DB thread.
-const THREAD_NAME: &str = "agentd-memdb";
+pub use embed::Embedder;
+pub use search::{ChunkHit, SearchMode, SearchResults};
 
-/// Schema migrations of `memory.db` (version in `PRAGMA user_version`). Append, never edit.
-pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> =
-    LazyLock::new(|| Migrations::new(vec![M::up(include_str!("migrations/0001_memory.sql"))]));
+/// The memory database's file name in the state directory.
+pub const DB_FILE: &str = "memory.db";
 
-/// Errors of the memory subsystem.
+/// Errors of the memory subsystem. Each message says what failed and, where there is one, the
+/// fix.
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
     #[error(transparent)]
@@ -36,7 +49,7 @@ pub enum MemoryError {
     /// The embeddings endpoint failed (the message names the model and the cause).
     #[error("embeddings: {0}")]
     Embed(String),
-    /// Workspace I/O (the message names the path).
+    /// Workspace or lock-file I/O (the message names the path).
     #[error("{0}")]
     Io(String),
     /// Another `agentd index` run holds the lock.
@@ -45,131 +58,188 @@ pub enum MemoryError {
     /// Bad input from a tool call or the CLI (the message says what to fix).
     #[error("{0}")]
     Invalid(String),
+    /// The consolidation model failed or answered something unusable.
+    #[error("consolidation: {0}")]
+    Consolidation(String),
 }
 
-/// Handle to `memory.db`. Clone freely; all clones share one connection and one thread.
+/// The memory service: database, config, workspace and (when configured) the embeddings
+/// model. Cheap to clone; clones share the cached vectors.
 #[derive(Clone)]
-pub struct MemoryDb {
-    actor: Actor,
+pub struct Memory {
+    inner: Arc<Inner>,
 }
 
-impl std::fmt::Debug for MemoryDb {
+struct Inner {
+    db: MemoryDb,
+    cfg: MemoryConfig,
+    workspace: PathBuf,
+    state_dir: PathBuf,
+    tz: Tz,
+    embedder: Option<Embedder>,
+    /// Chunk vectors of the embeddings model, reloaded when `meta.index_generation` moves.
+    vectors: tokio::sync::Mutex<Option<Arc<VectorSet>>>,
+}
+
+impl std::fmt::Debug for Memory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryDb")
-            .field("path", &self.path())
+        f.debug_struct("Memory")
+            .field("db", &self.inner.db)
+            .field(
+                "embeddings",
+                &self.inner.embedder.as_ref().map(|e| e.model_id()),
+            )
             .finish()
     }
 }
 
-impl MemoryDb {
-    /// Create or open `memory.db` (mode 0600, WAL, `synchronous=NORMAL`) and migrate it.
-    /// Blocking: call at start-up or from `spawn_blocking`.
-    pub fn open(path: &Path) -> Result<MemoryDb, StoreError> {
-        crate::store::create_private_file(path)?;
-        let mut conn =
-            Connection::open(path).map_err(|source| crate::store::open_err(path, source))?;
-        crate::store::configure_writer(&conn)
-            .map_err(|source| crate::store::open_err(path, source))?;
-        MIGRATIONS
-            .to_latest(&mut conn)
-            .map_err(|source| match source {
-                rusqlite_migration::Error::MigrationDefinition(
-                    MigrationDefinitionError::DatabaseTooFarAhead,
-                ) => StoreError::TooNew {
-                    path: path.to_path_buf(),
-                },
-                source => StoreError::Migrate {
-                    path: path.to_path_buf(),
-                    source,
-                },
-            })?;
-        let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
-        Ok(MemoryDb { actor })
-    }
-
-    /// Open read-only (CLI views such as `agentd index --status` while the daemon runs).
-    /// `Ok(None)` when the file does not exist or has no schema yet.
-    pub fn open_read_only(path: &Path) -> Result<Option<MemoryDb>, StoreError> {
-        if !path.exists() {
-            return Ok(None);
+impl Memory {
+    /// Assemble the service. `embedder` = `None` for FTS-only search.
+    pub fn new(
+        db: MemoryDb,
+        cfg: MemoryConfig,
+        workspace: PathBuf,
+        state_dir: PathBuf,
+        tz: Tz,
+        embedder: Option<Embedder>,
+    ) -> Memory {
+        Memory {
+            inner: Arc::new(Inner {
+                db,
+                cfg,
+                workspace,
+                state_dir,
+                tz,
+                embedder,
+                vectors: tokio::sync::Mutex::new(None),
+            }),
         }
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags)
-            .map_err(|source| crate::store::open_err(path, source))?;
-        conn.busy_timeout(crate::store::BUSY_TIMEOUT)
-            .map_err(|source| crate::store::open_err(path, source))?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |row| row.get(0))
-            .map_err(|source| crate::store::open_err(path, source))?;
-        if version == 0 {
-            return Ok(None);
+    }
+
+    /// Open `state_dir/memory.db` and build the service from the config: the embeddings model
+    /// is the model named `embeddings` when it is loaded (else search is FTS-only, logged once).
+    /// `ledger` gates and records the `embedding` calls. Blocking (opens the database).
+    pub fn open(
+        cfg: &Config,
+        llm: Arc<Llm>,
+        ledger: Option<Ledger>,
+    ) -> Result<Memory, MemoryError> {
+        let db = MemoryDb::open(&cfg.paths.state_dir.join(DB_FILE))?;
+        let embedder = Embedder::from_config(llm, ledger);
+        Ok(Memory::new(
+            db,
+            cfg.memory.clone(),
+            cfg.agent.workspace.clone(),
+            cfg.paths.state_dir.clone(),
+            cfg.agent.timezone,
+            embedder,
+        ))
+    }
+
+    pub fn db(&self) -> &MemoryDb {
+        &self.inner.db
+    }
+
+    pub fn cfg(&self) -> &MemoryConfig {
+        &self.inner.cfg
+    }
+
+    /// The absolute workspace directory (index globs resolve against it).
+    pub fn workspace(&self) -> &Path {
+        &self.inner.workspace
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.inner.state_dir
+    }
+
+    pub fn tz(&self) -> Tz {
+        self.inner.tz
+    }
+
+    /// The embeddings model, when one is configured and loaded.
+    pub fn embedder(&self) -> Option<&Embedder> {
+        self.inner.embedder.as_ref()
+    }
+
+    /// The chunk vectors of the embeddings model, loaded once and again only after the index
+    /// changed (any process may change it: `agentd index` runs beside the daemon).
+    pub(crate) async fn vectors(&self, model: &str) -> Result<Arc<VectorSet>, MemoryError> {
+        let generation = self.inner.db.generation().await?;
+        let mut cached = self.inner.vectors.lock().await;
+        if let Some(set) = cached.as_ref()
+            && set.generation == generation
+        {
+            return Ok(set.clone());
         }
-        let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
-        Ok(Some(MemoryDb { actor }))
-    }
-
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        self.actor.path()
-    }
-
-    /// Run `f` on the DB thread (for the memory submodules; keep each job short).
-    pub(crate) async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        F: FnOnce(&mut Connection) -> rusqlite::Result<R> + Send + 'static,
-        R: Send + 'static,
-    {
-        self.actor.call(f).await
+        let set = Arc::new(self.inner.db.chunk_vectors(model).await?);
+        tracing::debug!(
+            chunks = set.len(),
+            dims = set.dims,
+            generation = set.generation,
+            "memory vectors loaded"
+        );
+        *cached = Some(set.clone());
+        Ok(set)
     }
 }
 
-/// The memory service: database, config, workspace and (when configured) the embeddings model.
-/// Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct Memory {
-    pub db: MemoryDb,
-    pub cfg: MemoryConfig,
-    /// Absolute workspace directory (index globs resolve against it).
-    pub workspace: PathBuf,
-    /// `None` = FTS-only search.
-    pub embedder: Option<Arc<embed::Embedder>>,
-    /// The cost ledger (`embedding` and `consolidation` rows); `None` in CLI/test use without one.
-    pub costs: Option<Db>,
+/// The memory work the scheduler can run (`[[schedule]] job = "index" | "consolidate"`).
+#[derive(Clone)]
+pub struct MemoryJobs {
+    pub memory: Memory,
+    pub consolidator: consolidate::Consolidator,
+    /// `state_dir/sessions`.
+    pub sessions_dir: PathBuf,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn migrations_are_valid() {
-        MIGRATIONS.validate().expect("memory migrations validate");
-    }
-
-    #[tokio::test]
-    async fn open_creates_every_spec_table() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = MemoryDb::open(&dir.path().join("memory.db")).unwrap();
-        let names: Vec<String> = db
-            .call(|c| {
-                let mut st = c.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
-                st.query_map([], |r| r.get(0))?.collect()
-            })
-            .await
-            .unwrap();
-        for t in [
-            "files",
-            "chunks",
-            "chunks_fts",
-            "embedding_cache",
-            "facts",
-            "episodes",
-            "commitments",
-            "entity_aliases",
-            "consolidation_state",
-            "consolidation_file_hashes",
-        ] {
-            assert!(names.iter().any(|n| n == t), "missing table {t}: {names:?}");
+impl MemoryJobs {
+    /// Run `job` for the schedule entry `name`; the outcome goes to the log.
+    pub async fn run(&self, job: crate::config::ScheduleJob, name: &str) {
+        use crate::config::ScheduleJob;
+        match job {
+            ScheduleJob::Index => match self.memory.index(&mut index::LogProgress::default()).await
+            {
+                Ok(r) => tracing::info!(
+                    schedule = %name,
+                    files = r.files_seen,
+                    changed = r.files_changed,
+                    removed = r.files_removed,
+                    embedded = r.embedded,
+                    embed_error = r.embed_error.as_deref().unwrap_or(""),
+                    elapsed_ms = r.elapsed_ms,
+                    "scheduled index run finished"
+                ),
+                Err(e) => {
+                    tracing::warn!(schedule = %name, error = %e, "scheduled index run failed")
+                }
+            },
+            ScheduleJob::Consolidate => {
+                let r = self
+                    .consolidator
+                    .all(&self.sessions_dir, &mut |_, _| {})
+                    .await;
+                let done = r
+                    .sessions
+                    .iter()
+                    .filter(|(_, o)| matches!(o, consolidate::SessionOutcome::Done { .. }))
+                    .count();
+                tracing::info!(
+                    schedule = %name,
+                    sessions = done,
+                    files = r.files.len(),
+                    errors = r.errors.len(),
+                    "scheduled consolidation finished"
+                );
+                for e in &r.errors {
+                    tracing::warn!(schedule = %name, error = %e, "consolidation error");
+                }
+            }
         }
     }
+}
+
+/// Estimated tokens of a text (about four bytes per token, as the context estimates do).
+pub(crate) fn estimate_tokens(text: &str) -> usize {
+    text.len().div_ceil(4)
 }

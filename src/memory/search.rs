@@ -1,10 +1,32 @@
-//! Chunk search over the workspace index (SPEC §13). (Placeholder shape; the search work
-//! replaces the body: FTS5 with a sanitiser, vectors, reciprocal-rank fusion.)
+//! Search (SPEC §13): chunks by FTS5 and by vector similarity, merged by reciprocal-rank
+//! fusion (FTS5 only without an embeddings model, or when the query cannot be embedded right
+//! now); current facts (of the entities the query names, through aliases, and by FTS5); live
+//! episodes by FTS5.
 
-use super::{Memory, MemoryError};
+use std::collections::HashSet;
+
+use serde::Serialize;
+
+use super::{Memory, MemoryError, fts, rank};
+use crate::store::memory::{ChunkRow, Episode, Fact};
+
+/// Candidates taken from each ranked list before fusion (at least; more for a large `k`).
+const MIN_CANDIDATES: usize = 50;
+/// Below this many vectors the scan runs inline; above it on the blocking pool.
+const INLINE_SCAN: usize = 4096;
+
+/// How chunks were ranked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SearchMode {
+    /// FTS5 and vectors, fused.
+    Hybrid,
+    /// FTS5 only.
+    FullText,
+}
 
 /// One chunk found by search.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChunkHit {
     pub chunk_id: i64,
     /// Path relative to the workspace.
@@ -14,13 +36,236 @@ pub struct ChunkHit {
     pub text: String,
     /// Fused score (higher is better).
     pub score: f64,
+    /// 1-based rank in the full-text list, if it was there.
+    pub fts_rank: Option<usize>,
+    /// 1-based rank in the vector list, if it was there.
+    pub vector_rank: Option<usize>,
+}
+
+/// Everything `memory_search` found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SearchResults {
+    pub mode: SearchMode,
+    pub chunks: Vec<ChunkHit>,
+    pub facts: Vec<Fact>,
+    pub episodes: Vec<Episode>,
+    /// Why a hybrid search fell back to full text, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// Ranked chunks and how they were ranked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkResults {
+    pub mode: SearchMode,
+    pub hits: Vec<ChunkHit>,
+    pub warning: Option<String>,
 }
 
 impl Memory {
-    /// The best `k` chunks for `query`: hybrid (FTS5 + vectors, reciprocal-rank fusion) when an
-    /// embeddings model is configured, FTS5 only otherwise. Any user text is a valid query.
-    pub async fn search_chunks(&self, query: &str, k: usize) -> Result<Vec<ChunkHit>, MemoryError> {
-        let _ = (query, k);
-        Ok(Vec::new())
+    /// Chunks, facts and episodes for `query` (any text is a valid query). `session_id` is
+    /// recorded on the cost row of a query embedding.
+    pub async fn search(
+        &self,
+        query: &str,
+        k: usize,
+        session_id: &str,
+    ) -> Result<SearchResults, MemoryError> {
+        let mode = if self.embedder().is_some() {
+            SearchMode::Hybrid
+        } else {
+            SearchMode::FullText
+        };
+        let chunks = self.search_chunks(query, k, mode, session_id).await?;
+        let facts = self.search_facts(query, k).await?;
+        let episodes = match fts::sanitize(query) {
+            Some(expr) => self.db().fts_episodes(expr, k.div_ceil(2)).await?,
+            None => Vec::new(),
+        };
+        Ok(SearchResults {
+            mode: chunks.mode,
+            chunks: chunks.hits,
+            facts,
+            episodes,
+            warning: chunks.warning,
+        })
+    }
+
+    /// The best `k` chunks for `query`, ranked as `mode` asks (`Hybrid` falls back to
+    /// `FullText` without an embeddings model or when the query cannot be embedded; the
+    /// result says so). A chunk overlapping a better one of the same file is skipped.
+    pub async fn search_chunks(
+        &self,
+        query: &str,
+        k: usize,
+        mode: SearchMode,
+        session_id: &str,
+    ) -> Result<ChunkResults, MemoryError> {
+        let candidates = MIN_CANDIDATES.max(k * 4);
+        let fts_rows: Vec<ChunkRow> = match fts::sanitize(query) {
+            Some(expr) => self
+                .db()
+                .fts_chunks(expr, candidates)
+                .await?
+                .into_iter()
+                .map(|(row, _)| row)
+                .collect(),
+            None => Vec::new(),
+        };
+        let fts_ids: Vec<i64> = fts_rows.iter().map(|r| r.id).collect();
+
+        let (vector_ids, used, warning) = match (mode, self.embedder()) {
+            (SearchMode::FullText, _) => (Vec::new(), SearchMode::FullText, None),
+            (SearchMode::Hybrid, None) => (
+                Vec::new(),
+                SearchMode::FullText,
+                Some("no embeddings model is configured".to_string()),
+            ),
+            (SearchMode::Hybrid, Some(embedder)) => {
+                match self
+                    .vector_candidates(embedder, query, candidates, session_id)
+                    .await
+                {
+                    Ok(ids) => (ids, SearchMode::Hybrid, None),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "query embedding failed; searching full text only");
+                        (Vec::new(), SearchMode::FullText, Some(e.to_string()))
+                    }
+                }
+            }
+        };
+
+        let fused: Vec<(i64, f64)> = rank::rrf(&[&fts_ids, &vector_ids]);
+        let known: HashSet<i64> = fts_ids.iter().copied().collect();
+        let missing: Vec<i64> = fused
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| !known.contains(id))
+            .take(candidates)
+            .collect();
+        let mut rows = fts_rows;
+        rows.extend(self.db().chunks_by_id(missing).await?);
+
+        let mut hits: Vec<ChunkHit> = Vec::with_capacity(k);
+        for (id, score) in fused {
+            if hits.len() >= k {
+                break;
+            }
+            let Some(row) = rows.iter().find(|r| r.id == id) else {
+                continue; // deleted since the vectors were loaded
+            };
+            let overlaps = hits.iter().any(|h| {
+                h.path == row.path && h.start_line <= row.end_line && row.start_line <= h.end_line
+            });
+            if overlaps {
+                continue;
+            }
+            hits.push(ChunkHit {
+                chunk_id: id,
+                path: row.path.clone(),
+                start_line: row.start_line,
+                end_line: row.end_line,
+                text: row.text.clone(),
+                score,
+                fts_rank: fts_ids.iter().position(|x| *x == id).map(|p| p + 1),
+                vector_rank: vector_ids.iter().position(|x| *x == id).map(|p| p + 1),
+            });
+        }
+        Ok(ChunkResults {
+            mode: used,
+            hits,
+            warning,
+        })
+    }
+
+    /// Chunk ids by vector similarity to the query.
+    async fn vector_candidates(
+        &self,
+        embedder: &super::Embedder,
+        query: &str,
+        n: usize,
+        session_id: &str,
+    ) -> Result<Vec<i64>, MemoryError> {
+        let q = embedder.embed_query(self.db(), query, session_id).await?;
+        let set = self.vectors(embedder.model_id()).await?;
+        let top = if set.len() <= INLINE_SCAN {
+            rank::top_k(&set, &q, n)
+        } else {
+            tokio::task::spawn_blocking(move || rank::top_k(&set, &q, n))
+                .await
+                .map_err(|e| MemoryError::Io(format!("vector scan failed: {e}")))?
+        };
+        Ok(top.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// Current facts: every fact of each entity `text` names (by name or alias), then facts
+    /// matching its words; at most `k`, no duplicates.
+    pub async fn search_facts(&self, text: &str, k: usize) -> Result<Vec<Fact>, MemoryError> {
+        let mut out: Vec<Fact> = Vec::new();
+        for entity in self.mentioned_entities(text).await? {
+            out.extend(self.db().facts_of(&entity, false).await?);
+        }
+        if let Some(expr) = fts::sanitize(text) {
+            out.extend(self.db().fts_facts(expr, k).await?);
+        }
+        let mut seen = HashSet::new();
+        out.retain(|f| seen.insert(f.id));
+        out.truncate(k);
+        Ok(out)
+    }
+
+    /// Canonical entities that `text` names, by entity name or alias, as whole words ignoring
+    /// case; in order of first mention.
+    pub async fn mentioned_entities(&self, text: &str) -> Result<Vec<String>, MemoryError> {
+        let names = self.db().entity_names().await?;
+        let hay = text.to_lowercase();
+        let mut found: Vec<(usize, String)> = names
+            .into_iter()
+            .filter_map(|(name, entity)| {
+                find_word(&hay, &name.to_lowercase()).map(|at| (at, entity))
+            })
+            .collect();
+        found.sort();
+        let mut seen = HashSet::new();
+        Ok(found
+            .into_iter()
+            .map(|(_, e)| e)
+            .filter(|e| seen.insert(e.to_lowercase()))
+            .collect())
+    }
+}
+
+/// Byte offset of the first occurrence of `needle` in `hay` as whole words (not inside a longer
+/// alphanumeric run). Needles shorter than two characters never match.
+fn find_word(hay: &str, needle: &str) -> Option<usize> {
+    if needle.chars().count() < 2 {
+        return None;
+    }
+    let mut from = 0;
+    while let Some(pos) = hay[from..].find(needle) {
+        let at = from + pos;
+        let end = at + needle.len();
+        let before = hay[..at].chars().next_back();
+        let after = hay[end..].chars().next();
+        if !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric) {
+            return Some(at);
+        }
+        from = at + needle.chars().next().map_or(1, char::len_utf8);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_words_only() {
+        assert_eq!(find_word("when is anna's birthday", "anna"), Some(8));
+        assert_eq!(find_word("hannah called", "anna"), None);
+        assert_eq!(find_word("annaanna anna", "anna"), Some(9));
+        assert_eq!(find_word("mum and dad", "mum"), Some(0));
+        assert_eq!(find_word("a b", "a"), None, "too short");
+        assert_eq!(find_word("über mum", "mum"), Some(6));
     }
 }

@@ -26,6 +26,8 @@ pub struct Scheduler {
     pub intake: Arc<IntakeHandler>,
     /// Woken when a one-shot message is added or cancelled.
     pub wake: Arc<Notify>,
+    /// `job = "index" | "consolidate"`; `None` when memory is disabled.
+    pub memory_jobs: Option<crate::memory::MemoryJobs>,
 }
 
 /// The next time `entry` fires strictly after `after` (Unix seconds).
@@ -121,9 +123,17 @@ impl Scheduler {
             ScheduleAction::Message { text, to } => {
                 self.fire_message(&id, to, text).await;
             }
-            ScheduleAction::Job(job) => {
-                tracing::warn!(schedule = %entry.name, job = job.as_str(), "scheduled job is not available in this build yet");
-            }
+            ScheduleAction::Job(job) => match &self.memory_jobs {
+                // In the background: an index run or a consolidation must not hold up the
+                // scheduler. Overlaps are refused by the index lock and the consolidator.
+                Some(jobs) => {
+                    let (jobs, job, name) = (jobs.clone(), *job, entry.name.clone());
+                    tokio::spawn(async move { jobs.run(job, &name).await });
+                }
+                None => {
+                    tracing::warn!(schedule = %entry.name, job = job.as_str(), "scheduled memory job skipped: [memory] enabled = false");
+                }
+            },
         }
         if let Err(e) = self.db.schedule_set_run(&entry.name, now).await {
             tracing::error!(schedule = %entry.name, error = %e, "scheduler: cannot record the run");

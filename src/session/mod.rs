@@ -205,6 +205,11 @@ impl SessionStore {
 }
 
 impl SessionHandle {
+    /// The directory of this session's trail files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Append an event durably (fsync) and return the written line.
     pub fn append(&self, event: Event) -> io::Result<TrailLine> {
         self.trail

@@ -13,6 +13,7 @@
 pub(crate) mod actor;
 mod costs;
 mod kv;
+pub mod memory;
 mod scheduled;
 pub use scheduled::Scheduled;
 
@@ -98,22 +99,7 @@ impl Db {
     ///
     /// Blocking (file I/O and migrations): call it at start-up or from `spawn_blocking`.
     pub fn open(path: &Path) -> Result<Db, StoreError> {
-        create_private_file(path)?;
-        let mut conn = Connection::open(path).map_err(|source| open_err(path, source))?;
-        configure_writer(&conn).map_err(|source| open_err(path, source))?;
-        MIGRATIONS
-            .to_latest(&mut conn)
-            .map_err(|source| match source {
-                rusqlite_migration::Error::MigrationDefinition(
-                    MigrationDefinitionError::DatabaseTooFarAhead,
-                ) => StoreError::TooNew {
-                    path: path.to_path_buf(),
-                },
-                source => StoreError::Migrate {
-                    path: path.to_path_buf(),
-                    source,
-                },
-            })?;
+        let conn = open_writer(path, &MIGRATIONS)?;
         let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
         Ok(Db { actor })
     }
@@ -124,29 +110,9 @@ impl Db {
     ///
     /// Blocking (file I/O): call it from a CLI or from `spawn_blocking`.
     pub fn open_read_only(path: &Path) -> Result<Option<Db>, StoreError> {
-        match path.try_exists() {
-            Ok(true) => {}
-            Ok(false) => return Ok(None),
-            Err(source) => {
-                return Err(StoreError::Io {
-                    path: path.to_path_buf(),
-                    source,
-                });
-            }
-        }
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_URI
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn =
-            Connection::open_with_flags(path, flags).map_err(|source| open_err(path, source))?;
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .map_err(|source| open_err(path, source))?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |row| row.get(0))
-            .map_err(|source| open_err(path, source))?;
-        if version == 0 {
+        let Some(conn) = open_reader(path)? else {
             return Ok(None);
-        }
+        };
         let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
         Ok(Some(Db { actor }))
     }
@@ -168,16 +134,67 @@ impl Db {
 
     /// Run `PRAGMA quick_check` (for `agentd doctor`): `true` when SQLite answers "ok".
     pub async fn integrity_ok(&self) -> Result<bool, StoreError> {
-        self.actor
-            .call(|conn| {
-                let mut stmt = conn.prepare("PRAGMA quick_check")?;
-                let rows = stmt
-                    .query_map([], |row| row.get::<_, String>(0))?
-                    .collect::<rusqlite::Result<Vec<String>>>()?;
-                Ok(rows.len() == 1 && rows[0] == "ok")
-            })
-            .await
+        self.actor.call(quick_check).await
     }
+}
+
+/// `PRAGMA quick_check` answered "ok".
+pub(crate) fn quick_check(conn: &mut Connection) -> rusqlite::Result<bool> {
+    let mut stmt = conn.prepare("PRAGMA quick_check")?;
+    let rows = stmt
+        .query_map([], |row| row.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(rows.len() == 1 && rows[0] == "ok")
+}
+
+/// Create (mode 0600) or open the database at `path` for writing, configure it
+/// ([`configure_writer`]) and bring it to the latest schema of `migrations`. Blocking.
+pub(crate) fn open_writer(
+    path: &Path,
+    migrations: &Migrations<'static>,
+) -> Result<Connection, StoreError> {
+    create_private_file(path)?;
+    let mut conn = Connection::open(path).map_err(|source| open_err(path, source))?;
+    configure_writer(&conn).map_err(|source| open_err(path, source))?;
+    migrations
+        .to_latest(&mut conn)
+        .map_err(|source| match source {
+            rusqlite_migration::Error::MigrationDefinition(
+                MigrationDefinitionError::DatabaseTooFarAhead,
+            ) => StoreError::TooNew {
+                path: path.to_path_buf(),
+            },
+            source => StoreError::Migrate {
+                path: path.to_path_buf(),
+                source,
+            },
+        })?;
+    Ok(conn)
+}
+
+/// Open the database at `path` read-only (no migrations, no writes). `Ok(None)` when the file
+/// does not exist or holds no schema yet. Blocking.
+pub(crate) fn open_reader(path: &Path) -> Result<Option<Connection>, StoreError> {
+    match path.try_exists() {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
+        Err(source) => {
+            return Err(StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|source| open_err(path, source))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|source| open_err(path, source))?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|source| open_err(path, source))?;
+    Ok((version != 0).then_some(conn))
 }
 
 pub(crate) fn open_err(path: &Path, source: rusqlite::Error) -> StoreError {

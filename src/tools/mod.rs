@@ -6,6 +6,7 @@ pub mod edit;
 pub mod exec;
 pub mod fs;
 pub mod mcp;
+pub mod memory;
 pub mod messaging;
 pub mod paths;
 pub mod registry;

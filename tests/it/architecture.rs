@@ -478,7 +478,7 @@ fn the_process_environment_is_never_modified() {
 fn only_the_cli_prints() {
     check(Rule {
         what: "`println!` / `print!` / `eprintln!` / `eprint!` / `dbg!`",
-        why: "the library logs through tracing; only src/cli/ (agent-send) prints",
+        why: "the library logs through tracing; only src/cli/ (agent-send, agentd index/consolidate) prints",
         allowed: &["src/cli/"],
         matches: &any_token(&["println!", "print!", "eprintln!", "eprint!", "dbg!"]),
     });

@@ -2,6 +2,7 @@
 //! OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio and others. `render` builds the wire
 //! JSON, `stream` parses the SSE answer.
 
+mod embeddings;
 mod render;
 mod stream;
 
@@ -14,7 +15,7 @@ use futures::future::BoxFuture;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 
 use super::http::{self, CallCtx};
-use super::{ChatRequest, ChatResponse, LlmError, Provider};
+use super::{ChatRequest, ChatResponse, Embeddings, LlmError, Provider};
 use crate::config::ModelSpec;
 
 /// A client bound to one OpenAI-compatible model definition.
@@ -65,10 +66,67 @@ impl OpenAiClient {
         http::stream_call(request, &ctx, &mut parser).await?;
         Ok(parser.finish())
     }
+
+    /// `POST {base_url}/embeddings` for `texts`; the whole answer must arrive within the
+    /// inactivity timeout.
+    async fn embed_call(&self, texts: &[String]) -> Result<Embeddings, LlmError> {
+        let body =
+            serde_json::to_vec(&embeddings::render(&self.spec.model, texts)).map_err(|e| {
+                LlmError::Decode {
+                    provider: self.label.clone(),
+                    message: format!("could not serialise the request: {e}"),
+                }
+            })?;
+        let mut request = self
+            .http
+            .post(format!("{}/embeddings", self.spec.base_url))
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json")
+            .body(body);
+        if let Some(key) = &self.spec.api_key {
+            request = request.header(
+                AUTHORIZATION,
+                http::secret_header(&self.spec, "Bearer ", key)?,
+            );
+        }
+        let ctx = CallCtx {
+            label: &self.label,
+            inactivity: self.inactivity,
+            secret: self.spec.api_key.as_ref(),
+            parse_error: stream::parse_error_body,
+        };
+        let timeout = || LlmError::Timeout {
+            provider: self.label.clone(),
+            seconds: self.inactivity.as_secs(),
+            after_content: false,
+        };
+        let response = tokio::time::timeout(self.inactivity, request.send())
+            .await
+            .map_err(|_| timeout())?
+            .map_err(|e| LlmError::Connect {
+                provider: self.label.clone(),
+                message: http::describe_reqwest_error(e),
+            })?;
+        if !response.status().is_success() {
+            return Err(http::error_response(response, &ctx).await);
+        }
+        let bytes = tokio::time::timeout(self.inactivity, response.bytes())
+            .await
+            .map_err(|_| timeout())?
+            .map_err(|e| LlmError::Connect {
+                provider: self.label.clone(),
+                message: http::describe_reqwest_error(e),
+            })?;
+        embeddings::parse(&bytes, texts.len(), &self.label)
+    }
 }
 
 impl Provider for OpenAiClient {
     fn chat<'a>(&'a self, req: &'a ChatRequest) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
         Box::pin(self.call(req))
+    }
+
+    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, LlmError>> {
+        Box::pin(self.embed_call(texts))
     }
 }

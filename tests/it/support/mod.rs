@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod fake_embed;
 pub mod fake_llm;
 pub mod fake_telegram;
 

@@ -10,31 +10,43 @@ CREATE TABLE files (
     indexed_at INTEGER NOT NULL
 );
 
--- Line-based chunks of indexed files (chunk_chars / overlap_chars).
+-- Line-based chunks of indexed files (chunk_chars / overlap_chars). A chunk keeps its id while
+-- its text is unchanged (an edit above it only moves its line numbers).
 CREATE TABLE chunks (
     id INTEGER PRIMARY KEY,
     path TEXT NOT NULL REFERENCES files(path) ON DELETE CASCADE,
     start_line INTEGER NOT NULL,     -- 1-based, inclusive
     end_line INTEGER NOT NULL,       -- 1-based, inclusive
-    hash TEXT NOT NULL,              -- sha256 hex of `text`: the embedding cache key
+    hash TEXT NOT NULL,              -- sha256 hex of the embedded text (path + text): the cache key
     text TEXT NOT NULL
 );
 CREATE INDEX chunks_path ON chunks (path);
 CREATE INDEX chunks_hash ON chunks (hash);
 
+-- Full-text index over the chunk text and its file path (so "anna" finds people/anna.md).
 CREATE VIRTUAL TABLE chunks_fts USING fts5(
-    text, content='chunks', content_rowid='id', tokenize='porter unicode61'
+    path, text, content='chunks', content_rowid='id', tokenize='porter unicode61'
 );
 CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
-    INSERT INTO chunks_fts (rowid, text) VALUES (new.id, new.text);
+    INSERT INTO chunks_fts (rowid, path, text) VALUES (new.id, new.path, new.text);
 END;
 CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
-    INSERT INTO chunks_fts (chunks_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO chunks_fts (chunks_fts, rowid, path, text)
+        VALUES ('delete', old.id, old.path, old.text);
 END;
-CREATE TRIGGER chunks_au AFTER UPDATE ON chunks BEGIN
-    INSERT INTO chunks_fts (chunks_fts, rowid, text) VALUES ('delete', old.id, old.text);
-    INSERT INTO chunks_fts (rowid, text) VALUES (new.id, new.text);
+CREATE TRIGGER chunks_au AFTER UPDATE OF path, text ON chunks BEGIN
+    INSERT INTO chunks_fts (chunks_fts, rowid, path, text)
+        VALUES ('delete', old.id, old.path, old.text);
+    INSERT INTO chunks_fts (rowid, path, text) VALUES (new.id, new.path, new.text);
 END;
+
+-- Small state of the memory database. `index_generation` grows with every change to chunks or
+-- embeddings, so a process holding vectors in memory knows when to reload them.
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+INSERT INTO meta (key, value) VALUES ('index_generation', '0');
 
 -- Embeddings by (model, sha256 of the text): chunk texts and queries alike, so an unchanged
 -- chunk or a repeated query is never embedded twice. `embedding` is little-endian f32.

@@ -1,0 +1,123 @@
+//! OpenAI-compatible embeddings (`POST {base_url}/embeddings`, not streamed): the request
+//! body and the answer's parsing. Servers: OpenAI, Ollama, llama.cpp, vLLM, LM Studio, and the
+//! like.
+
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::llm::{Embeddings, LlmError};
+
+/// The request body for `texts`.
+pub(super) fn render(model: &str, texts: &[String]) -> serde_json::Value {
+    json!({ "model": model, "input": texts })
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    data: Vec<Item>,
+    #[serde(default)]
+    usage: Option<AnswerUsage>,
+}
+
+#[derive(Deserialize)]
+struct Item {
+    #[serde(default)]
+    index: Option<usize>,
+    embedding: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct AnswerUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+}
+
+/// Parse an answer for `expected` input texts: one vector per text, ordered by `index` (the
+/// position in the list when a server omits it), all of one non-zero size.
+pub(super) fn parse(body: &[u8], expected: usize, label: &str) -> Result<Embeddings, LlmError> {
+    let decode = |message: String| LlmError::Decode {
+        provider: label.to_string(),
+        message,
+    };
+    let answer: Answer = serde_json::from_slice(body)
+        .map_err(|e| decode(format!("embeddings answer is not the expected JSON: {e}")))?;
+    if answer.data.len() != expected {
+        return Err(decode(format!(
+            "embeddings answer has {} vectors for {expected} inputs",
+            answer.data.len()
+        )));
+    }
+    let mut slots: Vec<Option<Vec<f32>>> = vec![None; expected];
+    for (pos, item) in answer.data.into_iter().enumerate() {
+        let i = item.index.unwrap_or(pos);
+        let slot = slots
+            .get_mut(i)
+            .ok_or_else(|| decode(format!("embeddings answer has index {i} out of range")))?;
+        if slot.replace(item.embedding).is_some() {
+            return Err(decode(format!("embeddings answer repeats index {i}")));
+        }
+    }
+    let vectors: Vec<Vec<f32>> = slots.into_iter().flatten().collect();
+    let dims = vectors.first().map_or(0, Vec::len);
+    if vectors.len() != expected || dims == 0 || vectors.iter().any(|v| v.len() != dims) {
+        return Err(decode(
+            "embeddings answer has missing, empty or differently sized vectors".into(),
+        ));
+    }
+    if vectors.iter().flatten().any(|x| !x.is_finite()) {
+        return Err(decode("embeddings answer has a non-finite number".into()));
+    }
+    Ok(Embeddings {
+        vectors,
+        prompt_tokens: answer.usage.map_or(0, |u| u.prompt_tokens),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_shape() {
+        assert_eq!(
+            render("m", &["a".into(), "b".into()]),
+            json!({"model": "m", "input": ["a", "b"]})
+        );
+    }
+
+    #[test]
+    fn answers_are_ordered_by_index() {
+        let body = br#"{"object":"list","data":[
+            {"object":"embedding","index":1,"embedding":[0.0,1.0]},
+            {"object":"embedding","index":0,"embedding":[1.0,0.0]}],
+            "model":"m","usage":{"prompt_tokens":7,"total_tokens":7}}"#;
+        let e = parse(body, 2, "x").unwrap();
+        assert_eq!(e.vectors, vec![vec![1.0, 0.0], vec![0.0, 1.0]]);
+        assert_eq!(e.prompt_tokens, 7);
+        // No index, no usage (some local servers).
+        let e = parse(br#"{"data":[{"embedding":[0.5]}]}"#, 1, "x").unwrap();
+        assert_eq!((e.vectors, e.prompt_tokens), (vec![vec![0.5]], 0));
+    }
+
+    #[test]
+    fn malformed_answers_are_decode_errors() {
+        for (body, n) in [
+            (&br#"{"data":[]}"#[..], 1),
+            (
+                br#"{"data":[{"index":0,"embedding":[1]},{"index":0,"embedding":[1]}]}"#,
+                2,
+            ),
+            (br#"{"data":[{"index":5,"embedding":[1]}]}"#, 1),
+            (
+                br#"{"data":[{"index":0,"embedding":[1]},{"index":1,"embedding":[1,2]}]}"#,
+                2,
+            ),
+            (br#"{"data":[{"index":0,"embedding":[]}]}"#, 1),
+            (b"<html>", 1),
+        ] {
+            let err = parse(body, n, "srv (m)").unwrap_err();
+            assert!(matches!(err, LlmError::Decode { .. }), "{err}");
+            assert!(err.to_string().contains("srv (m)"));
+        }
+    }
+}

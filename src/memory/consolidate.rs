@@ -1,0 +1,649 @@
+//! Consolidation (SPEC §13): an LLM reads what was said and extracts durable facts, episodes,
+//! commitments and aliases into structured memory.
+//!
+//! * **Sessions.** The trail lines after the session's watermark (`consolidation_state`) are
+//!   rendered as a transcript (`llm::transcript`, without the dynamic context) and sent to the
+//!   consolidation model; the extraction and the new watermark are written in one transaction,
+//!   so nothing is processed twice, even across a crash or a concurrent `agentd consolidate`.
+//!   Runs before compaction and on session close when `consolidation.enabled`, and from
+//!   `agentd consolidate` / the scheduler's `job = "consolidate"`. A session with fewer than
+//!   `consolidation.min_messages` new messages waits for more.
+//! * **Workspace notes.** Files of `indexer.include` whose content hash differs from the one
+//!   last consolidated (`consolidation_file_hashes`) are read the same way
+//!   (`agentd consolidate` and the scheduled job only).
+//!
+//! The model is `consolidation` when defined and loaded, else the compaction model, else
+//! `primary`. Facts below `consolidation.confidence_threshold` are dropped. Every call is
+//! checked against the budget first and recorded in `costs` as `consolidation`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chrono::{NaiveDate, TimeZone};
+use chrono_tz::Tz;
+use serde::{Deserialize, Serialize};
+
+use super::chunk::{chunk_lines, sha256_hex};
+use super::{Memory, MemoryError};
+use crate::config::Config;
+use crate::cost::Ledger;
+use crate::llm::transcript::transcript;
+use crate::llm::{ChatRequest, Llm, LlmEvent, Message, SystemBlock, SystemTier, ToolChoice};
+use crate::session::{Event, TrailLine};
+use crate::store::CallType;
+use crate::store::memory::{Applied, Extraction, NewCommitment, NewEpisode, NewFact};
+
+/// The conventional name of the consolidation model.
+pub const MODEL_NAME: &str = "consolidation";
+/// Most transcript characters sent in one call; a longer backlog takes several calls.
+const WINDOW_CHARS: usize = 48_000;
+/// Longest single transcript item.
+const ITEM_CHARS: usize = 4_000;
+/// Known entity names listed in the request (so the model reuses their spelling).
+const MAX_KNOWN_ENTITIES: usize = 60;
+/// Caps on one extraction (a runaway answer cannot flood memory).
+const MAX_FACTS: usize = 60;
+const MAX_EPISODES: usize = 20;
+const MAX_COMMITMENTS: usize = 20;
+const MAX_FIELD_CHARS: usize = 1_000;
+
+/// The instructions of every consolidation call.
+pub const PROMPT: &str = r#"You maintain the long-term memory of a personal AI agent. You read part of a conversation between the user and the agent (or one of the user's notes) and extract what is worth remembering for weeks or months.
+
+Reply with ONE JSON object and nothing else, in this shape:
+{"facts": [{"entity": "Anna Schmidt", "attribute": "birthday", "value": "3 May", "confidence": 0.9}],
+ "aliases": [{"alias": "Mum", "entity": "Anna Schmidt"}],
+ "episodes": [{"summary": "The user and the agent planned Anna's 60th birthday party.", "date": "2026-11-03"}],
+ "commitments": [{"description": "Remind the user to order the cake", "owner": "agent", "due": "2026-11-28"}]}
+
+Rules:
+- facts: durable facts about people, places, things, preferences, plans and the user (use the user's name as the entity when known, else "user"). One value per entity and attribute; a short lower-case attribute ("birthday", "phone", "favourite restaurant"). confidence from 0 to 1: how sure the text makes it.
+- Use the full canonical name of an entity; put nicknames and relations ("Mum", "my boss") in aliases. Reuse the spelling of the known entities listed below.
+- episodes: notable events or decisions, one sentence each, with the date (YYYY-MM-DD) when known.
+- commitments: promises someone made (owner "agent", "user" or a name), with a due date (YYYY-MM-DD) when one was given.
+- Leave out small talk, greetings, tool mechanics, and anything only true for a moment. Never invent. Empty arrays when there is nothing."#;
+
+/// What the model answers, leniently read.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Raw {
+    facts: Vec<RawFact>,
+    aliases: Vec<RawAlias>,
+    episodes: Vec<RawEpisode>,
+    commitments: Vec<RawCommitment>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawFact {
+    entity: String,
+    attribute: String,
+    value: serde_json::Value,
+    confidence: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawAlias {
+    alias: String,
+    entity: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawEpisode {
+    summary: String,
+    date: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawCommitment {
+    description: String,
+    owner: Option<String>,
+    due: Option<String>,
+}
+
+/// Where an extraction comes from (for `source` and `session_id` of the rows).
+#[derive(Debug, Clone, Copy)]
+pub struct Origin<'a> {
+    pub session_id: Option<&'a str>,
+}
+
+fn field(s: &str) -> Option<String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return None;
+    }
+    Some(match s.char_indices().nth(MAX_FIELD_CHARS) {
+        Some((at, _)) => s[..at].to_string(),
+        None => s.to_string(),
+    })
+}
+
+/// A date (`YYYY-MM-DD`, or the date part of a longer timestamp) at `hour`:00 in `tz`, as Unix
+/// seconds.
+fn date_at(s: &str, tz: Tz, hour: u32) -> Option<i64> {
+    let day = NaiveDate::parse_from_str(s.trim().get(..10)?, "%Y-%m-%d").ok()?;
+    let local = day.and_hms_opt(hour, 0, 0)?;
+    tz.from_local_datetime(&local)
+        .earliest()
+        .map(|t| t.timestamp())
+}
+
+/// Parse the model's answer into an extraction: the first `{` to the last `}` (code fences and
+/// chatter around it are ignored); unknown fields are ignored; empty items and facts below
+/// `threshold` are dropped; long fields are cut; counts are capped.
+pub fn parse_extraction(
+    answer: &str,
+    threshold: f64,
+    origin: Origin<'_>,
+    tz: Tz,
+) -> Result<Extraction, MemoryError> {
+    let (start, end) = match (answer.find('{'), answer.rfind('}')) {
+        (Some(s), Some(e)) if s < e => (s, e),
+        _ => {
+            return Err(MemoryError::Consolidation(
+                "the model's answer holds no JSON object".into(),
+            ));
+        }
+    };
+    let raw: Raw = serde_json::from_str(&answer[start..=end]).map_err(|e| {
+        MemoryError::Consolidation(format!("the model's answer is not the expected JSON: {e}"))
+    })?;
+    let session_id = origin.session_id.map(str::to_string);
+    let mut x = Extraction::default();
+    for a in raw.aliases {
+        if let (Some(alias), Some(entity)) = (field(&a.alias), field(&a.entity)) {
+            x.aliases.push((alias, entity));
+        }
+    }
+    for f in raw.facts.into_iter().take(MAX_FACTS) {
+        let value = match &f.value {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => continue,
+            other => other.to_string(),
+        };
+        let confidence = f.confidence.unwrap_or(1.0).clamp(0.0, 1.0);
+        if confidence < threshold {
+            continue;
+        }
+        if let (Some(entity), Some(attribute), Some(value)) =
+            (field(&f.entity), field(&f.attribute), field(&value))
+        {
+            x.facts.push(NewFact {
+                entity,
+                attribute,
+                value,
+                confidence,
+                source: "consolidation".into(),
+                session_id: session_id.clone(),
+            });
+        }
+    }
+    for e in raw.episodes.into_iter().take(MAX_EPISODES) {
+        if let Some(summary) = field(&e.summary) {
+            x.episodes.push(NewEpisode {
+                session_id: session_id.clone(),
+                summary,
+                occurred_at: e.date.as_deref().and_then(|d| date_at(d, tz, 12)),
+            });
+        }
+    }
+    for c in raw.commitments.into_iter().take(MAX_COMMITMENTS) {
+        if let Some(description) = field(&c.description) {
+            x.commitments.push(NewCommitment {
+                description,
+                owner: c.owner.as_deref().and_then(field),
+                due_at: c.due.as_deref().and_then(|d| date_at(d, tz, 23)),
+                session_id: session_id.clone(),
+            });
+        }
+    }
+    Ok(x)
+}
+
+/// How a session's consolidation ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum SessionOutcome {
+    /// Nothing was sent to the model (the reason says why: too few new messages, ...).
+    Waiting { reason: String },
+    /// Extracted and written; the watermark is now `up_to_seq`.
+    Done {
+        applied: Applied,
+        up_to_seq: u64,
+        calls: usize,
+    },
+}
+
+/// What `agentd consolidate` did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConsolidateReport {
+    pub sessions: Vec<(String, SessionOutcome)>,
+    pub files: Vec<(String, Applied)>,
+    pub errors: Vec<String>,
+}
+
+/// The consolidation service: memory, the model and the ledger.
+#[derive(Clone)]
+pub struct Consolidator {
+    memory: Memory,
+    llm: Arc<Llm>,
+    ledger: Ledger,
+    model: String,
+    min_messages: usize,
+    threshold: f64,
+    /// One consolidation at a time in this process (the watermark guards across processes).
+    running: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Consolidator {
+    pub fn new(memory: Memory, llm: Arc<Llm>, ledger: Ledger, cfg: &Config) -> Consolidator {
+        let loaded = |name: &str| llm.models().get(name).is_some();
+        let model = if loaded(MODEL_NAME) {
+            MODEL_NAME.to_string()
+        } else if loaded(&cfg.behavior.compaction.model) {
+            cfg.behavior.compaction.model.clone()
+        } else {
+            "primary".to_string()
+        };
+        Consolidator {
+            min_messages: cfg.memory.consolidation_min_messages as usize,
+            threshold: cfg.memory.consolidation_confidence_threshold,
+            memory,
+            llm,
+            ledger,
+            model,
+            running: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// The model consolidation calls.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Consolidate the trail of session `id` in `dir` (the sessions directory, or its
+    /// `.archive/` for a closed session) past its watermark.
+    pub async fn session(&self, dir: &Path, id: &str) -> Result<SessionOutcome, MemoryError> {
+        let _one = self.running.lock().await;
+        let mark = self.memory.db().watermark(id).await?;
+        let (dir_owned, id_owned) = (dir.to_path_buf(), id.to_string());
+        let lines = tokio::task::spawn_blocking(move || {
+            crate::session::trail::read_trail_after(&dir_owned, &id_owned, mark.max(0) as u64)
+        })
+        .await
+        .map_err(|e| MemoryError::Io(format!("reading the trail of {id} failed: {e}")))?
+        .map_err(|e| MemoryError::Io(format!("cannot read the trail of session {id}: {e}")))?;
+        let Some(last_seq) = lines.last().map(|l| l.seq) else {
+            return Ok(SessionOutcome::Waiting {
+                reason: "no new trail lines".into(),
+            });
+        };
+        let messages = conversation(&lines);
+        let said = messages
+            .iter()
+            .filter(|(_, m)| !matches!(m, Message::ToolResults { .. }))
+            .count();
+        if said < self.min_messages.max(1) {
+            return Ok(SessionOutcome::Waiting {
+                reason: format!(
+                    "{said} new message(s), fewer than consolidation.min_messages = {}",
+                    self.min_messages
+                ),
+            });
+        }
+        let mut total = Applied::default();
+        let mut calls = 0;
+        let windows = windows(&messages);
+        let n = windows.len();
+        for (i, (window_end, text)) in windows.into_iter().enumerate() {
+            // The last window carries the watermark past trailing non-message lines too.
+            let up_to = if i + 1 == n { last_seq } else { window_end };
+            let x = self
+                .extract(
+                    &text,
+                    Origin {
+                        session_id: Some(id),
+                    },
+                )
+                .await?;
+            calls += 1;
+            let a = self
+                .memory
+                .db()
+                .apply_session_consolidation(id, up_to as i64, x)
+                .await?;
+            add(&mut total, &a);
+        }
+        Ok(SessionOutcome::Done {
+            applied: total,
+            up_to_seq: last_seq,
+            calls,
+        })
+    }
+
+    /// Consolidate the workspace notes (`indexer.include`) whose content changed since their
+    /// last consolidation.
+    pub async fn files(&self) -> Result<Vec<(String, Applied)>, MemoryError> {
+        let _one = self.running.lock().await;
+        let workspace = self.memory.workspace().to_path_buf();
+        let include = self.memory.cfg().indexer_include.clone();
+        let (found, _skipped) =
+            tokio::task::spawn_blocking(move || super::index::scan(&workspace, &include))
+                .await
+                .map_err(|e| MemoryError::Io(format!("workspace scan failed: {e}")))??;
+        let mut out = Vec::new();
+        for f in found {
+            let abs = f.abs.clone();
+            let bytes = tokio::task::spawn_blocking(move || std::fs::read(abs))
+                .await
+                .map_err(|e| MemoryError::Io(format!("reading {} failed: {e}", f.rel)))?
+                .map_err(|e| MemoryError::Io(format!("cannot read {}: {e}", f.rel)))?;
+            let hash = sha256_hex(&bytes);
+            if self
+                .memory
+                .db()
+                .consolidated_file_hash(&f.rel)
+                .await?
+                .as_deref()
+                == Some(&hash)
+            {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&bytes);
+            let mut all = Extraction::default();
+            for part in chunk_lines(&text, WINDOW_CHARS, 0) {
+                if part.text.trim().is_empty() {
+                    continue;
+                }
+                let doc = format!("<note path=\"{}\">\n{}\n</note>", f.rel, part.text);
+                let x = self.extract(&doc, Origin { session_id: None }).await?;
+                all.aliases.extend(x.aliases);
+                all.facts.extend(x.facts);
+                all.episodes.extend(x.episodes);
+                all.commitments.extend(x.commitments);
+            }
+            let a = self
+                .memory
+                .db()
+                .apply_file_consolidation(&f.rel, &hash, all)
+                .await?;
+            out.push((f.rel, a));
+        }
+        Ok(out)
+    }
+
+    /// Every live and archived session of `sessions_dir`, then the workspace notes. Errors of
+    /// one session are collected and the others go on. `on_session` hears each outcome.
+    pub async fn all(
+        &self,
+        sessions_dir: &Path,
+        on_session: &mut (dyn FnMut(&str, &Result<SessionOutcome, MemoryError>) + Send),
+    ) -> ConsolidateReport {
+        let mut report = ConsolidateReport::default();
+        for (dir, id) in session_ids(sessions_dir) {
+            let r = self.session(&dir, &id).await;
+            on_session(&id, &r);
+            match r {
+                Ok(o) => report.sessions.push((id, o)),
+                Err(e) => report.errors.push(format!("session {id}: {e}")),
+            }
+        }
+        match self.files().await {
+            Ok(files) => report.files = files,
+            Err(e) => report.errors.push(format!("workspace notes: {e}")),
+        }
+        report
+    }
+
+    /// One extraction call for `text`.
+    async fn extract(&self, text: &str, origin: Origin<'_>) -> Result<Extraction, MemoryError> {
+        self.ledger
+            .gate()
+            .await
+            .map_err(|e| MemoryError::Consolidation(format!("call not made: {e}")))?;
+        let known = self.memory.db().entity_names().await?;
+        let mut names: Vec<&str> = known.iter().map(|(_, e)| e.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.truncate(MAX_KNOWN_ENTITIES);
+        let today = chrono::Utc::now()
+            .with_timezone(&self.memory.tz())
+            .format("%Y-%m-%d");
+        let body = format!(
+            "Today is {today}. Known entities: {}.\n\n<input>\n{text}\n</input>\n\nExtract the memory as instructed. Reply with the JSON object only.",
+            if names.is_empty() {
+                "none yet".to_string()
+            } else {
+                names.join(", ")
+            }
+        );
+        let req = ChatRequest {
+            session_id: origin.session_id.unwrap_or_default().to_string(),
+            system: vec![SystemBlock {
+                tier: SystemTier::Stable,
+                text: PROMPT.to_string(),
+            }],
+            messages: vec![Message::user_text(body)],
+            tools: Vec::new(),
+            tool_choice: ToolChoice::None,
+            previous_messages: None,
+        };
+        let on_event = |e: LlmEvent| {
+            if let LlmEvent::RetryWait { attempt, error, .. } = e {
+                tracing::debug!(attempt, %error, "consolidation call retrying");
+            }
+        };
+        let outcome = self
+            .llm
+            .chat(&self.model, &req, &on_event)
+            .await
+            .map_err(|e| MemoryError::Consolidation(format!("model '{}': {e}", self.model)))?;
+        self.ledger
+            .record(
+                origin.session_id.unwrap_or_default(),
+                &outcome.model,
+                CallType::Consolidation,
+                outcome.response.usage,
+            )
+            .await;
+        parse_extraction(
+            &outcome.response.text,
+            self.threshold,
+            origin,
+            self.memory.tz(),
+        )
+    }
+}
+
+fn add(total: &mut Applied, a: &Applied) {
+    total.aliases += a.aliases;
+    total.facts_new += a.facts_new;
+    total.facts_superseded += a.facts_superseded;
+    total.facts_unchanged += a.facts_unchanged;
+    total.episodes += a.episodes;
+    total.commitments += a.commitments;
+}
+
+/// The conversation messages of trail lines, each with its line's `seq`.
+fn conversation(lines: &[TrailLine]) -> Vec<(u64, Message)> {
+    lines
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Message(m) => Some((l.seq, m.message.clone())),
+            Event::ToolResult { results, notice } => Some((
+                l.seq,
+                Message::ToolResults {
+                    results: results.clone(),
+                    notice: notice.clone(),
+                },
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Split the conversation into transcripts of at most about [`WINDOW_CHARS`], each with the
+/// `seq` of its last message. Tool results stay with the call before them.
+fn windows(messages: &[(u64, Message)]) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut size = 0;
+    for (i, (_, m)) in messages.iter().enumerate() {
+        let len = transcript(std::slice::from_ref(m), ITEM_CHARS).len();
+        let starts_turn = !matches!(m, Message::ToolResults { .. });
+        if size + len > WINDOW_CHARS && i > start && starts_turn {
+            out.push(window(&messages[start..i]));
+            start = i;
+            size = 0;
+        }
+        size += len;
+    }
+    if start < messages.len() {
+        out.push(window(&messages[start..]));
+    }
+    out
+}
+
+fn window(part: &[(u64, Message)]) -> (u64, String) {
+    let msgs: Vec<Message> = part.iter().map(|(_, m)| m.clone()).collect();
+    (
+        part.last().map_or(0, |(s, _)| *s),
+        transcript(&msgs, ITEM_CHARS),
+    )
+}
+
+/// `(directory, session id)` of every trail in `sessions_dir` and its `.archive/`, sorted.
+pub fn session_ids(sessions_dir: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    for dir in [sessions_dir.to_path_buf(), sessions_dir.join(".archive")] {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if let Some(rest) = name.strip_suffix(".jsonl")
+                && let Some((id, date)) = rest.rsplit_once('.')
+                && date.len() == 10
+                && crate::session::index::is_valid_session_id(id)
+            {
+                out.insert((dir.clone(), id.to_string()));
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TZ: Tz = chrono_tz::Europe::Berlin;
+
+    #[test]
+    fn answers_are_read_leniently() {
+        let answer = "Here you go:\n```json\n{\"facts\": [\
+            {\"entity\": \"Anna\", \"attribute\": \"birthday\", \"value\": \"3 May\", \"confidence\": 0.9},\
+            {\"entity\": \"Anna\", \"attribute\": \"mood\", \"value\": \"tired\", \"confidence\": 0.2},\
+            {\"entity\": \"Bob\", \"attribute\": \"age\", \"value\": 41},\
+            {\"entity\": \" \", \"attribute\": \"x\", \"value\": \"y\"}],\
+            \"aliases\": [{\"alias\": \"Mum\", \"entity\": \"Anna\"}],\
+            \"episodes\": [{\"summary\": \"Planned the party\", \"date\": \"2026-11-03\"}, {\"summary\": \"\"}],\
+            \"commitments\": [{\"description\": \"Order cake\", \"owner\": \"agent\", \"due\": \"2026-11-28\"}],\
+            \"extra\": true}\n```";
+        let x = parse_extraction(
+            answer,
+            0.6,
+            Origin {
+                session_id: Some("s"),
+            },
+            TZ,
+        )
+        .unwrap();
+        let facts: Vec<(&str, &str, &str)> = x
+            .facts
+            .iter()
+            .map(|f| (f.entity.as_str(), f.attribute.as_str(), f.value.as_str()))
+            .collect();
+        assert_eq!(
+            facts,
+            vec![("Anna", "birthday", "3 May"), ("Bob", "age", "41")]
+        );
+        assert_eq!(x.facts[1].confidence, 1.0, "no confidence = certain");
+        assert_eq!(x.aliases, vec![("Mum".to_string(), "Anna".to_string())]);
+        assert_eq!(x.episodes.len(), 1);
+        let noon = TZ
+            .with_ymd_and_hms(2026, 11, 3, 12, 0, 0)
+            .unwrap()
+            .timestamp();
+        assert_eq!(x.episodes[0].occurred_at, Some(noon));
+        assert_eq!(x.commitments[0].owner.as_deref(), Some("agent"));
+        assert!(x.commitments[0].due_at.is_some());
+        assert_eq!(x.facts[0].session_id.as_deref(), Some("s"));
+    }
+
+    #[test]
+    fn no_json_is_an_error_and_empty_is_fine() {
+        assert!(parse_extraction("no idea", 0.5, Origin { session_id: None }, TZ).is_err());
+        assert!(parse_extraction("{\"facts\": 3}", 0.5, Origin { session_id: None }, TZ).is_err());
+        let x = parse_extraction("{}", 0.5, Origin { session_id: None }, TZ).unwrap();
+        assert_eq!(x, Extraction::default());
+    }
+
+    #[test]
+    fn dates_and_fields() {
+        assert!(date_at("2026-02-30", TZ, 12).is_none());
+        assert!(date_at("soon", TZ, 12).is_none());
+        assert_eq!(
+            date_at("2026-11-03T08:00:00Z", TZ, 12),
+            date_at("2026-11-03", TZ, 12)
+        );
+        assert_eq!(
+            field(&"é".repeat(2000)).unwrap().chars().count(),
+            MAX_FIELD_CHARS
+        );
+        assert_eq!(field("   "), None);
+    }
+
+    #[test]
+    fn windows_split_at_turns_and_carry_the_last_seq() {
+        // Items are cut to ITEM_CHARS, so 20 big messages make about 80,000 characters.
+        let big = "x".repeat(30_000);
+        let mut msgs: Vec<(u64, Message)> = (1..=20)
+            .map(|i| (i, Message::user_text(big.clone())))
+            .collect();
+        msgs.push((21, Message::user_text("small")));
+        let w = windows(&msgs);
+        assert_eq!(w.len(), 2);
+        assert!(w.iter().all(|(_, t)| t.len() <= WINDOW_CHARS + ITEM_CHARS));
+        assert_eq!(w[1].0, 21);
+        assert!(w[0].0 < 21 && w[0].0 > 1);
+        assert!(windows(&[]).is_empty());
+    }
+
+    #[test]
+    fn session_ids_cover_live_and_archived_trails() {
+        let dir = tempfile::tempdir().unwrap();
+        let id1 = "0190a0b0-0000-7000-8000-000000000001";
+        let id2 = "0190a0b0-0000-7000-8000-000000000002";
+        std::fs::create_dir_all(dir.path().join(".archive")).unwrap();
+        std::fs::write(dir.path().join(format!("{id1}.2026-11-01.jsonl")), "").unwrap();
+        std::fs::write(dir.path().join(format!("{id1}.2026-11-02.jsonl")), "").unwrap();
+        std::fs::write(dir.path().join(format!("{id1}.state.json")), "").unwrap();
+        std::fs::write(
+            dir.path()
+                .join(".archive")
+                .join(format!("{id2}.2026-10-01.jsonl")),
+            "",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("sessions.json"), "{}").unwrap();
+        let ids = session_ids(dir.path());
+        assert_eq!(ids.len(), 2);
+        assert_eq!(ids[0], (dir.path().to_path_buf(), id1.to_string()));
+        assert_eq!(ids[1].1, id2);
+    }
+}

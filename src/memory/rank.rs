@@ -1,0 +1,161 @@
+//! Ranking (pure): vector similarity over a [`VectorSet`] and reciprocal-rank fusion.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::store::memory::VectorSet;
+
+/// The usual RRF constant (Cormack et al. 2009): dampens the weight of the very first ranks.
+pub const RRF_K: f64 = 60.0;
+
+/// Scale `v` to unit length (a zero vector stays zero).
+pub fn normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        v.iter_mut().for_each(|x| *x /= norm);
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// A candidate in the bounded heap: ordered so that the heap's top is the *worst* kept one.
+struct Scored(f32, i64);
+
+impl PartialEq for Scored {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Scored {}
+impl PartialOrd for Scored {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scored {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Reverse on the score (a min-heap of scores); ties: the higher id is worse.
+        other
+            .0
+            .total_cmp(&self.0)
+            .then_with(|| self.1.cmp(&other.1))
+    }
+}
+
+/// The `k` rows of `set` most similar to `query` (dot product; both sides are unit vectors, so
+/// it is the cosine), best first. A query of another size matches nothing.
+pub fn top_k(set: &VectorSet, query: &[f32], k: usize) -> Vec<(i64, f32)> {
+    if k == 0 || query.len() != set.dims {
+        return Vec::new();
+    }
+    let mut heap = BinaryHeap::with_capacity(k + 1);
+    for (i, &id) in set.ids.iter().enumerate() {
+        let s = dot(set.row(i), query);
+        if heap.len() < k {
+            heap.push(Scored(s, id));
+        } else if let Some(worst) = heap.peek()
+            && Scored(s, id) < *worst
+        {
+            heap.pop();
+            heap.push(Scored(s, id));
+        }
+    }
+    let mut out: Vec<(i64, f32)> = heap.into_iter().map(|Scored(s, id)| (id, s)).collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    out
+}
+
+/// Reciprocal-rank fusion: each list gives an item `1 / (RRF_K + rank)` (rank from 1); the sums
+/// are sorted best first, ties by first appearance across the lists.
+pub fn rrf(lists: &[&[i64]]) -> Vec<(i64, f64)> {
+    let mut scores: HashMap<i64, (f64, usize)> = HashMap::new();
+    let mut order = 0;
+    for list in lists {
+        for (rank, &id) in list.iter().enumerate() {
+            let e = scores.entry(id).or_insert_with(|| {
+                order += 1;
+                (0.0, order)
+            });
+            e.0 += 1.0 / (RRF_K + rank as f64 + 1.0);
+        }
+    }
+    let mut out: Vec<(i64, f64, usize)> =
+        scores.into_iter().map(|(id, (s, o))| (id, s, o)).collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)));
+    out.into_iter().map(|(id, s, _)| (id, s)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn set(rows: &[(i64, [f32; 2])]) -> VectorSet {
+        VectorSet {
+            generation: 0,
+            dims: 2,
+            ids: rows.iter().map(|r| r.0).collect(),
+            data: rows.iter().flat_map(|r| r.1).collect(),
+        }
+    }
+
+    #[test]
+    fn top_k_orders_by_cosine() {
+        let s = set(&[
+            (1, [1.0, 0.0]),
+            (2, [0.0, 1.0]),
+            (3, [0.6, 0.8]),
+            (4, [-1.0, 0.0]),
+        ]);
+        let hits = top_k(&s, &[1.0, 0.0], 2);
+        assert_eq!(hits.iter().map(|h| h.0).collect::<Vec<_>>(), vec![1, 3]);
+        assert!(top_k(&s, &[1.0, 0.0, 0.0], 2).is_empty(), "other dimension");
+        assert_eq!(top_k(&s, &[0.0, 1.0], 10).len(), 4);
+    }
+
+    #[test]
+    fn rrf_rewards_agreement() {
+        // 7 is second in both lists, 1 and 9 first in one each and absent from the other.
+        let fused = rrf(&[&[1, 7, 3], &[9, 7, 3]]);
+        assert_eq!(fused[0].0, 7);
+        assert_eq!(fused.len(), 4);
+        assert!(fused.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert_eq!(rrf(&[]), vec![]);
+    }
+
+    #[test]
+    fn normalize_gives_unit_length() {
+        let mut v = vec![3.0, 4.0];
+        normalize(&mut v);
+        assert_eq!(v, vec![0.6, 0.8]);
+        let mut z = vec![0.0, 0.0];
+        normalize(&mut z);
+        assert_eq!(z, vec![0.0, 0.0]);
+    }
+
+    proptest! {
+        /// The bounded heap gives the same answer as sorting everything.
+        #[test]
+        fn top_k_matches_a_full_sort(
+            rows in proptest::collection::vec((-1.0f32..1.0, -1.0f32..1.0), 0..60),
+            q in (-1.0f32..1.0, -1.0f32..1.0),
+            k in 0usize..10,
+        ) {
+            let s = VectorSet {
+                generation: 0,
+                dims: 2,
+                ids: (0..rows.len() as i64).collect(),
+                data: rows.iter().flat_map(|r| [r.0, r.1]).collect(),
+            };
+            let q = [q.0, q.1];
+            let mut all: Vec<(i64, f32)> = (0..rows.len())
+                .map(|i| (i as i64, s.row(i)[0] * q[0] + s.row(i)[1] * q[1]))
+                .collect();
+            all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            all.truncate(k);
+            prop_assert_eq!(top_k(&s, &q, k), all);
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! `memory.db` (SPEC §13): the workspace index (files, chunks, FTS5, embeddings), structured
+//! memory (facts, episodes, commitments, aliases) and the consolidation watermarks.
+//!
+//! Like `agentd.db`, one dedicated thread (`agentd-memdb`) owns the connection; [`MemoryDb`] is
+//! a cheap handle to it. Every query of memory.db is in this module and its files, typed: the
+//! logic in `crate::memory` (chunking, ranking, embeddings, consolidation) never sees SQL.
+//!
+//! | File | Tables |
+//! |---|---|
+//! | `index.rs` | `files`, `chunks` (+ `chunks_fts` by triggers), `meta.index_generation` |
+//! | `vectors.rs` | `embedding_cache`, chunk vectors for search |
+//! | `search.rs` | full-text queries over chunks, facts and episodes |
+//! | `facts.rs` | `facts`, `entity_aliases`, `episodes`, `commitments` |
+//! | `consolidation.rs` | `consolidation_state`, `consolidation_file_hashes` |
+
+mod consolidation;
+mod facts;
+mod index;
+mod search;
+mod vectors;
+
+pub use consolidation::{Applied, Extraction};
+pub use facts::{
+    Commitment, CommitmentStatus, Episode, Fact, FactWrite, NewCommitment, NewEpisode, NewFact,
+};
+pub use index::{ChunkRow, FileChange, FileMeta, IndexStatus, NewChunk, UnembeddedChunk};
+pub use vectors::VectorSet;
+
+use std::path::Path;
+use std::sync::LazyLock;
+
+use rusqlite_migration::{M, Migrations};
+
+use super::StoreError;
+use super::actor::Actor;
+
+/// Name of the memory DB thread.
+const THREAD_NAME: &str = "agentd-memdb";
+
+/// Schema migrations of `memory.db` (version in `PRAGMA user_version`). Append, never edit a
+/// shipped one.
+pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> =
+    LazyLock::new(|| Migrations::new(vec![M::up(include_str!("migrations/0001_memory.sql"))]));
+
+/// Handle to `memory.db`. Clone freely; all clones share one connection and one thread.
+#[derive(Clone)]
+pub struct MemoryDb {
+    actor: Actor,
+}
+
+impl std::fmt::Debug for MemoryDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryDb")
+            .field("path", &self.path())
+            .finish()
+    }
+}
+
+impl MemoryDb {
+    /// Create or open `memory.db` (mode 0600, WAL, `synchronous=NORMAL`) and migrate it.
+    /// Blocking: call at start-up or from `spawn_blocking`.
+    pub fn open(path: &Path) -> Result<MemoryDb, StoreError> {
+        let conn = super::open_writer(path, &MIGRATIONS)?;
+        let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
+        Ok(MemoryDb { actor })
+    }
+
+    /// Open read-only (CLI views such as `agentd index --status`). `Ok(None)` when the file does
+    /// not exist or has no schema yet.
+    pub fn open_read_only(path: &Path) -> Result<Option<MemoryDb>, StoreError> {
+        let Some(conn) = super::open_reader(path)? else {
+            return Ok(None);
+        };
+        let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
+        Ok(Some(MemoryDb { actor }))
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        self.actor.path()
+    }
+
+    /// `PRAGMA quick_check` answered "ok" (for `agentd doctor`).
+    pub async fn integrity_ok(&self) -> Result<bool, StoreError> {
+        self.actor.call(super::quick_check).await
+    }
+}
+
+/// Unix seconds now.
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A fresh memory.db in a temporary directory (kept alive by the returned guard).
+    pub(crate) fn temp_db() -> (tempfile::TempDir, MemoryDb) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = MemoryDb::open(&dir.path().join("memory.db")).unwrap();
+        (dir, db)
+    }
+
+    #[test]
+    fn migrations_are_valid() {
+        MIGRATIONS.validate().expect("memory migrations validate");
+    }
+
+    #[tokio::test]
+    async fn open_creates_every_spec_table() {
+        let (_dir, db) = temp_db();
+        let names: Vec<String> = db
+            .actor
+            .call(|c| {
+                let mut st = c.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+                st.query_map([], |r| r.get(0))?.collect()
+            })
+            .await
+            .unwrap();
+        for t in [
+            "files",
+            "chunks",
+            "chunks_fts",
+            "embedding_cache",
+            "facts",
+            "episodes",
+            "commitments",
+            "entity_aliases",
+            "consolidation_state",
+            "consolidation_file_hashes",
+        ] {
+            assert!(names.iter().any(|n| n == t), "missing table {t}: {names:?}");
+        }
+        assert!(db.integrity_ok().await.unwrap());
+    }
+
+    #[test]
+    fn read_only_open_of_a_missing_file_is_none_and_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.db");
+        assert!(MemoryDb::open_read_only(&path).unwrap().is_none());
+        assert!(!path.exists());
+    }
+}
