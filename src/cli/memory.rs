@@ -264,13 +264,16 @@ pub async fn consolidate(cfg: &Config, json: bool) -> Result<String, MemoryError
         let mut s = format!(
             "consolidated {done} of {} session(s) and {} changed note(s)\n",
             report.sessions.len(),
-            report.files.len()
+            report.files.iter().map(|(p, _)| p.len()).sum::<usize>()
         );
-        for (path, a) in &report.files {
+        for (paths, a) in &report.files {
             let _ = writeln!(
                 s,
-                "note {path}: {} new fact(s), {} episode(s), {} commitment(s)",
-                a.facts_new, a.episodes, a.commitments
+                "notes {}: {} new fact(s), {} episode(s), {} commitment(s)",
+                paths.join(", "),
+                a.facts_new,
+                a.episodes,
+                a.commitments
             );
         }
         s

@@ -221,7 +221,8 @@ pub enum SessionOutcome {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ConsolidateReport {
     pub sessions: Vec<(String, SessionOutcome)>,
-    pub files: Vec<(String, Applied)>,
+    /// The notes of each call and what it wrote.
+    pub files: Vec<(Vec<String>, Applied)>,
     pub errors: Vec<String>,
 }
 
@@ -325,8 +326,9 @@ impl Consolidator {
     }
 
     /// Consolidate the workspace notes (`indexer.include`) whose content changed since their
-    /// last consolidation.
-    pub async fn files(&self) -> Result<Vec<(String, Applied)>, MemoryError> {
+    /// last consolidation. Small notes share a call (up to [`WINDOW_CHARS`] of text); a large
+    /// one takes several. Returns the notes of each call and what it wrote.
+    pub async fn files(&self) -> Result<Vec<(Vec<String>, Applied)>, MemoryError> {
         let _one = self.running.lock().await;
         let workspace = self.memory.workspace().to_path_buf();
         let include = self.memory.cfg().indexer_include.clone();
@@ -334,7 +336,8 @@ impl Consolidator {
             tokio::task::spawn_blocking(move || super::index::scan(&workspace, &include))
                 .await
                 .map_err(|e| MemoryError::Io(format!("workspace scan failed: {e}")))??;
-        let mut out = Vec::new();
+        // (path, hash, text) of every changed note.
+        let mut changed = Vec::new();
         for f in found {
             let abs = f.abs.clone();
             let bytes = tokio::task::spawn_blocking(move || std::fs::read(abs))
@@ -348,29 +351,28 @@ impl Consolidator {
                 .consolidated_file_hash(&f.rel)
                 .await?
                 .as_deref()
-                == Some(&hash)
+                != Some(&hash)
             {
-                continue;
+                changed.push((f.rel, hash, String::from_utf8_lossy(&bytes).into_owned()));
             }
-            let text = String::from_utf8_lossy(&bytes);
+        }
+        let mut out = Vec::new();
+        for batch in note_batches(&changed) {
             let mut all = Extraction::default();
-            for part in chunk_lines(&text, WINDOW_CHARS, 0) {
-                if part.text.trim().is_empty() {
-                    continue;
-                }
-                let doc = format!("<note path=\"{}\">\n{}\n</note>", f.rel, part.text);
-                let x = self.extract(&doc, Origin { session_id: None }).await?;
+            for doc in &batch.docs {
+                let x = self.extract(doc, Origin { session_id: None }).await?;
                 all.aliases.extend(x.aliases);
                 all.facts.extend(x.facts);
                 all.episodes.extend(x.episodes);
                 all.commitments.extend(x.commitments);
             }
+            let paths: Vec<String> = batch.files.iter().map(|(p, _)| p.clone()).collect();
             let a = self
                 .memory
                 .db()
-                .apply_file_consolidation(&f.rel, &hash, all)
+                .apply_files_consolidation(batch.files, all)
                 .await?;
-            out.push((f.rel, a));
+            out.push((paths, a));
         }
         Ok(out)
     }
@@ -456,6 +458,58 @@ impl Consolidator {
             self.memory.tz(),
         )
     }
+}
+
+/// Notes consolidated together: their `(path, hash)` and the documents sent (one per call).
+struct NoteBatch {
+    files: Vec<(String, String)>,
+    docs: Vec<String>,
+}
+
+/// Group changed notes `(path, hash, text)` into calls of at most about [`WINDOW_CHARS`]: small
+/// notes together, a note larger than that alone in several documents.
+fn note_batches(notes: &[(String, String, String)]) -> Vec<NoteBatch> {
+    let mut out: Vec<NoteBatch> = Vec::new();
+    let mut current = NoteBatch {
+        files: Vec::new(),
+        docs: vec![String::new()],
+    };
+    for (path, hash, text) in notes {
+        if text.trim().is_empty() {
+            current.files.push((path.clone(), hash.clone()));
+            continue;
+        }
+        let parts: Vec<String> = chunk_lines(text, WINDOW_CHARS, 0)
+            .into_iter()
+            .map(|c| format!("<note path=\"{path}\">\n{}\n</note>\n", c.text))
+            .collect();
+        if parts.len() > 1 {
+            out.push(NoteBatch {
+                files: vec![(path.clone(), hash.clone())],
+                docs: parts,
+            });
+            continue;
+        }
+        let doc = &parts[0];
+        if current.docs[0].len() + doc.len() > WINDOW_CHARS && !current.docs[0].is_empty() {
+            out.push(std::mem::replace(
+                &mut current,
+                NoteBatch {
+                    files: Vec::new(),
+                    docs: vec![String::new()],
+                },
+            ));
+        }
+        current.docs[0].push_str(doc);
+        current.files.push((path.clone(), hash.clone()));
+    }
+    if !current.files.is_empty() {
+        if current.docs[0].is_empty() {
+            current.docs.clear();
+        }
+        out.push(current);
+    }
+    out
 }
 
 fn add(total: &mut Applied, a: &Applied) {
@@ -622,6 +676,37 @@ mod tests {
         assert_eq!(w[1].0, 21);
         assert!(w[0].0 < 21 && w[0].0 > 1);
         assert!(windows(&[]).is_empty());
+    }
+
+    #[test]
+    fn small_notes_share_a_call_and_large_ones_are_split() {
+        let note =
+            |p: &str, n: usize| (p.to_string(), format!("h-{p}"), "line of text\n".repeat(n));
+        let notes = vec![
+            note("a.md", 10),
+            note("b.md", 10),
+            note("empty.md", 0),
+            note("big.md", 10_000),
+            note("c.md", 10),
+        ];
+        let b = note_batches(&notes);
+        assert_eq!(
+            b.len(),
+            2,
+            "one batch for the small notes, one for the big one"
+        );
+        let big = b.iter().find(|x| x.files[0].0 == "big.md").unwrap();
+        assert_eq!(big.files.len(), 1);
+        assert!(big.docs.len() >= 3 && big.docs.iter().all(|d| d.len() <= WINDOW_CHARS + 100));
+        let small = b.iter().find(|x| x.files[0].0 == "a.md").unwrap();
+        let names: Vec<&str> = small.files.iter().map(|f| f.0.as_str()).collect();
+        assert_eq!(names, vec!["a.md", "b.md", "empty.md", "c.md"]);
+        assert_eq!(small.docs.len(), 1);
+        assert!(small.docs[0].contains("<note path=\"c.md\">"));
+        assert!(note_batches(&[]).is_empty());
+        // Only empty notes: recorded, no call.
+        let e = note_batches(&[note("e.md", 0)]);
+        assert_eq!((e.len(), e[0].docs.len()), (1, 0));
     }
 
     #[test]

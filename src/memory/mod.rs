@@ -227,7 +227,7 @@ impl MemoryJobs {
                 tracing::info!(
                     schedule = %name,
                     sessions = done,
-                    files = r.files.len(),
+                    notes = r.files.iter().map(|(p, _)| p.len()).sum::<usize>(),
                     errors = r.errors.len(),
                     "scheduled consolidation finished"
                 );

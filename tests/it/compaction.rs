@@ -115,7 +115,7 @@ fn strip_cache_control(v: &Value) -> Value {
     }
 }
 
-fn cost_types(state_dir: &std::path::Path) -> Vec<String> {
+pub fn cost_types(state_dir: &std::path::Path) -> Vec<String> {
     let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
     let mut st = conn
         .prepare("SELECT call_type FROM costs ORDER BY id")

@@ -13,6 +13,7 @@ mod fake_telegram_selftest;
 mod http_api;
 mod http_daemon;
 mod mcp;
+mod memory;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;

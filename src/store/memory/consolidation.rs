@@ -121,38 +121,44 @@ impl MemoryDb {
             .await
     }
 
-    /// Apply `x`, extracted from `path` with content `hash`, and record the hash, in one
-    /// transaction. When that hash is already recorded nothing is written (`skipped`).
-    pub async fn apply_file_consolidation(
+    /// Apply `x`, extracted from the notes `files` (`(path, content hash)`), and record their
+    /// hashes, in one transaction. When every one of those hashes is already recorded nothing
+    /// is written (`skipped`).
+    pub async fn apply_files_consolidation(
         &self,
-        path: &str,
-        hash: &str,
+        files: Vec<(String, String)>,
         x: Extraction,
     ) -> Result<Applied, StoreError> {
-        let (path, hash) = (path.to_owned(), hash.to_owned());
         self.actor
             .call(move |c| {
                 let tx = c.transaction()?;
-                let known: Option<String> = tx
-                    .query_row(
-                        "SELECT hash FROM consolidation_file_hashes WHERE path = ?1",
-                        [&path],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                if known.as_deref() == Some(hash.as_str()) {
+                let mut all_known = true;
+                for (path, hash) in &files {
+                    let known: Option<String> = tx
+                        .query_row(
+                            "SELECT hash FROM consolidation_file_hashes WHERE path = ?1",
+                            [path],
+                            |r| r.get(0),
+                        )
+                        .optional()?;
+                    all_known &= known.as_deref() == Some(hash.as_str());
+                }
+                if all_known {
                     return Ok(Applied {
                         skipped: true,
                         ..Applied::default()
                     });
                 }
                 let a = apply_tx(&tx, &x)?;
-                tx.execute(
-                    "INSERT INTO consolidation_file_hashes (path, hash, updated_at) \
-                     VALUES (?1, ?2, ?3) ON CONFLICT (path) DO UPDATE SET \
-                     hash = excluded.hash, updated_at = excluded.updated_at",
-                    params![path, hash, now()],
-                )?;
+                let ts = now();
+                for (path, hash) in &files {
+                    tx.execute(
+                        "INSERT INTO consolidation_file_hashes (path, hash, updated_at) \
+                         VALUES (?1, ?2, ?3) ON CONFLICT (path) DO UPDATE SET \
+                         hash = excluded.hash, updated_at = excluded.updated_at",
+                        params![path, hash, ts],
+                    )?;
+                }
                 tx.commit()?;
                 Ok(a)
             })
@@ -222,26 +228,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn file_hash_guards_file_consolidation() {
+    async fn file_hashes_guard_note_consolidation() {
         let (_d, db) = temp_db();
         assert_eq!(db.consolidated_file_hash("MEMORY.md").await.unwrap(), None);
+        let files = || {
+            vec![
+                ("MEMORY.md".to_string(), "h1".to_string()),
+                ("b.md".to_string(), "h2".to_string()),
+            ]
+        };
         let a = db
-            .apply_file_consolidation("MEMORY.md", "h1", extraction())
+            .apply_files_consolidation(files(), extraction())
             .await
             .unwrap();
         assert!(!a.skipped);
-        assert!(
-            db.apply_file_consolidation("MEMORY.md", "h1", extraction())
-                .await
-                .unwrap()
-                .skipped
-        );
-        assert_eq!(
-            db.consolidated_file_hash("MEMORY.md")
-                .await
-                .unwrap()
-                .as_deref(),
-            Some("h1")
-        );
+        let again = db
+            .apply_files_consolidation(files(), extraction())
+            .await
+            .unwrap();
+        assert!(again.skipped);
+        let b = db.consolidated_file_hash("b.md").await.unwrap();
+        assert_eq!(b.as_deref(), Some("h2"));
     }
 }

@@ -122,9 +122,9 @@ impl FakeEmbed {
         self.shared.lock().unwrap().requests
     }
 
-    /// Answer the next `n` requests with HTTP `status`.
+    /// Answer the next `n` requests with HTTP `status` (`n = 0`: answer normally again).
     pub fn fail_next(&self, n: usize, status: u16) {
-        self.shared.lock().unwrap().fail_next = Some((n, status));
+        self.shared.lock().unwrap().fail_next = (n > 0).then_some((n, status));
     }
 }
 
