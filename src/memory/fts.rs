@@ -1,17 +1,22 @@
 //! FTS5 query sanitiser: any user text becomes a query SQLite accepts (notes/crates.md: raw
 //! `"`, `-`, `:`, `(`, `NEAR`, `*` raise syntax errors). Each word (letters and digits, any
 //! script) is quoted as a string token; words are joined with `OR` so bm25 ranks notes by how
-//! many query words they share, which suits natural questions better than implicit AND.
+//! many query words they share, which suits natural questions better than implicit AND. Stop
+//! words are dropped unless the text has nothing else.
 
 /// Most words kept from one query (long pastes would make a slow query).
 const MAX_TERMS: usize = 32;
 
-/// The FTS5 `MATCH` expression for `text`, or `None` when it has no searchable word.
+/// The FTS5 `MATCH` expression for `text`, or `None` when it has no searchable word. Stop
+/// words are left out when the text has other words: "when is Anna's birthday" searches
+/// `"anna" OR "birthday"`, so a note is not found only for sharing "is" with the question
+/// (which would also crowd out the vector hits in a hybrid search).
 pub fn sanitize(text: &str) -> Option<String> {
-    let terms: Vec<String> = words(text)
-        .take(MAX_TERMS)
-        .map(|w| format!("\"{w}\""))
-        .collect();
+    let mut terms: Vec<String> = keywords(text).take(MAX_TERMS).collect();
+    if terms.is_empty() {
+        terms = words(text).take(MAX_TERMS).collect();
+    }
+    let terms: Vec<String> = terms.into_iter().map(|w| format!("\"{w}\"")).collect();
     (!terms.is_empty()).then(|| terms.join(" OR "))
 }
 
@@ -88,6 +93,18 @@ mod tests {
         let k: Vec<String> = keywords("OK, thanks! When is Anna's birthday?").collect();
         assert_eq!(k, vec!["anna", "birthday"]);
         assert_eq!(keywords("ok thank you").count(), 0);
+    }
+
+    #[test]
+    fn stop_words_only_when_nothing_else() {
+        assert_eq!(
+            sanitize("when is Anna's birthday").unwrap(),
+            "\"anna\" OR \"birthday\""
+        );
+        assert_eq!(
+            sanitize("what is it").unwrap(),
+            "\"what\" OR \"is\" OR \"it\""
+        );
     }
 
     #[test]

@@ -13,10 +13,12 @@
 //! | `search.rs` | hybrid search over chunks, facts and episodes |
 //! | `recall.rs` | the recall block of the dynamic context |
 //! | `consolidate.rs` | facts, episodes and commitments extracted by an LLM, watermarked |
+//! | `eval.rs` | recall@k of a query set per class (the retrieval test set and benchmark) |
 
 pub mod chunk;
 pub mod consolidate;
 pub mod embed;
+pub mod eval;
 pub mod fts;
 pub mod index;
 pub mod rank;
@@ -79,6 +81,24 @@ struct Inner {
     embedder: Option<Embedder>,
     /// Chunk vectors of the embeddings model, reloaded when `meta.index_generation` moves.
     vectors: tokio::sync::Mutex<Option<Arc<VectorSet>>>,
+    fusion: Fusion,
+}
+
+/// The weights of the two ranked lists in hybrid search (reciprocal-rank fusion). The defaults
+/// were chosen on the retrieval test set (docs/memory.md, "Retrieval quality").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fusion {
+    pub fts_weight: f64,
+    pub vector_weight: f64,
+}
+
+impl Default for Fusion {
+    fn default() -> Self {
+        Fusion {
+            fts_weight: 1.0,
+            vector_weight: 1.0,
+        }
+    }
 }
 
 impl std::fmt::Debug for Memory {
@@ -112,8 +132,30 @@ impl Memory {
                 tz,
                 embedder,
                 vectors: tokio::sync::Mutex::new(None),
+                fusion: Fusion::default(),
             }),
         }
+    }
+
+    /// This service with other fusion weights (for measuring them: the retrieval benchmark).
+    pub fn with_fusion(self, fusion: Fusion) -> Memory {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
+            db: shared.db.clone(),
+            cfg: shared.cfg.clone(),
+            workspace: shared.workspace.clone(),
+            state_dir: shared.state_dir.clone(),
+            tz: shared.tz,
+            embedder: shared.embedder.clone(),
+            vectors: tokio::sync::Mutex::new(None),
+            fusion: shared.fusion,
+        });
+        Memory {
+            inner: Arc::new(Inner { fusion, ..inner }),
+        }
+    }
+
+    pub fn fusion(&self) -> Fusion {
+        self.inner.fusion
     }
 
     /// Open `state_dir/memory.db` and build the service from the config: the embeddings model

@@ -67,18 +67,19 @@ pub fn top_k(set: &VectorSet, query: &[f32], k: usize) -> Vec<(i64, f32)> {
     out
 }
 
-/// Reciprocal-rank fusion: each list gives an item `1 / (RRF_K + rank)` (rank from 1); the sums
-/// are sorted best first, ties by first appearance across the lists.
-pub fn rrf(lists: &[&[i64]]) -> Vec<(i64, f64)> {
+/// Weighted reciprocal-rank fusion: an item at rank `r` (from 1) of a list with weight `w`
+/// gets `w / (RRF_K + r)`; the sums are sorted best first, ties by first appearance across
+/// the lists.
+pub fn rrf(lists: &[(&[i64], f64)]) -> Vec<(i64, f64)> {
     let mut scores: HashMap<i64, (f64, usize)> = HashMap::new();
     let mut order = 0;
-    for list in lists {
+    for (list, weight) in lists {
         for (rank, &id) in list.iter().enumerate() {
             let e = scores.entry(id).or_insert_with(|| {
                 order += 1;
                 (0.0, order)
             });
-            e.0 += 1.0 / (RRF_K + rank as f64 + 1.0);
+            e.0 += weight / (RRF_K + rank as f64 + 1.0);
         }
     }
     let mut out: Vec<(i64, f64, usize)> =
@@ -118,11 +119,14 @@ mod tests {
     #[test]
     fn rrf_rewards_agreement() {
         // 7 is second in both lists, 1 and 9 first in one each and absent from the other.
-        let fused = rrf(&[&[1, 7, 3], &[9, 7, 3]]);
+        let fused = rrf(&[(&[1, 7, 3], 1.0), (&[9, 7, 3], 1.0)]);
         assert_eq!(fused[0].0, 7);
         assert_eq!(fused.len(), 4);
         assert!(fused.windows(2).all(|w| w[0].1 >= w[1].1));
         assert_eq!(rrf(&[]), vec![]);
+        // A heavier list wins a tie of ranks.
+        let fused = rrf(&[(&[1], 0.5), (&[2], 1.0)]);
+        assert_eq!(fused[0].0, 2);
     }
 
     #[test]

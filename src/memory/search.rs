@@ -135,7 +135,11 @@ impl Memory {
             }
         };
 
-        let fused: Vec<(i64, f64)> = rank::rrf(&[&fts_ids, &vector_ids]);
+        let fusion = self.fusion();
+        let fused: Vec<(i64, f64)> = rank::rrf(&[
+            (&fts_ids, fusion.fts_weight),
+            (&vector_ids, fusion.vector_weight),
+        ]);
         let known: HashSet<i64> = fts_ids.iter().copied().collect();
         let missing: Vec<i64> = fused
             .iter()

@@ -2,7 +2,8 @@
 //! with a small `threshold_tokens`, answered by the fake LLM (Anthropic wire) whose usage
 //! reports about one token per four bytes of the request, so several compactions happen. One
 //! stretch of summary calls fails with 500s: the session keeps answering and compaction is
-//! retried later.
+//! retried later. Memory consolidation runs before each compaction, so a fact from the first
+//! message is still found with `memory_search` at the end.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -36,6 +37,17 @@ fn is_summary_request(body: &Value) -> bool {
         .as_str()
         .is_some_and(|t| t.starts_with(PROMPT_MARK))
 }
+
+/// A memory consolidation call (SPEC §13), made before each compaction when enabled.
+fn is_consolidation_request(body: &Value) -> bool {
+    body["system"][0]["text"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("You maintain the long-term memory"))
+}
+
+/// The early fact of the long conversation, and the call that looks it up at the end.
+const EARLY_FACT: &str = "remember this: the vault code is 4417";
+const SEARCH_CALL: &str = "call-memory-search";
 
 /// `N` from the `MSG-N-END` marker of the newest user text.
 fn message_number(body: &Value) -> Option<usize> {
@@ -144,6 +156,17 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
     {
         let (fail, failed, summaries) = (fail.clone(), failed.clone(), summaries.clone());
         fake.set_responder(move |body| {
+            if is_consolidation_request(body) {
+                let facts = if last_user_text(body).contains(EARLY_FACT) {
+                    json!([{"entity": "vault", "attribute": "code", "value": "4417", "confidence": 0.95}])
+                } else {
+                    json!([])
+                };
+                return Some(Reply::Text {
+                    text: json!({ "facts": facts }).to_string(),
+                    usage: usage_for(body, 30),
+                });
+            }
             if is_summary_request(body) {
                 if fail.load(Ordering::SeqCst) {
                     failed.fetch_add(1, Ordering::SeqCst);
@@ -156,6 +179,17 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
                 });
             }
             let n = message_number(body)?;
+            if n == MESSAGES - 1 && !last_message_has_tool_result(body) {
+                return Some(Reply::ToolCalls {
+                    text: None,
+                    calls: vec![(
+                        SEARCH_CALL.into(),
+                        "memory_search".into(),
+                        json!({"query": "what is the vault code?"}),
+                    )],
+                    usage: usage_for(body, 20),
+                });
+            }
             if n % 10 == 3 && !last_message_has_tool_result(body) {
                 return Some(Reply::ToolCalls {
                     text: None,
@@ -171,8 +205,9 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
     }
 
     let port = free_port();
+    // Memory consolidation runs before each compaction; memory_search finds the early fact.
     let config = format!(
-        "{}\n[http]\nenabled = true\nport = {port}\nrate_limit = 100000\n\n[behavior.compaction]\nthreshold_tokens = 6000\nprompt = \"{PROMPT_MARK}: summarise the conversation.\"\n\n[tools]\nenabled = [\"session_status\"]\n",
+        "{}\n[http]\nenabled = true\nport = {port}\nrate_limit = 100000\n\n[behavior.compaction]\nthreshold_tokens = 6000\nprompt = \"{PROMPT_MARK}: summarise the conversation.\"\n\n[tools]\nenabled = [\"session_status\", \"memory_search\"]\n\n[memory.consolidation]\nenabled = true\nmin_messages = 2\n",
         agentd_toml("fake")
     );
     let mut d = TestDaemon::new(
@@ -188,8 +223,9 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
         .unwrap();
     let client = reqwest::Client::new();
     let chat = |n: usize| -> Value {
+        let fact = if n == 0 { EARLY_FACT } else { "" };
         let body = json!({
-            "message": format!("MSG-{n}-END {}", "u".repeat(300)),
+            "message": format!("MSG-{n}-END {fact} {}", "u".repeat(300)),
             "sender": "long",
         });
         rt.block_on(async {
@@ -270,7 +306,7 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
     let chats: Vec<(usize, &Value)> = requests
         .iter()
         .enumerate()
-        .filter(|(_, b)| !is_summary_request(b))
+        .filter(|(_, b)| !is_summary_request(b) && !is_consolidation_request(b))
         .collect();
     assert!(chats.len() >= MESSAGES, "{} chat requests", chats.len());
     let identity = &chats[0].1["system"];
@@ -283,7 +319,7 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
             .take(3)
             .collect();
         assert!(errors.is_empty(), "request {i} invalid: {errors:?}");
-        if is_summary_request(body) {
+        if is_summary_request(body) || is_consolidation_request(body) {
             assert!(body.get("tools").is_none(), "summary request {i} has tools");
             continue;
         }
@@ -328,8 +364,40 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
         "{first}"
     );
 
+    // The early fact: consolidated before it was summarised away, gone from the conversation
+    // the model sees at the end, and found again with memory_search.
+    let consolidations = requests
+        .iter()
+        .filter(|b| is_consolidation_request(b))
+        .count();
+    assert!(
+        consolidations >= done.len(),
+        "{consolidations} consolidations"
+    );
+    let (search_at, asked) = chats
+        .iter()
+        .rev()
+        .find(|(_, b)| !last_message_has_tool_result(b))
+        .expect("the last message's first request");
+    assert!(
+        !asked.to_string().contains("4417"),
+        "request {search_at} still holds the early fact"
+    );
+    let answered = chats.last().unwrap().1;
+    let found = answered["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .find(|b| b["type"] == "tool_result" && b["tool_use_id"] == SEARCH_CALL)
+        .expect("the memory_search result");
+    assert!(
+        found.to_string().contains("vault · code: 4417"),
+        "memory_search result: {found}"
+    );
+
     eprintln!(
-        "{} requests, {} compactions, {failed} failed summary calls, {notices} notices, recovered at message {recovered_at}",
+        "{} requests, {} compactions, {consolidations} consolidations, {failed} failed summary calls, {notices} notices, recovered at message {recovered_at}",
         requests.len(),
         done.len()
     );

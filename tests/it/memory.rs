@@ -588,7 +588,7 @@ fn a_closed_session_is_consolidated() {
 }
 
 /// The lines under `heading` up to the next blank line or heading (a line ending in ':').
-fn section<'a>(text: &'a str, heading: &str) -> String {
+fn section(text: &str, heading: &str) -> String {
     let Some(start) = text.find(heading) else {
         return String::new();
     };
@@ -615,4 +615,68 @@ impl<F: std::future::Future> Blocking for F {
             .unwrap()
             .block_on(self)
     }
+}
+
+/// The retrieval test set in CI: recall@5 per class, full text (the figures this build gives
+/// without an embeddings model) and hybrid with the deterministic fake (a wiring check: fused
+/// results, no fallback). The quality comparison with a real model is
+/// `scripts/retrieval-eval.sh` (docs/memory.md, "Retrieval quality").
+#[test]
+fn retrieval_recall_at_5() {
+    use agentd::memory::eval::{EvalReport, load_queries};
+    use agentd::memory::{Memory, SearchMode};
+
+    let embed = FakeEmbed::spawn();
+    let tmp = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[agent]\nname = \"eval\"\nworkspace = {:?}\ntimezone = \"UTC\"\n\n[providers]\nload = []\n\n[models.primary]\ntype = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"unused\"\n\n[paths]\nstate_dir = {:?}\n\n[logging]\nfile = false\n{}",
+        fixture_dir().join("workspace"),
+        tmp.path().join("state"),
+        memory_toml(Some(&embed), "")
+    );
+    let config = tmp.path().join("agentd.toml");
+    std::fs::write(&config, toml).unwrap();
+    let cfg = agentd::config::load(&config).unwrap();
+    std::fs::create_dir_all(&cfg.paths.state_dir).unwrap();
+    let queries = load_queries(&fixture_dir().join("queries.json")).unwrap();
+    assert!(queries.len() >= 50);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (fts, hybrid): (EvalReport, EvalReport) = rt.block_on(async {
+        let llm = std::sync::Arc::new(agentd::llm::Llm::new(cfg.models.clone(), &cfg.behavior));
+        let memory = Memory::open(&cfg, llm, None).unwrap();
+        let r = memory
+            .index(&mut agentd::memory::index::NoProgress)
+            .await
+            .unwrap();
+        assert!(r.files_seen >= 200 && r.embed_error.is_none(), "{r:?}");
+        (
+            memory
+                .evaluate(&queries, 5, SearchMode::FullText)
+                .await
+                .unwrap(),
+            memory
+                .evaluate(&queries, 5, SearchMode::Hybrid)
+                .await
+                .unwrap(),
+        )
+    });
+    for (label, r) in [("full text", &fts), ("hybrid (fake vectors)", &hybrid)] {
+        let line: Vec<String> = r
+            .classes
+            .iter()
+            .map(|(c, s)| format!("{c} {}/{}", s.hits, s.total))
+            .collect();
+        eprintln!("recall@5 {label}: {}", line.join(", "));
+    }
+    let recall = |r: &EvalReport, class: &str| r.classes[class].recall();
+    // Full text finds the literal terms and most questions; paraphrases need vectors.
+    assert!(recall(&fts, "exact") >= 0.95, "{fts:?}");
+    assert!(recall(&fts, "question") >= 0.85, "{fts:?}");
+    assert_eq!(hybrid.fell_back, 0, "every hybrid query was embedded");
+    assert!(recall(&hybrid, "exact") >= 0.9, "{hybrid:?}");
 }

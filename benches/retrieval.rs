@@ -1,0 +1,206 @@
+//! Retrieval quality of memory search (issue #5): index a workspace and print recall@k per
+//! query class, full text only and hybrid (FTS5 + vectors, reciprocal-rank fusion).
+//!
+//! ```sh
+//! cargo bench --bench retrieval                                   # full text only
+//! cargo bench --bench retrieval -- --embeddings-url http://127.0.0.1:PORT/v1 --model all-MiniLM-L6-v2
+//! scripts/retrieval-eval.sh                                        # starts the real model itself
+//! ```
+//!
+//! Options: `--workspace DIR` and `--queries FILE` (default: tests/fixtures/retrieval), `--k N`
+//! (5), `--chunk-chars N` / `--overlap-chars N` (the config defaults), `--misses` (list what
+//! each miss found instead), `--json`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use agentd::memory::eval::{EvalReport, load_queries};
+use agentd::memory::index::NoProgress;
+use agentd::memory::{Memory, SearchMode};
+use anyhow::{Context, bail};
+
+struct Args {
+    workspace: PathBuf,
+    queries: PathBuf,
+    url: Option<String>,
+    model: String,
+    k: usize,
+    chunk_chars: Option<usize>,
+    overlap_chars: Option<usize>,
+    misses: bool,
+    json: bool,
+    /// Weight pairs (fts, vector) to compare, e.g. `--weights 1,1 0.5,1`.
+    weights: Vec<(f64, f64)>,
+}
+
+fn parse() -> anyhow::Result<Args> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/retrieval");
+    let mut a = Args {
+        workspace: root.join("workspace"),
+        queries: root.join("queries.json"),
+        url: None,
+        model: "all-MiniLM-L6-v2".into(),
+        k: 5,
+        chunk_chars: None,
+        overlap_chars: None,
+        misses: false,
+        json: false,
+        weights: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--workspace" => a.workspace = value()?.into(),
+            "--queries" => a.queries = value()?.into(),
+            "--embeddings-url" => a.url = Some(value()?),
+            "--model" => a.model = value()?,
+            "--k" => a.k = value()?.parse()?,
+            "--chunk-chars" => a.chunk_chars = Some(value()?.parse()?),
+            "--overlap-chars" => a.overlap_chars = Some(value()?.parse()?),
+            "--misses" => a.misses = true,
+            "--json" => a.json = true,
+            "--weights" => {
+                for pair in value()?.split_whitespace() {
+                    let (f, v) = pair
+                        .split_once(',')
+                        .context("--weights takes FTS,VECTOR pairs")?;
+                    a.weights.push((f.parse()?, v.parse()?));
+                }
+            }
+            // cargo bench passes --bench to harness-less benches.
+            "--bench" => {}
+            other => bail!("unknown argument {other:?} (see the top of benches/retrieval.rs)"),
+        }
+    }
+    Ok(a)
+}
+
+fn print_table(reports: &[(String, EvalReport)]) {
+    println!(
+        "{:<12} {}",
+        "class",
+        reports
+            .iter()
+            .map(|(l, _)| format!("{l:>16}"))
+            .collect::<String>()
+    );
+    let classes: Vec<&String> = reports[0].1.classes.keys().collect();
+    for c in classes {
+        let cells: String = reports
+            .iter()
+            .map(|(_, r)| {
+                let s = &r.classes[c];
+                format!(
+                    "{:>16}",
+                    format!("{}/{} {:.2}", s.hits, s.total, s.recall())
+                )
+            })
+            .collect();
+        println!("{c:<12} {cells}");
+    }
+    let cells: String = reports
+        .iter()
+        .map(|(_, r)| {
+            let o = &r.overall;
+            format!(
+                "{:>16}",
+                format!("{}/{} {:.2}", o.hits, o.total, o.recall())
+            )
+        })
+        .collect();
+    println!("{:<12} {cells}", "overall");
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = parse()?;
+    let tmp = tempfile::tempdir()?;
+    let mut toml = format!(
+        "[agent]\nname = \"retrieval-bench\"\nworkspace = {:?}\ntimezone = \"UTC\"\n\n[providers]\nload = []\n\n# Required by the config; never called.\n[models.primary]\ntype = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"unused\"\n\n[paths]\nstate_dir = {:?}\n\n[logging]\nfile = false\n\n[memory.indexer]\ninclude = [\"MEMORY.md\", \"memory/**/*.md\"]\n",
+        a.workspace.canonicalize().context("workspace")?,
+        tmp.path().join("state"),
+    );
+    if let Some(n) = a.chunk_chars {
+        toml.push_str(&format!("chunk_chars = {n}\n"));
+    }
+    if let Some(n) = a.overlap_chars {
+        toml.push_str(&format!("overlap_chars = {n}\n"));
+    }
+    if let Some(url) = &a.url {
+        toml.push_str(&format!(
+            "\n[models.embeddings]\ntype = \"openai\"\nbase_url = {url:?}\nmodel = {:?}\n",
+            a.model
+        ));
+    }
+    let config = tmp.path().join("agentd.toml");
+    std::fs::write(&config, toml)?;
+    let cfg = agentd::config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    std::fs::create_dir_all(&cfg.paths.state_dir)?;
+    let queries = load_queries(&a.queries)?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let llm = Arc::new(agentd::llm::Llm::new(cfg.models.clone(), &cfg.behavior));
+        let memory = Memory::open(&cfg, llm, None)?;
+        let started = Instant::now();
+        let index = memory.index(&mut NoProgress).await?;
+        if let Some(e) = &index.embed_error {
+            bail!("embedding the workspace failed: {e}");
+        }
+        eprintln!(
+            "indexed {} notes into {} chunks ({} embedded) in {:.1} s; {} queries, k = {}",
+            index.files_seen,
+            index.chunks_added,
+            index.embedded,
+            started.elapsed().as_secs_f64(),
+            queries.len(),
+            a.k
+        );
+        let fts = memory.evaluate(&queries, a.k, SearchMode::FullText).await?;
+        let mut reports = vec![("full text".to_string(), fts)];
+        if a.url.is_some() {
+            let default = memory.fusion();
+            let mut weights = vec![(default.fts_weight, default.vector_weight)];
+            weights.extend(a.weights.iter().copied());
+            for (fts_weight, vector_weight) in weights {
+                let m = memory.clone().with_fusion(agentd::memory::Fusion {
+                    fts_weight,
+                    vector_weight,
+                });
+                let hybrid = m.evaluate(&queries, a.k, SearchMode::Hybrid).await?;
+                if hybrid.fell_back > 0 {
+                    bail!(
+                        "{} hybrid queries fell back to full text (embeddings failed)",
+                        hybrid.fell_back
+                    );
+                }
+                reports.push((format!("hybrid {fts_weight}/{vector_weight}"), hybrid));
+            }
+        }
+        if a.json {
+            let v: Vec<serde_json::Value> = reports
+                .iter()
+                .map(|(l, r)| serde_json::json!({"label": l, "report": r}))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            println!("recall@{} (hits/queries), {} notes", a.k, index.files_seen);
+            println!(
+                "(hybrid a/b: reciprocal-rank fusion with full-text weight a, vector weight b)"
+            );
+            print_table(&reports);
+        }
+        if a.misses {
+            for (label, r) in &reports {
+                for (id, got) in &r.misses {
+                    println!("miss [{label}] {id}: {}", got.join(", "));
+                }
+            }
+        }
+        Ok(())
+    })
+}
