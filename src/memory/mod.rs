@@ -70,6 +70,7 @@ pub enum MemoryError {
 #[derive(Clone)]
 pub struct Memory {
     inner: Arc<Inner>,
+    fusion: Fusion,
 }
 
 struct Inner {
@@ -81,7 +82,6 @@ struct Inner {
     embedder: Option<Embedder>,
     /// Chunk vectors of the embeddings model, reloaded when `meta.index_generation` moves.
     vectors: tokio::sync::Mutex<Option<Arc<VectorSet>>>,
-    fusion: Fusion,
 }
 
 /// The weights of the two ranked lists in hybrid search (reciprocal-rank fusion). The defaults
@@ -132,30 +132,18 @@ impl Memory {
                 tz,
                 embedder,
                 vectors: tokio::sync::Mutex::new(None),
-                fusion: Fusion::default(),
             }),
+            fusion: Fusion::default(),
         }
     }
 
     /// This service with other fusion weights (for measuring them: the retrieval benchmark).
     pub fn with_fusion(self, fusion: Fusion) -> Memory {
-        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
-            db: shared.db.clone(),
-            cfg: shared.cfg.clone(),
-            workspace: shared.workspace.clone(),
-            state_dir: shared.state_dir.clone(),
-            tz: shared.tz,
-            embedder: shared.embedder.clone(),
-            vectors: tokio::sync::Mutex::new(None),
-            fusion: shared.fusion,
-        });
-        Memory {
-            inner: Arc::new(Inner { fusion, ..inner }),
-        }
+        Memory { fusion, ..self }
     }
 
     pub fn fusion(&self) -> Fusion {
-        self.inner.fusion
+        self.fusion
     }
 
     /// Open `state_dir/memory.db` and build the service from the config: the embeddings model

@@ -38,17 +38,23 @@ impl OpenAiClient {
         }
     }
 
-    async fn call(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        let body =
-            serde_json::to_vec(&render_request(&self.spec, req)).map_err(|e| LlmError::Decode {
-                provider: self.label.clone(),
-                message: format!("could not serialise the request: {e}"),
-            })?;
+    /// `POST {base_url}/{path}` with `body` as JSON, the key as a bearer token, and the call
+    /// context for errors.
+    fn post(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        accept: &'static str,
+    ) -> Result<(reqwest::RequestBuilder, CallCtx<'_>), LlmError> {
+        let body = serde_json::to_vec(body).map_err(|e| LlmError::Decode {
+            provider: self.label.clone(),
+            message: format!("could not serialise the request: {e}"),
+        })?;
         let mut request = self
             .http
-            .post(format!("{}/chat/completions", self.spec.base_url))
+            .post(format!("{}/{path}", self.spec.base_url))
             .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "text/event-stream")
+            .header(ACCEPT, accept)
             .body(body);
         if let Some(key) = &self.spec.api_key {
             request = request.header(
@@ -62,6 +68,15 @@ impl OpenAiClient {
             secret: self.spec.api_key.as_ref(),
             parse_error: stream::parse_error_body,
         };
+        Ok((request, ctx))
+    }
+
+    async fn call(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
+        let (request, ctx) = self.post(
+            "chat/completions",
+            &render_request(&self.spec, req),
+            "text/event-stream",
+        )?;
         let mut parser = stream::StreamParser::new(&self.label, &self.spec.model);
         http::stream_call(request, &ctx, &mut parser).await?;
         Ok(parser.finish())
@@ -70,31 +85,11 @@ impl OpenAiClient {
     /// `POST {base_url}/embeddings` for `texts`; the whole answer must arrive within the
     /// inactivity timeout.
     async fn embed_call(&self, texts: &[String]) -> Result<Embeddings, LlmError> {
-        let body =
-            serde_json::to_vec(&embeddings::render(&self.spec.model, texts)).map_err(|e| {
-                LlmError::Decode {
-                    provider: self.label.clone(),
-                    message: format!("could not serialise the request: {e}"),
-                }
-            })?;
-        let mut request = self
-            .http
-            .post(format!("{}/embeddings", self.spec.base_url))
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "application/json")
-            .body(body);
-        if let Some(key) = &self.spec.api_key {
-            request = request.header(
-                AUTHORIZATION,
-                http::secret_header(&self.spec, "Bearer ", key)?,
-            );
-        }
-        let ctx = CallCtx {
-            label: &self.label,
-            inactivity: self.inactivity,
-            secret: self.spec.api_key.as_ref(),
-            parse_error: stream::parse_error_body,
-        };
+        let (request, ctx) = self.post(
+            "embeddings",
+            &embeddings::render(&self.spec.model, texts),
+            "application/json",
+        )?;
         let timeout = || LlmError::Timeout {
             provider: self.label.clone(),
             seconds: self.inactivity.as_secs(),
