@@ -131,11 +131,15 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
     // Long-term memory (SPEC §13): memory.db, its tools, recall, consolidation.
     let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
+    // Not fatal: without memory the agent still answers (the log and `agentd doctor` say why).
     let memory = if cfg.memory.enabled {
-        Some(
-            crate::memory::Memory::open(&cfg, llm.clone(), Some(ledger.clone()))
-                .map_err(|e| startup("cannot open the memory database", &e))?,
-        )
+        match crate::memory::Memory::open(&cfg, llm.clone(), Some(ledger.clone())) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::error!(error = %e, "long-term memory is off for this run: cannot open memory.db (see `agentd doctor`)");
+                None
+            }
+        }
     } else {
         None
     };

@@ -173,18 +173,24 @@ impl Llm {
         }
     }
 
-    /// One embeddings request to `model` (SPEC §13), with the same retries as a chat call but
-    /// never a fallback: another model's vectors would not be comparable with the stored ones.
+    /// One embeddings request to `model` (SPEC §13), with the same retries as a chat call when
+    /// `retry` (indexing), or a single attempt (a query, which falls back to full text
+    /// rather than keep a message waiting); never a fallback model: another model's vectors
+    /// would not be comparable with the stored ones.
     pub async fn embed(
         &self,
         model: &str,
         texts: &[String],
+        retry: bool,
         on_event: &(dyn Fn(LlmEvent) + Send + Sync),
     ) -> Result<EmbedOutcome, LlmError> {
         let (spec, provider) = self.resolve(model)?;
-        let embeddings = self
-            .with_retries(spec, || provider.embed(texts), on_event)
-            .await?;
+        let embeddings = if retry {
+            self.with_retries(spec, || provider.embed(texts), on_event)
+                .await?
+        } else {
+            provider.embed(texts).await?
+        };
         Ok(EmbedOutcome {
             embeddings,
             model: spec.clone(),

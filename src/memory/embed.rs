@@ -3,7 +3,8 @@
 //! so that a dot product is the cosine. Every request writes an `embedding` cost row; query
 //! embeddings are cached in `embedding_cache` by the text's sha256.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::MemoryError;
 use super::chunk::sha256_hex;
@@ -19,6 +20,11 @@ pub const MODEL_NAME: &str = "embeddings";
 
 /// Texts per embeddings request.
 pub const BATCH: usize = 64;
+/// Longest wait for a query's vector: a message's recall must not hang on a slow server.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed query embedding, queries skip vectors (full text only) for this long, so a
+/// server that is down costs one failed request, not one per message.
+pub const QUERY_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Client for the `embeddings` model.
 #[derive(Clone)]
@@ -26,6 +32,8 @@ pub struct Embedder {
     llm: Arc<Llm>,
     spec: Arc<ModelSpec>,
     ledger: Option<Ledger>,
+    /// When the last query embedding failed (shared by clones).
+    query_failed_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Embedder {
@@ -50,7 +58,12 @@ impl Embedder {
             );
             return None;
         }
-        Some(Embedder { llm, spec, ledger })
+        Some(Embedder {
+            llm,
+            spec,
+            ledger,
+            query_failed_at: Arc::new(Mutex::new(None)),
+        })
     }
 
     /// The API model id: the key of cached embeddings (vectors of different models never mix).
@@ -58,12 +71,21 @@ impl Embedder {
         &self.spec.model
     }
 
-    /// Embed `texts` in one request; unit-length vectors in input order. `session_id` goes into
-    /// the cost row (`""` for the indexer).
+    /// Embed `texts` in one request (with retries); unit-length vectors in input order.
+    /// `session_id` goes into the cost row (`""` for the indexer).
     pub async fn embed(
         &self,
         texts: &[String],
         session_id: &str,
+    ) -> Result<Vec<Vec<f32>>, MemoryError> {
+        self.request(texts, session_id, true).await
+    }
+
+    async fn request(
+        &self,
+        texts: &[String],
+        session_id: &str,
+        retry: bool,
     ) -> Result<Vec<Vec<f32>>, MemoryError> {
         if let Some(ledger) = &self.ledger {
             ledger
@@ -78,7 +100,7 @@ impl Embedder {
         };
         let outcome = self
             .llm
-            .embed(MODEL_NAME, texts, &on_event)
+            .embed(MODEL_NAME, texts, retry, &on_event)
             .await
             .map_err(|e| MemoryError::Embed(e.to_string()))?;
         let usage = Usage {
@@ -95,7 +117,9 @@ impl Embedder {
         Ok(vectors)
     }
 
-    /// The embedding of a query, from the cache when this text was embedded before.
+    /// The embedding of a query, from the cache when this text was embedded before. One
+    /// attempt of at most [`QUERY_TIMEOUT`]; within [`QUERY_BACKOFF`] of a failure no request
+    /// is made at all (the caller searches full text only).
     pub async fn embed_query(
         &self,
         db: &MemoryDb,
@@ -106,11 +130,41 @@ impl Embedder {
         if let Some(v) = db.cached_embedding(self.model_id(), &hash).await? {
             return Ok(v);
         }
-        let v = self
-            .embed(&[text.to_string()], session_id)
-            .await?
-            .pop()
-            .ok_or_else(|| MemoryError::Embed("the server returned no vector".into()))?;
+        let failed_at = *self
+            .query_failed_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = failed_at
+            && at.elapsed() < QUERY_BACKOFF
+        {
+            return Err(MemoryError::Embed(format!(
+                "skipped: a query embedding failed {} s ago; vectors are used again after {} s",
+                at.elapsed().as_secs(),
+                QUERY_BACKOFF.as_secs()
+            )));
+        }
+        let texts = [text.to_string()];
+        let result = match tokio::time::timeout(
+            QUERY_TIMEOUT,
+            self.request(&texts, session_id, false),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(MemoryError::Embed(format!(
+                "no answer within {} s",
+                QUERY_TIMEOUT.as_secs()
+            ))),
+        };
+        let result = result.and_then(|mut v| {
+            v.pop()
+                .ok_or_else(|| MemoryError::Embed("the server returned no vector".into()))
+        });
+        *self
+            .query_failed_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = result.is_err().then(Instant::now);
+        let v = result?;
         db.put_embeddings(self.model_id(), vec![(hash, v.clone())], false)
             .await?;
         Ok(v)

@@ -410,6 +410,76 @@ fn tools_and_recall_in_the_daemon() {
     assert!(d.sigterm().success());
 }
 
+/// An embeddings server that fails costs one request, not one per search: recall and
+/// `memory_search` fall back to full text at once and say so, and vectors are skipped for a
+/// while after the failure.
+#[test]
+fn a_failing_embeddings_server_degrades_search_to_full_text() {
+    let llm = FakeLlm::spawn(Wire::Anthropic);
+    let embed = FakeEmbed::spawn();
+    let mut d = memory_daemon(&llm, Some(&embed), "");
+    index(&d);
+    d.start();
+    embed.fail_next(1000, 500);
+    let before = embed.requests();
+    let search = |id: &str| Reply::ToolCalls {
+        text: None,
+        calls: vec![(
+            id.to_string(),
+            "memory_search".into(),
+            json!({"query": "E18 error drain pump"}),
+        )],
+        usage: Default::default(),
+    };
+    llm.push(search("s1"));
+    llm.push(search("s2"));
+    llm.push(Reply::text("done"));
+    let out = d.agent_send(&["-m", "what did the washing machine show?", "--wait", "30"]);
+    assert!(out.status.success(), "{}", d.log());
+    let reqs = llm
+        .wait_for_requests(3, Duration::from_secs(20))
+        .await_blocking();
+    for r in &reqs[1..3] {
+        let result = last_tool_result(r);
+        assert!(result.contains("Memory search (full text)"), "{result}");
+        assert!(result.contains("vectors unavailable"), "{result}");
+        assert!(
+            result.contains("memory/home/washing-machine.md"),
+            "{result}"
+        );
+    }
+    assert_eq!(
+        embed.requests(),
+        before + 1,
+        "one failed query embedding (the recall), then none"
+    );
+    assert!(d.sigterm().success());
+}
+
+/// A damaged memory.db does not keep the daemon from answering: memory is off for that run,
+/// the log says why, and `agentd doctor` fails on it.
+#[test]
+fn a_damaged_memory_db_turns_memory_off_not_the_daemon() {
+    let llm = FakeLlm::spawn(Wire::Anthropic);
+    let mut d = memory_daemon(&llm, None, "");
+    std::fs::create_dir_all(&d.state_dir).unwrap();
+    std::fs::write(d.state_dir.join("memory.db"), vec![0x5a; 8192]).unwrap();
+    d.start();
+    let out = d.agent_send(&["-m", "hello", "--wait", "30"]);
+    assert!(out.status.success(), "{}", d.log());
+    assert!(
+        d.log().contains("long-term memory is off for this run"),
+        "{}",
+        d.log()
+    );
+    let tools = llm.requests()[0]["tools"].to_string();
+    assert!(!tools.contains("memory_search"), "{tools}");
+    let doctor = agentd(&d, &["doctor"]);
+    let table = String::from_utf8_lossy(&doctor.stdout);
+    assert!(table.contains("FAIL  memory.db"), "{table}");
+    assert!(d.sigterm().success());
+}
+
 const CONSOLIDATION_MARK: &str = "You maintain the long-term memory";
 
 fn is_consolidation(body: &Value) -> bool {
