@@ -131,14 +131,7 @@ impl SessionStore {
         let h = self.get_or_create_locked(&mut inner, key, model)?;
         let mut ids = h.intake_ids.lock().unwrap_or_else(|p| p.into_inner());
         if ids.is_none() {
-            let known = trail::read_trail(&self.dir, &h.id)?
-                .into_iter()
-                .filter_map(|l| match l.event {
-                    Event::Intake(i) => Some(i.id),
-                    _ => None,
-                })
-                .collect();
-            *ids = Some(known);
+            *ids = Some(trail::intake_ids(&self.dir, &h.id)?);
         }
         let set = ids.as_mut().expect("filled above");
         if set.contains(&intake.id) {
