@@ -71,7 +71,9 @@ fn word(i: usize) -> String {
 /// Zipf-like: index `floor(V^u) - 1` for uniform `u`, so low indices are far more frequent.
 fn zipf(rng: &mut StdRng, vocab: usize) -> usize {
     let u: f64 = rng.random();
-    ((vocab as f64).powf(u) as usize).saturating_sub(1).min(vocab - 1)
+    ((vocab as f64).powf(u) as usize)
+        .saturating_sub(1)
+        .min(vocab - 1)
 }
 
 fn unit_vector(rng: &mut StdRng, dims: usize) -> Vec<f32> {
@@ -105,7 +107,10 @@ fn main() -> anyhow::Result<()> {
         "memory search: {} queries per run, k = {}, {} dims, {}-word chunks, {VOCAB}-word vocabulary",
         a.queries, a.k, a.dims, WORDS_PER_CHUNK
     );
-    println!("{:>8}  {:<9}  {:>10}  {:>10}  {:>10}  {:>14}", "chunks", "mode", "p50", "p99", "max", "first (load)");
+    println!(
+        "{:>8}  {:<9}  {:>10}  {:>10}  {:>10}  {:>14}",
+        "chunks", "mode", "p50", "p99", "max", "first (load)"
+    );
     for &size in &a.sizes {
         rt.block_on(run(size, &a, &vocab))?;
     }
@@ -185,7 +190,9 @@ async fn run(size: usize, a: &Args, vocab: &[String]) -> anyhow::Result<()> {
 
     for mode in [SearchMode::FullText, SearchMode::Hybrid] {
         let first = Instant::now();
-        let r = memory.search_chunks(&queries[0], a.k, mode, "bench").await?;
+        let r = memory
+            .search_chunks(&queries[0], a.k, mode, "bench")
+            .await?;
         let first = first.elapsed();
         if r.mode != mode {
             bail!("search fell back to {:?}: {:?}", r.mode, r.warning);

@@ -148,7 +148,11 @@ mod tests {
         let a: Vec<f32> = (0..19).map(|i| i as f32 * 0.5).collect();
         let b: Vec<f32> = (0..19).map(|i| 1.0 - i as f32 * 0.1).collect();
         let plain: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        assert!((dot(&a, &b) - plain).abs() < 1e-4, "{} vs {plain}", dot(&a, &b));
+        assert!(
+            (dot(&a, &b) - plain).abs() < 1e-4,
+            "{} vs {plain}",
+            dot(&a, &b)
+        );
         assert_eq!(dot(&[], &[]), 0.0);
     }
 
