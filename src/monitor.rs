@@ -220,6 +220,12 @@ impl Monitor {
     /// A monitor writing to `path` (normally `state_dir/monitor.json`). Writes the idle state
     /// immediately; a failed write is logged, never returned.
     pub fn new(path: PathBuf) -> Monitor {
+        // Writes that a kill interrupted (the monitor is rewritten on every loop event).
+        if let Some(dir) = path.parent()
+            && let Err(e) = crate::fsutil::remove_stale_temps(dir)
+        {
+            tracing::warn!(error = %e, "cannot remove stale temp files");
+        }
         let monitor = Monitor {
             path,
             inner: Mutex::new(Inner {

@@ -50,6 +50,12 @@ impl SessionStore {
     pub fn open(dir: &Path, tz: Tz) -> io::Result<SessionStore> {
         fsutil::create_private_dir(dir)?;
         fsutil::create_private_dir(&dir.join(".archive"))?;
+        // Snapshot and index writes that a kill interrupted.
+        match fsutil::remove_stale_temps(dir) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(count = n, "removed temp files left by an interrupted write"),
+            Err(e) => tracing::warn!(error = %e, "cannot remove stale temp files"),
+        }
         let index = index::read_index(dir)?;
         Ok(SessionStore {
             dir: dir.to_path_buf(),
