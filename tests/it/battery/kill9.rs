@@ -330,6 +330,21 @@ impl Battery {
         }
     }
 
+    /// Starts the daemon and waits until all three sources are up (the FIFO is ready when
+    /// `start` returns; the HTTP listener binds right after it), so that every cycle's traffic
+    /// can reach it.
+    fn start(&mut self) {
+        self.d.start();
+        let port = self.port;
+        wait_until(WAIT, "the HTTP API", || {
+            matches!(
+                http(port, "GET", "/api/v1/status", None, None),
+                Ok((200, _))
+            )
+            .then_some(())
+        });
+    }
+
     /// Collects what the sources acknowledged: finished HTTP requests (all of them: the kill
     /// ended the rest) and agent-send processes that have exited (`wait` = all of them).
     fn collect_acks(&mut self, wait: bool) {
@@ -524,7 +539,6 @@ fn kill9_cycles_lose_nothing_acknowledged_and_repeat_nothing() {
     );
     d.set_env("AGENTD_TELEGRAM_TOKEN", TG_TOKEN);
     d.set_env("AGENTD_HTTP_TOKEN", HTTP_TOKEN);
-    d.start();
     let mut b = Battery {
         d,
         llm,
@@ -535,6 +549,7 @@ fn kill9_cycles_lose_nothing_acknowledged_and_repeat_nothing() {
         flight: InFlight::default(),
         rng: StdRng::seed_from_u64(seed),
     };
+    b.start();
 
     let n = cycles();
     let mut points: BTreeMap<String, usize> = BTreeMap::new();
@@ -552,7 +567,7 @@ fn kill9_cycles_lose_nothing_acknowledged_and_repeat_nothing() {
         if cycle % 10 == 9 {
             eprintln!("kill9 cycle {cycle}: {r:?}");
         }
-        b.d.start();
+        b.start();
     }
 
     // Release everything and let the daemon finish; then a graceful stop (it waits for messages
