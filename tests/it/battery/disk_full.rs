@@ -405,4 +405,28 @@ fn full_disk_is_reported_survived_and_recovered() {
             .any(|t| t.contains("while full") && !t.contains("telegram")),
         "what was refused while full was not recorded: {texts:?}"
     );
+    // Refused intakes of new sessions left no trail files behind: every trail belongs to a
+    // session of the index.
+    let index: Value = serde_json::from_slice(
+        &fs::read(d.sessions_dir().join("sessions.json")).expect("sessions.json"),
+    )
+    .expect("sessions.json parses");
+    let ids: Vec<&str> = index
+        .as_object()
+        .expect("index object")
+        .values()
+        .filter_map(|e| e["session_id"].as_str())
+        .collect();
+    for f in fs::read_dir(d.sessions_dir())
+        .expect("sessions dir")
+        .flatten()
+    {
+        let name = f.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".jsonl") {
+            assert!(
+                ids.iter().any(|id| name.starts_with(&format!("{id}."))),
+                "{name} belongs to no session (index: {ids:?})"
+            );
+        }
+    }
 }
