@@ -13,9 +13,10 @@
 //!
 //! After every kill, on the files as the crash left them (before the restart repairs anything):
 //! every trail line and state file parses, `agentd.db` and `memory.db` pass
-//! `PRAGMA integrity_check`, every acknowledged message (agent-send exit 0, HTTP 202) has
-//! exactly one intake record, no message is taken in twice, answered twice, or started twice,
-//! and no reply reached Telegram twice. At the end, after every hold is released: every
+//! `PRAGMA integrity_check`, every acknowledged message (agent-send exit 0, HTTP 202, a
+//! Telegram update below the offset saved in `agentd.db`) has exactly one intake record, no
+//! message is taken in twice, answered twice, or started twice, and no reply reached Telegram
+//! twice. At the end, after every hold is released: every
 //! acknowledged message and every Telegram update has exactly one final reply (failures are not
 //! expected here), every Telegram reply was sent exactly once — except one whose send a kill
 //! interrupted (an `intent` record without an outcome, which SPEC §5.2 never repeats) — and a
@@ -79,9 +80,12 @@ struct Msg {
     token: String,
     channel: Channel,
     /// `Some(true)`: the source acknowledged it (agent-send exit 0, HTTP 202). Telegram updates
-    /// stay `None`: every one of them must be taken in by the end (the fake keeps an update
+    /// stay `None`: they are acknowledged by the offset the daemon saved (checked after every
+    /// kill), and every one of them must be taken in by the end (the fake keeps an update
     /// until a poll confirms it).
     acked: Option<bool>,
+    /// The Telegram update id.
+    update_id: Option<i64>,
 }
 
 /// The fake LLM's behaviour, changed by the test between cycles.
@@ -163,6 +167,7 @@ impl Battery {
         let idx = self.msgs.len();
         let token = format!("m{cycle:03}-{idx:04}#");
         let text = format!("{token} {}", if tool { "[tool] run it" } else { "hello" });
+        let mut update_id = None;
         let key = match channel {
             Channel::Fifo => {
                 let from = if tool {
@@ -209,7 +214,7 @@ impl Battery {
                 } else {
                     (BOB, "Bob")
                 };
-                self.tg.push_text(user, user, &text);
+                update_id = Some(self.tg.push_text(user, user, &text).update_id);
                 name.to_string()
             }
         };
@@ -217,6 +222,7 @@ impl Battery {
             token,
             channel,
             acked: None,
+            update_id,
         });
         key
     }
@@ -370,10 +376,25 @@ impl Battery {
     /// acknowledged message and every Telegram update must be answered by now.
     fn check(&self, when: &str, end: bool) -> Report {
         let files = check_state_files(&self.d.state_dir);
-        assert_db_intact(&self.d.state_dir.join("agentd.db"));
+        let db = self.d.state_dir.join("agentd.db");
+        assert_db_intact(&db);
         assert_db_intact(&self.d.state_dir.join("memory.db"));
-        check_messages(&files, &self.msgs, &self.tg.sent(), when, end)
+        let offset = telegram_offset(&db);
+        check_messages(&files, &self.msgs, offset, &self.tg.sent(), when, end)
     }
+}
+
+/// The Telegram offset the daemon saved (kv `telegram.<bot id>.offset` in agentd.db): every
+/// update below it counts as acknowledged.
+fn telegram_offset(db: &std::path::Path) -> Option<i64> {
+    let conn = rusqlite::Connection::open(db).ok()?;
+    conn.query_row(
+        "SELECT value FROM kv WHERE key LIKE 'telegram.%offset'",
+        [],
+        |r| r.get::<_, String>(0),
+    )
+    .ok()
+    .and_then(|v| v.parse().ok())
 }
 
 /// Figures of one check, printed at the end.
@@ -389,6 +410,7 @@ struct Report {
 fn check_messages(
     files: &StateFiles,
     msgs: &[Msg],
+    offset: Option<i64>,
     sent: &[crate::support::fake_telegram::SentMessage],
     when: &str,
     end: bool,
@@ -411,7 +433,8 @@ fn check_messages(
             m.token,
             ids.len()
         );
-        let must = m.acked == Some(true) || (end && m.channel == Channel::Telegram);
+        let below_offset = m.update_id.zip(offset).is_some_and(|(u, o)| u < o);
+        let must = m.acked == Some(true) || below_offset || (end && m.channel == Channel::Telegram);
         if must {
             assert_eq!(
                 ids.len(),
@@ -595,6 +618,11 @@ fn kill9_cycles_lose_nothing_acknowledged_and_repeat_nothing() {
     assert!(
         b.tg.pending_update_ids().is_empty(),
         "every Telegram update was confirmed"
+    );
+    let last_update = b.msgs.iter().filter_map(|m| m.update_id).max();
+    assert!(
+        telegram_offset(&b.d.state_dir.join("agentd.db")) > last_update,
+        "the saved offset is past every update"
     );
 
     // One more start and stop: recovery finds nothing to do, so nothing is sent or asked again.
