@@ -101,6 +101,19 @@ fn main() -> ExitCode {
 }
 
 fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCode {
+    // glibc gives every thread that allocates its own malloc arena; with the tokio workers and
+    // the blocking pool that is megabytes of resident memory for little gain in a daemon this
+    // size. And its mmap threshold grows with every large block freed, after which session
+    // snapshots and request bodies (tens to hundreds of KiB) come from the heap and fragment it:
+    // resident memory creeps up over days. Two arenas and a fixed 128 KiB threshold, set before
+    // any thread starts (docs/BENCHMARKS.md, footprint and soak).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; no other thread exists yet.
+    unsafe {
+        nix::libc::mallopt(nix::libc::M_ARENA_MAX, 2);
+        nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 128 * 1024);
+        nix::libc::mallopt(nix::libc::M_TRIM_THRESHOLD, 256 * 1024);
+    }
     let _guard = match agentd::telemetry::init(&cfg, opts.terminal) {
         Ok(g) => g,
         Err(e) => {

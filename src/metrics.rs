@@ -59,6 +59,8 @@ pub struct Metrics {
     errors: Family,
     queue_depth: AtomicU64,
     active_sessions: AtomicU64,
+    session_workers: AtomicU64,
+    open_sessions: AtomicU64,
     message_duration: Histogram,
     llm_call_duration: Histogram,
 }
@@ -81,6 +83,8 @@ impl Metrics {
             errors: Family::new(&["kind"]),
             queue_depth: AtomicU64::new(0),
             active_sessions: AtomicU64::new(0),
+            session_workers: AtomicU64::new(0),
+            open_sessions: AtomicU64::new(0),
             message_duration: Histogram::new(DURATION_BUCKETS),
             llm_call_duration: Histogram::new(DURATION_BUCKETS),
         }
@@ -127,6 +131,14 @@ impl Metrics {
     /// Sessions processing a message right now.
     pub fn set_active(&self, n: usize) {
         self.active_sessions.store(n as u64, Ordering::Relaxed);
+    }
+
+    /// Per-session workers alive, and session handles (trail files) held open: both bounded
+    /// however many sessions were ever seen.
+    pub fn set_session_resources(&self, workers: usize, open: usize) {
+        self.session_workers
+            .store(workers as u64, Ordering::Relaxed);
+        self.open_sessions.store(open as u64, Ordering::Relaxed);
     }
 
     /// Prometheus text format 0.0.4, every name prefixed `agentd_`.
@@ -204,6 +216,28 @@ impl Metrics {
             out,
             "agentd_active_sessions {}",
             self.active_sessions.load(Ordering::Relaxed)
+        );
+        header(
+            &mut out,
+            "agentd_session_workers",
+            "gauge",
+            "Per-session worker tasks alive (they exit when their queue is empty).",
+        );
+        let _ = writeln!(
+            out,
+            "agentd_session_workers {}",
+            self.session_workers.load(Ordering::Relaxed)
+        );
+        header(
+            &mut out,
+            "agentd_open_sessions",
+            "gauge",
+            "Session handles holding their trail file open.",
+        );
+        let _ = writeln!(
+            out,
+            "agentd_open_sessions {}",
+            self.open_sessions.load(Ordering::Relaxed)
         );
         header(
             &mut out,

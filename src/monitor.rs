@@ -6,15 +6,18 @@
 //! since sessions run concurrently. Writing never fails the daemon: errors are logged once per
 //! failure streak.
 //!
-//! Updates take a `std::sync::Mutex` (never held across an `.await`) and rewrite a small file
-//! while holding it, so snapshots reach the disk in update order and the shared temp file name
-//! of `atomic_write_nosync` is never written by two threads at once. Without fsync the write
-//! goes to the page cache and costs microseconds.
+//! Updates take a `std::sync::Mutex` (never held across an `.await`), render the view and hand
+//! the bytes to one writer thread (`agentd-monitor`), which writes the newest rendering it has
+//! been given. No async worker waits on the filesystem (a rename on a busy ext4 journal can take
+//! milliseconds: docs/BENCHMARKS.md, overhead), a burst of events costs one write, and the file
+//! is only ever written by that thread, in update order. `flush` waits until the newest
+//! rendering is on disk; dropping the monitor flushes and stops the thread.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
@@ -100,15 +103,79 @@ struct Inner {
     channels: BTreeMap<String, Value>,
     /// When the monitor started: the `updated_at` of the idle state before any message.
     created_at: DateTime<Utc>,
-    /// Whether the last write failed (log once per failure streak).
-    write_failing: bool,
 }
 
-/// The live monitor. `Send + Sync`; share it in an `Arc`. Every update rewrites the file.
+/// The live monitor. `Send + Sync`; share it in an `Arc`. Every update rewrites the file (through
+/// the writer thread).
 #[derive(Debug)]
 pub struct Monitor {
     path: PathBuf,
     inner: Mutex<Inner>,
+    writer: Arc<Writer>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// The hand-over between updates and the writer thread.
+#[derive(Debug, Default)]
+struct Writer {
+    state: Mutex<WriterState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct WriterState {
+    /// The newest rendering not yet taken by the writer.
+    pending: Option<Vec<u8>>,
+    /// Generation of the newest rendering handed over, and of the newest one written (or
+    /// failed).
+    queued: u64,
+    written: u64,
+    stop: bool,
+}
+
+impl Writer {
+    fn lock(&self) -> MutexGuard<'_, WriterState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// How long `flush` waits for the writer.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The writer thread: writes the newest rendering until told to stop (after a last write).
+fn write_loop(path: PathBuf, w: Arc<Writer>) {
+    let mut failing = false;
+    loop {
+        let (bytes, generation) = {
+            let mut st = w.lock();
+            while st.pending.is_none() && !st.stop {
+                st = w.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            match st.pending.take() {
+                Some(b) => (b, st.queued),
+                None => return,
+            }
+        };
+        write_file(&path, &bytes, &mut failing);
+        w.lock().written = generation;
+        w.changed.notify_all();
+    }
+}
+
+/// One atomic replace; errors are logged once per failure streak.
+fn write_file(path: &std::path::Path, bytes: &[u8], failing: &mut bool) {
+    match atomic_write_nosync(path, bytes) {
+        Ok(()) if *failing => {
+            *failing = false;
+            tracing::info!(path = %path.display(), "monitor file writable again");
+        }
+        Ok(()) => {}
+        Err(e) if !*failing => {
+            *failing = true;
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the monitor file");
+        }
+        Err(_) => {}
+    }
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -219,6 +286,7 @@ impl Inner {
 impl Monitor {
     /// A monitor writing to `path` (normally `state_dir/monitor.json`). Writes the idle state
     /// immediately; a failed write is logged, never returned.
+    /// Starts the writer thread and writes the idle state (waiting until it is on disk).
     pub fn new(path: PathBuf) -> Monitor {
         // Writes that a kill interrupted (the monitor is rewritten on every loop event).
         if let Some(dir) = path.parent()
@@ -226,6 +294,20 @@ impl Monitor {
         {
             tracing::warn!(error = %e, "cannot remove stale temp files");
         }
+        let writer = Arc::new(Writer::default());
+        let thread = {
+            let (path, writer) = (path.clone(), writer.clone());
+            std::thread::Builder::new()
+                .name("agentd-monitor".into())
+                .spawn(move || write_loop(path, writer))
+        };
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the monitor writer; writing inline");
+                None
+            }
+        };
         let monitor = Monitor {
             path,
             inner: Mutex::new(Inner {
@@ -236,40 +318,61 @@ impl Monitor {
                 queue_depth: 0,
                 channels: BTreeMap::new(),
                 created_at: Utc::now(),
-                write_failing: false,
             }),
+            writer,
+            thread: Mutex::new(thread),
         };
         let mut inner = monitor.lock();
         monitor.publish(&mut inner);
         drop(inner);
+        monitor.flush();
         monitor
     }
 
-    /// A poisoned lock only means another thread panicked mid-update; the data is still a
-    /// consistent-enough view, and the monitor must keep working.
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Write the current view. Called with the lock held (see the module doc).
+    /// Renders the view (under the update lock, so renderings are in update order) and hands
+    /// it to the writer.
     fn publish(&self, inner: &mut Inner) {
-        let result = serde_json::to_vec_pretty(&inner.view())
-            .map_err(std::io::Error::other)
-            .and_then(|mut bytes| {
-                bytes.push(b'\n');
-                atomic_write_nosync(&self.path, &bytes)
-            });
-        match result {
-            Ok(()) if inner.write_failing => {
-                inner.write_failing = false;
-                tracing::info!(path = %self.path.display(), "monitor file writable again");
+        let Ok(mut bytes) = serde_json::to_vec_pretty(&inner.view()) else {
+            return;
+        };
+        bytes.push(b'\n');
+        let has_thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !has_thread {
+            write_file(&self.path, &bytes, &mut false);
+            return;
+        }
+        let mut st = self.writer.lock();
+        st.pending = Some(bytes);
+        st.queued += 1;
+        drop(st);
+        self.writer.changed.notify_all();
+    }
+
+    /// Waits (up to 5 s) until everything published so far is on disk. For tests and for
+    /// readers that need the file, not the in-memory view (`snapshot`).
+    pub fn flush(&self) {
+        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        let mut st = self.writer.lock();
+        let target = st.queued;
+        while st.written < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
             }
-            Ok(()) => {}
-            Err(e) if !inner.write_failing => {
-                inner.write_failing = true;
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot write the monitor file");
-            }
-            Err(_) => {}
+            st = self
+                .writer
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
@@ -387,6 +490,22 @@ impl Monitor {
 }
 
 /// "5s", "2m 05s", "1h 02m", "3d 04h".
+impl Drop for Monitor {
+    /// Writes what is pending and stops the writer thread.
+    fn drop(&mut self) {
+        self.writer.lock().stop = true;
+        self.writer.changed.notify_all();
+        let thread = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
 fn human_duration(secs: i64) -> String {
     let s = secs.max(0);
     match s {
@@ -600,7 +719,8 @@ mod tests {
         (dir, path, m)
     }
 
-    fn read(path: &PathBuf) -> Value {
+    fn read(m: &Monitor, path: &PathBuf) -> Value {
+        m.flush();
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
     }
 
@@ -619,9 +739,26 @@ mod tests {
     }
 
     #[test]
+    fn bursts_coalesce_and_drop_writes_the_newest_state() {
+        let (_d, path, m) = temp_monitor();
+        let h = m.begin("s1", "c", "model");
+        for t in 1..=200 {
+            m.set_state(h, LoopState::Thinking, t);
+        }
+        let want = m.snapshot();
+        drop(m);
+        let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(v["turn"], 200);
+        assert_eq!(
+            v, want,
+            "the file is the newest state once the monitor is gone"
+        );
+    }
+
+    #[test]
     fn new_writes_an_idle_monitor_immediately() {
-        let (_d, path, _m) = temp_monitor();
-        let v = read(&path);
+        let (_d, path, m) = temp_monitor();
+        let v = read(&m, &path);
         assert_eq!(v["state"], "idle");
         assert_eq!(v["version"], 1);
         assert_eq!(v["session_id"], Value::Null);
@@ -645,7 +782,7 @@ mod tests {
     fn loop_events_are_written_to_the_file() {
         let (_d, path, m) = temp_monitor();
         let h = m.begin("tg-42", "alice", "claude-sonnet");
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["state"], "thinking");
         assert_eq!(v["session_id"], "tg-42");
         assert_eq!(v["contact"], "alice");
@@ -654,12 +791,12 @@ mod tests {
         assert_eq!(v["active"].as_array().unwrap().len(), 1);
 
         m.set_state(h, LoopState::Thinking, 1);
-        let t1 = read(&path)["turn_started_at"].clone();
+        let t1 = read(&m, &path)["turn_started_at"].clone();
         assert!(t1.is_string());
         m.turn_done(h, turn(1200, "tool_use", &["exec"]));
         m.set_state(h, LoopState::Tools, 1);
         m.set_tools(h, vec!["exec".into(), "read_file".into()]);
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["state"], "tools");
         assert_eq!(v["turn"], 1);
         assert_eq!(v["tools_in_flight"], json!(["exec", "read_file"]));
@@ -673,7 +810,7 @@ mod tests {
 
         m.set_state(h, LoopState::RetryWait, 2);
         m.set_model(h, "gpt-fallback");
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["state"], "retry_wait");
         assert_eq!(v["turn"], 2);
         assert_eq!(v["model"], "gpt-fallback");
@@ -685,7 +822,7 @@ mod tests {
             "telegram",
             json!({"last_poll_ok_at": "2026-01-01T00:00:00Z", "consecutive_errors": 0}),
         );
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["queue_depth"], 3);
         assert_eq!(v["channels"]["telegram"]["consecutive_errors"], 0);
         assert_eq!(v, m.snapshot(), "file and snapshot agree");
@@ -699,7 +836,7 @@ mod tests {
         m.set_tools(h, vec!["exec".into()]);
         m.turn_done(h, turn(5, "end_turn", &[]));
         m.end(h);
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["state"], "idle");
         assert_eq!(v["session_id"], "http-1");
         assert_eq!(v["contact"], "api");
@@ -710,7 +847,7 @@ mod tests {
         // Updates for an ended handle are ignored.
         m.set_state(h, LoopState::Thinking, 9);
         m.end(h);
-        assert_eq!(read(&path), v);
+        assert_eq!(read(&m, &path), v);
     }
 
     #[test]
@@ -718,7 +855,7 @@ mod tests {
         let (_d, path, m) = temp_monitor();
         let a = m.begin("sess-a", "alice", "m");
         let b = m.begin("sess-b", "bob", "m");
-        let v = read(&path);
+        let v = read(&m, &path);
         let active = v["active"].as_array().unwrap();
         assert_eq!(active.len(), 2);
         assert_eq!(active[0]["session_id"], "sess-a");
@@ -726,17 +863,17 @@ mod tests {
         // The top level follows the most recently updated message.
         assert_eq!(v["session_id"], "sess-b");
         m.set_state(a, LoopState::Tools, 2);
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["session_id"], "sess-a");
         assert_eq!(v["state"], "tools");
         // Ending one leaves the other in flight, shown at the top level (not idle).
         m.end(a);
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["state"], "thinking");
         assert_eq!(v["session_id"], "sess-b");
         assert_eq!(v["active"].as_array().unwrap().len(), 1);
         m.end(b);
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["state"], "idle");
         assert_eq!(v["session_id"], "sess-b");
     }
@@ -759,13 +896,13 @@ mod tests {
             })
             .collect();
         let handles: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-        let v = read(&path);
+        let v = read(&m, &path);
         assert_eq!(v["active"].as_array().unwrap().len(), 4);
         assert_eq!(v, m.snapshot(), "the last write is the latest state");
         for h in handles {
             m.end(h);
         }
-        assert_eq!(read(&path)["active"], json!([]));
+        assert_eq!(read(&m, &path)["active"], json!([]));
     }
 
     #[test]
@@ -775,7 +912,7 @@ mod tests {
         for i in 0..(MAX_TURNS as u64 + 7) {
             m.turn_done(h, turn(i, "tool_use", &[]));
         }
-        let v = read(&path);
+        let v = read(&m, &path);
         let turns = v["turns"].as_array().unwrap();
         assert_eq!(turns.len(), MAX_TURNS);
         assert_eq!(turns[0]["duration_ms"], 7, "the oldest turns are dropped");
@@ -857,17 +994,17 @@ mod tests {
     #[test]
     fn format_reads_what_the_monitor_writes() {
         let (_d, path, m) = temp_monitor();
-        let out = format_monitor(&read(&path), Utc::now());
+        let out = format_monitor(&read(&m, &path), Utc::now());
         assert!(out.contains("no message handled since start"), "{out}");
         let h = m.begin("s1", "bob", "m");
         m.set_state(h, LoopState::Thinking, 1);
-        let out = format_monitor(&read(&path), Utc::now());
+        let out = format_monitor(&read(&m, &path), Utc::now());
         assert!(out.starts_with("state:      thinking, turn 1\n"), "{out}");
         assert!(!out.contains("STUCK"));
         assert!(!out.contains("version"), "{out}");
         // Two minutes later without an update it would be flagged.
         let later = Utc::now() + chrono::Duration::seconds(120);
-        assert!(format_monitor(&read(&path), later).contains("POSSIBLY STUCK"));
+        assert!(format_monitor(&read(&m, &path), later).contains("POSSIBLY STUCK"));
     }
 
     #[test]

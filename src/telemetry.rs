@@ -9,6 +9,12 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::Config;
 
+/// Log lines buffered for the file writer thread. tracing-appender's default (128,000) is a
+/// channel allocated and touched in full at start: 4 MB of resident memory for a daemon that
+/// logs a few lines per message (docs/BENCHMARKS.md, footprint). When the writer falls this far
+/// behind, further lines are dropped (the default lossy mode), never blocking a worker.
+const LOG_BUFFER_LINES: usize = 8192;
+
 /// Keep the returned guard alive until exit: dropping it flushes the file writer. With
 /// `quiet_stderr` (the terminal channel of `agentd chat`) only warnings reach stderr.
 pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, String> {
@@ -41,7 +47,9 @@ pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, Str
             .max_log_files(cfg.logging.keep_files.max(1))
             .build(&dir)
             .map_err(|e| format!("cannot open log files in {}: {e}", dir.display()))?;
-        let (nb, guard) = tracing_appender::non_blocking(appender);
+        let (nb, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .buffered_lines_limit(LOG_BUFFER_LINES)
+            .finish(appender);
         (
             Some(
                 tracing_subscriber::fmt::layer()

@@ -40,8 +40,16 @@ impl Progress for BarProgress {
         }
     }
     fn end(&mut self) {
+        // Cleared and replaced by a plain line, so what follows starts on a line of its own.
         if let Some(b) = self.bar.take() {
-            b.finish();
+            b.finish_and_clear();
+            eprintln!(
+                "index: {} {}/{} done in {:.1} s",
+                b.prefix(),
+                b.position(),
+                b.length().unwrap_or(0),
+                b.elapsed().as_secs_f64()
+            );
         }
     }
 }

@@ -285,7 +285,12 @@ impl ApiBackend for DaemonBackend {
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>> {
         self.metrics.set_queue_depth(self.dispatcher.queue_depth());
         self.metrics.set_active(self.dispatcher.active_sessions());
-        let text = self.metrics.render();
-        Box::pin(async move { Ok(text) })
+        Box::pin(async move {
+            self.metrics.set_session_resources(
+                self.dispatcher.workers().await,
+                self.dispatcher.open_sessions(),
+            );
+            Ok(self.metrics.render())
+        })
     }
 }

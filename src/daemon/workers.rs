@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -34,6 +35,33 @@ pub struct Completion {
     pub finish: Finish,
 }
 
+/// Session states kept in memory for sessions whose worker has exited (the most recently
+/// used ones). A worker exits as soon as its queue is empty, so memory held for idle sessions
+/// is bounded by this, not by the number of session keys ever seen; a session not in here
+/// loads its snapshot again (docs/BENCHMARKS.md, soak).
+const IDLE_STATES: usize = 8;
+
+/// The states of sessions without a worker, least recently used first.
+#[derive(Default)]
+struct IdleStates {
+    entries: VecDeque<(String, SessionState)>,
+}
+
+impl IdleStates {
+    fn take(&mut self, key: &str) -> Option<SessionState> {
+        let i = self.entries.iter().position(|(k, _)| k == key)?;
+        self.entries.remove(i).map(|(_, s)| s)
+    }
+
+    fn put(&mut self, key: String, state: SessionState, cap: usize) {
+        self.entries.retain(|(k, _)| *k != key);
+        self.entries.push_back((key, state));
+        while self.entries.len() > cap {
+            self.entries.pop_front();
+        }
+    }
+}
+
 /// Sources whose messages are merged when they arrive within the debounce window.
 fn debounced(source: &str) -> bool {
     matches!(source, "telegram" | "user")
@@ -43,7 +71,10 @@ fn debounced(source: &str) -> bool {
 pub struct Dispatcher {
     agent: Agent,
     store: Arc<SessionStore>,
+    /// The queue of each session that has a worker. A worker removes its own entry (under this
+    /// lock, after finding its queue empty) when it exits.
     workers: Mutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
+    idle: std::sync::Mutex<IdleStates>,
     permits: Arc<Semaphore>,
     depth: Arc<AtomicUsize>,
     active: Arc<AtomicUsize>,
@@ -74,6 +105,7 @@ impl Dispatcher {
             agent,
             store,
             workers: Mutex::new(HashMap::new()),
+            idle: std::sync::Mutex::new(IdleStates::default()),
             permits,
             depth: Arc::new(AtomicUsize::new(0)),
             active: Arc::new(AtomicUsize::new(0)),
@@ -159,19 +191,55 @@ impl Dispatcher {
         self.agent.monitor.set_queue_depth(self.queue_depth());
     }
 
+    /// Session handles the store holds open (bounded: see `session::SessionStore`).
+    pub fn open_sessions(&self) -> usize {
+        self.store.open_handles()
+    }
+
+    /// Sessions with a worker right now (workers exit when their queue is empty).
+    pub async fn workers(&self) -> usize {
+        self.workers.lock().await.len()
+    }
+
+    fn idle_states(&self) -> std::sync::MutexGuard<'_, IdleStates> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs the session's jobs in order and exits when its queue is empty, leaving the session
+    /// state in `idle` for the next worker of this key.
     async fn worker(self: Arc<Self>, key: String, mut rx: mpsc::UnboundedReceiver<Job>) {
-        let mut state: Option<SessionState> = None;
+        let mut state: Option<SessionState> = self.idle_states().take(&key);
         let mut held: VecDeque<Job> = VecDeque::new();
         loop {
             let job = match held.pop_front() {
                 Some(j) => j,
-                None => tokio::select! {
-                    biased;
-                    _ = self.stop.cancelled() => break,
-                    j = rx.recv() => match j {
-                        Some(j) => { self.dequeued(); j }
-                        None => break,
-                    },
+                None => match rx.try_recv() {
+                    Ok(j) => {
+                        self.dequeued();
+                        j
+                    }
+                    Err(TryRecvError::Disconnected) => break,
+                    Err(TryRecvError::Empty) => {
+                        // `submit` sends under the same lock: either a job slipped in before we
+                        // took it, or no job can reach this queue once the entry is gone. The
+                        // state is parked before the lock is released, so the next worker of
+                        // this key finds it.
+                        let mut workers = self.workers.lock().await;
+                        match rx.try_recv() {
+                            Ok(j) => {
+                                drop(workers);
+                                self.dequeued();
+                                j
+                            }
+                            Err(_) => {
+                                workers.remove(&key);
+                                if let Some(s) = state.take() {
+                                    self.idle_states().put(key, s, IDLE_STATES);
+                                }
+                                return;
+                            }
+                        }
+                    }
                 },
             };
             if self.stop.is_cancelled() {
@@ -364,8 +432,6 @@ impl Dispatcher {
                 tracing::info!(session = %session.id, "message interrupted; it resumes after restart")
             }
         }
-        save_snapshot(&session, st).await;
-
         let text = match &finish {
             Finish::Reply {
                 text,
@@ -404,14 +470,15 @@ impl Dispatcher {
         // Check compaction last, once the reply is out (SPEC §5.5), also after silent replies
         // and failures. A shutdown deadline interrupts it; nothing is recorded then.
         if finished && !self.stop.is_cancelled() {
-            let compacted = tokio::select! {
+            tokio::select! {
                 _ = self.abort.cancelled() => false,
                 c = self.agent.after_message(&session, st, &work) => c,
             };
-            if compacted {
-                save_snapshot(&session, st).await;
-            }
         }
+        // The snapshot too waits until the reply is out: it is a cache of the trail (rebuilt
+        // from it when missing or stale), not part of the acknowledgement, and serialising a
+        // long history is the largest per-message cost (docs/BENCHMARKS.md, overhead).
+        save_snapshot(&session, st).await;
         Ok(())
     }
 
@@ -543,5 +610,38 @@ fn webhook_payload(
         silent,
         tokens: (&usage).into(),
         notify_meta: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(id: &str) -> SessionState {
+        SessionState::new(id, id, "primary", 0)
+    }
+
+    #[test]
+    fn idle_states_keep_the_most_recent_few() {
+        let mut idle = IdleStates::default();
+        for n in 0..20 {
+            idle.put(format!("k{n}"), state(&format!("s{n}")), 8);
+            assert!(idle.entries.len() <= 8);
+        }
+        assert!(idle.take("k11").is_none(), "evicted: least recently used");
+        assert_eq!(idle.take("k12").map(|s| s.id), Some("s12".to_string()));
+        assert!(
+            idle.take("k12").is_none(),
+            "taken once: the worker owns it now"
+        );
+        // Putting a key again replaces its entry and makes it the newest.
+        idle.put("k13".into(), state("new13"), 8);
+        assert_eq!(idle.entries.len(), 7);
+        assert_eq!(
+            idle.entries
+                .back()
+                .map(|(k, s)| (k.as_str(), s.id.as_str())),
+            Some(("k13", "new13"))
+        );
     }
 }

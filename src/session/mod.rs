@@ -23,6 +23,11 @@ pub use trail::TrailWriter;
 
 use crate::fsutil;
 
+/// Open session handles (each holds its trail file open) beyond which the ones nobody uses are
+/// closed: a daemon that has seen many session keys keeps a bounded number of descriptors and
+/// intake-id sets (docs/BENCHMARKS.md, soak). A closed handle is opened again on demand.
+const MAX_OPEN_SESSIONS: usize = 64;
+
 /// The sessions directory and the open sessions.
 pub struct SessionStore {
     dir: PathBuf,
@@ -43,6 +48,13 @@ pub struct SessionHandle {
     trail: Mutex<TrailWriter>,
     /// Intake ids already in the trail (loaded on first intake).
     intake_ids: Mutex<Option<HashSet<String>>>,
+}
+
+/// Drops the handles only the map holds. Safe under the store lock: a handle is only handed out
+/// by `open_handle` under that lock, so a count of one means nobody else has it or can get it,
+/// and no second writer of the same trail can ever exist.
+fn close_unused(open: &mut HashMap<String, Arc<SessionHandle>>) {
+    open.retain(|_, h| Arc::strong_count(h) > 1);
 }
 
 impl SessionStore {
@@ -136,14 +148,7 @@ impl SessionStore {
         let h = self.get_or_create_locked(&mut inner, key, model)?;
         let mut ids = h.intake_ids.lock().unwrap_or_else(|p| p.into_inner());
         if ids.is_none() {
-            let known = trail::read_trail(&self.dir, &h.id)?
-                .into_iter()
-                .filter_map(|l| match l.event {
-                    Event::Intake(i) => Some(i.id),
-                    _ => None,
-                })
-                .collect();
-            *ids = Some(known);
+            *ids = Some(trail::intake_ids(&self.dir, &h.id)?);
         }
         let set = ids.as_mut().expect("filled above");
         if set.contains(&intake.id) {
@@ -176,6 +181,9 @@ impl SessionStore {
         if let Some(h) = inner.open.get(id) {
             return Ok(h.clone());
         }
+        if inner.open.len() >= MAX_OPEN_SESSIONS {
+            close_unused(&mut inner.open);
+        }
         let h = Arc::new(SessionHandle {
             id: id.to_string(),
             key: key.to_string(),
@@ -185,6 +193,11 @@ impl SessionStore {
         });
         inner.open.insert(id.to_string(), h.clone());
         Ok(h)
+    }
+
+    /// Handles held open right now.
+    pub fn open_handles(&self) -> usize {
+        self.lock().open.len()
     }
 
     /// Archive the session of `key`: append a `reset` event, move `<id>*` files to `.archive/`,
@@ -350,6 +363,56 @@ mod tests {
             attachments: vec![],
             route: None,
         })
+    }
+
+    #[test]
+    fn unused_handles_are_closed_beyond_the_bound_and_reopen_where_they_left_off() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        // One handle stays in use the whole time: it must survive every sweep.
+        let kept = store.get_or_create("kept", "primary").unwrap();
+        let first = store.get_or_create("s0", "primary").unwrap();
+        let first_id = first.id.clone();
+        first.append(intake("a")).unwrap();
+        drop(first);
+        for n in 1..(3 * MAX_OPEN_SESSIONS) {
+            let h = store.get_or_create(&format!("s{n}"), "primary").unwrap();
+            h.append(intake(&format!("i{n}"))).unwrap();
+            assert!(store.open_handles() <= MAX_OPEN_SESSIONS, "bounded at {n}");
+        }
+        let again = store.get_or_create("kept", "primary").unwrap();
+        assert!(
+            Arc::ptr_eq(&kept, &again),
+            "a handle in use is never closed"
+        );
+        // A closed session reopens with its sequence numbers intact.
+        let s0 = store.get_or_create("s0", "primary").unwrap();
+        assert_eq!(s0.id, first_id);
+        let line = s0.append(intake("b")).unwrap();
+        let seqs: Vec<u64> = trail::read_trail(d.path(), &first_id)
+            .unwrap()
+            .iter()
+            .map(|l| l.seq)
+            .collect();
+        assert_eq!(seqs, [1, 2, 3], "session, a, b");
+        assert_eq!(line.seq, 3);
+        // Its intake ids are known again: a redelivered id is not taken twice.
+        let (_, fresh) = store
+            .append_intake(
+                "s0",
+                "primary",
+                Intake {
+                    id: "a".into(),
+                    source: "user".into(),
+                    from: "alice".into(),
+                    text: "again".into(),
+                    tier: None,
+                    attachments: vec![],
+                    route: None,
+                },
+            )
+            .unwrap();
+        assert!(!fresh);
     }
 
     #[test]

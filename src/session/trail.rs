@@ -136,37 +136,95 @@ pub fn read_trail(dir: &Path, id: &str) -> io::Result<Vec<TrailLine>> {
     Ok(out)
 }
 
-/// Lines with `seq > after`.
+/// Lines with `seq > after`. Older lines are only probed for their `seq`, not built: loading a
+/// session whose snapshot is recent costs a scan, not a parse of its whole history.
 pub fn read_trail_after(dir: &Path, id: &str, after: u64) -> io::Result<Vec<TrailLine>> {
-    let mut all = read_trail(dir, id)?;
-    all.retain(|l| l.seq > after);
-    Ok(all)
+    let mut out = Vec::new();
+    for f in trail_files(dir, id)? {
+        for_each_line(&f, |n, line| {
+            if serde_json::from_slice::<Probe>(line).is_ok_and(|p| p.seq <= after) {
+                return;
+            }
+            push_parsed(&f, n, line, &mut out);
+        })?;
+    }
+    Ok(out)
+}
+
+/// The ids of the session's `intake` events (for idempotent intake), without building the
+/// other events.
+pub fn intake_ids(dir: &Path, id: &str) -> io::Result<std::collections::HashSet<String>> {
+    let mut out = std::collections::HashSet::new();
+    for f in trail_files(dir, id)? {
+        for_each_line(&f, |_, line| {
+            if let Ok(Probe {
+                kind: Some(kind),
+                id: Some(id),
+                ..
+            }) = serde_json::from_slice::<Probe>(line)
+                && kind == "intake"
+            {
+                out.insert(id);
+            }
+        })?;
+    }
+    Ok(out)
+}
+
+/// The fields the quick scans need; serde skips the rest of the line without building it.
+#[derive(serde::Deserialize)]
+struct Probe {
+    #[serde(default)]
+    seq: u64,
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+/// Calls `f(line number, bytes)` for every non-blank line of `path`.
+fn for_each_line(path: &Path, mut f: impl FnMut(usize, &[u8])) -> io::Result<()> {
+    let mut reader = BufReader::new(File::open(path)?);
+    let mut line = Vec::new();
+    let mut n = 0;
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(());
+        }
+        n += 1;
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if !text.iter().all(u8::is_ascii_whitespace) {
+            f(n, text);
+        }
+    }
+}
+
+fn push_parsed(path: &Path, n: usize, line: &[u8], out: &mut Vec<TrailLine>) {
+    match serde_json::from_slice::<TrailLine>(line) {
+        Ok(l) => out.push(l),
+        Err(e) => tracing::warn!(
+            file = %path.display(),
+            line = n,
+            error = %e,
+            "skipping unreadable trail line"
+        ),
+    }
 }
 
 fn read_file_into(path: &Path, out: &mut Vec<TrailLine>) -> io::Result<()> {
-    let file = File::open(path)?;
-    for (n, line) in BufReader::new(file).split(b'\n').enumerate() {
-        let line = line?;
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match serde_json::from_slice::<TrailLine>(&line) {
-            Ok(l) => out.push(l),
-            Err(e) => tracing::warn!(
-                file = %path.display(),
-                line = n + 1,
-                error = %e,
-                "skipping unreadable trail line"
-            ),
-        }
-    }
-    Ok(())
+    for_each_line(path, |n, line| push_parsed(path, n, line, out))
 }
 
+/// The last readable line of `path`, parsing from the end (opening a session's trail for
+/// appending must not cost a parse of its whole history).
 fn last_line(path: &Path) -> io::Result<Option<TrailLine>> {
-    let mut lines = Vec::new();
-    read_file_into(path, &mut lines)?;
-    Ok(lines.pop())
+    let bytes = fs::read(path)?;
+    Ok(bytes
+        .split(|b| *b == b'\n')
+        .rev()
+        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
+        .find_map(|l| serde_json::from_slice::<TrailLine>(l).ok()))
 }
 
 /// If the file does not end with a newline, cut it back to the last newline: that tail is a
@@ -202,6 +260,48 @@ mod tests {
 
     fn ev(text: &str) -> Event {
         Event::Message(MessageEvent::new(Message::user_text(text)))
+    }
+
+    #[test]
+    fn scans_agree_with_a_full_read() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        for n in 0..6 {
+            w.append(Event::Intake(crate::session::Intake {
+                id: format!("in-{n}"),
+                source: "user".into(),
+                from: "alice".into(),
+                text: format!("message {n}, with an \"id\": \"not-this\""),
+                tier: None,
+                attachments: vec![],
+                route: None,
+            }))
+            .unwrap();
+            w.append(ev(&format!("turn {n}"))).unwrap();
+        }
+        drop(w);
+        // A damaged line in the middle is skipped by every reader.
+        let f = trail_files(d.path(), "s1").unwrap().remove(0);
+        let text = fs::read_to_string(&f).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.insert(5, "{not json");
+        fs::write(&f, lines.join("\n") + "\n").unwrap();
+
+        let all = read_trail(d.path(), "s1").unwrap();
+        assert_eq!(all.len(), 12);
+        for after in [0, 1, 5, 11, 12, 40] {
+            let want: Vec<u64> = all.iter().map(|l| l.seq).filter(|s| *s > after).collect();
+            let got: Vec<u64> = read_trail_after(d.path(), "s1", after)
+                .unwrap()
+                .iter()
+                .map(|l| l.seq)
+                .collect();
+            assert_eq!(got, want, "after {after}");
+        }
+        let mut ids: Vec<String> = intake_ids(d.path(), "s1").unwrap().into_iter().collect();
+        ids.sort();
+        assert_eq!(ids, (0..6).map(|n| format!("in-{n}")).collect::<Vec<_>>());
+        assert_eq!(last_line(&f).unwrap().map(|l| l.seq), Some(12));
     }
 
     #[test]

@@ -171,11 +171,13 @@ fn agent_send_roundtrip_records_trail_costs_and_monitor() {
     assert_eq!(fin["usage"]["input_tokens"], 1200);
     assert_eq!(fin["usage"]["cache_read_tokens"], 800);
 
-    // State snapshot.
-    let state: Value = serde_json::from_slice(
-        &std::fs::read(d.sessions_dir().join(format!("{id}.state.json"))).unwrap(),
-    )
-    .unwrap();
+    // State snapshot (written after the reply is out).
+    let state: Value = wait_until(Duration::from_secs(10), "the state snapshot", || {
+        let bytes = std::fs::read(d.sessions_dir().join(format!("{id}.state.json"))).ok()?;
+        serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .filter(|s| s["last_seq"] == 4)
+    });
     assert_eq!(state["key"], "alice");
     assert_eq!(state["messages"].as_array().unwrap().len(), 2);
     assert_eq!(state["last_seq"], 4);
@@ -192,9 +194,13 @@ fn agent_send_roundtrip_records_trail_costs_and_monitor() {
     let want = (1200.0 * 3.0 + 30.0 * 15.0 + 800.0 * 0.3) / 1e6;
     assert!((cost - want).abs() < 1e-12, "cost {cost} != {want}");
 
-    // Monitor (SPEC §9): idle, describing the finished message.
-    let mon: Value =
-        serde_json::from_slice(&std::fs::read(d.state_dir.join("monitor.json")).unwrap()).unwrap();
+    // Monitor (SPEC §9): idle, describing the finished message (written by its own thread).
+    let mon: Value = wait_until(Duration::from_secs(10), "an idle monitor", || {
+        let bytes = std::fs::read(d.state_dir.join("monitor.json")).ok()?;
+        serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .filter(|m| m["state"] == "idle" && m["session_id"] == id.as_str())
+    });
     assert_eq!(mon["state"], "idle");
     assert_eq!(mon["session_id"], id.as_str());
     assert_eq!(mon["queue_depth"], 0);

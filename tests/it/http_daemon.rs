@@ -136,6 +136,80 @@ fn http_chat_notify_status_metrics_against_the_real_daemon() {
     assert!(d.sigterm().success());
 }
 
+/// The value of an unlabelled gauge in Prometheus text.
+fn gauge(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Sessions seen once do not pin resources (the soak leak, docs/BENCHMARKS.md): each worker
+/// exits when its queue is empty, and at most 64 session handles keep a trail file open.
+#[test]
+fn many_sessions_leave_no_workers_and_a_bounded_number_of_open_trails() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let port = free_port();
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[http]\nenabled = true\nport = {port}\nrate_limit = 100000\n",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_HTTP_TOKEN", "tok");
+    d.start();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking_client();
+    wait_until(Duration::from_secs(20), "HTTP status", || {
+        client.get(format!("{base}/api/v1/status")).send().ok()
+    });
+    let sessions = 90;
+    for n in 0..sessions {
+        let r = client
+            .post(format!("{base}/api/v1/chat"))
+            .bearer_auth("tok")
+            .json(&json!({"message": format!("hello {n}"), "sender": format!("s{n}")}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let metrics = wait_until(Duration::from_secs(20), "workers to exit", || {
+        let m = client
+            .get(format!("{base}/metrics"))
+            .bearer_auth("tok")
+            .send()
+            .ok()?
+            .text()
+            .ok()?;
+        (gauge(&m, "agentd_session_workers") == Some(0.0)).then_some(m)
+    });
+    let open = gauge(&metrics, "agentd_open_sessions").expect("open sessions gauge");
+    assert!(open <= 64.0, "{open} session handles open\n{metrics}");
+    // What the kernel says: trail files the daemon holds open.
+    let pid = d.pid().unwrap();
+    let trails = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.to_string_lossy().ends_with(".jsonl"))
+        .count();
+    assert!(
+        trails <= 64,
+        "{trails} trail files open after {sessions} sessions"
+    );
+    // Sessions whose handle was closed still work, in the same session.
+    let first = d.session_id("http-s0").unwrap();
+    let r: Value = client
+        .post(format!("{base}/api/v1/chat"))
+        .bearer_auth("tok")
+        .json(&json!({"message": "again", "sender": "s0"}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(r["session_id"], first.as_str());
+    assert!(d.sigterm().success());
+}
+
 mod reqwest {
     pub use ::reqwest::*;
     /// A blocking-style client: these tests are plain `#[test]`s, so run each request on a

@@ -172,8 +172,13 @@ fn server_error_and_hanging_poll_are_survived() {
         "reply after a 502 and a hung poll",
         || (!sent_to(&tg, ALICE).is_empty()).then_some(()),
     );
-    let mon: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(d.state_dir.join("monitor.json")).unwrap()).unwrap();
+    // Written by the monitor's own thread: wait for the newest state.
+    let mon: serde_json::Value = wait_until(Duration::from_secs(10), "telegram health", || {
+        let bytes = std::fs::read(d.state_dir.join("monitor.json")).ok()?;
+        serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .filter(|m| m["channels"]["telegram"]["last_poll_ok_at"].is_string())
+    });
     let health = &mon["channels"]["telegram"];
     assert!(health["last_poll_ok_at"].is_string(), "{mon}");
     assert!(

@@ -18,10 +18,13 @@ impl MemoryDb {
     ) -> Result<Vec<(ChunkRow, f64)>, StoreError> {
         self.actor
             .call(move |c| {
+                // The best rowids first, from FTS5 alone (`ORDER BY rank LIMIT` is its fast
+                // path), then the rows: joining before the sort would read every match's text.
                 let mut st = c.prepare_cached(
-                    "SELECT c.id, c.path, c.start_line, c.end_line, c.text, bm25(chunks_fts) AS s \
-                     FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid \
-                     WHERE chunks_fts MATCH ?1 ORDER BY s LIMIT ?2",
+                    "SELECT c.id, c.path, c.start_line, c.end_line, c.text, f.score \
+                     FROM (SELECT rowid, rank AS score FROM chunks_fts \
+                           WHERE chunks_fts MATCH ?1 ORDER BY rank LIMIT ?2) f \
+                     JOIN chunks c ON c.id = f.rowid ORDER BY f.score",
                 )?;
                 st.query_map(params![expr, limit as i64], |r| {
                     Ok((chunk_row(r)?, r.get(5)?))
@@ -35,10 +38,11 @@ impl MemoryDb {
     pub async fn fts_facts(&self, expr: String, limit: usize) -> Result<Vec<Fact>, StoreError> {
         self.actor
             .call(move |c| {
+                // Superseded and forgotten facts stay in the index, so filter while ranking.
                 let sql = format!(
                     "SELECT {FACT_COLS} FROM facts_fts JOIN facts ON facts.id = facts_fts.rowid \
                      WHERE facts_fts MATCH ?1 AND facts.invalidated_at IS NULL \
-                     ORDER BY bm25(facts_fts) LIMIT ?2"
+                     ORDER BY facts_fts.rank LIMIT ?2"
                 );
                 let mut st = c.prepare_cached(&sql)?;
                 st.query_map(params![expr, limit as i64], fact_row)?
@@ -59,7 +63,7 @@ impl MemoryDb {
                     "SELECT {EPISODE_COLS} FROM episodes_fts \
                      JOIN episodes ON episodes.id = episodes_fts.rowid \
                      WHERE episodes_fts MATCH ?1 AND episodes.invalidated_at IS NULL \
-                     ORDER BY bm25(episodes_fts) LIMIT ?2"
+                     ORDER BY episodes_fts.rank LIMIT ?2"
                 );
                 let mut st = c.prepare_cached(&sql)?;
                 st.query_map(params![expr, limit as i64], episode_row)?

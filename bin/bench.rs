@@ -1,0 +1,143 @@
+//! `bench`: benchmark programs that print figures (docs/BENCHMARKS.md). Each one starts the
+//! real release `agentd` with a temporary state directory and fakes on 127.0.0.1.
+//!
+//! ```sh
+//! cargo build --release --bin agentd --bin bench
+//! target/release/bench all          # or footprint | startup | overhead | cache | soak
+//! ```
+
+#[path = "../benches/cache.rs"]
+mod cache;
+#[path = "../benches/client.rs"]
+mod client;
+#[path = "../benches/disk.rs"]
+mod disk;
+#[path = "../benches/fake_provider.rs"]
+mod fake_provider;
+#[allow(dead_code)]
+#[path = "../tests/it/support/fake_telegram.rs"]
+mod fake_telegram;
+#[path = "../benches/launch.rs"]
+mod launch;
+#[path = "../benches/runs.rs"]
+mod runs;
+#[path = "../benches/stats.rs"]
+mod stats;
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::{Parser, ValueEnum};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Name {
+    Footprint,
+    Startup,
+    Overhead,
+    Cache,
+    Soak,
+    /// Everything but the soak.
+    All,
+}
+
+#[derive(Parser)]
+#[command(name = "bench", about = "agentd benchmarks (docs/BENCHMARKS.md)")]
+struct Cli {
+    name: Name,
+    /// The daemon binary (default: `agentd` next to this program).
+    #[arg(long)]
+    agentd: Option<PathBuf>,
+    /// Parent directory of the temporary daemon homes, so of the state directories
+    /// (default: $TMPDIR or /tmp). The disk under it decides the fsync cost.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// startup: restarts measured.
+    #[arg(long, default_value_t = 30)]
+    runs: usize,
+    /// overhead: sequential messages (the concurrent run sends as many); soak: messages.
+    #[arg(long)]
+    messages: Option<usize>,
+    /// soak: sessions.
+    #[arg(long, default_value_t = 200)]
+    sessions: usize,
+    /// overhead and soak: sessions in flight at once.
+    #[arg(long, default_value_t = 20)]
+    concurrency: usize,
+    /// footprint: keep the daemon running this many seconds after the figures (to profile it).
+    #[arg(long, default_value_t = 0)]
+    hold: u64,
+    /// soak: compact sessions above this many tokens (`[behavior.compaction]
+    /// threshold_tokens`; 0 keeps the default, 150,000).
+    #[arg(long, default_value_t = 0)]
+    compaction_tokens: u64,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let agentd = cli.agentd.unwrap_or_else(runs::default_agentd);
+    // The daemon runs in its temporary directory: a relative path would not resolve there.
+    let agentd = std::fs::canonicalize(&agentd).unwrap_or(agentd);
+    if !agentd.is_file() {
+        bail!(
+            "{} not found: build it first (cargo build --release --bin agentd --bin bench)",
+            agentd.display()
+        );
+    }
+    let mut o = runs::Opts {
+        agentd,
+        dir: cli.dir.unwrap_or_else(std::env::temp_dir),
+        runs: cli.runs.max(1),
+        messages: cli.messages.unwrap_or(1000),
+        sessions: cli.sessions.max(1),
+        concurrency: cli.concurrency.max(1),
+        hold: std::time::Duration::from_secs(cli.hold),
+        compaction_tokens: cli.compaction_tokens,
+    };
+    machine(&o);
+    match cli.name {
+        Name::Footprint => runs::footprint(&o)?,
+        Name::Startup => runs::startup(&o)?,
+        Name::Overhead => runs::overhead(&o)?,
+        Name::Cache => cache::cache(&o)?,
+        Name::Soak => {
+            o.messages = cli.messages.unwrap_or(20_000);
+            runs::soak(&o)?
+        }
+        Name::All => {
+            runs::footprint(&o)?;
+            runs::startup(&o)?;
+            runs::overhead(&o)?;
+            cache::cache(&o)?;
+        }
+    }
+    Ok(())
+}
+
+/// The machine, so that figures carry their context.
+fn machine(o: &runs::Opts) {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let built = std::fs::metadata(&o.agentd)
+        .and_then(|m| m.modified())
+        .ok()
+        .map(|t| {
+            chrono::DateTime::<chrono::Utc>::from(t)
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        })
+        .unwrap_or_default();
+    println!(
+        "machine: {cores} cores, {cpu}, Linux {}; state dirs under {} on {}",
+        kernel.trim(),
+        o.dir.display(),
+        launch::storage_of(&o.dir)
+    );
+    println!("agentd: {} (built {built})", o.agentd.display());
+}
