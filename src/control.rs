@@ -269,10 +269,127 @@ mod tests {
         assert!(resolve_text(&None, &Some(link), d.path()).is_err());
     }
 
+    /// Text a message line accepts: not blank.
+    fn text() -> impl Strategy<Value = String> {
+        "\\PC{1,60}".prop_filter("not blank", |t| !t.trim().is_empty())
+    }
+
+    fn opt(s: &'static str) -> impl Strategy<Value = Option<String>> {
+        proptest::option::of(s)
+    }
+
+    /// Every kind of control line, with text inline or in a file.
+    fn any_line() -> impl Strategy<Value = ControlLine> {
+        let body = prop_oneof![
+            text().prop_map(|t| (Some(t), None)),
+            "/[a-z]{1,8}/inbox/[a-z]{1,8}".prop_map(|p| (None, Some(PathBuf::from(p)))),
+        ];
+        prop_oneof![
+            (
+                opt("[a-z0-9-]{1,36}"),
+                body.clone(),
+                opt("\\PC{1,20}"),
+                opt("[a-z]{1,12}"),
+                proptest::collection::vec("/[a-z]{1,8}/[a-z.]{1,12}", 0..3)
+            )
+                .prop_map(|(id, (text, text_file), sender, tier, attachments)| {
+                    ControlLine::User {
+                        id,
+                        text,
+                        text_file,
+                        sender,
+                        tier,
+                        attachments: attachments.into_iter().map(PathBuf::from).collect(),
+                    }
+                }),
+            (opt("[a-z0-9-]{1,36}"), body.clone(), opt("[a-z]{1,12}")).prop_map(
+                |(id, (text, text_file), tier)| ControlLine::System {
+                    id,
+                    text,
+                    text_file,
+                    tier
+                }
+            ),
+            (
+                opt("[a-z0-9-]{1,36}"),
+                body,
+                opt("\\PC{1,20}"),
+                opt("\\PC{1,20}"),
+                // `"data": null` reads as no data, so null is not generated.
+                proptest::option::of(
+                    crate::proptest_json::any_json().prop_filter("not null", |v| !v.is_null())
+                )
+            )
+                .prop_map(|(id, (text, text_file), source, reference, data)| {
+                    ControlLine::Notify {
+                        id,
+                        text,
+                        text_file,
+                        source,
+                        reference,
+                        data,
+                    }
+                }),
+            (opt("[a-z0-9-]{1,36}"), "\\PC{1,40}")
+                .prop_map(|(id, target)| ControlLine::Reset { id, target }),
+        ]
+    }
+
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
         #[test]
         fn parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
             let _ = parse_line(&bytes, 512);
+        }
+
+        /// Every line a writer can encode is read back as written (SPEC §10.1 line shapes).
+        #[test]
+        fn every_line_kind_round_trips(line in any_line()) {
+            let enc = line.encode();
+            prop_assert_eq!(enc.last(), Some(&b'\n'));
+            prop_assert!(!enc[..enc.len() - 1].contains(&b'\n'), "one line");
+            prop_assert_eq!(parse_line(&enc[..enc.len() - 1], 1 << 20), Ok(line));
+        }
+
+        /// A line a buggy writer broke (a field dropped, a wrong type, an unknown key) is either a
+        /// line that re-encodes to itself, or refused with `Invalid` / `NoText` — never a panic,
+        /// and never a message line without text.
+        #[test]
+        fn broken_lines_are_parsed_or_refused(line in any_line(), edits in crate::proptest_json::edits(3)) {
+            let doc = crate::proptest_json::mutate(&serde_json::to_value(&line).unwrap(), &edits);
+            let bytes = doc.to_string();
+            match parse_line(bytes.as_bytes(), 1 << 20) {
+                Ok(parsed) => {
+                    if let ControlLine::User { text, text_file, .. }
+                    | ControlLine::System { text, text_file, .. }
+                    | ControlLine::Notify { text, text_file, .. } = &parsed
+                    {
+                        prop_assert!(text.as_deref().is_some_and(|t| !t.trim().is_empty()) || text_file.is_some());
+                    }
+                    let enc = parsed.encode();
+                    prop_assert_eq!(parse_line(&enc[..enc.len() - 1], 1 << 20), Ok(parsed));
+                }
+                Err(e) => prop_assert!(
+                    matches!(e, ControlError::Invalid(_) | ControlError::NoText { .. }),
+                    "{e:?}"
+                ),
+            }
+        }
+
+        /// The documented errors: over the limit → `TooLong` (checked first, whatever the bytes),
+        /// not UTF-8 → `NotUtf8`.
+        #[test]
+        fn size_and_encoding_errors_are_the_documented_ones(
+            bytes in proptest::collection::vec(any::<u8>(), 1..300),
+            max in 0usize..300,
+        ) {
+            let got = parse_line(&bytes, max);
+            if bytes.len() > max {
+                prop_assert_eq!(got, Err(ControlError::TooLong { len: bytes.len(), max }));
+            } else if std::str::from_utf8(&bytes).is_err() {
+                prop_assert_eq!(got, Err(ControlError::NotUtf8));
+            }
         }
 
         #[test]

@@ -29,7 +29,7 @@ fn write_replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
         std::process::id(),
         rand::random::<u64>()
     ));
-    {
+    let written = (|| {
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = OpenOptions::new()
             .write(true)
@@ -41,8 +41,11 @@ fn write_replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
         if durable {
             f.sync_all()?;
         }
-    }
-    if let Err(e) = fs::rename(&tmp, path) {
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        // Also after a failed write (a full disk): a partial temp file would hold on to the
+        // space and stay behind forever.
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
@@ -57,13 +60,64 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Append one line (a `\n` is added) with a single write, then fsync the data.
+/// Append one line (a `\n` is added) with a single write, then fsync the data. When the write
+/// or the fsync fails, the file is cut back to its length before the write (best effort): a
+/// short write on a full disk must not leave half a line that the next append would glue onto,
+/// and a line whose fsync failed was never durable, so nobody may act on it.
 pub fn append_line_fsync(file: &mut File, line: &[u8]) -> io::Result<()> {
+    let before = file.metadata()?.len();
     let mut buf = Vec::with_capacity(line.len() + 1);
     buf.extend_from_slice(line);
     buf.push(b'\n');
-    file.write_all(&buf)?;
-    file.sync_data()
+    let result = file.write_all(&buf).and_then(|()| file.sync_data());
+    if result.is_err() {
+        let _ = file.set_len(before);
+    }
+    result
+}
+
+/// Remove the temp files of `atomic_write` that a killed process left in `dir` (names
+/// `.<name>.tmp.<pid>.<16 hex digits>` whose pid is not a running process). Returns how many
+/// were removed. Run at start, before anything writes there.
+pub fn remove_stale_temps(dir: &Path) -> io::Result<usize> {
+    let mut removed = 0;
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for entry in rd {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(stale_temp_pid) else {
+            continue;
+        };
+        let alive = pid == std::process::id()
+            || i32::try_from(pid).is_ok_and(|p| {
+                !matches!(
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None),
+                    Err(nix::errno::Errno::ESRCH)
+                )
+            });
+        if alive || !entry.file_type()?.is_file() {
+            continue;
+        }
+        fs::remove_file(entry.path())?;
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// The pid in an `atomic_write` temp name `.<name>.tmp.<pid>.<16 hex digits>`.
+fn stale_temp_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let (head, random) = rest.rsplit_once('.')?;
+    let (head, pid) = head.rsplit_once('.')?;
+    let valid = random.len() == 16
+        && random.bytes().all(|b| b.is_ascii_hexdigit())
+        && head.ends_with(".tmp")
+        && head.len() > ".tmp".len();
+    valid.then(|| pid.parse().ok()).flatten()
 }
 
 /// Create a directory (and parents) with mode 0700.
@@ -99,6 +153,56 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"two");
         let names: Vec<_> = fs::read_dir(d.path()).unwrap().collect();
         assert_eq!(names.len(), 1, "temp file left behind");
+    }
+
+    #[test]
+    fn a_failed_replace_leaves_no_temp_file() {
+        let d = tempfile::tempdir().unwrap();
+        // Renaming a file over a non-empty directory fails after the temp file was written.
+        let p = d.path().join("x.json");
+        fs::create_dir(&p).unwrap();
+        fs::write(p.join("inside"), "keep").unwrap();
+        atomic_write(&p, b"data").unwrap_err();
+        let names: Vec<_> = fs::read_dir(d.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "temp file left behind");
+    }
+
+    #[test]
+    fn a_failed_append_cuts_the_file_back() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("t.jsonl");
+        fs::write(&p, "{\"a\":1}\n").unwrap();
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        append_line_fsync(&mut f, b"{\"a\":2}").unwrap();
+        assert_eq!(fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"a\":2}\n");
+        // A file opened read-only: the write fails, nothing is left behind.
+        let mut ro = File::open(&p).unwrap();
+        append_line_fsync(&mut ro, b"{\"a\":3}").unwrap_err();
+        assert_eq!(fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"a\":2}\n");
+    }
+
+    #[test]
+    fn stale_temps_of_dead_processes_are_removed() {
+        let d = tempfile::tempdir().unwrap();
+        // A pid above the kernel's maximum (4194304) never runs.
+        let dead = d.path().join(".s.state.json.tmp.99999999.0123456789abcdef");
+        let mine = d.path().join(format!(
+            ".m.json.tmp.{}.0123456789abcdef",
+            std::process::id()
+        ));
+        let other = d.path().join(".notes.tmp.99999999.xyz");
+        for p in [&dead, &mine, &other] {
+            fs::write(p, "x").unwrap();
+        }
+        fs::write(d.path().join("s.state.json"), "{}").unwrap();
+        assert_eq!(remove_stale_temps(d.path()).unwrap(), 1);
+        assert!(!dead.exists());
+        assert!(mine.exists() && other.exists());
+        assert!(d.path().join("s.state.json").exists());
+        assert_eq!(remove_stale_temps(&d.path().join("missing")).unwrap(), 0);
+        assert_eq!(stale_temp_pid(".a.tmp.12.0123456789ABCDEF"), Some(12));
+        assert_eq!(stale_temp_pid(".tmp.12.0123456789abcdef"), None);
+        assert_eq!(stale_temp_pid("a.tmp.12.0123456789abcdef"), None);
     }
 
     #[test]

@@ -28,3 +28,6 @@ pub mod skills;
 pub mod store;
 pub mod telemetry;
 pub mod tools;
+
+#[cfg(test)]
+pub(crate) mod proptest_json;

@@ -288,6 +288,12 @@ impl Monitor {
     /// immediately; a failed write is logged, never returned.
     /// Starts the writer thread and writes the idle state (waiting until it is on disk).
     pub fn new(path: PathBuf) -> Monitor {
+        // Writes that a kill interrupted (the monitor is rewritten on every loop event).
+        if let Some(dir) = path.parent()
+            && let Err(e) = crate::fsutil::remove_stale_temps(dir)
+        {
+            tracing::warn!(error = %e, "cannot remove stale temp files");
+        }
         let writer = Arc::new(Writer::default());
         let thread = {
             let (path, writer) = (path.clone(), writer.clone());

@@ -88,6 +88,11 @@ pub enum Finish {
     Cancelled,
 }
 
+/// The first wait before a failed trail write is tried again (`Agent::record_durably`).
+const STORAGE_RETRY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest wait between tries of a failed trail write.
+const STORAGE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// An error that ends the message: what the user is told and what is logged.
 struct Fail {
     reply: String,
@@ -134,7 +139,7 @@ impl Agent {
         cancel: &CancellationToken,
     ) -> Finish {
         if work.source() == "scheduler" && !work.resume {
-            return self.deliver_scheduled(session, state, work).await;
+            return self.deliver_scheduled(session, state, work, cancel).await;
         }
         let model = self.route_work(work);
         let handle = self.monitor.begin(&session.id, &session.key, &model);
@@ -171,6 +176,7 @@ impl Agent {
         session: &Arc<SessionHandle>,
         state: &mut SessionState,
         work: &Work,
+        cancel: &CancellationToken,
     ) -> Finish {
         let text = work
             .intakes
@@ -194,7 +200,11 @@ impl Agent {
         reply.is_final = true;
         reply.reply_to = work.ids();
         for ev in [Event::Message(user), Event::Message(reply)] {
-            if let Err(Some(fail)) = self.record(session, state, ev).await {
+            let recorded = self.record_durably(session, state, ev, cancel).await;
+            if let Err(None) = recorded {
+                return Finish::Cancelled;
+            }
+            if let Err(Some(fail)) = recorded {
                 let _ = append(
                     session,
                     Event::Failure {
@@ -232,7 +242,7 @@ impl Agent {
         let ids = work.ids();
         // Calls left without results (a crash, /stop during tools) are answered before
         // anything is appended: providers reject a tool call without its result.
-        self.repair_dangling(session, state).await?;
+        self.repair_dangling(session, state, cancel).await?;
         let tier = compaction::work_tier(work);
         if !work.resume {
             let compaction_near = self.take_compaction_warning(state, &tier).await;
@@ -256,7 +266,8 @@ impl Agent {
             ev.reply_to = ids.clone();
             ev.source = Some(work.source().to_string());
             ev.from = Some(work.from().to_string());
-            self.record(session, state, Event::Message(ev)).await?;
+            self.record_durably(session, state, Event::Message(ev), cancel)
+                .await?;
             // The in-memory copy keeps images for this message's calls.
             if let Some(last) = state.messages.last_mut() {
                 *last = msg;
@@ -268,7 +279,7 @@ impl Agent {
         let mut total = Usage::default();
 
         for turn in 1..=max_turns {
-            self.repair_dangling(session, state).await?;
+            self.repair_dangling(session, state, cancel).await?;
             self.check_budget(spent).await?;
 
             let last_turn = turn == max_turns;
@@ -366,7 +377,8 @@ impl Agent {
                 ev.silent = silent;
                 ev.reply_to = ids.clone();
             }
-            self.record(session, state, Event::Message(ev)).await?;
+            self.record_durably(session, state, Event::Message(ev), cancel)
+                .await?;
             let tool_names: Vec<String> = resp.tool_calls.iter().map(|c| c.name.clone()).collect();
             self.monitor.turn_done(
                 handle,
@@ -403,11 +415,12 @@ impl Agent {
                 self.metrics.tool_call(name, !r.is_error);
             }
             let notice = wrap_up_notice(&resp.stop_reason, max_turns - turn);
-            self.record(
+            self.record_durably(
                 session,
                 state,
                 // The registry already truncated each output to `output_truncation`.
                 Event::ToolResult { results, notice },
+                cancel,
             )
             .await?;
         }
@@ -465,6 +478,7 @@ impl Agent {
         &self,
         session: &Arc<SessionHandle>,
         state: &mut SessionState,
+        cancel: &CancellationToken,
     ) -> Result<(), Option<Fail>> {
         let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
             return Ok(());
@@ -484,13 +498,14 @@ impl Agent {
             })
             .collect();
         tracing::warn!(session = %session.id, "repairing dangling tool calls");
-        self.record(
+        self.record_durably(
             session,
             state,
             Event::ToolResult {
                 results,
                 notice: None,
             },
+            cancel,
         )
         .await
     }
@@ -557,6 +572,48 @@ impl Agent {
         }
     }
 
+    /// Like [`Agent::record`], but a write that fails (a full disk, an I/O error) does not end
+    /// the message: it is retried with backoff (1 s doubling to 30 s) until it succeeds, so the
+    /// message pauses and carries on once the disk has room again — an acknowledged message is
+    /// neither dropped nor answered with an error because the disk was full for a while. A failed
+    /// append leaves nothing in the file (`fsutil::append_line_fsync`), so the retry writes the
+    /// same line again. `cancel` ends the wait like any interruption: nothing is recorded and
+    /// the message resumes after the next start.
+    async fn record_durably(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        event: Event,
+        cancel: &CancellationToken,
+    ) -> Result<(), Option<Fail>> {
+        let mut delay = STORAGE_RETRY_MIN;
+        let mut failures = 0u32;
+        loop {
+            match append(session, event.clone()).await {
+                Ok(line) => {
+                    if failures > 0 {
+                        tracing::info!(session = %session.id, failures, "the session trail is writable again; the message continues");
+                    }
+                    return self.fold(state, line);
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 {
+                        self.metrics.error("trail");
+                        tracing::error!(session = %session.id, error = %e, "cannot write the session trail; the message waits and retries");
+                    } else {
+                        tracing::warn!(session = %session.id, error = %e, failures, retry_in_ms = delay.as_millis() as u64, "the session trail is still not writable");
+                    }
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Err(None),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(STORAGE_RETRY_MAX);
+                }
+            }
+        }
+    }
+
     /// Append an event to the trail (durably) and fold it into the state.
     async fn record(
         &self,
@@ -565,22 +622,27 @@ impl Agent {
         event: Event,
     ) -> Result<(), Option<Fail>> {
         match append(session, event).await {
-            Ok(line) if line.seq > state.last_seq => {
-                state.apply(&line);
-                Ok(())
-            }
-            Ok(line) => Err(Some(Fail {
-                reply: self.cfg.behavior.error_message.clone(),
-                error: format!(
-                    "trail sequence went backwards (line {} after state {}); the state is rebuilt from the trail on the next message",
-                    line.seq, state.last_seq
-                ),
-            })),
+            Ok(line) => self.fold(state, line),
             Err(e) => Err(Some(Fail {
                 reply: self.cfg.behavior.error_message.clone(),
                 error: format!("cannot write the session trail: {e}"),
             })),
         }
+    }
+
+    /// Fold a line just written into the state.
+    fn fold(&self, state: &mut SessionState, line: TrailLine) -> Result<(), Option<Fail>> {
+        if line.seq > state.last_seq {
+            state.apply(&line);
+            return Ok(());
+        }
+        Err(Some(Fail {
+            reply: self.cfg.behavior.error_message.clone(),
+            error: format!(
+                "trail sequence went backwards (line {} after state {}); the state is rebuilt from the trail on the next message",
+                line.seq, state.last_seq
+            ),
+        }))
     }
 
     async fn record_cost(

@@ -547,3 +547,144 @@ async fn the_configured_limit_replaces_axums_2_mb_default() {
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(fake.chats.lock().unwrap()[0].message.len(), 3 * 1024 * 1024);
 }
+
+/// Property tests: request bodies, paths and headers are outside input.
+mod prop {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::proptest_json::{any_json, edits, mutate};
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn post(uri: &str, body: Vec<u8>, content_type: Option<&str>) -> Request<Body> {
+        let mut b = Request::builder()
+            .method("POST")
+            .uri(uri)
+            .header("authorization", format!("Bearer {TOKEN}"));
+        if let Some(ct) = content_type {
+            b = b.header("content-type", ct);
+        }
+        b.body(Body::from(body)).unwrap()
+    }
+
+    /// A valid body for each POST endpoint.
+    fn valid_body(uri: &str) -> Value {
+        match uri {
+            "/api/v1/chat" => {
+                json!({"message": "hi", "sender": "svc", "context": "c", "tier": "full",
+                "attachments": [{"content_type": "image/png", "data": "aGk=", "filename": "a.png"}]})
+            }
+            "/api/v1/notify" => {
+                json!({"message": "built", "source": "ci", "ref": "#1", "data": {"n": 1}, "sender": "ci"})
+            }
+            _ => json!({"target": "alice"}),
+        }
+    }
+
+    fn endpoint() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            Just("/api/v1/chat"),
+            Just("/api/v1/notify"),
+            Just("/api/v1/sessions/reset")
+        ]
+    }
+
+    /// Bodies as clients get them wrong: raw bytes, any JSON, a valid body with edits, and
+    /// bodies over the 2048-byte limit of the test config.
+    fn body(uri: &'static str) -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..200),
+            any_json().prop_map(|v| v.to_string().into_bytes()),
+            edits(3).prop_map(move |e| mutate(&valid_body(uri), &e).to_string().into_bytes()),
+            (2000usize..3000)
+                .prop_map(|n| format!(r#"{{"message":"{}"}}"#, "x".repeat(n)).into_bytes()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// Whatever the body and content type, a POST gets a JSON answer whose status is one
+        /// of the documented ones: success, 400 (bad JSON or fields), 413 (too large), 415
+        /// (not JSON), or the backend's own 500 / 503 — never a panic or another 5xx — and an
+        /// error answer says what was wrong in `error`.
+        #[test]
+        fn any_post_body_gets_a_documented_answer(
+            (uri, body) in endpoint().prop_flat_map(|u| (Just(u), body(u))),
+            content_type in prop_oneof![Just(Some("application/json")), Just(None), Just(Some("text/plain")), Just(Some("application/json; charset=utf-8"))],
+        ) {
+            let (fake, app) = app();
+            let (status, v, head) = rt().block_on(send(&app, post(uri, body.clone(), content_type)));
+            assert_agent(&v, &head);
+            let chat = fake.chats.lock().unwrap().pop();
+            let allowed = match status.as_u16() {
+                200 => uri != "/api/v1/notify",
+                202 => uri == "/api/v1/notify",
+                400 | 413 | 415 | 422 => true,
+                // The fake backend fails the message "fail" and the reset target "busy".
+                500 => chat.as_ref().is_some_and(|c| c.message == "fail"),
+                503 => serde_json::from_slice::<Value>(&body).is_ok_and(|b| b["target"] == "busy"),
+                _ => false,
+            };
+            prop_assert!(allowed, "{uri} answered {status}: {v}");
+            if status.as_u16() >= 400 {
+                prop_assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+            }
+            if status == StatusCode::OK && uri == "/api/v1/chat" {
+                prop_assert!(chat.is_some_and(|c| !c.message.trim().is_empty()));
+            }
+        }
+
+        /// The documented output for good input: `/chat` passes the message on with the context
+        /// folded in as `[context] …` and answers the backend's reply.
+        #[test]
+        fn chat_messages_reach_the_backend_as_sent(
+            message in "\\PC{1,80}",
+            context in proptest::option::of("\\PC{0,40}"),
+            sender in proptest::option::of("[a-z0-9_-]{1,20}"),
+        ) {
+            prop_assume!(!message.trim().is_empty() && message != "fail");
+            let (fake, app) = app();
+            let body = json!({"message": message, "context": context, "sender": sender});
+            let (status, v, _) = rt().block_on(send(&app, post("/api/v1/chat", body.to_string().into_bytes(), Some("application/json"))));
+            prop_assert_eq!(status, StatusCode::OK, "{}", v);
+            let want = match context.as_deref().filter(|c| !c.trim().is_empty()) {
+                Some(c) => format!("[context] {c}\n{message}"),
+                None => message.clone(),
+            };
+            let echo = format!("echo: {want}");
+            prop_assert_eq!(v["reply"].as_str(), Some(echo.as_str()));
+            let chat = fake.chats.lock().unwrap().pop().unwrap();
+            prop_assert_eq!(chat.sender, sender);
+        }
+
+        /// Any path and query under the API gets a JSON answer, never a panic; unknown ones are
+        /// 404/405, history ids outside `[A-Za-z0-9_-]{1,64}` are refused before the backend.
+        #[test]
+        fn any_get_path_gets_a_json_answer(path in "/(api/v1/)?[a-z/._%*?=&-]{0,40}") {
+            let (fake, app) = app();
+            let Ok(request) = Request::builder()
+                .method("GET")
+                .uri(&path)
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .body(Body::empty())
+            else {
+                return Ok(());
+            };
+            let (status, v, head) = rt().block_on(send(&app, request));
+            prop_assert!(matches!(status.as_u16(), 200 | 400 | 404 | 405), "{path}: {status} {v}");
+            if head.headers()["content-type"] == "application/json" && status.as_u16() >= 400 {
+                prop_assert!(v["error"].is_string(), "{v}");
+            }
+            for (id, _) in fake.history_ids.lock().unwrap().iter() {
+                prop_assert!(crate::api::handlers::is_session_id(id), "{id:?} reached the backend");
+            }
+        }
+    }
+}

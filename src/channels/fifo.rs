@@ -199,6 +199,31 @@ mod tests {
     }
 
     proptest! {
+        /// Any bytes a writer sends (NUL, invalid UTF-8, no newline at all), however the reads
+        /// cut them: every complete line comes out whole and in order, or — over the limit — as
+        /// its length only (logged and skipped by the reader); an unfinished line is kept.
+        #[test]
+        fn any_bytes_split_into_bounded_lines(bytes in proptest::collection::vec(any::<u8>(), 0..600),
+                                              cuts in proptest::collection::vec(0usize..600, 0..10),
+                                              max in 1usize..64) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.sort();
+            let mut s = LineSplitter::new(max);
+            let mut got = Vec::new();
+            let mut prev = 0;
+            for c in cuts.into_iter().chain([bytes.len()]) {
+                got.extend(s.push(&bytes[prev..c]));
+                prev = c;
+            }
+            let mut segments: Vec<&[u8]> = bytes.split(|&b| b == b'\n').collect();
+            segments.pop(); // the part after the last newline is not a line yet
+            let want: Vec<Result<Vec<u8>, usize>> = segments
+                .into_iter()
+                .map(|l| if l.len() > max { Err(l.len()) } else { Ok(l.to_vec()) })
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+
         #[test]
         fn chunking_does_not_change_lines(lines in proptest::collection::vec("[a-z]{0,12}", 0..20),
                                           cuts in proptest::collection::vec(0usize..400, 0..10)) {

@@ -974,3 +974,147 @@ fn thinking_values_follow_the_api_ranges() {
         "{problems:?}"
     );
 }
+
+/// One text edit of a config file, the way hand-edited files go wrong.
+#[derive(Debug, Clone)]
+enum TextEdit {
+    /// Delete line n.
+    DeleteLine(usize),
+    /// Repeat line n (a duplicate key or table).
+    DuplicateLine(usize),
+    /// Replace what follows `=` on line n.
+    Revalue(usize, String),
+    /// Cut the file at char n (a half-written file).
+    Truncate(usize),
+    /// Insert text at char n.
+    Insert(usize, String),
+}
+
+fn text_edit() -> impl Strategy<Value = TextEdit> {
+    prop_oneof![
+        any::<usize>().prop_map(TextEdit::DeleteLine),
+        any::<usize>().prop_map(TextEdit::DuplicateLine),
+        (any::<usize>(), prop_oneof![any_value(), "\\PC{0,12}"])
+            .prop_map(|(n, v)| TextEdit::Revalue(n, v)),
+        any::<usize>().prop_map(TextEdit::Truncate),
+        (any::<usize>(), "\\PC{0,16}").prop_map(|(n, s)| TextEdit::Insert(n, s)),
+    ]
+}
+
+fn apply_text_edits(text: &str, edits: &[TextEdit]) -> String {
+    let mut t = text.to_string();
+    for e in edits {
+        let mut lines: Vec<String> = t.lines().map(str::to_string).collect();
+        let n_lines = lines.len().max(1);
+        let chars = t.chars().count() + 1;
+        let at = |n: usize| t.char_indices().nth(n % chars).map_or(t.len(), |(i, _)| i);
+        t = match e {
+            TextEdit::DeleteLine(n) if !lines.is_empty() => {
+                lines.remove(n % n_lines);
+                lines.join("\n")
+            }
+            TextEdit::DuplicateLine(n) if !lines.is_empty() => {
+                let l = lines[n % n_lines].clone();
+                lines.insert(n % n_lines, l);
+                lines.join("\n")
+            }
+            TextEdit::Revalue(n, v) if !lines.is_empty() => {
+                let l = &mut lines[n % n_lines];
+                if let Some((k, _)) = l.split_once('=') {
+                    *l = format!("{k}= {v}");
+                }
+                lines.join("\n")
+            }
+            TextEdit::Truncate(n) => t[..at(*n)].to_string(),
+            TextEdit::Insert(n, s) => {
+                let i = at(*n);
+                format!("{}{s}{}", &t[..i], &t[i..])
+            }
+            _ => t.clone(),
+        };
+    }
+    t
+}
+
+/// The shipped config and provider files in a checkout-like fixture (workspace included).
+fn shipped_fixture() -> Fixture {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let f = Fixture::new(&std::fs::read_to_string(root.join("config/agentd.toml")).unwrap());
+    std::fs::create_dir_all(f.dir.path().join("workspace")).unwrap();
+    for name in ["anthropic", "openai", "ollama"] {
+        f.provider(
+            name,
+            &std::fs::read_to_string(root.join(format!("providers.d/{name}.toml"))).unwrap(),
+        );
+    }
+    f
+}
+
+/// Telegram user ids written anywhere in `text`.
+fn numbers_in(text: &str) -> Vec<i64> {
+    text.split(|c: char| !c.is_ascii_digit() && c != '-')
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Hand-edited files go wrong in every way (a line lost or repeated, a value of the wrong
+    /// type, a file cut short, stray characters). Loading the shipped config or a provider
+    /// file edited like that never panics: it is valid, or every problem is listed with a
+    /// message (and, for a TOML syntax error, the file). A config that loads never opens up
+    /// more than it says: Telegram admits only ids written in the file (an empty or missing
+    /// `allow_from` admits nobody).
+    #[test]
+    fn edited_shipped_files_load_or_list_their_problems(
+        config_edits in proptest::collection::vec(text_edit(), 0..4),
+        provider_edits in proptest::collection::vec(text_edit(), 0..3),
+        telegram in proptest::option::of(proptest::collection::vec(1i64..1_000_000, 0..3)),
+    ) {
+        let f = shipped_fixture();
+        let mut config = std::fs::read_to_string(f.config_path()).unwrap();
+        if let Some(ids) = &telegram {
+            config.push_str(&format!("\n[channel.telegram]\nenabled = true\nallow_from = {ids:?}\n"));
+        }
+        let config = apply_text_edits(&config, &config_edits);
+        f.write("config/agentd.toml", &config);
+        let anthropic = std::fs::read_to_string(f.dir.path().join("providers.d/anthropic.toml")).unwrap();
+        f.provider("anthropic", &apply_text_edits(&anthropic, &provider_edits));
+        let mut f = f;
+        f.set("AGENTD_TELEGRAM_TOKEN", "1:x");
+        match f.load() {
+            Ok(c) => {
+                let written = numbers_in(&config);
+                prop_assert!(
+                    c.telegram.allow_from.iter().all(|id| written.contains(id)),
+                    "allow_from {:?} holds ids not in the file", c.telegram.allow_from
+                );
+            }
+            Err(ConfigError::Invalid { problems, .. }) => {
+                prop_assert!(!problems.is_empty());
+                for p in &problems {
+                    prop_assert!(!p.message.is_empty(), "{p:?}");
+                    prop_assert!(!p.file.as_os_str().is_empty(), "{p:?}");
+                }
+            }
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
+
+    /// Arbitrary bytes as agentd.toml: a list of problems (or, for bytes that are not UTF-8,
+    /// the read error saying so), never a panic or a loaded config without an `[agent]` name.
+    #[test]
+    fn arbitrary_config_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+        let f = Fixture::new("");
+        std::fs::write(f.config_path(), &bytes).unwrap();
+        match f.load() {
+            Ok(c) => prop_assert!(!c.agent.name.is_empty()),
+            Err(ConfigError::Invalid { problems, .. }) => prop_assert!(!problems.is_empty()),
+            Err(e @ ConfigError::Io { .. }) => {
+                prop_assert!(std::str::from_utf8(&bytes).is_err(), "{e}");
+                prop_assert!(e.to_string().contains("UTF-8"), "{e}");
+            }
+        }
+    }
+}

@@ -124,7 +124,7 @@ pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Durati
         && ms.is_finite()
         && ms >= 0.0
     {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(seconds(ms / 1000.0));
     }
     header("retry-after").and_then(|v| parse_retry_after(v, now))
 }
@@ -137,11 +137,18 @@ pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration
         return Some(Duration::from_secs(secs));
     }
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return (secs.is_finite() && secs >= 0.0).then(|| seconds(secs));
     }
     let date = chrono::DateTime::parse_from_rfc2822(value).ok()?;
     let at = SystemTime::from(date.with_timezone(&chrono::Utc));
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// `secs` (finite, not negative) as a `Duration`; a value too large for one (a server asking
+/// for `1e30` seconds) is the longest duration, which the retry policy caps anyway.
+/// `Duration::from_secs_f64` would panic there, killing the task that read the header.
+fn seconds(secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
 }
 
 /// A reqwest error as text without the URL (it may carry secrets), with its causes.
@@ -222,6 +229,12 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert_eq!(parse_retry_after("-3", now), None);
+        // Too large for a Duration: the longest wait (capped by the retry policy), no panic.
+        assert_eq!(
+            parse_retry_after("20000000000000000000", now),
+            Some(Duration::MAX)
+        );
+        assert_eq!(parse_retry_after("1e300", now), Some(Duration::MAX));
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("", now), None);
     }
@@ -247,5 +260,48 @@ mod tests {
         assert_eq!(redact("fine".into(), None), "fine");
         assert_eq!(truncate_chars("äöü", 2), "äö…");
         assert_eq!(truncate_chars("äöü", 3), "äöü");
+    }
+}
+
+/// Property tests: `Retry-After` is a header a provider (or a proxy) writes.
+#[cfg(test)]
+mod prop_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Any header value: a wait or none, never a panic, never a negative or non-finite wait.
+        #[test]
+        fn any_value_is_a_wait_or_none(
+            value in prop_oneof![
+                "\\PC{0,40}",
+                // Numbers as servers write them, up to absurd ones.
+                "-?[0-9]{0,25}(\\.[0-9]{0,6})?([eE][-+]?[0-9]{1,3})?",
+                Just("inf".to_string()),
+                Just("NaN".to_string()),
+            ],
+            now in 0u64..4_000_000_000,
+        ) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(now);
+            let _ = parse_retry_after(&value, now);
+            let mut h = HeaderMap::new();
+            if let Ok(v) = reqwest::header::HeaderValue::from_str(&value) {
+                h.insert("retry-after-ms", v.clone());
+                h.insert("retry-after", v);
+                let _ = retry_after(&h, now);
+            }
+        }
+
+        /// Round trips of both forms: delay seconds, and an HTTP date that many seconds ahead.
+        #[test]
+        fn seconds_and_dates_round_trip(secs in 0u64..1_000_000, now in 1_000_000_000u64..3_000_000_000) {
+            let at = SystemTime::UNIX_EPOCH + Duration::from_secs(now);
+            prop_assert_eq!(parse_retry_after(&format!(" {secs} "), at), Some(Duration::from_secs(secs)));
+            let date = chrono::DateTime::from_timestamp((now + secs) as i64, 0).unwrap().to_rfc2822();
+            prop_assert_eq!(parse_retry_after(&date, at), Some(Duration::from_secs(secs)), "{}", date);
+        }
     }
 }

@@ -218,6 +218,85 @@ mod tests {
         }
     }
 
+    use proptest::prelude::*;
+
+    /// One event: an optional name and its data lines.
+    type Ev = (Option<String>, Vec<String>);
+
+    /// The printer: events as a server may frame them — `\n` or `\r\n` after any line,
+    /// comment lines in between, `data:` with or without its optional space.
+    fn print(events: &[Ev], crlf: &[bool], comments: &[bool]) -> Vec<u8> {
+        let mut out = String::new();
+        let mut k = 0;
+        let mut eol = |out: &mut String| {
+            out.push_str(if crlf[k % crlf.len()] { "\r\n" } else { "\n" });
+            k += 1;
+        };
+        for (i, (name, lines)) in events.iter().enumerate() {
+            if comments[i % comments.len()] {
+                out.push_str(": keep-alive");
+                eol(&mut out);
+            }
+            if let Some(n) = name {
+                out.push_str(&format!("event: {n}"));
+                eol(&mut out);
+            }
+            for l in lines {
+                // The one space after the colon is optional unless the value starts with one.
+                if l.starts_with(' ') || i % 2 == 0 {
+                    out.push_str(&format!("data: {l}"));
+                } else {
+                    out.push_str(&format!("data:{l}"));
+                }
+                eol(&mut out);
+            }
+            eol(&mut out);
+        }
+        out.into_bytes()
+    }
+
+    fn any_event() -> impl Strategy<Value = Ev> {
+        (
+            proptest::option::of("[a-z_]{1,12}"),
+            proptest::collection::vec("[^\r\n]{0,20}", 1..4),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// Whatever the framing and wherever the network cuts the bytes (also inside a UTF-8
+        /// character or between `\r` and `\n`), the parser gets each event once, in order, with
+        /// its name (`message` when none) and its data lines joined by `\n`.
+        #[test]
+        fn events_survive_any_framing_and_chunking(
+            events in proptest::collection::vec(any_event(), 0..8),
+            crlf in proptest::collection::vec(any::<bool>(), 1..8),
+            comments in proptest::collection::vec(any::<bool>(), 1..4),
+            cuts in proptest::collection::vec(any::<usize>(), 0..30),
+        ) {
+            let bytes = print(&events, &crlf, &comments);
+            let mut r = Recorder { eof_ok: true, ..Default::default() };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            rt.block_on(testing::run_split(&bytes, &cuts, &mut r)).unwrap();
+            let want: Vec<(String, String)> = events
+                .iter()
+                .map(|(n, lines)| (n.clone().unwrap_or_else(|| "message".into()), lines.join("\n")))
+                .collect();
+            prop_assert_eq!(r.events, want);
+        }
+
+        /// Arbitrary bytes never panic the framing layer: they end in events, a decode error
+        /// or an early end of stream.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600),
+                                       cuts in proptest::collection::vec(any::<usize>(), 0..10)) {
+            let mut r = Recorder::default();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let _ = rt.block_on(testing::run_split(&bytes, &cuts, &mut r));
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn inactivity_timeout() {
         let first = futures::stream::iter(vec![Ok::<_, String>(b"data: 1\n\n".to_vec())]);

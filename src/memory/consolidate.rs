@@ -732,3 +732,126 @@ mod tests {
         assert_eq!(ids[1].1, id2);
     }
 }
+
+/// Property tests of `parse_extraction`: the consolidation model's answer is outside input.
+#[cfg(test)]
+mod prop_tests {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const TZ: Tz = chrono_tz::Europe::Berlin;
+
+    /// A field a model writes: not blank, no surrounding whitespace, possibly non-ASCII.
+    fn text() -> impl Strategy<Value = String> {
+        "[\\PC&&\\S]{1,3}( [\\PC&&\\S]{1,8}){0,3}"
+    }
+
+    fn fact() -> impl Strategy<Value = (String, String, String, f64)> {
+        (text(), text(), text(), 0.0f64..=1.0)
+    }
+
+    fn date() -> impl Strategy<Value = String> {
+        (2000i32..2100, 1u32..=12, 1u32..=28).prop_map(|(y, m, d)| format!("{y:04}-{m:02}-{d:02}"))
+    }
+
+    /// A well-formed answer and what it contains.
+    #[allow(clippy::type_complexity)]
+    fn answer() -> impl Strategy<
+        Value = (
+            Value,
+            Vec<(String, String, String, f64)>,
+            Vec<(String, Option<String>)>,
+            Vec<(String, Option<String>, Option<String>)>,
+        ),
+    > {
+        (
+            proptest::collection::vec(fact(), 0..8),
+            proptest::collection::vec((text(), proptest::option::of(date())), 0..4),
+            proptest::collection::vec(
+                (text(), proptest::option::of(text()), proptest::option::of(date())),
+                0..4,
+            ),
+        )
+            .prop_map(|(facts, episodes, commitments)| {
+                let doc = json!({
+                    "facts": facts.iter().map(|(e, a, v, c)| json!({"entity": e, "attribute": a, "value": v, "confidence": c})).collect::<Vec<_>>(),
+                    "episodes": episodes.iter().map(|(s, d)| json!({"summary": s, "date": d})).collect::<Vec<_>>(),
+                    "commitments": commitments.iter().map(|(d, o, due)| json!({"description": d, "owner": o, "due": due})).collect::<Vec<_>>(),
+                });
+                (doc, facts, episodes, commitments)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Round trip: an answer wrapped in chatter or a code fence gives back its facts (those
+        /// at or above the threshold, in order), episodes and commitments, dates read in the
+        /// agent's zone.
+        #[test]
+        fn answers_round_trip_through_chatter(
+            (doc, facts, episodes, commitments) in answer(),
+            threshold in 0.0f64..=1.0,
+            before in "[^{}]{0,30}",
+            after in "[^{}]{0,30}",
+        ) {
+            let text = format!("{before}\n```json\n{}\n```\n{after}", serde_json::to_string_pretty(&doc).unwrap());
+            let x = parse_extraction(&text, threshold, Origin { session_id: Some("s") }, TZ).unwrap();
+            let want: Vec<_> = facts.iter().filter(|f| f.3 >= threshold).collect();
+            prop_assert_eq!(x.facts.len(), want.len());
+            for (got, (e, a, v, c)) in x.facts.iter().zip(want) {
+                prop_assert_eq!((&got.entity, &got.attribute, &got.value), (e, a, v));
+                prop_assert!((got.confidence - c).abs() < 1e-12);
+                prop_assert_eq!(got.session_id.as_deref(), Some("s"));
+            }
+            prop_assert_eq!(x.episodes.len(), episodes.len());
+            for (got, (s, d)) in x.episodes.iter().zip(&episodes) {
+                prop_assert_eq!(&got.summary, s);
+                prop_assert_eq!(got.occurred_at.is_some(), d.is_some());
+            }
+            prop_assert_eq!(x.commitments.len(), commitments.len());
+            for (got, (d, o, due)) in x.commitments.iter().zip(&commitments) {
+                prop_assert_eq!(&got.description, d);
+                prop_assert_eq!(&got.owner, o);
+                prop_assert_eq!(got.due_at.is_some(), due.is_some());
+            }
+        }
+
+        /// A broken answer (wrong types, missing or unknown fields) is read leniently or
+        /// refused with `MemoryError::Consolidation` — never a panic — and what is read keeps
+        /// the rules: no blank or over-long field, confidence within [threshold, 1], capped
+        /// counts.
+        #[test]
+        fn broken_answers_keep_the_rules(
+            (doc, ..) in answer(),
+            edits in crate::proptest_json::edits(4),
+            threshold in 0.0f64..=1.0,
+        ) {
+            let broken = crate::proptest_json::mutate(&doc, &edits);
+            match parse_extraction(&broken.to_string(), threshold, Origin { session_id: None }, TZ) {
+                Ok(x) => {
+                    prop_assert!(x.facts.len() <= MAX_FACTS && x.episodes.len() <= MAX_EPISODES && x.commitments.len() <= MAX_COMMITMENTS);
+                    let ok = |s: &str| !s.trim().is_empty() && s.chars().count() <= MAX_FIELD_CHARS;
+                    for f in &x.facts {
+                        prop_assert!(ok(&f.entity) && ok(&f.attribute) && ok(&f.value), "{f:?}");
+                        prop_assert!(f.confidence >= threshold && f.confidence <= 1.0, "{f:?}");
+                    }
+                    prop_assert!(x.aliases.iter().all(|(a, e)| ok(a) && ok(e)));
+                    prop_assert!(x.episodes.iter().all(|e| ok(&e.summary)));
+                    prop_assert!(x.commitments.iter().all(|c| ok(&c.description)));
+                }
+                Err(e) => prop_assert!(matches!(e, MemoryError::Consolidation(_)), "{e:?}"),
+            }
+        }
+
+        /// Any text at all: an extraction or `MemoryError::Consolidation`, never a panic.
+        #[test]
+        fn arbitrary_text_never_panics(text in "\\PC{0,200}", threshold in -1.0f64..2.0) {
+            if let Err(e) = parse_extraction(&text, threshold, Origin { session_id: None }, TZ) {
+                prop_assert!(matches!(e, MemoryError::Consolidation(_)), "{e:?}");
+            }
+        }
+    }
+}

@@ -62,6 +62,12 @@ impl SessionStore {
     pub fn open(dir: &Path, tz: Tz) -> io::Result<SessionStore> {
         fsutil::create_private_dir(dir)?;
         fsutil::create_private_dir(&dir.join(".archive"))?;
+        // Snapshot and index writes that a kill interrupted.
+        match fsutil::remove_stale_temps(dir) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(count = n, "removed temp files left by an interrupted write"),
+            Err(e) => tracing::warn!(error = %e, "cannot remove stale temp files"),
+        }
         let index = index::read_index(dir)?;
         Ok(SessionStore {
             dir: dir.to_path_buf(),
@@ -101,11 +107,22 @@ impl SessionStore {
         let id = uuid::Uuid::now_v7().to_string();
         let now = chrono::Utc::now().timestamp();
         let h = self.open_handle(inner, key, &id)?;
-        h.append(Event::Session {
+        if let Err(e) = h.append(Event::Session {
             session_id: id.clone(),
             key: key.to_string(),
             model: model.to_string(),
-        })?;
+        }) {
+            // Nothing of this session was written (a failed append is cut back): forget it, so
+            // that refused intakes on a full disk leave neither open handles nor empty trail
+            // files behind (each retry would otherwise add one of each).
+            inner.open.remove(&id);
+            for f in trail::trail_files(&self.dir, &id).unwrap_or_default() {
+                if f.metadata().is_ok_and(|m| m.len() == 0) {
+                    let _ = std::fs::remove_file(f);
+                }
+            }
+            return Err(e);
+        }
         inner.index.insert(
             key.to_string(),
             IndexEntry {

@@ -4,6 +4,7 @@
 mod support;
 
 mod architecture;
+mod battery;
 mod compaction;
 mod concurrency;
 mod daemon_e2e;

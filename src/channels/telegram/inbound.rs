@@ -430,3 +430,130 @@ mod tests {
         assert_eq!(bot_id_from_token("garbage"), None);
     }
 }
+
+/// Property tests: updates are outside input, shaped by whatever Telegram (or a Bot API
+/// server pretending to be it) sends.
+#[cfg(test)]
+mod prop_tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::config::TelegramFormat;
+
+    const BOT: i64 = 999;
+
+    fn cfg() -> TelegramConfig {
+        TelegramConfig {
+            enabled: true,
+            token_env: "AGENTD_TELEGRAM_TOKEN".into(),
+            token: None,
+            api_url: "https://api.telegram.org".into(),
+            allow_from: vec![42],
+            contacts: BTreeMap::from([("Alice".to_string(), 42)]),
+            text_chunk_limit: 4096,
+            poll_timeout: Duration::from_secs(30),
+            max_download_bytes: 20 << 20,
+            format: TelegramFormat::Html,
+        }
+    }
+
+    fn user(id: i64, is_bot: bool) -> Value {
+        json!({"id": id, "is_bot": is_bot, "first_name": "Ann", "username": "ann", "language_code": "en"})
+    }
+
+    /// Updates of the shapes Telegram sends: text (with a command entity), photo with caption,
+    /// voice, document, a group message, an edit, a channel post without `from`, a callback
+    /// query, a kind agentd does not know.
+    fn seed_updates(id: u32, from: i64, text: &str) -> Vec<Value> {
+        let chat = json!({"id": from, "type": "private", "first_name": "Ann"});
+        let msg = |extra: Value| {
+            let mut m = json!({"message_id": 7, "from": user(from, false), "chat": chat, "date": 1_700_000_000});
+            m.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            m
+        };
+        vec![
+            json!({"update_id": id, "message": msg(json!({"text": text, "entities": [{"type": "bot_command", "offset": 0, "length": 1}]}))}),
+            json!({"update_id": id, "message": msg(json!({"caption": text, "photo": [
+                {"file_id": "s", "file_unique_id": "s1", "width": 90, "height": 90, "file_size": 100},
+                {"file_id": "b", "file_unique_id": "b1", "width": 800, "height": 600}]}))}),
+            json!({"update_id": id, "message": msg(json!({"voice": {"file_id": "v", "file_unique_id": "v1", "duration": 2, "mime_type": "audio/ogg"}}))}),
+            json!({"update_id": id, "message": msg(json!({"document": {"file_id": "d", "file_unique_id": "d1", "file_name": "a.pdf"}, "caption": text}))}),
+            json!({"update_id": id, "message": {"message_id": 8, "from": user(from, false), "date": 1,
+                "chat": {"id": -100123, "type": "supergroup", "title": "G"}, "text": text}}),
+            json!({"update_id": id, "edited_message": msg(json!({"text": text, "edit_date": 2}))}),
+            json!({"update_id": id, "channel_post": {"message_id": 9, "date": 1,
+                "chat": {"id": -100777, "type": "channel", "title": "C"}, "text": text}}),
+            json!({"update_id": id, "callback_query": {"id": "q", "from": user(from, false), "chat_instance": "x", "data": text}}),
+            json!({"update_id": id, "business_something_new": {"x": text}}),
+        ]
+    }
+
+    /// Parse the way the poller receives updates: from text, as one batch.
+    fn parse_batch(updates: &[Value]) -> Result<Vec<Update>, serde_json::Error> {
+        serde_json::from_str(&Value::Array(updates.to_vec()).to_string())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Any update with a valid `update_id` parses, however broken its content: one odd
+        /// update must not make the whole batch fail, or the poller would fetch the same batch
+        /// forever. What comes out is either ignored or a well-formed inbound message.
+        #[test]
+        fn broken_updates_never_stall_the_batch(
+            id in 1u32..u32::MAX,
+            from in prop_oneof![Just(42i64), Just(BOT), any::<i64>()],
+            text in "\\PC{0,30}",
+            which in any::<usize>(),
+            edits in crate::proptest_json::edits(4),
+        ) {
+            let seeds = seed_updates(id, from, &text);
+            let mut broken = crate::proptest_json::mutate(&seeds[which % seeds.len()], &edits);
+            prop_assume!(broken.is_object());
+            broken["update_id"] = json!(id);
+            let batch = parse_batch(&[seeds[0].clone(), broken.clone(), seeds[1].clone()]);
+            let batch = batch.map_err(|e| TestCaseError::fail(format!("{e}: {broken}")))?;
+            prop_assert_eq!(batch.len(), 3);
+            let u = &batch[1];
+            prop_assert_eq!(u.id.0, id);
+            if let Some(i) = from_update(u, Some(BOT), &cfg()) {
+                prop_assert_eq!(i.update_id, i64::from(id));
+                prop_assert!(!i.text.trim().is_empty() || i.media.is_some(), "{i:?}");
+                prop_assert!(i.user_id != BOT, "the bot's own messages are ignored");
+                if i.is_command.is_some() {
+                    prop_assert!(i.text.trim_start().starts_with('/'), "{i:?}");
+                }
+                let msg = &broken["message"];
+                prop_assert_eq!(json!(i.user_id), msg["from"]["id"].clone());
+                prop_assert_eq!(json!(i.chat_id), msg["chat"]["id"].clone());
+                prop_assert_eq!(
+                    i.from_name,
+                    if i.user_id == 42 { "Alice".to_string() } else { format!("tg:{}", i.user_id) }
+                );
+            }
+        }
+
+        /// The documented output for good input: a text message from a user is taken in with
+        /// its text as sent, the contact name or `tg:<id>`, and a command only for our three.
+        #[test]
+        fn text_messages_are_taken_in_as_sent(
+            id in 1u32..u32::MAX,
+            from in prop_oneof![Just(42i64), 1i64..1_000_000_000_000],
+            text in "\\PC{1,60}",
+        ) {
+            prop_assume!(!text.trim().is_empty() && from != BOT);
+            let batch = parse_batch(&[seed_updates(id, from, &text)[0].clone()]).unwrap();
+            let i = from_update(&batch[0], Some(BOT), &cfg()).expect("a text message is taken in");
+            prop_assert_eq!(&i.text, &text);
+            prop_assert_eq!(i.user_id, from);
+            prop_assert_eq!(i.is_command, parse_command(&text));
+            prop_assert_eq!(i.media, None);
+        }
+    }
+}

@@ -99,6 +99,82 @@ mod tests {
         assert_eq!((e.vectors, e.prompt_tokens), (vec![vec![0.5]], 0));
     }
 
+    use proptest::prelude::*;
+
+    /// `n` vectors of `dims` finite numbers.
+    fn vectors() -> impl Strategy<Value = Vec<Vec<f32>>> {
+        (1usize..6, 1usize..8).prop_flat_map(|(n, dims)| {
+            proptest::collection::vec(
+                proptest::collection::vec(-1.0e6f32..1.0e6, dims..=dims),
+                n..=n,
+            )
+        })
+    }
+
+    /// The answer an OpenAI-compatible server gives for `vectors`, items in the order `order`
+    /// picks (servers may reorder; `index` says where each belongs), with or without usage.
+    fn answer(vectors: &[Vec<f32>], order: &[usize], usage: Option<u64>) -> serde_json::Value {
+        let mut idx: Vec<usize> = (0..vectors.len()).collect();
+        let n = idx.len();
+        for (i, o) in order.iter().enumerate() {
+            idx.swap(i % n, o % n);
+        }
+        let data: Vec<serde_json::Value> = idx
+            .iter()
+            .map(|&i| json!({"object": "embedding", "index": i, "embedding": vectors[i]}))
+            .collect();
+        let mut a = json!({"object": "list", "data": data, "model": "m"});
+        if let Some(t) = usage {
+            a["usage"] = json!({"prompt_tokens": t, "total_tokens": t});
+        }
+        a
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Round trip: whatever order the server sends the items in, the vectors come back in
+        /// input order, exactly.
+        #[test]
+        fn answers_round_trip_in_any_order(vs in vectors(),
+                                           order in proptest::collection::vec(any::<usize>(), 0..8),
+                                           usage in proptest::option::of(0u64..100_000)) {
+            let body = answer(&vs, &order, usage).to_string();
+            let got = parse(body.as_bytes(), vs.len(), "srv").unwrap();
+            prop_assert_eq!(got.vectors, vs);
+            prop_assert_eq!(got.prompt_tokens, usage.unwrap_or(0));
+        }
+
+        /// A broken answer (a field missing, a wrong type, an extra item, a string for a
+        /// number) is a `Decode` error naming the server, or a well-formed result — never a
+        /// panic, a short list or vectors of different sizes.
+        #[test]
+        fn broken_answers_are_decode_errors(vs in vectors(),
+                                            edits in crate::proptest_json::edits(3)) {
+            let doc = crate::proptest_json::mutate(&answer(&vs, &[], Some(1)), &edits);
+            match parse(doc.to_string().as_bytes(), vs.len(), "srv (m)") {
+                Ok(e) => {
+                    prop_assert_eq!(e.vectors.len(), vs.len());
+                    let dims = e.vectors[0].len();
+                    prop_assert!(dims > 0 && e.vectors.iter().all(|v| v.len() == dims));
+                    prop_assert!(e.vectors.iter().flatten().all(|x| x.is_finite()));
+                }
+                Err(err) => {
+                    prop_assert!(matches!(err, LlmError::Decode { .. }), "{err:?}");
+                    prop_assert!(err.to_string().contains("srv (m)"));
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_are_decode_errors(bytes in proptest::collection::vec(any::<u8>(), 0..300),
+                                             n in 0usize..4) {
+            if let Err(err) = parse(&bytes, n, "srv") {
+                prop_assert!(matches!(err, LlmError::Decode { .. }), "{err:?}");
+            }
+        }
+    }
+
     #[test]
     fn malformed_answers_are_decode_errors() {
         for (body, n) in [

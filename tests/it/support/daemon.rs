@@ -40,6 +40,15 @@ pub struct TestDaemon {
     child: Option<Child>,
     env: Vec<(String, String)>,
     starts: usize,
+    /// See [`TestDaemon::run_through`].
+    through: Option<Through>,
+}
+
+/// A command prefix the daemon and `agent-send` run through, and the state directory as they
+/// see it.
+struct Through {
+    wrapper: Vec<String>,
+    state_dir: PathBuf,
 }
 
 impl TestDaemon {
@@ -86,7 +95,27 @@ impl TestDaemon {
             child: None,
             env: Vec::new(),
             starts: 0,
+            through: None,
         }
+    }
+
+    /// Runs the daemon and `agent-send` as `wrapper… <binary> <args…>` (for instance `nsenter`
+    /// into another mount namespace) and gives them `inner_state_dir` as their state directory,
+    /// while the test keeps reading the files at `self.state_dir` (which the caller points at
+    /// the same directory as seen from here, e.g. through `/proc/<pid>/root`).
+    pub fn run_through(&mut self, wrapper: Vec<String>, inner_state_dir: PathBuf) {
+        assert!(!wrapper.is_empty(), "run_through needs a command");
+        self.through = Some(Through {
+            wrapper,
+            state_dir: inner_state_dir,
+        });
+    }
+
+    /// The state directory as the daemon sees it.
+    fn daemon_state_dir(&self) -> &Path {
+        self.through
+            .as_ref()
+            .map_or(&self.state_dir, |t| &t.state_dir)
     }
 
     /// `<tmp>/workspace`.
@@ -110,7 +139,16 @@ impl TestDaemon {
     ///
     /// The config must keep the FIFO enabled at its default path.
     pub fn start(&mut self) {
-        self.start_program(env!("CARGO_BIN_EXE_agentd"), &[]);
+        match &self.through {
+            Some(t) => {
+                let program = t.wrapper[0].clone();
+                let mut args: Vec<String> = t.wrapper[1..].to_vec();
+                args.push(env!("CARGO_BIN_EXE_agentd").to_string());
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                self.start_program(&program, &args);
+            }
+            None => self.start_program(env!("CARGO_BIN_EXE_agentd"), &[]),
+        }
     }
 
     /// `start` with another program: `program <leading_args…> run -c <config>`. Lets the
@@ -134,7 +172,7 @@ impl TestDaemon {
             .arg("-c")
             .arg(&self.config_path);
         self.apply_env(&mut cmd);
-        cmd.env("AGENTD_STATE_DIR", &self.state_dir)
+        cmd.env("AGENTD_STATE_DIR", self.daemon_state_dir())
             .env("AGENTD_LOG", "debug");
         for (k, v) in &self.env {
             cmd.env(k, v);
@@ -239,9 +277,17 @@ impl TestDaemon {
     /// variables removed, `set_env` variables added) and returns its output. Panics if it runs
     /// longer than 60 s.
     pub fn agent_send(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agent-send"));
+        let mut cmd = match &self.through {
+            Some(t) => {
+                let mut c = Command::new(&t.wrapper[0]);
+                c.args(&t.wrapper[1..])
+                    .arg(env!("CARGO_BIN_EXE_agent-send"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_agent-send")),
+        };
         cmd.arg("--state-dir")
-            .arg(&self.state_dir)
+            .arg(self.daemon_state_dir())
             .arg("-c")
             .arg(&self.config_path)
             .args(args);
