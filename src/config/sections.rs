@@ -170,9 +170,14 @@ pub fn memory(root: &mut Section<'_>) -> MemoryConfig {
     let enabled = s.get("enabled").unwrap_or(true);
     let search_top_k = s.int("search_top_k", 1).unwrap_or(10);
     let mut i = s.section("indexer");
-    let indexer_include = i
+    let indexer_include: Vec<String> = i
         .get("include")
         .unwrap_or_else(|| strings(&["MEMORY.md", "memory/*.md"]));
+    for pattern in &indexer_include {
+        if let Some(why) = include_glob_problem(pattern) {
+            i.problem("include", format!("{pattern:?}: {why}"));
+        }
+    }
     let chunk_chars: usize = i.int("chunk_chars", 1).unwrap_or(1600);
     let overlap_chars: usize = i.int("overlap_chars", 0).unwrap_or(320);
     if overlap_chars >= chunk_chars {
@@ -199,6 +204,23 @@ pub fn memory(root: &mut Section<'_>) -> MemoryConfig {
             .number("confidence_threshold", 0.0, 1.0)
             .unwrap_or(0.6),
     }
+}
+
+/// Why an `indexer.include` glob is unusable, if it is: it must stay inside the workspace and
+/// be valid glob syntax.
+fn include_glob_problem(pattern: &str) -> Option<String> {
+    if pattern.trim().is_empty() {
+        return Some("an empty pattern matches nothing; remove it".into());
+    }
+    if pattern.starts_with('/') || pattern.starts_with('~') {
+        return Some("must be relative to the workspace (e.g. \"memory/*.md\")".into());
+    }
+    if pattern.split('/').any(|part| part == "..") {
+        return Some("must not leave the workspace ('..')".into());
+    }
+    glob::Pattern::new(pattern)
+        .err()
+        .map(|e| format!("is not a valid glob: {e}"))
 }
 
 /// `[logging]`.

@@ -1118,3 +1118,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn indexer_globs_must_stay_in_the_workspace_and_parse() {
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}\n[memory.indexer]\ninclude = [\"memory/**/*.md\", \"../secrets/*.md\", \"/etc/*.md\", \"notes/[.md\", \" \"]\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "sk-test-SECRET");
+    let problems = f.problems();
+    for expected in [
+        "memory.indexer.include: \"../secrets/*.md\": must not leave the workspace",
+        "memory.indexer.include: \"/etc/*.md\": must be relative to the workspace",
+        "memory.indexer.include: \"notes/[.md\": is not a valid glob",
+        "memory.indexer.include: \" \": an empty pattern matches nothing",
+    ] {
+        assert!(
+            has(&problems, expected),
+            "missing {expected:?} in {problems:#?}"
+        );
+    }
+    assert!(!has(&problems, "memory/**/*.md"), "{problems:#?}");
+}
