@@ -304,7 +304,10 @@ impl Agent {
             let req = ChatRequest {
                 session_id: session.id.clone(),
                 system,
-                messages: state.messages.clone(),
+                // Lent to the request for the call instead of copied (the history is the
+                // largest part of a request): given back right after the call, before anything
+                // else reads the state.
+                messages: std::mem::take(&mut state.messages),
                 tools,
                 tool_choice: if last_turn {
                     ToolChoice::None
@@ -334,8 +337,12 @@ impl Agent {
                 }
             };
             let outcome = tokio::select! {
-                _ = cancel.cancelled() => return Err(None),
-                r = self.chat_with_message_retries(model, &req, &on_event) => r,
+                _ = cancel.cancelled() => None,
+                r = self.chat_with_message_retries(model, &req, &on_event) => Some(r),
+            };
+            state.messages = req.messages;
+            let Some(outcome) = outcome else {
+                return Err(None);
             };
             let outcome = outcome.map_err(|e| {
                 self.metrics.error("llm");

@@ -428,6 +428,8 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         abort.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
     }
+    let s = store.clone();
+    let _ = tokio::task::spawn_blocking(move || s.flush_snapshots()).await;
     if cfg.fifo.enabled {
         fifo::remove(&cfg.fifo.path);
     }

@@ -475,10 +475,11 @@ impl Dispatcher {
                 c = self.agent.after_message(&session, st, &work) => c,
             };
         }
-        // The snapshot too waits until the reply is out: it is a cache of the trail (rebuilt
-        // from it when missing or stale), not part of the acknowledgement, and serialising a
-        // long history is the largest per-message cost (docs/BENCHMARKS.md, overhead).
-        save_snapshot(&session, st).await;
+        // The snapshot too waits until the reply is out, and is written by the snapshot thread:
+        // it is a cache of the trail (rebuilt from it when missing or stale), not part of the
+        // acknowledgement, and serialising and syncing a long history was the largest
+        // per-message cost after the reply (docs/BENCHMARKS.md, overhead).
+        session.queue_snapshot(st.clone());
         Ok(())
     }
 
@@ -522,20 +523,6 @@ impl Dispatcher {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
-    }
-}
-
-/// Write the state snapshot. The trail is the source of truth: a snapshot that cannot be
-/// written (full disk) is rebuilt from it later, so this is a warning, not a failure.
-async fn save_snapshot(session: &Arc<SessionHandle>, st: &SessionState) {
-    let snapshot = st.clone();
-    let s = session.clone();
-    match tokio::task::spawn_blocking(move || s.save_state(&snapshot)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(session = %session.id, error = %e, "cannot save the state snapshot")
-        }
-        Err(e) => tracing::warn!(session = %session.id, error = %e, "snapshot task failed"),
     }
 }
 

@@ -153,3 +153,191 @@ pub(crate) fn sample_request() -> ChatRequest {
         previous_messages: Some(3),
     }
 }
+
+/// Arbitrary neutral requests and model definitions, for properties of the renderers (every
+/// block kind, empty texts, merged roles, strings that need escaping, any breakpoint position).
+pub(crate) mod arb {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::model_spec;
+    use crate::config::{CacheTtl, ModelSpec, ProviderKind, Thinking};
+    use crate::llm::{
+        ChatRequest, Message, SystemBlock, SystemTier, ThinkingBlock, ToolCall, ToolChoice,
+        ToolResult, ToolSpec, UserBlock,
+    };
+
+    /// Short strings, often empty, with quotes, backslashes, control characters and non-ASCII.
+    pub(crate) fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            "[a-z ]{1,12}",
+            "[\"\\\\\n\t\u{1}\u{7f}é€😀<>/a]{0,8}",
+        ]
+    }
+
+    /// Small JSON values (tool arguments and schemas): nested objects and arrays, numbers.
+    pub(crate) fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            (-1.0e9f64..1.0e9).prop_map(Value::from),
+            text().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(text(), inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn user_block() -> impl Strategy<Value = UserBlock> {
+        prop_oneof![
+            4 => text().prop_map(|text| UserBlock::Text { text }),
+            1 => (text(), text(), text()).prop_map(|(media_type, data, placeholder)| UserBlock::Image {
+                media_type,
+                data,
+                placeholder,
+            }),
+        ]
+    }
+
+    fn thinking() -> impl Strategy<Value = ThinkingBlock> {
+        (
+            proptest::option::of(text()),
+            proptest::option::of(text()),
+            proptest::option::of(text()),
+        )
+            .prop_map(|(thinking, signature, redacted_data)| ThinkingBlock {
+                thinking,
+                signature,
+                redacted_data,
+            })
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        prop_oneof![
+            vec(user_block(), 0..4).prop_map(|content| Message::User { content }),
+            (
+                text(),
+                vec((text(), text(), json()), 0..3),
+                vec(thinking(), 0..3)
+            )
+                .prop_map(|(text, calls, thinking)| Message::Assistant {
+                    text,
+                    tool_calls: calls
+                        .into_iter()
+                        .map(|(id, name, arguments)| ToolCall {
+                            id,
+                            name,
+                            arguments
+                        })
+                        .collect(),
+                    thinking,
+                    usage: None,
+                }),
+            (
+                vec((text(), text(), any::<bool>()), 0..3),
+                proptest::option::of(text())
+            )
+                .prop_map(|(results, notice)| Message::ToolResults {
+                    results: results
+                        .into_iter()
+                        .map(|(tool_call_id, content, is_error)| ToolResult {
+                            tool_call_id,
+                            content,
+                            is_error,
+                        })
+                        .collect(),
+                    notice,
+                }),
+        ]
+    }
+
+    pub(crate) fn request() -> impl Strategy<Value = ChatRequest> {
+        (
+            vec((any::<bool>(), text()), 0..4),
+            vec(message(), 0..8),
+            vec((text(), text(), json()), 0..3),
+            any::<bool>(),
+            proptest::option::of(0usize..10),
+            text(),
+        )
+            .prop_map(
+                |(system, messages, tools, auto, previous, session)| ChatRequest {
+                    session_id: session,
+                    system: system
+                        .into_iter()
+                        .map(|(stable, text)| SystemBlock {
+                            tier: if stable {
+                                SystemTier::Stable
+                            } else {
+                                SystemTier::SemiStable
+                            },
+                            text,
+                        })
+                        .collect(),
+                    messages,
+                    tools: tools
+                        .into_iter()
+                        .map(|(name, description, input_schema)| ToolSpec {
+                            name,
+                            description,
+                            input_schema,
+                        })
+                        .collect(),
+                    tool_choice: if auto {
+                        ToolChoice::Auto
+                    } else {
+                        ToolChoice::None
+                    },
+                    previous_messages: previous,
+                },
+            )
+    }
+
+    /// Model definitions of `kind`: cache on or off, both TTLs, every thinking mode, with and
+    /// without an effort, OpenAI's own host or another, with and without `prompt_cache_key`.
+    pub(crate) fn spec(kind: ProviderKind) -> impl Strategy<Value = ModelSpec> {
+        (
+            any::<bool>(),
+            any::<bool>(),
+            0u8..3,
+            proptest::option::of(text()),
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(
+                move |(cache, long_ttl, thinking, effort, max, budget, openai_host, key)| {
+                    let url = if openai_host {
+                        "https://api.openai.com/v1"
+                    } else {
+                        "http://localhost:8080/v1"
+                    };
+                    let mut s = model_spec("primary", kind, url);
+                    s.cache = cache;
+                    s.cache_ttl = if long_ttl {
+                        CacheTtl::OneHour
+                    } else {
+                        CacheTtl::FiveMinutes
+                    };
+                    s.thinking = match thinking {
+                        0 => Thinking::Off,
+                        1 => Thinking::Adaptive,
+                        _ => Thinking::Budgeted,
+                    };
+                    s.thinking_effort = effort;
+                    s.max_tokens = max;
+                    s.thinking_budget = budget;
+                    s.prompt_cache_key = key;
+                    s
+                },
+            )
+    }
+}

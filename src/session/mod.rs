@@ -6,6 +6,7 @@
 
 pub mod event;
 pub mod index;
+mod snapshot;
 pub mod state;
 pub mod trail;
 
@@ -18,6 +19,7 @@ use chrono_tz::Tz;
 
 pub use event::{DeliveryStatus, Event, Intake, MessageEvent, Route, TrailLine};
 pub use index::{Index, IndexEntry};
+use snapshot::SnapshotWriter;
 pub use state::SessionState;
 pub use trail::TrailWriter;
 
@@ -33,6 +35,8 @@ pub struct SessionStore {
     dir: PathBuf,
     tz: Tz,
     inner: Mutex<Inner>,
+    /// Writes the state snapshots off the session workers.
+    snapshots: Arc<SnapshotWriter>,
 }
 
 struct Inner {
@@ -48,6 +52,7 @@ pub struct SessionHandle {
     trail: Mutex<TrailWriter>,
     /// Intake ids already in the trail (loaded on first intake).
     intake_ids: Mutex<Option<HashSet<String>>>,
+    snapshots: Arc<SnapshotWriter>,
 }
 
 /// Drops the handles only the map holds. Safe under the store lock: a handle is only handed out
@@ -76,11 +81,17 @@ impl SessionStore {
                 index,
                 open: HashMap::new(),
             }),
+            snapshots: Arc::default(),
         })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Blocks until every queued snapshot is written (shutdown).
+    pub fn flush_snapshots(&self) {
+        self.snapshots.flush();
     }
 
     /// A copy of the index.
@@ -190,6 +201,7 @@ impl SessionStore {
             dir: self.dir.clone(),
             trail: Mutex::new(TrailWriter::open(&self.dir, id, self.tz)?),
             intake_ids: Mutex::new(None),
+            snapshots: self.snapshots.clone(),
         });
         inner.open.insert(id.to_string(), h.clone());
         Ok(h)
@@ -208,6 +220,8 @@ impl SessionStore {
             return Ok(false);
         };
         let h = self.open_handle(&mut inner, key, &entry.session_id)?;
+        // A snapshot still queued would otherwise land after the move, beside the archive.
+        self.snapshots.wait_for(&h.state_path());
         h.append(Event::Reset {
             reason: reason.to_string(),
         })?;
@@ -272,8 +286,15 @@ impl SessionHandle {
         Ok(st)
     }
 
+    /// Write the snapshot now (blocking: temp + fsync + rename + directory fsync).
     pub fn save_state(&self, state: &SessionState) -> io::Result<()> {
         state::write_snapshot(&self.state_path(), state)
+    }
+
+    /// Hand the snapshot to the writer thread and return at once. Call only once every trail
+    /// line folded into `state` is durable; a failed write is logged (the trail rebuilds it).
+    pub fn queue_snapshot(&self, state: SessionState) {
+        self.snapshots.submit(self.state_path(), state);
     }
 
     /// All trail lines of this session.

@@ -163,9 +163,10 @@ pub fn read_snapshot(path: &Path) -> Result<Option<SessionState>, String> {
     }
 }
 
-/// Write a snapshot durably (temp + fsync + rename + dir fsync).
+/// Write a snapshot durably (temp + fsync + rename + dir fsync). Compact JSON: the file is
+/// rewritten after every message, `agentd history` is the way to read it.
 pub fn write_snapshot(path: &Path, state: &SessionState) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec_pretty(state).map_err(std::io::Error::other)?;
+    let bytes = serde_json::to_vec(state).map_err(std::io::Error::other)?;
     crate::fsutil::atomic_write(path, &bytes)
 }
 

@@ -4,7 +4,7 @@
 mod render;
 mod stream;
 
-pub use render::render_request;
+pub use render::{render_body, render_request};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,11 +40,10 @@ impl AnthropicClient {
     }
 
     async fn call(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
-        let body =
-            serde_json::to_vec(&render_request(&self.spec, req)).map_err(|e| LlmError::Decode {
-                provider: self.label.clone(),
-                message: format!("could not serialise the request: {e}"),
-            })?;
+        let body = render_body(&self.spec, req).map_err(|e| LlmError::Decode {
+            provider: self.label.clone(),
+            message: format!("could not serialise the request: {e}"),
+        })?;
         let mut request = self
             .http
             .post(format!("{}/v1/messages", self.spec.base_url))

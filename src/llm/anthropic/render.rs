@@ -1,172 +1,172 @@
 //! Neutral request → Anthropic Messages API JSON. Deterministic: the same input always renders
 //! the same bytes, which is what lets the prompt cache hit (SPEC §6).
+//!
+//! The body is serialised straight from borrowed views of the request into bytes: no
+//! `serde_json::Value` tree and no copy of the history. Every object writes its keys in sorted
+//! order, which is the order the earlier `Value` rendering produced (serde_json's map is a
+//! `BTreeMap`); `render/reference.rs` keeps that rendering as a test oracle, and a property test
+//! checks that both give the same bytes for arbitrary requests.
 
-use serde_json::{Map, Value, json};
+#[cfg(test)]
+mod reference;
+
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde_json::Value;
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
-use crate::llm::{ChatRequest, Message, SystemBlock, SystemTier, ToolChoice, UserBlock};
+use crate::llm::{ChatRequest, Message, SystemTier, ToolChoice, ToolSpec, UserBlock};
 
 /// Text of a block that would otherwise be empty (the API rejects empty content).
 const EMPTY: &str = "(empty)";
 
-/// The request body for `POST /v1/messages` (always streamed).
+/// The request body for `POST /v1/messages` (always streamed), as bytes.
 ///
 /// Cache breakpoints (when `spec.cache`): the last stable system block, the last semi-stable
 /// system block, the last block of message `previous_messages - 1` (the end of the previous
 /// call) and the last block of this request.
+pub fn render_body(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Result<Vec<u8>> {
+    let body = Body::new(spec, req);
+    let mut out = Vec::with_capacity(body.size_hint);
+    serde_json::to_writer(&mut out, &body)?;
+    Ok(out)
+}
+
+/// [`render_body`] as a JSON value (tests and diagnostics; the client sends the bytes).
 pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
-    let marker = spec.cache.then(|| cache_control(spec.cache_ttl));
+    render_body(spec, req)
+        .and_then(|bytes| serde_json::from_slice(&bytes))
+        .expect("a rendered body is valid JSON")
+}
 
-    let mut body = Map::new();
-    body.insert("model".into(), json!(spec.model));
-    body.insert("max_tokens".into(), json!(spec.max_tokens));
-    body.insert("stream".into(), json!(true));
+/// The whole body, borrowing from the request.
+struct Body<'a> {
+    spec: &'a ModelSpec,
+    req: &'a ChatRequest,
+    marker: Option<CacheTtl>,
+    /// Non-empty system blocks: (text, carries a breakpoint).
+    system: Vec<(&'a str, bool)>,
+    /// Wire messages: role and the range of `blocks` they hold.
+    wire: Vec<(&'static str, std::ops::Range<usize>)>,
+    blocks: Vec<Block<'a>>,
+    /// Rough length of the output, to allocate it once.
+    size_hint: usize,
+}
 
-    if let Some(system) = render_system(req, marker.as_ref()) {
-        body.insert("system".into(), system);
-    }
-    body.insert("messages".into(), render_messages(req, marker.as_ref()));
+/// One content block and whether it carries a breakpoint.
+struct Block<'a> {
+    kind: Kind<'a>,
+    marked: bool,
+}
 
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
+enum Kind<'a> {
+    Text(&'a str),
+    Image {
+        media_type: &'a str,
+        data: &'a str,
+    },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+    RedactedThinking(&'a str),
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        is_error: bool,
+    },
+}
+
+impl<'a> Body<'a> {
+    fn new(spec: &'a ModelSpec, req: &'a ChatRequest) -> Body<'a> {
+        let marker = spec.cache.then_some(spec.cache_ttl);
+        let mut size_hint = 512;
+
+        // System: empty blocks are left out (the API rejects them); the breakpoint goes on the
+        // last kept block of each tier.
+        let kept: Vec<_> = req.system.iter().filter(|b| !b.text.is_empty()).collect();
+        let mut system: Vec<(&str, bool)> = kept
             .iter()
-            .map(|t| {
-                json!({
-                    "name": t.name,
-                    "description": t.description,
-                    "input_schema": t.input_schema,
-                })
+            .map(|b| {
+                size_hint += b.text.len() + 64;
+                (b.text.as_str(), false)
             })
             .collect();
-        body.insert("tools".into(), Value::Array(tools));
-        let choice = match req.tool_choice {
-            ToolChoice::Auto => "auto",
-            ToolChoice::None => "none",
-        };
-        body.insert("tool_choice".into(), json!({ "type": choice }));
-    }
-
-    match spec.thinking {
-        Thinking::Off => {}
-        Thinking::Adaptive => {
-            body.insert("thinking".into(), json!({ "type": "adaptive" }));
-            if let Some(effort) = &spec.thinking_effort {
-                body.insert("output_config".into(), json!({ "effort": effort }));
+        if marker.is_some() {
+            for tier in [SystemTier::Stable, SystemTier::SemiStable] {
+                if let Some(i) = kept.iter().rposition(|b| b.tier == tier) {
+                    system[i].1 = true;
+                }
             }
         }
-        Thinking::Budgeted => {
-            body.insert(
-                "thinking".into(),
-                json!({ "type": "enabled", "budget_tokens": spec.thinking_budget }),
-            );
-        }
-    }
 
-    Value::Object(body)
-}
-
-fn cache_control(ttl: CacheTtl) -> Value {
-    match ttl {
-        CacheTtl::FiveMinutes => json!({ "type": "ephemeral" }),
-        CacheTtl::OneHour => json!({ "type": "ephemeral", "ttl": "1h" }),
-    }
-}
-
-fn mark(block: &mut Value, marker: &Value) {
-    if let Some(obj) = block.as_object_mut() {
-        obj.insert("cache_control".into(), marker.clone());
-    }
-}
-
-/// The `system` blocks, without empty ones (the API rejects empty text blocks); `None` when
-/// nothing is left.
-fn render_system(req: &ChatRequest, marker: Option<&Value>) -> Option<Value> {
-    let kept: Vec<&SystemBlock> = req.system.iter().filter(|b| !b.text.is_empty()).collect();
-    if kept.is_empty() {
-        return None;
-    }
-    let mut blocks: Vec<Value> = kept
-        .iter()
-        .map(|b| json!({ "type": "text", "text": b.text }))
-        .collect();
-    if let Some(marker) = marker {
-        for tier in [SystemTier::Stable, SystemTier::SemiStable] {
-            if let Some(i) = kept.iter().rposition(|b| b.tier == tier) {
-                mark(&mut blocks[i], marker);
+        // Messages: consecutive neutral messages with the same wire role become one wire
+        // message.
+        let mut wire: Vec<(&'static str, std::ops::Range<usize>)> = Vec::new();
+        let mut blocks: Vec<Block<'a>> = Vec::with_capacity(req.messages.len() * 2);
+        // The block that ended neutral message `previous_messages - 1`.
+        let mut previous_end: Option<usize> = None;
+        for (i, message) in req.messages.iter().enumerate() {
+            let role = match message {
+                Message::Assistant { .. } => "assistant",
+                Message::User { .. } | Message::ToolResults { .. } => "user",
+            };
+            let start = blocks.len();
+            push_blocks(message, &mut blocks, &mut size_hint);
+            match wire.last_mut() {
+                Some((r, range)) if *r == role => range.end = blocks.len(),
+                _ => wire.push((role, start..blocks.len())),
+            }
+            if req.previous_messages == Some(i + 1) {
+                previous_end = Some(blocks.len() - 1);
             }
         }
-    }
-    Some(Value::Array(blocks))
-}
-
-/// One wire message under construction.
-struct WireMessage {
-    role: &'static str,
-    content: Vec<Value>,
-}
-
-fn render_messages(req: &ChatRequest, marker: Option<&Value>) -> Value {
-    let mut wire: Vec<WireMessage> = Vec::new();
-    // (wire message, block) that ended neutral message `previous_messages - 1`.
-    let mut previous_end: Option<(usize, usize)> = None;
-
-    for (i, message) in req.messages.iter().enumerate() {
-        let role = match message {
-            Message::Assistant { .. } => "assistant",
-            Message::User { .. } | Message::ToolResults { .. } => "user",
-        };
-        let blocks = render_blocks(message);
-        match wire.last_mut() {
-            Some(last) if last.role == role => last.content.extend(blocks),
-            _ => wire.push(WireMessage {
-                role,
-                content: blocks,
-            }),
-        }
-        if req.previous_messages == Some(i + 1)
-            && let Some(last) = wire.last()
+        if marker.is_some()
+            && let Some(end) = blocks.len().checked_sub(1)
         {
-            previous_end = Some((wire.len() - 1, last.content.len().saturating_sub(1)));
-        }
-    }
-
-    if let Some(marker) = marker
-        && let Some(last) = wire.last()
-    {
-        let end = (wire.len() - 1, last.content.len().saturating_sub(1));
-        for (m, b) in previous_end.into_iter().filter(|p| *p != end).chain([end]) {
-            if let Some(block) = wire[m].content.get_mut(b) {
-                mark(block, marker);
+            for b in previous_end.into_iter().chain([end]) {
+                blocks[b].marked = true;
             }
         }
+        for t in &req.tools {
+            size_hint += t.name.len() + t.description.len() + 256;
+        }
+        Body {
+            spec,
+            req,
+            marker,
+            system,
+            wire,
+            blocks,
+            size_hint,
+        }
     }
-
-    Value::Array(
-        wire.into_iter()
-            .map(|m| json!({ "role": m.role, "content": m.content }))
-            .collect(),
-    )
 }
 
-/// The content blocks of one neutral message (never empty). Empty text blocks are left out:
-/// the API rejects them.
-fn render_blocks(message: &Message) -> Vec<Value> {
-    let mut blocks = Vec::new();
+/// The content blocks of one neutral message (never none). Empty text blocks are left out: the
+/// API rejects them.
+fn push_blocks<'a>(message: &'a Message, out: &mut Vec<Block<'a>>, size: &mut usize) {
+    let start = out.len();
+    let mut push = |kind: Kind<'a>, len: usize| {
+        *size += len + 64;
+        out.push(Block {
+            kind,
+            marked: false,
+        });
+    };
     match message {
         Message::User { content } => {
             for block in content {
                 match block {
                     UserBlock::Text { text } if text.is_empty() => {}
-                    UserBlock::Text { text } => {
-                        blocks.push(json!({ "type": "text", "text": text }));
-                    }
+                    UserBlock::Text { text } => push(Kind::Text(text), text.len()),
                     UserBlock::Image {
                         media_type, data, ..
-                    } => blocks.push(json!({
-                        "type": "image",
-                        "source": { "type": "base64", "media_type": media_type, "data": data },
-                    })),
+                    } => push(Kind::Image { media_type, data }, data.len()),
                 }
             }
         }
@@ -177,52 +177,308 @@ fn render_blocks(message: &Message) -> Vec<Value> {
             ..
         } => {
             for t in thinking {
-                blocks.push(match &t.redacted_data {
-                    Some(data) => json!({ "type": "redacted_thinking", "data": data }),
-                    None => json!({
-                        "type": "thinking",
-                        "thinking": t.thinking.as_deref().unwrap_or(""),
-                        "signature": t.signature.as_deref().unwrap_or(""),
-                    }),
-                });
+                match &t.redacted_data {
+                    Some(data) => push(Kind::RedactedThinking(data), data.len()),
+                    None => {
+                        let thinking = t.thinking.as_deref().unwrap_or("");
+                        let signature = t.signature.as_deref().unwrap_or("");
+                        push(
+                            Kind::Thinking {
+                                thinking,
+                                signature,
+                            },
+                            thinking.len() + signature.len(),
+                        );
+                    }
+                }
             }
             if !text.is_empty() {
-                blocks.push(json!({ "type": "text", "text": text }));
+                push(Kind::Text(text), text.len());
             }
             for call in tool_calls {
-                blocks.push(json!({
-                    "type": "tool_use",
-                    "id": call.id,
-                    "name": call.name,
-                    "input": call.arguments,
-                }));
+                push(
+                    Kind::ToolUse {
+                        id: &call.id,
+                        name: &call.name,
+                        input: &call.arguments,
+                    },
+                    128,
+                );
             }
         }
         Message::ToolResults { results, notice } => {
             for r in results {
-                blocks.push(json!({
-                    "type": "tool_result",
-                    "tool_use_id": r.tool_call_id,
-                    "content": r.content,
-                    "is_error": r.is_error,
-                }));
+                push(
+                    Kind::ToolResult {
+                        tool_use_id: &r.tool_call_id,
+                        content: &r.content,
+                        is_error: r.is_error,
+                    },
+                    r.content.len(),
+                );
             }
             if let Some(notice) = notice.as_deref().filter(|n| !n.is_empty()) {
-                blocks.push(json!({ "type": "text", "text": notice }));
+                push(Kind::Text(notice), notice.len());
             }
         }
     }
-    if blocks.is_empty() {
-        blocks.push(json!({ "type": "text", "text": EMPTY }));
+    if out.len() == start {
+        out.push(Block {
+            kind: Kind::Text(EMPTY),
+            marked: false,
+        });
     }
-    blocks
+}
+
+// ---- serialisation: every object's keys in sorted order -----------------------------------
+
+impl Serialize for Body<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let spec = self.spec;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("max_tokens", &spec.max_tokens)?;
+        m.serialize_entry("messages", &Messages(self))?;
+        m.serialize_entry("model", &spec.model)?;
+        if let (Thinking::Adaptive, Some(effort)) = (spec.thinking, &spec.thinking_effort) {
+            m.serialize_entry("output_config", &OutputConfig(effort))?;
+        }
+        m.serialize_entry("stream", &true)?;
+        if !self.system.is_empty() {
+            m.serialize_entry("system", &System(self))?;
+        }
+        match spec.thinking {
+            Thinking::Off => {}
+            Thinking::Adaptive => m.serialize_entry("thinking", &ThinkingConfig(None))?,
+            Thinking::Budgeted => {
+                m.serialize_entry("thinking", &ThinkingConfig(Some(spec.thinking_budget)))?
+            }
+        }
+        if !self.req.tools.is_empty() {
+            let choice = match self.req.tool_choice {
+                ToolChoice::Auto => "auto",
+                ToolChoice::None => "none",
+            };
+            m.serialize_entry("tool_choice", &TypeOnly(choice))?;
+            m.serialize_entry("tools", &Tools(&self.req.tools))?;
+        }
+        m.end()
+    }
+}
+
+/// `{"type": …}`.
+struct TypeOnly<'a>(&'a str);
+
+impl Serialize for TypeOnly<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("type", self.0)?;
+        m.end()
+    }
+}
+
+struct OutputConfig<'a>(&'a str);
+
+impl Serialize for OutputConfig<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("effort", self.0)?;
+        m.end()
+    }
+}
+
+/// `{"type": "adaptive"}` or `{"budget_tokens": n, "type": "enabled"}`.
+struct ThinkingConfig(Option<u32>);
+
+impl Serialize for ThinkingConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        match self.0 {
+            None => m.serialize_entry("type", "adaptive")?,
+            Some(budget) => {
+                m.serialize_entry("budget_tokens", &budget)?;
+                m.serialize_entry("type", "enabled")?;
+            }
+        }
+        m.end()
+    }
+}
+
+/// The breakpoint marker: `{"type": "ephemeral"}`, with `"ttl": "1h"` for the long TTL.
+struct CacheControl(CacheTtl);
+
+impl Serialize for CacheControl {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        if self.0 == CacheTtl::OneHour {
+            m.serialize_entry("ttl", "1h")?;
+        }
+        m.serialize_entry("type", "ephemeral")?;
+        m.end()
+    }
+}
+
+struct System<'a>(&'a Body<'a>);
+
+impl Serialize for System<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.system.len()))?;
+        for (text, marked) in &self.0.system {
+            seq.serialize_element(&BlockOut {
+                kind: &Kind::Text(text),
+                marker: self.0.marker.filter(|_| *marked),
+            })?;
+        }
+        seq.end()
+    }
+}
+
+struct Messages<'a>(&'a Body<'a>);
+
+impl Serialize for Messages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let body = self.0;
+        let mut seq = s.serialize_seq(Some(body.wire.len()))?;
+        for (role, range) in &body.wire {
+            seq.serialize_element(&WireMessage {
+                body,
+                role,
+                blocks: &body.blocks[range.clone()],
+            })?;
+        }
+        seq.end()
+    }
+}
+
+struct WireMessage<'a> {
+    body: &'a Body<'a>,
+    role: &'a str,
+    blocks: &'a [Block<'a>],
+}
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("content", &Content(self))?;
+        m.serialize_entry("role", self.role)?;
+        m.end()
+    }
+}
+
+struct Content<'a>(&'a WireMessage<'a>);
+
+impl Serialize for Content<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let marker = self.0.body.marker;
+        let mut seq = s.serialize_seq(Some(self.0.blocks.len()))?;
+        for b in self.0.blocks {
+            seq.serialize_element(&BlockOut {
+                kind: &b.kind,
+                marker: marker.filter(|_| b.marked),
+            })?;
+        }
+        seq.end()
+    }
+}
+
+/// One content block; `cache_control` sorts before every other key of a block.
+struct BlockOut<'a> {
+    kind: &'a Kind<'a>,
+    marker: Option<CacheTtl>,
+}
+
+impl Serialize for BlockOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        if let Some(ttl) = self.marker {
+            m.serialize_entry("cache_control", &CacheControl(ttl))?;
+        }
+        match *self.kind {
+            Kind::Text(text) => {
+                m.serialize_entry("text", text)?;
+                m.serialize_entry("type", "text")?;
+            }
+            Kind::Image { media_type, data } => {
+                m.serialize_entry("source", &ImageSource { media_type, data })?;
+                m.serialize_entry("type", "image")?;
+            }
+            Kind::Thinking {
+                thinking,
+                signature,
+            } => {
+                m.serialize_entry("signature", signature)?;
+                m.serialize_entry("thinking", thinking)?;
+                m.serialize_entry("type", "thinking")?;
+            }
+            Kind::RedactedThinking(data) => {
+                m.serialize_entry("data", data)?;
+                m.serialize_entry("type", "redacted_thinking")?;
+            }
+            Kind::ToolUse { id, name, input } => {
+                m.serialize_entry("id", id)?;
+                m.serialize_entry("input", input)?;
+                m.serialize_entry("name", name)?;
+                m.serialize_entry("type", "tool_use")?;
+            }
+            Kind::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                m.serialize_entry("content", content)?;
+                m.serialize_entry("is_error", &is_error)?;
+                m.serialize_entry("tool_use_id", tool_use_id)?;
+                m.serialize_entry("type", "tool_result")?;
+            }
+        }
+        m.end()
+    }
+}
+
+struct ImageSource<'a> {
+    media_type: &'a str,
+    data: &'a str,
+}
+
+impl Serialize for ImageSource<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(3))?;
+        m.serialize_entry("data", self.data)?;
+        m.serialize_entry("media_type", self.media_type)?;
+        m.serialize_entry("type", "base64")?;
+        m.end()
+    }
+}
+
+struct Tools<'a>(&'a [ToolSpec]);
+
+impl Serialize for Tools<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for t in self.0 {
+            seq.serialize_element(&Tool(t))?;
+        }
+        seq.end()
+    }
+}
+
+struct Tool<'a>(&'a ToolSpec);
+
+impl Serialize for Tool<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(3))?;
+        m.serialize_entry("description", &self.0.description)?;
+        m.serialize_entry("input_schema", &self.0.input_schema)?;
+        m.serialize_entry("name", &self.0.name)?;
+        m.end()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::llm::testutil::{model_spec, sample_request};
-    use crate::llm::{ThinkingBlock, ToolCall, ToolResult};
+    use crate::llm::{SystemBlock, ThinkingBlock, ToolCall, ToolResult};
+    use serde_json::json;
 
     fn spec(ttl: CacheTtl) -> ModelSpec {
         let mut s = model_spec(
@@ -290,9 +546,38 @@ mod tests {
     #[test]
     fn deterministic_bytes() {
         let s = spec(CacheTtl::FiveMinutes);
-        let a = serde_json::to_vec(&render_request(&s, &sample_request())).unwrap();
-        let b = serde_json::to_vec(&render_request(&s, &sample_request())).unwrap();
+        let a = render_body(&s, &sample_request()).unwrap();
+        let b = render_body(&s, &sample_request()).unwrap();
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn same_bytes_as_the_value_rendering_for_the_sample() {
+        for ttl in [CacheTtl::FiveMinutes, CacheTtl::OneHour] {
+            for cache in [true, false] {
+                let mut s = spec(ttl);
+                s.cache = cache;
+                let req = sample_request();
+                assert_eq!(
+                    String::from_utf8(render_body(&s, &req).unwrap()).unwrap(),
+                    serde_json::to_string(&reference::render_request(&s, &req)).unwrap()
+                );
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// The bytes on the wire are exactly those of the earlier `Value` rendering, for any
+        /// request and model definition: the rewrite cannot move a prompt-cache prefix.
+        #[test]
+        fn same_bytes_as_the_value_rendering(
+            req in crate::llm::testutil::arb::request(),
+            s in crate::llm::testutil::arb::spec(crate::config::ProviderKind::Anthropic),
+        ) {
+            let new = render_body(&s, &req).unwrap();
+            let old = serde_json::to_vec(&reference::render_request(&s, &req)).unwrap();
+            proptest::prop_assert_eq!(String::from_utf8(new).unwrap(), String::from_utf8(old).unwrap());
+        }
     }
 
     fn count_markers(v: &Value) -> usize {

@@ -6,7 +6,7 @@ mod embeddings;
 mod render;
 mod stream;
 
-pub use render::render_request;
+pub use render::{render_body, render_request};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,15 +38,15 @@ impl OpenAiClient {
         }
     }
 
-    /// `POST {base_url}/{path}` with `body` as JSON, the key as a bearer token, and the call
+    /// `POST {base_url}/{path}` with the JSON `body`, the key as a bearer token, and the call
     /// context for errors.
     fn post(
         &self,
         path: &str,
-        body: &serde_json::Value,
+        body: serde_json::Result<Vec<u8>>,
         accept: &'static str,
     ) -> Result<(reqwest::RequestBuilder, CallCtx<'_>), LlmError> {
-        let body = serde_json::to_vec(body).map_err(|e| LlmError::Decode {
+        let body = body.map_err(|e| LlmError::Decode {
             provider: self.label.clone(),
             message: format!("could not serialise the request: {e}"),
         })?;
@@ -74,7 +74,7 @@ impl OpenAiClient {
     async fn call(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let (request, ctx) = self.post(
             "chat/completions",
-            &render_request(&self.spec, req),
+            render_body(&self.spec, req),
             "text/event-stream",
         )?;
         let mut parser = stream::StreamParser::new(&self.label, &self.spec.model);
@@ -87,7 +87,7 @@ impl OpenAiClient {
     async fn embed_call(&self, texts: &[String]) -> Result<Embeddings, LlmError> {
         let (request, ctx) = self.post(
             "embeddings",
-            &embeddings::render(&self.spec.model, texts),
+            serde_json::to_vec(&embeddings::render(&self.spec.model, texts)),
             "application/json",
         )?;
         let timeout = || LlmError::Timeout {

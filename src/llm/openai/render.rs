@@ -1,140 +1,341 @@
 //! Neutral request → OpenAI-compatible chat-completions JSON. Deterministic, like Anthropic's:
 //! OpenAI's automatic prefix cache also needs byte-identical prefixes.
+//!
+//! Serialised straight from the borrowed request into bytes, every object's keys in sorted
+//! order — the order of the earlier `serde_json::Value` rendering, which `render/reference.rs`
+//! keeps as the oracle of a byte-identity property test.
 
-use serde_json::{Map, Value, json};
+#[cfg(test)]
+mod reference;
+
+use std::fmt;
+
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde_json::Value;
 
 use crate::config::ModelSpec;
-use crate::llm::{ChatRequest, Message, ToolChoice, UserBlock};
+use crate::llm::{ChatRequest, Message, ToolCall, ToolChoice, ToolResult, ToolSpec, UserBlock};
 
-/// The request body for `POST {base_url}/chat/completions` (always streamed, usage included).
-pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
-    let mut body = Map::new();
-    body.insert("model".into(), json!(spec.model));
-    body.insert("messages".into(), Value::Array(render_messages(req)));
-    body.insert("stream".into(), json!(true));
-    body.insert("stream_options".into(), json!({ "include_usage": true }));
-    // OpenAI's reasoning models reject `max_tokens`; other servers often only know it.
-    let max_key = if spec.base_url.contains("api.openai.com") {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    body.insert(max_key.into(), json!(spec.max_tokens));
-
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.input_schema,
-                    },
+/// The request body for `POST {base_url}/chat/completions` (always streamed, usage included),
+/// as bytes.
+pub fn render_body(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Result<Vec<u8>> {
+    let mut size = 512 + req.system.iter().map(|b| b.text.len() + 2).sum::<usize>();
+    for m in &req.messages {
+        size += match m {
+            Message::User { content } => content
+                .iter()
+                .map(|b| match b {
+                    UserBlock::Text { text } => text.len() + 32,
+                    UserBlock::Image { data, .. } => data.len() + 64,
                 })
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-        let choice = match req.tool_choice {
-            ToolChoice::Auto => "auto",
-            ToolChoice::None => "none",
-        };
-        body.insert("tool_choice".into(), json!(choice));
+                .sum(),
+            Message::Assistant { text, .. } => text.len() + 128,
+            Message::ToolResults { results, .. } => {
+                results.iter().map(|r| r.content.len() + 64).sum()
+            }
+        } + 32;
     }
-    if spec.prompt_cache_key {
-        body.insert("prompt_cache_key".into(), json!(req.session_id));
-    }
-    Value::Object(body)
+    let mut out = Vec::with_capacity(size);
+    serde_json::to_writer(&mut out, &Body { spec, req })?;
+    Ok(out)
 }
 
-fn render_messages(req: &ChatRequest) -> Vec<Value> {
-    let mut out = Vec::new();
-    if !req.system.is_empty() {
-        let joined = req
-            .system
-            .iter()
-            .map(|b| b.text.as_str())
-            .collect::<Vec<_>>()
-            .join("\n\n");
-        out.push(json!({ "role": "system", "content": joined }));
+/// [`render_body`] as a JSON value (tests and diagnostics; the client sends the bytes).
+pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
+    render_body(spec, req)
+        .and_then(|bytes| serde_json::from_slice(&bytes))
+        .expect("a rendered body is valid JSON")
+}
+
+struct Body<'a> {
+    spec: &'a ModelSpec,
+    req: &'a ChatRequest,
+}
+
+impl Serialize for Body<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (spec, req) = (self.spec, self.req);
+        let mut m = s.serialize_map(None)?;
+        // OpenAI's reasoning models reject `max_tokens`; other servers often only know it.
+        let max_key = if spec.base_url.contains("api.openai.com") {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        m.serialize_entry(max_key, &spec.max_tokens)?;
+        m.serialize_entry("messages", &Messages(req))?;
+        m.serialize_entry("model", &spec.model)?;
+        if spec.prompt_cache_key {
+            m.serialize_entry("prompt_cache_key", &req.session_id)?;
+        }
+        m.serialize_entry("stream", &true)?;
+        m.serialize_entry("stream_options", &IncludeUsage)?;
+        if !req.tools.is_empty() {
+            let choice = match req.tool_choice {
+                ToolChoice::Auto => "auto",
+                ToolChoice::None => "none",
+            };
+            m.serialize_entry("tool_choice", choice)?;
+            m.serialize_entry("tools", &Tools(&req.tools))?;
+        }
+        m.end()
     }
-    for message in &req.messages {
-        match message {
-            Message::User { content } => {
-                out.push(json!({ "role": "user", "content": user_content(content) }));
-            }
-            Message::Assistant {
-                text, tool_calls, ..
-            } => {
-                let mut m = Map::new();
-                m.insert("role".into(), json!("assistant"));
-                let content = if !text.is_empty() {
-                    json!(text)
-                } else if tool_calls.is_empty() {
-                    // Without tool calls, content is required.
-                    json!("")
-                } else {
-                    Value::Null
-                };
-                m.insert("content".into(), content);
-                if !tool_calls.is_empty() {
-                    let calls: Vec<Value> = tool_calls
-                        .iter()
-                        .map(|c| {
-                            json!({
-                                "id": c.id,
-                                "type": "function",
-                                "function": { "name": c.name, "arguments": c.arguments.to_string() },
-                            })
-                        })
-                        .collect();
-                    m.insert("tool_calls".into(), Value::Array(calls));
-                }
-                out.push(Value::Object(m));
-            }
-            Message::ToolResults { results, notice } => {
-                for r in results {
-                    let content = if r.is_error {
-                        format!("ERROR: {}", r.content)
-                    } else {
-                        r.content.clone()
-                    };
-                    out.push(json!({
-                        "role": "tool",
-                        "tool_call_id": r.tool_call_id,
-                        "content": content,
-                    }));
-                }
-                if let Some(notice) = notice {
-                    out.push(json!({ "role": "user", "content": notice }));
+}
+
+struct IncludeUsage;
+
+impl Serialize for IncludeUsage {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("include_usage", &true)?;
+        m.end()
+    }
+}
+
+struct Messages<'a>(&'a ChatRequest);
+
+impl Serialize for Messages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let req = self.0;
+        let mut seq = s.serialize_seq(None)?;
+        if !req.system.is_empty() {
+            let joined = req
+                .system
+                .iter()
+                .map(|b| b.text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n\n");
+            seq.serialize_element(&Simple {
+                content: &joined,
+                role: "system",
+            })?;
+        }
+        for message in &req.messages {
+            match message {
+                Message::User { content } => seq.serialize_element(&User(content))?,
+                Message::Assistant {
+                    text, tool_calls, ..
+                } => seq.serialize_element(&Assistant { text, tool_calls })?,
+                Message::ToolResults { results, notice } => {
+                    for r in results {
+                        seq.serialize_element(&ToolMessage(r))?;
+                    }
+                    if let Some(notice) = notice {
+                        seq.serialize_element(&Simple {
+                            content: notice,
+                            role: "user",
+                        })?;
+                    }
                 }
             }
         }
+        seq.end()
     }
-    out
 }
 
-/// A plain string for a single text block, else content parts.
-fn user_content(blocks: &[UserBlock]) -> Value {
-    match blocks {
-        [] => json!(""),
-        [UserBlock::Text { text }] => json!(text),
-        _ => Value::Array(
-            blocks
-                .iter()
-                .map(|b| match b {
-                    UserBlock::Text { text } => json!({ "type": "text", "text": text }),
-                    UserBlock::Image {
-                        media_type, data, ..
-                    } => json!({
-                        "type": "image_url",
-                        "image_url": { "url": format!("data:{media_type};base64,{data}") },
-                    }),
-                })
-                .collect(),
-        ),
+/// `{"content": "…", "role": …}`.
+struct Simple<'a> {
+    content: &'a str,
+    role: &'a str,
+}
+
+impl Serialize for Simple<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("content", self.content)?;
+        m.serialize_entry("role", self.role)?;
+        m.end()
+    }
+}
+
+/// A user message: a plain string for a single text block, else content parts.
+struct User<'a>(&'a [UserBlock]);
+
+impl Serialize for User<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        match self.0 {
+            [] => m.serialize_entry("content", "")?,
+            [UserBlock::Text { text }] => m.serialize_entry("content", text)?,
+            blocks => m.serialize_entry("content", &Parts(blocks))?,
+        }
+        m.serialize_entry("role", "user")?;
+        m.end()
+    }
+}
+
+struct Parts<'a>(&'a [UserBlock]);
+
+impl Serialize for Parts<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for b in self.0 {
+            seq.serialize_element(&Part(b))?;
+        }
+        seq.end()
+    }
+}
+
+struct Part<'a>(&'a UserBlock);
+
+impl Serialize for Part<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        match self.0 {
+            UserBlock::Text { text } => {
+                m.serialize_entry("text", text)?;
+                m.serialize_entry("type", "text")?;
+            }
+            UserBlock::Image {
+                media_type, data, ..
+            } => {
+                m.serialize_entry("image_url", &ImageUrl { media_type, data })?;
+                m.serialize_entry("type", "image_url")?;
+            }
+        }
+        m.end()
+    }
+}
+
+/// `{"url": "data:<media type>;base64,<data>"}`.
+struct ImageUrl<'a> {
+    media_type: &'a str,
+    data: &'a str,
+}
+
+impl Serialize for ImageUrl<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry(
+            "url",
+            &Display(format_args!(
+                "data:{};base64,{}",
+                self.media_type, self.data
+            )),
+        )?;
+        m.end()
+    }
+}
+
+struct Assistant<'a> {
+    text: &'a str,
+    tool_calls: &'a [ToolCall],
+}
+
+impl Serialize for Assistant<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        if !self.text.is_empty() {
+            m.serialize_entry("content", self.text)?;
+        } else if self.tool_calls.is_empty() {
+            // Without tool calls, content is required.
+            m.serialize_entry("content", "")?;
+        } else {
+            m.serialize_entry("content", &())?;
+        }
+        m.serialize_entry("role", "assistant")?;
+        if !self.tool_calls.is_empty() {
+            m.serialize_entry("tool_calls", &Calls(self.tool_calls))?;
+        }
+        m.end()
+    }
+}
+
+struct Calls<'a>(&'a [ToolCall]);
+
+impl Serialize for Calls<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for c in self.0 {
+            seq.serialize_element(&Call(c))?;
+        }
+        seq.end()
+    }
+}
+
+struct Call<'a>(&'a ToolCall);
+
+impl Serialize for Call<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(3))?;
+        m.serialize_entry("function", &CallFunction(self.0))?;
+        m.serialize_entry("id", &self.0.id)?;
+        m.serialize_entry("type", "function")?;
+        m.end()
+    }
+}
+
+/// `{"arguments": "<the arguments as compact JSON text>", "name": …}`.
+struct CallFunction<'a>(&'a ToolCall);
+
+impl Serialize for CallFunction<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("arguments", &Display(&self.0.arguments))?;
+        m.serialize_entry("name", &self.0.name)?;
+        m.end()
+    }
+}
+
+/// A tool result as a `tool` message; errors are prefixed so the model can tell.
+struct ToolMessage<'a>(&'a ToolResult);
+
+impl Serialize for ToolMessage<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let r = self.0;
+        let mut m = s.serialize_map(Some(3))?;
+        if r.is_error {
+            m.serialize_entry("content", &Display(format_args!("ERROR: {}", r.content)))?;
+        } else {
+            m.serialize_entry("content", &r.content)?;
+        }
+        m.serialize_entry("role", "tool")?;
+        m.serialize_entry("tool_call_id", &r.tool_call_id)?;
+        m.end()
+    }
+}
+
+/// Serialises a `Display` value as a JSON string, without building the string first.
+struct Display<T: fmt::Display>(T);
+
+impl<T: fmt::Display> Serialize for Display<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+struct Tools<'a>(&'a [ToolSpec]);
+
+impl Serialize for Tools<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for t in self.0 {
+            seq.serialize_element(&Tool(t))?;
+        }
+        seq.end()
+    }
+}
+
+struct Tool<'a>(&'a ToolSpec);
+
+impl Serialize for Tool<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("function", &ToolFunction(self.0))?;
+        m.serialize_entry("type", "function")?;
+        m.end()
+    }
+}
+
+struct ToolFunction<'a>(&'a ToolSpec);
+
+impl Serialize for ToolFunction<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(3))?;
+        m.serialize_entry("description", &self.0.description)?;
+        m.serialize_entry("name", &self.0.name)?;
+        m.serialize_entry("parameters", &self.0.input_schema)?;
+        m.end()
     }
 }
 
@@ -143,6 +344,20 @@ mod tests {
     use super::*;
     use crate::config::ProviderKind;
     use crate::llm::testutil::{model_spec, sample_request};
+    use serde_json::json;
+
+    proptest::proptest! {
+        /// The bytes on the wire are exactly those of the earlier `Value` rendering.
+        #[test]
+        fn same_bytes_as_the_value_rendering(
+            req in crate::llm::testutil::arb::request(),
+            s in crate::llm::testutil::arb::spec(ProviderKind::OpenAi),
+        ) {
+            let new = render_body(&s, &req).unwrap();
+            let old = serde_json::to_vec(&reference::render_request(&s, &req)).unwrap();
+            proptest::prop_assert_eq!(String::from_utf8(new).unwrap(), String::from_utf8(old).unwrap());
+        }
+    }
 
     #[test]
     fn snapshot_small_conversation() {
