@@ -4,7 +4,9 @@
 mod render;
 mod stream;
 
-pub use render::{render_body, render_request};
+pub use render::render_body;
+#[cfg(test)]
+pub use render::render_request;
 
 use std::sync::Arc;
 use std::time::Duration;

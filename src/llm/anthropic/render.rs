@@ -31,7 +31,8 @@ pub fn render_body(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Result<Ve
     Ok(out)
 }
 
-/// [`render_body`] as a JSON value (tests and diagnostics; the client sends the bytes).
+/// [`render_body`] as a JSON value, for tests (the client sends the bytes).
+#[cfg(test)]
 pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
     render_body(spec, req)
         .and_then(|bytes| serde_json::from_slice(&bytes))

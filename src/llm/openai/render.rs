@@ -11,7 +11,6 @@ mod reference;
 use std::fmt;
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
-use serde_json::Value;
 
 use crate::config::ModelSpec;
 use crate::llm::{ChatRequest, Message, ToolCall, ToolChoice, ToolResult, ToolSpec, UserBlock};
@@ -40,8 +39,9 @@ pub fn render_body(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Result<Ve
     Ok(out)
 }
 
-/// [`render_body`] as a JSON value (tests and diagnostics; the client sends the bytes).
-pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
+/// [`render_body`] as a JSON value, for tests (the client sends the bytes).
+#[cfg(test)]
+pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Value {
     render_body(spec, req)
         .and_then(|bytes| serde_json::from_slice(&bytes))
         .expect("a rendered body is valid JSON")
@@ -344,7 +344,7 @@ mod tests {
     use super::*;
     use crate::config::ProviderKind;
     use crate::llm::testutil::{model_spec, sample_request};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     proptest::proptest! {
         /// The bytes on the wire are exactly those of the earlier `Value` rendering.
