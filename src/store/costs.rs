@@ -1,6 +1,8 @@
 //! The cost ledger (SPEC §8): one row per provider call, and the sums budgets, `--cost`,
 //! `GET /api/v1/cost` and `session_status` read.
 
+use std::sync::{Arc, Mutex};
+
 use serde::{Deserialize, Serialize};
 
 use super::{Db, StoreError};
@@ -71,6 +73,41 @@ pub struct ModelCost {
     pub cost_usd: f64,
 }
 
+/// Running sums for [`Db::spend_since`], one per period start asked for (the budget asks for
+/// today's and this month's): the total of the rows with `timestamp >= since` among those with
+/// `id <= last_id`. The ledger is append-only (rows are never deleted or updated) and an
+/// `INTEGER PRIMARY KEY` gives each new row a larger id, so the rows added since are exactly
+/// those with `id > last_id`, also when another process (`agentd index`, `agentd consolidate`)
+/// wrote them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SpendMarks(Arc<Mutex<Vec<SpendMark>>>);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct SpendMark {
+    since: i64,
+    total: f64,
+    last_id: i64,
+}
+
+/// Period starts remembered at most (today and this month, with room for a change of day).
+const MAX_MARKS: usize = 4;
+
+impl SpendMarks {
+    fn get(&self, since: i64) -> Option<SpendMark> {
+        let marks = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        marks.iter().find(|m| m.since == since).copied()
+    }
+
+    fn put(&self, mark: SpendMark) {
+        let mut marks = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        marks.retain(|m| m.since != mark.since);
+        if marks.len() >= MAX_MARKS {
+            marks.remove(0);
+        }
+        marks.push(mark);
+    }
+}
+
 /// Token counts are `u64` in Rust and `INTEGER` (i64) in SQLite; real counts never come near
 /// the limit, so saturate rather than fail a cost insert.
 fn to_sql_count(n: u64) -> i64 {
@@ -80,6 +117,21 @@ fn to_sql_count(n: u64) -> i64 {
 /// Sums read back: a NULL or negative value (possible only if someone edited the file) is 0.
 fn from_sql_count(n: Option<i64>) -> u64 {
     n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0)
+}
+
+/// The period's total and the largest id, read in one statement (one snapshot of the table).
+fn scan_spend(conn: &rusqlite::Connection, since: i64) -> rusqlite::Result<SpendMark> {
+    conn.prepare_cached(
+        "SELECT (SELECT TOTAL(cost_usd) FROM costs WHERE timestamp >= ?1), \
+                (SELECT MAX(id) FROM costs)",
+    )?
+    .query_row([since], |r| {
+        Ok(SpendMark {
+            since,
+            total: r.get(0)?,
+            last_id: r.get::<_, Option<i64>>(1)?.unwrap_or(0),
+        })
+    })
 }
 
 impl Db {
@@ -110,13 +162,43 @@ impl Db {
     }
 
     /// Sum of `cost_usd` over rows with `timestamp >= since` (Unix seconds); 0 when none.
+    ///
+    /// The first call for a `since` scans the period's rows; later calls add the rows written
+    /// since the previous one (see [`SpendMarks`]), so a budget check costs the same on the
+    /// last day of a busy month as on the first.
     pub async fn spend_since(&self, since: i64) -> Result<f64, StoreError> {
-        self.actor
-            .call(move |conn| {
-                conn.prepare_cached("SELECT TOTAL(cost_usd) FROM costs WHERE timestamp >= ?1")?
-                    .query_row([since], |row| row.get(0))
+        let previous = self.spend.get(since);
+        let mark = self
+            .actor
+            .call(move |conn| match previous {
+                Some(m) => {
+                    let (added, last_id): (f64, Option<i64>) = conn
+                        .prepare_cached(
+                            "SELECT TOTAL(CASE WHEN timestamp >= ?2 THEN cost_usd END), MAX(id) \
+                             FROM costs WHERE id > ?1",
+                        )?
+                        .query_row([m.last_id, since], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                    Ok(SpendMark {
+                        since,
+                        total: m.total + added,
+                        last_id: last_id.unwrap_or(m.last_id),
+                    })
+                }
+                None => scan_spend(conn, since),
             })
-            .await
+            .await?;
+        self.spend.put(mark);
+        Ok(mark.total)
+    }
+
+    /// [`Db::spend_since`] without the running sum: a scan of the period's rows every time (for
+    /// the benchmark and tests).
+    pub async fn spend_since_scan(&self, since: i64) -> Result<f64, StoreError> {
+        Ok(self
+            .actor
+            .call(move |conn| scan_spend(conn, since))
+            .await?
+            .total)
     }
 
     /// Per-model breakdown (most expensive first, then by name) and total over rows with
@@ -344,6 +426,45 @@ mod tests {
         let (u, c) = db.usage_since(0).await.unwrap();
         assert_eq!(u, Usage::default());
         assert_eq!(c, 0.0);
+    }
+
+    #[tokio::test]
+    async fn running_sums_follow_new_rows_from_any_handle() {
+        let (_d, path, db) = temp_db();
+        // Another process (agentd index, agentd consolidate) writes through its own handle.
+        let other = Db::open(&path).unwrap();
+        assert_eq!(db.spend_since(100).await.unwrap(), 0.0);
+        let mut rounds = vec![
+            vec![(99, 0.5), (100, 0.25)],
+            vec![(150, 1.0), (50, 2.0)],
+            vec![],
+            vec![(100, 0.125), (99, 4.0), (200, 0.0625)],
+        ];
+        for (i, rows) in rounds.drain(..).enumerate() {
+            for (t, c) in rows {
+                let writer = if i % 2 == 0 { &db } else { &other };
+                writer
+                    .insert_cost(row(t, "m", Usage::default(), c))
+                    .await
+                    .unwrap();
+            }
+            for since in [i64::MIN, 99, 100, 101, 201] {
+                let scanned = db.spend_since_scan(since).await.unwrap();
+                assert!(
+                    close(db.spend_since(since).await.unwrap(), scanned),
+                    "round {i}, since {since}"
+                );
+                assert!(close(other.spend_since(since).await.unwrap(), scanned));
+            }
+        }
+        assert!(close(db.spend_since(100).await.unwrap(), 1.4375));
+        // Many period starts: the oldest marks are dropped, the sums stay right.
+        for since in 0..20 {
+            assert!(close(
+                db.spend_since(since).await.unwrap(),
+                db.spend_since_scan(since).await.unwrap()
+            ));
+        }
     }
 
     #[tokio::test]

@@ -84,6 +84,8 @@ pub enum StoreError {
 #[derive(Clone)]
 pub struct Db {
     actor: Actor,
+    /// Running sums behind `spend_since` (budgets are checked before every call).
+    spend: costs::SpendMarks,
 }
 
 impl std::fmt::Debug for Db {
@@ -101,7 +103,10 @@ impl Db {
     pub fn open(path: &Path) -> Result<Db, StoreError> {
         let conn = open_writer(path, &MIGRATIONS)?;
         let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
-        Ok(Db { actor })
+        Ok(Db {
+            actor,
+            spend: Default::default(),
+        })
     }
 
     /// Open `agentd.db` read-only, for queries from the CLI while the daemon may be running. No
@@ -114,7 +119,10 @@ impl Db {
             return Ok(None);
         };
         let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
-        Ok(Some(Db { actor }))
+        Ok(Some(Db {
+            actor,
+            spend: Default::default(),
+        }))
     }
 
     /// A handle on an empty in-memory database without the schema: every ledger query fails.
@@ -124,7 +132,10 @@ impl Db {
         let conn = Connection::open_in_memory().expect("in-memory SQLite opens");
         let (actor, _detached) =
             Actor::spawn(conn, Path::new(":memory:"), THREAD_NAME).expect("thread spawns");
-        Db { actor }
+        Db {
+            actor,
+            spend: Default::default(),
+        }
     }
 
     /// The database file.
