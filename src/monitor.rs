@@ -489,7 +489,6 @@ impl Monitor {
     }
 }
 
-/// "5s", "2m 05s", "1h 02m", "3d 04h".
 impl Drop for Monitor {
     /// Writes what is pending and stops the writer thread.
     fn drop(&mut self) {
@@ -506,6 +505,7 @@ impl Drop for Monitor {
     }
 }
 
+/// "5s", "2m 05s", "1h 02m", "3d 04h".
 fn human_duration(secs: i64) -> String {
     let s = secs.max(0);
     match s {

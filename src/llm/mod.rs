@@ -6,6 +6,7 @@
 pub mod anthropic;
 #[cfg(test)]
 mod conformance_tests;
+mod each;
 pub mod error;
 mod http;
 pub mod openai;

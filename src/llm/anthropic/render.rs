@@ -14,6 +14,7 @@ use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value;
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
+use crate::llm::each::Each;
 use crate::llm::{ChatRequest, Message, SystemTier, ToolChoice, ToolSpec, UserBlock};
 
 /// Text of a block that would otherwise be empty (the API rejects empty content).
@@ -260,7 +261,7 @@ impl Serialize for Body<'_> {
                 ToolChoice::None => "none",
             };
             m.serialize_entry("tool_choice", &TypeOnly(choice))?;
-            m.serialize_entry("tools", &Tools(&self.req.tools))?;
+            m.serialize_entry("tools", &Each(&self.req.tools, Tool))?;
         }
         m.end()
     }
@@ -447,18 +448,6 @@ impl Serialize for ImageSource<'_> {
         m.serialize_entry("media_type", self.media_type)?;
         m.serialize_entry("type", "base64")?;
         m.end()
-    }
-}
-
-struct Tools<'a>(&'a [ToolSpec]);
-
-impl Serialize for Tools<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for t in self.0 {
-            seq.serialize_element(&Tool(t))?;
-        }
-        seq.end()
     }
 }
 

@@ -13,6 +13,7 @@ use std::fmt;
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
 use crate::config::ModelSpec;
+use crate::llm::each::Each;
 use crate::llm::{ChatRequest, Message, ToolCall, ToolChoice, ToolResult, ToolSpec, UserBlock};
 
 /// The request body for `POST {base_url}/chat/completions` (always streamed, usage included),
@@ -76,7 +77,7 @@ impl Serialize for Body<'_> {
                 ToolChoice::None => "none",
             };
             m.serialize_entry("tool_choice", choice)?;
-            m.serialize_entry("tools", &Tools(&req.tools))?;
+            m.serialize_entry("tools", &Each(&req.tools, Tool))?;
         }
         m.end()
     }
@@ -157,22 +158,10 @@ impl Serialize for User<'_> {
         match self.0 {
             [] => m.serialize_entry("content", "")?,
             [UserBlock::Text { text }] => m.serialize_entry("content", text)?,
-            blocks => m.serialize_entry("content", &Parts(blocks))?,
+            blocks => m.serialize_entry("content", &Each(blocks, Part))?,
         }
         m.serialize_entry("role", "user")?;
         m.end()
-    }
-}
-
-struct Parts<'a>(&'a [UserBlock]);
-
-impl Serialize for Parts<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for b in self.0 {
-            seq.serialize_element(&Part(b))?;
-        }
-        seq.end()
     }
 }
 
@@ -235,21 +224,9 @@ impl Serialize for Assistant<'_> {
         }
         m.serialize_entry("role", "assistant")?;
         if !self.tool_calls.is_empty() {
-            m.serialize_entry("tool_calls", &Calls(self.tool_calls))?;
+            m.serialize_entry("tool_calls", &Each(self.tool_calls, Call))?;
         }
         m.end()
-    }
-}
-
-struct Calls<'a>(&'a [ToolCall]);
-
-impl Serialize for Calls<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for c in self.0 {
-            seq.serialize_element(&Call(c))?;
-        }
-        seq.end()
     }
 }
 
@@ -301,18 +278,6 @@ struct Display<T: fmt::Display>(T);
 impl<T: fmt::Display> Serialize for Display<T> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(&self.0)
-    }
-}
-
-struct Tools<'a>(&'a [ToolSpec]);
-
-impl Serialize for Tools<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for t in self.0 {
-            seq.serialize_element(&Tool(t))?;
-        }
-        seq.end()
     }
 }
 
