@@ -119,6 +119,67 @@ fn apply(doc: &mut Value, at: &str, edit: &Edit) {
     }
 }
 
+/// An event-level edit of a transcript: the ways a broken server or proxy gets a stream
+/// wrong.
+#[derive(Debug, Clone)]
+pub enum StreamEdit {
+    /// Edit the JSON of event n's data.
+    Data(usize, Vec<(usize, Edit)>),
+    /// Drop event n.
+    Drop(usize),
+    /// Send event n twice.
+    Repeat(usize),
+    /// Swap events n and m.
+    Swap(usize, usize),
+}
+
+pub fn stream_edits() -> impl Strategy<Value = Vec<StreamEdit>> {
+    proptest::collection::vec(
+        prop_oneof![
+            (any::<usize>(), edits(2)).prop_map(|(n, e)| StreamEdit::Data(n, e)),
+            any::<usize>().prop_map(StreamEdit::Drop),
+            any::<usize>().prop_map(StreamEdit::Repeat),
+            (any::<usize>(), any::<usize>()).prop_map(|(n, m)| StreamEdit::Swap(n, m)),
+        ],
+        1..5,
+    )
+}
+
+/// An SSE `transcript` (events separated by blank lines) with `edits` applied, event by event.
+pub fn edited_transcript(transcript: &str, edits: &[StreamEdit]) -> String {
+    let mut events: Vec<String> = transcript
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    for e in edits {
+        let len = events.len();
+        if len == 0 {
+            break;
+        }
+        match e {
+            StreamEdit::Data(n, edits) => {
+                let ev = &mut events[n % len];
+                if let Some((head, data)) = ev.split_once("data: ")
+                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(data)
+                {
+                    let v = mutate(&v, edits);
+                    *ev = format!("{head}data: {v}");
+                }
+            }
+            StreamEdit::Drop(n) => {
+                events.remove(n % len);
+            }
+            StreamEdit::Repeat(n) => {
+                let ev = events[n % len].clone();
+                events.insert(n % len, ev);
+            }
+            StreamEdit::Swap(n, m) => events.swap(n % len, m % len),
+        }
+    }
+    events.iter().map(|e| format!("{e}\n\n")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -398,76 +398,14 @@ mod tests {
         assert_eq!(parse(TRANSCRIPT.as_bytes(), &[]).await.unwrap(), expected());
     }
 
-    /// An event-level edit of a transcript: the ways a broken server or proxy gets a stream
-    /// wrong.
-    #[derive(Debug, Clone)]
-    enum StreamEdit {
-        /// Edit the JSON of event n's data.
-        Data(usize, Vec<(usize, crate::proptest_json::Edit)>),
-        /// Drop event n.
-        Drop(usize),
-        /// Send event n twice.
-        Repeat(usize),
-        /// Swap events n and m.
-        Swap(usize, usize),
-    }
-
-    fn stream_edits() -> impl Strategy<Value = Vec<StreamEdit>> {
-        proptest::collection::vec(
-            prop_oneof![
-                (any::<usize>(), crate::proptest_json::edits(2))
-                    .prop_map(|(n, e)| StreamEdit::Data(n, e)),
-                any::<usize>().prop_map(StreamEdit::Drop),
-                any::<usize>().prop_map(StreamEdit::Repeat),
-                (any::<usize>(), any::<usize>()).prop_map(|(n, m)| StreamEdit::Swap(n, m)),
-            ],
-            1..5,
-        )
-    }
-
-    /// TRANSCRIPT with `edits` applied, event by event.
-    fn edited_transcript(edits: &[StreamEdit]) -> String {
-        let mut events: Vec<String> = TRANSCRIPT
-            .split("\n\n")
-            .filter(|e| !e.trim().is_empty())
-            .map(str::to_string)
-            .collect();
-        for e in edits {
-            let len = events.len();
-            if len == 0 {
-                break;
-            }
-            match e {
-                StreamEdit::Data(n, edits) => {
-                    let ev = &mut events[n % len];
-                    if let Some((head, data)) = ev.split_once("data: ")
-                        && let Ok(v) = serde_json::from_str::<serde_json::Value>(data)
-                    {
-                        let v = crate::proptest_json::mutate(&v, edits);
-                        *ev = format!("{head}data: {v}");
-                    }
-                }
-                StreamEdit::Drop(n) => {
-                    events.remove(n % len);
-                }
-                StreamEdit::Repeat(n) => {
-                    let ev = events[n % len].clone();
-                    events.insert(n % len, ev);
-                }
-                StreamEdit::Swap(n, m) => events.swap(n % len, m % len),
-            }
-        }
-        events.iter().map(|e| format!("{e}\n\n")).collect()
-    }
-
     proptest! {
 
         /// A stream a broken server or proxy sends — a field missing or of the wrong type, an
         /// index that points nowhere, an event lost, repeated or out of order — gives an
         /// answer or an `LlmError`, never a panic.
         #[test]
-        fn edited_streams_never_panic(edits in stream_edits()) {
-            let t = edited_transcript(&edits);
+        fn edited_streams_never_panic(edits in crate::proptest_json::stream_edits()) {
+            let t = crate::proptest_json::edited_transcript(TRANSCRIPT, &edits);
             let _ = block_on(parse(t.as_bytes(), &[]));
         }
 
