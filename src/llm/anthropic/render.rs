@@ -10,7 +10,8 @@
 #[cfg(test)]
 mod reference;
 
-use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde::Serialize;
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value;
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
@@ -242,7 +243,7 @@ impl Serialize for Body<'_> {
         m.serialize_entry("messages", &Messages(self))?;
         m.serialize_entry("model", &spec.model)?;
         if let (Thinking::Adaptive, Some(effort)) = (spec.thinking, &spec.thinking_effort) {
-            m.serialize_entry("output_config", &OutputConfig(effort))?;
+            m.serialize_entry("output_config", &OutputConfig { effort })?;
         }
         m.serialize_entry("stream", &true)?;
         if !self.system.is_empty() {
@@ -260,32 +261,25 @@ impl Serialize for Body<'_> {
                 ToolChoice::Auto => "auto",
                 ToolChoice::None => "none",
             };
-            m.serialize_entry("tool_choice", &TypeOnly(choice))?;
-            m.serialize_entry("tools", &Each(&self.req.tools, Tool))?;
+            m.serialize_entry("tool_choice", &TypeOnly { kind: choice })?;
+            m.serialize_entry("tools", &Each(&self.req.tools, tool))?;
         }
         m.end()
     }
 }
 
-/// `{"type": …}`.
-struct TypeOnly<'a>(&'a str);
+// Fixed-shape objects derive `Serialize`: their fields are declared in key order.
 
-impl Serialize for TypeOnly<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry("type", self.0)?;
-        m.end()
-    }
+/// `{"type": …}`.
+#[derive(Serialize)]
+struct TypeOnly<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
 }
 
-struct OutputConfig<'a>(&'a str);
-
-impl Serialize for OutputConfig<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry("effort", self.0)?;
-        m.end()
-    }
+#[derive(Serialize)]
+struct OutputConfig<'a> {
+    effort: &'a str,
 }
 
 /// `{"type": "adaptive"}` or `{"budget_tokens": n, "type": "enabled"}`.
@@ -400,7 +394,14 @@ impl Serialize for BlockOut<'_> {
                 m.serialize_entry("type", "text")?;
             }
             Kind::Image { media_type, data } => {
-                m.serialize_entry("source", &ImageSource { media_type, data })?;
+                m.serialize_entry(
+                    "source",
+                    &ImageSource {
+                        data,
+                        media_type,
+                        kind: "base64",
+                    },
+                )?;
                 m.serialize_entry("type", "image")?;
             }
             Kind::Thinking {
@@ -436,30 +437,26 @@ impl Serialize for BlockOut<'_> {
     }
 }
 
+#[derive(Serialize)]
 struct ImageSource<'a> {
-    media_type: &'a str,
     data: &'a str,
+    media_type: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
 }
 
-impl Serialize for ImageSource<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(3))?;
-        m.serialize_entry("data", self.data)?;
-        m.serialize_entry("media_type", self.media_type)?;
-        m.serialize_entry("type", "base64")?;
-        m.end()
-    }
+#[derive(Serialize)]
+struct Tool<'a> {
+    description: &'a str,
+    input_schema: &'a Value,
+    name: &'a str,
 }
 
-struct Tool<'a>(&'a ToolSpec);
-
-impl Serialize for Tool<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(3))?;
-        m.serialize_entry("description", &self.0.description)?;
-        m.serialize_entry("input_schema", &self.0.input_schema)?;
-        m.serialize_entry("name", &self.0.name)?;
-        m.end()
+fn tool(t: &ToolSpec) -> Tool<'_> {
+    Tool {
+        description: &t.description,
+        input_schema: &t.input_schema,
+        name: &t.name,
     }
 }
 

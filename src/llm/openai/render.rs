@@ -10,7 +10,8 @@ mod reference;
 
 use std::fmt;
 
-use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde::Serialize;
+use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 
 use crate::config::ModelSpec;
 use crate::llm::each::Each;
@@ -70,27 +71,29 @@ impl Serialize for Body<'_> {
             m.serialize_entry("prompt_cache_key", &req.session_id)?;
         }
         m.serialize_entry("stream", &true)?;
-        m.serialize_entry("stream_options", &IncludeUsage)?;
+        m.serialize_entry(
+            "stream_options",
+            &StreamOptions {
+                include_usage: true,
+            },
+        )?;
         if !req.tools.is_empty() {
             let choice = match req.tool_choice {
                 ToolChoice::Auto => "auto",
                 ToolChoice::None => "none",
             };
             m.serialize_entry("tool_choice", choice)?;
-            m.serialize_entry("tools", &Each(&req.tools, Tool))?;
+            m.serialize_entry("tools", &Each(&req.tools, tool))?;
         }
         m.end()
     }
 }
 
-struct IncludeUsage;
+// Fixed-shape objects derive `Serialize`: their fields are declared in key order.
 
-impl Serialize for IncludeUsage {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry("include_usage", &true)?;
-        m.end()
-    }
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
 }
 
 struct Messages<'a>(&'a ChatRequest);
@@ -135,18 +138,10 @@ impl Serialize for Messages<'_> {
 }
 
 /// `{"content": "…", "role": …}`.
+#[derive(Serialize)]
 struct Simple<'a> {
     content: &'a str,
     role: &'a str,
-}
-
-impl Serialize for Simple<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("content", self.content)?;
-        m.serialize_entry("role", self.role)?;
-        m.end()
-    }
 }
 
 /// A user message: a plain string for a single text block, else content parts.
@@ -224,33 +219,35 @@ impl Serialize for Assistant<'_> {
         }
         m.serialize_entry("role", "assistant")?;
         if !self.tool_calls.is_empty() {
-            m.serialize_entry("tool_calls", &Each(self.tool_calls, Call))?;
+            m.serialize_entry("tool_calls", &Each(self.tool_calls, call))?;
         }
         m.end()
     }
 }
 
-struct Call<'a>(&'a ToolCall);
-
-impl Serialize for Call<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(3))?;
-        m.serialize_entry("function", &CallFunction(self.0))?;
-        m.serialize_entry("id", &self.0.id)?;
-        m.serialize_entry("type", "function")?;
-        m.end()
-    }
+#[derive(Serialize)]
+struct Call<'a> {
+    function: CallFunction<'a>,
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
 }
 
 /// `{"arguments": "<the arguments as compact JSON text>", "name": …}`.
-struct CallFunction<'a>(&'a ToolCall);
+#[derive(Serialize)]
+struct CallFunction<'a> {
+    arguments: Display<&'a serde_json::Value>,
+    name: &'a str,
+}
 
-impl Serialize for CallFunction<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("arguments", &Display(&self.0.arguments))?;
-        m.serialize_entry("name", &self.0.name)?;
-        m.end()
+fn call(c: &ToolCall) -> Call<'_> {
+    Call {
+        function: CallFunction {
+            arguments: Display(&c.arguments),
+            name: &c.name,
+        },
+        id: &c.id,
+        kind: "function",
     }
 }
 
@@ -281,26 +278,28 @@ impl<T: fmt::Display> Serialize for Display<T> {
     }
 }
 
-struct Tool<'a>(&'a ToolSpec);
-
-impl Serialize for Tool<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("function", &ToolFunction(self.0))?;
-        m.serialize_entry("type", "function")?;
-        m.end()
-    }
+#[derive(Serialize)]
+struct Tool<'a> {
+    function: ToolFunction<'a>,
+    #[serde(rename = "type")]
+    kind: &'static str,
 }
 
-struct ToolFunction<'a>(&'a ToolSpec);
+#[derive(Serialize)]
+struct ToolFunction<'a> {
+    description: &'a str,
+    name: &'a str,
+    parameters: &'a serde_json::Value,
+}
 
-impl Serialize for ToolFunction<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(3))?;
-        m.serialize_entry("description", &self.0.description)?;
-        m.serialize_entry("name", &self.0.name)?;
-        m.serialize_entry("parameters", &self.0.input_schema)?;
-        m.end()
+fn tool(t: &ToolSpec) -> Tool<'_> {
+    Tool {
+        function: ToolFunction {
+            description: &t.description,
+            name: &t.name,
+            parameters: &t.input_schema,
+        },
+        kind: "function",
     }
 }
 
