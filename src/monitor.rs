@@ -7,23 +7,25 @@
 //! failure streak.
 //!
 //! Updates take a `std::sync::Mutex` (never held across an `.await`), render the view and hand
-//! the bytes to one writer thread (`agentd-monitor`), which writes the newest rendering it has
-//! been given. No async worker waits on the filesystem (a rename on a busy ext4 journal can take
-//! milliseconds: docs/BENCHMARKS.md, overhead), a burst of events costs one write, and the file
-//! is only ever written by that thread, in update order. `flush` waits until the newest
-//! rendering is on disk; dropping the monitor flushes and stops the thread.
+//! the bytes to a [`LatestWriter`] (thread `agentd-monitor`), which writes the newest rendering
+//! it has been given. No async worker waits on the filesystem (a rename on a busy ext4 journal
+//! can take milliseconds: docs/BENCHMARKS.md, overhead), a burst of events costs one write, and
+//! the file is only ever written by that thread, in update order. `flush` waits until the
+//! newest rendering is on disk; dropping the monitor flushes and stops the thread.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::fsutil::atomic_write_nosync;
+use crate::latest_writer::LatestWriter;
 use crate::llm::Usage;
 
 /// Format version of `monitor.json`.
@@ -111,67 +113,20 @@ struct Inner {
 pub struct Monitor {
     path: PathBuf,
     inner: Mutex<Inner>,
-    writer: Arc<Writer>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
-/// The hand-over between updates and the writer thread.
-#[derive(Debug, Default)]
-struct Writer {
-    state: Mutex<WriterState>,
-    changed: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct WriterState {
-    /// The newest rendering not yet taken by the writer.
-    pending: Option<Vec<u8>>,
-    /// Generation of the newest rendering handed over, and of the newest one written (or
-    /// failed).
-    queued: u64,
-    written: u64,
-    stop: bool,
-}
-
-impl Writer {
-    fn lock(&self) -> MutexGuard<'_, WriterState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
+    writer: LatestWriter<Vec<u8>>,
 }
 
 /// How long `flush` waits for the writer.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The writer thread: writes the newest rendering until told to stop (after a last write).
-fn write_loop(path: PathBuf, w: Arc<Writer>) {
-    let mut failing = false;
-    loop {
-        let (bytes, generation) = {
-            let mut st = w.lock();
-            while st.pending.is_none() && !st.stop {
-                st = w.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            match st.pending.take() {
-                Some(b) => (b, st.queued),
-                None => return,
-            }
-        };
-        write_file(&path, &bytes, &mut failing);
-        w.lock().written = generation;
-        w.changed.notify_all();
-    }
-}
-
 /// One atomic replace; errors are logged once per failure streak.
-fn write_file(path: &std::path::Path, bytes: &[u8], failing: &mut bool) {
+fn write_file(path: &std::path::Path, bytes: &[u8], failing: &AtomicBool) {
     match atomic_write_nosync(path, bytes) {
-        Ok(()) if *failing => {
-            *failing = false;
+        Ok(()) if failing.swap(false, Ordering::Relaxed) => {
             tracing::info!(path = %path.display(), "monitor file writable again");
         }
         Ok(()) => {}
-        Err(e) if !*failing => {
-            *failing = true;
+        Err(e) if !failing.swap(true, Ordering::Relaxed) => {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the monitor file");
         }
         Err(_) => {}
@@ -294,20 +249,10 @@ impl Monitor {
         {
             tracing::warn!(error = %e, "cannot remove stale temp files");
         }
-        let writer = Arc::new(Writer::default());
-        let thread = {
-            let (path, writer) = (path.clone(), writer.clone());
-            std::thread::Builder::new()
-                .name("agentd-monitor".into())
-                .spawn(move || write_loop(path, writer))
-        };
-        let thread = match thread {
-            Ok(t) => Some(t),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot start the monitor writer; writing inline");
-                None
-            }
-        };
+        let failing = AtomicBool::new(false);
+        let writer = LatestWriter::new("agentd-monitor", move |path, bytes: &Vec<u8>| {
+            write_file(path, bytes, &failing)
+        });
         let monitor = Monitor {
             path,
             inner: Mutex::new(Inner {
@@ -320,7 +265,6 @@ impl Monitor {
                 created_at: Utc::now(),
             }),
             writer,
-            thread: Mutex::new(thread),
         };
         let mut inner = monitor.lock();
         monitor.publish(&mut inner);
@@ -340,40 +284,13 @@ impl Monitor {
             return;
         };
         bytes.push(b'\n');
-        let has_thread = self
-            .thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        if !has_thread {
-            write_file(&self.path, &bytes, &mut false);
-            return;
-        }
-        let mut st = self.writer.lock();
-        st.pending = Some(bytes);
-        st.queued += 1;
-        drop(st);
-        self.writer.changed.notify_all();
+        self.writer.submit(self.path.clone(), bytes);
     }
 
     /// Waits (up to 5 s) until everything published so far is on disk. For tests and for
     /// readers that need the file, not the in-memory view (`snapshot`).
     pub fn flush(&self) {
-        let deadline = Instant::now() + FLUSH_TIMEOUT;
-        let mut st = self.writer.lock();
-        let target = st.queued;
-        while st.written < target {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            st = self
-                .writer
-                .changed
-                .wait_timeout(st, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        self.writer.flush(FLUSH_TIMEOUT);
     }
 
     fn update(&self, h: u64, f: impl FnOnce(&mut Msg)) {
@@ -486,22 +403,6 @@ impl Monitor {
     /// The current monitor document (what the file holds), e.g. for `GET /api/v1/monitor`.
     pub fn snapshot(&self) -> Value {
         self.lock().snapshot()
-    }
-}
-
-impl Drop for Monitor {
-    /// Writes what is pending and stops the writer thread.
-    fn drop(&mut self) {
-        self.writer.lock().stop = true;
-        self.writer.changed.notify_all();
-        let thread = self
-            .thread
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(t) = thread {
-            let _ = t.join();
-        }
     }
 }
 

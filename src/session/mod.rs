@@ -6,7 +6,6 @@
 
 pub mod event;
 pub mod index;
-mod snapshot;
 pub mod state;
 pub mod trail;
 
@@ -19,11 +18,11 @@ use chrono_tz::Tz;
 
 pub use event::{DeliveryStatus, Event, Intake, MessageEvent, Route, TrailLine};
 pub use index::{Index, IndexEntry};
-use snapshot::SnapshotWriter;
 pub use state::SessionState;
 pub use trail::TrailWriter;
 
 use crate::fsutil;
+use crate::latest_writer::LatestWriter;
 
 /// Open session handles (each holds its trail file open) beyond which the ones nobody uses are
 /// closed: a daemon that has seen many session keys keeps a bounded number of descriptors and
@@ -35,8 +34,8 @@ pub struct SessionStore {
     dir: PathBuf,
     tz: Tz,
     inner: Mutex<Inner>,
-    /// Writes the state snapshots off the session workers.
-    snapshots: Arc<SnapshotWriter>,
+    /// Writes the state snapshots off the session workers (thread `agentd-snapshot`).
+    snapshots: Arc<LatestWriter<SessionState>>,
 }
 
 struct Inner {
@@ -52,7 +51,15 @@ pub struct SessionHandle {
     trail: Mutex<TrailWriter>,
     /// Intake ids already in the trail (loaded on first intake).
     intake_ids: Mutex<Option<HashSet<String>>>,
-    snapshots: Arc<SnapshotWriter>,
+    snapshots: Arc<LatestWriter<SessionState>>,
+}
+
+/// The trail is the source of truth: a snapshot that cannot be written (full disk) is rebuilt
+/// from it later, so this is a warning, not a failure.
+fn write_snapshot_logged(path: &Path, state: &SessionState) {
+    if let Err(e) = state::write_snapshot(path, state) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot save the state snapshot");
+    }
 }
 
 /// Drops the handles only the map holds. Safe under the store lock: a handle is only handed out
@@ -81,7 +88,7 @@ impl SessionStore {
                 index,
                 open: HashMap::new(),
             }),
-            snapshots: Arc::default(),
+            snapshots: Arc::new(LatestWriter::new("agentd-snapshot", write_snapshot_logged)),
         })
     }
 
@@ -89,9 +96,9 @@ impl SessionStore {
         &self.dir
     }
 
-    /// Blocks until every queued snapshot is written (shutdown).
+    /// Blocks until every queued snapshot is written (shutdown), at most 30 s.
     pub fn flush_snapshots(&self) {
-        self.snapshots.flush();
+        self.snapshots.flush(std::time::Duration::from_secs(30));
     }
 
     /// A copy of the index.

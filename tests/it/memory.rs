@@ -223,6 +223,20 @@ fn index_reports_configuration_problems() {
 }
 
 /// The last tool result's text in a request (Anthropic wire).
+/// Send `text` from alice and wait for its reply, then for the fake model to have seen
+/// `requests` requests in all; returns them.
+fn ask(d: &TestDaemon, llm: &FakeLlm, text: &str, requests: usize) -> Vec<Value> {
+    let out = d.agent_send(&["-m", text, "--from", "alice", "--wait", "30"]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    llm.wait_for_requests(requests, Duration::from_secs(20))
+        .await_blocking()
+}
+
 fn last_tool_result(body: &Value) -> String {
     let msgs = body["messages"].as_array().unwrap();
     for m in msgs.iter().rev() {
@@ -287,24 +301,7 @@ fn tools_and_recall_in_the_daemon() {
         json!({"path": "memory/home/washing-machine.md", "from": 1, "lines": 3}),
     ));
     llm.push(Reply::text("noted"));
-    let out = d.agent_send(&[
-        "-m",
-        "Mum's birthday is on 4 May, not 3 May",
-        "--from",
-        "alice",
-        "--wait",
-        "30",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        d.log()
-    );
-
-    let reqs = llm
-        .wait_for_requests(8, Duration::from_secs(20))
-        .await_blocking();
+    let reqs = ask(&d, &llm, "Mum's birthday is on 4 May, not 3 May", 8);
     let result = |i: usize| last_tool_result(&reqs[i]);
     assert!(
         result(1).contains("Saved fact #1: Anna Schmidt · birthday: 3 May"),
@@ -347,18 +344,7 @@ fn tools_and_recall_in_the_daemon() {
 
     // The next message recalls the fact and the open commitment in its dynamic context.
     llm.push(Reply::text("it is on 4 May"));
-    let out = d.agent_send(&[
-        "-m",
-        "remind me, when is Mum's birthday?",
-        "--from",
-        "alice",
-        "--wait",
-        "30",
-    ]);
-    assert!(out.status.success());
-    let reqs = llm
-        .wait_for_requests(9, Duration::from_secs(20))
-        .await_blocking();
+    let reqs = ask(&d, &llm, "remind me, when is Mum's birthday?", 9);
     let turn = last_user_text(&reqs[8]);
     let recall = turn
         .split("<memory-recall>")
@@ -382,18 +368,7 @@ fn tools_and_recall_in_the_daemon() {
     ));
     llm.push(call("memory_search", json!({"query": "Mum birthday"})));
     llm.push(Reply::text("forgotten"));
-    let out = d.agent_send(&[
-        "-m",
-        "forget her birthday",
-        "--from",
-        "alice",
-        "--wait",
-        "30",
-    ]);
-    assert!(out.status.success());
-    let reqs = llm
-        .wait_for_requests(12, Duration::from_secs(20))
-        .await_blocking();
+    let reqs = ask(&d, &llm, "forget her birthday", 12);
     assert!(
         last_tool_result(&reqs[10]).contains("Forgot 1 fact(s)"),
         "{}",
