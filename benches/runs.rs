@@ -67,12 +67,12 @@ fn print_stats(label: &str, s: &ProcStats) {
     );
 }
 
-/// RSS/PSS 3 s after ready with FIFO, HTTP and Telegram (fake Bot API) on; then after 200
-/// messages (HTTP) and 20 Telegram messages.
-pub fn footprint(o: &Opts) -> Result<()> {
+/// A daemon (not started) with the echo provider and Telegram on a fake Bot API; the fakes
+/// live as long as the returned values.
+fn telegram_daemon(o: &Opts) -> Result<(FakeProvider, crate::fake_telegram::FakeTelegram, Daemon)> {
     let fake = echo_provider()?;
     let tg = crate::fake_telegram::FakeTelegram::spawn(TG_TOKEN);
-    let mut d = Daemon::new(
+    let d = Daemon::new(
         &o.agentd,
         &o.dir,
         &Setup {
@@ -81,6 +81,13 @@ pub fn footprint(o: &Opts) -> Result<()> {
             ..Setup::default()
         },
     )?;
+    Ok((fake, tg, d))
+}
+
+/// RSS/PSS 3 s after ready with FIFO, HTTP and Telegram (fake Bot API) on; then after 200
+/// messages (HTTP) and 20 Telegram messages.
+pub fn footprint(o: &Opts) -> Result<()> {
+    let (_fake, tg, mut d) = telegram_daemon(o)?;
     d.start()?;
     let pid = d.pid().context("pid")?;
     // Telegram is up when the poller has asked for updates.
@@ -120,17 +127,7 @@ pub fn footprint(o: &Opts) -> Result<()> {
 /// Exec → `/api/v1/status` 200, `runs` times (one cold start on an empty state directory,
 /// the rest warm restarts of the same state directory).
 pub fn startup(o: &Opts) -> Result<()> {
-    let fake = echo_provider()?;
-    let tg = crate::fake_telegram::FakeTelegram::spawn(TG_TOKEN);
-    let mut d = Daemon::new(
-        &o.agentd,
-        &o.dir,
-        &Setup {
-            provider_url: fake.base_url(),
-            telegram_url: Some(tg.api_url()),
-            ..Setup::default()
-        },
-    )?;
+    let (_fake, _tg, mut d) = telegram_daemon(o)?;
     let poll = Duration::from_micros(200);
     let t0 = d.spawn()?;
     let cold = d.wait_status(Duration::from_secs(30), poll)? - t0;
