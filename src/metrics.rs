@@ -195,49 +195,29 @@ impl Metrics {
             "Errors, by kind.",
         );
         self.errors.render(&mut out, "agentd_errors_total");
-        header(
+        gauge(
             &mut out,
             "agentd_queue_depth",
-            "gauge",
             "Items waiting in the intake queue.",
+            self.queue_depth.load(Ordering::Relaxed),
         );
-        let _ = writeln!(
-            out,
-            "agentd_queue_depth {}",
-            self.queue_depth.load(Ordering::Relaxed)
-        );
-        header(
+        gauge(
             &mut out,
             "agentd_active_sessions",
-            "gauge",
             "Sessions processing a message.",
+            self.active_sessions.load(Ordering::Relaxed),
         );
-        let _ = writeln!(
-            out,
-            "agentd_active_sessions {}",
-            self.active_sessions.load(Ordering::Relaxed)
-        );
-        header(
+        gauge(
             &mut out,
             "agentd_session_workers",
-            "gauge",
             "Per-session worker tasks alive (they exit when their queue is empty).",
+            self.session_workers.load(Ordering::Relaxed),
         );
-        let _ = writeln!(
-            out,
-            "agentd_session_workers {}",
-            self.session_workers.load(Ordering::Relaxed)
-        );
-        header(
+        gauge(
             &mut out,
             "agentd_open_sessions",
-            "gauge",
             "Session handles holding their trail file open.",
-        );
-        let _ = writeln!(
-            out,
-            "agentd_open_sessions {}",
-            self.open_sessions.load(Ordering::Relaxed)
+            self.open_sessions.load(Ordering::Relaxed),
         );
         header(
             &mut out,
@@ -257,6 +237,12 @@ impl Metrics {
             .render(&mut out, "agentd_llm_call_duration_seconds");
         out
     }
+}
+
+/// A gauge without labels: its header and its one sample.
+fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+    header(out, name, "gauge", help);
+    let _ = writeln!(out, "{name} {value}");
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
