@@ -200,7 +200,7 @@ mod tests {
     use super::*;
     use crate::config::TelegramFormat;
 
-    fn cfg() -> TelegramConfig {
+    pub(super) fn cfg() -> TelegramConfig {
         TelegramConfig {
             enabled: true,
             token_env: "AGENTD_TELEGRAM_TOKEN".into(),
@@ -435,31 +435,14 @@ mod tests {
 /// server pretending to be it) sends.
 #[cfg(test)]
 mod prop_tests {
-    use std::collections::BTreeMap;
-    use std::time::Duration;
 
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
+    use super::tests::cfg;
     use super::*;
-    use crate::config::TelegramFormat;
 
     const BOT: i64 = 999;
-
-    fn cfg() -> TelegramConfig {
-        TelegramConfig {
-            enabled: true,
-            token_env: "AGENTD_TELEGRAM_TOKEN".into(),
-            token: None,
-            api_url: "https://api.telegram.org".into(),
-            allow_from: vec![42],
-            contacts: BTreeMap::from([("Alice".to_string(), 42)]),
-            text_chunk_limit: 4096,
-            poll_timeout: Duration::from_secs(30),
-            max_download_bytes: 20 << 20,
-            format: TelegramFormat::Html,
-        }
-    }
 
     fn user(id: i64, is_bot: bool) -> Value {
         json!({"id": id, "is_bot": is_bot, "first_name": "Ann", "username": "ann", "language_code": "en"})
