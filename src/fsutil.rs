@@ -168,7 +168,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_append_cuts_the_file_back() {
+    fn appends_whole_lines_and_a_refused_write_leaves_the_file_alone() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("t.jsonl");
         fs::write(&p, "{\"a\":1}\n").unwrap();
@@ -179,6 +179,51 @@ mod tests {
         let mut ro = File::open(&p).unwrap();
         append_line_fsync(&mut ro, b"{\"a\":3}").unwrap_err();
         assert_eq!(fs::read_to_string(&p).unwrap(), "{\"a\":1}\n{\"a\":2}\n");
+    }
+
+    /// Set by [`a_short_write_is_cut_back`] for the child it runs.
+    const SHORT_WRITE_FILE: &str = "AGENTD_TEST_SHORT_WRITE_FILE";
+
+    /// A write the file size limit stops halfway (as a full disk does: some bytes written,
+    /// then an error) leaves no half line: the file is cut back to its last whole line. The
+    /// limit applies to the whole process, so the append runs in a child: this test binary
+    /// again, running only [`short_write_child`].
+    #[test]
+    fn a_short_write_is_cut_back() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("t.jsonl");
+        fs::write(&p, "{\"a\":1}\n").unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "fsutil::tests::short_write_child", "--nocapture"])
+            .env(SHORT_WRITE_FILE, &p)
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{log}");
+        assert!(log.contains("1 passed"), "the child ran: {log}");
+        assert_eq!(fs::read_to_string(&p).unwrap(), "{\"a\":1}\n");
+    }
+
+    /// The child of [`a_short_write_is_cut_back`] (does nothing when run on its own): limits
+    /// file sizes to 12 bytes, then appends a 20-byte line to the 8-byte file.
+    #[test]
+    fn short_write_child() {
+        let Some(path) = std::env::var_os(SHORT_WRITE_FILE) else {
+            return;
+        };
+        use nix::sys::resource::{Resource, setrlimit};
+        use nix::sys::signal::{SigHandler, Signal, signal};
+        // SAFETY: ignoring SIGXFSZ installs no handler code; the write then fails with EFBIG.
+        unsafe { signal(Signal::SIGXFSZ, SigHandler::SigIgn) }.unwrap();
+        setrlimit(Resource::RLIMIT_FSIZE, 12, 12).unwrap();
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        let e = append_line_fsync(&mut f, b"{\"b\":\"0123456789\"}").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(nix::libc::EFBIG), "{e}");
+        assert_eq!(
+            fs::metadata(&path).unwrap().len(),
+            8,
+            "cut back to the whole line"
+        );
     }
 
     #[test]

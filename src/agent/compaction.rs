@@ -402,28 +402,26 @@ impl Agent {
 
     /// After a finished message (reply delivered): compact when the context estimate exceeds
     /// `behavior.compaction.threshold_tokens`. A failure is logged and leaves the session as it
-    /// was; the next message tries again. Returns whether the state changed.
+    /// was; the next message tries again.
     pub async fn after_message(
         &self,
         session: &Arc<SessionHandle>,
         state: &mut SessionState,
         work: &Work,
-    ) -> bool {
+    ) {
         let threshold = self.cfg.behavior.compaction.threshold_tokens;
         let tier = work_tier(work);
         let estimate = self.estimate(state, &tier).await;
         if estimate <= threshold {
-            return false;
+            return;
         }
         tracing::info!(session = %session.id, estimate, threshold, "context above the compaction threshold; compacting");
         match self.compact(session, state).await {
             Ok(removed) => {
                 tracing::info!(session = %session.id, removed, left = state.messages.len(), "conversation compacted");
-                true
             }
             Err(e) => {
                 tracing::warn!(session = %session.id, error = %e, "compaction failed; the session continues and compaction is retried after the next message");
-                false
             }
         }
     }

@@ -272,7 +272,7 @@ pub async fn consolidate(cfg: &Config, json: bool) -> Result<String, MemoryError
         let mut s = format!(
             "consolidated {done} of {} session(s) and {} changed note(s)\n",
             report.sessions.len(),
-            report.files.iter().map(|(p, _)| p.len()).sum::<usize>()
+            report.notes()
         );
         for (paths, a) in &report.files {
             let _ = writeln!(

@@ -175,7 +175,8 @@ mod tests {
             .unwrap();
         a.append(assistant(1900, 100, 0.25)).unwrap();
         let st = a.load_state("primary").unwrap();
-        a.save_state(&st).unwrap();
+        a.queue_snapshot(st);
+        store.flush_snapshots();
         // bob: trail only (snapshot missing), on a model the config does not know.
         let b = store.get_or_create("bob", "cheap").unwrap();
         b.append(Event::Message(MessageEvent::new(Message::user_text("yo"))))

@@ -471,9 +471,9 @@ impl Dispatcher {
         // and failures. A shutdown deadline interrupts it; nothing is recorded then.
         if finished && !self.stop.is_cancelled() {
             tokio::select! {
-                _ = self.abort.cancelled() => false,
-                c = self.agent.after_message(&session, st, &work) => c,
-            };
+                _ = self.abort.cancelled() => {}
+                _ = self.agent.after_message(&session, st, &work) => {}
+            }
         }
         // The snapshot too waits until the reply is out, and is written by the snapshot thread:
         // it is a cache of the trail (rebuilt from it when missing or stale), not part of the

@@ -226,6 +226,13 @@ pub struct ConsolidateReport {
     pub errors: Vec<String>,
 }
 
+impl ConsolidateReport {
+    /// Notes sent to the model, over all calls.
+    pub fn notes(&self) -> usize {
+        self.files.iter().map(|(paths, _)| paths.len()).sum()
+    }
+}
+
 /// The consolidation service: memory, the model and the ledger.
 #[derive(Clone)]
 pub struct Consolidator {
@@ -466,48 +473,51 @@ struct NoteBatch {
     docs: Vec<String>,
 }
 
-/// Group changed notes `(path, hash, text)` into calls of at most about [`WINDOW_CHARS`]: small
-/// notes together, a note larger than that alone in several documents.
+/// Group changed notes `(path, hash, text)` into calls of at most about [`WINDOW_CHARS`]
+/// characters: small notes together, a note larger than that alone in several documents.
+/// Blank notes (and blank parts of large ones) are recorded without being sent.
 fn note_batches(notes: &[(String, String, String)]) -> Vec<NoteBatch> {
     let mut out: Vec<NoteBatch> = Vec::new();
-    let mut current = NoteBatch {
-        files: Vec::new(),
-        docs: vec![String::new()],
-    };
+    // The batch of small notes being filled: its files, its one document and that
+    // document's length in characters.
+    let mut files: Vec<(String, String)> = Vec::new();
+    let mut doc = String::new();
+    let mut doc_chars = 0;
     for (path, hash, text) in notes {
-        if text.trim().is_empty() {
-            current.files.push((path.clone(), hash.clone()));
-            continue;
-        }
+        let file = (path.clone(), hash.clone());
         let parts: Vec<String> = chunk_lines(text, WINDOW_CHARS, 0)
             .into_iter()
+            .filter(|c| !c.text.trim().is_empty())
             .map(|c| format!("<note path=\"{path}\">\n{}\n</note>\n", c.text))
             .collect();
-        if parts.len() > 1 {
-            out.push(NoteBatch {
-                files: vec![(path.clone(), hash.clone())],
+        match parts.as_slice() {
+            [] => files.push(file),
+            [part] => {
+                let chars = part.chars().count();
+                if doc_chars > 0 && doc_chars + chars > WINDOW_CHARS {
+                    out.push(NoteBatch {
+                        files: std::mem::take(&mut files),
+                        docs: vec![std::mem::take(&mut doc)],
+                    });
+                    doc_chars = 0;
+                }
+                doc.push_str(part);
+                doc_chars += chars;
+                files.push(file);
+            }
+            _ => out.push(NoteBatch {
+                files: vec![file],
                 docs: parts,
-            });
-            continue;
+            }),
         }
-        let doc = &parts[0];
-        if current.docs[0].len() + doc.len() > WINDOW_CHARS && !current.docs[0].is_empty() {
-            out.push(std::mem::replace(
-                &mut current,
-                NoteBatch {
-                    files: Vec::new(),
-                    docs: vec![String::new()],
-                },
-            ));
-        }
-        current.docs[0].push_str(doc);
-        current.files.push((path.clone(), hash.clone()));
     }
-    if !current.files.is_empty() {
-        if current.docs[0].is_empty() {
-            current.docs.clear();
-        }
-        out.push(current);
+    if !files.is_empty() {
+        let docs = if doc.is_empty() {
+            Vec::new()
+        } else {
+            vec![doc]
+        };
+        out.push(NoteBatch { files, docs });
     }
     out
 }
@@ -707,6 +717,19 @@ mod tests {
         // Only empty notes: recorded, no call.
         let e = note_batches(&[note("e.md", 0)]);
         assert_eq!((e.len(), e[0].docs.len()), (1, 0));
+        // The window counts characters: two notes of two-byte characters that fit in
+        // characters (not in bytes) share one call.
+        let line = "é".repeat(99) + "\n";
+        let wide = |p: &str| {
+            let n = WINDOW_CHARS * 2 / 5 / 100;
+            (p.to_string(), format!("h-{p}"), line.repeat(n))
+        };
+        let w = note_batches(&[wide("x.md"), wide("y.md")]);
+        assert_eq!((w.len(), w[0].files.len(), w[0].docs.len()), (1, 2, 1));
+        assert!(
+            w[0].docs[0].len() > WINDOW_CHARS,
+            "more bytes than the window"
+        );
     }
 
     #[test]

@@ -257,7 +257,7 @@ impl MemoryJobs {
                 tracing::info!(
                     schedule = %name,
                     sessions = done,
-                    notes = r.files.iter().map(|(p, _)| p.len()).sum::<usize>(),
+                    notes = r.notes(),
                     errors = r.errors.len(),
                     "scheduled consolidation finished"
                 );

@@ -54,6 +54,11 @@ pub struct SessionHandle {
     snapshots: Arc<LatestWriter<SessionState>>,
 }
 
+/// `<id>.state.json` in the sessions directory.
+fn state_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.state.json"))
+}
+
 /// The trail is the source of truth: a snapshot that cannot be written (full disk) is rebuilt
 /// from it later, so this is a warning, not a failure.
 fn write_snapshot_logged(path: &Path, state: &SessionState) {
@@ -222,13 +227,18 @@ impl SessionStore {
     /// Archive the session of `key`: append a `reset` event, move `<id>*` files to `.archive/`,
     /// remove the index entry. Nothing is deleted. Returns false when there is no such session.
     pub fn archive(&self, key: &str, reason: &str) -> io::Result<bool> {
+        // A snapshot still queued would otherwise land after the move, beside the archive.
+        // Waited for outside the store lock (other sessions' intakes need it); only this
+        // session's worker, which is the one resetting it, queues its snapshots.
+        let queued = (self.lock().index.get(key)).map(|e| state_path(&self.dir, &e.session_id));
+        if let Some(path) = queued {
+            self.snapshots.wait_for(&path);
+        }
         let mut inner = self.lock();
         let Some(entry) = inner.index.get(key).cloned() else {
             return Ok(false);
         };
         let h = self.open_handle(&mut inner, key, &entry.session_id)?;
-        // A snapshot still queued would otherwise land after the move, beside the archive.
-        self.snapshots.wait_for(&h.state_path());
         h.append(Event::Reset {
             reason: reason.to_string(),
         })?;
@@ -270,7 +280,7 @@ impl SessionHandle {
     }
 
     pub fn state_path(&self) -> PathBuf {
-        self.dir.join(format!("{}.state.json", self.id))
+        state_path(&self.dir, &self.id)
     }
 
     /// The current state: the snapshot plus trail lines after it; rebuilt from the whole trail
@@ -291,11 +301,6 @@ impl SessionHandle {
             st.model = default_model.to_string();
         }
         Ok(st)
-    }
-
-    /// Write the snapshot now (blocking: temp + fsync + rename + directory fsync).
-    pub fn save_state(&self, state: &SessionState) -> io::Result<()> {
-        state::write_snapshot(&self.state_path(), state)
     }
 
     /// Hand the snapshot to the writer thread and return at once. Call only once every trail
@@ -453,7 +458,8 @@ mod tests {
         assert_eq!(again.id, h.id);
         let st = h.load_state("primary").unwrap();
         assert_eq!(st.last_seq, 2);
-        h.save_state(&st).unwrap();
+        h.queue_snapshot(st.clone());
+        store.flush_snapshots();
 
         // A second store (a restart) sees the same session.
         drop(store);

@@ -133,15 +133,15 @@ impl MemoryDb {
             .call(move |c| {
                 let tx = c.transaction()?;
                 let mut all_known = true;
-                for (path, hash) in &files {
-                    let known: Option<String> = tx
-                        .query_row(
-                            "SELECT hash FROM consolidation_file_hashes WHERE path = ?1",
-                            [path],
-                            |r| r.get(0),
-                        )
-                        .optional()?;
-                    all_known &= known.as_deref() == Some(hash.as_str());
+                {
+                    let mut known = tx.prepare_cached(
+                        "SELECT hash FROM consolidation_file_hashes WHERE path = ?1",
+                    )?;
+                    for (path, hash) in &files {
+                        let hash_now: Option<String> =
+                            known.query_row([path], |r| r.get(0)).optional()?;
+                        all_known &= hash_now.as_deref() == Some(hash.as_str());
+                    }
                 }
                 if all_known {
                     return Ok(Applied {
@@ -151,13 +151,15 @@ impl MemoryDb {
                 }
                 let a = apply_tx(&tx, &x)?;
                 let ts = now();
-                for (path, hash) in &files {
-                    tx.execute(
+                {
+                    let mut record = tx.prepare_cached(
                         "INSERT INTO consolidation_file_hashes (path, hash, updated_at) \
                          VALUES (?1, ?2, ?3) ON CONFLICT (path) DO UPDATE SET \
                          hash = excluded.hash, updated_at = excluded.updated_at",
-                        params![path, hash, ts],
                     )?;
+                    for (path, hash) in &files {
+                        record.execute(params![path, hash, ts])?;
+                    }
                 }
                 tx.commit()?;
                 Ok(a)
