@@ -141,7 +141,7 @@ impl Mode0600 for OpenOptions {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -193,15 +193,31 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("t.jsonl");
         fs::write(&p, "{\"a\":1}\n").unwrap();
+        run_in_child("fsutil::tests::short_write_child", SHORT_WRITE_FILE, &p);
+        assert_eq!(fs::read_to_string(&p).unwrap(), "{\"a\":1}\n");
+    }
+
+    /// Runs the test `name` of this test binary in a child process with `var` set to `path`,
+    /// and fails unless it ran and passed. For tests that change process-wide limits.
+    pub(crate) fn run_in_child(name: &str, var: &str, path: &Path) {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "fsutil::tests::short_write_child", "--nocapture"])
-            .env(SHORT_WRITE_FILE, &p)
+            .args(["--exact", name, "--nocapture"])
+            .env(var, path)
             .output()
             .unwrap();
         let log = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{log}");
         assert!(log.contains("1 passed"), "the child ran: {log}");
-        assert_eq!(fs::read_to_string(&p).unwrap(), "{\"a\":1}\n");
+    }
+
+    /// In a child of [`run_in_child`]: file sizes limited to `bytes`, and a write past the
+    /// limit fails with `EFBIG` (as a full disk fails with `ENOSPC`) instead of a signal.
+    pub(crate) fn limit_file_size(bytes: u64) {
+        use nix::sys::resource::{Resource, setrlimit};
+        use nix::sys::signal::{SigHandler, Signal, signal};
+        // SAFETY: ignoring SIGXFSZ installs no handler code.
+        unsafe { signal(Signal::SIGXFSZ, SigHandler::SigIgn) }.unwrap();
+        setrlimit(Resource::RLIMIT_FSIZE, bytes, bytes).unwrap();
     }
 
     /// The child of [`a_short_write_is_cut_back`] (does nothing when run on its own): limits
@@ -211,11 +227,7 @@ mod tests {
         let Some(path) = std::env::var_os(SHORT_WRITE_FILE) else {
             return;
         };
-        use nix::sys::resource::{Resource, setrlimit};
-        use nix::sys::signal::{SigHandler, Signal, signal};
-        // SAFETY: ignoring SIGXFSZ installs no handler code; the write then fails with EFBIG.
-        unsafe { signal(Signal::SIGXFSZ, SigHandler::SigIgn) }.unwrap();
-        setrlimit(Resource::RLIMIT_FSIZE, 12, 12).unwrap();
+        limit_file_size(12);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         let e = append_line_fsync(&mut f, b"{\"b\":\"0123456789\"}").unwrap_err();
         assert_eq!(e.raw_os_error(), Some(nix::libc::EFBIG), "{e}");

@@ -135,15 +135,10 @@ impl SessionStore {
             key: key.to_string(),
             model: model.to_string(),
         }) {
-            // Nothing of this session was written (a failed append is cut back): forget it, so
-            // that refused intakes on a full disk leave neither open handles nor empty trail
-            // files behind (each retry would otherwise add one of each).
+            // Nothing of this session was written (a failed append is cut back, and the trail
+            // writer removes the file it left empty): forget it, so that refused intakes on a
+            // full disk leave no open handles behind (each retry would otherwise add one).
             inner.open.remove(&id);
-            for f in trail::trail_files(&self.dir, &id).unwrap_or_default() {
-                if f.metadata().is_ok_and(|m| m.len() == 0) {
-                    let _ = std::fs::remove_file(f);
-                }
-            }
             return Err(e);
         }
         inner.index.insert(

@@ -68,7 +68,17 @@ impl TrailWriter {
         let file = self.file_for(&date)?;
         if let Err(e) = fsutil::append_line_fsync(file, &bytes) {
             // The failed line was cut back (best effort); reopening repairs the tail if that
-            // failed too, so the next line never lands on half of this one.
+            // failed too, so the next line never lands on half of this one. A file left empty
+            // (the first line of a session or of a day, refused on a full disk) is removed:
+            // each retry would otherwise leave one more behind.
+            if file.metadata().is_ok_and(|m| m.len() == 0)
+                && let Some((date, _)) = self.current.take()
+            {
+                let path = self.dir.join(format!("{}.{}.jsonl", self.id, date));
+                if fs::remove_file(path).is_ok() {
+                    let _ = fsutil::fsync_dir(&self.dir);
+                }
+            }
             self.current = None;
             return Err(e);
         }
@@ -404,6 +414,44 @@ mod tests {
         w.append(ev("b")).unwrap();
         let lines = read_trail(d.path(), "s1").unwrap();
         assert_eq!(lines.iter().map(|l| l.seq).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    /// Set by [`a_refused_first_line_leaves_no_empty_file`] for its child.
+    const REFUSED_DIR: &str = "AGENTD_TEST_REFUSED_TRAIL_DIR";
+
+    /// The first line of a day (or of a session) refused by a full disk leaves no empty file
+    /// behind, and the line of the day before is still there.
+    #[test]
+    fn a_refused_first_line_leaves_no_empty_file() {
+        let d = tempfile::tempdir().unwrap();
+        let day1 = chrono::DateTime::parse_from_rfc3339("2026-11-01T10:00:00Z").unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        w.append_at(ev("a"), day1.to_utc()).unwrap();
+        drop(w);
+        crate::fsutil::tests::run_in_child(
+            "session::trail::tests::refused_first_line_child",
+            REFUSED_DIR,
+            d.path(),
+        );
+        let files = trail_files(d.path(), "s1").unwrap();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let lines = read_trail(d.path(), "s1").unwrap();
+        assert_eq!(lines.iter().map(|l| l.seq).collect::<Vec<_>>(), [1]);
+    }
+
+    /// The child of [`a_refused_first_line_leaves_no_empty_file`]: with writes limited to the
+    /// size of the existing file, the next day's first line fails.
+    #[test]
+    fn refused_first_line_child() {
+        let Some(dir) = std::env::var_os(REFUSED_DIR) else {
+            return;
+        };
+        let dir = Path::new(&dir);
+        let day2 = chrono::DateTime::parse_from_rfc3339("2026-11-02T10:00:00Z").unwrap();
+        let mut w = TrailWriter::open(dir, "s1", Tz::UTC).unwrap();
+        crate::fsutil::tests::limit_file_size(10);
+        w.append_at(ev("b"), day2.to_utc()).unwrap_err();
+        assert_eq!(trail_files(dir, "s1").unwrap().len(), 1);
     }
 
     #[test]
