@@ -146,19 +146,53 @@ pub fn read_trail(dir: &Path, id: &str) -> io::Result<Vec<TrailLine>> {
     Ok(out)
 }
 
-/// Lines with `seq > after`. Older lines are only probed for their `seq`, not built: loading a
-/// session whose snapshot is recent costs a scan, not a parse of its whole history.
+/// Lines with `seq > after`. Only the files that can hold them are read: walking back from
+/// the newest, up to the first whose first line is at or below `after + 1` (`seq` increases
+/// across files, oldest first). Lines at or below `after` are only probed for their `seq`, not
+/// built: loading a session whose snapshot is recent costs about a day's file, not a parse of
+/// its whole history.
 pub fn read_trail_after(dir: &Path, id: &str, after: u64) -> io::Result<Vec<TrailLine>> {
+    let files = trail_files(dir, id)?;
+    let mut start = 0;
+    for (i, f) in files.iter().enumerate().rev() {
+        if first_seq(f)?.is_some_and(|seq| seq <= after.saturating_add(1)) {
+            start = i;
+            break;
+        }
+    }
     let mut out = Vec::new();
-    for f in trail_files(dir, id)? {
-        for_each_line(&f, |n, line| {
-            if serde_json::from_slice::<Probe>(line).is_ok_and(|p| p.seq <= after) {
-                return;
+    for f in &files[start..] {
+        let mut newer = false;
+        for_each_line(f, |n, line| {
+            // Once a line is newer, every later one is too: parse without probing. A line
+            // that cannot be probed (damage) proves nothing and is left to `push_parsed`.
+            if !newer {
+                match serde_json::from_slice::<Probe>(line) {
+                    Ok(p) if p.seq <= after => return,
+                    Ok(_) => newer = true,
+                    Err(_) => {}
+                }
             }
-            push_parsed(&f, n, line, &mut out);
+            push_parsed(f, n, line, &mut out);
         })?;
     }
     Ok(out)
+}
+
+/// The `seq` of the first non-blank line of `path`; `None` for an empty file or an unreadable
+/// first line (the caller then reads further back).
+fn first_seq(path: &Path) -> io::Result<Option<u64>> {
+    let mut reader = BufReader::new(File::open(path)?);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(None);
+        }
+        if !line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(serde_json::from_slice::<Probe>(&line).ok().map(|p| p.seq));
+        }
+    }
 }
 
 /// The ids of the session's `intake` events (for idempotent intake), without building the
@@ -312,6 +346,50 @@ mod tests {
         ids.sort();
         assert_eq!(ids, (0..6).map(|n| format!("in-{n}")).collect::<Vec<_>>());
         assert_eq!(last_line(&f).unwrap().map(|l| l.seq), Some(12));
+    }
+
+    #[test]
+    fn reading_after_a_seq_skips_older_files_and_agrees_with_a_full_read() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        for (day, n) in [(1, 3), (2, 4), (4, 2)] {
+            let at = chrono::DateTime::parse_from_rfc3339(&format!("2026-11-0{day}T10:00:00Z"))
+                .unwrap()
+                .to_utc();
+            for _ in 0..n {
+                w.append_at(ev("x"), at).unwrap();
+            }
+        }
+        drop(w);
+        // An empty file between days (a crash during a day's first write) changes nothing.
+        fs::write(d.path().join("s1.2026-11-03.jsonl"), "").unwrap();
+        let all = read_trail(d.path(), "s1").unwrap();
+        assert_eq!(all.len(), 9);
+        for after in 0..=10 {
+            let want: Vec<u64> = all.iter().map(|l| l.seq).filter(|s| *s > after).collect();
+            let got: Vec<u64> = read_trail_after(d.path(), "s1", after)
+                .unwrap()
+                .iter()
+                .map(|l| l.seq)
+                .collect();
+            assert_eq!(got, want, "after {after}");
+        }
+        // The first day's file is not read when the snapshot is past it: a line planted there
+        // with a high seq would otherwise come back.
+        let first = d.path().join("s1.2026-11-01.jsonl");
+        let planted = TrailLine {
+            v: TRAIL_VERSION,
+            seq: 100,
+            ts: "2026-11-01T10:00:00.000+00:00".into(),
+            event: ev("planted"),
+        };
+        fs::write(&first, serde_json::to_string(&planted).unwrap() + "\n").unwrap();
+        let got: Vec<u64> = read_trail_after(d.path(), "s1", 3)
+            .unwrap()
+            .iter()
+            .map(|l| l.seq)
+            .collect();
+        assert_eq!(got, [4, 5, 6, 7, 8, 9]);
     }
 
     #[test]
