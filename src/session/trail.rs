@@ -302,6 +302,17 @@ mod tests {
     use crate::session::event::MessageEvent;
     use std::io::Write;
 
+    /// The `seq`s `read_trail_after` gives for session s1.
+    fn seqs_after(dir: &Path, after: u64) -> Vec<u64> {
+        let lines = read_trail_after(dir, "s1", after).unwrap();
+        lines.iter().map(|l| l.seq).collect()
+    }
+
+    /// The `seq`s above `after` of a full read.
+    fn seqs_of(all: &[TrailLine], after: u64) -> Vec<u64> {
+        all.iter().map(|l| l.seq).filter(|s| *s > after).collect()
+    }
+
     fn ev(text: &str) -> Event {
         Event::Message(MessageEvent::new(Message::user_text(text)))
     }
@@ -334,13 +345,11 @@ mod tests {
         let all = read_trail(d.path(), "s1").unwrap();
         assert_eq!(all.len(), 12);
         for after in [0, 1, 5, 11, 12, 40] {
-            let want: Vec<u64> = all.iter().map(|l| l.seq).filter(|s| *s > after).collect();
-            let got: Vec<u64> = read_trail_after(d.path(), "s1", after)
-                .unwrap()
-                .iter()
-                .map(|l| l.seq)
-                .collect();
-            assert_eq!(got, want, "after {after}");
+            assert_eq!(
+                seqs_after(d.path(), after),
+                seqs_of(&all, after),
+                "after {after}"
+            );
         }
         let mut ids: Vec<String> = intake_ids(d.path(), "s1").unwrap().into_iter().collect();
         ids.sort();
@@ -366,13 +375,11 @@ mod tests {
         let all = read_trail(d.path(), "s1").unwrap();
         assert_eq!(all.len(), 9);
         for after in 0..=10 {
-            let want: Vec<u64> = all.iter().map(|l| l.seq).filter(|s| *s > after).collect();
-            let got: Vec<u64> = read_trail_after(d.path(), "s1", after)
-                .unwrap()
-                .iter()
-                .map(|l| l.seq)
-                .collect();
-            assert_eq!(got, want, "after {after}");
+            assert_eq!(
+                seqs_after(d.path(), after),
+                seqs_of(&all, after),
+                "after {after}"
+            );
         }
         // The first day's file is not read when the snapshot is past it: a line planted there
         // with a high seq would otherwise come back.
@@ -384,12 +391,7 @@ mod tests {
             event: ev("planted"),
         };
         fs::write(&first, serde_json::to_string(&planted).unwrap() + "\n").unwrap();
-        let got: Vec<u64> = read_trail_after(d.path(), "s1", 3)
-            .unwrap()
-            .iter()
-            .map(|l| l.seq)
-            .collect();
-        assert_eq!(got, [4, 5, 6, 7, 8, 9]);
+        assert_eq!(seqs_after(d.path(), 3), [4, 5, 6, 7, 8, 9]);
     }
 
     #[test]
