@@ -101,7 +101,11 @@ async fn telegram(cfg: &Config) -> Check {
 /// Start each MCP server, wait up to 10 s for its tool list, report its state.
 async fn mcp(cfg: &Config) -> Vec<Check> {
     let cancel = tokio_util::sync::CancellationToken::new();
-    let mgr = crate::tools::mcp::McpManager::start(&cfg.mcp_servers, cancel.clone());
+    let mgr = crate::tools::mcp::McpManager::start(
+        &cfg.mcp_servers,
+        crate::tools::mcp::McpSandbox::from_config(cfg),
+        cancel.clone(),
+    );
     mgr.wait_ready(Duration::from_secs(10)).await;
     let status = mgr.status();
     cancel.cancel();

@@ -205,7 +205,11 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
     // logged and retried by each server's supervisor, never fatal.
     let mcp_cancel = CancellationToken::new();
-    let mcp = crate::tools::mcp::McpManager::start(&cfg.mcp_servers, mcp_cancel.clone());
+    let mcp = crate::tools::mcp::McpManager::start(
+        &cfg.mcp_servers,
+        crate::tools::mcp::McpSandbox::from_config(&cfg),
+        mcp_cancel.clone(),
+    );
     if !cfg.mcp_servers.is_empty() {
         mcp.wait_ready(Duration::from_secs(10)).await;
         tool_list.extend(mcp.tools());
