@@ -202,3 +202,145 @@ fn hostile_mcp_server_gets_no_secret() {
     assert!(own.contains(&format!("TMPDIR={home}")), "{own}");
     d.sigterm();
 }
+
+/// Mode bits of `path` (permission bits only).
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("cannot stat {}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// A daemon whose `[logging] file` is on, started with a umask that would leave new files
+/// readable by everyone.
+fn daemon_logging_to_file(fake: &FakeLlm) -> TestDaemon {
+    TestDaemon::new(
+        &agentd_toml("fake").replace("[logging]\nfile = false", "[logging]\nfile = true"),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    )
+}
+
+/// Issue #12 finding 16: log files are 0600 (in a 0700 directory), whatever the umask the
+/// daemon was started with.
+#[test]
+fn log_files_are_private() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let mut d = daemon_logging_to_file(&fake);
+    // The launcher's process: a typical interactive umask.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    d.start();
+    nix::sys::stat::umask(old);
+    let logs = d.state_dir.join("logs");
+    let files: Vec<std::path::PathBuf> =
+        crate::support::wait_until(std::time::Duration::from_secs(10), "a log file", || {
+            let files: Vec<_> = std::fs::read_dir(&logs)
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                .collect();
+            (!files.is_empty()).then_some(files)
+        });
+    for f in &files {
+        assert_eq!(mode_of(f), 0o600, "{}", f.display());
+    }
+    assert_eq!(mode_of(&logs), 0o700);
+    for db in ["agentd.db", "memory.db"] {
+        let path = d.state_dir.join(db);
+        if path.exists() {
+            assert_eq!(mode_of(&path) & 0o077, 0, "{}", path.display());
+        }
+    }
+    d.sigterm();
+}
+
+/// Issue #12 finding 16: a state directory that already exists with mode 0755 is tightened to
+/// 0700 at start, and the log says so.
+#[test]
+fn wide_state_dir_is_tightened_with_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    std::fs::create_dir(&d.state_dir).unwrap();
+    std::fs::set_permissions(&d.state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    d.start();
+    assert_eq!(mode_of(&d.state_dir), 0o700);
+    let log = d.log();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("had mode 755")
+            && l.contains("changed to 700")),
+        "{log}"
+    );
+    d.sigterm();
+}
+
+/// Issue #12 finding 16: running as root (CI does) is warned about at start and in `agentd
+/// doctor`, pointing to the unit's dedicated user; an unprivileged daemon is not.
+#[test]
+fn root_is_warned_at_start_and_in_doctor() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test checks the warning given to root; run it as root (as CI does)"
+    );
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.start();
+    let log = d.log();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("running as root is not a supported deployment")
+            && l.contains("User=agentd")),
+        "{log}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(["doctor", "-c"])
+        .arg(&d.config_path)
+        .env("AGENTD_STATE_DIR", &d.state_dir)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let user = table
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("user"))
+        .unwrap_or_else(|| panic!("no user line: {table}"));
+    assert!(
+        user.starts_with("WARN") && user.contains("not a supported deployment"),
+        "{table}"
+    );
+    d.sigterm();
+
+    // The same daemon under its own unprivileged uid: no such warning, and doctor passes it.
+    d.as_unprivileged_user();
+    d.start();
+    assert_eq!(
+        d.log().matches("running as root").count(),
+        1,
+        "only the first (root) start warned"
+    );
+    let wrapper = unprivileged_wrapper();
+    let out = Command::new(&wrapper[0])
+        .args(&wrapper[1..])
+        .arg(env!("CARGO_BIN_EXE_agentd"))
+        .args(["doctor", "-c"])
+        .arg(&d.config_path)
+        .env("AGENTD_STATE_DIR", &d.state_dir)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.lines().any(|l| l.starts_with("PASS")
+            && l.split_whitespace().nth(1) == Some("user")
+            && l.contains("uid 65534")),
+        "{table}"
+    );
+    d.sigterm();
+}
