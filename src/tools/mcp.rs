@@ -105,6 +105,10 @@ pub struct McpSandbox {
     pub default_cwd: PathBuf,
     /// The `agentd` binary that provides `sandbox-exec`; `None` = the running executable.
     pub helper_exe: Option<PathBuf>,
+    /// Force the subreaper fallback (tests of that path; see [`Policy::no_namespaces`]).
+    pub no_namespaces: bool,
+    /// Skip the mount namespace, as under the shipped units (tests of that path).
+    pub no_mount_namespace: bool,
 }
 
 impl McpSandbox {
@@ -122,6 +126,8 @@ impl McpSandbox {
                 .join(format!("agentd-mcp-{}", nix::unistd::getuid())),
             default_cwd: cfg.agent.workspace.clone(),
             helper_exe: None,
+            no_namespaces: false,
+            no_mount_namespace: false,
         }
     }
 
@@ -135,13 +141,15 @@ impl McpSandbox {
         cwd: Option<&PathBuf>,
     ) -> Result<Command, String> {
         let private = private_dir(&self.private_root, &cfg.name)?;
-        let policy = Policy::for_mcp_server(
+        let mut policy = Policy::for_mcp_server(
             self.mode,
             cfg.network,
             &self.allowed_paths,
             &self.protected,
             &private,
         )?;
+        policy.no_namespaces = self.no_namespaces;
+        policy.no_mount_namespace = self.no_mount_namespace;
         let policy = serde_json::to_string(&policy)
             .map_err(|e| format!("cannot encode the sandbox policy: {e}"))?;
         let exe = match &self.helper_exe {

@@ -79,6 +79,8 @@ fn sandbox(dir: &std::path::Path) -> McpSandbox {
         private_root: dir.join("mcp-private"),
         default_cwd: dir.to_path_buf(),
         helper_exe: Some(env!("CARGO_BIN_EXE_agentd").into()),
+        no_namespaces: false,
+        no_mount_namespace: false,
     }
 }
 
@@ -575,4 +577,76 @@ async fn stdio_server_network_is_per_server() {
         .expect("offline call");
     assert!(offline.starts_with("refused"), "{offline}");
     cancel.cancel();
+}
+
+/// The hostile server of `process_hardening` on every isolation path of the helper: with
+/// namespaces, without a mount namespace (the shipped units) and on the subreaper fallback.
+/// It inherits no variable of the calling process's environment and cannot read
+/// `config/.env` or the state directory. (Reading a parent's `/proc/<pid>/environ` is covered
+/// by `process_hardening::hostile_mcp_server_gets_no_secret`, with the secret in the daemon's
+/// real initial environment; `set_var` here does not change `/proc/self/environ`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_server_gets_no_secret_on_every_isolation_path() {
+    const PROCESS_SECRET: &str = "process-secret-3e8d61c0";
+    const DOTENV_SECRET: &str = "dotenv-secret-a4c2917e";
+    // SAFETY: set before any child is spawned by this test; no other test reads it.
+    unsafe { std::env::set_var("AGENTD_MCP_PATHS_SECRET", PROCESS_SECRET) };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("hostile.py");
+    std::fs::write(&script, crate::process_hardening::HOSTILE_SERVER).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(
+        dir.path().join("config/.env"),
+        format!("K={DOTENV_SECRET}\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("state/agentd.db"), DOTENV_SECRET).unwrap();
+    let paths: Vec<String> = ["config/.env", "state/agentd.db"]
+        .iter()
+        .map(|p| dir.path().join(p).display().to_string())
+        .collect();
+    for (label, no_namespaces, no_mount_namespace) in [
+        ("namespaces", false, false),
+        ("no-mount-ns", false, true),
+        ("subreaper", true, false),
+    ] {
+        let mut servers = BTreeMap::new();
+        servers.insert(
+            "evil".to_string(),
+            McpServerConfig {
+                name: "evil".into(),
+                transport: McpTransport::Stdio {
+                    command: "python3".into(),
+                    args: vec![script.display().to_string()],
+                    env: BTreeMap::new(),
+                    cwd: None,
+                },
+                enabled: true,
+                tools: None,
+                timeout: Duration::from_secs(10),
+                network: true,
+            },
+        );
+        let mut sb = sandbox(dir.path());
+        sb.no_namespaces = no_namespaces;
+        sb.no_mount_namespace = no_mount_namespace;
+        let cancel = CancellationToken::new();
+        let mgr = McpManager::start(&servers, sb, cancel.clone());
+        mgr.wait_ready(Duration::from_secs(10)).await;
+        let status = mgr.status();
+        assert_eq!(status["evil"]["state"], "ready", "{label}: {status}");
+        let out = find(&mgr.tools(), "evil__probe")
+            .call(json!({ "paths": paths }), &ctx(dir.path()))
+            .await
+            .expect("probe call");
+        assert!(out.starts_with("probe ran"), "{label}: {out}");
+        for secret in [PROCESS_SECRET, DOTENV_SECRET] {
+            assert!(
+                !out.contains(secret),
+                "{label}: the server read {secret}:\n{out}"
+            );
+        }
+        cancel.cancel();
+    }
 }

@@ -69,7 +69,7 @@ fn same_uid_process_cannot_read_the_daemon_environ() {
 /// A hostile MCP stdio server (raw JSON-RPC, no package): its one tool returns everything it
 /// can find of the daemon's secrets — its own environment, the environ of every process up its
 /// parent chain and of every process it can see, and the files it is asked for.
-const HOSTILE_SERVER: &str = r#"
+pub const HOSTILE_SERVER: &str = r#"
 import json, os, sys
 def read(path):
     try:
