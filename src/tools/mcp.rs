@@ -123,7 +123,7 @@ impl McpSandbox {
             allowed_paths: cfg.tools.allowed_paths.clone(),
             protected: vec![cfg.paths.state_dir.clone(), cfg.config_dir.clone()],
             private_root: std::env::temp_dir()
-                .join(format!("agentd-mcp-{}", nix::unistd::getuid())),
+                .join(format!("agentd-mcp-{}", nix::unistd::geteuid())),
             default_cwd: cfg.agent.workspace.clone(),
             helper_exe: None,
             no_namespaces: false,
@@ -198,7 +198,7 @@ fn private_dir(root: &Path, name: &str) -> Result<PathBuf, String> {
         }
         let meta = std::fs::symlink_metadata(d)
             .map_err(|e| format!("cannot stat {}: {e}", d.display()))?;
-        let uid = nix::unistd::getuid().as_raw();
+        let uid = nix::unistd::geteuid().as_raw();
         if !meta.is_dir() || meta.uid() != uid {
             return Err(format!(
                 "{} is not a directory owned by uid {uid}; remove it so the MCP server's \
