@@ -287,8 +287,10 @@ pub struct ProcStats {
 
 impl ProcStats {
     pub fn read(pid: i32) -> Result<ProcStats> {
-        let rollup = fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-            .context("reading smaps_rollup")?;
+        // The daemon is non-dumpable (docs/security.md): only root may read these files.
+        let rollup = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).context(
+            "reading smaps_rollup (agentd is non-dumpable: run the bench as root to measure it)",
+        )?;
         let field = |name: &str| -> u64 {
             rollup
                 .lines()
@@ -296,7 +298,9 @@ impl ProcStats {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
                 .unwrap_or(0)
         };
-        let fds = fs::read_dir(format!("/proc/{pid}/fd"))?.count();
+        let fds = fs::read_dir(format!("/proc/{pid}/fd"))
+            .context("listing the daemon's fds (run the bench as root)")?
+            .count();
         let threads = fs::read_dir(format!("/proc/{pid}/task"))?.count();
         Ok(ProcStats {
             rss_kb: field("Rss"),

@@ -65,11 +65,26 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    // The sandbox helper needs no config: it gets everything in its policy.
+    // The sandbox helper needs no config: it gets everything in its policy. It stays dumpable
+    // until it has written its user-namespace maps (it turns non-dumpable itself before the
+    // command runs), and it holds none of the daemon's secrets.
     if let Some(Command::SandboxExec { policy, command }) = &cli.command {
         let code = agentd::sandbox::helper_main(policy, command);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    // Every other role holds the daemon's secrets (environment, .env, tokens): non-dumpable
+    // before anything is read, so `/proc/<pid>/environ`, `mem` and ptrace are root's only and
+    // no core file is written. Other processes of the same uid (an MCP server, a command that
+    // escaped) cannot read them (SPEC §16.9). See docs/security.md.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!(
+            "agentd: warning: cannot make the process non-dumpable ({e}); other processes of \
+             this uid can read its environment"
+        );
+    }
+    // Everything the daemon creates is its own only (logs, databases, trails, inbox files):
+    // what the shipped units' UMask=0077 does, also when started by hand.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let path = agentd::config::resolve_config_path(cli.config.as_deref());
     let cfg = match agentd::config::load(&path) {
         Ok(c) => c,

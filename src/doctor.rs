@@ -40,6 +40,11 @@ fn check(name: impl Into<String>, status: Status, detail: impl Into<String>) -> 
     }
 }
 
+/// Said at start and by `doctor` when the daemon runs as root (issue #12, finding 16).
+pub const ROOT_WARNING: &str = "running as root is not a supported deployment: exec and MCP \
+     servers would run as root too (reading /etc/shadow, every user's files); run agentd as \
+     its own unprivileged user, as systemd/agentd.service does (User=agentd)";
+
 /// Free space under which the state directory is flagged.
 const MIN_FREE_BYTES: u64 = 100 * 1024 * 1024;
 
@@ -50,6 +55,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
         Status::Pass,
         format!("{} loaded", cfg.config_path.display()),
     )];
+    out.push(user());
     for (name, reason) in &cfg.models.skipped {
         out.push(check(format!("model {name}"), Status::Warn, reason.clone()));
     }
@@ -101,7 +107,11 @@ async fn telegram(cfg: &Config) -> Check {
 /// Start each MCP server, wait up to 10 s for its tool list, report its state.
 async fn mcp(cfg: &Config) -> Vec<Check> {
     let cancel = tokio_util::sync::CancellationToken::new();
-    let mgr = crate::tools::mcp::McpManager::start(&cfg.mcp_servers, cancel.clone());
+    let mgr = crate::tools::mcp::McpManager::start(
+        &cfg.mcp_servers,
+        crate::tools::mcp::McpSandbox::from_config(cfg),
+        cancel.clone(),
+    );
     mgr.wait_ready(Duration::from_secs(10)).await;
     let status = mgr.status();
     cancel.cancel();
@@ -166,6 +176,16 @@ fn host_port(url: &str) -> Option<(String, u16)> {
     match authority.rsplit_once(':') {
         Some((h, p)) => Some((h.to_string(), p.parse().ok()?)),
         None => Some((authority.to_string(), default)),
+    }
+}
+
+/// The uid the daemon would run as: root is warned about.
+fn user() -> Check {
+    let uid = nix::unistd::geteuid();
+    if uid.is_root() {
+        check("user", Status::Warn, ROOT_WARNING)
+    } else {
+        check("user", Status::Pass, format!("uid {uid}"))
     }
 }
 

@@ -129,6 +129,36 @@ pub fn create_private_dir(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
+/// What [`tighten_private_dir`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tightened {
+    /// Already 0700 or narrower.
+    AlreadyPrivate,
+    /// Ours and wider than 0700: now 0700; the old permission bits.
+    From(u32),
+    /// Wider than 0700 but owned by another uid: left alone; its owner and permission bits.
+    NotOurs { uid: u32, mode: u32 },
+}
+
+/// Make an existing directory 0700 when it is ours and group or others may use it (a state
+/// directory made by hand with the default umask is 0755).
+pub fn tighten_private_dir(dir: &Path) -> io::Result<Tightened> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = fs::metadata(dir)?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(Tightened::AlreadyPrivate);
+    }
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Ok(Tightened::NotOurs {
+            uid: meta.uid(),
+            mode,
+        });
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    Ok(Tightened::From(mode))
+}
+
 trait Mode0600 {
     fn mode_0600(&mut self) -> &mut Self;
 }
@@ -143,6 +173,28 @@ impl Mode0600 for OpenOptions {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn wide_private_dirs_are_tightened() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("state");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(tighten_private_dir(&dir).unwrap(), Tightened::From(0o755));
+        let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert_eq!(
+            tighten_private_dir(&dir).unwrap(),
+            Tightened::AlreadyPrivate
+        );
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o500)).unwrap();
+        assert_eq!(
+            tighten_private_dir(&dir).unwrap(),
+            Tightened::AlreadyPrivate
+        );
+        assert!(tighten_private_dir(&d.path().join("missing")).is_err());
+    }
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp() {

@@ -61,6 +61,8 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
     let enabled = s.get("enabled").unwrap_or(true);
     let tools: Option<Vec<String>> = s.get("tools");
     let timeout = Duration::from_secs(s.int("timeout_seconds", 1).unwrap_or(60));
+    let has_network = s.has("network");
+    let network = s.get("network").unwrap_or(true);
 
     let transport = match (command, url) {
         (Some(command), None) => {
@@ -79,7 +81,12 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
         }
         (None, Some(url)) => {
             check_url(s, "url", &url);
-            for (present, key) in [(has_args, "args"), (has_env, "env"), (has_cwd, "cwd")] {
+            for (present, key) in [
+                (has_args, "args"),
+                (has_env, "env"),
+                (has_cwd, "cwd"),
+                (has_network, "network"),
+            ] {
                 if present {
                     s.problem(key, "only valid with command (a child process); remove it");
                 }
@@ -111,6 +118,7 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
         enabled,
         tools,
         timeout,
+        network,
     })
 }
 

@@ -180,6 +180,7 @@ pub fn render_effective(cfg: &Config) -> String {
                 if let Some(cwd) = cwd {
                     r.kv("cwd", path(cwd));
                 }
+                r.kv("network", s.network.to_string());
             }
             McpTransport::Http { url, headers } => {
                 r.kv("url", q(url));

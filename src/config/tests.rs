@@ -583,6 +583,9 @@ command = "uvx"
 args = ["mcp-server-time"]
 env = {{ TZ = "UTC", TOKEN = "${{MCP_TOKEN}}" }}
 tools = ["get_current_time"]
+network = false
+[mcp.servers.local]
+command = "local-server"
 [mcp.servers.web]
 url = "https://mcp.example.org/mcp"
 headers = {{ Authorization = "Bearer x" }}
@@ -629,6 +632,8 @@ job = "index"
         Some(&["get_current_time".to_string()][..])
     );
     assert_eq!(time.timeout, Duration::from_secs(60));
+    assert!(!time.network);
+    assert!(c.mcp_servers["local"].network, "network defaults to on");
     assert!(matches!(
         c.mcp_servers["web"].transport,
         McpTransport::Http { .. }
@@ -666,6 +671,12 @@ command = "x"
 url = "https://x"
 [mcp.servers.neither]
 enabled = true
+[mcp.servers.remote]
+url = "https://x"
+network = false
+[mcp.servers.netstr]
+command = "x"
+network = "no"
 [[schedule]]
 name = "a"
 cron = "0 9 * *"
@@ -690,6 +701,8 @@ to = "Bob"
         "mcp.servers.\"bad name\": invalid server name",
         "mcp.servers.both.url: server \"both\" has both command and url",
         "mcp.servers.neither.command: server \"neither\" needs command",
+        "mcp.servers.remote.network: only valid with command",
+        "mcp.servers.netstr.network: expected",
         "schedule[0].cron: expected 5 fields",
         "schedule[1].name: duplicate schedule name \"a\"",
         "schedule[1].every: expected an interval",

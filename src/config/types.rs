@@ -332,6 +332,9 @@ pub struct McpServerConfig {
     /// Allow-list of the server's tools; `None` = all.
     pub tools: Option<Vec<String>>,
     pub timeout: Duration,
+    /// Whether a stdio server's sandbox lets it use the network (`network`, default true:
+    /// most servers need it). Not used for `url` servers (the daemon makes those requests).
+    pub network: bool,
 }
 
 /// How to reach an MCP server. Values of `env` and `headers` are `${VAR}`-expanded and may hold

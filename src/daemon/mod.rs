@@ -84,6 +84,36 @@ impl StatePaths {
     }
 }
 
+/// A state directory that existed wider than 0700 (made by hand, 0755) is tightened, with a
+/// warning; one owned by another uid is only warned about (issue #12, finding 16).
+fn tighten_state_dir(dir: &std::path::Path) {
+    match fsutil::tighten_private_dir(dir) {
+        Ok(fsutil::Tightened::AlreadyPrivate) => {}
+        Ok(fsutil::Tightened::From(mode)) => tracing::warn!(
+            dir = %dir.display(),
+            "state directory had mode {mode:o}, which let other users in; changed to 700"
+        ),
+        Ok(fsutil::Tightened::NotOurs { uid, mode }) => tracing::warn!(
+            dir = %dir.display(),
+            "state directory has mode {mode:o} and belongs to uid {uid}, not to us; left as \
+             it is: run chmod 700 on it as its owner"
+        ),
+        Err(e) => tracing::warn!(
+            dir = %dir.display(),
+            error = %e,
+            "cannot check the state directory's mode"
+        ),
+    }
+}
+
+/// Root is not a supported deployment: `exec` could read `/etc/shadow` and every user's
+/// files (the sandbox confines paths, not privilege).
+fn warn_if_root() {
+    if nix::unistd::geteuid().is_root() {
+        tracing::warn!("{}", crate::doctor::ROOT_WARNING);
+    }
+}
+
 /// How the daemon runs.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunOptions {
@@ -113,7 +143,9 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     ] {
         fsutil::create_private_dir(&dir)
             .map_err(|e| startup(&format!("cannot create {}", dir.display()), &e))?;
+        tighten_state_dir(&dir);
     }
+    warn_if_root();
     let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
     let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
     let store = Arc::new(
@@ -205,7 +237,11 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
     // logged and retried by each server's supervisor, never fatal.
     let mcp_cancel = CancellationToken::new();
-    let mcp = crate::tools::mcp::McpManager::start(&cfg.mcp_servers, mcp_cancel.clone());
+    let mcp = crate::tools::mcp::McpManager::start(
+        &cfg.mcp_servers,
+        crate::tools::mcp::McpSandbox::from_config(&cfg),
+        mcp_cancel.clone(),
+    );
     if !cfg.mcp_servers.is_empty() {
         mcp.wait_ready(Duration::from_secs(10)).await;
         tool_list.extend(mcp.tools());

@@ -88,6 +88,9 @@ fn run(policy: &Policy, argv: &[OsString]) -> Result<i32, String> {
     } else {
         enter_namespaces(policy.network, !policy.no_mount_namespace)?
     };
+    // The user-namespace maps are written: from here on the helper's environment (which
+    // holds an MCP server's configured secrets) is not readable by other same-uid processes.
+    let _ = prctl::set_dumpable(false);
     if isolation == Isolation::Subreaper {
         prctl::set_child_subreaper(true)
             .map_err(|e| format!("cannot become a child subreaper: {e}"))?;
@@ -272,7 +275,12 @@ fn confine_and_exec(
 
 fn set_rlimits(policy: &Policy) -> Result<(), String> {
     const GIB: u64 = 1024 * 1024 * 1024;
-    let cpu = policy.timeout().as_secs().saturating_add(1);
+    // No deadline (an MCP server) means no CPU limit: a huge one would overflow the kernel's
+    // nanosecond conversion and fire SIGXCPU at once.
+    let cpu = match policy.deadline_from(Instant::now()) {
+        None => nix::libc::RLIM_INFINITY,
+        Some(_) => policy.timeout().as_secs().saturating_add(1),
+    };
     let limits = [
         (Resource::RLIMIT_CPU, cpu, cpu.saturating_add(5)),
         (Resource::RLIMIT_FSIZE, GIB, GIB),
@@ -373,7 +381,10 @@ fn apply_landlock(policy: &Policy, isolation: Isolation, proc_visible: bool) -> 
 /// Wait for the child until the deadline; on expiry kill the whole tree. Returns the
 /// helper's exit status.
 fn supervise(policy: &Policy, child: Pid, isolation: Isolation) -> Result<i32, String> {
-    let deadline = Instant::now() + policy.timeout();
+    let Some(deadline) = policy.deadline_from(Instant::now()) else {
+        // No deadline (an MCP server): block until the command ends.
+        return wait_without_deadline(child, isolation);
+    };
     loop {
         let finished = match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(_, code)) => Some(code),
@@ -403,6 +414,22 @@ fn supervise(policy: &Policy, child: Pid, isolation: Isolation) -> Result<i32, S
             return Ok(EXIT_TIMED_OUT);
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `supervise` without a deadline: wait for the child, then sweep what is left.
+fn wait_without_deadline(child: Pid, isolation: Isolation) -> Result<i32, String> {
+    loop {
+        let code = match waitpid(child, None) {
+            Ok(WaitStatus::Exited(_, code)) => code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => 128 + sig as i32,
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(e) => return Err(format!("waiting for the command failed: {e}")),
+        };
+        if isolation == Isolation::Subreaper {
+            kill_descendants();
+        }
+        return Ok(code);
     }
 }
 

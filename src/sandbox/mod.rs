@@ -8,5 +8,5 @@ pub mod policy;
 pub mod runner;
 
 pub use helper::{EXIT_SETUP_FAILED, EXIT_TIMED_OUT, Isolation, helper_main};
-pub use policy::{Policy, SandboxMode};
+pub use policy::{NO_DEADLINE_MS, Policy, SandboxMode};
 pub use runner::{ExecOutput, HELPER_SUBCOMMAND, SandboxError, run_sandboxed, sandbox_env};

@@ -23,6 +23,9 @@ pub const READ_EXEC_PATHS: &[&str] = &[
 /// Device files the command may read and write besides the allowed paths.
 pub const READ_WRITE_DEVICES: &[&str] = &["/dev/null"];
 
+/// `timeout_ms` of a process that runs until it is stopped (an MCP stdio server).
+pub const NO_DEADLINE_MS: u64 = u64::MAX;
+
 /// How the command is confined (`[tools] exec_sandbox`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -45,6 +48,7 @@ pub struct Policy {
     /// Absolute paths the command may read and execute (system directories).
     pub read_exec: Vec<PathBuf>,
     /// Wall-clock limit in milliseconds; the whole process tree is killed after it.
+    /// [`NO_DEADLINE_MS`] means none (a long-running MCP server).
     pub timeout_ms: u64,
     /// Skip the namespaces and use the subreaper fallback even when namespaces are available
     /// (tests of the fallback path).
@@ -103,9 +107,69 @@ impl Policy {
         })
     }
 
+    /// The policy of an MCP stdio server (SPEC §16.9 "Processes"): a long-running process
+    /// (no deadline) that may read the whole filesystem but never the `protected` directories
+    /// (state, config with its `.env`), nor the other servers' private directories under
+    /// `private_dir`'s parent; `/proc` only as a private one; it may write the allowed paths
+    /// (split around the protected ones) and its own `private_dir` (its HOME and TMPDIR).
+    /// The server's code may live anywhere (a venv, `node_modules`, `~/.cache`), so the read
+    /// grant is wider than exec's; the secrets are what it is cut off from.
+    pub fn for_mcp_server(
+        mode: SandboxMode,
+        network: bool,
+        allowed_paths: &[PathBuf],
+        protected: &[PathBuf],
+        private_dir: &Path,
+    ) -> Result<Policy, String> {
+        if !private_dir.is_absolute() {
+            return Err(format!(
+                "the MCP server's private directory {:?} is not absolute",
+                private_dir.display().to_string()
+            ));
+        }
+        let private_dir = normalize(private_dir);
+        let mut hidden: Vec<PathBuf> = protected.iter().map(|p| normalize(p)).collect();
+        if let Some(servers_root) = private_dir.parent() {
+            hidden.push(servers_root.to_path_buf());
+        }
+        let mut read_write = Vec::new();
+        for path in allowed_paths {
+            if !path.is_absolute() {
+                return Err(format!(
+                    "filesystem.allowed_paths entry {:?} is not absolute",
+                    path.display().to_string()
+                ));
+            }
+            read_write.extend(split_around(&normalize(path), &hidden));
+        }
+        read_write.push(private_dir);
+        // /proc is granted on its own, so the helper can drop it when no private /proc exists.
+        hidden.push(PathBuf::from("/proc"));
+        let mut read_exec = split_around(Path::new("/"), &hidden);
+        read_exec.push(PathBuf::from("/proc"));
+        Ok(Policy {
+            mode,
+            network,
+            read_write,
+            read_exec,
+            timeout_ms: NO_DEADLINE_MS,
+            no_namespaces: false,
+            no_mount_namespace: false,
+        })
+    }
+
     /// The wall-clock limit.
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
+    }
+
+    /// The wall-clock deadline from `start`; `None` for [`NO_DEADLINE_MS`] (or one beyond
+    /// what the clock can express).
+    pub fn deadline_from(&self, start: std::time::Instant) -> Option<std::time::Instant> {
+        if self.timeout_ms == NO_DEADLINE_MS {
+            return None;
+        }
+        start.checked_add(self.timeout())
     }
 }
 
@@ -202,6 +266,55 @@ mod tests {
         assert!(!p.read_exec.contains(&PathBuf::from("/etc")));
         assert!(p.read_exec.iter().all(|r| !r.starts_with("/etc/agentd")));
         assert!(p.read_exec.contains(&PathBuf::from("/etc/passwd")));
+    }
+
+    #[test]
+    fn mcp_server_reads_everything_but_the_protected_dirs() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        for d in ["state", "config", "ws", "other", "mcp/evil", "mcp/good"] {
+            std::fs::create_dir_all(r.join(d)).unwrap();
+        }
+        std::fs::write(r.join("config/.env"), "K=v").unwrap();
+        let p = Policy::for_mcp_server(
+            SandboxMode::Landlock,
+            true,
+            &[r.to_path_buf()],
+            &[r.join("state"), r.join("config")],
+            &r.join("mcp/evil"),
+        )
+        .unwrap();
+        assert_eq!(p.timeout_ms, NO_DEADLINE_MS);
+        assert_eq!(p.deadline_from(std::time::Instant::now()), None);
+        assert!(p.network);
+        // Written: the allowed path split around the protected and private dirs, plus its own.
+        assert_eq!(
+            p.read_write,
+            [r.join("other"), r.join("ws"), r.join("mcp/evil")]
+        );
+        let all: Vec<&PathBuf> = p.read_exec.iter().chain(&p.read_write).collect();
+        for denied in ["state", "config", "config/.env", "mcp/good"] {
+            assert!(
+                all.iter().all(|g| !r.join(denied).starts_with(g)),
+                "{denied} is reachable through {all:?}"
+            );
+        }
+        // Readable: system paths, the server's code anywhere else, /proc as its own grant.
+        assert!(p.read_exec.contains(&PathBuf::from("/usr")));
+        assert!(p.read_exec.contains(&PathBuf::from("/etc")));
+        assert!(p.read_exec.contains(&PathBuf::from("/proc")));
+        assert!(p.read_exec.contains(&r.join("other")));
+        assert!(
+            Policy::for_mcp_server(SandboxMode::Landlock, true, &[], &[], Path::new("rel"))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn exec_policies_keep_their_deadline() {
+        let p = build(&["/tmp/ws"], &[]).unwrap();
+        let now = std::time::Instant::now();
+        assert_eq!(p.deadline_from(now), Some(now + Duration::from_secs(5)));
     }
 
     #[test]

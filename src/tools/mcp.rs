@@ -1,9 +1,11 @@
 //! MCP servers (SPEC §12): one supervisor task per enabled stdio server keeps a client session
 //! alive (restart with backoff 0, 1, 2, 5, 10, 30, 60 s, then every 60 s) and the tools it lists
-//! are exposed to the model as proxy tools named `<server>__<tool>`. rmcp stays behind this
+//! are exposed to the model as proxy tools named `<server>__<tool>`. Every stdio server runs
+//! through the exec sandbox helper ([`McpSandbox`], docs/security.md). rmcp stays behind this
 //! module so its next major touches one file.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -21,8 +23,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{Tool, ToolContext, ToolError};
-use crate::config::{McpServerConfig, McpTransport};
+use crate::config::{Config, ExecSandbox, McpServerConfig, McpTransport};
 use crate::llm::ToolSpec;
+use crate::sandbox::helper::ERROR_PREFIX as HELPER_ERROR_PREFIX;
+use crate::sandbox::runner::SANDBOX_PATH;
+use crate::sandbox::{HELPER_SUBCOMMAND, Policy, SandboxMode};
 
 /// Restart delays after consecutive failures; the last one repeats.
 const BACKOFF_SECS: [u64; 7] = [0, 1, 2, 5, 10, 30, 60];
@@ -64,6 +69,7 @@ struct Shared {
 /// One configured server and its live state.
 struct Server {
     cfg: McpServerConfig,
+    sandbox: Arc<McpSandbox>,
     shared: Mutex<Shared>,
     /// Signalled by a call that saw the transport closed, and on every settle.
     closed: Notify,
@@ -81,6 +87,133 @@ pub struct McpManager {
     servers: Vec<Arc<Server>>,
 }
 
+/// How stdio servers are confined (SPEC §16.9 "Processes"): each runs through the exec
+/// sandbox helper (`agentd sandbox-exec`) under [`Policy::for_mcp_server`] — no read of the
+/// state or config directory (nor `.env`), a private directory as HOME and TMPDIR, network per
+/// server — with only the configured `env` plus `PATH`, `HOME` and `TMPDIR`.
+#[derive(Debug, Clone)]
+pub struct McpSandbox {
+    /// `[tools] exec_sandbox`: `landlock` refuses to start a server the kernel cannot confine.
+    pub mode: SandboxMode,
+    /// `filesystem.allowed_paths`: what a server may write besides its private directory.
+    pub allowed_paths: Vec<PathBuf>,
+    /// Never readable by a server: the state and config directories.
+    pub protected: Vec<PathBuf>,
+    /// Each server's private directory is `<private_root>/<name>` (created 0700).
+    pub private_root: PathBuf,
+    /// Working directory of a server without `cwd` (the workspace).
+    pub default_cwd: PathBuf,
+    /// The `agentd` binary that provides `sandbox-exec`; `None` = the running executable.
+    pub helper_exe: Option<PathBuf>,
+    /// Force the subreaper fallback (tests of that path; see [`Policy::no_namespaces`]).
+    pub no_namespaces: bool,
+    /// Skip the mount namespace, as under the shipped units (tests of that path).
+    pub no_mount_namespace: bool,
+}
+
+impl McpSandbox {
+    /// From the whole config; private directories under `agentd-mcp-<uid>` in the system
+    /// temporary directory.
+    pub fn from_config(cfg: &Config) -> McpSandbox {
+        McpSandbox {
+            mode: match cfg.tools.exec_sandbox {
+                ExecSandbox::Landlock => SandboxMode::Landlock,
+                ExecSandbox::None => SandboxMode::None,
+            },
+            allowed_paths: cfg.tools.allowed_paths.clone(),
+            protected: vec![cfg.paths.state_dir.clone(), cfg.config_dir.clone()],
+            private_root: std::env::temp_dir()
+                .join(format!("agentd-mcp-{}", nix::unistd::geteuid())),
+            default_cwd: cfg.agent.workspace.clone(),
+            helper_exe: None,
+            no_namespaces: false,
+            no_mount_namespace: false,
+        }
+    }
+
+    /// The helper command that runs `command args…` for server `cfg`, its environment set.
+    fn command(
+        &self,
+        cfg: &McpServerConfig,
+        command: &str,
+        args: &[String],
+        env: &BTreeMap<String, secrecy::SecretString>,
+        cwd: Option<&PathBuf>,
+    ) -> Result<Command, String> {
+        let private = private_dir(&self.private_root, &cfg.name)?;
+        let mut policy = Policy::for_mcp_server(
+            self.mode,
+            cfg.network,
+            &self.allowed_paths,
+            &self.protected,
+            &private,
+        )?;
+        policy.no_namespaces = self.no_namespaces;
+        policy.no_mount_namespace = self.no_mount_namespace;
+        let policy = serde_json::to_string(&policy)
+            .map_err(|e| format!("cannot encode the sandbox policy: {e}"))?;
+        let exe = match &self.helper_exe {
+            Some(exe) => exe.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| format!("cannot find the agentd executable: {e}"))?,
+        };
+        let private = private.display().to_string();
+        let defaults = [
+            ("PATH", SANDBOX_PATH.to_string()),
+            ("HOME", private.clone()),
+            ("TMPDIR", private),
+        ];
+        let cwd = cwd.unwrap_or(&self.default_cwd).clone();
+        Ok(Command::new(exe).configure(|c| {
+            c.arg(HELPER_SUBCOMMAND)
+                .arg("--policy")
+                .arg(policy)
+                .arg("--")
+                .arg(command)
+                .args(args)
+                .env_clear()
+                .envs(
+                    defaults
+                        .iter()
+                        .filter(|(k, _)| !env.contains_key(*k))
+                        .cloned(),
+                )
+                .envs(env.iter().map(|(k, v)| (k, v.expose_secret())))
+                .current_dir(cwd);
+        }))
+    }
+}
+
+/// `<root>/<name>`, created 0700 (with `root`), refused unless both are real directories of
+/// ours that nobody else can enter: a name in the shared temporary directory could have been
+/// planted by another user.
+fn private_dir(root: &Path, name: &str) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let dir = root.join(name);
+    for d in [root, dir.as_path()] {
+        match std::fs::DirBuilder::new().mode(0o700).create(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", d.display())),
+        }
+        let meta = std::fs::symlink_metadata(d)
+            .map_err(|e| format!("cannot stat {}: {e}", d.display()))?;
+        let uid = nix::unistd::geteuid().as_raw();
+        if !meta.is_dir() || meta.uid() != uid {
+            return Err(format!(
+                "{} is not a directory owned by uid {uid}; remove it so the MCP server's \
+                 private directory can be created",
+                d.display()
+            ));
+        }
+        if meta.mode() & 0o077 != 0 {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("cannot make {} private (0700): {e}", d.display()))?;
+        }
+    }
+    Ok(dir)
+}
+
 impl McpManager {
     /// Spawn one supervisor task per enabled stdio server and return at once (needs a tokio
     /// runtime). Start-up failures are logged and retried, never fatal. HTTP servers are marked
@@ -88,8 +221,10 @@ impl McpManager {
     /// tools before building the tool registry.
     pub fn start(
         servers: &BTreeMap<String, McpServerConfig>,
+        sandbox: McpSandbox,
         cancel: CancellationToken,
     ) -> Arc<McpManager> {
+        let sandbox = Arc::new(sandbox);
         let mut list = Vec::new();
         for cfg in servers.values() {
             let mut state = State::Starting;
@@ -100,6 +235,7 @@ impl McpManager {
             }
             let server = Arc::new(Server {
                 cfg: cfg.clone(),
+                sandbox: sandbox.clone(),
                 shared: Mutex::new(Shared {
                     state,
                     peer: None,
@@ -287,31 +423,46 @@ async fn connect(server: &Server) -> Result<(Running, Vec<rmcp::model::Tool>), S
             return Ok((service, tools));
         }
     };
-    let cmd = Command::new(command).configure(|c| {
-        c.args(args)
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v.expose_secret())));
-        if let Some(dir) = cwd {
-            c.current_dir(dir);
-        }
-    });
+    let cmd = server
+        .sandbox
+        .command(&server.cfg, command, args, env, cwd.as_ref())?;
     let (transport, stderr) = TokioChildProcess::builder(cmd)
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+        .map_err(|e| format!("cannot start the sandbox helper for `{command}`: {e}"))?;
+    // The helper's own complaint (sandbox setup failed, command not found) explains a failed
+    // handshake better than "connection closed".
+    let setup_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
     if let Some(stderr) = stderr {
         let name = server.cfg.name.clone();
+        let setup_error = setup_error.clone();
         tokio::spawn(async move {
             let mut lines = tokio::io::BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(msg) = line.strip_prefix(HELPER_ERROR_PREFIX) {
+                    let mut slot = setup_error.lock().unwrap_or_else(|p| p.into_inner());
+                    slot.get_or_insert_with(|| msg.to_string());
+                }
                 tracing::info!(server = %name, "mcp stderr: {line}");
             }
         });
     }
-    let service = tokio::time::timeout(timeout, ().serve(transport))
-        .await
-        .map_err(|_| format!("initialize timed out after {}s", timeout.as_secs()))?
-        .map_err(|e| format!("initialize failed: {e}"))?;
+    let service = match tokio::time::timeout(timeout, ().serve(transport)).await {
+        Err(_) => return Err(format!("initialize timed out after {}s", timeout.as_secs())),
+        Ok(Ok(service)) => service,
+        Ok(Err(e)) => {
+            // Give the stderr reader a moment to see the helper's last line.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let why = setup_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            return Err(match why {
+                Some(why) => format!("initialize failed: {e} ({why})"),
+                None => format!("initialize failed: {e}"),
+            });
+        }
+    };
     let tools = tokio::time::timeout(timeout, service.list_all_tools())
         .await
         .map_err(|_| format!("tools/list timed out after {}s", timeout.as_secs()))?

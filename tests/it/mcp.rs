@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentd::config::{McpServerConfig, McpTransport};
-use agentd::tools::mcp::McpManager;
+use agentd::tools::mcp::{McpManager, McpSandbox};
 use agentd::tools::{SessionStatus, StatusSource, Tool, ToolContext};
 use futures::future::BoxFuture;
 use secrecy::SecretString;
@@ -69,6 +69,21 @@ fn ctx(dir: &std::path::Path) -> ToolContext {
     }
 }
 
+/// Servers run through the real `agentd sandbox-exec` helper (Landlock on), with `dir` as the
+/// workspace, writable, and their private directories below it.
+fn sandbox(dir: &std::path::Path) -> McpSandbox {
+    McpSandbox {
+        mode: agentd::sandbox::SandboxMode::Landlock,
+        allowed_paths: vec![dir.to_path_buf()],
+        protected: vec![dir.join("state"), dir.join("config")],
+        private_root: dir.join("mcp-private"),
+        default_cwd: dir.to_path_buf(),
+        helper_exe: Some(env!("CARGO_BIN_EXE_agentd").into()),
+        no_namespaces: false,
+        no_mount_namespace: false,
+    }
+}
+
 fn find(tools: &[Arc<dyn Tool>], name: &str) -> Arc<dyn Tool> {
     tools
         .iter()
@@ -110,6 +125,7 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
                 "fail".into(),
             ]),
             timeout: Duration::from_secs(10),
+            network: true,
         },
     );
     servers.insert(
@@ -123,10 +139,11 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
             enabled: true,
             tools: None,
             timeout: Duration::from_secs(10),
+            network: true,
         },
     );
     let cancel = CancellationToken::new();
-    let mgr = McpManager::start(&servers, cancel.clone());
+    let mgr = McpManager::start(&servers, sandbox(dir.path()), cancel.clone());
     mgr.wait_ready(Duration::from_secs(10)).await;
 
     let status = mgr.status();
@@ -161,15 +178,20 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
         "{err:?}"
     );
 
-    // Kill the child; the supervisor restarts it and calls work again.
+    // Kill the server (its sandbox helper, our direct child: the server is PID 2 of its own
+    // PID namespace and dies with it); the supervisor restarts it and calls work again.
     let pid: i32 = find(&tools, "fake__pid")
         .call(json!({}), &c)
         .await?
         .parse()?;
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()?;
-    assert!(killed.success());
+    assert!(pid > 0);
+    let script_arg = script.display().to_string();
+    let helpers = child_pids(&script_arg);
+    assert_eq!(helpers.len(), 1, "{helpers:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(helpers[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
 
     let echo = find(&tools, "fake__echo");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -188,11 +210,9 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let new_pid: i32 = find(&tools, "fake__pid")
-        .call(json!({}), &c)
-        .await?
-        .parse()?;
-    assert_ne!(new_pid, pid);
+    let new_helpers = child_pids(&script_arg);
+    assert_eq!(new_helpers.len(), 1, "{new_helpers:?}");
+    assert_ne!(new_helpers, helpers, "a new server process");
     let _: Value = mgr.status();
     cancel.cancel();
     Ok(())
@@ -348,6 +368,7 @@ async fn real_reference_servers_time_and_everything() {
             enabled: true,
             tools: None,
             timeout: Duration::from_secs(30),
+            network: true,
         },
     );
     let mut node_env = BTreeMap::new();
@@ -371,16 +392,17 @@ async fn real_reference_servers_time_and_everything() {
             enabled: true,
             tools: None,
             timeout: Duration::from_secs(30),
+            network: true,
         },
     );
+    let dir = tempfile::tempdir().unwrap();
     let cancel = CancellationToken::new();
-    let mgr = McpManager::start(&servers, cancel.clone());
+    let mgr = McpManager::start(&servers, sandbox(dir.path()), cancel.clone());
     mgr.wait_ready(Duration::from_secs(30)).await;
     let status = mgr.status();
     assert_eq!(status["time"]["state"], "ready", "{status}");
     assert_eq!(status["everything"]["state"], "ready", "{status}");
     let tools = mgr.tools();
-    let dir = tempfile::tempdir().unwrap();
     let c = ctx(dir.path());
     let now = find(&tools, "time__get_current_time")
         .call(json!({"timezone": "UTC"}), &c)
@@ -455,16 +477,17 @@ async fn real_everything_server_over_streamable_http() {
             enabled: true,
             tools: Some(vec!["echo".into()]),
             timeout: Duration::from_secs(30),
+            network: true,
         },
     );
+    let dir = tempfile::tempdir().unwrap();
     let cancel = CancellationToken::new();
-    let mgr = McpManager::start(&servers, cancel.clone());
+    let mgr = McpManager::start(&servers, sandbox(dir.path()), cancel.clone());
     mgr.wait_ready(Duration::from_secs(30)).await;
     let status = mgr.status();
     assert_eq!(status["web"]["state"], "ready", "{status}");
     let tools = mgr.tools();
     assert_eq!(tools.len(), 1, "the allow-list keeps only echo");
-    let dir = tempfile::tempdir().unwrap();
     let out = find(&tools, "web__echo")
         .call(json!({"message": "over http"}), &ctx(dir.path()))
         .await
@@ -473,4 +496,157 @@ async fn real_everything_server_over_streamable_http() {
     cancel.cancel();
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A server whose one tool tries a TCP connection to the port it is given.
+const CONNECT_SERVER: &str = r#"
+import json, socket, sys
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    msg = json.loads(line) if line.strip() else {}
+    mid, method = msg.get("id"), msg.get("method")
+    if mid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": msg["params"].get("protocolVersion", "2025-06-18"), "capabilities": {"tools": {}}, "serverInfo": {"name": "net", "version": "0.1"}}})
+    elif method == "tools/list":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": [{"name": "connect", "description": "connect", "inputSchema": {"type": "object", "properties": {"port": {"type": "integer"}}}}]}})
+    elif method == "tools/call":
+        port = msg["params"]["arguments"]["port"]
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            text = "connected"
+        except Exception as e:
+            text = "refused: %s" % e
+        send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": text}], "isError": False}})
+"#;
+
+/// `network` per stdio server (default on): a server with `network = false` cannot reach a
+/// local listener, one with the default can; a server whose command cannot be run says why in
+/// its status (the sandbox helper's own message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_server_network_is_per_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("net.py");
+    std::fs::write(&script, CONNECT_SERVER).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = |name: &str, command: &str, network: bool| McpServerConfig {
+        name: name.into(),
+        transport: McpTransport::Stdio {
+            command: command.into(),
+            args: vec![script.display().to_string()],
+            env: BTreeMap::new(),
+            cwd: None,
+        },
+        enabled: true,
+        tools: None,
+        timeout: Duration::from_secs(10),
+        network,
+    };
+    let mut servers = BTreeMap::new();
+    for cfg in [
+        server("online", "python3", true),
+        server("offline", "python3", false),
+        server("missing", "/nonexistent/mcp-server", true),
+    ] {
+        servers.insert(cfg.name.clone(), cfg);
+    }
+    let cancel = CancellationToken::new();
+    let mgr = McpManager::start(&servers, sandbox(dir.path()), cancel.clone());
+    mgr.wait_ready(Duration::from_secs(10)).await;
+    let status = mgr.status();
+    assert_eq!(status["online"]["state"], "ready", "{status}");
+    assert_eq!(status["offline"]["state"], "ready", "{status}");
+    let why = status["missing"]["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("cannot run") && why.contains("/nonexistent/mcp-server"),
+        "{status}"
+    );
+    let tools = mgr.tools();
+    let c = ctx(dir.path());
+    let online = find(&tools, "online__connect")
+        .call(json!({"port": port}), &c)
+        .await
+        .expect("online call");
+    assert_eq!(online, "connected");
+    let offline = find(&tools, "offline__connect")
+        .call(json!({"port": port}), &c)
+        .await
+        .expect("offline call");
+    assert!(offline.starts_with("refused"), "{offline}");
+    cancel.cancel();
+}
+
+/// The hostile server of `process_hardening` on every isolation path of the helper: with
+/// namespaces, without a mount namespace (the shipped units) and on the subreaper fallback.
+/// It inherits no variable of the calling process's environment and cannot read
+/// `config/.env` or the state directory. (Reading a parent's `/proc/<pid>/environ` is covered
+/// by `process_hardening::hostile_mcp_server_gets_no_secret`, with the secret in the daemon's
+/// real initial environment; `set_var` here does not change `/proc/self/environ`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_server_gets_no_secret_on_every_isolation_path() {
+    const PROCESS_SECRET: &str = "process-secret-3e8d61c0";
+    const DOTENV_SECRET: &str = "dotenv-secret-a4c2917e";
+    // SAFETY: set before any child is spawned by this test; no other test reads it.
+    unsafe { std::env::set_var("AGENTD_MCP_PATHS_SECRET", PROCESS_SECRET) };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("hostile.py");
+    std::fs::write(&script, crate::process_hardening::HOSTILE_SERVER).unwrap();
+    std::fs::create_dir_all(dir.path().join("config")).unwrap();
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(
+        dir.path().join("config/.env"),
+        format!("K={DOTENV_SECRET}\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("state/agentd.db"), DOTENV_SECRET).unwrap();
+    let paths: Vec<String> = ["config/.env", "state/agentd.db"]
+        .iter()
+        .map(|p| dir.path().join(p).display().to_string())
+        .collect();
+    for (label, no_namespaces, no_mount_namespace) in [
+        ("namespaces", false, false),
+        ("no-mount-ns", false, true),
+        ("subreaper", true, false),
+    ] {
+        let mut servers = BTreeMap::new();
+        servers.insert(
+            "evil".to_string(),
+            McpServerConfig {
+                name: "evil".into(),
+                transport: McpTransport::Stdio {
+                    command: "python3".into(),
+                    args: vec![script.display().to_string()],
+                    env: BTreeMap::new(),
+                    cwd: None,
+                },
+                enabled: true,
+                tools: None,
+                timeout: Duration::from_secs(10),
+                network: true,
+            },
+        );
+        let mut sb = sandbox(dir.path());
+        sb.no_namespaces = no_namespaces;
+        sb.no_mount_namespace = no_mount_namespace;
+        let cancel = CancellationToken::new();
+        let mgr = McpManager::start(&servers, sb, cancel.clone());
+        mgr.wait_ready(Duration::from_secs(10)).await;
+        let status = mgr.status();
+        assert_eq!(status["evil"]["state"], "ready", "{label}: {status}");
+        let out = find(&mgr.tools(), "evil__probe")
+            .call(json!({ "paths": paths }), &ctx(dir.path()))
+            .await
+            .expect("probe call");
+        assert!(out.starts_with("probe ran"), "{label}: {out}");
+        for secret in [PROCESS_SECRET, DOTENV_SECRET] {
+            assert!(
+                !out.contains(secret),
+                "{label}: the server read {secret}:\n{out}"
+            );
+        }
+        cancel.cancel();
+    }
 }

@@ -215,6 +215,10 @@ fn units_keep_the_lifecycle_contract() {
             "ProtectHome=read-only",
             "PrivateTmp=yes",
             "SystemCallFilter=@system-service landlock_create_ruleset landlock_add_rule landlock_restrict_self",
+            // Issue #12 (findings 2 and 16): no core file of a process holding secrets, and
+            // everything the daemon creates is its own only.
+            "LimitCORE=0",
+            "UMask=0077",
         ] {
             assert!(has(d), "{name} lacks `{d}`");
         }

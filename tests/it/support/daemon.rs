@@ -7,7 +7,7 @@
 //! in multi-threaded tokio tests; the fake LLM runs on its own thread and is never starved.
 
 use std::fs;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -42,7 +42,15 @@ pub struct TestDaemon {
     starts: usize,
     /// See [`TestDaemon::run_through`].
     through: Option<Through>,
+    /// See [`TestDaemon::as_unprivileged_user`].
+    unprivileged: bool,
 }
+
+/// The uid and gid `as_unprivileged_user` runs the daemon under (`nobody`).
+pub const UNPRIVILEGED_ID: u32 = 65534;
+
+/// `setpriv` (util-linux) switches to [`UNPRIVILEGED_ID`] and drops every supplementary group.
+const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// A command prefix the daemon and `agent-send` run through, and the state directory as they
 /// see it.
@@ -96,6 +104,47 @@ impl TestDaemon {
             env: Vec::new(),
             starts: 0,
             through: None,
+            unprivileged: false,
+        }
+    }
+
+    /// Runs the daemon and `agent-send` as uid/gid 65534 (`nobody`, no supplementary groups)
+    /// through `setpriv`, as a real deployment runs under a dedicated user; the temporary root
+    /// and everything in it is chowned to that uid before every start, so files the test adds
+    /// later (`config/.env`, scripts) belong to the daemon too. CI runs as root: this needs
+    /// root (to switch uid), and panics saying so otherwise.
+    pub fn as_unprivileged_user(&mut self) {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "TestDaemon::as_unprivileged_user needs root to switch to uid {UNPRIVILEGED_ID}; \
+             run this test as root (as CI does)"
+        );
+        assert!(
+            Path::new(SETPRIV).exists(),
+            "TestDaemon::as_unprivileged_user needs {SETPRIV} (util-linux)"
+        );
+        // The daemon must reach its own binary: every parent directory must be traversable.
+        let exe = Path::new(env!("CARGO_BIN_EXE_agentd"));
+        for dir in exe.ancestors().skip(1) {
+            let mode = fs::metadata(dir)
+                .map(|m| m.permissions().mode())
+                .unwrap_or(0);
+            assert!(
+                mode & 0o001 != 0,
+                "{} is not traversable by others (mode {mode:o}); uid {UNPRIVILEGED_ID} cannot \
+                 run {}",
+                dir.display(),
+                exe.display()
+            );
+        }
+        self.unprivileged = true;
+        self.run_through(unprivileged_wrapper(), self.state_dir.clone());
+    }
+
+    /// Gives the whole temporary root to [`UNPRIVILEGED_ID`] (when `as_unprivileged_user`).
+    fn chown_for_daemon(&self) {
+        if self.unprivileged {
+            chown_tree(self.dir.path(), UNPRIVILEGED_ID);
         }
     }
 
@@ -158,6 +207,7 @@ impl TestDaemon {
             !self.is_running(),
             "TestDaemon::start: the daemon is already running"
         );
+        self.chown_for_daemon();
         self.starts += 1;
         let log_path = self.log_path(self.starts);
         let log = fs::File::create(&log_path)
@@ -277,6 +327,7 @@ impl TestDaemon {
     /// variables removed, `set_env` variables added) and returns its output. Panics if it runs
     /// longer than 60 s.
     pub fn agent_send(&self, args: &[&str]) -> Output {
+        self.chown_for_daemon();
         let mut cmd = match &self.through {
             Some(t) => {
                 let mut c = Command::new(&t.wrapper[0]);
@@ -383,6 +434,34 @@ impl Drop for TestDaemon {
             eprintln!("{}", self.log_tail());
         }
         self.kill_group();
+    }
+}
+
+/// `setpriv … --` switching to [`UNPRIVILEGED_ID`]: a command prefix for [`TestDaemon::run_through`]
+/// and for other processes of the daemon's uid in a test.
+pub fn unprivileged_wrapper() -> Vec<String> {
+    vec![
+        SETPRIV.to_string(),
+        format!("--reuid={UNPRIVILEGED_ID}"),
+        format!("--regid={UNPRIVILEGED_ID}"),
+        "--clear-groups".to_string(),
+        "--".to_string(),
+    ]
+}
+
+/// `chown -R uid:uid root` without following symlinks.
+pub fn chown_tree(root: &Path, uid: u32) {
+    std::os::unix::fs::lchown(root, Some(uid), Some(uid))
+        .unwrap_or_else(|e| panic!("cannot chown {}: {e}", root.display()));
+    let Ok(meta) = fs::symlink_metadata(root) else {
+        return;
+    };
+    if meta.is_dir() {
+        let entries =
+            fs::read_dir(root).unwrap_or_else(|e| panic!("cannot read {}: {e}", root.display()));
+        for entry in entries.flatten() {
+            chown_tree(&entry.path(), uid);
+        }
     }
 }
 
@@ -762,6 +841,33 @@ mod tests {
         crate::support::wait_until(Duration::from_secs(5), "the grandchild to die", || {
             gone(grandchild).then_some(())
         });
+    }
+
+    /// The stand-in daemon started through the unprivileged wrapper runs as uid/gid 65534 and
+    /// creates its state directory in the chowned temporary root.
+    #[test]
+    fn unprivileged_launch_runs_as_nobody() {
+        let mut d = TestDaemon::new(TOML, &[]);
+        d.as_unprivileged_user();
+        let wrapper = unprivileged_wrapper();
+        let mut args: Vec<&str> = wrapper[1..].iter().map(String::as_str).collect();
+        args.extend(["/bin/sh", "-c", STAND_IN, "stand-in"]);
+        d.start_program(&wrapper[0], &args);
+        let pid = d.pid().unwrap();
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let ids = |key: &str| -> Vec<String> {
+            let line = status.lines().find(|l| l.starts_with(key)).unwrap();
+            line.split_whitespace()
+                .skip(1)
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(ids("Uid:"), ["65534"; 4], "{status}");
+        assert_eq!(ids("Gid:"), ["65534"; 4], "{status}");
+        assert!(ids("Groups:").is_empty(), "{status}");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(fs::metadata(&d.state_dir).unwrap().uid(), UNPRIVILEGED_ID);
+        assert_eq!(d.sigterm().code(), Some(7));
     }
 
     #[test]
