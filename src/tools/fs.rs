@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::paths::{open_read_beneath, resolve_allowed};
+use super::paths::open_for_read;
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::ToolSpec;
 
@@ -109,10 +109,10 @@ impl Tool for ReadTool {
                 .unwrap_or(usize::MAX);
             let workspace = ctx.workspace.clone();
             let allowed = ctx.allowed_paths.clone();
+            let protected = ctx.protected.clone();
             let budget = self.output_budget;
             tokio::task::spawn_blocking(move || {
-                let resolved = resolve_allowed(&args.path, &workspace, &allowed)?;
-                let file = open_read_beneath(&resolved, &allowed)?;
+                let (_, file) = open_for_read(&args.path, &workspace, &allowed, &protected)?;
                 let (bytes, size) = read_text_file(file, &args.path)?;
                 render(&bytes, size, offset, limit, budget, &args.path)
             })
@@ -250,6 +250,7 @@ mod tests {
             session_key: "k".into(),
             workspace: ws.clone(),
             allowed_paths: vec![ws],
+            protected: Default::default(),
             status: Arc::new(NoStatus),
         };
         Ws {

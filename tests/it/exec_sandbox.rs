@@ -221,6 +221,7 @@ fn ctx(ws: &Path, allowed: Vec<PathBuf>) -> ToolContext {
         session_key: "test".into(),
         workspace: ws.to_path_buf(),
         allowed_paths: allowed,
+        protected: Default::default(),
         status: Arc::new(NoStatus),
     }
 }
