@@ -352,6 +352,33 @@ mod tests {
         assert!(matches!(err, ToolError::Denied(_)), "{err:?}");
     }
 
+    /// Issue #12 finding 14: a hard link inside the allowed path to a file outside it is
+    /// refused (checked on the opened file), with an error naming the path and the reason.
+    #[tokio::test]
+    async fn hard_link_to_a_file_outside_is_refused() {
+        let ws = workspace();
+        std::fs::write(ws.base.join("secret"), "s3cret\n").unwrap();
+        std::fs::hard_link(
+            ws.base.join("secret"),
+            ws.ctx.workspace.join("innocent.txt"),
+        )
+        .unwrap();
+        let err = read(&ws, json!({"path": "innocent.txt"}))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ToolError::Denied(_)), "{err:?}");
+        let msg = err.to_string();
+        assert!(!msg.contains("s3cret"), "{msg}");
+        assert!(
+            msg.contains("innocent.txt") && msg.contains("hard link"),
+            "{msg}"
+        );
+        // Once the other name is gone, the file is an ordinary one-link file again.
+        std::fs::remove_file(ws.base.join("secret")).unwrap();
+        let out = read(&ws, json!({"path": "innocent.txt"})).await.unwrap();
+        assert_eq!(out, "     1\ts3cret");
+    }
+
     #[tokio::test]
     async fn missing_file_is_a_clear_error() {
         let ws = workspace();
