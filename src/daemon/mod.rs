@@ -114,6 +114,9 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         fsutil::create_private_dir(&dir)
             .map_err(|e| startup(&format!("cannot create {}", dir.display()), &e))?;
     }
+    // The tools' scratch space (SPEC §16.8): 0700, ours, not a symlink — or no start.
+    crate::tools::paths::ensure_scratch_dir(&cfg.tools.scratch_dir)
+        .map_err(DaemonError::Startup)?;
     let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
     let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
     let store = Arc::new(

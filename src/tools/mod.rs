@@ -128,6 +128,7 @@ mod tests {
             exec_sandbox: ExecSandbox::None,
             exec_network: false,
             allowed_paths: vec![],
+            scratch_dir: std::env::temp_dir(),
             subagent_deny: vec![],
             subagent_model: "subagent".into(),
             web_search_provider: "brave".into(),

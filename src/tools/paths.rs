@@ -347,6 +347,62 @@ pub fn open_for_read(
     Ok((resolved, file))
 }
 
+/// Create the scratch directory (`[tools] scratch_dir`, SPEC §16.8) with mode 0700, or accept
+/// an existing one only when it is a real directory (not a symlink) owned by this uid; its
+/// mode is then narrowed to 0700. In a shared temp directory another user could otherwise
+/// create the path first and watch or plant files in it. Checked on an `O_NOFOLLOW` handle,
+/// so nothing can be swapped in between the checks. Blocking (start-up).
+pub fn ensure_scratch_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let shown = dir.display();
+    let fix = "remove it, or set [tools] scratch_dir to a directory of this user";
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            format!("[tools] scratch_dir '{shown}': cannot create its parent directory: {e}")
+        })?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(format!(
+                "[tools] scratch_dir '{shown}': cannot create it: {e}"
+            ));
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+        .open(dir)
+        .map_err(|e| match e.raw_os_error().map(Errno::from_raw) {
+            // O_DIRECTORY | O_NOFOLLOW on a symlink fails with ENOTDIR (or ELOOP).
+            Some(Errno::ELOOP | Errno::ENOTDIR)
+                if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                format!("[tools] scratch_dir '{shown}' is a symlink; {fix}")
+            }
+            Some(Errno::ELOOP | Errno::ENOTDIR) => {
+                format!("[tools] scratch_dir '{shown}' exists and is not a directory; {fix}")
+            }
+            _ => format!("[tools] scratch_dir '{shown}': cannot open it: {e}"),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("[tools] scratch_dir '{shown}': cannot stat it: {e}"))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(format!(
+            "[tools] scratch_dir '{shown}' is owned by uid {}, not by this daemon's uid {me};              another user may read or plant files there; {fix}",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o7777 != 0o700 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("[tools] scratch_dir '{shown}': cannot set mode 0700: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Why a path could not be resolved.
 enum Resolve {
     /// `..` in the part below the nearest existing ancestor.
@@ -751,6 +807,46 @@ mod tests {
         let (_, file) = open_for_read("sub/file.txt", &f.ws, &roots, &p).unwrap();
         std::fs::rename(f.ws.join("sub"), f.base.join("state/sub")).unwrap();
         denied(p.check_opened(&file, Access::Read, "sub/file.txt"));
+    }
+
+    #[test]
+    fn scratch_dir_is_created_private_and_checked() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let f = Fixture::new();
+        let dir = f.base.join("deep/scratch");
+        ensure_scratch_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700);
+        // An existing one of ours is accepted and narrowed to 0700.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        ensure_scratch_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700);
+        // A symlink planted at the path is refused, even to a directory of ours.
+        let link = f.base.join("link-scratch");
+        symlink(&f.ws, &link).unwrap();
+        let err = ensure_scratch_dir(&link).unwrap_err();
+        assert!(
+            err.contains("symlink") && err.contains("scratch_dir"),
+            "{err}"
+        );
+        // A file is refused.
+        std::fs::write(f.base.join("file-scratch"), "").unwrap();
+        let err = ensure_scratch_dir(&f.base.join("file-scratch")).unwrap_err();
+        assert!(err.contains("not a directory"), "{err}");
+    }
+
+    /// A directory owned by another uid (needs root to create one; skipped otherwise).
+    #[test]
+    fn scratch_dir_of_another_user_is_refused() {
+        let f = Fixture::new();
+        let dir = f.base.join("theirs");
+        std::fs::create_dir(&dir).unwrap();
+        let nobody = nix::unistd::Uid::from_raw(65534);
+        if nix::unistd::chown(&dir, Some(nobody), None).is_err() {
+            eprintln!("skipped: cannot chown (not root)");
+            return;
+        }
+        let err = ensure_scratch_dir(&dir).unwrap_err();
+        assert!(err.contains("owned by uid 65534"), "{err}");
     }
 
     #[test]

@@ -203,6 +203,7 @@ fn tools_cfg(sandbox: ExecSandbox) -> ToolsConfig {
         exec_sandbox: sandbox,
         exec_network: false,
         allowed_paths: vec![],
+        scratch_dir: std::env::temp_dir(),
         subagent_deny: vec![],
         subagent_model: "subagent".into(),
         web_search_provider: "brave".into(),
