@@ -54,12 +54,16 @@ pub struct Policy {
     /// `RestrictNamespaces=` forbids it (tests of that path).
     #[serde(default)]
     pub no_mount_namespace: bool,
+    /// `TMPDIR` for the command (the scratch directory, SPEC §16.8); `None` = `/tmp`.
+    #[serde(default)]
+    pub tmpdir: Option<PathBuf>,
 }
 
 impl Policy {
     /// Build a policy. `protected` are directories the command must never read (the state
-    /// directory, the config directory). An allowed path that is or contains one of them is
-    /// refused; a system read path that contains one is split so the protected one is left out.
+    /// directory, the config directory). An allowed path or a system read path that contains
+    /// one of them is split so the protected one is left out (SPEC §16.8); an allowed path
+    /// inside one grants nothing.
     pub fn build(
         mode: SandboxMode,
         network: bool,
@@ -76,17 +80,7 @@ impl Policy {
                     path.display().to_string()
                 ));
             }
-            let path = normalize(path);
-            if let Some(p) = protected.iter().find(|p| p.starts_with(&path)) {
-                return Err(format!(
-                    "filesystem.allowed_paths entry {:?} contains {:?} (the state or config \
-                     directory), which the exec tool must not read; remove that entry or move \
-                     the directory out of it",
-                    path.display().to_string(),
-                    p.display().to_string()
-                ));
-            }
-            read_write.push(path);
+            read_write.extend(split_allowed(&normalize(path), &protected));
         }
         let mut read_exec = Vec::new();
         for path in READ_EXEC_PATHS {
@@ -100,6 +94,7 @@ impl Policy {
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             no_namespaces: false,
             no_mount_namespace: false,
+            tmpdir: None,
         })
     }
 
@@ -121,6 +116,45 @@ fn normalize(path: &Path) -> PathBuf {
             other => out.push(other),
         }
     }
+    out
+}
+
+/// An allowed path with the protected directories cut out (SPEC §16.8), compared on canonical
+/// paths where they exist: the path itself when it holds none of them, else its entries,
+/// recursively split, leaving out the protected directories themselves and every symlink
+/// (Landlock would grant whatever it points to, and the command may plant symlinks in its
+/// allowed paths). Entries created later directly in a split directory are not granted.
+fn split_allowed(path: &Path, protected: &[PathBuf]) -> Vec<PathBuf> {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let protected: Vec<PathBuf> = protected.iter().map(|p| canon(p)).collect();
+    let real = canon(path);
+    if !protected
+        .iter()
+        .any(|p| p.starts_with(&real) || real.starts_with(p))
+    {
+        return vec![path.to_path_buf()];
+    }
+    split_skipping_symlinks(&real, &protected)
+}
+
+fn split_skipping_symlinks(grant: &Path, protected: &[PathBuf]) -> Vec<PathBuf> {
+    if protected.iter().any(|p| grant.starts_with(p)) {
+        return Vec::new();
+    }
+    if !protected.iter().any(|p| p.starts_with(grant)) {
+        return vec![grant.to_path_buf()];
+    }
+    let Ok(entries) = std::fs::read_dir(grant) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+            continue;
+        }
+        out.extend(split_skipping_symlinks(&entry.path(), protected));
+    }
+    out.sort();
     out
 }
 
@@ -167,11 +201,38 @@ mod tests {
     }
 
     #[test]
-    fn allowed_path_containing_state_dir_is_refused() {
-        let err = build(&["/var"], &["/var/lib/agentd"]).unwrap_err();
-        assert!(err.contains("/var/lib/agentd"), "{err}");
-        assert!(build(&["/var/lib/agentd"], &["/var/lib/agentd"]).is_err());
-        assert!(build(&["/var/lib/agentd/../agentd"], &["/var/lib/agentd"]).is_err());
+    fn allowed_path_containing_the_state_dir_is_split_around_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        for sub in ["state/inbox", "config", "workspace/a"] {
+            std::fs::create_dir_all(root.join(sub)).unwrap();
+        }
+        std::fs::write(root.join("notes.txt"), "").unwrap();
+        // A symlink to the state directory is never granted.
+        std::os::unix::fs::symlink(root.join("state"), root.join("alias")).unwrap();
+        let protected = [root.join("state"), root.join("config")];
+        let got = split_allowed(&root, &protected);
+        assert_eq!(got, [root.join("notes.txt"), root.join("workspace")]);
+        // Inside a protected directory: nothing; beside it: unchanged.
+        assert!(split_allowed(&root.join("state/inbox"), &protected).is_empty());
+        assert!(split_allowed(&root.join("state"), &protected).is_empty());
+        assert_eq!(
+            split_allowed(&root.join("workspace"), &protected),
+            [root.join("workspace")]
+        );
+        // Through Policy::build: never refused, the protected ones left out.
+        let p = Policy::build(
+            SandboxMode::Landlock,
+            false,
+            &[root.clone()],
+            &protected,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(
+            p.read_write,
+            [root.join("notes.txt"), root.join("workspace")]
+        );
         assert!(build(&["/var/lib/agentd-other"], &["/var/lib/agentd"]).is_ok());
     }
 
