@@ -224,7 +224,7 @@ mod tests {
         let p = Policy::build(
             SandboxMode::Landlock,
             false,
-            &[root.clone()],
+            std::slice::from_ref(&root),
             &protected,
             Duration::from_secs(5),
         )

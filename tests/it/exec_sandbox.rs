@@ -315,7 +315,7 @@ async fn allowed_parent_of_state_and_config_is_split_around_them() {
         let mut p = Policy::build(
             SandboxMode::Landlock,
             false,
-            &[root_path.clone()],
+            std::slice::from_ref(&root_path),
             &protected,
             Duration::from_secs(20),
         )
