@@ -143,3 +143,72 @@ fn file_tools_keep_out_of_state_and_config_under_an_allowed_parent() {
     let ws = tool_result(&reqs, "r_ws");
     assert_ne!(ws["is_error"], true, "workspace is readable: {ws}");
 }
+
+/// `message` attachments follow `read`'s rules: a file of the state directory's `inbox/` is
+/// sent; `config/.env` and a hard link (in the workspace) to `agentd.toml` are refused
+/// (findings 5 and 14), and nothing of them reaches Telegram.
+#[test]
+fn message_attachments_follow_the_read_rules() {
+    use crate::support::fake_telegram::FakeTelegram;
+    const TOKEN: &str = "123456:TEST-secret-token";
+    const ALICE: i64 = 1001;
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\n\
+             poll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE} }}\n\n\
+             [tools.filesystem]\nallowed_paths = [\"..\"]\n\n[behavior]",
+            tg.api_url()
+        ),
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    let root = std::fs::canonicalize(d.dir.path()).unwrap();
+    std::fs::write(root.join("config/.env"), "AGENTD_TEST_SECRET=hunter2-att\n").unwrap();
+    std::fs::hard_link(&d.config_path, d.workspace().join("linked.toml")).unwrap();
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.start();
+    let state = std::fs::canonicalize(&d.state_dir).unwrap();
+    std::fs::write(state.join("inbox/voice.txt"), "inbox attachment\n").unwrap();
+
+    fake.push(Reply::tool_calls(vec![
+        (
+            "m_env",
+            "message",
+            json!({"target": "Alice", "attachments": [abs(&root.join("config/.env"))]}),
+        ),
+        (
+            "m_link",
+            "message",
+            json!({"target": "Alice", "attachments": ["linked.toml"]}),
+        ),
+        (
+            "m_inbox",
+            "message",
+            json!({"target": "Alice", "attachments": [abs(&state.join("inbox/voice.txt"))]}),
+        ),
+    ]));
+    fake.push(Reply::text("done"));
+    fifo_write(
+        &d,
+        r#"{"id":"a1","type":"user","text":"send files","sender":"ops"}"#,
+    );
+    wait_outcome(&d, "ops", "a1");
+    let reqs = fake.requests();
+    assert_refused(&reqs, "m_env", Some("hunter2-att"));
+    assert_refused(&reqs, "m_link", None);
+    let link_err = result_text(&tool_result(&reqs, "m_link"));
+    assert!(link_err.contains("hard link"), "{link_err}");
+    let sent = tool_result(&reqs, "m_inbox");
+    assert_ne!(sent["is_error"], true, "inbox attachment is sent: {sent}");
+    let files = tg.sent_files();
+    assert_eq!(files.len(), 1, "only the inbox file reaches Telegram");
+    assert_eq!(
+        String::from_utf8_lossy(&files[0].bytes),
+        "inbox attachment\n"
+    );
+}
