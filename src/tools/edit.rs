@@ -213,6 +213,34 @@ mod tests {
         std::fs::read_to_string(ws.ctx.workspace.join(rel)).unwrap()
     }
 
+    /// A hard link in the workspace to a file outside (`outside/secret` holds "secret"):
+    /// editing it would copy the outside content into a fresh workspace file, so it is
+    /// refused like `read` refuses it (issue #12 finding 14).
+    #[tokio::test]
+    async fn hard_link_to_a_file_outside_is_refused() {
+        let ws = workspace();
+        std::fs::hard_link(
+            ws.base.join("outside/secret"),
+            ws.ctx.workspace.join("l.txt"),
+        )
+        .unwrap();
+        let err = edit(
+            &ws,
+            json!({"path": "l.txt", "old_string": "secret", "new_string": "mine"}),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, ToolError::Denied(_)), "{err:?}");
+        assert!(err.to_string().contains("hard links"), "{err}");
+        assert_eq!(
+            std::fs::metadata(ws.ctx.workspace.join("l.txt"))
+                .map(|m| std::os::unix::fs::MetadataExt::nlink(&m))
+                .unwrap(),
+            2,
+            "the link was not replaced by a copy"
+        );
+    }
+
     #[tokio::test]
     async fn replaces_a_unique_match() {
         let ws = workspace();

@@ -247,14 +247,16 @@ impl Protected {
     pub fn check(&self, resolved: &Path, access: Access, shown: &str) -> Result<(), ToolError> {
         if resolved.file_name().is_some_and(|n| n == ".env") {
             return Err(ToolError::Denied(format!(
-                "path '{shown}' is a .env file, which holds secrets; the file tools never read                  or write a .env file"
+                "path '{shown}' is a .env file, which holds secrets; the file tools never read \
+                 or write a .env file"
             )));
         }
         if let Some(config) = self.config_dir.as_deref().and_then(DirId::of)
             && config.contains(resolved)
         {
             return Err(ToolError::Denied(format!(
-                "path '{shown}' is inside the config directory '{}' (agentd.toml, .env), which                  the file tools never read or write, whatever filesystem.allowed_paths says",
+                "path '{shown}' is inside the config directory '{}' (agentd.toml, .env), which \
+                 the file tools never read or write, whatever filesystem.allowed_paths says",
                 config.path.display()
             )));
         }
@@ -280,18 +282,22 @@ impl Protected {
         )))
     }
 
-    /// After opening: check where the handle really is (through `/proc/self/fd`, so a rename
-    /// after the path check is caught) and, for reading, refuse a regular file with more than
-    /// one hard link: another name of it may lie outside the allowed paths (issue #12 finding
-    /// 14), and the check must be on the opened file, not on the path.
+    /// After opening a file to read it (`read`, `message` attachments, `edit` before it writes
+    /// the changed copy): check where the handle really is (through `/proc/self/fd`, so a
+    /// rename after the path check is caught) and refuse a regular file with more than one
+    /// hard link: another name of it may lie outside the allowed paths (issue #12 finding 14;
+    /// `edit` would copy such a file's content into a fresh one-link file). The check is on
+    /// the opened file, not on the path.
     pub fn check_opened(&self, file: &File, access: Access, shown: &str) -> Result<(), ToolError> {
         use std::os::unix::fs::MetadataExt;
         let meta = file
             .metadata()
             .map_err(|e| ToolError::Failed(format!("cannot stat '{shown}': {e}")))?;
-        if access == Access::Read && meta.is_file() && meta.nlink() > 1 {
+        if meta.is_file() && meta.nlink() > 1 {
             return Err(ToolError::Denied(format!(
-                "'{shown}' is a file with {} hard links; another of its names may lie outside                  the allowed paths, so read refuses it (copy the file instead of linking it)",
+                "'{shown}' is a file with {} hard links; another of its names may lie outside \
+                 the allowed paths, so the file tools do not read it (copy the file instead of \
+                 linking it)",
                 meta.nlink()
             )));
         }
@@ -392,7 +398,8 @@ pub fn ensure_scratch_dir(dir: &Path) -> Result<(), String> {
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me {
         return Err(format!(
-            "[tools] scratch_dir '{shown}' is owned by uid {}, not by this daemon's uid {me};              another user may read or plant files there; {fix}",
+            "[tools] scratch_dir '{shown}' is owned by uid {}, not by this daemon's uid {me}; \
+             another user may read or plant files there; {fix}",
             meta.uid()
         ));
     }
