@@ -74,6 +74,10 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
         out.push(memory_database(cfg).await);
     }
     out.push(disk(cfg));
+    out.push(scratch_dir(cfg));
+    if cfg.tools.is_enabled("exec") && cfg.agent.workspace.is_dir() {
+        out.push(exec_tmp(cfg).await);
+    }
     let ws = &cfg.agent.workspace;
     out.push(if ws.is_dir() {
         check("workspace", Status::Pass, ws.display().to_string())
@@ -208,6 +212,70 @@ fn state_dir(cfg: &Config) -> Check {
             }
         }
         Err(e) => check("state dir", Status::Fail, format!("{}: {e}", dir.display())),
+    }
+}
+
+/// `[tools] scratch_dir` (SPEC §16.8): created 0700, ours, not a symlink.
+fn scratch_dir(cfg: &Config) -> Check {
+    let dir = &cfg.tools.scratch_dir;
+    match crate::tools::paths::ensure_scratch_dir(dir) {
+        Ok(()) => check("scratch dir", Status::Pass, dir.display().to_string()),
+        Err(e) => check("scratch dir", Status::Fail, e),
+    }
+}
+
+/// Which `/tmp` exec's commands get (SPEC §16.8), probed by running one sandboxed command
+/// from this process (a systemd unit may allow less than this shell): a private tmpfs where a
+/// mount namespace is available, else the host's `/tmp` through the Landlock rules alone.
+async fn exec_tmp(cfg: &Config) -> Check {
+    use crate::sandbox::{Policy, SandboxMode, run_sandboxed};
+    let name = "exec /tmp";
+    let mode = match cfg.tools.exec_sandbox {
+        crate::config::ExecSandbox::Landlock => SandboxMode::Landlock,
+        crate::config::ExecSandbox::None => SandboxMode::None,
+    };
+    let protected = [cfg.paths.state_dir.clone(), cfg.config_dir.clone()];
+    let policy = match Policy::build(
+        mode,
+        false,
+        &cfg.tools.allowed_paths,
+        &protected,
+        Duration::from_secs(10),
+    ) {
+        Ok(p) => p,
+        Err(e) => return check(name, Status::Fail, e),
+    };
+    let Ok(exe) = std::env::current_exe() else {
+        return check(
+            name,
+            Status::Warn,
+            "cannot find the agentd executable to probe",
+        );
+    };
+    let probe = std::path::Path::new("/tmp").join(format!(".agentd-doctor-{}", std::process::id()));
+    let cmd = format!("echo probe > '{}' && echo WROTE", probe.display());
+    let out = run_sandboxed(&exe, &policy, &cfg.agent.workspace, &cmd, 4096).await;
+    let on_host = probe.exists();
+    let _ = std::fs::remove_file(&probe);
+    match out {
+        Ok(out) if out.stdout.contains("WROTE") && !on_host => check(
+            name,
+            Status::Pass,
+            "private and empty (mount namespace available here)",
+        ),
+        Ok(out) if out.stdout.contains("WROTE") => check(
+            name,
+            Status::Warn,
+            "the host's /tmp, shared: /tmp is an allowed path, or there is no mount namespace \
+             and no Landlock",
+        ),
+        Ok(_) => check(
+            name,
+            Status::Pass,
+            "the host's /tmp, not granted (no mount namespace here; Landlock rules alone); \
+             commands use TMPDIR = scratch_dir",
+        ),
+        Err(e) => check(name, Status::Warn, format!("cannot probe: {e}")),
     }
 }
 

@@ -687,6 +687,10 @@ impl Agent {
             session_key: session.key.clone(),
             workspace: self.cfg.agent.workspace.clone(),
             allowed_paths: self.cfg.tools.allowed_paths.clone(),
+            protected: crate::tools::paths::Protected::new(
+                self.cfg.paths.state_dir.clone(),
+                self.cfg.config_dir.clone(),
+            ),
             status: Arc::new(status::LoopStatus {
                 db: self.db.clone(),
                 tz: self.cfg.agent.timezone,

@@ -131,6 +131,23 @@ fn walk(
     let behavior = sections::behavior(&mut root);
     let budget = sections::budget(&mut root);
     let tools = tools::tools(&mut root, config_dir, &agent.workspace);
+    // SPEC §16.8: the tools may not write the state or config directory, so scratch space
+    // there would be unusable.
+    for (name, dir) in [
+        ("the state directory", &state_dir),
+        ("the config directory", &config_dir.to_path_buf()),
+    ] {
+        if tools.scratch_dir.starts_with(dir) {
+            w.problem(
+                "tools.scratch_dir",
+                format!(
+                    "{} is inside {name} {}, which the tools must not write; choose a directory outside it",
+                    tools.scratch_dir.display(),
+                    dir.display()
+                ),
+            );
+        }
+    }
     let mcp_servers = mcp::servers(&mut root, config_dir);
     let schedules = schedule::schedules(&mut root, &telegram.contacts);
     let memory = sections::memory(&mut root);

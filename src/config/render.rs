@@ -156,6 +156,7 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("exec_network", tl.exec_network.to_string());
     r.kv("subagent_deny", list(&tl.subagent_deny));
     r.kv("subagent_model", q(&tl.subagent_model));
+    r.kv("scratch_dir", path(&tl.scratch_dir));
     r.kv("filesystem.allowed_paths", paths(&tl.allowed_paths));
     r.kv("web_search.provider", q(&tl.web_search_provider));
     r.kv("web_search.base_url", q(&tl.web_search_base_url));

@@ -177,13 +177,10 @@ fn minimal_config_gets_every_default() {
     assert_eq!(tl.exec_max_timeout, Duration::from_secs(600));
     assert_eq!(tl.exec_sandbox, ExecSandbox::Landlock);
     assert!(!tl.exec_network);
-    assert_eq!(
-        tl.allowed_paths,
-        [
-            root.join("workspace"),
-            std::fs::canonicalize("/tmp").unwrap()
-        ]
-    );
+    // SPEC §16.8: the workspace and a per-uid scratch directory, no longer all of /tmp.
+    let scratch = std::env::temp_dir().join(format!("agentd-scratch-{}", nix::unistd::geteuid()));
+    assert_eq!(tl.scratch_dir, scratch);
+    assert_eq!(tl.allowed_paths, [root.join("workspace"), scratch]);
     assert_eq!(
         tl.subagent_deny,
         ["sessions_spawn", "schedule_message", "react"]
@@ -547,7 +544,7 @@ fn relative_paths_resolve_against_config_dir_and_workspace() {
     f.write(
         "config/agentd.toml",
         &format!(
-            "{MINIMAL}[agent.skills]\ndir = \"my-skills\"\n[paths]\nstate_dir = \"state\"\n[fifo]\npath = \"~/pipe\"\n[tools.filesystem]\nallowed_paths = [\"data\", \"/srv\"]\n"
+            "{MINIMAL}[agent.skills]\ndir = \"my-skills\"\n[paths]\nstate_dir = \"state\"\n[fifo]\npath = \"~/pipe\"\n[tools]\nscratch_dir = \"./scratch/../../tmp-work\"\n[tools.filesystem]\nallowed_paths = [\"data\", \"/srv\"]\n"
         ),
     );
     let root = f.root();
@@ -560,6 +557,8 @@ fn relative_paths_resolve_against_config_dir_and_workspace() {
         c.tools.allowed_paths,
         [root.join("config/data"), PathBuf::from("/srv")]
     );
+    // Relative to the config directory, lexical; an explicit allowed_paths is kept as given.
+    assert_eq!(c.tools.scratch_dir, root.join("tmp-work"));
 
     // AGENTD_STATE_DIR wins over [paths] state_dir.
     f.set("AGENTD_STATE_DIR", "/var/lib/agentd-test");
@@ -730,6 +729,33 @@ fn unknown_tool_names_are_rejected() {
             "tools.enabled[1]: unknown tool \"exce\" (did you mean \"exec\"?)",
             "tools.exec_timeout_seconds: must not exceed exec_max_timeout_seconds (600)",
         ]
+    );
+}
+
+/// SPEC §16.8: scratch space inside the state or config directory would be unusable (the tools
+/// never write there).
+#[test]
+fn scratch_dir_inside_the_state_or_config_directory_is_refused() {
+    let f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!("{MINIMAL}[paths]\nstate_dir = \"state\"\n[tools]\nscratch_dir = \"state/tmp\"\n"),
+    );
+    let problems = f.problems();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems
+            .iter()
+            .all(|p| p.starts_with("tools.scratch_dir: ")),
+        "{problems:?}"
+    );
+    assert!(
+        problems[0].contains("inside the state directory"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].contains("inside the config directory"),
+        "{problems:?}"
     );
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use secrecy::SecretString;
 
-use super::paths::resolve;
+use super::paths::{normalize, resolve};
 use super::sections::{strings, tilde};
 use super::types::{ExecSandbox, ToolsConfig};
 use super::walker::{Section, closest};
@@ -42,7 +42,14 @@ pub const BRAVE_KEY_ENV: &str = "AGENTD_BRAVE_KEY";
 
 const MIB: u64 = 1024 * 1024;
 
-/// `[tools]`. `allowed_paths` resolve against `config_dir`; default `[workspace, "/tmp"]`.
+/// The default `[tools] scratch_dir`: `agentd-scratch-<uid>` under the system temp directory
+/// (`$TMPDIR`, else `/tmp`), so two users of one machine never share it.
+pub fn default_scratch_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("agentd-scratch-{}", nix::unistd::geteuid()))
+}
+
+/// `[tools]`. `allowed_paths` and `scratch_dir` resolve against `config_dir`; default
+/// `allowed_paths` = `[workspace, scratch_dir]` (SPEC §16.8).
 pub fn tools(root: &mut Section<'_>, config_dir: &Path, workspace: &Path) -> ToolsConfig {
     let mut s = root.section("tools");
     let enabled: Option<Vec<String>> = s.get("enabled");
@@ -63,6 +70,21 @@ pub fn tools(root: &mut Section<'_>, config_dir: &Path, workspace: &Path) -> Too
         );
     }
 
+    // Lexical, not canonical: a symlink planted at the scratch path must stay visible, so the
+    // start-up check (`tools::paths::ensure_scratch_dir`) can refuse it.
+    let scratch_dir = match s.non_empty("scratch_dir") {
+        Some(raw) => tilde(&s, "scratch_dir", &raw)
+            .map(|p| normalize(&config_dir.join(p)))
+            .unwrap_or_else(default_scratch_dir),
+        None => default_scratch_dir(),
+    };
+    if scratch_dir.parent().is_none() {
+        s.problem(
+            "scratch_dir",
+            "must not be the root directory; give a directory of its own, e.g. \"/tmp/agentd-scratch\"",
+        );
+    }
+
     let mut fs = s.section("filesystem");
     let allowed_paths = match fs.get::<Vec<String>>("allowed_paths") {
         Some(list) => list
@@ -76,10 +98,7 @@ pub fn tools(root: &mut Section<'_>, config_dir: &Path, workspace: &Path) -> Too
                 tilde(&fs, &format!("allowed_paths[{i}]"), raw).map(|p| resolve(&p, config_dir))
             })
             .collect(),
-        None => vec![
-            workspace.to_path_buf(),
-            resolve(Path::new("/tmp"), config_dir),
-        ],
+        None => vec![workspace.to_path_buf(), scratch_dir.clone()],
     };
     drop(fs);
 
@@ -124,6 +143,7 @@ pub fn tools(root: &mut Section<'_>, config_dir: &Path, workspace: &Path) -> Too
             .unwrap_or(ExecSandbox::Landlock),
         exec_network: s.get("exec_network").unwrap_or(false),
         allowed_paths: allowed_paths.into_iter().collect::<Vec<PathBuf>>(),
+        scratch_dir,
         subagent_deny,
         subagent_model: s
             .non_empty("subagent_model")

@@ -266,6 +266,9 @@ pub struct ToolsConfig {
     pub exec_network: bool,
     /// Absolute.
     pub allowed_paths: Vec<PathBuf>,
+    /// `[tools] scratch_dir`: absolute, lexical (not canonicalized). Created 0700 at start;
+    /// exec's `TMPDIR`; in the default `allowed_paths` (SPEC §16.8).
+    pub scratch_dir: PathBuf,
     pub subagent_deny: Vec<String>,
     pub subagent_model: String,
     pub web_search_provider: String,

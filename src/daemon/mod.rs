@@ -146,6 +146,9 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         tighten_state_dir(&dir);
     }
     warn_if_root();
+    // The tools' scratch space (SPEC §16.8): 0700, ours, not a symlink — or no start.
+    crate::tools::paths::ensure_scratch_dir(&cfg.tools.scratch_dir)
+        .map_err(DaemonError::Startup)?;
     let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
     let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
     let store = Arc::new(

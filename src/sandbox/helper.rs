@@ -177,6 +177,21 @@ fn child_main(
                     false
                 }
             };
+            // A private, empty /tmp (SPEC §16.8), writable by the command.
+            let with_tmp;
+            let policy = match private_proc.then(|| private_tmp(policy)) {
+                Some(Ok(true)) => {
+                    let mut p = policy.clone();
+                    p.read_write.push(std::path::PathBuf::from(TMP));
+                    with_tmp = p;
+                    &with_tmp
+                }
+                Some(Err(msg)) => {
+                    say!("{ERROR_PREFIX}note: {msg}; /tmp is the host's (Landlock rules only)");
+                    policy
+                }
+                _ => policy,
+            };
             // SAFETY: still single-threaded.
             match unsafe { fork() } {
                 Err(e) => {
@@ -226,6 +241,99 @@ fn remount_proc() -> Result<(), String> {
         None::<&str>,
     )
     .map_err(|e| format!("cannot mount a private /proc: {e}"))
+}
+
+const TMP: &str = "/tmp";
+
+/// Mount an empty tmpfs on `/tmp` in the command's mount namespace (SPEC §16.8), keeping at
+/// their paths what the command may use that lies under `/tmp` — the allowed paths (already
+/// split around the state and config directories), the system read paths, the working
+/// directory and `TMPDIR` — as bind mounts of the originals, so every tool still sees them at
+/// the same path and nothing else of the host's `/tmp` is visible. Skipped (`Ok(false)`) when
+/// `/tmp` is itself an allowed path (the command then shares it, as configured) or is not a
+/// plain directory. On failure the tmpfs is removed again and the host's `/tmp` stays.
+fn private_tmp(policy: &Policy) -> Result<bool, String> {
+    use std::os::fd::AsRawFd;
+    use std::path::{Path, PathBuf};
+    let tmp = Path::new(TMP);
+    if !std::fs::symlink_metadata(tmp).is_ok_and(|m| m.is_dir())
+        || policy.read_write.iter().any(|p| p == tmp)
+    {
+        return Ok(false);
+    }
+    let cwd = std::env::current_dir().ok();
+    let mut keep: Vec<PathBuf> = policy
+        .read_write
+        .iter()
+        .chain(&policy.read_exec)
+        .chain(&cwd)
+        .chain(&policy.tmpdir)
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .filter(|p| p.starts_with(tmp) && p != tmp)
+        .collect();
+    keep.sort();
+    keep.dedup();
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for p in keep {
+        if !roots.iter().any(|r| p.starts_with(r)) {
+            roots.push(p);
+        }
+    }
+    // Hold every original before the tmpfs hides it.
+    let mut held = Vec::new();
+    for p in roots {
+        let fd = nix::fcntl::open(
+            &p,
+            OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(|e| format!("cannot open {} for the private /tmp: {e}", p.display()))?;
+        let is_dir = nix::sys::stat::fstat(&fd)
+            .map(|st| {
+                use nix::sys::stat::SFlag;
+                SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR
+            })
+            .map_err(|e| format!("cannot stat {}: {e}", p.display()))?;
+        held.push((p, fd, is_dir));
+    }
+    mount(
+        Some("tmpfs"),
+        tmp,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    )
+    .map_err(|e| format!("cannot mount a private /tmp: {e}"))?;
+    let bind = |p: &Path, fd: &OwnedFd, is_dir: bool| -> Result<(), String> {
+        let made = if is_dir {
+            std::fs::create_dir_all(p)
+        } else {
+            p.parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::File::create(p).map(drop))
+        };
+        made.map_err(|e| format!("cannot create {} in the private /tmp: {e}", p.display()))?;
+        let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        mount(
+            Some(source.as_str()),
+            p,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| format!("cannot keep {} in the private /tmp: {e}", p.display()))
+    };
+    for (p, fd, is_dir) in &held {
+        if let Err(msg) = bind(p, fd, *is_dir) {
+            let _ = nix::mount::umount2(tmp, nix::mount::MntFlags::MNT_DETACH);
+            return Err(msg);
+        }
+    }
+    // Re-enter the working directory through the new mounts.
+    if let Some(cwd) = cwd {
+        let _ = std::env::set_current_dir(cwd);
+    }
+    Ok(true)
 }
 
 /// PID 1 of the namespace: reap every orphan until the command exits, then exit with its

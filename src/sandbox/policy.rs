@@ -58,12 +58,16 @@ pub struct Policy {
     /// `RestrictNamespaces=` forbids it (tests of that path).
     #[serde(default)]
     pub no_mount_namespace: bool,
+    /// `TMPDIR` for the command (the scratch directory, SPEC §16.8); `None` = `/tmp`.
+    #[serde(default)]
+    pub tmpdir: Option<PathBuf>,
 }
 
 impl Policy {
     /// Build a policy. `protected` are directories the command must never read (the state
-    /// directory, the config directory). An allowed path that is or contains one of them is
-    /// refused; a system read path that contains one is split so the protected one is left out.
+    /// directory, the config directory). An allowed path or a system read path that contains
+    /// one of them is split so the protected one is left out (SPEC §16.8); an allowed path
+    /// inside one grants nothing.
     pub fn build(
         mode: SandboxMode,
         network: bool,
@@ -80,21 +84,11 @@ impl Policy {
                     path.display().to_string()
                 ));
             }
-            let path = normalize(path);
-            if let Some(p) = protected.iter().find(|p| p.starts_with(&path)) {
-                return Err(format!(
-                    "filesystem.allowed_paths entry {:?} contains {:?} (the state or config \
-                     directory), which the exec tool must not read; remove that entry or move \
-                     the directory out of it",
-                    path.display().to_string(),
-                    p.display().to_string()
-                ));
-            }
-            read_write.push(path);
+            read_write.extend(split_allowed(&normalize(path), &protected));
         }
         let mut read_exec = Vec::new();
         for path in READ_EXEC_PATHS {
-            read_exec.extend(split_around(Path::new(path), &protected));
+            read_exec.extend(split_around(Path::new(path), &protected, Symlinks::Keep));
         }
         Ok(Policy {
             mode,
@@ -104,6 +98,7 @@ impl Policy {
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             no_namespaces: false,
             no_mount_namespace: false,
+            tmpdir: None,
         })
     }
 
@@ -140,12 +135,12 @@ impl Policy {
                     path.display().to_string()
                 ));
             }
-            read_write.extend(split_around(&normalize(path), &hidden));
+            read_write.extend(split_allowed(&normalize(path), &hidden));
         }
-        read_write.push(private_dir);
+        read_write.push(private_dir.clone());
         // /proc is granted on its own, so the helper can drop it when no private /proc exists.
         hidden.push(PathBuf::from("/proc"));
-        let mut read_exec = split_around(Path::new("/"), &hidden);
+        let mut read_exec = split_around(Path::new("/"), &hidden, Symlinks::Keep);
         read_exec.push(PathBuf::from("/proc"));
         Ok(Policy {
             mode,
@@ -155,6 +150,7 @@ impl Policy {
             timeout_ms: NO_DEADLINE_MS,
             no_namespaces: false,
             no_mount_namespace: false,
+            tmpdir: Some(private_dir),
         })
     }
 
@@ -188,9 +184,37 @@ fn normalize(path: &Path) -> PathBuf {
     out
 }
 
+/// An allowed path with the protected directories cut out (SPEC §16.8), compared on canonical
+/// paths where they exist: the path itself when it holds none of them, else its entries,
+/// recursively split, leaving out the protected directories themselves and every symlink
+/// (Landlock would grant whatever it points to, and the command may plant symlinks in its
+/// allowed paths). Entries created later directly in a split directory are not granted.
+fn split_allowed(path: &Path, protected: &[PathBuf]) -> Vec<PathBuf> {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let protected: Vec<PathBuf> = protected.iter().map(|p| canon(p)).collect();
+    let real = canon(path);
+    if !protected
+        .iter()
+        .any(|p| p.starts_with(&real) || real.starts_with(p))
+    {
+        return vec![path.to_path_buf()];
+    }
+    split_around(&real, &protected, Symlinks::Skip)
+}
+
+/// What [`split_around`] does with a symlink among the entries of a split directory.
+#[derive(Clone, Copy, PartialEq)]
+enum Symlinks {
+    /// Grant it like any entry (read grants: `/lib` → `usr/lib` and the like must keep working).
+    Keep,
+    /// Leave it out (write grants: Landlock would grant whatever it points to, and the command
+    /// may plant symlinks in its allowed paths).
+    Skip,
+}
+
 /// `grant` itself when it contains no protected path; otherwise its children (recursively
 /// split), leaving out the protected paths themselves.
-fn split_around(grant: &Path, protected: &[PathBuf]) -> Vec<PathBuf> {
+fn split_around(grant: &Path, protected: &[PathBuf], symlinks: Symlinks) -> Vec<PathBuf> {
     if protected.iter().any(|p| grant.starts_with(p)) {
         return Vec::new();
     }
@@ -202,7 +226,10 @@ fn split_around(grant: &Path, protected: &[PathBuf]) -> Vec<PathBuf> {
     };
     let mut out = Vec::new();
     for entry in entries.flatten() {
-        out.extend(split_around(&entry.path(), protected));
+        if symlinks == Symlinks::Skip && entry.file_type().is_ok_and(|t| t.is_symlink()) {
+            continue;
+        }
+        out.extend(split_around(&entry.path(), protected, symlinks));
     }
     out.sort();
     out
@@ -231,11 +258,38 @@ mod tests {
     }
 
     #[test]
-    fn allowed_path_containing_state_dir_is_refused() {
-        let err = build(&["/var"], &["/var/lib/agentd"]).unwrap_err();
-        assert!(err.contains("/var/lib/agentd"), "{err}");
-        assert!(build(&["/var/lib/agentd"], &["/var/lib/agentd"]).is_err());
-        assert!(build(&["/var/lib/agentd/../agentd"], &["/var/lib/agentd"]).is_err());
+    fn allowed_path_containing_the_state_dir_is_split_around_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        for sub in ["state/inbox", "config", "workspace/a"] {
+            std::fs::create_dir_all(root.join(sub)).unwrap();
+        }
+        std::fs::write(root.join("notes.txt"), "").unwrap();
+        // A symlink to the state directory is never granted.
+        std::os::unix::fs::symlink(root.join("state"), root.join("alias")).unwrap();
+        let protected = [root.join("state"), root.join("config")];
+        let got = split_allowed(&root, &protected);
+        assert_eq!(got, [root.join("notes.txt"), root.join("workspace")]);
+        // Inside a protected directory: nothing; beside it: unchanged.
+        assert!(split_allowed(&root.join("state/inbox"), &protected).is_empty());
+        assert!(split_allowed(&root.join("state"), &protected).is_empty());
+        assert_eq!(
+            split_allowed(&root.join("workspace"), &protected),
+            [root.join("workspace")]
+        );
+        // Through Policy::build: never refused, the protected ones left out.
+        let p = Policy::build(
+            SandboxMode::Landlock,
+            false,
+            std::slice::from_ref(&root),
+            &protected,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(
+            p.read_write,
+            [root.join("notes.txt"), root.join("workspace")]
+        );
         assert!(build(&["/var/lib/agentd-other"], &["/var/lib/agentd"]).is_ok());
     }
 
@@ -251,13 +305,13 @@ mod tests {
         std::fs::create_dir_all(root.join("a/secret")).unwrap();
         std::fs::create_dir_all(root.join("a/other")).unwrap();
         std::fs::create_dir_all(root.join("b")).unwrap();
-        let got = split_around(root, &[root.join("a/secret")]);
+        let got = split_around(root, &[root.join("a/secret")], Symlinks::Keep);
         assert_eq!(got, [root.join("a/other"), root.join("b")]);
         assert_eq!(
-            split_around(&root.join("b"), &[root.join("a")]),
+            split_around(&root.join("b"), &[root.join("a")], Symlinks::Keep),
             [root.join("b")]
         );
-        assert!(split_around(&root.join("a"), &[root.to_path_buf()]).is_empty());
+        assert!(split_around(&root.join("a"), &[root.to_path_buf()], Symlinks::Keep).is_empty());
     }
 
     #[test]

@@ -80,6 +80,7 @@ pub async fn run_sandboxed(
         .arg(command)
         .env_clear()
         .envs(sandbox_env(workspace))
+        .envs(policy.tmpdir.iter().map(|dir| ("TMPDIR", dir)))
         .current_dir(workspace)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

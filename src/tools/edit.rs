@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::paths::{open_read_beneath, resolve_allowed};
+use super::paths::{Access, Protected, open_read_beneath, resolve_write};
 use super::write::{MAX_WRITE_BYTES, write_checked};
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::ToolSpec;
@@ -80,9 +80,10 @@ impl Tool for EditTool {
                 .map_err(|e| ToolError::Invalid(format!("invalid arguments for edit: {e}")))?;
             let workspace = ctx.workspace.clone();
             let allowed = ctx.allowed_paths.clone();
+            let protected = ctx.protected.clone();
             tokio::task::spawn_blocking(move || {
-                let resolved = resolve_allowed(&args.path, &workspace, &allowed)?;
-                let text = read_for_edit(&resolved, &allowed, &args.path)?;
+                let resolved = resolve_write(&args.path, &workspace, &allowed, &protected)?;
+                let text = read_for_edit(&resolved, &allowed, &protected, &args.path)?;
                 let (new_text, count) = apply_edit(
                     &text,
                     &args.old_string,
@@ -90,7 +91,13 @@ impl Tool for EditTool {
                     args.replace_all,
                     &args.path,
                 )?;
-                write_checked(&resolved, new_text.as_bytes(), &allowed, &args.path)?;
+                write_checked(
+                    &resolved,
+                    new_text.as_bytes(),
+                    &allowed,
+                    &protected,
+                    &args.path,
+                )?;
                 let noun = if count == 1 {
                     "occurrence"
                 } else {
@@ -108,9 +115,11 @@ impl Tool for EditTool {
 fn read_for_edit(
     resolved: &std::path::Path,
     allowed: &[std::path::PathBuf],
+    protected: &Protected,
     shown: &str,
 ) -> Result<String, ToolError> {
     let file = open_read_beneath(resolved, allowed)?;
+    protected.check_opened(&file, Access::Write, shown)?;
     let meta = file
         .metadata()
         .map_err(|e| ToolError::Failed(format!("cannot stat '{shown}': {e}")))?;
@@ -202,6 +211,34 @@ mod tests {
 
     fn get(ws: &Ws, rel: &str) -> String {
         std::fs::read_to_string(ws.ctx.workspace.join(rel)).unwrap()
+    }
+
+    /// A hard link in the workspace to a file outside (`outside/secret` holds "secret"):
+    /// editing it would copy the outside content into a fresh workspace file, so it is
+    /// refused like `read` refuses it (issue #12 finding 14).
+    #[tokio::test]
+    async fn hard_link_to_a_file_outside_is_refused() {
+        let ws = workspace();
+        std::fs::hard_link(
+            ws.base.join("outside/secret"),
+            ws.ctx.workspace.join("l.txt"),
+        )
+        .unwrap();
+        let err = edit(
+            &ws,
+            json!({"path": "l.txt", "old_string": "secret", "new_string": "mine"}),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, ToolError::Denied(_)), "{err:?}");
+        assert!(err.to_string().contains("hard links"), "{err}");
+        assert_eq!(
+            std::fs::metadata(ws.ctx.workspace.join("l.txt"))
+                .map(|m| std::os::unix::fs::MetadataExt::nlink(&m))
+                .unwrap(),
+            2,
+            "the link was not replaced by a copy"
+        );
     }
 
     #[tokio::test]

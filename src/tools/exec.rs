@@ -26,6 +26,8 @@ pub struct ExecTool {
     max_timeout: Duration,
     /// Directories the command must never read (state and config directories).
     protected: Vec<PathBuf>,
+    /// `[tools] scratch_dir`: the command's `TMPDIR` when an allowed path holds it.
+    scratch_dir: PathBuf,
     /// The `agentd` binary that provides `sandbox-exec`; `None` = the running executable.
     helper_exe: Option<PathBuf>,
 }
@@ -49,6 +51,7 @@ impl ExecTool {
             default_timeout: cfg.exec_timeout,
             max_timeout: cfg.exec_max_timeout.max(cfg.exec_timeout),
             protected,
+            scratch_dir: cfg.scratch_dir.clone(),
             helper_exe: None,
         }
     }
@@ -78,7 +81,7 @@ impl ExecTool {
 
     async fn run(&self, args: ExecArgs, ctx: &ToolContext) -> Result<String, ToolError> {
         let timeout = self.timeout_for(args.timeout_seconds);
-        let policy = Policy::build(
+        let mut policy = Policy::build(
             self.mode,
             self.network,
             &ctx.allowed_paths,
@@ -86,6 +89,15 @@ impl ExecTool {
             timeout,
         )
         .map_err(ToolError::Denied)?;
+        // SPEC §16.8: temp files go to the scratch directory, at the path every tool sees.
+        let real = std::fs::canonicalize(&self.scratch_dir).unwrap_or_default();
+        if policy
+            .read_write
+            .iter()
+            .any(|root| self.scratch_dir.starts_with(root) || real.starts_with(root))
+        {
+            policy.tmpdir = Some(self.scratch_dir.clone());
+        }
         let exe = match &self.helper_exe {
             Some(exe) => exe.clone(),
             None => std::env::current_exe().map_err(|e| {
@@ -199,6 +211,7 @@ mod tests {
             default_timeout: Duration::from_secs(120),
             max_timeout: Duration::from_secs(600),
             protected: vec![],
+            scratch_dir: PathBuf::from("/tmp/agentd-scratch-test"),
             helper_exe: None,
         }
     }

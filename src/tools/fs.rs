@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::paths::{open_read_beneath, resolve_allowed};
+use super::paths::open_for_read;
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::ToolSpec;
 
@@ -109,10 +109,10 @@ impl Tool for ReadTool {
                 .unwrap_or(usize::MAX);
             let workspace = ctx.workspace.clone();
             let allowed = ctx.allowed_paths.clone();
+            let protected = ctx.protected.clone();
             let budget = self.output_budget;
             tokio::task::spawn_blocking(move || {
-                let resolved = resolve_allowed(&args.path, &workspace, &allowed)?;
-                let file = open_read_beneath(&resolved, &allowed)?;
+                let (_, file) = open_for_read(&args.path, &workspace, &allowed, &protected)?;
                 let (bytes, size) = read_text_file(file, &args.path)?;
                 render(&bytes, size, offset, limit, budget, &args.path)
             })
@@ -250,6 +250,7 @@ mod tests {
             session_key: "k".into(),
             workspace: ws.clone(),
             allowed_paths: vec![ws],
+            protected: Default::default(),
             status: Arc::new(NoStatus),
         };
         Ws {
@@ -349,6 +350,33 @@ mod tests {
         std::os::unix::fs::symlink(ws.base.join("secret"), ws.ctx.workspace.join("l")).unwrap();
         let err = read(&ws, json!({"path": "l"})).await.unwrap_err();
         assert!(matches!(err, ToolError::Denied(_)), "{err:?}");
+    }
+
+    /// Issue #12 finding 14: a hard link inside the allowed path to a file outside it is
+    /// refused (checked on the opened file), with an error naming the path and the reason.
+    #[tokio::test]
+    async fn hard_link_to_a_file_outside_is_refused() {
+        let ws = workspace();
+        std::fs::write(ws.base.join("secret"), "s3cret\n").unwrap();
+        std::fs::hard_link(
+            ws.base.join("secret"),
+            ws.ctx.workspace.join("innocent.txt"),
+        )
+        .unwrap();
+        let err = read(&ws, json!({"path": "innocent.txt"}))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ToolError::Denied(_)), "{err:?}");
+        let msg = err.to_string();
+        assert!(!msg.contains("s3cret"), "{msg}");
+        assert!(
+            msg.contains("innocent.txt") && msg.contains("hard link"),
+            "{msg}"
+        );
+        // Once the other name is gone, the file is an ordinary one-link file again.
+        std::fs::remove_file(ws.base.join("secret")).unwrap();
+        let out = read(&ws, json!({"path": "innocent.txt"})).await.unwrap();
+        assert_eq!(out, "     1\ts3cret");
     }
 
     #[tokio::test]

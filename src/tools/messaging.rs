@@ -1,5 +1,5 @@
 //! `message` and `react` (SPEC §11): talk to Telegram contacts from the loop. Registered only
-//! when Telegram is configured. Attachments follow the file tools' path rules.
+//! when Telegram is configured. Attachments follow `read`'s path rules (`paths::open_for_read`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,7 +69,7 @@ impl Tool for MessageTool {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "message".into(),
-            description: "Send a Telegram message to a contact: text and/or files (photos, voice notes .ogg, documents) from the allowed paths.".into(),
+            description: "Send a Telegram message to a contact: text and/or files (photos, voice notes .ogg, documents) from the allowed paths or the inbox.".into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {
@@ -98,7 +98,13 @@ impl Tool for MessageTool {
                 .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>())
                 .unwrap_or_default()
                 .into_iter()
-                .map(|p| paths::resolve_allowed(p, &ctx.workspace, &ctx.allowed_paths))
+                // The read rules (SPEC §16.8): allowed paths or the state directory's inbox/,
+                // never the config directory, .env or the rest of the state directory, and no
+                // file with several hard links.
+                .map(|p| {
+                    paths::open_for_read(p, &ctx.workspace, &ctx.allowed_paths, &ctx.protected)
+                        .map(|(resolved, _file)| resolved)
+                })
                 .collect::<Result<_, _>>()?;
             if text.trim().is_empty() && files.is_empty() {
                 return Err(ToolError::Invalid("give text or attachments".into()));

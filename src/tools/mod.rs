@@ -68,6 +68,9 @@ pub struct ToolContext {
     pub workspace: PathBuf,
     /// `[tools] filesystem.allowed_paths`, absolute.
     pub allowed_paths: Vec<PathBuf>,
+    /// The state and config directories, guarded by the file tools whatever `allowed_paths`
+    /// says (SPEC §16.8).
+    pub protected: paths::Protected,
     /// Live facts for `session_status`.
     pub status: Arc<dyn StatusSource>,
 }
@@ -125,6 +128,7 @@ mod tests {
             exec_sandbox: ExecSandbox::None,
             exec_network: false,
             allowed_paths: vec![],
+            scratch_dir: std::env::temp_dir(),
             subagent_deny: vec![],
             subagent_model: "subagent".into(),
             web_search_provider: "brave".into(),

@@ -164,6 +164,252 @@ fn open_error(path: &Path, err: Errno) -> ToolError {
     }
 }
 
+/// What a file tool will do with a path (the state directory's `inbox/` is readable only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// The daemon's own directories, guarded by every file tool whatever `allowed_paths` says
+/// (SPEC §16.8): nothing of the config directory and no file named `.env` is read or written;
+/// nothing of the state directory is written, and only its `inbox/` (downloads, voice notes,
+/// TTS output) is read. `None` guards nothing (tests of the plain path rule).
+#[derive(Debug, Clone, Default)]
+pub struct Protected {
+    /// `paths.state_dir`.
+    pub state_dir: Option<PathBuf>,
+    /// The directory of `agentd.toml` (with `.env` and usually `providers.d/`).
+    pub config_dir: Option<PathBuf>,
+}
+
+/// A directory identified both by its canonical path and by its inode, so a bind mount or any
+/// other alias of it is recognised too.
+struct DirId {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl DirId {
+    /// `None` when the directory does not exist (then nothing can lie inside it).
+    fn of(path: &Path) -> Option<DirId> {
+        use std::os::unix::fs::MetadataExt;
+        let path = std::fs::canonicalize(path).ok()?;
+        let meta = std::fs::metadata(&path).ok()?;
+        Some(DirId {
+            path,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// Whether the canonical path `p` is this directory or lies below it: by path, or because
+    /// one of its existing ancestors is this very inode.
+    fn contains(&self, p: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        if p.starts_with(&self.path) {
+            return true;
+        }
+        p.ancestors()
+            .any(|a| std::fs::metadata(a).is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino))
+    }
+}
+
+impl Protected {
+    pub fn new(state_dir: PathBuf, config_dir: PathBuf) -> Protected {
+        Protected {
+            state_dir: Some(state_dir),
+            config_dir: Some(config_dir),
+        }
+    }
+
+    /// `state_dir/inbox`, canonical, when it exists: an extra root for [`Access::Read`].
+    pub fn inbox(&self) -> Option<PathBuf> {
+        let inbox = self.state_dir.as_ref()?.join("inbox");
+        std::fs::canonicalize(inbox).ok()
+    }
+
+    /// The roots a path may lie in for `access`: `allowed`, plus the inbox for reading.
+    pub fn roots(&self, allowed: &[PathBuf], access: Access) -> Vec<PathBuf> {
+        let mut roots = allowed.to_vec();
+        if access == Access::Read
+            && let Some(inbox) = self.inbox()
+        {
+            roots.push(inbox);
+        }
+        roots
+    }
+
+    /// Refuse the canonical path `resolved` when `access` to it would reach the config
+    /// directory, a `.env` file, or the state directory (outside `inbox/` for reading).
+    /// `shown` is the path as the model gave it.
+    pub fn check(&self, resolved: &Path, access: Access, shown: &str) -> Result<(), ToolError> {
+        if resolved.file_name().is_some_and(|n| n == ".env") {
+            return Err(ToolError::Denied(format!(
+                "path '{shown}' is a .env file, which holds secrets; the file tools never read \
+                 or write a .env file"
+            )));
+        }
+        if let Some(config) = self.config_dir.as_deref().and_then(DirId::of)
+            && config.contains(resolved)
+        {
+            return Err(ToolError::Denied(format!(
+                "path '{shown}' is inside the config directory '{}' (agentd.toml, .env), which \
+                 the file tools never read or write, whatever filesystem.allowed_paths says",
+                config.path.display()
+            )));
+        }
+        let Some(state) = self.state_dir.as_deref().and_then(DirId::of) else {
+            return Ok(());
+        };
+        if !state.contains(resolved) {
+            return Ok(());
+        }
+        let inbox = state.path.join("inbox");
+        let in_inbox =
+            DirId::of(&inbox).is_some_and(|i| i.contains(resolved) && resolved != i.path);
+        if access == Access::Read && in_inbox {
+            return Ok(());
+        }
+        let what = match access {
+            Access::Read => "only its inbox/ may be read",
+            Access::Write => "the file tools never write there (its inbox/ may only be read)",
+        };
+        Err(ToolError::Denied(format!(
+            "path '{shown}' is inside the state directory '{}' (paths.state_dir); {what}",
+            state.path.display()
+        )))
+    }
+
+    /// After opening a file to read it (`read`, `message` attachments, `edit` before it writes
+    /// the changed copy): check where the handle really is (through `/proc/self/fd`, so a
+    /// rename after the path check is caught) and refuse a regular file with more than one
+    /// hard link: another name of it may lie outside the allowed paths (issue #12 finding 14;
+    /// `edit` would copy such a file's content into a fresh one-link file). The check is on
+    /// the opened file, not on the path.
+    pub fn check_opened(&self, file: &File, access: Access, shown: &str) -> Result<(), ToolError> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file
+            .metadata()
+            .map_err(|e| ToolError::Failed(format!("cannot stat '{shown}': {e}")))?;
+        if meta.is_file() && meta.nlink() > 1 {
+            return Err(ToolError::Denied(format!(
+                "'{shown}' is a file with {} hard links; another of its names may lie outside \
+                 the allowed paths, so the file tools do not read it (copy the file instead of \
+                 linking it)",
+                meta.nlink()
+            )));
+        }
+        self.check_fd(file.as_raw_fd(), access, shown)
+    }
+
+    /// Run [`Protected::check`] on where the open descriptor `fd` really is.
+    pub fn check_fd(&self, fd: i32, access: Access, shown: &str) -> Result<(), ToolError> {
+        match std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+            Ok(actual) if actual.is_absolute() => self.check(&actual, access, shown),
+            // No /proc (or an anonymous file): the path checks already ran.
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Resolve `path` for reading: inside `allowed` or the state directory's `inbox/`, and passing
+/// [`Protected::check`]. Returns the resolved path and the roots to open it beneath.
+pub fn resolve_read(
+    path: &str,
+    workspace: &Path,
+    allowed: &[PathBuf],
+    protected: &Protected,
+) -> Result<(PathBuf, Vec<PathBuf>), ToolError> {
+    let roots = protected.roots(allowed, Access::Read);
+    let resolved = resolve_allowed(path, workspace, &roots)?;
+    protected.check(&resolved, Access::Read, path)?;
+    Ok((resolved, roots))
+}
+
+/// Resolve `path` for writing: inside `allowed` and passing [`Protected::check`].
+pub fn resolve_write(
+    path: &str,
+    workspace: &Path,
+    allowed: &[PathBuf],
+    protected: &Protected,
+) -> Result<PathBuf, ToolError> {
+    let resolved = resolve_allowed(path, workspace, allowed)?;
+    protected.check(&resolved, Access::Write, path)?;
+    Ok(resolved)
+}
+
+/// Resolve, open and check a file for reading, as `read` and `message` attachments do.
+pub fn open_for_read(
+    path: &str,
+    workspace: &Path,
+    allowed: &[PathBuf],
+    protected: &Protected,
+) -> Result<(PathBuf, File), ToolError> {
+    let (resolved, roots) = resolve_read(path, workspace, allowed, protected)?;
+    let file = open_read_beneath(&resolved, &roots)?;
+    protected.check_opened(&file, Access::Read, path)?;
+    Ok((resolved, file))
+}
+
+/// Create the scratch directory (`[tools] scratch_dir`, SPEC §16.8) with mode 0700, or accept
+/// an existing one only when it is a real directory (not a symlink) owned by this uid; its
+/// mode is then narrowed to 0700. In a shared temp directory another user could otherwise
+/// create the path first and watch or plant files in it. Checked on an `O_NOFOLLOW` handle,
+/// so nothing can be swapped in between the checks. Blocking (start-up).
+pub fn ensure_scratch_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let shown = dir.display();
+    let fix = "remove it, or set [tools] scratch_dir to a directory of this user";
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            format!("[tools] scratch_dir '{shown}': cannot create its parent directory: {e}")
+        })?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(format!(
+                "[tools] scratch_dir '{shown}': cannot create it: {e}"
+            ));
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+        .open(dir)
+        .map_err(|e| match e.raw_os_error().map(Errno::from_raw) {
+            // O_DIRECTORY | O_NOFOLLOW on a symlink fails with ENOTDIR (or ELOOP).
+            Some(Errno::ELOOP | Errno::ENOTDIR)
+                if std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                format!("[tools] scratch_dir '{shown}' is a symlink; {fix}")
+            }
+            Some(Errno::ELOOP | Errno::ENOTDIR) => {
+                format!("[tools] scratch_dir '{shown}' exists and is not a directory; {fix}")
+            }
+            _ => format!("[tools] scratch_dir '{shown}': cannot open it: {e}"),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("[tools] scratch_dir '{shown}': cannot stat it: {e}"))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(format!(
+            "[tools] scratch_dir '{shown}' is owned by uid {}, not by this daemon's uid {me}; \
+             another user may read or plant files there; {fix}",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o7777 != 0o700 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("[tools] scratch_dir '{shown}': cannot set mode 0700: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Why a path could not be resolved.
 enum Resolve {
     /// `..` in the part below the nearest existing ancestor.
@@ -455,6 +701,159 @@ mod tests {
         symlink(f.base.join("outside/secret"), f.ws.join("link")).unwrap();
         let err = open_nofollow_checked(&f.ws.join("link"), &f.ws);
         assert!(matches!(err, Err(ToolError::Denied(_))), "{err:?}");
+    }
+
+    /// `base/` is the only allowed root and holds the workspace, `state/` (with `inbox/`) and
+    /// `config/` (with `.env`), as `/tmp` did with the README's example.
+    fn guarded() -> (Fixture, Protected, Vec<PathBuf>) {
+        let f = Fixture::new();
+        let state = f.base.join("state");
+        let config = f.base.join("config");
+        std::fs::create_dir_all(state.join("inbox")).unwrap();
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(state.join("inbox/voice.txt"), "inbox\n").unwrap();
+        std::fs::write(state.join("agentd.db"), "db\n").unwrap();
+        std::fs::write(config.join(".env"), "KEY=secret\n").unwrap();
+        std::fs::write(config.join("agentd.toml"), "[agent]\n").unwrap();
+        let roots = vec![f.base.clone()];
+        (f, Protected::new(state, config), roots)
+    }
+
+    fn denied<T: std::fmt::Debug>(r: Result<T, ToolError>) -> String {
+        match r {
+            Err(ToolError::Denied(msg)) => msg,
+            other => panic!("expected Denied, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn config_dir_and_env_are_never_read_or_written() {
+        let (f, p, roots) = guarded();
+        let env = f.base.join("config/.env");
+        let msg = denied(resolve_read(env.to_str().unwrap(), &f.ws, &roots, &p));
+        assert!(msg.contains(".env"), "{msg}");
+        let toml = f.base.join("config/agentd.toml");
+        let msg = denied(resolve_read(toml.to_str().unwrap(), &f.ws, &roots, &p));
+        assert!(msg.contains("config directory"), "{msg}");
+        denied(resolve_write(toml.to_str().unwrap(), &f.ws, &roots, &p));
+        denied(resolve_write("../config/new.toml", &f.ws, &roots, &p));
+        // Any .env, also one in the workspace, and through a symlink to it.
+        std::fs::write(f.ws.join(".env"), "X=1\n").unwrap();
+        denied(resolve_read(".env", &f.ws, &roots, &p));
+        denied(resolve_write(".env", &f.ws, &roots, &p));
+        symlink(f.ws.join(".env"), f.ws.join("env-link")).unwrap();
+        denied(resolve_read("env-link", &f.ws, &roots, &p));
+        // A symlink into the config directory.
+        symlink(f.base.join("config"), f.ws.join("cfg")).unwrap();
+        denied(resolve_read("cfg/agentd.toml", &f.ws, &roots, &p));
+    }
+
+    #[test]
+    fn state_dir_is_read_only_in_its_inbox() {
+        let (f, p, roots) = guarded();
+        let state = f.base.join("state");
+        let (got, _) = resolve_read(
+            state.join("inbox/voice.txt").to_str().unwrap(),
+            &f.ws,
+            &roots,
+            &p,
+        )
+        .unwrap();
+        assert_eq!(got, state.join("inbox/voice.txt"));
+        let msg = denied(resolve_read(
+            state.join("agentd.db").to_str().unwrap(),
+            &f.ws,
+            &roots,
+            &p,
+        ));
+        assert!(
+            msg.contains("state directory") && msg.contains("inbox"),
+            "{msg}"
+        );
+        denied(resolve_read(state.to_str().unwrap(), &f.ws, &roots, &p));
+        for path in ["inbox/voice.txt", "inbox/new.txt", "agentd.db", "x/y"] {
+            denied(resolve_write(
+                state.join(path).to_str().unwrap(),
+                &f.ws,
+                &roots,
+                &p,
+            ));
+        }
+        // The workspace stays usable.
+        assert!(resolve_write("notes.md", &f.ws, &roots, &p).is_ok());
+        assert!(resolve_read("sub/file.txt", &f.ws, &roots, &p).is_ok());
+    }
+
+    #[test]
+    fn inbox_is_readable_without_being_an_allowed_path() {
+        let (f, p, _) = guarded();
+        let only_ws = vec![f.ws.clone()];
+        let inbox_file = f.base.join("state/inbox/voice.txt");
+        let (_, mut file) =
+            open_for_read(inbox_file.to_str().unwrap(), &f.ws, &only_ws, &p).unwrap();
+        let mut text = String::new();
+        file.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "inbox\n");
+        denied(resolve_write(
+            inbox_file.to_str().unwrap(),
+            &f.ws,
+            &only_ws,
+            &p,
+        ));
+        denied(resolve_read(
+            f.base.join("state/agentd.db").to_str().unwrap(),
+            &f.ws,
+            &only_ws,
+            &p,
+        ));
+    }
+
+    #[test]
+    fn a_handle_moved_into_the_state_dir_after_the_check_is_refused() {
+        let (f, p, roots) = guarded();
+        let (_, file) = open_for_read("sub/file.txt", &f.ws, &roots, &p).unwrap();
+        std::fs::rename(f.ws.join("sub"), f.base.join("state/sub")).unwrap();
+        denied(p.check_opened(&file, Access::Read, "sub/file.txt"));
+    }
+
+    #[test]
+    fn scratch_dir_is_created_private_and_checked() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let f = Fixture::new();
+        let dir = f.base.join("deep/scratch");
+        ensure_scratch_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700);
+        // An existing one of ours is accepted and narrowed to 0700.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        ensure_scratch_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o700);
+        // A symlink planted at the path is refused, even to a directory of ours.
+        let link = f.base.join("link-scratch");
+        symlink(&f.ws, &link).unwrap();
+        let err = ensure_scratch_dir(&link).unwrap_err();
+        assert!(
+            err.contains("symlink") && err.contains("scratch_dir"),
+            "{err}"
+        );
+        // A file is refused.
+        std::fs::write(f.base.join("file-scratch"), "").unwrap();
+        let err = ensure_scratch_dir(&f.base.join("file-scratch")).unwrap_err();
+        assert!(err.contains("not a directory"), "{err}");
+    }
+
+    /// A directory owned by another uid (needs root to create one; skipped otherwise).
+    #[test]
+    fn scratch_dir_of_another_user_is_refused() {
+        let f = Fixture::new();
+        let dir = f.base.join("theirs");
+        std::fs::create_dir(&dir).unwrap();
+        let nobody = nix::unistd::Uid::from_raw(65534);
+        if nix::unistd::chown(&dir, Some(nobody), None).is_err() {
+            eprintln!("skipped: cannot chown (not root)");
+            return;
+        }
+        let err = ensure_scratch_dir(&dir).unwrap_err();
+        assert!(err.contains("owned by uid 65534"), "{err}");
     }
 
     #[test]

@@ -387,6 +387,7 @@ mod tests {
             session_key: "test:1".into(),
             workspace: PathBuf::from("/nonexistent"),
             allowed_paths: vec![],
+            protected: Default::default(),
             status: Arc::new(NoStatus),
         }
     }

@@ -164,6 +164,7 @@ mod tests {
             session_key: "telegram:42".into(),
             workspace: PathBuf::from("/nonexistent"),
             allowed_paths: vec![],
+            protected: Default::default(),
             status: Arc::new(source),
         }
     }

@@ -14,7 +14,7 @@ use nix::unistd::{UnlinkatFlags, fsync, unlinkat};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::paths::resolve_allowed;
+use super::paths::{Access, Protected, resolve_allowed, resolve_write};
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::ToolSpec;
 
@@ -78,10 +78,17 @@ impl Tool for WriteTool {
                 .map_err(|e| ToolError::Invalid(format!("invalid arguments for write: {e}")))?;
             let workspace = ctx.workspace.clone();
             let allowed = ctx.allowed_paths.clone();
+            let protected = ctx.protected.clone();
             tokio::task::spawn_blocking(move || {
-                let resolved = resolve_allowed(&args.path, &workspace, &allowed)?;
+                let resolved = resolve_write(&args.path, &workspace, &allowed, &protected)?;
                 let existed = resolved.exists();
-                write_checked(&resolved, args.content.as_bytes(), &allowed, &args.path)?;
+                write_checked(
+                    &resolved,
+                    args.content.as_bytes(),
+                    &allowed,
+                    &protected,
+                    &args.path,
+                )?;
                 let verb = if existed { "replaced" } else { "created" };
                 Ok(format!(
                     "wrote {} bytes to '{}' ({verb})",
@@ -108,8 +115,10 @@ pub(crate) fn write_checked(
     resolved: &Path,
     bytes: &[u8],
     allowed: &[PathBuf],
+    protected: &Protected,
     shown: &str,
 ) -> Result<(), ToolError> {
+    protected.check(resolved, Access::Write, shown)?;
     if bytes.len() > MAX_WRITE_BYTES {
         return Err(ToolError::Invalid(format!(
             "content for '{shown}' is {} bytes; the limit is {MAX_WRITE_BYTES} bytes ({} MiB); \
@@ -167,6 +176,8 @@ pub(crate) fn write_checked(
         ToolError::Invalid(format!("'{shown}' has no file name; give a file path"))
     })?;
     let dir = open_dir_beneath(parent, allowed, shown)?;
+    // Where the directory really is now (a rename after the checks is caught here).
+    protected.check_fd(dir.as_raw_fd(), Access::Write, shown)?;
     replace_in_dir(&dir, Path::new(name), bytes, shown)
 }
 
@@ -319,6 +330,7 @@ pub(crate) mod tests {
             session_key: "k".into(),
             workspace: ws.clone(),
             allowed_paths: vec![ws],
+            protected: Default::default(),
             status: Arc::new(NoStatus),
         };
         Ws {

@@ -868,6 +868,9 @@ fn doctor_prints_a_table() {
     assert!(out.status.success(), "{table}");
     assert!(table.contains("PASS  model primary"), "{table}");
     assert!(table.contains("disk space"), "{table}");
+    // SPEC §16.8: the scratch directory and which /tmp exec gets.
+    assert!(table.contains("PASS  scratch dir"), "{table}");
+    assert!(table.contains("exec /tmp"), "{table}");
 
     // Port 9 on loopback: nothing listens there.
     let down = TestDaemon::new(

@@ -203,6 +203,7 @@ fn tools_cfg(sandbox: ExecSandbox) -> ToolsConfig {
         exec_sandbox: sandbox,
         exec_network: false,
         allowed_paths: vec![],
+        scratch_dir: std::env::temp_dir(),
         subagent_deny: vec![],
         subagent_model: "subagent".into(),
         web_search_provider: "brave".into(),
@@ -221,6 +222,7 @@ fn ctx(ws: &Path, allowed: Vec<PathBuf>) -> ToolContext {
         session_key: "test".into(),
         workspace: ws.to_path_buf(),
         allowed_paths: allowed,
+        protected: Default::default(),
         status: Arc::new(NoStatus),
     }
 }
@@ -263,16 +265,124 @@ async fn filesystem_is_confined_to_the_allowed_paths() {
         "in\n"
     );
     assert!(!outside.path().join("outside.txt").exists());
+}
 
-    let parent = state.path().parent().unwrap().to_path_buf();
-    let refused = tool
+/// Issue #12 finding 5 (SPEC §16.8): an allowed path that contains the state and config
+/// directories (the README's state directory under `/tmp`, with `/tmp` allowed) is split
+/// around them. exec runs, works in the workspace, and still cannot read `config/.env` or the
+/// state directory, nor write there — on every isolation path. Through the tool, too (it used
+/// to refuse every command).
+#[tokio::test]
+async fn allowed_parent_of_state_and_config_is_split_around_them() {
+    let root = tempfile::tempdir().unwrap();
+    let root_path = std::fs::canonicalize(root.path()).unwrap();
+    let (ws, state, config) = (
+        root_path.join("workspace"),
+        root_path.join("state"),
+        root_path.join("config"),
+    );
+    for dir in [&ws, &state, &config] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    std::fs::write(config.join(".env"), "AGENTD_X=env-secret-9\n").unwrap();
+    std::fs::write(state.join("agentd.db"), "state-secret-9").unwrap();
+    let protected = vec![state.clone(), config.clone()];
+    let cmd = format!(
+        "echo in > inside.txt && echo WROTE-INSIDE; cat {c}/.env || echo ENV-DENIED; \
+         cat {s}/agentd.db || echo STATE-DENIED; echo x > {s}/x || echo STATE-WRITE-DENIED; \
+         echo x > {c}/agentd.toml || echo CONFIG-WRITE-DENIED; ls {s} || echo LIST-DENIED",
+        c = config.display(),
+        s = state.display()
+    );
+    let expected = [
+        "WROTE-INSIDE",
+        "ENV-DENIED",
+        "STATE-DENIED",
+        "STATE-WRITE-DENIED",
+        "CONFIG-WRITE-DENIED",
+        "LIST-DENIED",
+    ];
+    let check = |label: &str, text: &str| {
+        for e in expected {
+            assert!(text.contains(e), "{label}: missing {e}:\n{text}");
+        }
+        assert!(!text.contains("env-secret-9"), "{label}: {text}");
+        assert!(!text.contains("state-secret-9"), "{label}: {text}");
+        assert!(!state.join("x").exists(), "{label}");
+        assert!(!config.join("agentd.toml").exists(), "{label}");
+    };
+    for ns in [Ns::Full, Ns::NoMount, Ns::Off] {
+        let mut p = Policy::build(
+            SandboxMode::Landlock,
+            false,
+            std::slice::from_ref(&root_path),
+            &protected,
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        p.no_namespaces = ns == Ns::Off;
+        p.no_mount_namespace = ns == Ns::NoMount;
+        let out = run(&p, &ws, &cmd).await;
+        assert_eq!(out.exit_code, Some(0), "{ns:?}: {out:?}");
+        check(&format!("{ns:?}"), &out.stdout);
+        std::fs::remove_file(ws.join("inside.txt")).unwrap();
+    }
+    let tool =
+        ExecTool::new(&tools_cfg(ExecSandbox::Landlock), protected.clone()).with_helper(helper());
+    let out = tool
         .call(
-            serde_json::json!({ "command": "true" }),
-            &ctx(ws.path(), vec![ws.path().into(), parent]),
+            serde_json::json!({ "command": cmd }),
+            &ctx(&ws, vec![root_path.clone()]),
         )
         .await
-        .unwrap_err();
-    assert!(refused.to_string().contains("must not read"), "{refused}");
+        .unwrap();
+    assert!(out.starts_with("exit code 0\n"), "{out}");
+    check("tool", &out);
+}
+
+/// SPEC §16.8: `TMPDIR` is the scratch directory, and where a mount namespace is available
+/// the command's `/tmp` is private and empty: a file it writes there never appears in the
+/// host's `/tmp`, while the workspace and the scratch directory (both under `/tmp` here) stay
+/// at their paths.
+#[tokio::test]
+async fn tmpdir_is_the_scratch_dir_and_tmp_is_private_with_a_mount_namespace() {
+    let ws = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let scratch_path = std::fs::canonicalize(scratch.path()).unwrap();
+    let mut cfg = tools_cfg(ExecSandbox::Landlock);
+    cfg.scratch_dir = scratch_path.clone();
+    let tool = ExecTool::new(&cfg, vec![]).with_helper(helper());
+    let marker = format!("agentd-private-tmp-{}", std::process::id());
+    let cmd = format!(
+        "echo TMPDIR=$TMPDIR; echo s > \"$TMPDIR/scratch.txt\" && echo SCRATCH-OK; \
+         echo w > inside.txt && echo WS-OK; echo leak > /tmp/{marker} && echo TMP-WRITTEN; \
+         ls -A /tmp"
+    );
+    let c = ctx(ws.path(), vec![ws.path().into(), scratch_path.clone()]);
+    let out = tool
+        .call(serde_json::json!({ "command": cmd }), &c)
+        .await
+        .unwrap();
+    assert!(out.starts_with("exit code 0\n"), "{out}");
+    assert!(
+        out.contains(&format!("TMPDIR={}", scratch_path.display())),
+        "{out}"
+    );
+    assert!(out.contains("SCRATCH-OK") && out.contains("WS-OK"), "{out}");
+    assert!(scratch_path.join("scratch.txt").exists());
+    assert!(ws.path().join("inside.txt").exists());
+    if namespaces_available(ws.path()).await {
+        // The namespace path (development machine, CI): /tmp is a private tmpfs.
+        assert!(out.contains("TMP-WRITTEN"), "{out}");
+        assert!(
+            !Path::new("/tmp").join(&marker).exists(),
+            "a file written to the sandbox's /tmp appeared on the host"
+        );
+    } else {
+        // Without namespaces the host /tmp is not an allowed path: the write fails.
+        assert!(!out.contains("TMP-WRITTEN"), "{out}");
+    }
+    let _ = std::fs::remove_file(Path::new("/tmp").join(&marker));
 }
 
 /// (d) No network: TCP connect to a local listener fails in both paths; UDP is blocked only

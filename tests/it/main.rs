@@ -11,6 +11,7 @@ mod daemon_e2e;
 mod exec_sandbox;
 mod fake_llm_selftest;
 mod fake_telegram_selftest;
+mod file_tools;
 mod http_api;
 mod http_daemon;
 mod mcp;

@@ -65,6 +65,7 @@ fn ctx(dir: &std::path::Path) -> ToolContext {
         session_key: "k".into(),
         workspace: dir.to_path_buf(),
         allowed_paths: vec![],
+        protected: Default::default(),
         status: Arc::new(NoStatus),
     }
 }
