@@ -63,6 +63,16 @@ pub fn remove(path: &Path) {
     }
 }
 
+/// How long an unterminated fragment may wait for more bytes before it is discarded (SPEC
+/// §16.9). `agent-send` writes each line with one atomic `write`, so a complete line never
+/// waits; a fragment (`echo -n`, a writer killed mid-line) would otherwise be glued to the next
+/// writer's line and lose it. The wait restarts with every byte that arrives, so a slow writer
+/// still writing its line is not cut off.
+pub const FRAGMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// At most this many characters of a discarded fragment are logged (escaped).
+const FRAGMENT_PREVIEW: usize = 80;
+
 /// Read lines until `cancel` fires, sending each valid line (with an id assigned when it had
 /// none) to `out`. Opening read-write keeps a writer end inside the daemon, so the reader never
 /// sees EOF when a client disconnects.
@@ -81,9 +91,27 @@ pub async fn run(
         })?;
     let mut splitter = LineSplitter::new(max_line_bytes);
     let mut buf = vec![0u8; 8192];
+    // When the pending fragment is discarded, unless a newline arrives first.
+    let mut fragment_deadline: Option<tokio::time::Instant> = None;
     loop {
         let n = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
+            _ = async {
+                match fragment_deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                fragment_deadline = None;
+                let (bytes, preview) = splitter.discard_fragment();
+                tracing::warn!(
+                    bytes,
+                    fragment = %preview,
+                    wait_seconds = FRAGMENT_WAIT.as_secs(),
+                    "FIFO fragment without a newline discarded; every line must end with a newline"
+                );
+                continue;
+            }
             r = rx.read(&mut buf) => match r {
                 Ok(0) => continue,
                 Ok(n) => n,
@@ -94,7 +122,11 @@ pub async fn run(
                 }
             },
         };
-        for item in splitter.push(&buf[..n]) {
+        let items = splitter.push(&buf[..n]);
+        fragment_deadline = splitter
+            .has_fragment()
+            .then(|| tokio::time::Instant::now() + FRAGMENT_WAIT);
+        for item in items {
             let line = match item {
                 Ok(l) => l,
                 Err(len) => {
@@ -144,6 +176,28 @@ impl LineSplitter {
             max,
             discarding: None,
         }
+    }
+
+    /// Whether bytes of an unfinished line are pending (kept or being discarded).
+    pub fn has_fragment(&self) -> bool {
+        !self.buf.is_empty() || self.discarding.is_some()
+    }
+
+    /// Drop the unfinished line: `(bytes dropped, an escaped preview of its start)`. The next
+    /// bytes start a new line.
+    pub fn discard_fragment(&mut self) -> (usize, String) {
+        let bytes = self.buf.len() + self.discarding.take().unwrap_or(0);
+        let text = String::from_utf8_lossy(&self.buf);
+        let mut preview: String = text
+            .chars()
+            .take(FRAGMENT_PREVIEW)
+            .flat_map(char::escape_debug)
+            .collect();
+        if text.chars().count() > FRAGMENT_PREVIEW {
+            preview.push('…');
+        }
+        self.buf.clear();
+        (bytes, preview)
     }
 
     pub fn push(&mut self, mut data: &[u8]) -> Vec<Result<Vec<u8>, usize>> {
@@ -196,6 +250,23 @@ mod tests {
         // Oversize across chunks.
         assert_eq!(s.push(b"123456"), vec![]);
         assert_eq!(s.push(b"78\nok\n"), vec![Err(8), Ok(b"ok".to_vec())]);
+    }
+
+    #[test]
+    fn a_discarded_fragment_is_not_glued_to_the_next_line() {
+        let mut s = LineSplitter::new(64);
+        assert!(s.push(b"{\"half\x07\x1b").is_empty());
+        assert!(s.has_fragment());
+        let (bytes, preview) = s.discard_fragment();
+        assert_eq!(bytes, 8);
+        assert_eq!(preview, r#"{\"half\u{7}\u{1b}"#, "escaped, never raw");
+        assert!(!s.has_fragment());
+        assert_eq!(s.push(b"ok\n"), vec![Ok(b"ok".to_vec())]);
+        // An oversize fragment being discarded is dropped too.
+        assert!(s.push(&[b'x'; 100]).is_empty());
+        assert!(s.has_fragment());
+        assert_eq!(s.discard_fragment().0, 100);
+        assert_eq!(s.push(b"next\n"), vec![Ok(b"next".to_vec())]);
     }
 
     proptest! {

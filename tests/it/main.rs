@@ -13,6 +13,7 @@ mod fake_llm_selftest;
 mod fake_telegram_selftest;
 mod http_api;
 mod http_daemon;
+mod intake_limits;
 mod mcp;
 mod memory;
 mod ssrf;
