@@ -7,14 +7,16 @@ use std::sync::Arc;
 use crate::agent::{Agent, Work};
 use crate::control::{self, ControlLine};
 
-/// The text of a control line, or `None` (logged: the line is skipped).
+/// The text of a control line, or `None` (logged: the line is skipped). A `text_file` holds at
+/// most `max_bytes` (the HTTP body cap: the same bound for a message however it arrives).
 async fn text_or_skip(
     id: &str,
     text: Option<String>,
     text_file: Option<std::path::PathBuf>,
     state_dir: &std::path::Path,
+    max_bytes: usize,
 ) -> Option<String> {
-    match resolve_text(text, text_file, state_dir.to_path_buf()).await {
+    match resolve_text(text, text_file, state_dir.to_path_buf(), max_bytes as u64).await {
         Ok(t) => Some(t),
         Err(e) => {
             tracing::warn!(id = %id, error = %e, "FIFO line skipped");
@@ -23,23 +25,27 @@ async fn text_or_skip(
     }
 }
 
-/// `control::resolve_text` reads `text_file` from disk: run it on the blocking pool.
+/// `control::resolve_text` reads `text_file` from disk: run it on the blocking pool. Its open
+/// is non-blocking and it reads a bounded regular file, so it cannot stall the next line.
 async fn resolve_text(
     text: Option<String>,
     text_file: Option<std::path::PathBuf>,
     state_dir: std::path::PathBuf,
+    max_bytes: u64,
 ) -> Result<String, control::ControlError> {
     if text_file.is_none() {
-        return control::resolve_text(&text, &None, &state_dir);
+        return control::resolve_text(&text, &None, &state_dir, max_bytes);
     }
-    tokio::task::spawn_blocking(move || control::resolve_text(&text, &text_file, &state_dir))
-        .await
-        .unwrap_or_else(|e| {
-            Err(control::ControlError::TextFile {
-                path: Default::default(),
-                error: e.to_string(),
-            })
+    tokio::task::spawn_blocking(move || {
+        control::resolve_text(&text, &text_file, &state_dir, max_bytes)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(control::ControlError::TextFile {
+            path: Default::default(),
+            error: e.to_string(),
         })
+    })
 }
 use crate::session::{self, Event, Intake, SessionStore};
 
@@ -63,6 +69,7 @@ pub fn valid_key(key: &str) -> bool {
 impl IntakeHandler {
     pub async fn handle(&self, line: ControlLine) {
         let state_dir = &self.agent.cfg.paths.state_dir;
+        let max_text = self.agent.cfg.http.max_body_bytes;
         let id = line.id().unwrap_or_default().to_string();
         let (key, intake) = match line {
             ControlLine::User {
@@ -78,7 +85,8 @@ impl IntakeHandler {
                     tracing::warn!(id = %id, "FIFO line skipped: invalid sender (1-64 characters, no control characters or slashes)");
                     return;
                 }
-                let Some(text) = text_or_skip(&id, text, text_file, state_dir).await else {
+                let Some(text) = text_or_skip(&id, text, text_file, state_dir, max_text).await
+                else {
                     return;
                 };
                 let intake = Intake {
@@ -101,7 +109,8 @@ impl IntakeHandler {
                 tier,
                 ..
             } => {
-                let Some(text) = text_or_skip(&id, text, text_file, state_dir).await else {
+                let Some(text) = text_or_skip(&id, text, text_file, state_dir, max_text).await
+                else {
                     return;
                 };
                 (
@@ -125,7 +134,8 @@ impl IntakeHandler {
                 data,
                 ..
             } => {
-                let Some(body) = text_or_skip(&id, text, text_file, state_dir).await else {
+                let Some(body) = text_or_skip(&id, text, text_file, state_dir, max_text).await
+                else {
                     return;
                 };
                 (

@@ -4,7 +4,8 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::daemon_e2e::daemon_with;
+use crate::daemon_e2e::{agentd_toml, daemon_with, fifo_write, provider_toml};
+use crate::support::daemon::TestDaemon;
 use crate::support::fake_llm::{FakeLlm, Wire};
 
 /// A fragment without a newline (`echo -n`, a writer killed mid-line) is dropped after a short
@@ -43,5 +44,51 @@ fn fifo_fragment_is_dropped_and_next_line_accepted() {
     assert!(
         d.trail("ivy").iter().all(|l| l["id"] != "frag"),
         "the fragment never became a message"
+    );
+}
+
+/// `text_file` must be a regular file under a size cap ([http] max_body_bytes): a FIFO named
+/// there is refused at once (it used to stall all FIFO intake), an oversize file is refused
+/// with a clear error, and the next message is accepted either way.
+#[test]
+fn text_file_must_be_a_small_regular_file() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let toml = format!("{}\n[http]\nmax_body_bytes = 1000\n", agentd_toml("fake"));
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    d.start();
+    let inbox = d.state_dir.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let pipe = inbox.join("a-fifo.txt");
+    nix::unistd::mkfifo(&pipe, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let big = inbox.join("big.txt");
+    std::fs::write(&big, "y".repeat(30_000)).unwrap();
+    for (id, path) in [("tf-fifo", &pipe), ("tf-big", &big)] {
+        let line = serde_json::json!({
+            "id": id, "type": "user", "text_file": path, "sender": "jo",
+        });
+        fifo_write(&d, &line.to_string());
+    }
+    let out = d.agent_send(&["-m", "still listening?", "--from", "jo", "--wait", "20"]);
+    assert!(
+        out.status.success(),
+        "agent-send failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    let log = d.log();
+    assert!(log.contains("is a FIFO, not a regular file"), "{log}");
+    assert!(
+        log.contains("is 30000 bytes, over the limit of 1000 ([http] max_body_bytes)"),
+        "{log}"
+    );
+    let trail = d.trail("jo");
+    assert!(
+        trail
+            .iter()
+            .all(|l| l["id"] != "tf-fifo" && l["id"] != "tf-big"),
+        "refused lines are not recorded"
     );
 }
