@@ -11,6 +11,29 @@ use serde::{Deserialize, Serialize};
 /// Linux `PIPE_BUF`: writes up to this size into a FIFO are atomic.
 pub const PIPE_BUF: usize = 4096;
 
+/// The longest client `id` a control line may carry.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Whether `id` is a valid client id (SPEC §16.9): 1 to [`MAX_ID_LEN`] characters of
+/// `A-Z a-z 0-9 . _ : -`. `agent-send`'s UUIDs and the daemon's own ids (`tg-<bot>-<update>`)
+/// all are; anything else could forge log lines or file names, so it is refused.
+pub fn valid_id(id: &str) -> bool {
+    (1..=MAX_ID_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// At most 40 characters of an outside string, with control characters (and quotes and
+/// backslashes) escaped: safe to put in a log line or an error message.
+pub fn escaped_preview(s: &str) -> String {
+    let mut out: String = s.chars().take(40).flat_map(char::escape_debug).collect();
+    if s.chars().nth(40).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// One control line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -77,6 +100,10 @@ pub enum ControlError {
     NotUtf8,
     #[error("invalid control line: {0}")]
     Invalid(String),
+    #[error(
+        "invalid `id` \"{0}\": use 1-128 characters of A-Z a-z 0-9 . _ : - (agent-send uses a UUID)"
+    )]
+    InvalidId(String),
     #[error("{kind} line needs a non-empty `text` or `text_file`")]
     NoText { kind: &'static str },
     #[error("`text_file` {0} is outside the state directory's inbox/")]
@@ -142,6 +169,11 @@ pub fn parse_line(line: &[u8], max_bytes: usize) -> Result<ControlLine, ControlE
     let s = std::str::from_utf8(line).map_err(|_| ControlError::NotUtf8)?;
     let parsed: ControlLine =
         serde_json::from_str(s.trim()).map_err(|e| ControlError::Invalid(e.to_string()))?;
+    if let Some(id) = parsed.id()
+        && !valid_id(id)
+    {
+        return Err(ControlError::InvalidId(escaped_preview(id)));
+    }
     let has_text = |text: &Option<String>, file: &Option<PathBuf>| {
         text.as_deref().is_some_and(|t| !t.trim().is_empty()) || file.is_some()
     };
@@ -320,6 +352,34 @@ mod tests {
             Err(ControlError::TooLong { .. })
         ));
         assert_eq!(parse_line(&[0xff, 0xfe], 4096), Err(ControlError::NotUtf8));
+    }
+
+    #[test]
+    fn ids_have_a_short_safe_charset() {
+        for ok in [
+            "k1",
+            "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "tg-123-456",
+            "a.b_c:d",
+        ] {
+            assert!(valid_id(ok), "{ok}");
+        }
+        for bad in ["", "a b", "a\nb", "a/b", "é", &"x".repeat(129)] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+        let err = parse_line(
+            br#"{"id":"x\n2026-11-27T00:00:00Z  INFO forged","type":"user","text":"hi"}"#,
+            4096,
+        )
+        .unwrap_err();
+        assert!(matches!(err, ControlError::InvalidId(_)), "{err}");
+        let shown = err.to_string();
+        assert!(!shown.contains('\n'), "{shown}");
+        assert!(shown.contains(r"x\n2026"), "{shown}");
+        assert!(matches!(
+            parse_line(br#"{"id":"","type":"reset"}"#, 4096),
+            Err(ControlError::InvalidId(_))
+        ));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::daemon_e2e::{agentd_toml, daemon_with, fifo_write, provider_toml};
+use crate::daemon_e2e::{agentd_toml, daemon_with, fifo_write, provider_toml, wait_outcome};
 use crate::support::daemon::TestDaemon;
 use crate::support::fake_llm::{FakeLlm, Wire};
 
@@ -90,5 +90,36 @@ fn text_file_must_be_a_small_regular_file() {
             .iter()
             .all(|l| l["id"] != "tf-fifo" && l["id"] != "tf-big"),
         "refused lines are not recorded"
+    );
+}
+
+/// A client id outside the short safe charset (here with a newline that would forge a log
+/// line) is refused with a clear error, never logged raw, and the next line is accepted.
+#[test]
+fn fifo_id_with_a_newline_is_refused() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let d = daemon_with(&fake, "openai");
+    let evil = serde_json::json!({
+        "id": "evil\nFORGED-LINE  INFO message accepted",
+        "type": "user", "text": "hi", "sender": "kay",
+    });
+    fifo_write(&d, &evil.to_string());
+    fifo_write(
+        &d,
+        r#"{"id":"after-evil","type":"user","text":"hello","sender":"kay"}"#,
+    );
+    let fin = wait_outcome(&d, "kay", "after-evil");
+    assert!(fin["text"].as_str().unwrap().starts_with("echo: "), "{fin}");
+    let log = d.log();
+    assert!(log.contains("invalid `id`"), "{log}");
+    assert!(
+        !log.lines().any(|l| l.starts_with("FORGED-LINE")),
+        "a raw newline reached the log: {log}"
+    );
+    assert!(
+        d.trail("kay")
+            .iter()
+            .all(|l| l["type"] != "intake" || l["id"] == "after-evil"),
+        "the refused line was not recorded"
     );
 }
