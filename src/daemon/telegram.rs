@@ -61,7 +61,8 @@ struct Sink {
 
 impl Sink {
     async fn command(&self, msg: &TgInbound, cmd: TgCommand) -> Result<(), String> {
-        let key = &msg.from_name;
+        // This chat's session: the contact's in a private chat, the group's in a group.
+        let key = &msg.session_key;
         let reply = match cmd {
             TgCommand::Reset => {
                 let n = self.intake.reset(key, "telegram /reset").await;
@@ -150,7 +151,7 @@ impl TgSink for Sink {
                     message_id: Some(msg.message_id),
                 }),
             };
-            self.intake.accept(&msg.from_name, intake).await
+            self.intake.accept(&msg.session_key, intake).await
         })
     }
 }

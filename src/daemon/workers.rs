@@ -67,6 +67,17 @@ fn debounced(source: &str) -> bool {
     matches!(source, "telegram" | "user")
 }
 
+/// Whether `next` may be merged into a turn that began with `first` (SPEC §5.3, §16.9): the
+/// same source, the same sender and — for Telegram — the same chat, so one reply never
+/// answers messages of two chats.
+fn same_thread(first: &crate::session::Intake, next: &crate::session::Intake) -> bool {
+    let chat = |i: &crate::session::Intake| match &i.route {
+        Some(crate::session::Route::Telegram { chat_id, .. }) => Some(*chat_id),
+        _ => None,
+    };
+    first.source == next.source && first.from == next.from && chat(first) == chat(next)
+}
+
 /// Routes jobs to per-session workers.
 pub struct Dispatcher {
     agent: Agent,
@@ -312,7 +323,8 @@ impl Dispatcher {
         if window.is_zero() || !held.is_empty() {
             return;
         }
-        let source = work.intakes[0].source.clone();
+        let first = work.intakes[0].clone();
+        let first = &first;
         let deadline = tokio::time::Instant::now() + window * 5;
         loop {
             let until = (tokio::time::Instant::now() + window).min(deadline);
@@ -323,7 +335,7 @@ impl Dispatcher {
             };
             match next {
                 Some(Job::Message(w))
-                    if !w.resume && w.intakes.first().is_some_and(|i| i.source == source) =>
+                    if !w.resume && w.intakes.first().is_some_and(|i| same_thread(first, i)) =>
                 {
                     self.dequeued();
                     work.intakes.extend(w.intakes);
@@ -606,6 +618,34 @@ mod tests {
 
     fn state(id: &str) -> SessionState {
         SessionState::new(id, id, "primary", 0)
+    }
+
+    fn tg(from: &str, chat: i64) -> crate::session::Intake {
+        crate::session::Intake {
+            id: format!("{from}-{chat}"),
+            source: "telegram".into(),
+            from: from.into(),
+            text: "x".into(),
+            tier: None,
+            attachments: vec![],
+            route: Some(crate::session::Route::Telegram {
+                chat_id: chat,
+                message_id: None,
+            }),
+        }
+    }
+
+    /// Debounce merges one sender's messages of one chat only (SPEC §16.9).
+    #[test]
+    fn only_one_senders_messages_of_one_chat_are_merged() {
+        assert!(same_thread(&tg("Alice", 1), &tg("Alice", 1)));
+        assert!(!same_thread(&tg("Alice", 1), &tg("Alice", -5)));
+        assert!(!same_thread(&tg("Alice", -5), &tg("Bob", -5)));
+        let mut fifo = tg("Alice", 1);
+        fifo.source = "user".into();
+        fifo.route = None;
+        assert!(!same_thread(&tg("Alice", 1), &fifo));
+        assert!(same_thread(&fifo, &fifo.clone()));
     }
 
     #[test]
