@@ -49,7 +49,19 @@ async fn resolve_text(
 }
 use crate::session::{self, Event, Intake, SessionStore};
 
-use super::workers::{Dispatcher, Job};
+use super::workers::{Dispatcher, Job, QueueFull};
+
+/// Why a message was not accepted. Either way nothing was recorded and nothing acknowledged.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AcceptError {
+    /// The session's queue (or all queues together) is full: refused before intake (HTTP
+    /// 429, a short "busy" answer on Telegram).
+    #[error("{0}")]
+    Busy(#[from] QueueFull),
+    /// The intake record could not be written.
+    #[error("{0}")]
+    Failed(String),
+}
 
 /// Turns control lines (FIFO) into durable intakes and jobs.
 pub struct IntakeHandler {
@@ -165,9 +177,20 @@ impl IntakeHandler {
         let _ = self.accept(&key, intake).await;
     }
 
-    /// Record the intake durably, then queue it. An intake that cannot be recorded is not
-    /// acknowledged (the writer times out and may retry).
-    pub async fn accept(&self, key: &str, intake: Intake) -> Result<(), String> {
+    /// `accept`, for a message of `key` (session queues: SPEC §16.9). A full queue is refused
+    /// here, before anything is recorded, so nothing acknowledged is ever dropped.
+    fn reserve(&self, key: &str, id: &str) -> Result<super::workers::QueueSlot, AcceptError> {
+        self.dispatcher.try_reserve(key).map_err(|e| {
+            tracing::warn!(id = %id, session_key = %key, error = %e, "message NOT accepted: queue full");
+            AcceptError::Busy(e)
+        })
+    }
+
+    /// Reserve a queue slot, record the intake durably, then queue it. A message refused
+    /// because its queue is full, or that cannot be recorded, is not acknowledged (the FIFO
+    /// writer times out and may retry).
+    pub async fn accept(&self, key: &str, intake: Intake) -> Result<(), AcceptError> {
+        let slot = self.reserve(key, &intake.id)?;
         let store = self.store.clone();
         let k = key.to_string();
         let model = self.agent.route(&intake.source);
@@ -182,8 +205,8 @@ impl IntakeHandler {
             Ok(Ok((_, true))) => {
                 tracing::info!(id = %intake.id, session_key = %key, source = %intake.source, "message accepted");
                 self.dispatcher
-                    .submit(
-                        key,
+                    .submit_reserved(
+                        slot,
                         Job::Message(Work {
                             intakes: vec![intake],
                             resume: false,
@@ -196,7 +219,7 @@ impl IntakeHandler {
             Err(e) => format!("intake task failed: {e}"),
         };
         tracing::error!(id = %intake.id, session_key = %key, error = %err, "message NOT accepted");
-        Err(err)
+        Err(AcceptError::Failed(err))
     }
 
     /// Reset `all`, a session key or a session id, through each session's queue.

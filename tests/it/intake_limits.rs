@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::daemon_e2e::{agentd_toml, daemon_with, fifo_write, provider_toml, wait_outcome};
 use crate::support::daemon::TestDaemon;
-use crate::support::fake_llm::{FakeLlm, Wire};
+use crate::support::fake_llm::{FakeLlm, Reply, Wire};
+use crate::support::wait_until;
 
 /// A fragment without a newline (`echo -n`, a writer killed mid-line) is dropped after a short
 /// wait and logged; the next writer's complete line is not glued to it and is answered.
@@ -122,4 +123,94 @@ fn fifo_id_with_a_newline_is_refused() {
             .all(|l| l["type"] != "intake" || l["id"] == "after-evil"),
         "the refused line was not recorded"
     );
+}
+
+/// Per-session queues are bounded (`[behavior] max_queued_per_session`): while the model is
+/// slow, `/notify` calls beyond the cap are refused with 429 before anything is recorded, and
+/// every accepted one is processed — nothing acknowledged is dropped.
+#[test]
+fn notify_beyond_the_session_queue_cap_gets_429_and_accepted_ones_all_run() {
+    use crate::http_daemon::reqwest;
+    use serde_json::{Value, json};
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let gate = Arc::new(Semaphore::new(0));
+    fake.push(Reply::text("first, slowly").gated(&gate));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[http]\nenabled = true\nport = {port}\nrate_limit = 1000\n\n[behavior]\nmax_queued_per_session = 8"
+        ),
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_HTTP_TOKEN", "tok");
+    d.start();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking_client();
+    let notify = |n: usize| {
+        let r = client
+            .post(format!("{base}/api/v1/notify"))
+            .bearer_auth("tok")
+            .json(&json!({"message": format!("event {n}"), "source": "load"}))
+            .send()
+            .unwrap();
+        let status = r.status();
+        let body: Value = r.json().unwrap();
+        (status, body)
+    };
+    wait_until(Duration::from_secs(20), "the HTTP API", || {
+        client.get(format!("{base}/api/v1/status")).send().ok()
+    });
+    // The first one runs (its model call waits at the gate), so it holds no queue slot.
+    assert_eq!(notify(0).0, 202);
+    wait_until(Duration::from_secs(20), "the first model call", || {
+        (fake.requests().len() == 1).then_some(())
+    });
+    let mut accepted = 1;
+    let mut refused = 0;
+    for n in 1..100 {
+        let (status, body) = notify(n);
+        match status {
+            202 => accepted += 1,
+            429 => {
+                refused += 1;
+                let e = body["error"].as_str().unwrap_or_default();
+                assert!(e.contains("max_queued_per_session"), "{body}");
+            }
+            other => panic!("unexpected status {other}: {body}"),
+        }
+    }
+    assert_eq!(accepted, 1 + 8, "one running, eight queued");
+    assert_eq!(refused, 91);
+    let intakes = d
+        .trail("system")
+        .iter()
+        .filter(|l| l["type"] == "intake")
+        .count();
+    assert_eq!(intakes, accepted, "refused before anything was recorded");
+    gate.add_permits(1);
+    wait_until(
+        Duration::from_secs(60),
+        "every accepted notification answered",
+        || {
+            let done = d
+                .trail("system")
+                .iter()
+                .filter(|l| l["final"] == true || l["type"] == "failure")
+                .count();
+            (done == accepted).then_some(())
+        },
+    );
+    // Drained: accepted again.
+    assert_eq!(notify(100).0, 202);
 }
