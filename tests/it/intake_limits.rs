@@ -48,6 +48,36 @@ fn fifo_fragment_is_dropped_and_next_line_accepted() {
     );
 }
 
+/// The same, when the next writer comes before the wait is over: its whole line, glued to the
+/// fragment, is recognised and accepted, and the fragment is dropped.
+#[test]
+fn fifo_line_right_after_a_fragment_is_not_lost() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let d = daemon_with(&fake, "openai");
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.state_dir.join("control.pipe"))
+            .expect("open control.pipe");
+        f.write_all(br#"{"id":"frag2","type":"user","te"#)
+            .expect("write fragment");
+    }
+    // Well within the fragment wait: the reader has the fragment, the wait is still running.
+    std::thread::sleep(Duration::from_millis(300));
+    let out = d.agent_send(&["-m", "right after", "--from", "lou", "--wait", "20"]);
+    assert!(
+        out.status.success(),
+        "agent-send failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    let log = d.log();
+    assert!(
+        log.contains("FIFO fragment without a newline discarded"),
+        "{log}"
+    );
+}
+
 /// `text_file` must be a regular file under a size cap ([http] max_body_bytes): a FIFO named
 /// there is refused at once (it used to stall all FIFO intake), an oversize file is refused
 /// with a clear error, and the next message is accepted either way.
