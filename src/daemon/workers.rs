@@ -1,8 +1,10 @@
 //! The queue behind intake (SPEC §5.3–§5.5): one worker task per session key processes that
 //! session's jobs one at a time in arrival order; different sessions run concurrently up to
 //! `max_concurrent_sessions` (a semaphore). Messages of one sender arriving within
-//! `debounce_ms` are merged into one turn. After each message the reply is delivered (with
-//! intent/done records) and anyone waiting for it (HTTP `/chat`) is told.
+//! `debounce_ms` are merged into one turn (one sender, one chat). After each message the reply
+//! is delivered (with intent/done records) and anyone waiting for it (HTTP `/chat`) is told.
+//! Queues are bounded by counting, not by the channel: intake reserves a slot
+//! (`try_reserve`) before it records a message, so a full queue refuses instead of dropping.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
