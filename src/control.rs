@@ -11,6 +11,29 @@ use serde::{Deserialize, Serialize};
 /// Linux `PIPE_BUF`: writes up to this size into a FIFO are atomic.
 pub const PIPE_BUF: usize = 4096;
 
+/// The longest client `id` a control line may carry.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Whether `id` is a valid client id (SPEC §16.9): 1 to [`MAX_ID_LEN`] characters of
+/// `A-Z a-z 0-9 . _ : -`. `agent-send`'s UUIDs and the daemon's own ids (`tg-<bot>-<update>`)
+/// all are; anything else could forge log lines or file names, so it is refused.
+pub fn valid_id(id: &str) -> bool {
+    (1..=MAX_ID_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// At most 40 characters of an outside string, with control characters (and quotes and
+/// backslashes) escaped: safe to put in a log line or an error message.
+pub fn escaped_preview(s: &str) -> String {
+    let mut out: String = s.chars().take(40).flat_map(char::escape_debug).collect();
+    if s.chars().nth(40).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// One control line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -77,12 +100,24 @@ pub enum ControlError {
     NotUtf8,
     #[error("invalid control line: {0}")]
     Invalid(String),
+    #[error(
+        "invalid `id` \"{0}\": use 1-128 characters of A-Z a-z 0-9 . _ : - (agent-send uses a UUID)"
+    )]
+    InvalidId(String),
     #[error("{kind} line needs a non-empty `text` or `text_file`")]
     NoText { kind: &'static str },
     #[error("`text_file` {0} is outside the state directory's inbox/")]
     TextFileOutside(PathBuf),
     #[error("cannot read `text_file` {path}: {error}")]
     TextFile { path: PathBuf, error: String },
+    #[error(
+        "`text_file` {path} is a {kind}, not a regular file; write the text to a regular file under inbox/"
+    )]
+    TextFileNotRegular { path: PathBuf, kind: &'static str },
+    #[error(
+        "`text_file` {path} is {len} bytes, over the limit of {max} ([http] max_body_bytes); send a shorter text"
+    )]
+    TextFileTooLarge { path: PathBuf, len: u64, max: u64 },
 }
 
 impl ControlLine {
@@ -134,6 +169,11 @@ pub fn parse_line(line: &[u8], max_bytes: usize) -> Result<ControlLine, ControlE
     let s = std::str::from_utf8(line).map_err(|_| ControlError::NotUtf8)?;
     let parsed: ControlLine =
         serde_json::from_str(s.trim()).map_err(|e| ControlError::Invalid(e.to_string()))?;
+    if let Some(id) = parsed.id()
+        && !valid_id(id)
+    {
+        return Err(ControlError::InvalidId(escaped_preview(id)));
+    }
     let has_text = |text: &Option<String>, file: &Option<PathBuf>| {
         text.as_deref().is_some_and(|t| !t.trim().is_empty()) || file.is_some()
     };
@@ -154,11 +194,15 @@ pub fn parse_line(line: &[u8], max_bytes: usize) -> Result<ControlLine, ControlE
 }
 
 /// Resolve the text of a line: `text`, or the content of `text_file`, which must lie inside
-/// `state_dir/inbox/` (resolved, so symlinks cannot escape).
+/// `state_dir/inbox/` (resolved, so symlinks cannot escape), be a regular file and hold at most
+/// `max_bytes` bytes of UTF-8 (SPEC §16.9). The file is opened non-blocking and without
+/// following a symlink, and checked on the open descriptor, so a FIFO or device named as
+/// `text_file` is refused at once instead of stalling intake.
 pub fn resolve_text(
     text: &Option<String>,
     text_file: &Option<PathBuf>,
     state_dir: &Path,
+    max_bytes: u64,
 ) -> Result<String, ControlError> {
     if let Some(t) = text
         && !t.trim().is_empty()
@@ -182,9 +226,73 @@ pub fn resolve_text(
     if !real.starts_with(&inbox) {
         return Err(ControlError::TextFileOutside(file.clone()));
     }
-    std::fs::read_to_string(&real).map_err(|e| ControlError::TextFile {
-        path: file.clone(),
-        error: e.to_string(),
+    read_regular(&real, max_bytes).map_err(|e| match e {
+        ReadError::Io(e) => ControlError::TextFile {
+            path: file.clone(),
+            error: e.to_string(),
+        },
+        ReadError::NotRegular(kind) => ControlError::TextFileNotRegular {
+            path: file.clone(),
+            kind,
+        },
+        ReadError::TooLarge(len) => ControlError::TextFileTooLarge {
+            path: file.clone(),
+            len,
+            max: max_bytes,
+        },
+    })
+}
+
+enum ReadError {
+    Io(std::io::Error),
+    NotRegular(&'static str),
+    TooLarge(u64),
+}
+
+/// Read a regular file of at most `max` bytes as UTF-8: opened with `O_NONBLOCK | O_NOFOLLOW`
+/// (a FIFO's open cannot block, a symlink swapped in after resolving is refused), its type and
+/// size checked with `fstat` on that descriptor, and never more than `max + 1` bytes read (a
+/// file that grows after the check is refused too).
+fn read_regular(path: &Path, max: u64) -> Result<String, ReadError> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let flags = nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOFOLLOW;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)
+        .map_err(ReadError::Io)?;
+    let md = f.metadata().map_err(ReadError::Io)?;
+    let ft = md.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_fifo() {
+            "FIFO"
+        } else if ft.is_dir() {
+            "directory"
+        } else if ft.is_socket() {
+            "socket"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "device"
+        } else {
+            "special file"
+        };
+        return Err(ReadError::NotRegular(kind));
+    }
+    if md.len() > max {
+        return Err(ReadError::TooLarge(md.len()));
+    }
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    f.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(ReadError::Io)?;
+    if bytes.len() as u64 > max {
+        return Err(ReadError::TooLarge(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        ReadError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not UTF-8",
+        ))
     })
 }
 
@@ -247,6 +355,34 @@ mod tests {
     }
 
     #[test]
+    fn ids_have_a_short_safe_charset() {
+        for ok in [
+            "k1",
+            "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "tg-123-456",
+            "a.b_c:d",
+        ] {
+            assert!(valid_id(ok), "{ok}");
+        }
+        for bad in ["", "a b", "a\nb", "a/b", "é", &"x".repeat(129)] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+        let err = parse_line(
+            br#"{"id":"x\n2026-11-27T00:00:00Z  INFO forged","type":"user","text":"hi"}"#,
+            4096,
+        )
+        .unwrap_err();
+        assert!(matches!(err, ControlError::InvalidId(_)), "{err}");
+        let shown = err.to_string();
+        assert!(!shown.contains('\n'), "{shown}");
+        assert!(shown.contains(r"x\n2026"), "{shown}");
+        assert!(matches!(
+            parse_line(br#"{"id":"","type":"reset"}"#, 4096),
+            Err(ControlError::InvalidId(_))
+        ));
+    }
+
+    #[test]
     fn text_file_must_be_in_inbox() {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir(d.path().join("inbox")).unwrap();
@@ -255,18 +391,66 @@ mod tests {
         let outside = d.path().join("secret.txt");
         std::fs::write(&outside, "no").unwrap();
         assert_eq!(
-            resolve_text(&None, &Some(inside), d.path()).unwrap(),
+            resolve_text(&None, &Some(inside), d.path(), 1024).unwrap(),
             "long text"
         );
         assert!(matches!(
-            resolve_text(&None, &Some(outside.clone()), d.path()),
+            resolve_text(&None, &Some(outside.clone()), d.path(), 1024),
             Err(ControlError::TextFileOutside(_))
         ));
         let sneaky = d.path().join("inbox/../secret.txt");
-        assert!(resolve_text(&None, &Some(sneaky), d.path()).is_err());
+        assert!(resolve_text(&None, &Some(sneaky), d.path(), 1024).is_err());
         let link = d.path().join("inbox/link.txt");
         std::os::unix::fs::symlink(&outside, &link).unwrap();
-        assert!(resolve_text(&None, &Some(link), d.path()).is_err());
+        assert!(resolve_text(&None, &Some(link), d.path(), 1024).is_err());
+    }
+
+    /// A FIFO is refused at once (its open does not wait for a writer); so is a directory.
+    #[test]
+    fn text_file_must_be_a_regular_file() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("inbox")).unwrap();
+        let fifo = d.path().join("inbox/pipe");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = resolve_text(&None, &Some(fifo), d.path(), 1024).unwrap_err();
+        assert!(
+            matches!(err, ControlError::TextFileNotRegular { kind: "FIFO", .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        let dir = d.path().join("inbox/sub");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(matches!(
+            resolve_text(&None, &Some(dir), d.path(), 1024),
+            Err(ControlError::TextFileNotRegular {
+                kind: "directory",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn text_file_is_size_capped() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("inbox")).unwrap();
+        let big = d.path().join("inbox/big.txt");
+        std::fs::write(&big, "x".repeat(2000)).unwrap();
+        let err = resolve_text(&None, &Some(big.clone()), d.path(), 1000).unwrap_err();
+        assert_eq!(
+            err,
+            ControlError::TextFileTooLarge {
+                path: big.clone(),
+                len: 2000,
+                max: 1000
+            }
+        );
+        assert!(err.to_string().contains("max_body_bytes"), "{err}");
+        assert_eq!(
+            resolve_text(&None, &Some(big), d.path(), 2000)
+                .unwrap()
+                .len(),
+            2000
+        );
     }
 
     /// Text a message line accepts: not blank.

@@ -82,9 +82,12 @@ pub enum BackendError {
     /// 404
     #[error("{0}")]
     NotFound(String),
-    /// 503 (e.g. shutting down, queue full)
+    /// 503 (e.g. shutting down)
     #[error("{0}")]
     Unavailable(String),
+    /// 429: the session's queue is full; nothing was recorded, the client may retry.
+    #[error("{0}")]
+    Busy(String),
     /// 500
     #[error("{0}")]
     Internal(String),

@@ -80,6 +80,7 @@ impl From<BackendError> for Reply {
             BackendError::BadRequest(_) => StatusCode::BAD_REQUEST,
             BackendError::NotFound(_) => StatusCode::NOT_FOUND,
             BackendError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            BackendError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
             BackendError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {
@@ -197,6 +198,7 @@ mod tests {
             (BackendError::BadRequest("x".into()), 400),
             (BackendError::NotFound("x".into()), 404),
             (BackendError::Unavailable("x".into()), 503),
+            (BackendError::Busy("x".into()), 429),
             (BackendError::Internal("x".into()), 500),
         ];
         for (e, code) in cases {

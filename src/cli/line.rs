@@ -247,7 +247,7 @@ mod tests {
             panic!("expected text_file, got {line:?}")
         };
         assert_eq!(
-            crate::control::resolve_text(&None, &text_file, d.path()).unwrap(),
+            crate::control::resolve_text(&None, &text_file, d.path(), u64::MAX).unwrap(),
             text
         );
         p.discard();

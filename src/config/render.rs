@@ -111,6 +111,11 @@ pub fn render_effective(cfg: &Config) -> String {
         "max_concurrent_sessions",
         b.max_concurrent_sessions.to_string(),
     );
+    r.kv(
+        "max_queued_per_session",
+        b.max_queued_per_session.to_string(),
+    );
+    r.kv("max_queued_total", b.max_queued_total.to_string());
     r.kv("silent_tokens", list(&b.silent_tokens));
     r.kv("typing_indicators", b.typing_indicators.to_string());
     r.kv("error_message", q(&b.error_message));

@@ -134,6 +134,8 @@ pub fn behavior(root: &mut Section<'_>) -> BehaviorConfig {
     BehaviorConfig {
         debounce: Duration::from_millis(s.int("debounce_ms", 0).unwrap_or(500)),
         max_concurrent_sessions: s.int("max_concurrent_sessions", 1).unwrap_or(4),
+        max_queued_per_session: s.int("max_queued_per_session", 1).unwrap_or(64),
+        max_queued_total: s.int("max_queued_total", 1).unwrap_or(1024),
         silent_tokens: s
             .get("silent_tokens")
             .unwrap_or_else(|| strings(&["HEARTBEAT_OK", "NO_REPLY"])),

@@ -157,6 +157,8 @@ fn minimal_config_gets_every_default() {
     let b = &c.behavior;
     assert_eq!(b.debounce, Duration::from_millis(500));
     assert_eq!(b.max_concurrent_sessions, 4);
+    assert_eq!(b.max_queued_per_session, 64);
+    assert_eq!(b.max_queued_total, 1024);
     assert_eq!(b.silent_tokens, ["HEARTBEAT_OK", "NO_REPLY"]);
     assert!(b.typing_indicators);
     assert!(!b.error_message.is_empty());

@@ -233,6 +233,11 @@ pub struct CompactionConfig {
 pub struct BehaviorConfig {
     pub debounce: Duration,
     pub max_concurrent_sessions: usize,
+    /// Messages one session may have waiting (not yet started); more are refused before
+    /// intake (HTTP 429). At least 1.
+    pub max_queued_per_session: usize,
+    /// Messages all sessions together may have waiting. At least 1.
+    pub max_queued_total: usize,
     pub silent_tokens: Vec<String>,
     pub typing_indicators: bool,
     pub error_message: String,

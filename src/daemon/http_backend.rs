@@ -11,7 +11,7 @@ use chrono::{SecondsFormat, Utc};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::intake::{IntakeHandler, notify_text, valid_key};
+use super::intake::{AcceptError, IntakeHandler, notify_text, valid_key};
 use super::workers::Dispatcher;
 use crate::agent::Finish;
 use crate::api::backend::{
@@ -88,6 +88,14 @@ fn extension_for(content_type: &str) -> Option<&'static str> {
     })
 }
 
+/// A full queue is 429 (retry later); a failed intake record 503.
+fn backend_error(e: AcceptError) -> BackendError {
+    match e {
+        AcceptError::Busy(e) => BackendError::Busy(e.to_string()),
+        AcceptError::Failed(e) => BackendError::Unavailable(e),
+    }
+}
+
 fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
 ) -> BoxFuture<'static, Result<T, BackendError>> {
@@ -130,7 +138,7 @@ impl ApiBackend for DaemonBackend {
             };
             if let Err(e) = self.intake.accept(&key, intake).await {
                 self.dispatcher.forget(&id);
-                return Err(BackendError::Unavailable(e));
+                return Err(backend_error(e));
             }
             let c = done
                 .await
@@ -188,7 +196,7 @@ impl ApiBackend for DaemonBackend {
             self.intake
                 .accept("system", intake)
                 .await
-                .map_err(BackendError::Unavailable)?;
+                .map_err(backend_error)?;
             Ok(NotifyAccepted {
                 accepted: true,
                 queued_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),

@@ -7,14 +7,16 @@ use std::sync::Arc;
 use crate::agent::{Agent, Work};
 use crate::control::{self, ControlLine};
 
-/// The text of a control line, or `None` (logged: the line is skipped).
+/// The text of a control line, or `None` (logged: the line is skipped). A `text_file` holds at
+/// most `max_bytes` (the HTTP body cap: the same bound for a message however it arrives).
 async fn text_or_skip(
     id: &str,
     text: Option<String>,
     text_file: Option<std::path::PathBuf>,
     state_dir: &std::path::Path,
+    max_bytes: usize,
 ) -> Option<String> {
-    match resolve_text(text, text_file, state_dir.to_path_buf()).await {
+    match resolve_text(text, text_file, state_dir.to_path_buf(), max_bytes as u64).await {
         Ok(t) => Some(t),
         Err(e) => {
             tracing::warn!(id = %id, error = %e, "FIFO line skipped");
@@ -23,27 +25,43 @@ async fn text_or_skip(
     }
 }
 
-/// `control::resolve_text` reads `text_file` from disk: run it on the blocking pool.
+/// `control::resolve_text` reads `text_file` from disk: run it on the blocking pool. Its open
+/// is non-blocking and it reads a bounded regular file, so it cannot stall the next line.
 async fn resolve_text(
     text: Option<String>,
     text_file: Option<std::path::PathBuf>,
     state_dir: std::path::PathBuf,
+    max_bytes: u64,
 ) -> Result<String, control::ControlError> {
     if text_file.is_none() {
-        return control::resolve_text(&text, &None, &state_dir);
+        return control::resolve_text(&text, &None, &state_dir, max_bytes);
     }
-    tokio::task::spawn_blocking(move || control::resolve_text(&text, &text_file, &state_dir))
-        .await
-        .unwrap_or_else(|e| {
-            Err(control::ControlError::TextFile {
-                path: Default::default(),
-                error: e.to_string(),
-            })
+    tokio::task::spawn_blocking(move || {
+        control::resolve_text(&text, &text_file, &state_dir, max_bytes)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(control::ControlError::TextFile {
+            path: Default::default(),
+            error: e.to_string(),
         })
+    })
 }
 use crate::session::{self, Event, Intake, SessionStore};
 
-use super::workers::{Dispatcher, Job};
+use super::workers::{Dispatcher, Job, QueueFull};
+
+/// Why a message was not accepted. Either way nothing was recorded and nothing acknowledged.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AcceptError {
+    /// The session's queue (or all queues together) is full: refused before intake (HTTP
+    /// 429, a short "busy" answer on Telegram).
+    #[error("{0}")]
+    Busy(#[from] QueueFull),
+    /// The intake record could not be written.
+    #[error("{0}")]
+    Failed(String),
+}
 
 /// Turns control lines (FIFO) into durable intakes and jobs.
 pub struct IntakeHandler {
@@ -63,6 +81,7 @@ pub fn valid_key(key: &str) -> bool {
 impl IntakeHandler {
     pub async fn handle(&self, line: ControlLine) {
         let state_dir = &self.agent.cfg.paths.state_dir;
+        let max_text = self.agent.cfg.http.max_body_bytes;
         let id = line.id().unwrap_or_default().to_string();
         let (key, intake) = match line {
             ControlLine::User {
@@ -78,7 +97,8 @@ impl IntakeHandler {
                     tracing::warn!(id = %id, "FIFO line skipped: invalid sender (1-64 characters, no control characters or slashes)");
                     return;
                 }
-                let Some(text) = text_or_skip(&id, text, text_file, state_dir).await else {
+                let Some(text) = text_or_skip(&id, text, text_file, state_dir, max_text).await
+                else {
                     return;
                 };
                 let intake = Intake {
@@ -101,7 +121,8 @@ impl IntakeHandler {
                 tier,
                 ..
             } => {
-                let Some(text) = text_or_skip(&id, text, text_file, state_dir).await else {
+                let Some(text) = text_or_skip(&id, text, text_file, state_dir, max_text).await
+                else {
                     return;
                 };
                 (
@@ -125,7 +146,8 @@ impl IntakeHandler {
                 data,
                 ..
             } => {
-                let Some(body) = text_or_skip(&id, text, text_file, state_dir).await else {
+                let Some(body) = text_or_skip(&id, text, text_file, state_dir, max_text).await
+                else {
                     return;
                 };
                 (
@@ -155,9 +177,20 @@ impl IntakeHandler {
         let _ = self.accept(&key, intake).await;
     }
 
-    /// Record the intake durably, then queue it. An intake that cannot be recorded is not
-    /// acknowledged (the writer times out and may retry).
-    pub async fn accept(&self, key: &str, intake: Intake) -> Result<(), String> {
+    /// `accept`, for a message of `key` (session queues: SPEC §16.9). A full queue is refused
+    /// here, before anything is recorded, so nothing acknowledged is ever dropped.
+    fn reserve(&self, key: &str, id: &str) -> Result<super::workers::QueueSlot, AcceptError> {
+        self.dispatcher.try_reserve(key).map_err(|e| {
+            tracing::warn!(id = %id, session_key = %key, error = %e, "message NOT accepted: queue full");
+            AcceptError::Busy(e)
+        })
+    }
+
+    /// Reserve a queue slot, record the intake durably, then queue it. A message refused
+    /// because its queue is full, or that cannot be recorded, is not acknowledged (the FIFO
+    /// writer times out and may retry).
+    pub async fn accept(&self, key: &str, intake: Intake) -> Result<(), AcceptError> {
+        let slot = self.reserve(key, &intake.id)?;
         let store = self.store.clone();
         let k = key.to_string();
         let model = self.agent.route(&intake.source);
@@ -172,8 +205,8 @@ impl IntakeHandler {
             Ok(Ok((_, true))) => {
                 tracing::info!(id = %intake.id, session_key = %key, source = %intake.source, "message accepted");
                 self.dispatcher
-                    .submit(
-                        key,
+                    .submit_reserved(
+                        slot,
                         Job::Message(Work {
                             intakes: vec![intake],
                             resume: false,
@@ -186,7 +219,7 @@ impl IntakeHandler {
             Err(e) => format!("intake task failed: {e}"),
         };
         tracing::error!(id = %intake.id, session_key = %key, error = %err, "message NOT accepted");
-        Err(err)
+        Err(AcceptError::Failed(err))
     }
 
     /// Reset `all`, a session key or a session id, through each session's queue.

@@ -10,7 +10,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::delivery::{Deliverer, Target};
-use super::intake::IntakeHandler;
+use super::intake::{AcceptError, IntakeHandler};
+
+/// The answer to a Telegram message refused because its session's queue is full.
+const BUSY_REPLY: &str =
+    "I'm busy with earlier messages; this one was not taken. Please send it again in a moment.";
 use super::workers::Dispatcher;
 use crate::channels::telegram::client::TelegramClient;
 use crate::channels::telegram::inbound::{TgCommand, TgInbound, TgMediaKind};
@@ -61,7 +65,8 @@ struct Sink {
 
 impl Sink {
     async fn command(&self, msg: &TgInbound, cmd: TgCommand) -> Result<(), String> {
-        let key = &msg.from_name;
+        // This chat's session: the contact's in a private chat, the group's in a group.
+        let key = &msg.session_key;
         let reply = match cmd {
             TgCommand::Reset => {
                 let n = self.intake.reset(key, "telegram /reset").await;
@@ -150,7 +155,27 @@ impl TgSink for Sink {
                     message_id: Some(msg.message_id),
                 }),
             };
-            self.intake.accept(&msg.from_name, intake).await
+            match self.intake.accept(&msg.session_key, intake).await {
+                Ok(()) => Ok(()),
+                // Refused before intake: tell the sender and move on (the update is consumed,
+                // so the message is not answered later; the sender knows to send it again).
+                Err(AcceptError::Busy(_)) => {
+                    if let Err(e) = self
+                        .client
+                        .send_reply(
+                            msg.chat_id,
+                            BUSY_REPLY,
+                            self.cfg.telegram.format,
+                            self.cfg.telegram.text_chunk_limit,
+                        )
+                        .await
+                    {
+                        tracing::warn!(error = %e, "cannot send the busy answer");
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e.to_string()),
+            }
         })
     }
 }

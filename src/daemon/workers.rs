@@ -1,8 +1,10 @@
 //! The queue behind intake (SPEC §5.3–§5.5): one worker task per session key processes that
 //! session's jobs one at a time in arrival order; different sessions run concurrently up to
 //! `max_concurrent_sessions` (a semaphore). Messages of one sender arriving within
-//! `debounce_ms` are merged into one turn. After each message the reply is delivered (with
-//! intent/done records) and anyone waiting for it (HTTP `/chat`) is told.
+//! `debounce_ms` are merged into one turn (one sender, one chat). After each message the reply
+//! is delivered (with intent/done records) and anyone waiting for it (HTTP `/chat`) is told.
+//! Queues are bounded by counting, not by the channel: intake reserves a slot
+//! (`try_reserve`) before it records a message, so a full queue refuses instead of dropping.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -67,6 +69,63 @@ fn debounced(source: &str) -> bool {
     matches!(source, "telegram" | "user")
 }
 
+/// Whether `next` may be merged into a turn that began with `first` (SPEC §5.3, §16.9): the
+/// same source, the same sender and — for Telegram — the same chat, so one reply never
+/// answers messages of two chats.
+fn same_thread(first: &crate::session::Intake, next: &crate::session::Intake) -> bool {
+    let chat = |i: &crate::session::Intake| match &i.route {
+        Some(crate::session::Route::Telegram { chat_id, .. }) => Some(*chat_id),
+        _ => None,
+    };
+    first.source == next.source && first.from == next.from && chat(first) == chat(next)
+}
+
+/// Why a message was refused before intake: its queue is full. The message names the key to
+/// raise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueFull {
+    #[error(
+        "this session already has {max} messages waiting ([behavior] max_queued_per_session); try again once they are processed"
+    )]
+    Session { max: usize },
+    #[error(
+        "{max} messages are already waiting across all sessions ([behavior] max_queued_total); try again once they are processed"
+    )]
+    Total { max: usize },
+}
+
+/// Whether one more message fits: `session` waiting in its session, `total` in all.
+fn room_for_one(
+    session: usize,
+    total: usize,
+    max_session: usize,
+    max_total: usize,
+) -> Result<(), QueueFull> {
+    if total >= max_total {
+        return Err(QueueFull::Total { max: max_total });
+    }
+    if session >= max_session {
+        return Err(QueueFull::Session { max: max_session });
+    }
+    Ok(())
+}
+
+/// A reserved place in a session's queue (see [`Dispatcher::try_reserve`]); released on drop
+/// unless used.
+pub struct QueueSlot {
+    dispatcher: Arc<Dispatcher>,
+    key: String,
+    armed: bool,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        if self.armed {
+            self.dispatcher.release(&self.key);
+        }
+    }
+}
+
 /// Routes jobs to per-session workers.
 pub struct Dispatcher {
     agent: Agent,
@@ -76,6 +135,9 @@ pub struct Dispatcher {
     workers: Mutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
     idle: std::sync::Mutex<IdleStates>,
     permits: Arc<Semaphore>,
+    /// Jobs queued and not yet started (or reserved by intake), per session key; keys with
+    /// none are removed. `depth` is their sum.
+    queued: std::sync::Mutex<HashMap<String, usize>>,
     depth: Arc<AtomicUsize>,
     active: Arc<AtomicUsize>,
     waiters: std::sync::Mutex<HashMap<String, oneshot::Sender<Completion>>>,
@@ -107,6 +169,7 @@ impl Dispatcher {
             workers: Mutex::new(HashMap::new()),
             idle: std::sync::Mutex::new(IdleStates::default()),
             permits,
+            queued: std::sync::Mutex::new(HashMap::new()),
             depth: Arc::new(AtomicUsize::new(0)),
             active: Arc::new(AtomicUsize::new(0)),
             waiters: std::sync::Mutex::new(HashMap::new()),
@@ -167,10 +230,66 @@ impl Dispatcher {
         }
     }
 
-    pub async fn submit(self: &Arc<Self>, key: &str, job: Job) {
-        let mut workers = self.workers.lock().await;
+    /// Reserve a queue slot for a message of `key` before it is recorded (SPEC §16.9,
+    /// bounded queues): refused when that session already has `max_queued_per_session`
+    /// messages waiting or all sessions together `max_queued_total`. The slot is released when
+    /// dropped unless it is used by [`Dispatcher::submit_reserved`].
+    pub fn try_reserve(self: &Arc<Self>, key: &str) -> Result<QueueSlot, QueueFull> {
+        let b = &self.agent.cfg.behavior;
+        let mut queued = self.queued_counts();
+        let total = self.depth.load(Ordering::Relaxed);
+        let n = queued.get(key).copied().unwrap_or(0);
+        room_for_one(n, total, b.max_queued_per_session, b.max_queued_total)?;
+        queued.insert(key.to_string(), n + 1);
         self.depth.fetch_add(1, Ordering::Relaxed);
+        drop(queued);
         self.agent.monitor.set_queue_depth(self.queue_depth());
+        Ok(QueueSlot {
+            dispatcher: self.clone(),
+            key: key.to_string(),
+            armed: true,
+        })
+    }
+
+    /// Queue a job in the slot reserved for it.
+    pub async fn submit_reserved(self: &Arc<Self>, mut slot: QueueSlot, job: Job) {
+        slot.armed = false;
+        self.enqueue(&slot.key, job).await;
+    }
+
+    /// Queue a job without a cap: work already acknowledged (recovery after a restart) and
+    /// resets.
+    pub async fn submit(self: &Arc<Self>, key: &str, job: Job) {
+        {
+            let mut queued = self.queued_counts();
+            *queued.entry(key.to_string()).or_insert(0) += 1;
+            self.depth.fetch_add(1, Ordering::Relaxed);
+        }
+        self.agent.monitor.set_queue_depth(self.queue_depth());
+        self.enqueue(key, job).await;
+    }
+
+    fn queued_counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.queued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One job of `key` left the queue (started, or its slot was given back).
+    fn release(&self, key: &str) {
+        {
+            let mut queued = self.queued_counts();
+            if let Some(n) = queued.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    queued.remove(key);
+                }
+                self.depth.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.agent.monitor.set_queue_depth(self.queue_depth());
+    }
+
+    async fn enqueue(self: &Arc<Self>, key: &str, job: Job) {
+        let mut workers = self.workers.lock().await;
         let job = match workers.get(key) {
             Some(tx) => match tx.send(job) {
                 Ok(()) => return,
@@ -184,11 +303,6 @@ impl Dispatcher {
         let me = self.clone();
         let key = key.to_string();
         self.tracker.spawn(async move { me.worker(key, rx).await });
-    }
-
-    fn dequeued(&self) {
-        self.depth.fetch_sub(1, Ordering::Relaxed);
-        self.agent.monitor.set_queue_depth(self.queue_depth());
     }
 
     /// Session handles the store holds open (bounded: see `session::SessionStore`).
@@ -215,7 +329,7 @@ impl Dispatcher {
                 Some(j) => j,
                 None => match rx.try_recv() {
                     Ok(j) => {
-                        self.dequeued();
+                        self.release(&key);
                         j
                     }
                     Err(TryRecvError::Disconnected) => break,
@@ -228,7 +342,7 @@ impl Dispatcher {
                         match rx.try_recv() {
                             Ok(j) => {
                                 drop(workers);
-                                self.dequeued();
+                                self.release(&key);
                                 j
                             }
                             Err(_) => {
@@ -248,7 +362,7 @@ impl Dispatcher {
             match job {
                 Job::Message(mut work) => {
                     if !work.resume && work.intakes.first().is_some_and(|i| debounced(&i.source)) {
-                        self.debounce(&mut work, &mut rx, &mut held).await;
+                        self.debounce(&key, &mut work, &mut rx, &mut held).await;
                     }
                     let Ok(_permit) = self.permits.clone().acquire_owned().await else {
                         break;
@@ -304,6 +418,7 @@ impl Dispatcher {
     /// (restarted by each one, capped at 5 windows). Other jobs are held in order.
     async fn debounce(
         &self,
+        key: &str,
         work: &mut Work,
         rx: &mut mpsc::UnboundedReceiver<Job>,
         held: &mut VecDeque<Job>,
@@ -312,7 +427,8 @@ impl Dispatcher {
         if window.is_zero() || !held.is_empty() {
             return;
         }
-        let source = work.intakes[0].source.clone();
+        let first = work.intakes[0].clone();
+        let first = &first;
         let deadline = tokio::time::Instant::now() + window * 5;
         loop {
             let until = (tokio::time::Instant::now() + window).min(deadline);
@@ -323,13 +439,13 @@ impl Dispatcher {
             };
             match next {
                 Some(Job::Message(w))
-                    if !w.resume && w.intakes.first().is_some_and(|i| i.source == source) =>
+                    if !w.resume && w.intakes.first().is_some_and(|i| same_thread(first, i)) =>
                 {
-                    self.dequeued();
+                    self.release(key);
                     work.intakes.extend(w.intakes);
                 }
                 Some(other) => {
-                    self.dequeued();
+                    self.release(key);
                     held.push_back(other);
                     return;
                 }
@@ -606,6 +722,52 @@ mod tests {
 
     fn state(id: &str) -> SessionState {
         SessionState::new(id, id, "primary", 0)
+    }
+
+    fn tg(from: &str, chat: i64) -> crate::session::Intake {
+        crate::session::Intake {
+            id: format!("{from}-{chat}"),
+            source: "telegram".into(),
+            from: from.into(),
+            text: "x".into(),
+            tier: None,
+            attachments: vec![],
+            route: Some(crate::session::Route::Telegram {
+                chat_id: chat,
+                message_id: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn queues_are_capped_per_session_and_in_total() {
+        assert_eq!(room_for_one(0, 0, 8, 1024), Ok(()));
+        assert_eq!(room_for_one(7, 500, 8, 1024), Ok(()));
+        assert_eq!(
+            room_for_one(8, 8, 8, 1024),
+            Err(QueueFull::Session { max: 8 })
+        );
+        assert_eq!(
+            room_for_one(0, 1024, 8, 1024),
+            Err(QueueFull::Total { max: 1024 })
+        );
+        let msg = QueueFull::Session { max: 8 }.to_string();
+        assert!(msg.contains("[behavior] max_queued_per_session"), "{msg}");
+        let msg = QueueFull::Total { max: 3 }.to_string();
+        assert!(msg.contains("[behavior] max_queued_total"), "{msg}");
+    }
+
+    /// Debounce merges one sender's messages of one chat only (SPEC §16.9).
+    #[test]
+    fn only_one_senders_messages_of_one_chat_are_merged() {
+        assert!(same_thread(&tg("Alice", 1), &tg("Alice", 1)));
+        assert!(!same_thread(&tg("Alice", 1), &tg("Alice", -5)));
+        assert!(!same_thread(&tg("Alice", -5), &tg("Bob", -5)));
+        let mut fifo = tg("Alice", 1);
+        fifo.source = "user".into();
+        fifo.route = None;
+        assert!(!same_thread(&tg("Alice", 1), &fifo));
+        assert!(same_thread(&fifo, &fifo.clone()));
     }
 
     #[test]

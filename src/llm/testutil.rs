@@ -41,6 +41,8 @@ pub(crate) fn behavior(retries: u32, call_timeout: Duration) -> BehaviorConfig {
     BehaviorConfig {
         debounce: Duration::ZERO,
         max_concurrent_sessions: 1,
+        max_queued_per_session: 64,
+        max_queued_total: 1024,
         silent_tokens: vec![],
         typing_indicators: false,
         error_message: "error".into(),

@@ -210,7 +210,7 @@ fn many_sessions_leave_no_workers_and_a_bounded_number_of_open_trails() {
     assert!(d.sigterm().success());
 }
 
-mod reqwest {
+pub(crate) mod reqwest {
     pub use ::reqwest::*;
     /// A blocking-style client: these tests are plain `#[test]`s, so run each request on a
     /// small private runtime.

@@ -14,6 +14,7 @@ mod fake_telegram_selftest;
 mod file_tools;
 mod http_api;
 mod http_daemon;
+mod intake_limits;
 mod mcp;
 mod memory;
 mod process_hardening;

@@ -353,3 +353,57 @@ fn message_and_react_tools_reach_telegram() {
     assert_eq!(r[0].message_id, pushed.message_id);
     assert_eq!(r[0].emoji, vec!["👍".to_string()]);
 }
+
+/// SPEC §16.9: messages are merged and answered per chat. The same user writes in a private
+/// chat and in a group within one debounce window: each chat gets its own reply, to its own
+/// message only, and the group is its own session `tg:group:<chat id>`.
+#[test]
+fn private_and_group_messages_are_answered_each_in_its_own_chat() {
+    const GROUP: i64 = -4242;
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE} }}\n\n[behavior]\ndebounce_ms = 1500",
+            tg.api_url()
+        ),
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &llm.base_url()))],
+    );
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.start();
+    tg.push_text(ALICE, ALICE, "private words");
+    tg.push_text(ALICE, GROUP, "group words");
+    wait_until(WAIT, "a reply in both chats", || {
+        (!sent_to(&tg, ALICE).is_empty() && !sent_to(&tg, GROUP).is_empty()).then_some(())
+    });
+    let private = sent_to(&tg, ALICE);
+    let group = sent_to(&tg, GROUP);
+    assert_eq!(private.len(), 1, "{private:?}");
+    assert_eq!(group.len(), 1, "{group:?}");
+    assert!(
+        private[0].contains("private words") && !private[0].contains("group words"),
+        "{private:?}"
+    );
+    assert!(
+        group[0].contains("group words") && !group[0].contains("private words"),
+        "{group:?}"
+    );
+    let group_trail = d.trail(&format!("tg:group:{GROUP}"));
+    let intake = group_trail
+        .iter()
+        .find(|l| l["type"] == "intake")
+        .expect("the group has its own session");
+    assert_eq!(intake["text"], "group words");
+    assert_eq!(intake["from"], "Alice", "the sender is still named");
+    assert!(
+        d.trail("Alice")
+            .iter()
+            .filter(|l| l["type"] == "intake")
+            .all(|l| l["text"] == "private words"),
+        "the private chat keeps the contact's key"
+    );
+}

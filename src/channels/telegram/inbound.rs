@@ -17,8 +17,11 @@ pub struct TgInbound {
     pub user_id: i64,
     /// The message's id in its chat (for reactions and replies).
     pub message_id: i32,
-    /// The session key: the contact name whose id is `user_id`, else `tg:<user id>`.
+    /// The sender's name: the contact name whose id is `user_id`, else `tg:<user id>`.
     pub from_name: String,
+    /// The session key (SPEC §16.9): in a private chat the sender's name (`from_name`); a
+    /// group chat is its own session, `tg:group:<chat id>`, so replies never cross chats.
+    pub session_key: String,
     /// The text, or the media caption; empty when there is neither.
     pub text: String,
     /// An attachment to download (photos: the largest size).
@@ -72,6 +75,11 @@ pub fn contact_name(user_id: i64, cfg: &TelegramConfig) -> String {
         .iter()
         .find(|(_, id)| **id == user_id)
         .map_or_else(|| format!("tg:{user_id}"), |(name, _)| name.clone())
+}
+
+/// The session key of a group (or supergroup) chat.
+pub fn group_key(chat_id: i64) -> String {
+    format!("tg:group:{chat_id}")
 }
 
 /// The command at the start of `text`, if it is one of ours: `/reset`, `/stop`, `/status`,
@@ -130,12 +138,19 @@ pub fn from_message(
         return None;
     }
     let is_command = msg.text().and_then(parse_command);
+    let from_name = contact_name(user_id, cfg);
+    let session_key = if msg.chat.is_private() {
+        from_name.clone()
+    } else {
+        group_key(msg.chat.id.0)
+    };
     Some(TgInbound {
         update_id,
         chat_id: msg.chat.id.0,
         user_id,
         message_id: msg.id.0,
-        from_name: contact_name(user_id, cfg),
+        from_name,
+        session_key,
         text,
         media,
         is_command,
@@ -252,10 +267,32 @@ mod tests {
                 user_id: 42,
                 message_id: 17,
                 from_name: "Alice".into(),
+                session_key: "Alice".into(),
                 text: "hello".into(),
                 media: None,
                 is_command: None,
             }
+        );
+    }
+
+    /// SPEC §16.9: a group chat is its own session; the sender keeps their contact name.
+    #[test]
+    fn group_message_has_the_group_session_key() {
+        for chat in [
+            json!({"id": -4242, "type": "group", "title": "G"}),
+            json!({"id": -1_001_234_567_890_i64, "type": "supergroup", "title": "S"}),
+        ] {
+            let id = chat["id"].as_i64().unwrap();
+            let m = message(user(42), json!({"text": "hello all", "chat": chat}));
+            let got = from_message(5, &m, None, &cfg()).expect("accepted");
+            assert_eq!(got.chat_id, id);
+            assert_eq!(got.from_name, "Alice");
+            assert_eq!(got.session_key, format!("tg:group:{id}"));
+        }
+        let private = message(user(555), json!({"text": "hi"}));
+        assert_eq!(
+            from_message(1, &private, None, &cfg()).unwrap().session_key,
+            "tg:555"
         );
     }
 
@@ -516,8 +553,12 @@ mod prop_tests {
                 prop_assert_eq!(json!(i.user_id), msg["from"]["id"].clone());
                 prop_assert_eq!(json!(i.chat_id), msg["chat"]["id"].clone());
                 prop_assert_eq!(
-                    i.from_name,
-                    if i.user_id == 42 { "Alice".to_string() } else { format!("tg:{}", i.user_id) }
+                    &i.from_name,
+                    &if i.user_id == 42 { "Alice".to_string() } else { format!("tg:{}", i.user_id) }
+                );
+                prop_assert!(
+                    i.session_key == i.from_name || i.session_key == group_key(i.chat_id),
+                    "{i:?}"
                 );
             }
         }
