@@ -47,8 +47,10 @@ macro_rules! say {
     }};
 }
 
-/// The Landlock ABI whose filesystem rights are requested (best effort below it).
-const FS_ABI: ABI = ABI::V5;
+/// The Landlock ABI whose filesystem rights are requested (best effort below it). V9 adds
+/// `ResolveUnix` (Linux 7.1): connecting to a pathname Unix socket outside the allowed paths
+/// is then refused by Landlock as well as by the seccomp filter.
+const FS_ABI: ABI = ABI::V9;
 
 /// How the process tree is held together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,7 +240,7 @@ fn init_loop(command: Pid) -> i32 {
     }
 }
 
-/// Apply rlimits, Landlock and no_new_privs, then exec the command. Returns only on failure.
+/// Apply rlimits, Landlock, no_new_privs and the seccomp filter, then exec the command. Returns only on failure.
 fn confine_and_exec(
     policy: &Policy,
     argv: &[OsString],
@@ -256,6 +258,11 @@ fn confine_and_exec(
     }
     if let Err(e) = prctl::set_no_new_privs() {
         say!("{ERROR_PREFIX}cannot set no_new_privs: {e}");
+        return EXIT_SETUP_FAILED;
+    }
+    // Last before exec: no Unix socket outside, no socket at all without network (seccomp.rs).
+    if let Err(msg) = super::seccomp::install(policy.network) {
+        say!("{ERROR_PREFIX}{msg}");
         return EXIT_SETUP_FAILED;
     }
     let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();

@@ -1,11 +1,12 @@
 //! The exec sandbox (SPEC §11 `exec`): the daemon spawns `agentd sandbox-exec --policy <json>
 //! -- /bin/sh -c <command>` with a clean environment; the helper isolates the process tree
-//! (namespaces or subreaper), confines it (Landlock, rlimits, no_new_privs) and kills it
-//! whole on timeout. See docs/security.md.
+//! (namespaces or subreaper), confines it (Landlock, rlimits, no_new_privs, a seccomp filter
+//! against Unix sockets) and kills it whole on timeout. See docs/security.md.
 
 pub mod helper;
 pub mod policy;
 pub mod runner;
+pub mod seccomp;
 
 pub use helper::{EXIT_SETUP_FAILED, EXIT_TIMED_OUT, Isolation, helper_main};
 pub use policy::{Policy, SandboxMode};

@@ -365,3 +365,157 @@ async fn filesystem_confinement_holds_on_every_isolation_path() {
         assert!(!outside.path().join("x").exists(), "{ns:?}");
     }
 }
+
+/// A Python probe that tries every way to a Unix socket outside the sandbox: a pathname stream
+/// socket, an abstract one, a datagram socket by path, and a datagram `socketpair` re-aimed at
+/// that path with `sendto`. A stream `socketpair` (no address, nothing outside) must keep
+/// working. Prints `<LABEL>-REACHED` or `<LABEL>-FAILED <error>` per attempt.
+const UNIX_PROBE: &str = r#"
+import socket, sys
+path, abstract, dgram = sys.argv[1], sys.argv[2], sys.argv[3]
+def attempt(label, f):
+    try:
+        f()
+        print(label + "-REACHED", flush=True)
+    except OSError as e:
+        print(label + "-FAILED " + str(e), flush=True)
+def stream(addr, flags=0):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | flags)
+    s.settimeout(3)
+    s.connect(addr)
+def dgram_send():
+    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"leak", dgram)
+def pair_dgram():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"leak", dgram)
+def pair_stream():
+    a, b = socket.socketpair()
+    a.sendall(b"x")
+    assert b.recv(1) == b"x"
+attempt("PATH", lambda: stream(path))
+attempt("PATH-CLOEXEC", lambda: stream(path, socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK))
+attempt("ABSTRACT", lambda: stream("\0" + abstract))
+attempt("DGRAM", dgram_send)
+attempt("PAIR-DGRAM", pair_dgram)
+attempt("PAIR-STREAM", pair_stream)
+"#;
+
+/// Unix sockets outside the sandbox that count what reaches them.
+struct UnixTargets {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    stream: std::os::unix::net::UnixListener,
+    abstract_name: String,
+    abstract_listener: std::os::unix::net::UnixListener,
+    dgram_path: PathBuf,
+    dgram: std::os::unix::net::UnixDatagram,
+}
+
+impl UnixTargets {
+    fn new(tag: &str) -> UnixTargets {
+        use std::os::linux::net::SocketAddrExt as _;
+        use std::os::unix::net::{SocketAddr, UnixDatagram, UnixListener};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outside.sock");
+        let stream = UnixListener::bind(&path).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let abstract_name = format!("agentd-it-{tag}-{}", std::process::id());
+        let abstract_listener = UnixListener::bind_addr(
+            &SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap(),
+        )
+        .unwrap();
+        abstract_listener.set_nonblocking(true).unwrap();
+        let dgram_path = dir.path().join("outside.dgram");
+        let dgram = UnixDatagram::bind(&dgram_path).unwrap();
+        dgram.set_nonblocking(true).unwrap();
+        UnixTargets {
+            _dir: dir,
+            path,
+            stream,
+            abstract_name,
+            abstract_listener,
+            dgram_path,
+            dgram,
+        }
+    }
+
+    /// The command that runs the probe (written into `ws`) against these sockets.
+    fn command(&self, ws: &Path) -> String {
+        std::fs::write(ws.join("unix_probe.py"), UNIX_PROBE).unwrap();
+        format!(
+            "/usr/bin/python3 unix_probe.py {} {} {}",
+            self.path.display(),
+            self.abstract_name,
+            self.dgram_path.display()
+        )
+    }
+
+    /// Connections and datagrams that arrived since the last call (each is accepted or read).
+    fn arrivals(&self) -> usize {
+        let mut n = 0;
+        while self.stream.accept().is_ok() {
+            n += 1;
+        }
+        while self.abstract_listener.accept().is_ok() {
+            n += 1;
+        }
+        while self.dgram.recv(&mut [0u8; 64]).is_ok() {
+            n += 1;
+        }
+        n
+    }
+}
+
+/// Assert that the probe ran, reached nothing, and that nothing arrived.
+fn assert_no_unix_escape(label: &str, text: &str, targets: &UnixTargets) {
+    assert!(text.contains("PAIR-STREAM-REACHED"), "{label}: {text}");
+    for l in ["PATH", "PATH-CLOEXEC", "ABSTRACT", "DGRAM", "PAIR-DGRAM"] {
+        assert!(
+            text.contains(&format!("{l}-FAILED")),
+            "{label}: {l}: {text}"
+        );
+    }
+    assert_eq!(targets.arrivals(), 0, "{label}: reached a socket: {text}");
+}
+
+/// Issue 12 #1: whatever `exec_network` says, the command reaches no Unix socket outside the
+/// sandbox, pathname or abstract, stream or datagram, on every isolation path.
+#[tokio::test]
+async fn unix_sockets_outside_the_sandbox_are_unreachable() {
+    let targets = UnixTargets::new("paths");
+    // The listeners work: a connection from here is counted.
+    drop(std::os::unix::net::UnixStream::connect(&targets.path).unwrap());
+    assert_eq!(targets.arrivals(), 1);
+    for network in [false, true] {
+        for (mode, ns) in VARIANTS {
+            let ws = tempfile::tempdir().unwrap();
+            let mut p = policy(ws.path(), mode, ns, Duration::from_secs(20));
+            p.network = network;
+            let out = run(&p, ws.path(), &targets.command(ws.path())).await;
+            let text = format!("{}{}", out.stdout, out.stderr);
+            let label = format!("{mode:?}/{ns:?}/network={network}");
+            assert_eq!(out.exit_code, Some(0), "{label}: {text}");
+            assert_no_unix_escape(&label, &text, &targets);
+        }
+    }
+}
+
+/// The same through the `exec` tool as the daemon runs it, with `exec_network = true`.
+#[tokio::test]
+async fn exec_tool_with_network_reaches_no_unix_socket() {
+    let targets = UnixTargets::new("tool");
+    let ws = tempfile::tempdir().unwrap();
+    let mut cfg = tools_cfg(ExecSandbox::Landlock);
+    cfg.exec_network = true;
+    let tool = ExecTool::new(&cfg, vec![]).with_helper(helper());
+    let c = ctx(ws.path(), vec![ws.path().into()]);
+    let out = tool
+        .call(
+            serde_json::json!({ "command": targets.command(ws.path()) }),
+            &c,
+        )
+        .await
+        .unwrap();
+    assert!(out.starts_with("exit code 0\n"), "{out}");
+    assert_no_unix_escape("exec tool", &out, &targets);
+}
