@@ -55,6 +55,16 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
+    /// Internal: report what the sandbox helper can do here (one JSON line).
+    #[command(hide = true)]
+    SandboxProbe {
+        /// Probe for a command whose network is allowed.
+        #[arg(long)]
+        network: bool,
+        /// Take the subreaper fallback (`AGENTD_SANDBOX_FALLBACK=1` in the daemon).
+        #[arg(long)]
+        no_namespaces: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -68,6 +78,14 @@ fn main() -> ExitCode {
     // The sandbox helper needs no config: it gets everything in its policy.
     if let Some(Command::SandboxExec { policy, command }) = &cli.command {
         let code = agentd::sandbox::helper_main(policy, command);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    if let Some(Command::SandboxProbe {
+        network,
+        no_namespaces,
+    }) = &cli.command
+    {
+        let code = agentd::sandbox::probe::probe_main(*network, *no_namespaces);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let path = agentd::config::resolve_config_path(cli.config.as_deref());
@@ -96,7 +114,7 @@ fn main() -> ExitCode {
         Command::Consolidate { json } => {
             memory_command(&cfg, |cfg| agentd::cli::memory::consolidate(cfg, json))
         }
-        Command::SandboxExec { .. } => ExitCode::from(2),
+        Command::SandboxExec { .. } | Command::SandboxProbe { .. } => ExitCode::from(2),
     }
 }
 

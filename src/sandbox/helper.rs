@@ -120,7 +120,10 @@ fn run(policy: &Policy, argv: &[OsString]) -> Result<i32, String> {
 /// mount namespace when that is refused (systemd's `RestrictNamespaces=user pid net`). Returns
 /// the isolation in effect and whether a mount namespace was entered; an error only when the
 /// namespaces were entered but could not be set up.
-fn enter_namespaces(network: bool, want_mount: bool) -> Result<(Isolation, bool), String> {
+pub(super) fn enter_namespaces(
+    network: bool,
+    want_mount: bool,
+) -> Result<(Isolation, bool), String> {
     let (uid, gid) = (getuid(), getgid());
     let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWPID;
     if !network {

@@ -14,6 +14,9 @@
 //! - `io_uring_setup`/`_enter`/`_register`: io_uring creates sockets (`IORING_OP_SOCKET`)
 //!   without the `socket` system call;
 //! - `pidfd_getfd`: copying a socket out of another process;
+//! - when the network is off: `socket()` of every family but `AF_NETLINK` (so UDP and raw
+//!   sockets too, also on the fallback path without a network namespace, where Landlock's
+//!   network rules cover TCP only; issue 12 #6);
 //! - any system call of a non-native ABI: seccompiler kills a process calling through another
 //!   audit architecture (32-bit `int 0x80` on x86_64, where `socketcall` would bypass the
 //!   `socket` rule), and an extra check refuses x32 calls (same audit architecture, numbers
@@ -49,9 +52,17 @@ pub fn filter(network: bool) -> Result<BpfProgram, String> {
     let rule = |conditions: Vec<SeccompCondition>| SeccompRule::new(conditions).map_err(err);
     let unix = libc::AF_UNIX as u64;
 
-    // The network switch is not used yet: AF_UNIX is refused whatever it says.
-    let _ = network;
-    let socket_rules = vec![rule(vec![arg(0, SeccompCmpOp::Eq, unix)?])?];
+    let socket_rules = if network {
+        vec![rule(vec![arg(0, SeccompCmpOp::Eq, unix)?])?]
+    } else {
+        // Every family but netlink (interface queries; no traffic leaves through it), so
+        // AF_UNIX too, and UDP and raw sockets where no network namespace isolates them.
+        vec![rule(vec![arg(
+            0,
+            SeccompCmpOp::Ne,
+            libc::AF_NETLINK as u64,
+        )?])?]
+    };
     let mut socketpair_rules = Vec::new();
     for kind in [libc::SOCK_DGRAM, libc::SOCK_RAW] {
         socketpair_rules.push(rule(vec![
@@ -265,6 +276,28 @@ mod tests {
             ]
         });
         assert_eq!(allowed, [Ok(()); 6]);
+    }
+
+    #[test]
+    fn every_family_but_netlink_is_refused_with_the_network_off() {
+        let got = on_filtered_thread(false, || {
+            [
+                socket(libc::AF_INET, libc::SOCK_STREAM),
+                socket(libc::AF_INET, libc::SOCK_DGRAM | FLAGS),
+                socket(libc::AF_INET6, libc::SOCK_DGRAM),
+                socket(libc::AF_UNIX, libc::SOCK_STREAM),
+                socket(libc::AF_PACKET, libc::SOCK_DGRAM),
+                socket(libc::AF_VSOCK, libc::SOCK_STREAM),
+            ]
+        });
+        assert_eq!(got, [Err(EPERM); 6]);
+        let allowed = on_filtered_thread(false, || {
+            [
+                socket(libc::AF_NETLINK, libc::SOCK_RAW),
+                socketpair(libc::SOCK_STREAM),
+            ]
+        });
+        assert_eq!(allowed, [Ok(()); 2]);
     }
 
     /// x32 calls carry the native audit architecture; without the extra check

@@ -17,6 +17,14 @@ use crate::sandbox::{ExecOutput, Policy, SandboxError, SandboxMode, run_sandboxe
 /// Bytes kept of each of stdout and stderr (the registry truncates the answer further).
 pub const OUTPUT_CAP_BYTES: usize = 256 * 1024;
 
+/// The helper's mode for `[tools] exec_sandbox`.
+pub fn sandbox_mode(setting: ExecSandbox) -> SandboxMode {
+    match setting {
+        ExecSandbox::Landlock => SandboxMode::Landlock,
+        ExecSandbox::None => SandboxMode::None,
+    }
+}
+
 /// The `exec` tool.
 #[derive(Debug, Clone)]
 pub struct ExecTool {
@@ -28,6 +36,8 @@ pub struct ExecTool {
     protected: Vec<PathBuf>,
     /// The `agentd` binary that provides `sandbox-exec`; `None` = the running executable.
     helper_exe: Option<PathBuf>,
+    /// Take the subreaper fallback (`AGENTD_SANDBOX_FALLBACK=1`, a test switch).
+    force_fallback: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -41,15 +51,13 @@ impl ExecTool {
     /// From `[tools]`; `protected` are the directories the command must never read.
     pub fn new(cfg: &ToolsConfig, protected: Vec<PathBuf>) -> ExecTool {
         ExecTool {
-            mode: match cfg.exec_sandbox {
-                ExecSandbox::Landlock => SandboxMode::Landlock,
-                ExecSandbox::None => SandboxMode::None,
-            },
+            mode: sandbox_mode(cfg.exec_sandbox),
             network: cfg.exec_network,
             default_timeout: cfg.exec_timeout,
             max_timeout: cfg.exec_max_timeout.max(cfg.exec_timeout),
             protected,
             helper_exe: None,
+            force_fallback: crate::sandbox::probe::fallback_forced(),
         }
     }
 
@@ -78,7 +86,7 @@ impl ExecTool {
 
     async fn run(&self, args: ExecArgs, ctx: &ToolContext) -> Result<String, ToolError> {
         let timeout = self.timeout_for(args.timeout_seconds);
-        let policy = Policy::build(
+        let mut policy = Policy::build(
             self.mode,
             self.network,
             &ctx.allowed_paths,
@@ -86,6 +94,7 @@ impl ExecTool {
             timeout,
         )
         .map_err(ToolError::Denied)?;
+        policy.no_namespaces |= self.force_fallback;
         let exe = match &self.helper_exe {
             Some(exe) => exe.clone(),
             None => std::env::current_exe().map_err(|e| {
@@ -200,6 +209,7 @@ mod tests {
             max_timeout: Duration::from_secs(600),
             protected: vec![],
             helper_exe: None,
+            force_fallback: false,
         }
     }
 
