@@ -320,6 +320,52 @@ mod tests {
         assert_ne!(plain, Err(EPERM));
     }
 
+    /// A 32-bit call (`int 0x80`, where `socketcall` would reach `socket` under another
+    /// number) kills the process with SIGSYS. Runs in a forked child, which only makes system
+    /// calls after the fork (the program is built before it).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_32_bit_system_call_kills_the_process() {
+        use nix::sys::signal::Signal;
+        use nix::sys::wait::{WaitStatus, waitpid};
+        use nix::unistd::{ForkResult, fork};
+
+        /// i386 `getpid` (20) through the 32-bit entry point; exits 0 when it returned.
+        fn child(program: Option<&[sock_filter]>) -> ! {
+            if let Some(program) = program
+                && install_program(program).is_err()
+            {
+                unsafe { libc::_exit(3) }
+            }
+            let ret: i64;
+            // SAFETY: `int 0x80` with eax = 20 (getpid) touches no memory.
+            unsafe {
+                std::arch::asm!("int 0x80", inlateout("rax") 20i64 => ret, options(nostack));
+            }
+            unsafe { libc::_exit(if ret > 0 { 0 } else { 4 }) }
+        }
+        let run = |program: Option<&[sock_filter]>| {
+            // SAFETY: the child makes system calls only (no allocation, no locks) and exits.
+            match unsafe { fork() }.unwrap() {
+                ForkResult::Child => child(program),
+                ForkResult::Parent { child } => waitpid(child, None).unwrap(),
+            }
+        };
+        let program = filter(true).unwrap();
+        let control = run(None);
+        if !matches!(control, WaitStatus::Exited(_, 0)) {
+            eprintln!("no 32-bit entry point on this kernel ({control:?}); nothing to check");
+            return;
+        }
+        assert!(
+            matches!(
+                run(Some(&program)),
+                WaitStatus::Signaled(_, Signal::SIGSYS, _)
+            ),
+            "a 32-bit call must kill the process"
+        );
+    }
+
     /// Under the shipped units `seccomp()` itself fails with EPERM
     /// (`SystemCallFilter=@system-service` lacks it); the filter still goes in via prctl.
     #[test]
