@@ -243,7 +243,8 @@ fn init_loop(command: Pid) -> i32 {
     }
 }
 
-/// Apply rlimits, Landlock, no_new_privs and the seccomp filter, then exec the command. Returns only on failure.
+/// Apply rlimits, Landlock, no_new_privs and the seccomp filter, then exec the command.
+/// Returns only on failure.
 fn confine_and_exec(
     policy: &Policy,
     argv: &[OsString],

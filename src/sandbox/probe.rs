@@ -142,16 +142,17 @@ impl Capabilities {
 /// The `sandbox-probe` subcommand: probe (taking the fallback when `no_namespaces`) and print
 /// the [`Capabilities`] as one JSON line. Must run single-threaded (it forks).
 pub fn probe_main(network: bool, no_namespaces: bool) -> i32 {
-    let caps = Capabilities {
-        forced_fallback: no_namespaces,
-        namespaces: false,
-        mount_namespace: false,
-        landlock_abi: landlock_abi(),
-        seccomp_error: None,
+    let (namespaces, mount_namespace) = if no_namespaces {
+        (false, false)
+    } else {
+        probe_namespaces(network)
     };
     let caps = Capabilities {
+        forced_fallback: no_namespaces,
+        namespaces,
+        mount_namespace,
+        landlock_abi: landlock_abi(),
         seccomp_error: in_child(|| seccomp_check(network)).err(),
-        ..probe_namespaces(caps, network, no_namespaces)
     };
     // stdout is the protocol channel to the daemon (read by `probe`), not logging.
     let json = serde_json::to_string(&caps).unwrap_or_default();
@@ -162,21 +163,15 @@ pub fn probe_main(network: bool, no_namespaces: bool) -> i32 {
     }
 }
 
-fn probe_namespaces(caps: Capabilities, network: bool, no_namespaces: bool) -> Capabilities {
-    if no_namespaces {
-        return caps;
-    }
-    // Exit codes of the child: 0 no namespaces, 1 without mount namespace, 2 with.
+/// (namespaces, mount namespace) as the helper's own `enter_namespaces` finds them, tried in
+/// a child that exits with 0 (none), 1 (no mount namespace) or 2 (all).
+fn probe_namespaces(network: bool) -> (bool, bool) {
     let code = in_child_code(|| match enter_namespaces(network, true) {
         Ok((Isolation::Namespaces, true)) => 2,
         Ok((Isolation::Namespaces, false)) => 1,
         _ => 0,
     });
-    Capabilities {
-        namespaces: code == Some(1) || code == Some(2),
-        mount_namespace: code == Some(2),
-        ..caps
-    }
+    (matches!(code, Some(1 | 2)), code == Some(2))
 }
 
 /// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`.
@@ -290,7 +285,7 @@ pub fn log_at_start(mode: SandboxMode, network: bool) {
         let exe = match std::env::current_exe() {
             Ok(exe) => exe,
             Err(e) => {
-                tracing::warn!(error = %e, "exec sandbox: cannot find the agentd executable to probe it");
+                tracing::warn!("exec sandbox: cannot find the agentd executable to probe: {e}");
                 return;
             }
         };
