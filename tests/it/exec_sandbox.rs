@@ -636,3 +636,55 @@ fn daemon_exec_on_the_fallback_reaches_no_unix_socket() {
     assert_no_unix_escape("daemon on the fallback", &text, &targets);
     assert!(d.log().contains("subreaper fallback"), "{}", d.log());
 }
+
+/// Under the shipped units: their `SystemCallFilter=@system-service` refuses the `seccomp`
+/// system call (EPERM) and `RestrictNamespaces=user pid net` the mount namespace. The helper,
+/// started under such a filter, still installs its own (through prctl) and no Unix socket
+/// outside is reachable, with the network on and off.
+#[test]
+fn unix_sockets_stay_unreachable_under_a_unit_like_filter() {
+    use std::os::unix::process::CommandExt as _;
+    let unit_like: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
+        [(nix::libc::SYS_seccomp, Vec::new())].into_iter().collect(),
+        seccompiler::SeccompAction::Allow,
+        seccompiler::SeccompAction::Errno(nix::libc::EPERM as u32),
+        std::env::consts::ARCH.try_into().unwrap(),
+    )
+    .unwrap()
+    .try_into()
+    .unwrap();
+    let targets = UnixTargets::new("unit");
+    for network in [false, true] {
+        let ws = tempfile::tempdir().unwrap();
+        let mut p = policy(
+            ws.path(),
+            SandboxMode::Landlock,
+            Ns::NoMount,
+            Duration::from_secs(20),
+        );
+        p.network = network;
+        let command = targets.command(ws.path());
+        let filter = unit_like.clone();
+        let mut cmd = Command::new(helper());
+        cmd.arg("sandbox-exec")
+            .arg("--policy")
+            .arg(serde_json::to_string(&p).unwrap())
+            .args(["--", "/bin/sh", "-c", &command])
+            .current_dir(ws.path())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin");
+        // SAFETY: between fork and exec only prctl/seccomp calls on a prepared program.
+        unsafe {
+            cmd.pre_exec(move || seccompiler::apply_filter(&filter).map_err(std::io::Error::other));
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let label = format!("unit-like filter, network={network}");
+        assert_eq!(out.status.code(), Some(0), "{label}: {text}");
+        assert_no_unix_escape(&label, &text, &targets);
+    }
+}
