@@ -55,6 +55,16 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
+    /// Internal: report what the sandbox helper can do here (one JSON line).
+    #[command(hide = true)]
+    SandboxProbe {
+        /// Probe for a command whose network is allowed.
+        #[arg(long)]
+        network: bool,
+        /// Take the subreaper fallback (`AGENTD_SANDBOX_FALLBACK=1` in the daemon).
+        #[arg(long)]
+        no_namespaces: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -70,6 +80,15 @@ fn main() -> ExitCode {
     // command runs), and it holds none of the daemon's secrets.
     if let Some(Command::SandboxExec { policy, command }) = &cli.command {
         let code = agentd::sandbox::helper_main(policy, command);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    // The probe forks the helper's namespace set-up, which must stay dumpable too.
+    if let Some(Command::SandboxProbe {
+        network,
+        no_namespaces,
+    }) = &cli.command
+    {
+        let code = agentd::sandbox::probe::probe_main(*network, *no_namespaces);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     // Every other role holds the daemon's secrets (environment, .env, tokens): non-dumpable
@@ -111,7 +130,7 @@ fn main() -> ExitCode {
         Command::Consolidate { json } => {
             memory_command(&cfg, |cfg| agentd::cli::memory::consolidate(cfg, json))
         }
-        Command::SandboxExec { .. } => ExitCode::from(2),
+        Command::SandboxExec { .. } | Command::SandboxProbe { .. } => ExitCode::from(2),
     }
 }
 

@@ -1,6 +1,6 @@
 //! `agentd doctor` (SPEC §10.4): checks the configuration, provider reachability, Telegram,
-//! the databases and disk space, and prints a pass/fail table. Read-only apart from creating
-//! the state directory if it is missing.
+//! the databases, disk space and the exec sandbox's path, and prints a pass/fail table.
+//! Read-only apart from creating the state directory if it is missing.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -74,6 +74,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
         out.push(memory_database(cfg).await);
     }
     out.push(disk(cfg));
+    out.push(sandbox(cfg).await);
     out.push(scratch_dir(cfg));
     if cfg.tools.is_enabled("exec") && cfg.agent.workspace.is_dir() {
         out.push(exec_tmp(cfg).await);
@@ -347,6 +348,29 @@ fn disk(cfg: &Config) -> Check {
             }
         }
         Err(e) => check("disk space", Status::Warn, e.to_string()),
+    }
+}
+
+/// Which path the exec sandbox takes here (issue 12 #6): a probe through the helper.
+async fn sandbox(cfg: &Config) -> Check {
+    use crate::sandbox::probe::{Health, fallback_forced, probe};
+    let mode = crate::tools::exec::sandbox_mode(cfg.tools.exec_sandbox);
+    let network = cfg.tools.exec_network;
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return check("sandbox", Status::Fail, format!("cannot find agentd: {e}")),
+    };
+    match probe(&exe, network, fallback_forced()).await {
+        Ok(caps) => {
+            let (health, text) = caps.describe(mode, network);
+            let status = match health {
+                Health::Good => Status::Pass,
+                Health::Degraded => Status::Warn,
+                Health::Broken => Status::Fail,
+            };
+            check("sandbox", status, text)
+        }
+        Err(e) => check("sandbox", Status::Fail, e),
     }
 }
 

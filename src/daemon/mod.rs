@@ -196,6 +196,11 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     }
     // Sandboxed shell: never the state or config directory (see docs/security.md).
     tool_list.push(Arc::new(crate::tools::exec::ExecTool::from_config(&cfg)));
+    // Which sandbox path exec takes here, logged once (a probe in the background).
+    crate::sandbox::probe::log_at_start(
+        crate::tools::exec::sandbox_mode(cfg.tools.exec_sandbox),
+        cfg.tools.exec_network,
+    );
     tool_list.push(Arc::new(crate::skills::LoadSkillTool {
         skills: skills.clone(),
     }));

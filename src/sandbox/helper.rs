@@ -47,8 +47,10 @@ macro_rules! say {
     }};
 }
 
-/// The Landlock ABI whose filesystem rights are requested (best effort below it).
-const FS_ABI: ABI = ABI::V5;
+/// The Landlock ABI whose filesystem rights are requested (best effort below it). V9 adds
+/// `ResolveUnix` (Linux 7.1): connecting to a pathname Unix socket outside the allowed paths
+/// is then refused by Landlock as well as by the seccomp filter.
+const FS_ABI: ABI = ABI::V9;
 
 /// How the process tree is held together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +123,10 @@ fn run(policy: &Policy, argv: &[OsString]) -> Result<i32, String> {
 /// mount namespace when that is refused (systemd's `RestrictNamespaces=user pid net`). Returns
 /// the isolation in effect and whether a mount namespace was entered; an error only when the
 /// namespaces were entered but could not be set up.
-fn enter_namespaces(network: bool, want_mount: bool) -> Result<(Isolation, bool), String> {
+pub(super) fn enter_namespaces(
+    network: bool,
+    want_mount: bool,
+) -> Result<(Isolation, bool), String> {
     let (uid, gid) = (getuid(), getgid());
     let mut flags = CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWPID;
     if !network {
@@ -349,7 +354,8 @@ fn init_loop(command: Pid) -> i32 {
     }
 }
 
-/// Apply rlimits, Landlock and no_new_privs, then exec the command. Returns only on failure.
+/// Apply rlimits, Landlock, no_new_privs and the seccomp filter, then exec the command.
+/// Returns only on failure.
 fn confine_and_exec(
     policy: &Policy,
     argv: &[OsString],
@@ -367,6 +373,11 @@ fn confine_and_exec(
     }
     if let Err(e) = prctl::set_no_new_privs() {
         say!("{ERROR_PREFIX}cannot set no_new_privs: {e}");
+        return EXIT_SETUP_FAILED;
+    }
+    // Last before exec: no Unix socket outside, no socket at all without network (seccomp.rs).
+    if let Err(msg) = super::seccomp::install(policy.network) {
+        say!("{ERROR_PREFIX}{msg}");
         return EXIT_SETUP_FAILED;
     }
     let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();

@@ -17,6 +17,14 @@ use crate::sandbox::{ExecOutput, Policy, SandboxError, SandboxMode, run_sandboxe
 /// Bytes kept of each of stdout and stderr (the registry truncates the answer further).
 pub const OUTPUT_CAP_BYTES: usize = 256 * 1024;
 
+/// The helper's mode for `[tools] exec_sandbox`.
+pub fn sandbox_mode(setting: ExecSandbox) -> SandboxMode {
+    match setting {
+        ExecSandbox::Landlock => SandboxMode::Landlock,
+        ExecSandbox::None => SandboxMode::None,
+    }
+}
+
 /// The `exec` tool.
 #[derive(Debug, Clone)]
 pub struct ExecTool {
@@ -30,6 +38,8 @@ pub struct ExecTool {
     scratch_dir: PathBuf,
     /// The `agentd` binary that provides `sandbox-exec`; `None` = the running executable.
     helper_exe: Option<PathBuf>,
+    /// Take the subreaper fallback (`AGENTD_SANDBOX_FALLBACK=1`, a test switch).
+    force_fallback: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -43,16 +53,14 @@ impl ExecTool {
     /// From `[tools]`; `protected` are the directories the command must never read.
     pub fn new(cfg: &ToolsConfig, protected: Vec<PathBuf>) -> ExecTool {
         ExecTool {
-            mode: match cfg.exec_sandbox {
-                ExecSandbox::Landlock => SandboxMode::Landlock,
-                ExecSandbox::None => SandboxMode::None,
-            },
+            mode: sandbox_mode(cfg.exec_sandbox),
             network: cfg.exec_network,
             default_timeout: cfg.exec_timeout,
             max_timeout: cfg.exec_max_timeout.max(cfg.exec_timeout),
             protected,
             scratch_dir: cfg.scratch_dir.clone(),
             helper_exe: None,
+            force_fallback: crate::sandbox::probe::fallback_forced(),
         }
     }
 
@@ -98,6 +106,7 @@ impl ExecTool {
         {
             policy.tmpdir = Some(self.scratch_dir.clone());
         }
+        policy.no_namespaces |= self.force_fallback;
         let exe = match &self.helper_exe {
             Some(exe) => exe.clone(),
             None => std::env::current_exe().map_err(|e| {
@@ -213,6 +222,7 @@ mod tests {
             protected: vec![],
             scratch_dir: PathBuf::from("/tmp/agentd-scratch-test"),
             helper_exe: None,
+            force_fallback: false,
         }
     }
 

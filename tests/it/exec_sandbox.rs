@@ -385,18 +385,25 @@ async fn tmpdir_is_the_scratch_dir_and_tmp_is_private_with_a_mount_namespace() {
     let _ = std::fs::remove_file(Path::new("/tmp").join(&marker));
 }
 
-/// (d) No network: TCP connect to a local listener fails in both paths; UDP is blocked only
-/// with the network namespace.
+/// (d) No network: TCP connect to a local listener and a UDP datagram to a local socket fail
+/// on every path, also on the subreaper fallback without a network namespace (issue 12 #6).
 #[tokio::test]
 async fn network_is_off_unless_allowed() {
     let ws = tempfile::tempdir().unwrap();
     let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
     let tcp_port = tcp.local_addr().unwrap().port();
     let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
-    udp.set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
+    udp.set_nonblocking(true).unwrap();
     let udp_port = udp.local_addr().unwrap().port();
-    let have_ns = namespaces_available(ws.path()).await;
+    // A datagram to loopback is queued before `sendto` returns, so whatever got through is
+    // there once the command has exited.
+    let datagrams = || {
+        let mut n = 0;
+        while udp.recv(&mut [0u8; 64]).is_ok() {
+            n += 1;
+        }
+        n
+    };
     let cmd = format!(
         "/usr/bin/python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", \
          {tcp_port}), timeout=3); print(\"TCP-CONNECTED\")' || echo TCP-FAILED; \
@@ -410,30 +417,30 @@ async fn network_is_off_unless_allowed() {
         let text = format!("{}{}", out.stdout, out.stderr);
         assert!(text.contains("TCP-FAILED"), "{mode:?}/{ns:?}: {text}");
         assert!(!text.contains("TCP-CONNECTED"), "{mode:?}/{ns:?}: {text}");
-        let mut buf = [0u8; 64];
-        let received = udp.recv(&mut buf).is_ok();
-        if have_ns && ns != Ns::Off {
-            assert!(text.contains("UDP-FAILED"), "{mode:?}/{ns:?}: {text}");
-            assert!(!received, "UDP datagram escaped the network namespace");
-        } else {
-            println!(
-                "note: {mode:?} isolation={ns:?}: subreaper fallback, UDP is not blocked \
-                 (datagram received: {received})"
-            );
-        }
+        assert!(text.contains("UDP-FAILED"), "{mode:?}/{ns:?}: {text}");
+        assert_eq!(
+            datagrams(),
+            0,
+            "{mode:?}/{ns:?}: a UDP datagram got out: {text}"
+        );
     }
-    // With the network allowed the same connect works (the test can tell the difference).
-    let mut p = policy(
-        ws.path(),
-        SandboxMode::Landlock,
-        Ns::Full,
-        Duration::from_secs(20),
-    );
-    p.network = true;
-    let out = run(&p, ws.path(), &cmd).await;
-    assert!(out.stdout.contains("TCP-CONNECTED"), "{out:?}");
-    let mut accepted = tcp.accept().unwrap().0;
-    let _ = accepted.read(&mut [0u8; 1]);
+    // With the network allowed the same connect and send work (the test can tell the
+    // difference), on the fallback too.
+    for ns in [Ns::Full, Ns::Off] {
+        let mut p = policy(
+            ws.path(),
+            SandboxMode::Landlock,
+            ns,
+            Duration::from_secs(20),
+        );
+        p.network = true;
+        let out = run(&p, ws.path(), &cmd).await;
+        assert!(out.stdout.contains("TCP-CONNECTED"), "{ns:?}: {out:?}");
+        assert!(out.stdout.contains("UDP-SENT"), "{ns:?}: {out:?}");
+        assert_eq!(datagrams(), 1, "{ns:?}");
+        let mut accepted = tcp.accept().unwrap().0;
+        let _ = accepted.read(&mut [0u8; 1]);
+    }
 }
 
 /// (c) on every isolation path with Landlock: the same confinement as through the tool.
@@ -473,5 +480,321 @@ async fn filesystem_confinement_holds_on_every_isolation_path() {
         assert!(!out.stdout.contains("state-secret"), "{ns:?}: {out:?}");
         assert!(ws.path().join("inside.txt").exists());
         assert!(!outside.path().join("x").exists(), "{ns:?}");
+    }
+}
+
+/// A Python probe that tries every way to a Unix socket outside the sandbox: a pathname stream
+/// socket, an abstract one, a datagram socket by path, and a datagram `socketpair` re-aimed at
+/// that path with `sendto`. A stream `socketpair` (no address, nothing outside) must keep
+/// working. Prints `<LABEL>-REACHED` or `<LABEL>-FAILED <error>` per attempt.
+const UNIX_PROBE: &str = r#"
+import socket, sys
+path, abstract, dgram = sys.argv[1], sys.argv[2], sys.argv[3]
+def attempt(label, f):
+    try:
+        f()
+        print(label + "-REACHED", flush=True)
+    except OSError as e:
+        print(label + "-FAILED " + str(e), flush=True)
+def stream(addr, flags=0):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | flags)
+    s.settimeout(3)
+    s.connect(addr)
+def dgram_send():
+    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b"leak", dgram)
+def pair_dgram():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"leak", dgram)
+def pair_stream():
+    a, b = socket.socketpair()
+    a.sendall(b"x")
+    assert b.recv(1) == b"x"
+attempt("PATH", lambda: stream(path))
+attempt("PATH-CLOEXEC", lambda: stream(path, socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK))
+attempt("ABSTRACT", lambda: stream("\0" + abstract))
+attempt("DGRAM", dgram_send)
+attempt("PAIR-DGRAM", pair_dgram)
+attempt("PAIR-STREAM", pair_stream)
+"#;
+
+/// Unix sockets outside the sandbox that count what reaches them.
+struct UnixTargets {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    stream: std::os::unix::net::UnixListener,
+    abstract_name: String,
+    abstract_listener: std::os::unix::net::UnixListener,
+    dgram_path: PathBuf,
+    dgram: std::os::unix::net::UnixDatagram,
+}
+
+impl UnixTargets {
+    fn new(tag: &str) -> UnixTargets {
+        use std::os::linux::net::SocketAddrExt as _;
+        use std::os::unix::net::{SocketAddr, UnixDatagram, UnixListener};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("outside.sock");
+        let stream = UnixListener::bind(&path).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let abstract_name = format!("agentd-it-{tag}-{}", std::process::id());
+        let abstract_listener = UnixListener::bind_addr(
+            &SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap(),
+        )
+        .unwrap();
+        abstract_listener.set_nonblocking(true).unwrap();
+        let dgram_path = dir.path().join("outside.dgram");
+        let dgram = UnixDatagram::bind(&dgram_path).unwrap();
+        dgram.set_nonblocking(true).unwrap();
+        UnixTargets {
+            _dir: dir,
+            path,
+            stream,
+            abstract_name,
+            abstract_listener,
+            dgram_path,
+            dgram,
+        }
+    }
+
+    /// The command that runs the probe (written into `ws`) against these sockets.
+    fn command(&self, ws: &Path) -> String {
+        std::fs::write(ws.join("unix_probe.py"), UNIX_PROBE).unwrap();
+        format!(
+            "/usr/bin/python3 unix_probe.py {} {} {}",
+            self.path.display(),
+            self.abstract_name,
+            self.dgram_path.display()
+        )
+    }
+
+    /// Connections and datagrams that arrived since the last call (each is accepted or read).
+    fn arrivals(&self) -> usize {
+        let mut n = 0;
+        while self.stream.accept().is_ok() {
+            n += 1;
+        }
+        while self.abstract_listener.accept().is_ok() {
+            n += 1;
+        }
+        while self.dgram.recv(&mut [0u8; 64]).is_ok() {
+            n += 1;
+        }
+        n
+    }
+}
+
+/// Assert that the probe ran, reached nothing, and that nothing arrived.
+fn assert_no_unix_escape(label: &str, text: &str, targets: &UnixTargets) {
+    assert!(text.contains("PAIR-STREAM-REACHED"), "{label}: {text}");
+    for l in ["PATH", "PATH-CLOEXEC", "ABSTRACT", "DGRAM", "PAIR-DGRAM"] {
+        assert!(
+            text.contains(&format!("{l}-FAILED")),
+            "{label}: {l}: {text}"
+        );
+    }
+    assert_eq!(targets.arrivals(), 0, "{label}: reached a socket: {text}");
+}
+
+/// Issue 12 #1: whatever `exec_network` says, the command reaches no Unix socket outside the
+/// sandbox, pathname or abstract, stream or datagram, on every isolation path.
+#[tokio::test]
+async fn unix_sockets_outside_the_sandbox_are_unreachable() {
+    let targets = UnixTargets::new("paths");
+    // The listeners work: a connection from here is counted.
+    drop(std::os::unix::net::UnixStream::connect(&targets.path).unwrap());
+    assert_eq!(targets.arrivals(), 1);
+    for network in [false, true] {
+        for (mode, ns) in VARIANTS {
+            let ws = tempfile::tempdir().unwrap();
+            let mut p = policy(ws.path(), mode, ns, Duration::from_secs(20));
+            p.network = network;
+            let out = run(&p, ws.path(), &targets.command(ws.path())).await;
+            let text = format!("{}{}", out.stdout, out.stderr);
+            let label = format!("{mode:?}/{ns:?}/network={network}");
+            assert_eq!(out.exit_code, Some(0), "{label}: {text}");
+            assert_no_unix_escape(&label, &text, &targets);
+        }
+    }
+}
+
+/// The same through the `exec` tool as the daemon runs it, with `exec_network = true`.
+#[tokio::test]
+async fn exec_tool_with_network_reaches_no_unix_socket() {
+    let targets = UnixTargets::new("tool");
+    let ws = tempfile::tempdir().unwrap();
+    let mut cfg = tools_cfg(ExecSandbox::Landlock);
+    cfg.exec_network = true;
+    let tool = ExecTool::new(&cfg, vec![]).with_helper(helper());
+    let c = ctx(ws.path(), vec![ws.path().into()]);
+    let out = tool
+        .call(
+            serde_json::json!({ "command": targets.command(ws.path()) }),
+            &c,
+        )
+        .await
+        .unwrap();
+    assert!(out.starts_with("exit code 0\n"), "{out}");
+    assert_no_unix_escape("exec tool", &out, &targets);
+}
+
+/// `agentd doctor` against the test layout, with or without the fallback forced.
+fn doctor_table(d: &crate::support::daemon::TestDaemon, force_fallback: bool) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentd"));
+    cmd.args(["doctor", "-c"])
+        .arg(&d.config_path)
+        .env("AGENTD_STATE_DIR", &d.state_dir)
+        .env_remove("AGENTD_SANDBOX_FALLBACK");
+    if force_fallback {
+        cmd.env("AGENTD_SANDBOX_FALLBACK", "1");
+    }
+    let out = cmd.output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `sandbox` line of a doctor table.
+fn sandbox_line(table: &str) -> String {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("sandbox"))
+        .unwrap_or_else(|| panic!("no sandbox line in:\n{table}"))
+        .to_string()
+}
+
+/// Issue 12 #6: `agentd doctor` says which sandbox path exec takes (namespaces or the
+/// subreaper fallback, whether a mount namespace gives a private /proc and /tmp, the Landlock
+/// ABI, seccomp), and the daemon logs the same once at start.
+#[test]
+fn doctor_and_the_start_log_name_the_sandbox_path() {
+    use crate::daemon_e2e::{agentd_toml, provider_toml};
+    use crate::support::fake_llm::{FakeLlm, Wire};
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let mut d = crate::support::daemon::TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    let line = sandbox_line(&doctor_table(&d, false));
+    assert!(line.contains("Landlock ABI"), "{line}");
+    assert!(line.contains("seccomp filter enforced"), "{line}");
+    let ws = tempfile::tempdir().unwrap();
+    let have_ns = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(namespaces_available(ws.path()));
+    if have_ns {
+        assert!(line.starts_with("PASS"), "{line}");
+        assert!(line.contains("namespaces (user, PID, network"), "{line}");
+    } else {
+        assert!(line.contains("subreaper fallback"), "{line}");
+    }
+
+    let forced = sandbox_line(&doctor_table(&d, true));
+    assert!(forced.starts_with("WARN"), "{forced}");
+    assert!(forced.contains("subreaper fallback"), "{forced}");
+    assert!(forced.contains("AGENTD_SANDBOX_FALLBACK"), "{forced}");
+    assert!(forced.contains("no private /proc or /tmp"), "{forced}");
+
+    d.set_env("AGENTD_SANDBOX_FALLBACK", "1");
+    d.start();
+    let logged =
+        crate::support::wait_until(Duration::from_secs(30), "the sandbox log line", || {
+            d.log()
+                .lines()
+                .find(|l| l.contains("exec sandbox:"))
+                .map(str::to_string)
+        });
+    assert!(logged.contains("WARN"), "{logged}");
+    assert!(logged.contains("subreaper fallback"), "{logged}");
+    assert_eq!(d.log().matches("exec sandbox:").count(), 1, "{}", d.log());
+}
+
+/// Issue 12 #1 end to end: the fake model scripts an `exec` call of the probe, the daemon runs
+/// with `exec_network = true` on the forced fallback (no namespaces at all), and no Unix
+/// socket outside the allowed paths sees a connection.
+#[test]
+fn daemon_exec_on_the_fallback_reaches_no_unix_socket() {
+    use crate::daemon_e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
+    use crate::support::fake_llm::{FakeLlm, Reply, Wire};
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let targets = UnixTargets::new("daemon");
+    let toml = format!(
+        "{}\n[tools]\nexec_network = true\n\n[tools.filesystem]\nallowed_paths = \
+         [\"../workspace\"]\n",
+        agentd_toml("fake")
+    );
+    let mut d = crate::support::daemon::TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    let command = targets.command(&d.workspace());
+    fake.push(Reply::tool_calls(vec![(
+        "u1",
+        "exec",
+        serde_json::json!({ "command": command }),
+    )]));
+    fake.push(Reply::text("done"));
+    d.set_env("AGENTD_SANDBOX_FALLBACK", "1");
+    d.start();
+    fifo_write(
+        &d,
+        r#"{"id":"ux1","type":"user","text":"probe the sockets","sender":"sam"}"#,
+    );
+    wait_outcome(&d, "sam", "ux1");
+    let reqs = fake.requests();
+    let result = &reqs[1]["messages"][2]["content"][0];
+    assert_eq!(result["tool_use_id"], "u1", "{result}");
+    let text = result["content"].to_string().replace("\\n", "\n");
+    assert!(text.contains("exit code 0"), "{text}");
+    assert_no_unix_escape("daemon on the fallback", &text, &targets);
+    assert!(d.log().contains("subreaper fallback"), "{}", d.log());
+}
+
+/// Under the shipped units: their `SystemCallFilter=@system-service` refuses the `seccomp`
+/// system call (EPERM) and `RestrictNamespaces=user pid net` the mount namespace. The helper,
+/// started under such a filter, still installs its own (through prctl) and no Unix socket
+/// outside is reachable, with the network on and off.
+#[test]
+fn unix_sockets_stay_unreachable_under_a_unit_like_filter() {
+    use std::os::unix::process::CommandExt as _;
+    let unit_like: seccompiler::BpfProgram = seccompiler::SeccompFilter::new(
+        [(nix::libc::SYS_seccomp, Vec::new())].into_iter().collect(),
+        seccompiler::SeccompAction::Allow,
+        seccompiler::SeccompAction::Errno(nix::libc::EPERM as u32),
+        std::env::consts::ARCH.try_into().unwrap(),
+    )
+    .unwrap()
+    .try_into()
+    .unwrap();
+    let targets = UnixTargets::new("unit");
+    for network in [false, true] {
+        let ws = tempfile::tempdir().unwrap();
+        let mut p = policy(
+            ws.path(),
+            SandboxMode::Landlock,
+            Ns::NoMount,
+            Duration::from_secs(20),
+        );
+        p.network = network;
+        let command = targets.command(ws.path());
+        let filter = unit_like.clone();
+        let mut cmd = Command::new(helper());
+        cmd.arg("sandbox-exec")
+            .arg("--policy")
+            .arg(serde_json::to_string(&p).unwrap())
+            .args(["--", "/bin/sh", "-c", &command])
+            .current_dir(ws.path())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin");
+        // SAFETY: between fork and exec only prctl/seccomp calls on a prepared program.
+        unsafe {
+            cmd.pre_exec(move || seccompiler::apply_filter(&filter).map_err(std::io::Error::other));
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let label = format!("unit-like filter, network={network}");
+        assert_eq!(out.status.code(), Some(0), "{label}: {text}");
+        assert_no_unix_escape(&label, &text, &targets);
     }
 }
