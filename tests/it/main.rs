@@ -15,6 +15,7 @@ mod http_api;
 mod http_daemon;
 mod mcp;
 mod memory;
+mod provider_limits;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;

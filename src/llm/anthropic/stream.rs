@@ -244,6 +244,14 @@ impl StreamParser {
         }
     }
 
+    /// The usage so far must be plausible for one call (SPEC §16.9); otherwise the answer is
+    /// malformed and nothing of it is billed or stored.
+    fn check_usage(&self) -> Result<(), LlmError> {
+        self.usage
+            .check_per_call()
+            .map_err(|message| self.decode_error(message))
+    }
+
     fn decode_error(&self, message: String) -> LlmError {
         LlmError::Decode {
             provider: self.provider.clone(),
@@ -286,6 +294,7 @@ impl SseHandler for StreamParser {
                 }
                 if let Some(usage) = message.usage {
                     usage.apply(&mut self.usage);
+                    self.check_usage()?;
                 }
             }
             WireEvent::ContentBlockStart {
@@ -340,6 +349,7 @@ impl SseHandler for StreamParser {
                 }
                 if let Some(usage) = usage {
                     usage.apply(&mut self.usage);
+                    self.check_usage()?;
                 }
             }
             WireEvent::MessageStop => {
@@ -553,6 +563,45 @@ mod tests {
         assert_eq!(r.stop_reason, StopReason::EndTurn);
         assert_eq!(r.model, "fallback-id");
         assert_eq!(r.usage.prompt_tokens(), 15);
+    }
+
+    /// Usage beyond the per-call cap (issue #12: `input_tokens = u64::MAX`) or negative is a
+    /// malformed answer, in `message_start` or in `message_delta`.
+    #[tokio::test]
+    async fn implausible_usage_is_a_malformed_answer() {
+        for usage in [
+            "{\"input_tokens\":18446744073709551615,\"output_tokens\":1}",
+            "{\"input_tokens\":5,\"cache_read_input_tokens\":10000001}",
+            "{\"input_tokens\":-5,\"output_tokens\":1}",
+        ] {
+            for at_start in [true, false] {
+                let (start, delta) = if at_start {
+                    (usage, "{\"output_tokens\":3}")
+                } else {
+                    ("{\"input_tokens\":5,\"output_tokens\":1}", usage)
+                };
+                let t = format!(
+                    "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{start}}}}}\n\n\
+                     event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
+                     event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"hi\"}}}}\n\n\
+                     event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\"}},\"usage\":{delta}}}\n\n\
+                     event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+                );
+                let err = parse(t.as_bytes(), &[]).await.unwrap_err();
+                assert!(
+                    matches!(err, LlmError::Decode { .. }),
+                    "{usage} at_start={at_start}: {err:?}"
+                );
+                assert!(!err.is_retryable());
+            }
+        }
+        // At the cap: accepted.
+        let t = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10000000,\"output_tokens\":1}}}\n\n\
+                 event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(
+            parse(t.as_bytes(), &[]).await.unwrap().usage.input_tokens,
+            10_000_000
+        );
     }
 
     #[tokio::test]

@@ -229,6 +229,14 @@ impl StreamParser {
             self.model = model;
         }
         if let Some(usage) = chunk.usage {
+            // Plausible for one call, or the answer is malformed (SPEC §16.9).
+            usage
+                .to_usage()
+                .check_per_call()
+                .map_err(|message| LlmError::Decode {
+                    provider: self.provider.clone(),
+                    message,
+                })?;
             self.usage = Some(usage);
         }
         let choices = chunk.choices.unwrap_or_default();
@@ -531,6 +539,29 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Usage beyond the per-call cap (issue #12) or negative is a malformed answer.
+    #[tokio::test]
+    async fn implausible_usage_is_a_malformed_answer() {
+        for usage in [
+            "{\"prompt_tokens\":18446744073709551615,\"completion_tokens\":1}",
+            "{\"prompt_tokens\":1,\"completion_tokens\":10000001}",
+            "{\"prompt_tokens\":-1,\"completion_tokens\":1}",
+        ] {
+            let t = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"x\"}},\"finish_reason\":\"stop\"}}]}}\n\n\
+                 data: {{\"choices\":[],\"usage\":{usage}}}\n\ndata: [DONE]\n\n"
+            );
+            let err = parse(t.as_bytes(), &[]).await.unwrap_err();
+            assert!(matches!(err, LlmError::Decode { .. }), "{usage}: {err:?}");
+        }
+        let t = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\n\
+                 data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10000000,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+        assert_eq!(
+            parse(t.as_bytes(), &[]).await.unwrap().usage.input_tokens,
+            10_000_000
+        );
     }
 
     #[tokio::test]

