@@ -116,6 +116,8 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("error_message", q(&b.error_message));
     r.kv("max_turns_per_message", b.max_turns_per_message.to_string());
     r.kv("call_timeout_seconds", secs(b.call_timeout));
+    r.kv("call_deadline_seconds", secs(b.call_deadline));
+    r.kv("max_reply_bytes", b.max_reply_bytes.to_string());
     r.kv("api_retries", b.api_retries.to_string());
     r.kv(
         "api_retry_base_delay_seconds",

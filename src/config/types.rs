@@ -239,6 +239,11 @@ pub struct BehaviorConfig {
     pub max_turns_per_message: u32,
     /// Inactivity timeout while streaming.
     pub call_timeout: Duration,
+    /// Total time one model call may take, from sending the request to the last event,
+    /// whatever keep-alives arrive (SPEC §16.9).
+    pub call_deadline: Duration,
+    /// Most bytes of one model reply (text, thinking and tool-call inputs together).
+    pub max_reply_bytes: usize,
     pub api_retries: u32,
     pub api_retry_base_delay: Duration,
     pub message_retries: u32,

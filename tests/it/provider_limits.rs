@@ -46,14 +46,13 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// A daemon with the HTTP API on a free port, a daily budget of $5 and the fake provider.
-fn daemon(fake: &FakeLlm, extra: &str) -> (TestDaemon, u16) {
+/// A daemon with the HTTP API on a free port, a daily budget of $5 and the fake provider;
+/// `behavior` is added to its `[behavior]` table.
+fn daemon(fake: &FakeLlm, behavior: &str) -> (TestDaemon, u16) {
     let port = free_port();
+    let base = agentd_toml("fake").replace("[behavior]\n", &format!("[behavior]\n{behavior}\n"));
     let mut d = TestDaemon::new(
-        &format!(
-            "{}\n[budget]\ndaily_usd = 5.0\n\n[http]\nenabled = true\nport = {port}\n{extra}",
-            agentd_toml("fake")
-        ),
+        &format!("{base}\n[budget]\ndaily_usd = 5.0\n\n[http]\nenabled = true\nport = {port}\n"),
         &[("fake", &provider_toml("anthropic", &fake.base_url()))],
     );
     d.set_env("AGENTD_HTTP_TOKEN", TOKEN);
@@ -141,6 +140,57 @@ fn a_ledger_holding_an_i64_max_row_still_serves_status_and_the_budget() {
         outcome["text"].as_str().unwrap().ends_with("still there?"),
         "{outcome}"
     );
+    assert!(d.sigterm().success());
+}
+
+/// Issue #12 finding 8: a provider sending `ping` events and never content kept a message
+/// "thinking" for as long as it liked, since only inactivity was timed. The call's total
+/// deadline ends it; before any content that is a retryable failure, so the retry answers.
+#[test]
+fn a_provider_that_only_pings_hits_the_call_deadline_and_the_retry_answers() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::PingForever);
+    fake.push(Reply::text("answered on the retry"));
+    let (mut d, _) = daemon(
+        &fake,
+        "call_deadline_seconds = 3\napi_retries = 1\nmessage_retries = 0",
+    );
+    d.start();
+    let outcome = send_and_wait(&d, "carol", "are you there?");
+    assert_eq!(
+        outcome["text"],
+        "answered on the retry",
+        "{outcome}\n{}",
+        d.log()
+    );
+    assert_eq!(fake.requests().len(), 2);
+    assert!(d.log().contains("call_deadline_seconds"), "{}", d.log());
+    assert!(d.sigterm().success());
+}
+
+/// Issue #12 finding 15: a 20 MB model reply was accepted whole. A reply beyond
+/// `max_reply_bytes` (default 1 MiB) is a malformed answer: the message fails, nothing of the
+/// reply is stored.
+#[test]
+fn a_reply_beyond_the_size_cap_is_refused() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::text("x".repeat(2 * 1024 * 1024)));
+    let (mut d, _) = daemon(&fake, "");
+    d.start();
+    let outcome = send_and_wait(&d, "dan", "write a lot");
+    assert_eq!(
+        outcome["type"],
+        "failure",
+        "{}",
+        &outcome.to_string()[..300.min(outcome.to_string().len())]
+    );
+    assert!(
+        d.trail("dan")
+            .iter()
+            .all(|l| l.to_string().len() < 1024 * 1024),
+        "an oversized reply reached the trail"
+    );
+    assert!(d.log().contains("max_reply_bytes"), "{}", d.log());
     assert!(d.sigterm().success());
 }
 

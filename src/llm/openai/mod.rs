@@ -11,31 +11,30 @@ pub use render::render_body;
 pub use render::render_request;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 
 use super::http::{self, CallCtx};
-use super::{ChatRequest, ChatResponse, Embeddings, LlmError, Provider};
+use super::{CallLimits, ChatRequest, ChatResponse, Embeddings, LlmError, Provider};
 use crate::config::ModelSpec;
 
 /// A client bound to one OpenAI-compatible model definition.
 pub struct OpenAiClient {
     spec: Arc<ModelSpec>,
     http: reqwest::Client,
-    inactivity: Duration,
+    limits: CallLimits,
     label: String,
 }
 
 impl OpenAiClient {
-    /// `inactivity` bounds the wait for the response head and for every stream chunk.
-    pub fn new(spec: Arc<ModelSpec>, http: reqwest::Client, inactivity: Duration) -> Self {
+    /// `limits` bound every call: inactivity, total deadline, reply size.
+    pub fn new(spec: Arc<ModelSpec>, http: reqwest::Client, limits: CallLimits) -> Self {
         let label = http::label(&spec);
         OpenAiClient {
             spec,
             http,
-            inactivity,
+            limits,
             label,
         }
     }
@@ -66,7 +65,7 @@ impl OpenAiClient {
         }
         let ctx = CallCtx {
             label: &self.label,
-            inactivity: self.inactivity,
+            limits: self.limits,
             secret: self.spec.api_key.as_ref(),
             parse_error: stream::parse_error_body,
         };
@@ -94,10 +93,10 @@ impl OpenAiClient {
         )?;
         let timeout = || LlmError::Timeout {
             provider: self.label.clone(),
-            seconds: self.inactivity.as_secs(),
+            seconds: self.limits.inactivity.as_secs(),
             after_content: false,
         };
-        let response = tokio::time::timeout(self.inactivity, request.send())
+        let response = tokio::time::timeout(self.limits.inactivity, request.send())
             .await
             .map_err(|_| timeout())?
             .map_err(|e| LlmError::Connect {
@@ -107,7 +106,7 @@ impl OpenAiClient {
         if !response.status().is_success() {
             return Err(http::error_response(response, &ctx).await);
         }
-        let bytes = tokio::time::timeout(self.inactivity, response.bytes())
+        let bytes = tokio::time::timeout(self.limits.inactivity, response.bytes())
             .await
             .map_err(|_| timeout())?
             .map_err(|e| LlmError::Connect {
