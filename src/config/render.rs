@@ -96,6 +96,7 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("token_env", q(&h.token_env));
     r.kv("token", secret(&h.token));
     r.kv("max_body_bytes", h.max_body_bytes.to_string());
+    r.kv("max_connections", h.max_connections.to_string());
     r.kv("rate_limit", h.rate_limit.to_string());
     r.kv("status_rate_limit", h.status_rate_limit.to_string());
     r.kv("rate_window_seconds", secs(h.rate_window));

@@ -191,6 +191,8 @@ pub struct HttpConfig {
     pub token_env: String,
     pub token: Option<SecretString>,
     pub max_body_bytes: usize,
+    /// Most HTTP connections open at once (further capped at a quarter of the fd limit).
+    pub max_connections: usize,
     pub rate_limit: u32,
     pub status_rate_limit: u32,
     pub rate_window: Duration,

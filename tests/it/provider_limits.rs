@@ -194,6 +194,59 @@ fn a_reply_beyond_the_size_cap_is_refused() {
     assert!(d.sigterm().success());
 }
 
+/// Must-show of issue #12 finding 3: with the fd limit at 1024, 1,100 connections that send
+/// half a request head and stall made `/status` time out, and a FIFO message was not accepted
+/// ("Too many open files" writing the trail). Now headers must arrive within seconds and
+/// connections are capped below the fd budget: `/status` answers and FIFO intake works.
+#[test]
+fn half_open_connections_leave_status_and_fifo_intake_working() {
+    // This process holds the 1,100 sockets: its own soft limit up to the hard one.
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .expect("getrlimit");
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)
+        .expect("setrlimit");
+    assert!(
+        hard >= 1500,
+        "the test needs 1,500 fds, the hard limit is {hard}"
+    );
+
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let (mut d, port) = daemon(&fake, "");
+    // The daemon raises its soft limit to the hard one; pin both at 1024.
+    let state = d.state_dir.clone();
+    d.run_through(
+        vec!["prlimit".into(), "--nofile=1024:1024".into(), "--".into()],
+        state,
+    );
+    d.start();
+    assert_eq!(get_when_up(port, "/api/v1/status").0, 200);
+
+    let mut stalled = Vec::new();
+    for _ in 0..1100 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        // Half a request head, never finished (write errors: the server closed it already).
+        let _ = s.write_all(b"GET /api/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Stall: ");
+        stalled.push(s);
+    }
+
+    let (code, body) = wait_until(Duration::from_secs(120), "/api/v1/status = 200", || {
+        http_get(port, "/api/v1/status").filter(|(code, _)| *code == 200)
+    });
+    assert_eq!(code, 200, "{body}");
+
+    let outcome = send_and_wait(&d, "erin", "fifo under siege");
+    assert_eq!(outcome["final"], true, "{outcome}");
+    assert!(
+        d.trail("erin")
+            .iter()
+            .any(|l| l["type"] == "intake" && l["text"] == "fifo under siege"),
+        "{:#?}",
+        d.trail("erin")
+    );
+    drop(stalled);
+    assert!(d.sigterm().success());
+}
+
 fn insert_absurd_row(state_dir: &Path) {
     let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
     let now = chrono::Utc::now().timestamp();
