@@ -157,6 +157,11 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
             return ExitCode::from(1);
         }
     };
+    // HTTP connections get a quarter of the fd limit at most; raise it first (SPEC §16.9).
+    match agentd::api::raise_fd_limit() {
+        Ok((soft, _)) => tracing::debug!(limit = soft, "open file limit (RLIMIT_NOFILE)"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit (RLIMIT_NOFILE)"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

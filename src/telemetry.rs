@@ -1,13 +1,136 @@
 //! Logging: structured `tracing` events to stderr (journald under systemd) and, when
 //! `[logging] file` is on, to daily-rotated files in `state_dir/logs/`.
 
+use std::fmt::{self, Write as _};
+
+use tracing::field::{Field, Visit};
 use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
+use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::fmt::FormatFields;
+use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::config::Config;
+
+/// How fields and messages are written (see [`fields`]).
+type Fields = EscapingFields;
+
+/// The field formatter of every log layer.
+fn fields() -> Fields {
+    EscapingFields
+}
+
+/// Writes an event's fields as tracing-subscriber's default does (the message first, then
+/// `name=value`, `?`-recorded and string values in `Debug` form), except that every control
+/// character in the message and in every value, however it was recorded (`%`, `?`, a string,
+/// an error), is written escaped: C0 and C1 controls, DEL and the Unicode line and paragraph
+/// separators. Log lines quote outside strings (FIFO ids, provider errors, file names,
+/// Telegram text); with this none of them can end a line early and forge the next one, or
+/// send escape sequences to a terminal (SPEC §16.9).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EscapingFields;
+
+impl<'writer> FormatFields<'writer> for EscapingFields {
+    fn format_fields<R: RecordFields>(&self, writer: Writer<'writer>, fields: R) -> fmt::Result {
+        let mut visitor = EscapingVisitor {
+            writer,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+struct EscapingVisitor<'writer> {
+    writer: Writer<'writer>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl EscapingVisitor<'_> {
+    fn write(&mut self, field: &Field, value: fmt::Arguments<'_>) {
+        if self.result.is_err() {
+            return;
+        }
+        let name = field.name();
+        // Metadata of events bridged from the `log` crate, already in the line's prefix.
+        if name.starts_with("log.") {
+            return;
+        }
+        let separator = if self.first { "" } else { " " };
+        self.first = false;
+        self.result = if name == "message" {
+            write!(self.writer, "{separator}")
+                .and_then(|()| write!(Escaping(&mut self.writer), "{value}"))
+        } else {
+            let name = name.strip_prefix("r#").unwrap_or(name);
+            write!(self.writer, "{separator}{name}=")
+                .and_then(|()| write!(Escaping(&mut self.writer), "{value}"))
+        };
+    }
+}
+
+impl Visit for EscapingVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.write(field, format_args!("{value}"));
+        } else {
+            self.write(field, format_args!("{value:?}"));
+        }
+    }
+
+    /// The error and its causes, as `error: cause: cause` (a cause its text already names is
+    /// left out).
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        let mut text = value.to_string();
+        let mut source = value.source();
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text.push_str(": ");
+                text.push_str(&cause_text);
+            }
+            source = cause.source();
+        }
+        self.write(field, format_args!("{text}"));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.write(field, format_args!("{value:?}"));
+    }
+}
+
+/// A `fmt::Write` that escapes control characters on the way through: `\n`, `\r`, `\t` as
+/// such, others as `\u{…}`. Text without them passes unchanged.
+struct Escaping<'a, W: fmt::Write>(&'a mut W);
+
+impl<W: fmt::Write> fmt::Write for Escaping<'_, W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let mut rest = s;
+        while let Some(at) = rest.find(needs_escape) {
+            self.0.write_str(&rest[..at])?;
+            let c = rest[at..].chars().next().unwrap_or_default();
+            match c {
+                '\n' => self.0.write_str("\\n")?,
+                '\r' => self.0.write_str("\\r")?,
+                '\t' => self.0.write_str("\\t")?,
+                c => write!(self.0, "\\u{{{:x}}}", u32::from(c))?,
+            }
+            rest = &rest[at + c.len_utf8()..];
+        }
+        self.0.write_str(rest)
+    }
+}
+
+/// C0 and C1 controls, DEL (all `char::is_control`), and U+2028/U+2029, which some viewers
+/// treat as line ends.
+fn needs_escape(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
 
 /// Log lines buffered for the file writer thread. tracing-appender's default (128,000) is a
 /// channel allocated and touched in full at start: 4 MB of resident memory for a daemon that
@@ -35,7 +158,8 @@ pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, Str
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .with_target(false);
+        .with_target(false)
+        .fmt_fields(fields());
     let (file_layer, guard) = if cfg.logging.file {
         let dir = cfg.paths.state_dir.join("logs");
         crate::fsutil::create_private_dir(&dir)
@@ -54,7 +178,8 @@ pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, Str
             Some(
                 tracing_subscriber::fmt::layer()
                     .with_writer(nb)
-                    .with_ansi(false),
+                    .with_ansi(false)
+                    .fmt_fields(fields()),
             ),
             Some(guard),
         )
@@ -81,9 +206,87 @@ pub fn init_cli() {
         .and_then(|v| EnvFilter::try_new(v.trim()).ok())
         .unwrap_or_else(|| EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
+        .fmt_fields(fields())
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .with_target(false)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    /// Everything written, shared with the test.
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the daemon's log layer writes for the events `f` emits.
+    fn logged(f: impl FnOnce()) -> String {
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .fmt_fields(fields());
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), f);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// Issue #12 finding 12: a newline in an outside string (a FIFO id) forged a log line.
+    /// Control characters in messages and in every field value, however recorded, are
+    /// escaped: one event is one line.
+    #[test]
+    fn control_characters_in_outside_strings_cannot_forge_lines() {
+        let id = "abc\n2026-11-27T00:00:00Z  INFO forged line\r\x1b[31mred\x07\u{85}\u{2028}";
+        let err = std::io::Error::other("bad\nthing");
+        let chained = anyhow::anyhow!("inner\ncause").context("outer");
+        let out = logged(|| {
+            let chained: &(dyn std::error::Error + 'static) = chained.as_ref();
+            tracing::warn!(id = %id, raw = id, dbg = ?id, error = %err, chained, "line {id} seen");
+            tracing::info!(next = 1, "second");
+        });
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[1].contains("second"), "{out}");
+        let first = lines[0];
+        for c in first.chars() {
+            assert!(
+                !c.is_control() && c != '\u{2028}',
+                "control character {c:?} in {first:?}"
+            );
+        }
+        assert!(first.contains(r"abc\n2026"), "{first}");
+        assert!(first.contains(r"line abc\n2026"), "{first}");
+        assert!(first.contains(r"bad\nthing"), "{first}");
+        assert!(first.contains(r"chained=outer: inner\ncause"), "{first}");
+        assert!(first.contains(r"\r"), "{first}");
+        assert!(first.contains("forged line"), "{first}");
+    }
+
+    /// Ordinary text, including non-ASCII letters, is written as before.
+    #[test]
+    fn ordinary_text_is_unchanged() {
+        let out = logged(|| tracing::info!(user = %"Jürgen", n = 3, q = "a b", "hello wörld"));
+        assert!(out.contains("hello wörld"), "{out}");
+        assert!(out.contains("user=Jürgen"), "{out}");
+        assert!(out.contains("n=3"), "{out}");
+        assert!(out.contains("q=\"a b\""), "{out}");
+    }
 }

@@ -18,7 +18,10 @@ mod server;
 pub mod webhook;
 
 pub use error::ApiError;
-pub use server::{ApiState, SHUTDOWN_GRACE, bind, router, serve};
+pub use server::{
+    ApiState, HEADER_READ_TIMEOUT, SHUTDOWN_GRACE, bind, connection_cap, raise_fd_limit, router,
+    serve,
+};
 pub use webhook::{TokenCounts, Webhook, WebhookError, WebhookPayload};
 
 #[cfg(test)]

@@ -5,13 +5,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::ConnectInfo;
 use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderValue;
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
@@ -28,6 +33,43 @@ use crate::config::HttpConfig;
 /// How long [`serve`] lets requests in flight finish after `cancel` before it returns anyway
 /// (a `/chat` may wait up to `call_timeout`; its work continues in the daemon regardless).
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a client has to send a complete request head, from the moment the connection
+/// waits for one: after it is accepted, and again after each response on a keep-alive
+/// connection (hyper starts the timer whenever it waits for a head). So this is also the idle
+/// timeout between requests. It never runs while a response is being written, however long
+/// that response streams. A connection that runs out of it is closed (SPEC §16.9).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The share of the process's file-descriptor limit (`RLIMIT_NOFILE`, soft) that HTTP
+/// connections may hold at most: a quarter, so the trail, the FIFO, the databases, the
+/// provider connections and the tools always have the rest.
+pub const FD_SHARE_DIVISOR: u64 = 4;
+
+/// The connection cap actually used: `configured` (`[http] max_connections`), but never more
+/// than [`FD_SHARE_DIVISOR`]th of `fd_limit`, and at least 1.
+pub fn connection_cap(configured: usize, fd_limit: u64) -> usize {
+    let share = usize::try_from(fd_limit / FD_SHARE_DIVISOR).unwrap_or(usize::MAX);
+    configured.min(share).max(1)
+}
+
+/// Raise this process's soft `RLIMIT_NOFILE` to its hard limit (the daemon calls it at start),
+/// so that the HTTP share ([`connection_cap`]) and everything else have room. Returns the
+/// limit now in force (`(soft, hard)`), or why it could not be read or raised.
+pub fn raise_fd_limit() -> Result<(u64, u64), nix::Error> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    getrlimit(Resource::RLIMIT_NOFILE)
+}
+
+/// This process's soft `RLIMIT_NOFILE` (1024, the usual default, if it cannot be read).
+fn fd_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft)
+}
 
 /// What every handler and layer shares.
 pub struct ApiState {
@@ -148,29 +190,213 @@ pub async fn bind(cfg: &HttpConfig) -> Result<TcpListener, ApiError> {
 /// Serves `router` on `listener` until `cancel`, then lets requests in flight finish for up to
 /// [`SHUTDOWN_GRACE`]. The bound address is `listener.local_addr()` — known before this is
 /// called, so the daemon can report READY after [`bind`]. Errors name the address.
+///
+/// Every connection must send its request head within [`HEADER_READ_TIMEOUT`] (also the idle
+/// time allowed between keep-alive requests). At most [`connection_cap`]`(max_connections,
+/// RLIMIT_NOFILE)` connections are open at once; one beyond that is answered `503` and closed
+/// at once, so HTTP clients can never take the file descriptors the trail, the FIFO and the
+/// databases need (SPEC §16.9).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     cancel: CancellationToken,
+    max_connections: usize,
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "HTTP API listening");
-    let server = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(cancel.clone().cancelled_owned());
-    let deadline = async {
-        cancel.cancelled().await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
-    };
-    tokio::select! {
-        result = server => result.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("HTTP API on {addr}: {e}"))
-        }),
-        () = deadline => {
-            tracing::warn!(%addr, "HTTP API requests still in flight after the shutdown grace; closing");
-            Ok(())
+    let cap = connection_cap(max_connections, fd_limit());
+    tracing::info!(%addr, max_connections = cap, "HTTP API listening");
+    let permits = Arc::new(Semaphore::new(cap));
+    let connections = TaskTracker::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let mut refused_logged = false;
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    accept_error(&addr, &e).await;
+                    continue;
+                }
+            },
+            () = cancel.cancelled() => break,
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            if !refused_logged {
+                tracing::warn!(%addr, max_connections = cap,
+                    "HTTP connection cap reached; refusing new connections with 503 until some close");
+                refused_logged = true;
+            }
+            refuse(stream);
+            continue;
+        };
+        refused_logged = false;
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut request| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            router.clone().oneshot(request)
+        });
+        let http = http.clone();
+        let cancel = cancel.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let connection = http.serve_connection(TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                () = cancel.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+            }
+        });
+    }
+    connections.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(%addr, "HTTP API requests still in flight after the shutdown grace; closing");
+    }
+    Ok(())
+}
+
+/// Answer `503` without waiting (a non-blocking write into the fresh socket's empty buffer)
+/// and close.
+fn refuse(stream: TcpStream) {
+    const BODY: &str = r#"{"error":"too many connections; try again later"}"#;
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = stream.try_write(answer.as_bytes());
+}
+
+/// An `accept` failure. Per-connection errors (the peer gave up already) are skipped at once;
+/// anything else (out of file descriptors) is logged and waited out a little, so the loop does
+/// not spin.
+async fn accept_error(addr: &SocketAddr, e: &std::io::Error) {
+    use std::io::ErrorKind::*;
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionReset | ConnectionRefused
+    ) {
+        return;
+    }
+    tracing::warn!(%addr, error = %e, "HTTP API cannot accept a connection; retrying shortly");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[test]
+    fn the_cap_stays_below_a_quarter_of_the_fd_limit() {
+        assert_eq!(connection_cap(256, 1024), 256);
+        assert_eq!(connection_cap(256, 1000), 250);
+        assert_eq!(connection_cap(10, 1 << 20), 10);
+        assert_eq!(connection_cap(256, 0), 1);
+        assert_eq!(connection_cap(0, 4096), 1);
+    }
+
+    /// A server with `cap` connections: `/` answers "ok", `/slow` streams seven one-second
+    /// chunks (longer than the header-read timeout).
+    async fn server(cap: usize) -> (SocketAddr, CancellationToken) {
+        let router = Router::new().route("/", get(|| async { "ok" })).route(
+            "/slow",
+            get(|| async {
+                let chunks = futures::stream::unfold(0u32, |n| async move {
+                    if n == 7 {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Some((Ok::<_, std::io::Error>(format!("chunk{n};")), n + 1))
+                });
+                Body::from_stream(chunks)
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        tokio::spawn(serve(listener, router, cancel.clone(), cap));
+        (addr, cancel)
+    }
+
+    /// Reads until the server closes the connection (bounded far above the 5 s timeout, so a
+    /// server that never closes fails the test instead of hanging it).
+    async fn read_to_close(s: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut out))
+            .await
+            .expect("the server never closed the connection")
+            .ok();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// A connection that never finishes its request head is closed; one beyond the cap is
+    /// answered 503 at once; once a slot is free, requests are served again.
+    #[tokio::test]
+    async fn stalled_heads_are_closed_and_the_cap_answers_503() {
+        let (addr, cancel) = server(2).await;
+        let mut stalled = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+            stalled.push(s);
         }
+        // Accepted in the order of the kernel's queue: the third finds both slots taken.
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let answer = read_to_close(&mut third).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("too many connections"), "{answer}");
+        for mut s in stalled {
+            let answer = read_to_close(&mut s).await;
+            assert!(!answer.contains(" 200 "), "{answer}");
+        }
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_to_close(&mut s).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        cancel.cancel();
+    }
+
+    /// An idle keep-alive connection is closed after its answer; a response that streams
+    /// longer than the timeout is never cut.
+    #[tokio::test]
+    async fn idle_keep_alive_is_closed_but_a_streaming_answer_is_not_cut() {
+        let (addr, cancel) = server(8).await;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let (idle_answer, slow_answer) =
+            tokio::join!(read_to_close(&mut idle), read_to_close(&mut slow));
+        assert!(idle_answer.starts_with("HTTP/1.1 200"), "{idle_answer}");
+        assert!(idle_answer.ends_with("ok"), "{idle_answer}");
+        let want: String = (0..7).map(|n| format!("chunk{n};")).collect();
+        let body: String = slow_answer
+            .split("\r\n")
+            .filter(|l| l.starts_with("chunk"))
+            .collect();
+        assert_eq!(body, want, "{slow_answer}");
+        cancel.cancel();
     }
 }

@@ -127,6 +127,7 @@ fn config(token: Option<&str>) -> HttpConfig {
         token_env: "AGENTD_HTTP_TOKEN".into(),
         token: token.map(SecretString::from),
         max_body_bytes: 2048,
+        max_connections: 64,
         rate_limit: 100,
         status_rate_limit: 100,
         rate_window: Duration::from_secs(60),

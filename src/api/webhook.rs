@@ -275,6 +275,7 @@ mod tests {
             token_env: "AGENTD_HTTP_TOKEN".into(),
             token: None,
             max_body_bytes: 1024,
+            max_connections: 64,
             rate_limit: 10,
             status_rate_limit: 10,
             rate_window: Duration::from_secs(60),

@@ -57,6 +57,7 @@ pub fn http(root: &mut Section<'_>) -> HttpConfig {
         token_env,
         token,
         max_body_bytes: s.int("max_body_bytes", 1).unwrap_or(10 * MIB as usize),
+        max_connections: s.int("max_connections", 1).unwrap_or(256),
         rate_limit: s.int("rate_limit", 1).unwrap_or(30),
         status_rate_limit: s.int("status_rate_limit", 1).unwrap_or(60),
         rate_window: Duration::from_secs(s.int("rate_window_seconds", 1).unwrap_or(60)),

@@ -96,6 +96,7 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("token_env", q(&h.token_env));
     r.kv("token", secret(&h.token));
     r.kv("max_body_bytes", h.max_body_bytes.to_string());
+    r.kv("max_connections", h.max_connections.to_string());
     r.kv("rate_limit", h.rate_limit.to_string());
     r.kv("status_rate_limit", h.status_rate_limit.to_string());
     r.kv("rate_window_seconds", secs(h.rate_window));
@@ -121,6 +122,8 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("error_message", q(&b.error_message));
     r.kv("max_turns_per_message", b.max_turns_per_message.to_string());
     r.kv("call_timeout_seconds", secs(b.call_timeout));
+    r.kv("call_deadline_seconds", secs(b.call_deadline));
+    r.kv("max_reply_bytes", b.max_reply_bytes.to_string());
     r.kv("api_retries", b.api_retries.to_string());
     r.kv(
         "api_retry_base_delay_seconds",

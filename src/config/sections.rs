@@ -119,6 +119,16 @@ pub fn system_timezone() -> chrono_tz::Tz {
         .unwrap_or(chrono_tz::UTC)
 }
 
+/// `[behavior] call_deadline_seconds` default: ten minutes for one model call, from the request
+/// to the last event. Well above a long answer at the default `max_tokens` (4096 tokens take
+/// a few minutes even on a slow model), so it only ends calls that are stuck; raise it for
+/// very long outputs or large thinking budgets.
+pub const DEFAULT_CALL_DEADLINE_SECONDS: u64 = 600;
+
+/// `[behavior] max_reply_bytes` default: 1 MiB of text, thinking and tool-call input per
+/// model reply, about 250,000 tokens, more than any model's output limit today.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 1024 * 1024;
+
 /// `[behavior]`.
 pub fn behavior(root: &mut Section<'_>) -> BehaviorConfig {
     let mut s = root.section("behavior");
@@ -145,6 +155,13 @@ pub fn behavior(root: &mut Section<'_>) -> BehaviorConfig {
             .unwrap_or_else(|| DEFAULT_ERROR_MESSAGE.into()),
         max_turns_per_message: s.int("max_turns_per_message", 1).unwrap_or(50),
         call_timeout: Duration::from_secs(s.int("call_timeout_seconds", 1).unwrap_or(600)),
+        call_deadline: Duration::from_secs(
+            s.int("call_deadline_seconds", 1)
+                .unwrap_or(DEFAULT_CALL_DEADLINE_SECONDS),
+        ),
+        max_reply_bytes: s
+            .int("max_reply_bytes", 1024)
+            .unwrap_or(DEFAULT_MAX_REPLY_BYTES),
         api_retries: s.int("api_retries", 0).unwrap_or(2),
         api_retry_base_delay: Duration::from_secs_f64(
             s.number("api_retry_base_delay_seconds", 0.0, 3600.0)

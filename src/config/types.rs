@@ -191,6 +191,8 @@ pub struct HttpConfig {
     pub token_env: String,
     pub token: Option<SecretString>,
     pub max_body_bytes: usize,
+    /// Most HTTP connections open at once (further capped at a quarter of the fd limit).
+    pub max_connections: usize,
     pub rate_limit: u32,
     pub status_rate_limit: u32,
     pub rate_window: Duration,
@@ -244,6 +246,11 @@ pub struct BehaviorConfig {
     pub max_turns_per_message: u32,
     /// Inactivity timeout while streaming.
     pub call_timeout: Duration,
+    /// Total time one model call may take, from sending the request to the last event,
+    /// whatever keep-alives arrive (SPEC §16.9).
+    pub call_deadline: Duration,
+    /// Most bytes of one model reply (text, thinking and tool-call inputs together).
+    pub max_reply_bytes: usize,
     pub api_retries: u32,
     pub api_retry_base_delay: Duration,
     pub message_retries: u32,

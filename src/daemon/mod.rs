@@ -378,8 +378,9 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             cfg.behavior.call_timeout,
         );
         let stop = stop.clone();
+        let max_connections = cfg.http.max_connections;
         tracker.spawn(async move {
-            if let Err(e) = crate::api::serve(listener, router, stop).await {
+            if let Err(e) = crate::api::serve(listener, router, stop, max_connections).await {
                 tracing::error!(error = %e, "HTTP server stopped");
             }
         });

@@ -30,6 +30,18 @@ pub enum LlmError {
         /// Whether any content had already streamed (then it is not retried).
         after_content: bool,
     },
+    /// The call as a whole took longer than its deadline (`[behavior] call_deadline_seconds`),
+    /// e.g. a provider that sends keep-alives and nothing else.
+    #[error(
+        "{provider}: no complete answer within {seconds} s (the call deadline, [behavior] \
+         call_deadline_seconds)"
+    )]
+    Deadline {
+        provider: String,
+        seconds: u64,
+        /// Whether any content had already streamed (then it is not retried).
+        after_content: bool,
+    },
     /// The stream broke or carried an `error` event.
     #[error("{provider}: stream failed: {message}")]
     Stream {
@@ -56,7 +68,8 @@ pub enum LlmError {
 
 impl LlmError {
     /// Retry only what can succeed on a second try and only before content streamed:
-    /// 408/409/429/5xx/529, connection errors, inactivity timeouts before content.
+    /// 408/409/429/5xx/529, connection errors, inactivity timeouts and call deadlines before
+    /// content.
     /// Never 400, 401, 403, 404, 422.
     pub fn is_retryable(&self) -> bool {
         match self {
@@ -64,7 +77,9 @@ impl LlmError {
                 matches!(status, 408 | 409 | 429 | 529) || (500..=599).contains(status)
             }
             LlmError::Connect { .. } => true,
-            LlmError::Timeout { after_content, .. } => !after_content,
+            LlmError::Timeout { after_content, .. } | LlmError::Deadline { after_content, .. } => {
+                !after_content
+            }
             LlmError::Stream {
                 after_content,
                 retryable,

@@ -1,5 +1,6 @@
-//! The HTTP edge shared by both clients: send with an inactivity timeout, turn non-2xx answers
-//! into `LlmError::Http` (provider message, `Retry-After`), stream the body through a parser.
+//! The HTTP edge shared by both clients: send with an inactivity timeout and a total deadline,
+//! turn non-2xx answers into `LlmError::Http` (provider message, `Retry-After`), stream the
+//! body through a parser (reply size capped).
 //! No error built here contains a URL or the API key.
 
 use std::time::{Duration, SystemTime};
@@ -8,8 +9,8 @@ use futures::TryStreamExt;
 use reqwest::header::{HeaderMap, HeaderValue};
 use secrecy::{ExposeSecret, SecretString};
 
-use super::LlmError;
 use super::sse::{self, SseHandler};
+use super::{CallLimits, LlmError};
 use crate::config::ModelSpec;
 
 /// Most bytes of an error body we read.
@@ -21,7 +22,7 @@ const MAX_ERROR_TEXT: usize = 300;
 pub(crate) struct CallCtx<'a> {
     /// Name used in errors, e.g. "anthropic (claude-sonnet-4-5)".
     pub label: &'a str,
-    pub inactivity: Duration,
+    pub limits: CallLimits,
     /// Redacted from any provider message that echoes it.
     pub secret: Option<&'a SecretString>,
     /// Extracts the provider's message from an error body.
@@ -57,17 +58,35 @@ pub(crate) fn secret_header(
     Ok(value)
 }
 
-/// Send `request` and stream the answer through `handler`.
+/// Send `request` and stream the answer through `handler`, all within the call's deadline
+/// (`LlmError::Deadline`, retryable only if no content had streamed).
 pub(crate) async fn stream_call<H: SseHandler>(
     request: reqwest::RequestBuilder,
     ctx: &CallCtx<'_>,
     handler: &mut H,
 ) -> Result<(), LlmError> {
-    let response = tokio::time::timeout(ctx.inactivity, request.send())
+    let deadline = ctx.limits.deadline;
+    let result = tokio::time::timeout(deadline, send_and_stream(request, ctx, handler)).await;
+    result.unwrap_or_else(|_| {
+        Err(LlmError::Deadline {
+            provider: ctx.label.to_string(),
+            seconds: deadline.as_secs(),
+            after_content: handler.saw_content(),
+        })
+    })
+}
+
+async fn send_and_stream<H: SseHandler>(
+    request: reqwest::RequestBuilder,
+    ctx: &CallCtx<'_>,
+    handler: &mut H,
+) -> Result<(), LlmError> {
+    let inactivity = ctx.limits.inactivity;
+    let response = tokio::time::timeout(inactivity, request.send())
         .await
         .map_err(|_| LlmError::Timeout {
             provider: ctx.label.to_string(),
-            seconds: ctx.inactivity.as_secs(),
+            seconds: inactivity.as_secs(),
             after_content: false,
         })?
         .map_err(|e| LlmError::Connect {
@@ -80,7 +99,7 @@ pub(crate) async fn stream_call<H: SseHandler>(
     }
 
     let bytes = response.bytes_stream().map_err(describe_reqwest_error);
-    sse::drive(bytes, handler, ctx.label, ctx.inactivity)
+    sse::drive(bytes, handler, ctx.label, ctx.limits)
         .await
         .map_err(|e| redact_error(e, ctx.secret))
 }
@@ -91,7 +110,7 @@ pub(crate) async fn error_response(mut response: reqwest::Response, ctx: &CallCt
     let retry_after = retry_after(response.headers(), SystemTime::now());
     let mut body = Vec::new();
     while body.len() < MAX_ERROR_BODY {
-        match tokio::time::timeout(ctx.inactivity, response.chunk()).await {
+        match tokio::time::timeout(ctx.limits.inactivity, response.chunk()).await {
             Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
             _ => break,
         }

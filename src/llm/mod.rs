@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::config::{ModelSpec, ProviderKind};
+use crate::config::{BehaviorConfig, ModelSpec, ProviderKind};
 
 /// One provider client bound to one model definition. `chat` makes exactly one streamed call
 /// (no retries: those live in `router`).
@@ -49,18 +49,38 @@ pub trait Provider: Send + Sync {
     }
 }
 
+/// The bounds of one model call (SPEC §16.9), from `[behavior]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallLimits {
+    /// Longest wait for the response head and for each stream chunk
+    /// (`call_timeout_seconds`).
+    pub inactivity: Duration,
+    /// Longest the whole call may take, keep-alives or not (`call_deadline_seconds`).
+    pub deadline: Duration,
+    /// Most bytes of the reply: text, thinking and tool-call inputs (`max_reply_bytes`).
+    pub max_reply_bytes: usize,
+}
+
+impl CallLimits {
+    pub fn from_behavior(b: &BehaviorConfig) -> CallLimits {
+        CallLimits {
+            inactivity: b.call_timeout,
+            deadline: b.call_deadline,
+            max_reply_bytes: b.max_reply_bytes,
+        }
+    }
+}
+
 /// The client for `spec`'s provider type. `http` is shared by all clients (one connection
-/// pool); `inactivity` bounds every wait for the response head and for each stream chunk.
+/// pool); `limits` bound every call.
 pub fn provider_for(
     spec: Arc<ModelSpec>,
     http: reqwest::Client,
-    inactivity: Duration,
+    limits: CallLimits,
 ) -> Arc<dyn Provider> {
     match spec.kind {
-        ProviderKind::Anthropic => {
-            Arc::new(anthropic::AnthropicClient::new(spec, http, inactivity))
-        }
-        ProviderKind::OpenAi => Arc::new(openai::OpenAiClient::new(spec, http, inactivity)),
+        ProviderKind::Anthropic => Arc::new(anthropic::AnthropicClient::new(spec, http, limits)),
+        ProviderKind::OpenAi => Arc::new(openai::OpenAiClient::new(spec, http, limits)),
     }
 }
 

@@ -97,9 +97,10 @@ pub struct Llm {
 }
 
 impl Llm {
-    /// The providers' reqwest client (connect timeout 10 s; no total timeout: streams are
-    /// long, `behavior.call_timeout` is the inactivity timeout instead), prewarmed by the
-    /// daemon (see [`prewarm_http_client`]).
+    /// The providers' reqwest client (connect timeout 10 s; no timeout of its own: each call
+    /// is bounded by `behavior.call_timeout` for inactivity and `behavior.call_deadline` in
+    /// total, see [`super::CallLimits`]), prewarmed by the daemon (see
+    /// [`prewarm_http_client`]).
     pub fn new(models: ModelSet, behavior: &BehaviorConfig) -> Llm {
         let http = http_client();
         let providers = models
@@ -108,7 +109,11 @@ impl Llm {
             .map(|(name, spec)| {
                 (
                     name.clone(),
-                    provider_for(spec.clone(), http.clone(), behavior.call_timeout),
+                    provider_for(
+                        spec.clone(),
+                        http.clone(),
+                        super::CallLimits::from_behavior(behavior),
+                    ),
                 )
             })
             .collect();
@@ -371,6 +376,45 @@ mod tests {
                     .body(Body::from_stream(body))
                     .unwrap()
             }
+            // Keep-alives and nothing else, for ever; "pings_after" first streams a little
+            // text. Only the call deadline ends these.
+            ("pings" | "pings_after", _) => {
+                let mut head = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n".to_string();
+                if scenario == "pings_after" {
+                    head.push_str("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"partial\"}}\n\n");
+                }
+                let pings = futures::stream::unfold((), |()| async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Some((
+                        Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+                            b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
+                        )),
+                        (),
+                    ))
+                });
+                let first = futures::stream::once(async move {
+                    Ok::<_, std::io::Error>(bytes::Bytes::from(head))
+                });
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(futures::StreamExt::chain(first, pings)))
+                    .unwrap()
+            }
+            // A complete answer whose text is 4 KiB.
+            ("big", _) => {
+                let delta = serde_json::json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": "x".repeat(4096)}});
+                let body = format!(
+                    "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{{\"input_tokens\":3,\"output_tokens\":1}}}}}}\n\n\
+                     event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
+                     event: content_block_delta\ndata: {delta}\n\n\
+                     event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+                );
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from(body))
+                    .unwrap()
+            }
             _ => error(404, None, "not_found_error", "no such scenario"),
         }
     }
@@ -590,6 +634,94 @@ mod tests {
             "{err:?}"
         );
         assert_eq!(count(&seen, "stall"), 1);
+    }
+
+    /// `behavior(retries, 5 s inactivity)` with a call deadline of 300 ms.
+    fn llm_with_deadline(spec: ModelSpec, retries: u32) -> Llm {
+        let mut set = ModelSet::default();
+        set.loaded.insert(spec.name.clone(), Arc::new(spec));
+        let mut b = behavior(retries, Duration::from_secs(5));
+        b.call_deadline = Duration::from_millis(300);
+        Llm::new(set, &b)
+    }
+
+    /// Issue #12 finding 8: keep-alives reset the inactivity timeout for ever; the deadline
+    /// ends the call. Before any content it is retryable, so every retry is made.
+    #[tokio::test]
+    async fn call_deadline_ends_a_ping_only_stream_and_is_retried() {
+        let (base, seen) = server().await;
+        let llm = llm_with_deadline(anthropic_model("primary", &base, "pings"), 2);
+        let (events, sink) = collector();
+        let err = llm
+            .chat("primary", &sample_request(), &sink)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LlmError::Deadline {
+                    after_content: false,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.is_retryable());
+        assert!(err.to_string().contains("call_deadline_seconds"), "{err}");
+        assert_eq!(count(&seen, "pings"), 3);
+        assert_eq!(events.lock().unwrap().len(), 2);
+    }
+
+    /// After content the deadline is a failure that is not retried.
+    #[tokio::test]
+    async fn call_deadline_after_content_is_not_retried() {
+        let (base, seen) = server().await;
+        let llm = llm_with_deadline(anthropic_model("primary", &base, "pings_after"), 2);
+        let (_events, sink) = collector();
+        let err = llm
+            .chat("primary", &sample_request(), &sink)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LlmError::Deadline {
+                    after_content: true,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(count(&seen, "pings_after"), 1);
+    }
+
+    /// Issue #12 finding 15: a reply beyond `max_reply_bytes` is a malformed answer, not
+    /// retried.
+    #[tokio::test]
+    async fn reply_beyond_the_size_cap_is_refused() {
+        let (base, seen) = server().await;
+        let mut set = ModelSet::default();
+        let spec = anthropic_model("primary", &base, "big");
+        set.loaded.insert("primary".into(), Arc::new(spec));
+        let mut b = behavior(2, Duration::from_secs(5));
+        b.max_reply_bytes = 4000;
+        let (_events, sink) = collector();
+        let err = Llm::new(set.clone(), &b)
+            .chat("primary", &sample_request(), &sink)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, LlmError::Decode { message, .. } if message.contains("max_reply_bytes")),
+            "{err:?}"
+        );
+        assert_eq!(count(&seen, "big"), 1);
+        // At a cap above it the same answer is accepted.
+        b.max_reply_bytes = 5000;
+        let out = Llm::new(set, &b)
+            .chat("primary", &sample_request(), &sink)
+            .await
+            .unwrap();
+        assert_eq!(out.response.text.len(), 4096);
     }
 
     #[tokio::test]

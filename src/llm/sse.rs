@@ -1,14 +1,21 @@
 //! Server-sent events: feeds the events of a byte stream to a provider's parser, with an
-//! inactivity timeout on every chunk. Framing (CRLF, multi-line `data:`, comments, UTF-8 split
-//! across chunks) is eventsource-stream's job; what the events mean is the parser's.
+//! inactivity timeout on every chunk and a cap on the reply's size. Framing (CRLF, multi-line
+//! `data:`, comments, UTF-8 split across chunks) is eventsource-stream's job; what the events
+//! mean is the parser's.
 
 use std::fmt::Display;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 
-use super::LlmError;
+use super::{CallLimits, LlmError};
+
+/// The raw event stream of one call may be this many times `max_reply_bytes`: the wire
+/// wraps every few characters of content in a JSON event of a hundred bytes or more, and a
+/// stream without line ends would otherwise be buffered whole.
+pub(crate) const RAW_STREAM_FACTOR: usize = 64;
 
 /// A provider's stream parser: it receives one SSE event at a time.
 pub(crate) trait SseHandler {
@@ -20,6 +27,10 @@ pub(crate) trait SseHandler {
     /// is not retried, since the model already produced (and billed) output.
     fn saw_content(&self) -> bool;
 
+    /// Bytes of the reply accumulated so far: text, thinking, signatures and tool-call ids,
+    /// names and inputs. Capped by `max_reply_bytes`.
+    fn content_bytes(&self) -> usize;
+
     /// Whether a stream that ends without its terminal event still carried a complete answer
     /// (lenient servers). Default: no.
     fn accept_eof(&self) -> bool {
@@ -28,13 +39,15 @@ pub(crate) trait SseHandler {
 }
 
 /// Drive `handler` over `bytes` until it reports the terminal event. Waiting more than
-/// `inactivity` for the next chunk is `LlmError::Timeout`; a stream that ends early is a
-/// `LlmError::Stream` (retryable when no content had arrived).
+/// `limits.inactivity` for the next chunk is `LlmError::Timeout`; a stream that ends early is a
+/// `LlmError::Stream` (retryable when no content had arrived); a reply beyond
+/// `limits.max_reply_bytes` (or a raw stream beyond [`RAW_STREAM_FACTOR`] times that) is a
+/// `LlmError::Decode`. The total deadline is the caller's (`http::stream_call`).
 pub(crate) async fn drive<S, B, E, H>(
     bytes: S,
     handler: &mut H,
     provider: &str,
-    inactivity: Duration,
+    limits: CallLimits,
 ) -> Result<(), LlmError>
 where
     S: Stream<Item = Result<B, E>>,
@@ -42,6 +55,31 @@ where
     E: Display,
     H: SseHandler,
 {
+    let inactivity = limits.inactivity;
+    let max = limits.max_reply_bytes;
+    let too_large = |what: &str, limit: usize| LlmError::Decode {
+        provider: provider.to_string(),
+        message: format!(
+            "{what} is larger than {limit} bytes; raise [behavior] max_reply_bytes ({max}) if \
+             such replies are expected"
+        ),
+    };
+    // Ends the byte stream once the raw cap is passed (and says so), so that not even one
+    // event without a line end is buffered beyond it.
+    let raw_cap = max.saturating_mul(RAW_STREAM_FACTOR);
+    let over_raw = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&over_raw);
+    let mut raw_seen = 0usize;
+    let bytes = bytes.take_while(move |item| {
+        if let Ok(chunk) = item {
+            raw_seen = raw_seen.saturating_add(chunk.as_ref().len());
+            if raw_seen > raw_cap {
+                flag.store(true, Ordering::Relaxed);
+                return std::future::ready(false);
+            }
+        }
+        std::future::ready(true)
+    });
     let events = bytes.eventsource();
     let mut events = std::pin::pin!(events);
     loop {
@@ -53,6 +91,9 @@ where
                 after_content: handler.saw_content(),
             })?;
         match next {
+            None if over_raw.load(Ordering::Relaxed) => {
+                return Err(too_large("the event stream", raw_cap));
+            }
             None if handler.accept_eof() => return Ok(()),
             None => {
                 return Err(LlmError::Stream {
@@ -77,7 +118,11 @@ where
                 });
             }
             Some(Ok(event)) => {
-                if handler.on_event(&event.event, &event.data)? {
+                let done = handler.on_event(&event.event, &event.data)?;
+                if handler.content_bytes() > max {
+                    return Err(too_large("the reply", max));
+                }
+                if done {
                     return Ok(());
                 }
             }
@@ -88,7 +133,18 @@ where
 /// Test helpers: run a parser over a transcript cut into chunks.
 #[cfg(test)]
 pub(crate) mod testing {
+    use std::time::Duration;
+
     use super::*;
+
+    /// `inactivity`, a deadline of a minute, replies up to 1 MiB.
+    pub(crate) fn limits(inactivity: Duration) -> CallLimits {
+        CallLimits {
+            inactivity,
+            deadline: Duration::from_secs(60),
+            max_reply_bytes: 1024 * 1024,
+        }
+    }
 
     /// Feed `transcript` split at `cuts` (byte offsets, any order, duplicates allowed).
     pub(crate) async fn run_split<H: SseHandler>(
@@ -109,7 +165,7 @@ pub(crate) mod testing {
             futures::stream::iter(chunks),
             handler,
             "test",
-            Duration::from_secs(5),
+            limits(Duration::from_secs(5)),
         )
         .await
     }
@@ -117,6 +173,8 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// Records events; terminal on `stop`.
@@ -133,6 +191,9 @@ mod tests {
         }
         fn saw_content(&self) -> bool {
             !self.events.is_empty()
+        }
+        fn content_bytes(&self) -> usize {
+            self.events.iter().map(|(_, d)| d.len()).sum()
         }
         fn accept_eof(&self) -> bool {
             self.eof_ok
@@ -201,7 +262,7 @@ mod tests {
             futures::stream::iter(chunks),
             &mut r,
             "p",
-            Duration::from_secs(1),
+            testing::limits(Duration::from_secs(1)),
         )
         .await
         .unwrap_err();
@@ -302,9 +363,14 @@ mod tests {
         let first = futures::stream::iter(vec![Ok::<_, String>(b"data: 1\n\n".to_vec())]);
         let stalled = first.chain(futures::stream::pending());
         let mut r = Recorder::default();
-        let err = drive(stalled, &mut r, "p", Duration::from_secs(30))
-            .await
-            .unwrap_err();
+        let err = drive(
+            stalled,
+            &mut r,
+            "p",
+            testing::limits(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(
             err,
             LlmError::Timeout {
@@ -313,5 +379,61 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A reply beyond `max_reply_bytes` is refused as soon as it passes the cap, and a raw
+    /// stream beyond the raw cap (here: one event that never ends its line) as well.
+    #[tokio::test]
+    async fn reply_and_raw_stream_caps() {
+        let cap = |max_reply_bytes| CallLimits {
+            max_reply_bytes,
+            ..testing::limits(Duration::from_secs(5))
+        };
+        let events: Vec<Result<Vec<u8>, String>> = (0..100)
+            .map(|_| Ok(format!("data: {}\n\n", "x".repeat(100)).into_bytes()))
+            .collect();
+        let mut r = Recorder::default();
+        let err = drive(
+            futures::stream::iter(events.clone()),
+            &mut r,
+            "p",
+            cap(1000),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, LlmError::Decode { message, .. }
+                if message.contains("the reply is larger than 1000 bytes")
+                    && message.contains("max_reply_bytes")),
+            "{err:?}"
+        );
+        assert!(!err.is_retryable());
+        assert_eq!(
+            r.events.len(),
+            11,
+            "stopped at the first event past the cap"
+        );
+
+        // Under the cap: every event arrives.
+        let mut r = Recorder {
+            eof_ok: true,
+            ..Default::default()
+        };
+        drive(futures::stream::iter(events), &mut r, "p", cap(100_000))
+            .await
+            .unwrap();
+        assert_eq!(r.events.len(), 100);
+
+        // No line end, ever: cut at 64 × the cap, not buffered on.
+        let endless = futures::stream::iter(std::iter::once(Ok::<_, String>(b"data: ".to_vec())))
+            .chain(futures::stream::repeat_with(|| Ok(vec![b'x'; 4096])));
+        let mut r = Recorder::default();
+        let err = drive(endless, &mut r, "p", cap(1024)).await.unwrap_err();
+        assert!(
+            matches!(&err, LlmError::Decode { message, .. }
+                if message.contains("the event stream is larger than 65536 bytes")),
+            "{err:?}"
+        );
+        assert!(r.events.is_empty());
     }
 }

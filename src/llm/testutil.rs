@@ -48,6 +48,8 @@ pub(crate) fn behavior(retries: u32, call_timeout: Duration) -> BehaviorConfig {
         error_message: "error".into(),
         max_turns_per_message: 10,
         call_timeout,
+        call_deadline: Duration::from_secs(60),
+        max_reply_bytes: 1024 * 1024,
         api_retries: retries,
         api_retry_base_delay: Duration::from_millis(1),
         message_retries: 0,

@@ -130,17 +130,54 @@ pub struct Usage {
     pub cache_write_tokens: u64,
 }
 
+/// The most tokens one provider call may report in any one usage field (input, output, cache
+/// read, cache write): 10 million, several times the largest context window offered today
+/// (about 2 million tokens). A provider answer reporting more, or a negative count, is
+/// malformed (SPEC §16.9): it is refused, and nothing of it is stored or billed. The cost
+/// ledger reads a row beyond this cap, written by an older build, as no spend at all
+/// (`store::costs`).
+pub const MAX_TOKENS_PER_CALL: u64 = 10_000_000;
+
 impl Usage {
+    /// Adds `other` field by field; a sum beyond `u64::MAX` stays at `u64::MAX` (a trail
+    /// written before usage was validated may hold such figures, and a sum must never panic
+    /// or wrap).
     pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.cache_read_tokens += other.cache_read_tokens;
-        self.cache_write_tokens += other.cache_write_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cache_read_tokens = self
+            .cache_read_tokens
+            .saturating_add(other.cache_read_tokens);
+        self.cache_write_tokens = self
+            .cache_write_tokens
+            .saturating_add(other.cache_write_tokens);
     }
 
-    /// Tokens of the prompt as the provider saw it (input + cache reads + cache writes).
+    /// Tokens of the prompt as the provider saw it (input + cache reads + cache writes),
+    /// saturating.
     pub fn prompt_tokens(&self) -> u64 {
-        self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+        self.input_tokens
+            .saturating_add(self.cache_read_tokens)
+            .saturating_add(self.cache_write_tokens)
+    }
+
+    /// Whether every field is a plausible figure for one call (at most
+    /// [`MAX_TOKENS_PER_CALL`]). `Err` names the field and the value, for a malformed-response
+    /// error.
+    pub fn check_per_call(&self) -> Result<(), String> {
+        let fields = [
+            ("input_tokens", self.input_tokens),
+            ("output_tokens", self.output_tokens),
+            ("cache_read_tokens", self.cache_read_tokens),
+            ("cache_write_tokens", self.cache_write_tokens),
+        ];
+        match fields.iter().find(|(_, v)| *v > MAX_TOKENS_PER_CALL) {
+            Some((name, v)) => Err(format!(
+                "usage {name} = {v} is not plausible for one call (more than \
+                 {MAX_TOKENS_PER_CALL}); the answer is refused and not billed"
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -246,5 +283,49 @@ impl ChatResponse {
             thinking: self.thinking.clone(),
             usage: Some(self.usage),
         }
+    }
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+
+    fn u(i: u64, o: u64, cr: u64, cw: u64) -> Usage {
+        Usage {
+            input_tokens: i,
+            output_tokens: o,
+            cache_read_tokens: cr,
+            cache_write_tokens: cw,
+        }
+    }
+
+    #[test]
+    fn add_saturates_instead_of_overflowing() {
+        let mut total = u(u64::MAX, 1, u64::MAX - 1, 0);
+        total.add(&u(1, 2, 5, u64::MAX));
+        assert_eq!(total, u(u64::MAX, 3, u64::MAX, u64::MAX));
+        let mut small = u(1, 2, 3, 4);
+        small.add(&u(10, 20, 30, 40));
+        assert_eq!(small, u(11, 22, 33, 44));
+    }
+
+    #[test]
+    fn prompt_tokens_saturates() {
+        assert_eq!(u(u64::MAX, 0, u64::MAX, 7).prompt_tokens(), u64::MAX);
+        assert_eq!(u(1, 100, 2, 3).prompt_tokens(), 6);
+    }
+
+    #[test]
+    fn per_call_cap_names_the_field() {
+        assert!(
+            u(MAX_TOKENS_PER_CALL, MAX_TOKENS_PER_CALL, 0, 0)
+                .check_per_call()
+                .is_ok()
+        );
+        let e = u(0, 0, 0, MAX_TOKENS_PER_CALL + 1)
+            .check_per_call()
+            .unwrap_err();
+        assert!(e.contains("cache_write_tokens = 10000001"), "{e}");
+        assert!(u(u64::MAX, 0, 0, 0).check_per_call().is_err());
     }
 }

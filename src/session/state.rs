@@ -93,7 +93,7 @@ impl SessionState {
                 strip_images(&mut msg);
                 if let Message::Assistant { usage: Some(u), .. } = &msg {
                     self.usage.add(u);
-                    self.context_tokens = u.prompt_tokens() + u.output_tokens;
+                    self.context_tokens = u.prompt_tokens().saturating_add(u.output_tokens);
                 }
                 if let Some(c) = m.cost_usd {
                     self.cost_usd += c;

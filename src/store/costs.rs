@@ -108,23 +108,52 @@ impl SpendMarks {
     }
 }
 
-/// Token counts are `u64` in Rust and `INTEGER` (i64) in SQLite; real counts never come near
-/// the limit, so saturate rather than fail a cost insert.
+/// Token counts are `u64` in Rust and `INTEGER` (i64) in SQLite. A count beyond `i64::MAX` is
+/// stored as `i64::MAX` rather than failing the insert: a cost row that cannot be written
+/// stops every later call (SPEC §16.4). The parsers refuse such figures before they get here
+/// (`llm::MAX_TOKENS_PER_CALL`), and the sums read such a row as no spend ([`plausible!`]).
 fn to_sql_count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Sums read back: a NULL or negative value (possible only if someone edited the file) is 0.
-fn from_sql_count(n: Option<i64>) -> u64 {
-    n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0)
+/// A sum read back (SQLite `TOTAL`, a float): NaN or negative is 0, beyond `u64::MAX` is
+/// `u64::MAX`.
+fn from_sql_total(n: f64) -> u64 {
+    if n.is_nan() || n <= 0.0 {
+        0
+    } else {
+        // `as` saturates.
+        n as u64
+    }
+}
+
+/// The SQL condition a cost row must meet to count in any sum: every token count between 0
+/// and `llm::MAX_TOKENS_PER_CALL` (NULL reads as 0), and a cost that is not negative and
+/// finite (NULL, e.g. a NaN written by SQLite, reads as 0). No build writes anything else
+/// today; a row beyond this was left by a build that did not validate usage (issue #12: a
+/// provider answered `input_tokens = u64::MAX`, stored as `i64::MAX` at 5.5e13 USD). Its
+/// figures are known to be false and the real charge is unknown, so it counts as nothing:
+/// `/status`, `/cost` and the budget stay sane, and the row stays in the file for inspection.
+///
+/// Sums use `TOTAL` (a float that never overflows) rather than `SUM` (which fails the whole
+/// query with "integer overflow").
+macro_rules! plausible {
+    () => {
+        "(COALESCE(input_tokens, 0) BETWEEN 0 AND 10000000 \
+          AND COALESCE(output_tokens, 0) BETWEEN 0 AND 10000000 \
+          AND COALESCE(cache_read_tokens, 0) BETWEEN 0 AND 10000000 \
+          AND COALESCE(cache_write_tokens, 0) BETWEEN 0 AND 10000000 \
+          AND COALESCE(cost_usd, 0) BETWEEN 0 AND 1.7976931348623157e308)"
+    };
 }
 
 /// The period's total and the largest id, read in one statement (one snapshot of the table).
 fn scan_spend(conn: &rusqlite::Connection, since: i64) -> rusqlite::Result<SpendMark> {
-    conn.prepare_cached(
-        "SELECT (SELECT TOTAL(cost_usd) FROM costs WHERE timestamp >= ?1), \
-                (SELECT MAX(id) FROM costs)",
-    )?
+    conn.prepare_cached(concat!(
+        "SELECT (SELECT TOTAL(cost_usd) FROM costs WHERE timestamp >= ?1 AND ",
+        plausible!(),
+        "), (SELECT MAX(id) FROM costs)"
+    ))?
     .query_row([since], |r| {
         Ok(SpendMark {
             since,
@@ -173,10 +202,11 @@ impl Db {
             .call(move |conn| match previous {
                 Some(m) => {
                     let (added, last_id): (f64, Option<i64>) = conn
-                        .prepare_cached(
-                            "SELECT TOTAL(CASE WHEN timestamp >= ?2 THEN cost_usd END), MAX(id) \
-                             FROM costs WHERE id > ?1",
-                        )?
+                        .prepare_cached(concat!(
+                            "SELECT TOTAL(CASE WHEN timestamp >= ?2 AND ",
+                            plausible!(),
+                            " THEN cost_usd END), MAX(id) FROM costs WHERE id > ?1"
+                        ))?
                         .query_row([m.last_id, since], |r| Ok((r.get(0)?, r.get(1)?)))?;
                     Ok(SpendMark {
                         since,
@@ -207,20 +237,21 @@ impl Db {
         let since = since.unwrap_or(i64::MIN);
         self.actor
             .call(move |conn| {
-                let mut stmt = conn.prepare_cached(
-                    "SELECT model, SUM(input_tokens), SUM(output_tokens), \
-                     SUM(cache_read_tokens), SUM(cache_write_tokens), TOTAL(cost_usd) AS cost \
-                     FROM costs WHERE timestamp >= ?1 \
-                     GROUP BY model ORDER BY cost DESC, model ASC",
-                )?;
+                let mut stmt = conn.prepare_cached(concat!(
+                    "SELECT model, TOTAL(input_tokens), TOTAL(output_tokens), \
+                     TOTAL(cache_read_tokens), TOTAL(cache_write_tokens), TOTAL(cost_usd) AS cost \
+                     FROM costs WHERE timestamp >= ?1 AND ",
+                    plausible!(),
+                    " GROUP BY model ORDER BY cost DESC, model ASC"
+                ))?;
                 let models = stmt
                     .query_map([since], |row| {
                         Ok(ModelCost {
                             model: row.get::<_, Option<String>>(0)?.unwrap_or_default(),
-                            input_tokens: from_sql_count(row.get(1)?),
-                            output_tokens: from_sql_count(row.get(2)?),
-                            cache_read_tokens: from_sql_count(row.get(3)?),
-                            cache_write_tokens: from_sql_count(row.get(4)?),
+                            input_tokens: from_sql_total(row.get(1)?),
+                            output_tokens: from_sql_total(row.get(2)?),
+                            cache_read_tokens: from_sql_total(row.get(3)?),
+                            cache_write_tokens: from_sql_total(row.get(4)?),
                             cost_usd: row.get(5)?,
                         })
                     })?
@@ -240,16 +271,18 @@ impl Db {
     pub async fn usage_since(&self, since: i64) -> Result<(Usage, f64), StoreError> {
         self.actor
             .call(move |conn| {
-                conn.prepare_cached(
-                    "SELECT SUM(input_tokens), SUM(output_tokens), SUM(cache_read_tokens), \
-                     SUM(cache_write_tokens), TOTAL(cost_usd) FROM costs WHERE timestamp >= ?1",
-                )?
+                conn.prepare_cached(concat!(
+                    "SELECT TOTAL(input_tokens), TOTAL(output_tokens), TOTAL(cache_read_tokens), \
+                     TOTAL(cache_write_tokens), TOTAL(cost_usd) FROM costs \
+                     WHERE timestamp >= ?1 AND ",
+                    plausible!()
+                ))?
                 .query_row([since], |row| {
                     let usage = Usage {
-                        input_tokens: from_sql_count(row.get(0)?),
-                        output_tokens: from_sql_count(row.get(1)?),
-                        cache_read_tokens: from_sql_count(row.get(2)?),
-                        cache_write_tokens: from_sql_count(row.get(3)?),
+                        input_tokens: from_sql_total(row.get(0)?),
+                        output_tokens: from_sql_total(row.get(1)?),
+                        cache_read_tokens: from_sql_total(row.get(2)?),
+                        cache_write_tokens: from_sql_total(row.get(3)?),
                     };
                     Ok((usage, row.get(4)?))
                 })
@@ -556,5 +589,119 @@ mod tests {
         }
         let reader = Db::open_read_only(&path).unwrap().expect("file exists");
         assert_eq!(reader.spend_since(0).await.unwrap(), 0.5);
+    }
+
+    /// Writes a row as an older build (or a hand edit) may have left it, bypassing
+    /// `insert_cost`.
+    async fn raw_row(db: &Db, t: i64, model: &str, tokens: [i64; 4], cost: Option<f64>) {
+        let model = model.to_string();
+        db.actor
+            .call(move |c| {
+                c.execute(
+                    "INSERT INTO costs (timestamp, session_id, model, provider, call_type, \
+                     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) \
+                     VALUES (?1, 's1', ?2, 'anthropic', 'chat', ?3, ?4, ?5, ?6, ?7)",
+                    rusqlite::params![t, model, tokens[0], tokens[1], tokens[2], tokens[3], cost],
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+
+    /// The incident of issue #12: a provider answered `input_tokens = u64::MAX`, the row was
+    /// stored clamped to `i64::MAX` with a cost of 5.5e13 USD, and from then on every `SUM`
+    /// failed with "integer overflow" and the budget was spent. Such rows (and negative or
+    /// non-finite ones) read as no spend; every sum still answers.
+    #[tokio::test]
+    async fn implausible_rows_read_as_no_spend_and_sums_never_fail() {
+        let (_d, _p, db) = temp_db();
+        raw_row(&db, 100, "m", [1, 2, 3, 4], Some(0.5)).await;
+        raw_row(&db, 100, "m", [i64::MAX, 5, 0, 0], Some(5.5e13)).await;
+        raw_row(
+            &db,
+            101,
+            "m",
+            [i64::MAX, i64::MAX, i64::MAX, i64::MAX],
+            Some(1.0),
+        )
+        .await;
+        raw_row(&db, 102, "m", [-5, 0, 0, 0], Some(0.25)).await;
+        raw_row(&db, 103, "m", [1, 1, 1, 1], Some(-3.0)).await;
+        raw_row(&db, 104, "m", [1, 1, 1, 1], Some(f64::INFINITY)).await;
+        // A NULL cost (SQLite's NaN) is no spend, but its plausible tokens count.
+        raw_row(&db, 105, "m", [1, 1, 1, 1], None).await;
+        raw_row(&db, 106, "m", [10_000_001, 0, 0, 0], Some(30.0)).await;
+
+        let s = db.cost_summary(None).await.unwrap();
+        assert!(close(s.total_cost, 0.5), "{s:?}");
+        assert_eq!(s.models.len(), 1);
+        assert_eq!(
+            (
+                s.models[0].input_tokens,
+                s.models[0].output_tokens,
+                s.models[0].cache_read_tokens,
+                s.models[0].cache_write_tokens
+            ),
+            (2, 3, 4, 5)
+        );
+        let (u, c) = db.usage_since(0).await.unwrap();
+        assert_eq!(u, usage(2, 3, 4, 5));
+        assert!(close(c, 0.5));
+        assert!(close(db.spend_since(0).await.unwrap(), 0.5));
+        assert!(close(db.spend_since_scan(0).await.unwrap(), 0.5));
+
+        // The running sum skips them too.
+        raw_row(&db, 200, "m", [i64::MAX, 0, 0, 0], Some(9e18)).await;
+        raw_row(&db, 200, "m", [10, 0, 0, 0], Some(0.125)).await;
+        assert!(close(db.spend_since(0).await.unwrap(), 0.625));
+        assert!(close(db.spend_since_scan(0).await.unwrap(), 0.625));
+    }
+
+    /// Many plausible rows whose integer sum would overflow `i64`: the sums are computed in
+    /// floating point and clamped back, never an error.
+    #[tokio::test]
+    async fn sums_of_large_plausible_rows_do_not_overflow() {
+        let (_d, _p, db) = temp_db();
+        db.insert_cost(row(1, "m", usage(10_000_000, 10_000_000, 0, 0), 1.0))
+            .await
+            .unwrap();
+        db.insert_cost(row(2, "m", usage(10_000_000, 0, 0, 0), 1.0))
+            .await
+            .unwrap();
+        let s = db.cost_summary(None).await.unwrap();
+        assert_eq!(s.models[0].input_tokens, 20_000_000);
+        assert_eq!(s.models[0].output_tokens, 10_000_000);
+        assert_eq!(from_sql_total(1e30), u64::MAX);
+        assert_eq!(from_sql_total(f64::INFINITY), u64::MAX);
+        assert_eq!(from_sql_total(f64::NAN), 0);
+        assert_eq!(from_sql_total(-1.0), 0);
+        assert_eq!(from_sql_total(12.0), 12);
+    }
+
+    /// The SQL condition uses the same cap as the parsers.
+    #[test]
+    fn plausible_condition_uses_the_parsers_cap() {
+        let cap = format!("BETWEEN 0 AND {} ", crate::llm::MAX_TOKENS_PER_CALL);
+        assert_eq!(plausible!().matches(&cap).count(), 4, "{}", plausible!());
+    }
+
+    /// A usage that `insert_cost` is handed beyond what SQLite holds is stored clamped, never
+    /// an error (a row that cannot be written blocks every later call, SPEC §16.4), and is then
+    /// read as no spend.
+    #[tokio::test]
+    async fn insert_of_an_absurd_row_succeeds_and_reads_as_no_spend() {
+        let (_d, _p, db) = temp_db();
+        db.insert_cost(row(1, "m", usage(u64::MAX, 0, 0, 0), 5.5e13))
+            .await
+            .unwrap();
+        db.insert_cost(row(1, "m", usage(1, 0, 0, 0), f64::NAN))
+            .await
+            .unwrap();
+        db.insert_cost(row(1, "m", usage(1, 0, 0, 0), 0.5))
+            .await
+            .unwrap();
+        assert!(close(db.spend_since(0).await.unwrap(), 0.5));
+        assert!(close(db.cost_summary(None).await.unwrap().total_cost, 0.5));
     }
 }

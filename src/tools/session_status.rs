@@ -66,7 +66,7 @@ pub fn summary(s: &SessionStatus) -> String {
         String::new()
     };
     let t = &s.today_tokens;
-    let today_total = t.prompt_tokens() + t.output_tokens;
+    let today_total = t.prompt_tokens().saturating_add(t.output_tokens);
     let _ = writeln!(out, "Session: {} ({})", s.session_key, s.session_id);
     let _ = writeln!(out, "Model: {}", s.model);
     let _ = writeln!(out, "Context: {} tokens{share}", group(s.context_tokens));

@@ -155,6 +155,7 @@ fn config(token: Option<&str>) -> HttpConfig {
         token_env: "AGENTD_HTTP_TOKEN".into(),
         token: token.map(SecretString::from),
         max_body_bytes: 4096,
+        max_connections: 64,
         rate_limit: 1000,
         status_rate_limit: 1000,
         rate_window: Duration::from_secs(60),
@@ -195,7 +196,7 @@ impl Server {
         let addr = listener.local_addr().unwrap();
         let app = router(fake.clone(), &cfg, AGENT, call_timeout);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(serve(listener, app, cancel.clone()));
+        let task = tokio::spawn(serve(listener, app, cancel.clone(), 64));
         Server {
             addr,
             fake,

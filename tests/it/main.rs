@@ -18,6 +18,7 @@ mod intake_limits;
 mod mcp;
 mod memory;
 mod process_hardening;
+mod provider_limits;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;

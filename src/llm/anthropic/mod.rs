@@ -9,13 +9,12 @@ pub use render::render_body;
 pub use render::render_request;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 
 use super::http::{self, CallCtx};
-use super::{ChatRequest, ChatResponse, LlmError, Provider};
+use super::{CallLimits, ChatRequest, ChatResponse, LlmError, Provider};
 use crate::config::ModelSpec;
 
 /// The API version header value this client speaks.
@@ -25,18 +24,18 @@ pub const API_VERSION: &str = "2023-06-01";
 pub struct AnthropicClient {
     spec: Arc<ModelSpec>,
     http: reqwest::Client,
-    inactivity: Duration,
+    limits: CallLimits,
     label: String,
 }
 
 impl AnthropicClient {
-    /// `inactivity` bounds the wait for the response head and for every stream chunk.
-    pub fn new(spec: Arc<ModelSpec>, http: reqwest::Client, inactivity: Duration) -> Self {
+    /// `limits` bound every call: inactivity, total deadline, reply size.
+    pub fn new(spec: Arc<ModelSpec>, http: reqwest::Client, limits: CallLimits) -> Self {
         let label = http::label(&spec);
         AnthropicClient {
             spec,
             http,
-            inactivity,
+            limits,
             label,
         }
     }
@@ -58,7 +57,7 @@ impl AnthropicClient {
         }
         let ctx = CallCtx {
             label: &self.label,
-            inactivity: self.inactivity,
+            limits: self.limits,
             secret: self.spec.api_key.as_ref(),
             parse_error: stream::parse_error_body,
         };

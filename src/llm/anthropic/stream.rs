@@ -177,6 +177,8 @@ pub(crate) struct StreamParser {
     usage: Usage,
     stop_reason: Option<String>,
     saw_content: bool,
+    /// Bytes of text, thinking, signatures, redacted data and tool ids, names and inputs.
+    content_bytes: usize,
     done: bool,
 }
 
@@ -190,6 +192,7 @@ impl StreamParser {
             usage: Usage::default(),
             stop_reason: None,
             saw_content: false,
+            content_bytes: 0,
             done: false,
         }
     }
@@ -244,6 +247,14 @@ impl StreamParser {
         }
     }
 
+    /// The usage so far must be plausible for one call (SPEC §16.9); otherwise the answer is
+    /// malformed and nothing of it is billed or stored.
+    fn check_usage(&self) -> Result<(), LlmError> {
+        self.usage
+            .check_per_call()
+            .map_err(|message| self.decode_error(message))
+    }
+
     fn decode_error(&self, message: String) -> LlmError {
         LlmError::Decode {
             provider: self.provider.clone(),
@@ -286,6 +297,7 @@ impl SseHandler for StreamParser {
                 }
                 if let Some(usage) = message.usage {
                     usage.apply(&mut self.usage);
+                    self.check_usage()?;
                 }
             }
             WireEvent::ContentBlockStart {
@@ -310,27 +322,42 @@ impl SseHandler for StreamParser {
                     WireStartBlock::RedactedThinking { data } => Block::Redacted(data),
                     WireStartBlock::Unknown => return Ok(false),
                 };
-                self.blocks.insert(index, block);
+                self.content_bytes = self.content_bytes.saturating_add(block_bytes(&block));
+                // A block started again at the same index replaces the earlier one.
+                if let Some(old) = self.blocks.insert(index, block) {
+                    self.content_bytes = self.content_bytes.saturating_sub(block_bytes(&old));
+                }
             }
             WireEvent::ContentBlockDelta { index, delta } => {
                 let Some(block) = self.blocks.get_mut(&index) else {
                     return Ok(false);
                 };
-                match (block, delta) {
-                    (Block::Text(t), WireDelta::TextDelta { text }) => t.push_str(&text),
+                let added = match (block, delta) {
+                    (Block::Text(t), WireDelta::TextDelta { text }) => {
+                        t.push_str(&text);
+                        text.len()
+                    }
                     (Block::Tool { json, .. }, WireDelta::InputJsonDelta { partial_json }) => {
-                        json.push_str(&partial_json)
+                        json.push_str(&partial_json);
+                        partial_json.len()
                     }
                     (
                         Block::Thinking { thinking, .. },
                         WireDelta::ThinkingDelta { thinking: t },
-                    ) => thinking.push_str(&t),
+                    ) => {
+                        thinking.push_str(&t);
+                        t.len()
+                    }
                     (
                         Block::Thinking { signature, .. },
                         WireDelta::SignatureDelta { signature: s },
-                    ) => signature.get_or_insert_with(String::new).push_str(&s),
+                    ) => {
+                        signature.get_or_insert_with(String::new).push_str(&s);
+                        s.len()
+                    }
                     _ => return Ok(false),
-                }
+                };
+                self.content_bytes = self.content_bytes.saturating_add(added);
                 self.saw_content = true;
             }
             WireEvent::ContentBlockStop { .. } | WireEvent::Ping | WireEvent::Unknown => {}
@@ -340,6 +367,7 @@ impl SseHandler for StreamParser {
                 }
                 if let Some(usage) = usage {
                     usage.apply(&mut self.usage);
+                    self.check_usage()?;
                 }
             }
             WireEvent::MessageStop => {
@@ -360,6 +388,35 @@ impl SseHandler for StreamParser {
 
     fn saw_content(&self) -> bool {
         self.saw_content
+    }
+
+    fn content_bytes(&self) -> usize {
+        self.content_bytes
+    }
+}
+
+/// Bytes a block holds when it starts (its initial text, ids, name, input).
+fn block_bytes(block: &Block) -> usize {
+    match block {
+        Block::Text(t) | Block::Redacted(t) => t.len(),
+        Block::Tool {
+            id,
+            name,
+            start_input,
+            json,
+        } => {
+            id.len()
+                + name.len()
+                + json.len()
+                + start_input
+                    .as_ref()
+                    .and_then(|v| serde_json::to_vec(v).ok())
+                    .map_or(0, |v| v.len())
+        }
+        Block::Thinking {
+            thinking,
+            signature,
+        } => thinking.len() + signature.as_ref().map_or(0, String::len),
     }
 }
 
@@ -553,6 +610,66 @@ mod tests {
         assert_eq!(r.stop_reason, StopReason::EndTurn);
         assert_eq!(r.model, "fallback-id");
         assert_eq!(r.usage.prompt_tokens(), 15);
+    }
+
+    /// Every kind of content counts toward the reply size: text, thinking, signatures,
+    /// redacted data, tool ids, names and inputs.
+    #[tokio::test]
+    async fn content_bytes_count_every_kind_of_content() {
+        let mut p = StreamParser::new("test", "fallback-id");
+        run_split(TRANSCRIPT.as_bytes(), &[], &mut p).await.unwrap();
+        let r = StreamParser::new("test", "fallback-id");
+        assert_eq!(r.content_bytes(), 0);
+        // Thinking "Let me think — ünïcode" + signature "EqQBCgIY" + "ENC" + text
+        // "Hello, wörld 🌍" + the three tool calls (the unknown server-tool block is dropped and
+        // does not count).
+        let want = "Let me think — ünïcode".len()
+            + "EqQBCgIY".len()
+            + "ENC".len()
+            + "Hello, wörld 🌍".len()
+            + "toolu_1read{}{\"path\": \"a.txt\"}".len()
+            + "toolu_2exec{}{\"cmd\": ".len()
+            + "toolu_3noargs{}".len();
+        assert_eq!(p.content_bytes(), want);
+    }
+
+    /// Usage beyond the per-call cap (issue #12: `input_tokens = u64::MAX`) or negative is a
+    /// malformed answer, in `message_start` or in `message_delta`.
+    #[tokio::test]
+    async fn implausible_usage_is_a_malformed_answer() {
+        for usage in [
+            "{\"input_tokens\":18446744073709551615,\"output_tokens\":1}",
+            "{\"input_tokens\":5,\"cache_read_input_tokens\":10000001}",
+            "{\"input_tokens\":-5,\"output_tokens\":1}",
+        ] {
+            for at_start in [true, false] {
+                let (start, delta) = if at_start {
+                    (usage, "{\"output_tokens\":3}")
+                } else {
+                    ("{\"input_tokens\":5,\"output_tokens\":1}", usage)
+                };
+                let t = format!(
+                    "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"usage\":{start}}}}}\n\n\
+                     event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
+                     event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"hi\"}}}}\n\n\
+                     event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\"}},\"usage\":{delta}}}\n\n\
+                     event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+                );
+                let err = parse(t.as_bytes(), &[]).await.unwrap_err();
+                assert!(
+                    matches!(err, LlmError::Decode { .. }),
+                    "{usage} at_start={at_start}: {err:?}"
+                );
+                assert!(!err.is_retryable());
+            }
+        }
+        // At the cap: accepted.
+        let t = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10000000,\"output_tokens\":1}}}\n\n\
+                 event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        assert_eq!(
+            parse(t.as_bytes(), &[]).await.unwrap().usage.input_tokens,
+            10_000_000
+        );
     }
 
     #[tokio::test]

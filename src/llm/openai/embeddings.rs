@@ -67,9 +67,17 @@ pub(super) fn parse(body: &[u8], expected: usize, label: &str) -> Result<Embeddi
     if vectors.iter().flatten().any(|x| !x.is_finite()) {
         return Err(decode("embeddings answer has a non-finite number".into()));
     }
+    let prompt_tokens = answer.usage.map_or(0, |u| u.prompt_tokens);
+    if prompt_tokens > crate::llm::MAX_TOKENS_PER_CALL {
+        return Err(decode(format!(
+            "embeddings usage prompt_tokens = {prompt_tokens} is not plausible for one call \
+             (more than {}); the answer is refused and not billed",
+            crate::llm::MAX_TOKENS_PER_CALL
+        )));
+    }
     Ok(Embeddings {
         vectors,
-        prompt_tokens: answer.usage.map_or(0, |u| u.prompt_tokens),
+        prompt_tokens,
     })
 }
 
@@ -97,6 +105,16 @@ mod tests {
         // No index, no usage (some local servers).
         let e = parse(br#"{"data":[{"embedding":[0.5]}]}"#, 1, "x").unwrap();
         assert_eq!((e.vectors, e.prompt_tokens), (vec![vec![0.5]], 0));
+    }
+
+    /// A usage figure beyond the per-call cap is a malformed answer (SPEC §16.9).
+    #[test]
+    fn implausible_usage_is_refused() {
+        let body =
+            br#"{"data":[{"embedding":[0.5]}],"usage":{"prompt_tokens":18446744073709551615}}"#;
+        assert!(matches!(parse(body, 1, "x"), Err(LlmError::Decode { .. })));
+        let body = br#"{"data":[{"embedding":[0.5]}],"usage":{"prompt_tokens":10000000}}"#;
+        assert_eq!(parse(body, 1, "x").unwrap().prompt_tokens, 10_000_000);
     }
 
     use proptest::prelude::*;

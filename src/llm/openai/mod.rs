@@ -11,31 +11,30 @@ pub use render::render_body;
 pub use render::render_request;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 
 use super::http::{self, CallCtx};
-use super::{ChatRequest, ChatResponse, Embeddings, LlmError, Provider};
+use super::{CallLimits, ChatRequest, ChatResponse, Embeddings, LlmError, Provider};
 use crate::config::ModelSpec;
 
 /// A client bound to one OpenAI-compatible model definition.
 pub struct OpenAiClient {
     spec: Arc<ModelSpec>,
     http: reqwest::Client,
-    inactivity: Duration,
+    limits: CallLimits,
     label: String,
 }
 
 impl OpenAiClient {
-    /// `inactivity` bounds the wait for the response head and for every stream chunk.
-    pub fn new(spec: Arc<ModelSpec>, http: reqwest::Client, inactivity: Duration) -> Self {
+    /// `limits` bound every call: inactivity, total deadline, reply size.
+    pub fn new(spec: Arc<ModelSpec>, http: reqwest::Client, limits: CallLimits) -> Self {
         let label = http::label(&spec);
         OpenAiClient {
             spec,
             http,
-            inactivity,
+            limits,
             label,
         }
     }
@@ -66,7 +65,7 @@ impl OpenAiClient {
         }
         let ctx = CallCtx {
             label: &self.label,
-            inactivity: self.inactivity,
+            limits: self.limits,
             secret: self.spec.api_key.as_ref(),
             parse_error: stream::parse_error_body,
         };
@@ -84,36 +83,64 @@ impl OpenAiClient {
         Ok(parser.finish())
     }
 
-    /// `POST {base_url}/embeddings` for `texts`; the whole answer must arrive within the
-    /// inactivity timeout.
+    /// `POST {base_url}/embeddings` for `texts`, within the call deadline: the head and each
+    /// chunk of the answer within the inactivity timeout, the answer at most
+    /// `RAW_STREAM_FACTOR × max_reply_bytes` long (vectors are long JSON, but not unbounded).
     async fn embed_call(&self, texts: &[String]) -> Result<Embeddings, LlmError> {
+        let deadline = self.limits.deadline;
+        tokio::time::timeout(deadline, self.embed_request(texts))
+            .await
+            .unwrap_or_else(|_| {
+                Err(LlmError::Deadline {
+                    provider: self.label.clone(),
+                    seconds: deadline.as_secs(),
+                    after_content: false,
+                })
+            })
+    }
+
+    async fn embed_request(&self, texts: &[String]) -> Result<Embeddings, LlmError> {
         let (request, ctx) = self.post(
             "embeddings",
             serde_json::to_vec(&embeddings::render(&self.spec.model, texts)),
             "application/json",
         )?;
+        let inactivity = self.limits.inactivity;
         let timeout = || LlmError::Timeout {
             provider: self.label.clone(),
-            seconds: self.inactivity.as_secs(),
+            seconds: inactivity.as_secs(),
             after_content: false,
         };
-        let response = tokio::time::timeout(self.inactivity, request.send())
+        let connect = |e| LlmError::Connect {
+            provider: self.label.clone(),
+            message: http::describe_reqwest_error(e),
+        };
+        let mut response = tokio::time::timeout(inactivity, request.send())
             .await
             .map_err(|_| timeout())?
-            .map_err(|e| LlmError::Connect {
-                provider: self.label.clone(),
-                message: http::describe_reqwest_error(e),
-            })?;
+            .map_err(connect)?;
         if !response.status().is_success() {
             return Err(http::error_response(response, &ctx).await);
         }
-        let bytes = tokio::time::timeout(self.inactivity, response.bytes())
+        let max = self.limits.max_reply_bytes;
+        let cap = max.saturating_mul(super::sse::RAW_STREAM_FACTOR);
+        let mut bytes = Vec::new();
+        while let Some(chunk) = tokio::time::timeout(inactivity, response.chunk())
             .await
             .map_err(|_| timeout())?
-            .map_err(|e| LlmError::Connect {
-                provider: self.label.clone(),
-                message: http::describe_reqwest_error(e),
-            })?;
+            .map_err(connect)?
+        {
+            if bytes.len().saturating_add(chunk.len()) > cap {
+                return Err(LlmError::Decode {
+                    provider: self.label.clone(),
+                    message: format!(
+                        "the embeddings answer is larger than {cap} bytes; raise [behavior] \
+                         max_reply_bytes ({max}) if such answers are expected"
+                    ),
+                });
+            }
+            bytes.extend_from_slice(&chunk);
+        }
         embeddings::parse(&bytes, texts.len(), &self.label)
     }
 }
@@ -125,5 +152,60 @@ impl Provider for OpenAiClient {
 
     fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Embeddings, LlmError>> {
         Box::pin(self.embed_call(texts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::routing::post;
+
+    use super::*;
+    use crate::config::ProviderKind;
+    use crate::llm::testutil::model_spec;
+
+    /// Serves `body` (with status 200) for every embeddings request.
+    async fn server(body: String) -> String {
+        let app = Router::new().route("/embeddings", post(move || async move { body.clone() }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    fn client(base: &str, max_reply_bytes: usize) -> OpenAiClient {
+        let spec = model_spec("embed", ProviderKind::OpenAi, base);
+        OpenAiClient::new(
+            Arc::new(spec),
+            reqwest::Client::new(),
+            CallLimits {
+                inactivity: Duration::from_secs(5),
+                deadline: Duration::from_secs(30),
+                max_reply_bytes,
+            },
+        )
+    }
+
+    /// An embeddings answer is read up to the raw cap (64 × `max_reply_bytes`), not whole.
+    #[tokio::test]
+    async fn embeddings_answer_beyond_the_cap_is_refused() {
+        let answer = r#"{"data":[{"embedding":[0.5]}]}"#;
+        let base = server(format!("{answer}{}", " ".repeat(200 * 1024))).await;
+        let err = client(&base, 1024)
+            .embed_call(&["x".to_string()])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, LlmError::Decode { message, .. } if message.contains("max_reply_bytes")),
+            "{err:?}"
+        );
+        // Under the cap the same answer is read.
+        let e = client(&base, 4096)
+            .embed_call(&["x".to_string()])
+            .await
+            .unwrap();
+        assert_eq!(e.vectors, vec![vec![0.5]]);
     }
 }

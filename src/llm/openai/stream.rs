@@ -152,6 +152,8 @@ pub(crate) struct StreamParser {
     finish_reason: Option<String>,
     usage: Option<WireUsage>,
     saw_content: bool,
+    /// Bytes of text, refusal and tool ids, names and arguments.
+    content_bytes: usize,
     done: bool,
 }
 
@@ -166,6 +168,7 @@ impl StreamParser {
             finish_reason: None,
             usage: None,
             saw_content: false,
+            content_bytes: 0,
             done: false,
         }
     }
@@ -229,6 +232,14 @@ impl StreamParser {
             self.model = model;
         }
         if let Some(usage) = chunk.usage {
+            // Plausible for one call, or the answer is malformed (SPEC §16.9).
+            usage
+                .to_usage()
+                .check_per_call()
+                .map_err(|message| LlmError::Decode {
+                    provider: self.provider.clone(),
+                    message,
+                })?;
             self.usage = Some(usage);
         }
         let choices = chunk.choices.unwrap_or_default();
@@ -244,27 +255,33 @@ impl StreamParser {
         for piece in [delta.content, delta.refusal].into_iter().flatten() {
             if !piece.is_empty() {
                 self.text.push_str(&piece);
+                self.content_bytes = self.content_bytes.saturating_add(piece.len());
                 self.saw_content = true;
             }
         }
         for (position, call) in delta.tool_calls.unwrap_or_default().into_iter().enumerate() {
             let slot = self.slot(&call, position);
             let acc = self.tools.entry(slot).or_default();
+            let mut added = 0usize;
             if let Some(id) = call.id.filter(|id| !id.is_empty())
                 && acc.id.is_empty()
             {
+                added += id.len();
                 acc.id = id;
             }
             if let Some(function) = call.function {
                 if let Some(name) = function.name.filter(|n| !n.is_empty())
                     && acc.name.is_empty()
                 {
+                    added += name.len();
                     acc.name = name;
                 }
                 if let Some(arguments) = function.arguments {
+                    added += arguments.len();
                     acc.arguments.push_str(&arguments);
                 }
             }
+            self.content_bytes = self.content_bytes.saturating_add(added);
             self.saw_content = true;
         }
         Ok(())
@@ -302,6 +319,10 @@ impl SseHandler for StreamParser {
 
     fn saw_content(&self) -> bool {
         self.saw_content
+    }
+
+    fn content_bytes(&self) -> usize {
+        self.content_bytes
     }
 
     /// Some servers close without `[DONE]`; the answer is complete once both the finish reason
@@ -531,6 +552,46 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Text and tool-call ids, names and arguments count toward the reply size.
+    #[tokio::test]
+    async fn content_bytes_count_text_and_tool_calls() {
+        let t = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"abc\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c1\",\"function\":{\"name\":\"read\",\"arguments\":\"{\\\"p\\\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut p = StreamParser::new("test", "m");
+        run_split(t.as_bytes(), &[], &mut p).await.unwrap();
+        assert_eq!(
+            p.content_bytes(),
+            "abc".len() + "c1read".len() + "{\"p\":1}".len()
+        );
+    }
+
+    /// Usage beyond the per-call cap (issue #12) or negative is a malformed answer.
+    #[tokio::test]
+    async fn implausible_usage_is_a_malformed_answer() {
+        for usage in [
+            "{\"prompt_tokens\":18446744073709551615,\"completion_tokens\":1}",
+            "{\"prompt_tokens\":1,\"completion_tokens\":10000001}",
+            "{\"prompt_tokens\":-1,\"completion_tokens\":1}",
+        ] {
+            let t = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"x\"}},\"finish_reason\":\"stop\"}}]}}\n\n\
+                 data: {{\"choices\":[],\"usage\":{usage}}}\n\ndata: [DONE]\n\n"
+            );
+            let err = parse(t.as_bytes(), &[]).await.unwrap_err();
+            assert!(matches!(err, LlmError::Decode { .. }), "{usage}: {err:?}");
+        }
+        let t = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\n\
+                 data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10000000,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+        assert_eq!(
+            parse(t.as_bytes(), &[]).await.unwrap().usage.input_tokens,
+            10_000_000
+        );
     }
 
     #[tokio::test]

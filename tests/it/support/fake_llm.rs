@@ -105,6 +105,10 @@ pub enum Reply {
     },
     /// Accepts and never answers (the connection stays open until the fake shuts down).
     Hang,
+    /// Status 200 and the start of a streamed answer, then a keep-alive every second and
+    /// nothing else, for ever (until the client hangs up or the fake shuts down): Anthropic
+    /// `ping` events, OpenAI chunks with an empty delta. No content ever arrives.
+    PingForever,
     /// Sends status 200 and the first half of a text answer, then drops the connection.
     DropMidStream { text: String },
     /// Status 200 with a body that is neither valid JSON nor valid event data.
@@ -486,6 +490,7 @@ enum Outcome {
         retry_after: Option<u64>,
     },
     Hang,
+    PingForever,
     DropMidStream(String),
     Garbage,
 }
@@ -554,6 +559,7 @@ async fn resolve(mut reply: Reply) -> Outcome {
                 };
             }
             Reply::Hang => return Outcome::Hang,
+            Reply::PingForever => return Outcome::PingForever,
             Reply::DropMidStream { text } => return Outcome::DropMidStream(text),
             Reply::Garbage => return Outcome::Garbage,
         };
@@ -585,6 +591,7 @@ async fn respond(outcome: Outcome, ctx: &Ctx) -> Response {
             // The runtime is dropped on shutdown, which ends this future and the connection.
             std::future::pending::<Response>().await
         }
+        Outcome::PingForever => ping_forever(ctx),
         Outcome::DropMidStream(text) => drop_mid_stream(ctx, &text),
         Outcome::Garbage => {
             let (body, content_type) = if ctx.stream {
@@ -677,6 +684,47 @@ fn drop_mid_stream(ctx: &Ctx, text: &str) -> Response {
     let mut resp = Response::new(Body::from_stream(head.chain(tail)));
     resp.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// The start of a streamed answer, then a keep-alive every second, never content nor an end.
+fn ping_forever(ctx: &Ctx) -> Response {
+    let (start, ping) = match ctx.wire {
+        Wire::Anthropic => {
+            let start = anthropic_events(ctx, &[], Stop::EndTurn, DEFAULT_USAGE)
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            (start, sse("ping", &json!({"type": "ping"})))
+        }
+        Wire::OpenAi => {
+            let chunk = |delta: Value| {
+                format!(
+                    "data: {}\n\n",
+                    json!({"id": format!("chatcmpl-fake{}", ctx.id), "object": "chat.completion.chunk",
+                           "model": ctx.model,
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+                )
+            };
+            (
+                chunk(json!({"role": "assistant", "content": ""})),
+                chunk(json!({})),
+            )
+        }
+    };
+    let pings = futures::stream::unfold((), move |()| {
+        let ping = ping.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Some((Ok::<_, std::io::Error>(ping), ()))
+        }
+    });
+    let body = futures::stream::once(async move { Ok::<_, std::io::Error>(start) }).chain(pings);
+    let mut resp = Response::new(Body::from_stream(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(SSE_CONTENT_TYPE),
+    );
     resp
 }
 
