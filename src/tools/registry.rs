@@ -159,7 +159,32 @@ impl ToolRegistry {
 
     /// Run all calls concurrently; results come back in the order of `calls`.
     pub async fn execute_all(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<ToolResult> {
-        futures::future::join_all(calls.iter().map(|call| self.execute(call, ctx))).await
+        self.execute_answer(calls, &[], ctx).await
+    }
+
+    /// Like [`ToolRegistry::execute_all`], but a call whose entry in `refused` is `Some(text)`
+    /// is not run: it is answered with `text` as an error result (a call the provider's answer
+    /// got wrong, see `llm::toolcalls::normalise`). `refused` may be shorter than `calls`.
+    pub async fn execute_answer(
+        &self,
+        calls: &[ToolCall],
+        refused: &[Option<String>],
+        ctx: &ToolContext,
+    ) -> Vec<ToolResult> {
+        futures::future::join_all(calls.iter().enumerate().map(|(i, call)| {
+            let refusal = refused.get(i).cloned().flatten();
+            async move {
+                match refusal {
+                    Some(content) => ToolResult {
+                        tool_call_id: call.id.clone(),
+                        content,
+                        is_error: true,
+                    },
+                    None => self.execute(call, ctx).await,
+                }
+            }
+        }))
+        .await
     }
 
     /// The checks and the call itself; `Err` is the text of an error result.

@@ -18,3 +18,4 @@ mod memory;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;
+mod toolcalls;
