@@ -17,6 +17,9 @@ use crate::llm::{ToolCall, ToolResult, ToolSpec};
 /// The key an adapter puts the raw text under when the model's arguments were not valid JSON.
 pub const INVALID_JSON_KEY: &str = "__invalid_json";
 
+/// `[tools] max_parallel_calls` when nothing else is said.
+pub const DEFAULT_MAX_PARALLEL: usize = 8;
+
 /// At most this many schema violations are listed in one error result.
 const MAX_LISTED_VIOLATIONS: usize = 20;
 
@@ -35,6 +38,9 @@ pub struct ToolRegistry {
     tools: BTreeMap<String, Entry>,
     default_timeout: Duration,
     output_truncation: usize,
+    /// At most this many calls of one answer run at the same time (`[tools]
+    /// max_parallel_calls`).
+    max_parallel: usize,
 }
 
 impl fmt::Debug for ToolRegistry {
@@ -43,6 +49,7 @@ impl fmt::Debug for ToolRegistry {
             .field("tools", &self.tools.keys().collect::<Vec<_>>())
             .field("default_timeout", &self.default_timeout)
             .field("output_truncation", &self.output_truncation)
+            .field("max_parallel", &self.max_parallel)
             .finish()
     }
 }
@@ -96,7 +103,14 @@ impl ToolRegistry {
             tools: map,
             default_timeout,
             output_truncation,
+            max_parallel: DEFAULT_MAX_PARALLEL,
         })
+    }
+
+    /// This registry running at most `n` (at least 1) calls of one answer at a time.
+    pub fn with_max_parallel(mut self, n: usize) -> ToolRegistry {
+        self.max_parallel = n.max(1);
+        self
     }
 
     /// A registry with no tools (the model is offered none).
@@ -105,6 +119,7 @@ impl ToolRegistry {
             tools: BTreeMap::new(),
             default_timeout: Duration::from_secs(60),
             output_truncation: 30_000,
+            max_parallel: DEFAULT_MAX_PARALLEL,
         }
     }
 
@@ -157,7 +172,8 @@ impl ToolRegistry {
         }
     }
 
-    /// Run all calls concurrently; results come back in the order of `calls`.
+    /// Run all calls concurrently, at most `max_parallel` at a time; results come back in the
+    /// order of `calls`.
     pub async fn execute_all(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<ToolResult> {
         self.execute_answer(calls, &[], ctx).await
     }
@@ -171,6 +187,11 @@ impl ToolRegistry {
         refused: &[Option<String>],
         ctx: &ToolContext,
     ) -> Vec<ToolResult> {
+        // At most `max_parallel` calls run at once (one answer of 100 calls must not start 100
+        // processes); the semaphore is fair, so they start in the order of `calls`, and
+        // `join_all` keeps that order in the results.
+        let slots = tokio::sync::Semaphore::new(self.max_parallel);
+        let slots = &slots;
         futures::future::join_all(calls.iter().enumerate().map(|(i, call)| {
             let refusal = refused.get(i).cloned().flatten();
             async move {
@@ -180,7 +201,11 @@ impl ToolRegistry {
                         content,
                         is_error: true,
                     },
-                    None => self.execute(call, ctx).await,
+                    None => {
+                        // Never closed, so `acquire` cannot fail; run anyway if it did.
+                        let _slot = slots.acquire().await.ok();
+                        self.execute(call, ctx).await
+                    }
                 }
             }
         }))
@@ -347,6 +372,15 @@ mod tests {
         Fail,
         Panic,
         Output(String),
+        /// Counts the calls running at once (sleeps 10 ms to overlap with the others).
+        Track(Arc<Tracker>),
+    }
+
+    #[derive(Default)]
+    struct Tracker {
+        running: std::sync::atomic::AtomicUsize,
+        max: std::sync::atomic::AtomicUsize,
+        done: std::sync::atomic::AtomicUsize,
     }
 
     impl TestTool {
@@ -394,6 +428,15 @@ mod tests {
                     Behavior::Fail => Err(ToolError::Failed("disk on fire".into())),
                     Behavior::Panic => panic!("boom"),
                     Behavior::Output(s) => Ok(s),
+                    Behavior::Track(t) => {
+                        use std::sync::atomic::Ordering::SeqCst;
+                        let now = t.running.fetch_add(1, SeqCst) + 1;
+                        t.max.fetch_max(now, SeqCst);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        t.running.fetch_sub(1, SeqCst);
+                        t.done.fetch_add(1, SeqCst);
+                        Ok(args.to_string())
+                    }
                 }
             })
         }
@@ -649,6 +692,41 @@ mod tests {
         assert_eq!(results[1].content, "mid");
         assert!(results[2].is_error);
         assert_eq!(results[3].content, "fast");
+    }
+
+    /// 100 calls in one answer: at most `max_parallel` run at once, all run, and the results
+    /// keep the order of the calls.
+    #[tokio::test(start_paused = true)]
+    async fn execute_all_runs_at_most_max_parallel_calls_at_once() {
+        let tracker = Arc::new(Tracker::default());
+        let reg = registry(vec![TestTool::new(
+            "track",
+            Behavior::Track(tracker.clone()),
+        )])
+        .with_max_parallel(8);
+        let calls: Vec<ToolCall> = (0..100)
+            .map(|i| ToolCall {
+                id: format!("c{i}"),
+                name: "track".into(),
+                arguments: json!({ "count": i + 1 }),
+            })
+            .collect();
+        let results = reg.execute_all(&calls, &ctx()).await;
+        use std::sync::atomic::Ordering::SeqCst;
+        assert_eq!(tracker.done.load(SeqCst), 100);
+        assert_eq!(tracker.max.load(SeqCst), 8, "calls running at once");
+        for (i, r) in results.iter().enumerate() {
+            assert_eq!(r.tool_call_id, format!("c{i}"));
+            assert_eq!(r.content, format!("{{\"count\":{}}}", i + 1));
+        }
+        // A refused call takes no slot and keeps its place.
+        let refused: Vec<Option<String>> = (0..100)
+            .map(|i| (i % 2 == 0).then(|| "no".to_string()))
+            .collect();
+        let results = reg.execute_answer(&calls, &refused, &ctx()).await;
+        assert_eq!(tracker.done.load(SeqCst), 150);
+        assert!(results[0].is_error && results[0].content == "no");
+        assert_eq!(results[1].content, r#"{"count":2}"#);
     }
 
     #[test]
