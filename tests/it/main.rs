@@ -19,3 +19,4 @@ mod ssrf;
 mod systemd;
 mod telegram_e2e;
 mod toolcalls;
+mod untrusted;
