@@ -351,12 +351,10 @@ fn validate_args(entry: &Entry, args: &Value) -> Result<(), String> {
     Err(msg)
 }
 
-/// `^[A-Za-z0-9_-]{1,64}$`.
+/// `^[A-Za-z0-9_-]{1,64}$`: the same rule the calls of an answer are held to
+/// (`llm::toolcalls`).
 fn is_valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    crate::llm::toolcalls::is_valid_token(name)
 }
 
 /// Seconds without noise: `30`, `1.5`, `0.05`.
