@@ -66,56 +66,111 @@ pub fn normalise(calls: &mut [ToolCall], history: &[Message]) -> Vec<Rewrite> {
         .map(|c| c.id.clone())
         .collect();
 
+    // Fresh ids avoid every id of the history and of this answer (also of calls after the one
+    // rewritten).
+    let mut fresh = FreshIds::new(history.iter().flat_map(Message::tool_calls).chain(&*calls));
     let mut rewrites = Vec::new();
-    let mut fresh: Option<FreshIds> = None;
-    for index in 0..calls.len() {
-        let mut rewrite = Rewrite {
-            index,
-            original_id: None,
-            original_name: None,
-            refusal: None,
-        };
-        let id_ok = is_valid_token(&calls[index].id) && !taken.contains(&calls[index].id);
-        if !id_ok {
-            let ids = fresh.get_or_insert_with(|| FreshIds::new(history, calls));
-            let new_id = ids.next(&taken);
-            rewrite.original_id = Some(std::mem::replace(&mut calls[index].id, new_id));
-        }
-        taken.insert(calls[index].id.clone());
-
-        let call = &mut calls[index];
-        if !is_valid_token(&call.name) {
-            let original = std::mem::replace(&mut call.name, INVALID_NAME.to_string());
-            rewrite.refusal = Some(format!(
-                "error: the tool name {} is not valid (a name has 1 to 64 characters from \
-                 A-Z, a-z, 0-9, '_' and '-'), so the call was not run. Call one of the tools \
-                 you were given, by its exact name.",
-                quote(&original)
-            ));
-            rewrite.original_name = Some(original);
-        }
-        match &call.arguments {
-            Value::Object(_) => {}
-            Value::Null => call.arguments = Value::Object(serde_json::Map::new()),
-            other => {
-                let kind = json_kind(other);
-                call.arguments = Value::Object(serde_json::Map::new());
-                if rewrite.refusal.is_none() {
-                    rewrite.refusal = Some(format!(
-                        "error: the arguments of this call were {kind}, not a JSON object, so \
-                         the call was not run. Send the arguments as one JSON object."
-                    ));
-                }
-            }
-        }
-        if rewrite.original_id.is_some()
-            || rewrite.original_name.is_some()
-            || rewrite.refusal.is_some()
-        {
-            rewrites.push(rewrite);
-        }
+    for (index, call) in calls.iter_mut().enumerate() {
+        rewrites.extend(normalise_call(call, index, &mut taken, &mut fresh));
     }
     rewrites
+}
+
+/// Apply the rules of [`normalise`] to one call: `taken` holds the ids used before it (its
+/// own is added), `fresh` hands out new ones. `None` when the call was already well formed.
+fn normalise_call(
+    call: &mut ToolCall,
+    index: usize,
+    taken: &mut HashSet<String>,
+    fresh: &mut FreshIds,
+) -> Option<Rewrite> {
+    let mut rewrite = Rewrite {
+        index,
+        original_id: None,
+        original_name: None,
+        refusal: None,
+    };
+    if !is_valid_token(&call.id) || taken.contains(&call.id) {
+        let new_id = fresh.next(taken);
+        rewrite.original_id = Some(std::mem::replace(&mut call.id, new_id));
+    }
+    taken.insert(call.id.clone());
+
+    if !is_valid_token(&call.name) {
+        let original = std::mem::replace(&mut call.name, INVALID_NAME.to_string());
+        rewrite.refusal = Some(format!(
+            "error: the tool name {} is not valid (a name has 1 to 64 characters from \
+             A-Z, a-z, 0-9, '_' and '-'), so the call was not run. Call one of the tools \
+             you were given, by its exact name.",
+            quote(&original)
+        ));
+        rewrite.original_name = Some(original);
+    }
+    match &call.arguments {
+        Value::Object(_) => {}
+        Value::Null => call.arguments = Value::Object(serde_json::Map::new()),
+        other => {
+            let kind = json_kind(other);
+            call.arguments = Value::Object(serde_json::Map::new());
+            if rewrite.refusal.is_none() {
+                rewrite.refusal = Some(format!(
+                    "error: the arguments of this call were {kind}, not a JSON object, so \
+                     the call was not run. Send the arguments as one JSON object."
+                ));
+            }
+        }
+    }
+    let changed = rewrite.original_id.is_some()
+        || rewrite.original_name.is_some()
+        || rewrite.refusal.is_some();
+    changed.then_some(rewrite)
+}
+
+/// Apply the rules of [`normalise`] to a history stored before they existed (a session
+/// poisoned by an earlier answer), in memory: each assistant message's calls against the ones
+/// before them, and the results of the next message renamed with their calls (matched by the
+/// old id, in order). Results that were recorded stay as they are. Returns how many calls
+/// changed; a well-formed history costs one pass and is left alone.
+pub fn repair_history(messages: &mut [Message]) -> usize {
+    let mut seen = HashSet::new();
+    let well_formed = messages.iter().flat_map(Message::tool_calls).all(|c| {
+        is_valid_token(&c.id)
+            && is_valid_token(&c.name)
+            && c.arguments.is_object()
+            && seen.insert(c.id.as_str())
+    });
+    if well_formed {
+        return 0;
+    }
+    let mut fresh = FreshIds::new(messages.iter().flat_map(Message::tool_calls));
+    let mut taken = HashSet::new();
+    let mut changed = 0;
+    // (old id, new id) of the last assistant message's renamed calls, in call order.
+    let mut renamed: Vec<(String, String)> = Vec::new();
+    for m in messages.iter_mut() {
+        match m {
+            Message::Assistant { tool_calls, .. } => {
+                renamed.clear();
+                for (i, call) in tool_calls.iter_mut().enumerate() {
+                    let old = call.id.clone();
+                    if normalise_call(call, i, &mut taken, &mut fresh).is_some() {
+                        changed += 1;
+                    }
+                    renamed.push((old, call.id.clone()));
+                }
+            }
+            Message::ToolResults { results, .. } => {
+                for r in results.iter_mut() {
+                    if let Some(at) = renamed.iter().position(|(old, _)| *old == r.tool_call_id) {
+                        r.tool_call_id = renamed.remove(at).1;
+                    }
+                }
+                renamed.clear();
+            }
+            Message::User { .. } => renamed.clear(),
+        }
+    }
+    changed
 }
 
 /// Hands out `call_agentd_<n>` ids that no call of the history or of the answer uses.
@@ -125,11 +180,9 @@ struct FreshIds {
 }
 
 impl FreshIds {
-    fn new(history: &[Message], calls: &[ToolCall]) -> FreshIds {
-        let used = history
-            .iter()
-            .flat_map(Message::tool_calls)
-            .chain(calls.iter())
+    /// Never hands out an id of `calls`.
+    fn new<'a>(calls: impl Iterator<Item = &'a ToolCall>) -> FreshIds {
+        let used = calls
             .filter(|c| c.id.starts_with(ID_PREFIX))
             .map(|c| c.id.clone())
             .collect();
@@ -292,6 +345,68 @@ mod tests {
     fn the_adapters_invalid_json_marker_is_an_object_and_stays() {
         let mut calls = vec![call("t1", "read", json!({"__invalid_json": "{bad"}))];
         assert!(normalise(&mut calls, &[]).is_empty());
+    }
+
+    fn results(ids: &[&str]) -> Message {
+        Message::ToolResults {
+            results: ids
+                .iter()
+                .map(|id| crate::llm::ToolResult {
+                    tool_call_id: id.to_string(),
+                    content: format!("result of {id}"),
+                    is_error: false,
+                })
+                .collect(),
+            notice: None,
+        }
+    }
+
+    fn result_ids(m: &Message) -> Vec<String> {
+        match m {
+            Message::ToolResults { results, .. } => {
+                results.iter().map(|r| r.tool_call_id.clone()).collect()
+            }
+            _ => panic!("not results"),
+        }
+    }
+
+    #[test]
+    fn a_poisoned_history_is_repaired_with_its_results() {
+        let mut history = vec![
+            Message::user_text("hi"),
+            assistant(vec![
+                call("a/b", "read file", json!("s")),
+                call("dup", "read", json!({})),
+                call("dup", "read", json!({})),
+            ]),
+            results(&["a/b", "dup", "dup"]),
+            assistant(vec![call("dup", "read", json!({}))]),
+            results(&["dup"]),
+        ];
+        assert_eq!(repair_history(&mut history), 3);
+        let ids: Vec<String> = history
+            .iter()
+            .flat_map(Message::tool_calls)
+            .map(|c| c.id.clone())
+            .collect();
+        assert_eq!(
+            ids,
+            ["call_agentd_1", "dup", "call_agentd_2", "call_agentd_3"]
+        );
+        assert_eq!(
+            result_ids(&history[2]),
+            ["call_agentd_1", "dup", "call_agentd_2"]
+        );
+        assert_eq!(result_ids(&history[4]), ["call_agentd_3"]);
+        let first = &history[1].tool_calls()[0];
+        assert_eq!(
+            (first.name.as_str(), &first.arguments),
+            (INVALID_NAME, &json!({}))
+        );
+        // Repaired once, well formed after: a second pass changes nothing.
+        let again = history.clone();
+        assert_eq!(repair_history(&mut history), 0);
+        assert_eq!(history, again);
     }
 
     #[test]

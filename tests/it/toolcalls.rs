@@ -210,3 +210,47 @@ fn openai_ids_with_dots_and_colons_replay_to_an_anthropic_fallback() {
         assert_valid(Wire::OpenAi, r);
     }
 }
+
+/// A session poisoned before this fix (bad ids, a bad name, a string input and a duplicate
+/// already in its trail) works again: its history is repaired when it is loaded, so the next
+/// request is valid.
+#[test]
+fn a_session_poisoned_before_the_fix_works_again() {
+    for wire in [Wire::Anthropic, Wire::OpenAi] {
+        let fake = FakeLlm::spawn(wire);
+        fake.push(Reply::text("working again"));
+        let mut d = TestDaemon::new(
+            &agentd_toml("fake"),
+            &[("fake", &provider_toml(kind(wire), &fake.base_url()))],
+        );
+        let sessions = d.sessions_dir();
+        std::fs::create_dir_all(&sessions).unwrap();
+        let id = "0190aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee";
+        std::fs::write(
+            sessions.join("sessions.json"),
+            format!(r#"{{"old": {{"session_id": "{id}", "created_at": 1795300000}}}}"#),
+        )
+        .unwrap();
+        let lines = [
+            format!(
+                r#"{{"v":1,"seq":1,"ts":"2026-11-22T01:00:00.000+00:00","type":"session","session_id":"{id}","key":"old","model":"primary"}}"#
+            ),
+            r#"{"v":1,"seq":2,"ts":"2026-11-22T01:00:00.100+00:00","type":"intake","id":"o1","source":"user","from":"old","text":"go"}"#.to_string(),
+            r#"{"v":1,"seq":3,"ts":"2026-11-22T01:00:00.200+00:00","type":"message","role":"user","content":[{"type":"text","text":"go"}],"reply_to":["o1"],"source":"user","from":"old"}"#.to_string(),
+            r#"{"v":1,"seq":4,"ts":"2026-11-22T01:00:01.000+00:00","type":"message","role":"assistant","text":"","tool_calls":[{"id":"a/b c","name":"read file","arguments":"just a string"},{"id":"dup","name":"session_status","arguments":{}},{"id":"dup","name":"session_status","arguments":{}}],"model":"primary","turn":1,"sent_messages":1}"#.to_string(),
+            r#"{"v":1,"seq":5,"ts":"2026-11-22T01:00:01.100+00:00","type":"tool_result","results":[{"tool_call_id":"a/b c","content":"unknown tool","is_error":true},{"tool_call_id":"dup","content":"one","is_error":false},{"tool_call_id":"dup","content":"two","is_error":false}]}"#.to_string(),
+            r#"{"v":1,"seq":6,"ts":"2026-11-22T01:00:02.000+00:00","type":"message","role":"assistant","text":"done","final":true,"reply_to":["o1"],"model":"primary","turn":2,"sent_messages":3}"#.to_string(),
+        ];
+        std::fs::write(
+            sessions.join(format!("{id}.2026-11-22.jsonl")),
+            lines.join("\n") + "\n",
+        )
+        .unwrap();
+        d.start();
+        let fin = send(&d, "old", "o2", "again");
+        assert_eq!(fin["text"], "working again", "{fin}");
+        let reqs = fake.requests();
+        assert_eq!(reqs.len(), 1);
+        assert_valid(wire, &reqs[0]);
+    }
+}
