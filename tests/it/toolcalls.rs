@@ -254,3 +254,52 @@ fn a_session_poisoned_before_the_fix_works_again() {
         assert_valid(wire, &reqs[0]);
     }
 }
+
+/// One answer with 100 `exec` calls runs at most `[tools] max_parallel_calls` of them at once
+/// (issue #12 finding 15): each command counts the commands running beside it (a directory
+/// per running command, made before and removed after its work), and no count exceeds the cap.
+#[test]
+fn a_hundred_exec_calls_run_at_most_max_parallel_calls_at_once() {
+    const CAP: usize = 4;
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let calls: Vec<(String, Value)> = (0..100)
+        .map(|i| {
+            (
+                format!("e{i}"),
+                json!({"command": format!(
+                    "mkdir running/{i} && ls running | wc -l > counts/{i}; sleep 0.05; rmdir running/{i}"
+                )}),
+            )
+        })
+        .collect();
+    fake.push(Reply::tool_calls(
+        calls
+            .iter()
+            .map(|(id, args)| (id.as_str(), "exec", args.clone()))
+            .collect(),
+    ));
+    fake.push(Reply::text("all ran"));
+    // The test's state directory is under /tmp: keep exec to the workspace.
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[tools]\nmax_parallel_calls = {CAP}\n\n[tools.filesystem]\nallowed_paths = [\"../workspace\"]\n",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    std::fs::create_dir_all(d.workspace().join("running")).unwrap();
+    std::fs::create_dir_all(d.workspace().join("counts")).unwrap();
+    d.start();
+    let fin = send(&d, "par", "p1", "run them all");
+    assert_eq!(fin["text"], "all ran", "{fin}");
+    let counts: Vec<usize> = (0..100)
+        .map(|i| {
+            let path = d.workspace().join(format!("counts/{i}"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            text.trim().parse().unwrap()
+        })
+        .collect();
+    let max = counts.iter().copied().max().unwrap();
+    assert!(max <= CAP, "{max} commands ran at once: {counts:?}");
+}
