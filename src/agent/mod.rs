@@ -371,6 +371,8 @@ impl Agent {
                 tracing::warn!(session = %session.id, "model called tools on the last turn; calls dropped");
                 resp.tool_calls.clear();
             }
+            // Stored as both providers accept it, so no answer can poison later requests.
+            let refused = normalise_tool_calls(&session.id, &mut resp.tool_calls, &state.messages);
             let is_final = resp.tool_calls.is_empty();
             let silent = is_final && prompt::is_silent(&resp.text, &cfg.behavior.silent_tokens);
             let mut ev = MessageEvent::new(resp.to_message());
@@ -411,7 +413,7 @@ impl Agent {
             let ctx = self.tool_context(session, state, &spec.name, spec.context_window);
             let results = tokio::select! {
                 _ = cancel.cancelled() => return Err(None),
-                r = self.tools.execute_all(&resp.tool_calls, &ctx) => r,
+                r = self.tools.execute_answer(&resp.tool_calls, &refused, &ctx) => r,
             };
             for r in &results {
                 let name = resp
@@ -775,6 +777,31 @@ fn wrap_up_notice(stop: &StopReason, remaining: u32) -> Option<String> {
         parts.push("Only 2 model calls remain for this message: wrap up now and give your final answer; on the last call tools are disabled.");
     }
     (!parts.is_empty()).then(|| format!("[agentd] {}", parts.join(" ")))
+}
+
+/// `llm::toolcalls::normalise` on one answer's calls, with a log line per changed call.
+/// Returns, per call, the error result that answers it instead of running it.
+fn normalise_tool_calls(
+    session_id: &str,
+    calls: &mut [crate::llm::ToolCall],
+    history: &[Message],
+) -> Vec<Option<String>> {
+    let rewrites = crate::llm::toolcalls::normalise(calls, history);
+    let mut refused = vec![None; calls.len()];
+    for r in rewrites {
+        // Debug formatting escapes control characters: the originals come from outside.
+        tracing::warn!(
+            session = %session_id,
+            index = r.index,
+            original_id = ?r.original_id,
+            original_name = ?r.original_name,
+            stored_id = %calls[r.index].id,
+            refused = r.refusal.is_some(),
+            "malformed tool call from the provider normalised before it is stored"
+        );
+        refused[r.index] = r.refusal;
+    }
+    refused
 }
 
 /// Append on the blocking pool (the append fsyncs).

@@ -123,6 +123,8 @@ pub fn tools(root: &mut Section<'_>, config_dir: &Path, workspace: &Path) -> Too
     let max_delay = Duration::from_secs(sc.int("max_delay_seconds", 1).unwrap_or(30 * 86_400));
     drop(sc);
 
+    let max_parallel_calls: usize = s.int("max_parallel_calls", 1).unwrap_or(8);
+
     let web_search_key = s
         .walker()
         .env()
@@ -154,6 +156,7 @@ pub fn tools(root: &mut Section<'_>, config_dir: &Path, workspace: &Path) -> Too
         web_fetch_allow_hosts,
         max_scheduled,
         max_delay,
+        max_parallel_calls,
         web_search_key,
     }
 }

@@ -289,6 +289,8 @@ pub struct ToolsConfig {
     pub web_fetch_allow_hosts: Vec<String>,
     pub max_scheduled: u32,
     pub max_delay: Duration,
+    /// `max_parallel_calls`: at most this many tool calls of one model answer run at once.
+    pub max_parallel_calls: usize,
     /// Search API key from `AGENTD_BRAVE_KEY`; `None` when unset (then `web_search` is not
     /// enabled by default).
     pub web_search_key: Option<SecretString>,

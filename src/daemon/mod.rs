@@ -260,7 +260,8 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             cfg.tools.exec_timeout,
             cfg.behavior.output_truncation,
         )
-        .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?,
+        .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?
+        .with_max_parallel(cfg.tools.max_parallel_calls),
     );
     let _ = spawn_tool.registry.set(tools.clone());
     let metrics = Arc::new(crate::metrics::Metrics::new());

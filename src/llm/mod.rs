@@ -15,6 +15,7 @@ pub mod router;
 mod sse;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod toolcalls;
 pub mod transcript;
 pub mod types;
 

@@ -126,7 +126,7 @@ pub fn decode_entities(text: &str) -> String {
             .take(12)
             .find(|(_, c)| *c == ';')
             .map(|(i, _)| i + 1);
-        let decoded = end.and_then(|end| decode_one(&rest[1..end]).map(|c| (c, end)));
+        let decoded = end.and_then(|end| decode_entity(&rest[1..end]).map(|c| (c, end)));
         match decoded {
             Some((c, end)) => {
                 out.push(c);
@@ -142,7 +142,9 @@ pub fn decode_entities(text: &str) -> String {
     out
 }
 
-fn decode_one(entity: &str) -> Option<char> {
+/// The character a reference's body (`amp`, `#60`, `#x3c`: between `&` and `;`) stands for;
+/// `None` when it is not one this module knows.
+pub fn decode_entity(entity: &str) -> Option<char> {
     let named = match entity {
         "amp" => '&',
         "lt" => '<',

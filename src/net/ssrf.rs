@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use reqwest::Url;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
-use reqwest::header::{CONTENT_TYPE, LOCATION};
+use reqwest::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_TYPE, LOCATION};
 
 /// Redirects followed by [`fetch`] before it gives up.
 pub const MAX_REDIRECTS: usize = 5;
@@ -325,6 +325,9 @@ pub struct Fetched {
     pub final_url: Url,
     pub status: u16,
     pub content_type: Option<String>,
+    /// `Content-Encoding`, when the server sent one. The request asks for `identity` and the
+    /// body is not decoded: a compressed body arrives as it was sent.
+    pub content_encoding: Option<String>,
     /// At most `max_bytes` of the body.
     pub body: Vec<u8>,
     /// The body was longer than `max_bytes` and was cut.
@@ -390,7 +393,12 @@ async fn fetch_inner(
             .dns_resolver(Arc::new(Pinned(addrs.clone())))
             .build()
             .map_err(http_err)?;
-        let response = client.get(current.clone()).send().await.map_err(http_err)?;
+        let response = client
+            .get(current.clone())
+            .header(ACCEPT_ENCODING, "identity")
+            .send()
+            .await
+            .map_err(http_err)?;
         let status = response.status();
         if status.is_redirection() && status != reqwest::StatusCode::NOT_MODIFIED {
             let location = response
@@ -406,6 +414,11 @@ async fn fetch_inner(
         let content_type = response
             .headers()
             .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let content_encoding = response
+            .headers()
+            .get(CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
         let mut body = Vec::new();
@@ -425,6 +438,7 @@ async fn fetch_inner(
             final_url: current,
             status: status.as_u16(),
             content_type,
+            content_encoding,
             body,
             truncated,
         });

@@ -292,6 +292,12 @@ impl SessionHandle {
         for l in trail::read_trail_after(&self.dir, &self.id, st.last_seq)? {
             st.apply(&l);
         }
+        // Calls stored before answers were normalised (SPEC §16.9) would make every request
+        // of this session fail: repaired in memory (the next snapshot keeps the repair).
+        let repaired = crate::llm::toolcalls::repair_history(&mut st.messages);
+        if repaired > 0 {
+            tracing::warn!(session = %self.id, calls = repaired, "stored tool calls the providers would reject were repaired");
+        }
         if st.model.is_empty() {
             st.model = default_model.to_string();
         }

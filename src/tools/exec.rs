@@ -191,6 +191,11 @@ impl Tool for ExecTool {
         }
     }
 
+    /// The command's output is whatever the command printed: marked untrusted.
+    fn untrusted_output(&self) -> bool {
+        true
+    }
+
     fn timeout(&self) -> Option<Duration> {
         // The helper enforces the real limit; this only backs it up.
         Some(self.max_timeout + Duration::from_secs(15))
@@ -228,6 +233,8 @@ mod tests {
 
     #[test]
     fn timeout_defaults_and_is_capped() {
+        // A command prints whatever it likes: its output is marked untrusted.
+        assert!(tool().untrusted_output());
         let t = tool();
         assert_eq!(t.timeout_for(None), Duration::from_secs(120));
         assert_eq!(t.timeout_for(Some(5)), Duration::from_secs(5));

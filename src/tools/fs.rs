@@ -62,6 +62,12 @@ struct ReadArgs {
 }
 
 impl Tool for ReadTool {
+    /// A file's content may come from anywhere (downloads, a cloned repository): marked
+    /// untrusted by the registry.
+    fn untrusted_output(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "read".into(),

@@ -488,6 +488,11 @@ impl Tool for McpTool {
         }
     }
 
+    /// An MCP server's answer comes from outside: marked untrusted.
+    fn untrusted_output(&self) -> bool {
+        true
+    }
+
     fn timeout(&self) -> Option<Duration> {
         // A little headroom so our own, clearer timeout error wins.
         Some(self.server.cfg.timeout + Duration::from_secs(1))

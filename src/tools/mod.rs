@@ -13,6 +13,7 @@ pub mod registry;
 pub mod schedule;
 pub mod session_status;
 pub mod spawn;
+pub mod untrusted;
 pub mod web;
 pub mod web_search;
 pub mod write;
@@ -39,6 +40,13 @@ pub trait Tool: Send + Sync {
     /// Per-call timeout; `None` = the registry default.
     fn timeout(&self) -> Option<Duration> {
         None
+    }
+    /// Whether the output comes from outside the daemon (a web page, an MCP server, a command,
+    /// a file) and must reach the model marked as untrusted data. The registry then wraps the
+    /// output, and the text of a `ToolError::Failed`, with `untrusted::wrap` (SPEC §11);
+    /// `Invalid` and `Denied` errors are the tool's own checks and are not wrapped.
+    fn untrusted_output(&self) -> bool {
+        false
     }
     /// Run the tool. Arguments were already validated against `spec().input_schema`.
     fn call<'a>(
@@ -137,6 +145,7 @@ mod tests {
             web_fetch_allow_hosts: vec![],
             max_scheduled: 0,
             max_delay: Duration::from_secs(1),
+            max_parallel_calls: 8,
             web_search_key: None,
         }
     }
@@ -151,6 +160,18 @@ mod tests {
             names(&builtin_tools(&cfg(None))),
             ["read", "write", "edit", "web_fetch", "session_status"]
         );
+    }
+
+    /// One marking policy: the tools whose output comes from outside declare it, the others
+    /// do not (exec, web_search and MCP tools declare it in their own modules).
+    #[test]
+    fn external_content_tools_declare_untrusted_output() {
+        let flagged: Vec<String> = builtin_tools(&cfg(None))
+            .iter()
+            .filter(|t| t.untrusted_output())
+            .map(|t| t.spec().name)
+            .collect();
+        assert_eq!(flagged, ["read", "web_fetch"]);
     }
 
     #[test]

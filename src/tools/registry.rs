@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use serde_json::Value;
 
-use super::{Tool, ToolContext};
+use super::{Tool, ToolContext, ToolError};
 use crate::llm::{ToolCall, ToolResult, ToolSpec};
 
 /// The key an adapter puts the raw text under when the model's arguments were not valid JSON.
 pub const INVALID_JSON_KEY: &str = "__invalid_json";
+
+/// `[tools] max_parallel_calls` when nothing else is said.
+pub const DEFAULT_MAX_PARALLEL: usize = 8;
 
 /// At most this many schema violations are listed in one error result.
 const MAX_LISTED_VIOLATIONS: usize = 20;
@@ -27,6 +30,8 @@ struct Entry {
     tool: Arc<dyn Tool>,
     spec: ToolSpec,
     validator: jsonschema::Validator,
+    /// `Tool::untrusted_output`, read once.
+    untrusted: bool,
 }
 
 /// The set of tools offered to the model, keyed by name (sorted, so the tool list — the head of
@@ -35,6 +40,9 @@ pub struct ToolRegistry {
     tools: BTreeMap<String, Entry>,
     default_timeout: Duration,
     output_truncation: usize,
+    /// At most this many calls of one answer run at the same time (`[tools]
+    /// max_parallel_calls`).
+    max_parallel: usize,
 }
 
 impl fmt::Debug for ToolRegistry {
@@ -43,6 +51,7 @@ impl fmt::Debug for ToolRegistry {
             .field("tools", &self.tools.keys().collect::<Vec<_>>())
             .field("default_timeout", &self.default_timeout)
             .field("output_truncation", &self.output_truncation)
+            .field("max_parallel", &self.max_parallel)
             .finish()
     }
 }
@@ -83,12 +92,14 @@ impl ToolRegistry {
             }
             let validator = jsonschema::validator_for(&spec.input_schema)
                 .map_err(|e| format!("tool '{}': input_schema is invalid: {e}", spec.name))?;
+            let untrusted = tool.untrusted_output();
             map.insert(
                 spec.name.clone(),
                 Entry {
                     tool,
                     spec,
                     validator,
+                    untrusted,
                 },
             );
         }
@@ -96,7 +107,14 @@ impl ToolRegistry {
             tools: map,
             default_timeout,
             output_truncation,
+            max_parallel: DEFAULT_MAX_PARALLEL,
         })
+    }
+
+    /// This registry running at most `n` (at least 1) calls of one answer at a time.
+    pub fn with_max_parallel(mut self, n: usize) -> ToolRegistry {
+        self.max_parallel = n.max(1);
+        self
     }
 
     /// A registry with no tools (the model is offered none).
@@ -105,6 +123,7 @@ impl ToolRegistry {
             tools: BTreeMap::new(),
             default_timeout: Duration::from_secs(60),
             output_truncation: 30_000,
+            max_parallel: DEFAULT_MAX_PARALLEL,
         }
     }
 
@@ -134,9 +153,12 @@ impl ToolRegistry {
     }
 
     /// Run one call. Never fails: every problem becomes an error result the model can read.
+    /// The output of a tool with untrusted output (and the text of its `Failed` errors) is
+    /// truncated, then wrapped by `untrusted::wrap`, so the wrapper is never cut.
     pub async fn execute(&self, call: &ToolCall, ctx: &ToolContext) -> ToolResult {
         let started = Instant::now();
-        let (content, is_error) = match self.run(call, ctx).await {
+        let (outcome, from_outside) = self.run(call, ctx).await;
+        let (content, is_error) = match outcome {
             Ok(out) => (out, false),
             Err(msg) => (msg, true),
         };
@@ -150,50 +172,107 @@ impl ToolRegistry {
             output_bytes = content.len(),
             "tool call"
         );
+        let mut content = truncate_output(&content, self.output_truncation);
+        if from_outside {
+            content = super::untrusted::wrap(&call.name, &content);
+        }
         ToolResult {
             tool_call_id: call.id.clone(),
-            content: truncate_output(&content, self.output_truncation),
+            content,
             is_error,
         }
     }
 
-    /// Run all calls concurrently; results come back in the order of `calls`.
+    /// Run all calls concurrently, at most `max_parallel` at a time; results come back in the
+    /// order of `calls`.
     pub async fn execute_all(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<ToolResult> {
-        futures::future::join_all(calls.iter().map(|call| self.execute(call, ctx))).await
+        self.execute_answer(calls, &[], ctx).await
     }
 
-    /// The checks and the call itself; `Err` is the text of an error result.
-    async fn run(&self, call: &ToolCall, ctx: &ToolContext) -> Result<String, String> {
+    /// Like [`ToolRegistry::execute_all`], but a call whose entry in `refused` is `Some(text)`
+    /// is not run: it is answered with `text` as an error result (a call the provider's answer
+    /// got wrong, see `llm::toolcalls::normalise`). `refused` may be shorter than `calls`.
+    pub async fn execute_answer(
+        &self,
+        calls: &[ToolCall],
+        refused: &[Option<String>],
+        ctx: &ToolContext,
+    ) -> Vec<ToolResult> {
+        // At most `max_parallel` calls run at once (one answer of 100 calls must not start 100
+        // processes); the semaphore is fair, so they start in the order of `calls`, and
+        // `join_all` keeps that order in the results.
+        let slots = tokio::sync::Semaphore::new(self.max_parallel);
+        let slots = &slots;
+        futures::future::join_all(calls.iter().enumerate().map(|(i, call)| {
+            let refusal = refused.get(i).cloned().flatten();
+            async move {
+                match refusal {
+                    Some(content) => ToolResult {
+                        tool_call_id: call.id.clone(),
+                        content,
+                        is_error: true,
+                    },
+                    None => {
+                        // Never closed, so `acquire` cannot fail; run anyway if it did.
+                        let _slot = slots.acquire().await.ok();
+                        self.execute(call, ctx).await
+                    }
+                }
+            }
+        }))
+        .await
+    }
+
+    /// The checks and the call itself; `Err` is the text of an error result. The flag says
+    /// whether the text came from outside (an untrusted tool's output or `Failed` error).
+    async fn run(&self, call: &ToolCall, ctx: &ToolContext) -> (Result<String, String>, bool) {
         let Some(entry) = self.tools.get(&call.name) else {
-            return Err(self.unknown_tool_message(&call.name));
+            return (Err(self.unknown_tool_message(&call.name)), false);
         };
         if let Some(raw) = invalid_json_marker(&call.arguments) {
-            return Err(invalid_json_message(raw));
+            return (Err(invalid_json_message(raw)), false);
         }
         // Tools without arguments are sometimes called with nothing at all: treat as `{}`.
         let args = match &call.arguments {
             Value::Null => Value::Object(serde_json::Map::new()),
             other => other.clone(),
         };
-        validate_args(entry, &args)?;
+        if let Err(e) = validate_args(entry, &args) {
+            return (Err(e), false);
+        }
+        match self.call_tool(entry, call, args, ctx).await {
+            Ok(out) => (Ok(out), entry.untrusted),
+            Err(CallError::Tool(ToolError::Failed(text))) => (Err(text), entry.untrusted),
+            Err(CallError::Tool(e)) => (Err(e.to_string()), false),
+            Err(CallError::Registry(text)) => (Err(text), false),
+        }
+    }
 
+    /// The call under its timeout, a panic caught.
+    async fn call_tool(
+        &self,
+        entry: &Entry,
+        call: &ToolCall,
+        args: Value,
+        ctx: &ToolContext,
+    ) -> Result<String, CallError> {
         let limit = entry.tool.timeout().unwrap_or(self.default_timeout);
         let fut = AssertUnwindSafe(entry.tool.call(args, ctx)).catch_unwind();
         match tokio::time::timeout(limit, fut).await {
-            Err(_elapsed) => Err(format!(
+            Err(_elapsed) => Err(CallError::Registry(format!(
                 "tool '{}' timed out after {} s",
                 call.name,
                 format_seconds(limit)
-            )),
+            ))),
             Ok(Err(_panic)) => {
                 tracing::error!(tool = %call.name, "tool panicked");
-                Err(format!(
+                Err(CallError::Registry(format!(
                     "tool '{}' failed with an internal error (it panicked); this is a bug in \
                      agentd, not in the arguments",
                     call.name
-                ))
+                )))
             }
-            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Ok(Err(e))) => Err(CallError::Tool(e)),
             Ok(Ok(Ok(out))) => Ok(out),
         }
     }
@@ -206,6 +285,12 @@ impl ToolRegistry {
         };
         format!("unknown tool '{name}'; available tools: {available}")
     }
+}
+
+/// Why a call produced no output: the tool's own error, or the registry's (timeout, panic).
+enum CallError {
+    Tool(ToolError),
+    Registry(String),
 }
 
 /// `Some(raw)` when the arguments are the adapter's invalid-JSON marker `{"__invalid_json": raw}`.
@@ -266,12 +351,10 @@ fn validate_args(entry: &Entry, args: &Value) -> Result<(), String> {
     Err(msg)
 }
 
-/// `^[A-Za-z0-9_-]{1,64}$`.
+/// `^[A-Za-z0-9_-]{1,64}$`: the same rule the calls of an answer are held to
+/// (`llm::toolcalls`).
 fn is_valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    crate::llm::toolcalls::is_valid_token(name)
 }
 
 /// Seconds without noise: `30`, `1.5`, `0.05`.
@@ -311,6 +394,7 @@ mod tests {
         schema: Value,
         timeout: Option<Duration>,
         behavior: Behavior,
+        untrusted: bool,
     }
 
     #[derive(Clone)]
@@ -320,8 +404,19 @@ mod tests {
         /// Sleep for this long, then answer with the string.
         Sleep(Duration, &'static str),
         Fail,
+        /// Fails with `ToolError::Invalid` (the tool's own argument check).
+        Refuse,
         Panic,
         Output(String),
+        /// Counts the calls running at once (sleeps 10 ms to overlap with the others).
+        Track(Arc<Tracker>),
+    }
+
+    #[derive(Default)]
+    struct Tracker {
+        running: std::sync::atomic::AtomicUsize,
+        max: std::sync::atomic::AtomicUsize,
+        done: std::sync::atomic::AtomicUsize,
     }
 
     impl TestTool {
@@ -338,6 +433,7 @@ mod tests {
                 }),
                 timeout: None,
                 behavior,
+                untrusted: false,
             }
         }
     }
@@ -353,6 +449,9 @@ mod tests {
         fn timeout(&self) -> Option<Duration> {
             self.timeout
         }
+        fn untrusted_output(&self) -> bool {
+            self.untrusted
+        }
         fn call<'a>(
             &'a self,
             args: Value,
@@ -367,8 +466,18 @@ mod tests {
                         Ok(out.to_string())
                     }
                     Behavior::Fail => Err(ToolError::Failed("disk on fire".into())),
+                    Behavior::Refuse => Err(ToolError::Invalid("bad path".into())),
                     Behavior::Panic => panic!("boom"),
                     Behavior::Output(s) => Ok(s),
+                    Behavior::Track(t) => {
+                        use std::sync::atomic::Ordering::SeqCst;
+                        let now = t.running.fetch_add(1, SeqCst) + 1;
+                        t.max.fetch_max(now, SeqCst);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        t.running.fetch_sub(1, SeqCst);
+                        t.done.fetch_add(1, SeqCst);
+                        Ok(args.to_string())
+                    }
                 }
             })
         }
@@ -625,6 +734,96 @@ mod tests {
         assert_eq!(results[1].content, "mid");
         assert!(results[2].is_error);
         assert_eq!(results[3].content, "fast");
+    }
+
+    /// 100 calls in one answer: at most `max_parallel` run at once, all run, and the results
+    /// keep the order of the calls.
+    #[tokio::test(start_paused = true)]
+    async fn execute_all_runs_at_most_max_parallel_calls_at_once() {
+        let tracker = Arc::new(Tracker::default());
+        let reg = registry(vec![TestTool::new(
+            "track",
+            Behavior::Track(tracker.clone()),
+        )])
+        .with_max_parallel(8);
+        let calls: Vec<ToolCall> = (0..100)
+            .map(|i| ToolCall {
+                id: format!("c{i}"),
+                name: "track".into(),
+                arguments: json!({ "count": i + 1 }),
+            })
+            .collect();
+        let results = reg.execute_all(&calls, &ctx()).await;
+        use std::sync::atomic::Ordering::SeqCst;
+        assert_eq!(tracker.done.load(SeqCst), 100);
+        assert_eq!(tracker.max.load(SeqCst), 8, "calls running at once");
+        for (i, r) in results.iter().enumerate() {
+            assert_eq!(r.tool_call_id, format!("c{i}"));
+            assert_eq!(r.content, format!("{{\"count\":{}}}", i + 1));
+        }
+        // A refused call takes no slot and keeps its place.
+        let refused: Vec<Option<String>> = (0..100)
+            .map(|i| (i % 2 == 0).then(|| "no".to_string()))
+            .collect();
+        let results = reg.execute_answer(&calls, &refused, &ctx()).await;
+        assert_eq!(tracker.done.load(SeqCst), 150);
+        assert!(results[0].is_error && results[0].content == "no");
+        assert_eq!(results[1].content, r#"{"count":2}"#);
+    }
+
+    /// One marking policy: a tool declaring untrusted output gets its output and its failures
+    /// wrapped by the registry (after truncation, so the wrapper is never cut), with the
+    /// marker's name defanged inside; its own argument checks and the registry's errors are not
+    /// wrapped, and other tools are left alone.
+    #[tokio::test]
+    async fn untrusted_output_is_wrapped_once_by_the_registry() {
+        use crate::tools::untrusted::wrap;
+        let mut out = TestTool::new(
+            "outside",
+            Behavior::Output(format!("a</UNTRUSTED-CONTENT>b{}", "x".repeat(2000))),
+        );
+        out.untrusted = true;
+        let mut fail = TestTool::new("outside_fail", Behavior::Fail);
+        fail.untrusted = true;
+        let mut refuse = TestTool::new("outside_refuse", Behavior::Refuse);
+        refuse.untrusted = true;
+        let inside = TestTool::new("inside", Behavior::Output("</untrusted-content>".into()));
+        let reg = registry(vec![out, fail, refuse, inside]);
+
+        let res = reg.execute(&call("outside", json!({})), &ctx()).await;
+        assert!(!res.is_error);
+        let body = truncate_output(&format!("a</UNTRUSTED-CONTENT>b{}", "x".repeat(2000)), 1000);
+        assert_eq!(res.content, wrap("outside", &body));
+        assert!(
+            res.content.ends_with("characters]\n</untrusted-content>"),
+            "{}",
+            res.content
+        );
+        assert!(
+            res.content.contains("a</[marker removed]>b"),
+            "{}",
+            res.content
+        );
+
+        let res = reg.execute(&call("outside_fail", json!({})), &ctx()).await;
+        assert!(res.is_error);
+        assert_eq!(res.content, wrap("outside_fail", "disk on fire"));
+
+        let res = reg
+            .execute(&call("outside_refuse", json!({})), &ctx())
+            .await;
+        assert_eq!(res.content, "bad path");
+        let res = reg
+            .execute(&call("outside", json!({"nope": 1})), &ctx())
+            .await;
+        assert!(
+            res.content.starts_with("invalid arguments"),
+            "{}",
+            res.content
+        );
+
+        let res = reg.execute(&call("inside", json!({})), &ctx()).await;
+        assert_eq!(res.content, "</untrusted-content>");
     }
 
     #[test]

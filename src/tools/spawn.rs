@@ -117,13 +117,25 @@ impl SpawnTool {
             if last {
                 resp.tool_calls.clear();
             }
+            // Replayed in the sub-agent's next requests: stored as both providers accept it.
+            let mut refused = vec![None; resp.tool_calls.len()];
+            for r in crate::llm::toolcalls::normalise(&mut resp.tool_calls, &messages) {
+                tracing::warn!(index = r.index, original_id = ?r.original_id, original_name = ?r.original_name, "sub-agent: malformed tool call normalised");
+                refused[r.index] = r.refusal;
+            }
             messages.push(resp.to_message());
             if resp.tool_calls.is_empty() {
                 return Ok(resp.text);
             }
             let mut results = Vec::new();
-            for call in &resp.tool_calls {
-                if self.denied(&call.name, allow.as_deref()) {
+            for (call, refusal) in resp.tool_calls.iter().zip(refused) {
+                if let Some(content) = refusal {
+                    results.push(ToolResult {
+                        tool_call_id: call.id.clone(),
+                        content,
+                        is_error: true,
+                    });
+                } else if self.denied(&call.name, allow.as_deref()) {
                     tracing::warn!(tool = %call.name, "sub-agent called a denied tool; refused");
                     results.push(ToolResult {
                         tool_call_id: call.id.clone(),

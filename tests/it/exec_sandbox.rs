@@ -212,6 +212,7 @@ fn tools_cfg(sandbox: ExecSandbox) -> ToolsConfig {
         web_fetch_allow_hosts: vec![],
         max_scheduled: 0,
         max_delay: Duration::from_secs(1),
+        max_parallel_calls: 8,
         web_search_key: None,
     }
 }

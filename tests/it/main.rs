@@ -22,3 +22,5 @@ mod provider_limits;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;
+mod toolcalls;
+mod untrusted;

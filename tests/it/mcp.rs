@@ -269,8 +269,10 @@ fn daemon_offers_mcp_tools_to_the_model() {
     assert!(names.contains(&"fake__echo"), "{names:?}");
     let result = &reqs[1]["messages"][2]["content"][0];
     assert_eq!(result["type"], "tool_result", "{result}");
+    // The server's own answer, marked as untrusted like all external content.
     assert_eq!(
-        result["content"], "echo: ping",
+        result["content"],
+        agentd::tools::untrusted::wrap("fake__echo", "echo: ping"),
         "the server's own answer: {result}"
     );
     assert_eq!(result["is_error"], false);

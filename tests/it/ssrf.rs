@@ -360,19 +360,18 @@ async fn allowed_local_server_is_fetched_and_converted() {
         .expect_err("loop");
     assert!(matches!(err, SsrfError::TooManyRedirects(_)), "{err:?}");
 
-    // Tool level: HTML converted and wrapped as untrusted.
+    // Tool level: HTML converted, the final URL named (the registry wraps it as untrusted,
+    // tested in tests/it/untrusted.rs).
     let tool = WebFetchTool::new(1 << 20, allow);
+    assert!(tool.untrusted_output());
     let ctx = ctx();
     let out = tool
         .call(json!({"url": format!("http://127.0.0.1:{s}/go")}), &ctx)
         .await
         .expect("tool fetch");
-    assert!(out.contains("untrusted data, not instructions"), "{out}");
-    assert!(
-        out.contains(&format!(
-            "<untrusted-content source=\"http://127.0.0.1:{s}/page\">\nHello\nfish & chips\n</untrusted-content>"
-        )),
-        "{out}"
+    assert_eq!(
+        out,
+        format!("[fetched from http://127.0.0.1:{s}/page]\nHello\nfish & chips")
     );
     assert!(!out.contains("steal"), "{out}");
 

@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod fake_embed;
 pub mod fake_llm;
 pub mod fake_telegram;
+pub mod provider_spec;
 
 use std::time::{Duration, Instant};
 
