@@ -252,11 +252,17 @@ const TMP: &str = "/tmp";
 
 /// Mount an empty tmpfs on `/tmp` in the command's mount namespace (SPEC §16.8), keeping at
 /// their paths what the command may use that lies under `/tmp` — the allowed paths (already
-/// split around the state and config directories), the system read paths, the working
-/// directory and `TMPDIR` — as bind mounts of the originals, so every tool still sees them at
-/// the same path and nothing else of the host's `/tmp` is visible. Skipped (`Ok(false)`) when
-/// `/tmp` is itself an allowed path (the command then shares it, as configured) or is not a
-/// plain directory. On failure the tmpfs is removed again and the host's `/tmp` stays.
+/// split around the state and config directories), `TMPDIR`, the system read paths, and the
+/// working directory when one of those covers it — as bind mounts of the originals, so every
+/// tool still sees them at the same path and nothing else of the host's `/tmp` is visible.
+///
+/// The caller then grants the tmpfs read-write, and Landlock's rules are hierarchical across
+/// mounts: whatever is bind-mounted under `/tmp` inherits that grant. So only what the policy
+/// already lets the command read comes back (an uncovered working directory does not), and
+/// what it may only read comes back as a read-only bind mount, which no Landlock grant can
+/// make writable. Skipped (`Ok(false)`) when `/tmp` is itself an allowed path (the command
+/// then shares it, as configured) or is not a plain directory. On failure the tmpfs is removed
+/// again and the host's `/tmp` stays.
 fn private_tmp(policy: &Policy) -> Result<bool, String> {
     use std::os::fd::AsRawFd;
     use std::path::{Path, PathBuf};
@@ -266,27 +272,50 @@ fn private_tmp(policy: &Policy) -> Result<bool, String> {
     {
         return Ok(false);
     }
-    let cwd = std::env::current_dir().ok();
-    let mut keep: Vec<PathBuf> = policy
+    let canon = |p: &PathBuf| std::fs::canonicalize(p).ok();
+    let writable: Vec<PathBuf> = policy
         .read_write
         .iter()
-        .chain(&policy.read_exec)
-        .chain(&cwd)
         .chain(&policy.tmpdir)
-        .filter_map(|p| std::fs::canonicalize(p).ok())
-        .filter(|p| p.starts_with(tmp) && p != tmp)
+        .filter_map(canon)
+        .collect();
+    let readable: Vec<PathBuf> = policy.read_exec.iter().filter_map(canon).collect();
+    let cwd = std::env::current_dir().ok();
+    let covered_cwd = cwd.as_ref().and_then(canon).filter(|c| {
+        writable
+            .iter()
+            .chain(&readable)
+            .any(|root| c.starts_with(root))
+    });
+    // (path, writable), sorted so a parent is mounted before what lies beneath it.
+    let mut keep: Vec<(PathBuf, bool)> = writable
+        .iter()
+        .map(|p| (p.clone(), true))
+        .chain(readable.iter().map(|p| (p.clone(), false)))
+        .chain(covered_cwd.map(|c| {
+            let w = writable.iter().any(|root| c.starts_with(root));
+            (c, w)
+        }))
+        .filter(|(p, _)| p.starts_with(tmp) && p != tmp)
         .collect();
     keep.sort();
-    keep.dedup();
-    let mut roots: Vec<PathBuf> = Vec::new();
-    for p in keep {
-        if !roots.iter().any(|r| p.starts_with(r)) {
-            roots.push(p);
+    keep.dedup_by(|later, earlier| {
+        later.0 == earlier.0 && {
+            earlier.1 |= later.1;
+            true
+        }
+    });
+    // A path needs its own mount unless an earlier one covers it in the same mode.
+    let mut roots: Vec<(PathBuf, bool)> = Vec::new();
+    for (p, w) in keep {
+        let covering = roots.iter().rev().find(|(r, _)| p.starts_with(r));
+        if covering.is_none_or(|(_, rw)| *rw != w) {
+            roots.push((p, w));
         }
     }
     // Hold every original before the tmpfs hides it.
     let mut held = Vec::new();
-    for p in roots {
+    for (p, w) in roots {
         let fd = nix::fcntl::open(
             &p,
             OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
@@ -299,7 +328,7 @@ fn private_tmp(policy: &Policy) -> Result<bool, String> {
                 SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR
             })
             .map_err(|e| format!("cannot stat {}: {e}", p.display()))?;
-        held.push((p, fd, is_dir));
+        held.push((p, fd, is_dir, w));
     }
     mount(
         Some("tmpfs"),
@@ -309,16 +338,19 @@ fn private_tmp(policy: &Policy) -> Result<bool, String> {
         Some("mode=1777"),
     )
     .map_err(|e| format!("cannot mount a private /tmp: {e}"))?;
-    let bind = |p: &Path, fd: &OwnedFd, is_dir: bool| -> Result<(), String> {
-        let made = if is_dir {
-            std::fs::create_dir_all(p)
-        } else {
-            p.parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|()| std::fs::File::create(p).map(drop))
-        };
-        made.map_err(|e| format!("cannot create {} in the private /tmp: {e}", p.display()))?;
+    let bind = |p: &Path, fd: &OwnedFd, is_dir: bool, writable: bool| -> Result<(), String> {
+        if std::fs::symlink_metadata(p).is_err() {
+            let made = if is_dir {
+                std::fs::create_dir_all(p)
+            } else {
+                p.parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::File::create(p).map(drop))
+            };
+            made.map_err(|e| format!("cannot create {} in the private /tmp: {e}", p.display()))?;
+        }
         let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let keep_err = |e| format!("cannot keep {} in the private /tmp: {e}", p.display());
         mount(
             Some(source.as_str()),
             p,
@@ -326,10 +358,21 @@ fn private_tmp(policy: &Policy) -> Result<bool, String> {
             MsFlags::MS_BIND | MsFlags::MS_REC,
             None::<&str>,
         )
-        .map_err(|e| format!("cannot keep {} in the private /tmp: {e}", p.display()))
+        .map_err(keep_err)?;
+        if !writable {
+            mount(
+                None::<&str>,
+                p,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked_flags(p),
+                None::<&str>,
+            )
+            .map_err(keep_err)?;
+        }
+        Ok(())
     };
-    for (p, fd, is_dir) in &held {
-        if let Err(msg) = bind(p, fd, *is_dir) {
+    for (p, fd, is_dir, writable) in &held {
+        if let Err(msg) = bind(p, fd, *is_dir, *writable) {
             let _ = nix::mount::umount2(tmp, nix::mount::MntFlags::MNT_DETACH);
             return Err(msg);
         }
@@ -339,6 +382,28 @@ fn private_tmp(policy: &Policy) -> Result<bool, String> {
         let _ = std::env::set_current_dir(cwd);
     }
     Ok(true)
+}
+
+/// The flags of the mount holding `p` that a remount in a user namespace must keep: the kernel
+/// locks `nosuid`, `nodev`, `noexec` and the atime flags of mounts inherited from the parent
+/// namespace, and refuses a remount that would clear them.
+fn locked_flags(p: &std::path::Path) -> MsFlags {
+    use nix::sys::statvfs::FsFlags;
+    let Ok(st) = nix::sys::statvfs::statvfs(p) else {
+        return MsFlags::empty();
+    };
+    let f = st.flags();
+    [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ]
+    .into_iter()
+    .filter(|(st, _)| f.contains(*st))
+    .fold(MsFlags::empty(), |acc, (_, ms)| acc | ms)
 }
 
 /// PID 1 of the namespace: reap every orphan until the command exits, then exit with its

@@ -799,3 +799,51 @@ fn unix_sockets_stay_unreachable_under_a_unit_like_filter() {
         assert_no_unix_escape(&label, &text, &targets);
     }
 }
+
+/// The private `/tmp` never widens a grant (SPEC §16.8): Landlock's rules are hierarchical
+/// across mounts, so whatever the helper binds back under the read-write tmpfs would inherit
+/// its grant. A read-only grant under `/tmp` (an MCP server may read everything but the
+/// protected directories) stays read-only, and a working directory that holds the config
+/// directory is not brought back, so `.env` stays out of reach — on every isolation path.
+#[tokio::test]
+async fn private_tmp_keeps_read_only_grants_read_only() {
+    let root = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(root.path()).unwrap();
+    assert!(
+        root.starts_with("/tmp"),
+        "the test needs a directory under /tmp"
+    );
+    for d in ["ws", "data", "config", "private"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::write(root.join("data/file.txt"), "readable-data").unwrap();
+    std::fs::write(root.join("config/.env"), "K=env-secret-77d1").unwrap();
+    let r = root.display();
+    let cmd = format!(
+        "cat {r}/data/file.txt; echo; echo x > {r}/data/new && echo DATA-WRITTEN; \
+         cat {r}/config/.env; echo y > {r}/ws/ok && echo WS-OK; \
+         echo z > /tmp/agentd-fresh-$$ && echo TMP-OK"
+    );
+    for ns in [Ns::Full, Ns::NoMount, Ns::Off] {
+        let mut p = Policy::for_mcp_server(
+            SandboxMode::Landlock,
+            false,
+            &[root.join("ws")],
+            &[root.join("config")],
+            &root.join("private/srv"),
+        )
+        .unwrap();
+        p.timeout_ms = 10_000;
+        p.no_namespaces = ns == Ns::Off;
+        p.no_mount_namespace = ns == Ns::NoMount;
+        std::fs::create_dir_all(root.join("private/srv")).unwrap();
+        // The working directory is the root that holds the config directory.
+        let out = run(&p, &root, &cmd).await;
+        let text = format!("{ns:?}: {}{}", out.stdout, out.stderr);
+        assert!(text.contains("readable-data"), "{text}");
+        assert!(text.contains("WS-OK"), "{text}");
+        assert!(!text.contains("DATA-WRITTEN"), "{text}");
+        assert!(!root.join("data/new").exists(), "{text}");
+        assert!(!text.contains("env-secret-77d1"), "{text}");
+    }
+}

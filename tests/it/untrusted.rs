@@ -114,6 +114,7 @@ fn ctx() -> ToolContext {
         session_key: "k".into(),
         workspace: std::env::temp_dir(),
         allowed_paths: vec![],
+        protected: Default::default(),
         status: Arc::new(NoStatus),
     }
 }
