@@ -86,16 +86,7 @@ impl Visit for EscapingVisitor<'_> {
     /// The error and its causes, as `error: cause: cause` (a cause its text already names is
     /// left out).
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        let mut text = value.to_string();
-        let mut source = value.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text.push_str(": ");
-                text.push_str(&cause_text);
-            }
-            source = cause.source();
-        }
+        let text = error_chain(value);
         self.write(field, format_args!("{text}"));
     }
 
@@ -212,6 +203,23 @@ pub fn init_cli() {
         .with_ansi(false)
         .with_target(false)
         .try_init();
+}
+
+/// An error and its causes, as `error: cause: cause` (a cause whose text the chain already
+/// holds is left out). The one formatter for error chains: logs, and every HTTP client's
+/// error text (after the client has removed the URL, which may carry secrets).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -242,18 +242,7 @@ fn retryable_status(status: StatusCode) -> bool {
 
 /// A reqwest error without its URL, with its causes.
 fn describe(e: reqwest::Error) -> String {
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    crate::telemetry::error_chain(&e.without_url())
 }
 
 #[cfg(test)]

@@ -172,18 +172,7 @@ fn seconds(secs: f64) -> Duration {
 
 /// A reqwest error as text without the URL (it may carry secrets), with its causes.
 pub(crate) fn describe_reqwest_error(e: reqwest::Error) -> String {
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    crate::telemetry::error_chain(&e.without_url())
 }
 
 fn redact(text: String, secret: Option<&SecretString>) -> String {

@@ -76,16 +76,7 @@ impl Policy {
         timeout: Duration,
     ) -> Result<Policy, String> {
         let protected: Vec<PathBuf> = protected.iter().map(|p| normalize(p)).collect();
-        let mut read_write = Vec::new();
-        for path in allowed_paths {
-            if !path.is_absolute() {
-                return Err(format!(
-                    "filesystem.allowed_paths entry {:?} is not absolute",
-                    path.display().to_string()
-                ));
-            }
-            read_write.extend(split_allowed(&normalize(path), &protected));
-        }
+        let read_write = writable_grants(allowed_paths, &protected)?;
         let mut read_exec = Vec::new();
         for path in READ_EXEC_PATHS {
             read_exec.extend(split_around(Path::new(path), &protected, Symlinks::Keep));
@@ -127,16 +118,7 @@ impl Policy {
         if let Some(servers_root) = private_dir.parent() {
             hidden.push(servers_root.to_path_buf());
         }
-        let mut read_write = Vec::new();
-        for path in allowed_paths {
-            if !path.is_absolute() {
-                return Err(format!(
-                    "filesystem.allowed_paths entry {:?} is not absolute",
-                    path.display().to_string()
-                ));
-            }
-            read_write.extend(split_allowed(&normalize(path), &hidden));
-        }
+        let mut read_write = writable_grants(allowed_paths, &hidden)?;
         read_write.push(private_dir.clone());
         // /proc is granted on its own, so the helper can drop it when no private /proc exists.
         hidden.push(PathBuf::from("/proc"));
@@ -182,6 +164,25 @@ fn normalize(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// The allowed paths, each split around the `protected` directories ([`split_allowed`]);
+/// a relative one is an error naming it.
+fn writable_grants(
+    allowed_paths: &[PathBuf],
+    protected: &[PathBuf],
+) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for path in allowed_paths {
+        if !path.is_absolute() {
+            return Err(format!(
+                "filesystem.allowed_paths entry {:?} is not absolute",
+                path.display().to_string()
+            ));
+        }
+        out.extend(split_allowed(&normalize(path), protected));
+    }
+    Ok(out)
 }
 
 /// An allowed path with the protected directories cut out (SPEC §16.8), compared on canonical

@@ -25,6 +25,7 @@ use super::format::{markdown_to_html, strip_to_plain};
 use super::inbound::bot_id_from_token;
 use super::split::split_message;
 use crate::config::{TelegramConfig, TelegramFormat};
+use crate::telemetry::error_chain;
 
 /// How much longer than the long-poll timeout the HTTP client waits for an answer.
 pub const HTTP_TIMEOUT_SLACK: Duration = Duration::from_secs(15);
@@ -138,21 +139,6 @@ pub fn scrub_token(s: &str, token: &str) -> String {
         out = out.replace(secret, "<token>");
     }
     out
-}
-
-/// `e` and its sources, joined with ": ".
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        let t = src.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = src.source();
-    }
-    s
 }
 
 /// A file size from teloxide, where a missing size is `u32::MAX`.
