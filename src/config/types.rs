@@ -1,6 +1,7 @@
 //! Validated, typed configuration. Everything outside `config/` receives these types:
 //! durations are `Duration`, paths are absolute, secrets are `SecretString`.
-//! The TOML layout (raw mirror) lives in `config/raw.rs` and is private to `config/`.
+//! The TOML layout is known only to `config/`: `walker.rs` reads it and the section readers
+//! (`sections.rs`, `channels.rs`, `tools.rs`, …) build these types from it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::daemon_e2e::{agentd_toml, provider_toml};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire, last_user_text};
 use crate::support::wait_until;
 

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
-use crate::daemon_e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 use crate::support::wait_until;
 

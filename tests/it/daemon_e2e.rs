@@ -10,81 +10,11 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{
+    WAIT, agentd_toml, daemon_with, fifo_write, is_outcome_of, provider_toml, wait_outcome,
+};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
 use crate::support::wait_until;
-
-const WAIT: Duration = Duration::from_secs(30);
-
-pub fn agentd_toml(provider: &str) -> String {
-    format!(
-        r#"
-[agent]
-name = "testbot"
-workspace = "../workspace"
-timezone = "UTC"
-
-[providers]
-dir = "../providers.d"
-load = ["{provider}"]
-
-[behavior]
-api_retry_base_delay_seconds = 0.01
-
-[logging]
-file = false
-"#
-    )
-}
-
-/// A provider file for a fake server. Sonnet-class prices so costs are non-trivial.
-pub fn provider_toml(kind: &str, base_url: &str) -> String {
-    format!(
-        r#"
-type = "{kind}"
-base_url = "{base_url}"
-
-[models.primary]
-model = "fake-model"
-max_tokens = 1024
-cost_per_mtok = {{ input = 3.0, output = 15.0, cache_read = 0.3, cache_write = 3.75 }}
-"#
-    )
-}
-
-/// Start a daemon whose `primary` model is served by `fake`.
-pub fn daemon_with(fake: &FakeLlm, kind: &str) -> TestDaemon {
-    let mut d = TestDaemon::new(
-        &agentd_toml("fake"),
-        &[("fake", &provider_toml(kind, &fake.base_url()))],
-    );
-    d.start();
-    d
-}
-
-/// Write one control line into the FIFO with a single write, as agent-send does.
-pub fn fifo_write(d: &TestDaemon, line: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(d.state_dir.join("control.pipe"))
-        .expect("open control.pipe");
-    let mut bytes = line.as_bytes().to_vec();
-    bytes.push(b'\n');
-    f.write_all(&bytes).expect("write control line");
-}
-
-/// The trail line that completes intake `id` (final assistant message or failure).
-pub fn wait_outcome(d: &TestDaemon, key: &str, id: &str) -> Value {
-    wait_until(WAIT, &format!("outcome of {id}"), || {
-        d.trail(key).into_iter().find(|l| is_outcome_of(l, id))
-    })
-}
-
-fn is_outcome_of(l: &Value, id: &str) -> bool {
-    let answers = l["reply_to"]
-        .as_array()
-        .is_some_and(|a| a.iter().any(|r| r == id));
-    answers && (l["final"] == true || l["type"] == "failure")
-}
 
 fn count(lines: &[Value], pred: impl Fn(&Value) -> bool) -> usize {
     lines.iter().filter(|l| pred(l)).count()

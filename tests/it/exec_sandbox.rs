@@ -666,7 +666,7 @@ fn sandbox_line(table: &str) -> String {
 /// ABI, seccomp), and the daemon logs the same once at start.
 #[test]
 fn doctor_and_the_start_log_name_the_sandbox_path() {
-    use crate::daemon_e2e::{agentd_toml, provider_toml};
+    use crate::support::e2e::{agentd_toml, provider_toml};
     use crate::support::fake_llm::{FakeLlm, Wire};
     let fake = FakeLlm::spawn(Wire::OpenAi);
     let mut d = crate::support::daemon::TestDaemon::new(
@@ -712,7 +712,7 @@ fn doctor_and_the_start_log_name_the_sandbox_path() {
 /// socket outside the allowed paths sees a connection.
 #[test]
 fn daemon_exec_on_the_fallback_reaches_no_unix_socket() {
-    use crate::daemon_e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
+    use crate::support::e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
     use crate::support::fake_llm::{FakeLlm, Reply, Wire};
     let fake = FakeLlm::spawn(Wire::Anthropic);
     let targets = UnixTargets::new("daemon");

@@ -183,6 +183,10 @@ async fn injected_failures_have_telegrams_shape() {
     assert!(body.as_str().unwrap().contains("502 Bad Gateway"), "{body}");
     let (s, body) = call(&fake, "getUpdates", json!({})).await;
     assert_eq!(ok_result(s, &body), json!([]));
+    assert_eq!(
+        [409, 500, 502, 401].map(|st| fake.served_failures(st)),
+        [1, 1, 1, 0]
+    );
 
     // A wrong token is 401 Unauthorized, for every method.
     let resp = http()
@@ -757,6 +761,7 @@ async fn conflict_and_server_error_storms_are_survived() {
         .await;
     assert!(h.last_error.as_deref().unwrap().contains("409"), "{h:?}");
     assert!(h.last_poll_ok_at.is_none());
+    assert_eq!(fake.served_failures(409), 3);
     fake.push_text(ALICE, ALICE, "after the storm");
     sink.wait_len(1).await;
     let h = p

@@ -4,8 +4,8 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::daemon_e2e::{agentd_toml, daemon_with, fifo_write, provider_toml, wait_outcome};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, daemon_with, fifo_write, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 use crate::support::wait_until;
 

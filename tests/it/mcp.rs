@@ -224,8 +224,8 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
 /// in `/api/v1/status` and `agentd doctor`.
 #[test]
 fn daemon_offers_mcp_tools_to_the_model() {
-    use crate::daemon_e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
     use crate::support::daemon::TestDaemon;
+    use crate::support::e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
     use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 
     let fake = FakeLlm::spawn(Wire::Anthropic);

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::daemon_e2e::{agentd_toml, provider_toml};
 use crate::support::daemon::{TestDaemon, copy_dir_recursive};
+use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_embed::FakeEmbed;
 use crate::support::fake_llm::{FakeLlm, Reply, Wire, last_user_text};
 use crate::support::wait_until;

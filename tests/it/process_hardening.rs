@@ -4,8 +4,8 @@
 
 use std::process::Command;
 
-use crate::daemon_e2e::{agentd_toml, provider_toml};
 use crate::support::daemon::{TestDaemon, unprivileged_wrapper};
+use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Wire};
 
 /// A value that must never leave the daemon.
@@ -126,7 +126,7 @@ const DOTENV_SECRET: &str = "dotenv-secret-9b27e4d1";
 /// the server did run and got exactly its configured variables plus PATH, HOME and TMPDIR.
 #[test]
 fn hostile_mcp_server_gets_no_secret() {
-    use crate::daemon_e2e::{fifo_write, wait_outcome};
+    use crate::support::e2e::{fifo_write, wait_outcome};
     use crate::support::fake_llm::Reply;
 
     let fake = FakeLlm::spawn(Wire::Anthropic);

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::daemon_e2e::{agentd_toml, provider_toml, wait_outcome};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
 use crate::support::wait_until;
 

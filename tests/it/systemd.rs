@@ -254,8 +254,8 @@ fn exec_start_rewrite_and_exposure_parsing() {
 /// STOPPING=1 on SIGTERM.
 #[test]
 fn sd_notify_ready_watchdog_reload_and_stopping() {
-    use crate::daemon_e2e::{agentd_toml, provider_toml};
     use crate::support::daemon::TestDaemon;
+    use crate::support::e2e::{agentd_toml, provider_toml};
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use crate::daemon_e2e::{agentd_toml, provider_toml};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 use crate::support::fake_telegram::FakeTelegram;
 use crate::support::wait_until;
@@ -114,6 +114,8 @@ fn conflict_storm_is_survived() {
     wait_until(WAIT, "reply after the 409 storm", || {
         (!sent_to(&tg, ALICE).is_empty()).then_some(())
     });
+    // The storm really happened: every injected 409 was answered before the reply.
+    assert_eq!(tg.served_failures(409), 4);
 }
 
 #[test]
@@ -274,11 +276,11 @@ fn scheduled_message_survives_restart_and_is_delivered_once() {
     llm.push(Reply::text("Scheduled."));
     let tg = FakeTelegram::spawn(TOKEN);
     let mut d = daemon(&llm, &tg, "plain");
-    crate::daemon_e2e::fifo_write(
+    crate::support::e2e::fifo_write(
         &d,
         r#"{"id":"s1","type":"user","text":"remind Alice to stretch","sender":"ops"}"#,
     );
-    crate::daemon_e2e::wait_outcome(&d, "ops", "s1");
+    crate::support::e2e::wait_outcome(&d, "ops", "s1");
     d.kill9();
     d.start();
     wait_until(WAIT, "the scheduled message", || {
@@ -337,11 +339,11 @@ fn message_and_react_tools_reach_telegram() {
     wait_until(WAIT, "reply to hello", || {
         (!sent_to(&tg, ALICE).is_empty()).then_some(())
     });
-    crate::daemon_e2e::fifo_write(
+    crate::support::e2e::fifo_write(
         &d,
         r#"{"id":"o1","type":"user","text":"greet Alice","sender":"ops"}"#,
     );
-    let fin = crate::daemon_e2e::wait_outcome(&d, "ops", "o1");
+    let fin = crate::support::e2e::wait_outcome(&d, "ops", "o1");
     assert_eq!(fin["text"], "done");
     assert!(sent_to(&tg, ALICE).iter().any(|m| m == "Hi from ops"));
     let files = tg.sent_files();

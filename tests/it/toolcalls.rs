@@ -6,8 +6,8 @@
 
 use serde_json::{Value, json};
 
-use crate::daemon_e2e::{agentd_toml, daemon_with, fifo_write, provider_toml, wait_outcome};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, daemon_with, fifo_write, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 use crate::support::provider_spec::{assert_valid, is_valid_token};
 

@@ -13,8 +13,8 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::daemon_e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 
 /// The tool results of request `req` (Anthropic wire): (tool_use_id, content).

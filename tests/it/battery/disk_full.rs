@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use super::{assert_db_intact, check_state_files, completes, free_port, http, outcome_text};
-use crate::daemon_e2e::{agentd_toml, provider_toml};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire, last_user_text};
 use crate::support::fake_telegram::FakeTelegram;
 use crate::support::wait_until;

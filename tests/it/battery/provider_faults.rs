@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{cost_rows, free_port, http};
-use crate::daemon_e2e::{agentd_toml, fifo_write, wait_outcome};
 use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, fifo_write, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 
 const HTTP_TOKEN: &str = "faults-http-token";

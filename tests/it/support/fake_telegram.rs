@@ -226,6 +226,8 @@ struct Inner {
     polls: Vec<GetUpdatesCall>,
     requests: Vec<(String, Value)>,
     fail_next: VecDeque<u16>,
+    /// How many injected getUpdates failures were answered, by status.
+    served_failures: HashMap<u16, usize>,
     flood: Option<u64>,
     hang_polls: u32,
     /// HTML sendMessage calls still to reject as unparsable.
@@ -507,6 +509,18 @@ impl FakeTelegram {
     /// Every accepted `setMessageReaction`, in order.
     pub fn reactions(&self) -> Vec<Reaction> {
         self.shared.lock().reactions.clone()
+    }
+
+    /// How many getUpdates calls were answered with an injected [`Self::fail_next`] failure of
+    /// `status` (not counting the 409 that ends an older poll when a newer one arrives). A
+    /// fault-injection test asserts this, so it cannot pass without the faults being served.
+    pub fn served_failures(&self, status: u16) -> usize {
+        self.shared
+            .lock()
+            .served_failures
+            .get(&status)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Every getUpdates call, in order (failed and hanging ones included).
@@ -912,6 +926,7 @@ async fn get_updates(shared: &Shared, params: &Params) -> Response {
         let mut inner = shared.lock();
         inner.polls.push(call);
         if let Some(status) = inner.fail_next.pop_front() {
+            *inner.served_failures.entry(status).or_default() += 1;
             Then::Fail(status)
         } else if inner.hang_polls > 0 {
             inner.hang_polls -= 1;

@@ -1,10 +1,11 @@
 //! Test support: a fake LLM server speaking the real wire formats, the launcher for the real
-//! binaries, and small polling helpers.
+//! binaries, the shared end-to-end helpers (`e2e`), and small polling helpers.
 
 // Not every test module uses every helper.
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod e2e;
 pub mod fake_embed;
 pub mod fake_llm;
 pub mod fake_telegram;
