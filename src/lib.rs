@@ -19,6 +19,7 @@ pub mod fsutil;
 pub mod latest_writer;
 pub mod llm;
 pub mod memory;
+pub mod message;
 pub mod metrics;
 pub mod monitor;
 pub mod net;

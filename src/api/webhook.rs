@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::error::ApiError;
 use crate::config::HttpConfig;
-use crate::llm::Usage;
+use crate::message::Usage;
 
 /// Attempts per delivery.
 pub const MAX_ATTEMPTS: u32 = 3;

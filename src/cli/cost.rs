@@ -100,7 +100,7 @@ pub fn usd(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Usage;
+    use crate::message::Usage;
     use crate::store::{CallType, CostRow};
 
     fn row(ts: i64, model: &str, input: u64, cost: f64) -> CostRow {

@@ -10,7 +10,7 @@ use serde_json::json;
 use super::CliError;
 use super::output::{Output, abbreviate};
 use super::wait::ARCHIVE_DIR;
-use crate::llm::{Message, UserBlock};
+use crate::message::{Message, UserBlock};
 use crate::session::event::{Event, TrailLine};
 use crate::session::{index, trail};
 
@@ -265,7 +265,7 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
 fn tool_results(
     out: &mut String,
     t: &str,
-    results: &[crate::llm::ToolResult],
+    results: &[crate::message::ToolResult],
     notice: Option<&str>,
     full: bool,
 ) {
@@ -286,7 +286,7 @@ fn tool_results(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::{ToolCall, ToolResult};
+    use crate::message::{ToolCall, ToolResult};
     use crate::session::SessionStore;
     use crate::session::event::{Intake, MessageEvent};
     use chrono_tz::Tz;

@@ -144,7 +144,7 @@ pub fn render(report: &SessionsReport, tz: Tz, as_json: bool) -> Output {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::{Message, Usage};
+    use crate::message::{Message, Usage};
     use crate::session::SessionStore;
     use crate::session::event::{Event, MessageEvent};
 

@@ -273,7 +273,7 @@ pub fn wait_reset(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Message;
+    use crate::message::Message;
     use crate::session::event::{Intake, MessageEvent};
     use crate::session::{IndexEntry, SessionStore};
     use chrono_tz::Tz;

@@ -281,8 +281,9 @@ mod tests {
     use secrecy::SecretString;
 
     use crate::config::ProviderKind;
+    use crate::llm::StopReason;
     use crate::llm::testutil::{behavior, model_spec, sample_request};
-    use crate::llm::{StopReason, Usage};
+    use crate::message::Usage;
 
     const ANTHROPIC_OK: &str = concat!(
         "event: message_start\n",

@@ -294,7 +294,7 @@ impl SessionHandle {
         }
         // Calls stored before answers were normalised (SPEC §16.9) would make every request
         // of this session fail: repaired in memory (the next snapshot keeps the repair).
-        let repaired = crate::llm::toolcalls::repair_history(&mut st.messages);
+        let repaired = crate::message::toolcalls::repair_history(&mut st.messages);
         if repaired > 0 {
             tracing::warn!(session = %self.id, calls = repaired, "stored tool calls the providers would reject were repaired");
         }
@@ -362,7 +362,7 @@ pub enum Outcome {
 pub fn outcome_of(lines: &[TrailLine], id: &str) -> Option<Outcome> {
     lines.iter().find_map(|l| match &l.event {
         Event::Message(m) if m.is_final && m.reply_to.iter().any(|r| r == id) => {
-            let crate::llm::Message::Assistant { text, .. } = &m.message else {
+            let crate::message::Message::Assistant { text, .. } = &m.message else {
                 return None;
             };
             Some(Outcome::Reply {
@@ -385,7 +385,7 @@ pub fn outcome_of(lines: &[TrailLine], id: &str) -> Option<Outcome> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Message;
+    use crate::message::Message;
 
     fn intake(id: &str) -> Event {
         Event::Intake(Intake {

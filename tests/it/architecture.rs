@@ -510,6 +510,7 @@ const LAYERS: &[&[&str]] = &[
         "latest_writer",
         "telemetry",
         "proptest_json",
+        "message",
     ],
     // 1
     &["store", "session"],
@@ -537,8 +538,6 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("scheduler", "daemon"),
     ("tools", "channels"),
     ("tools", "scheduler"),
-    ("session", "llm"),
-    ("store", "llm"),
 ];
 
 const LAYER_RULE: &str = "a module may use only modules of its own layer or a lower one \
