@@ -537,7 +537,6 @@ const KNOWN_UPWARD: &[(&str, &str)] = &[
     ("channels", "daemon"),
     ("scheduler", "daemon"),
     ("tools", "channels"),
-    ("tools", "scheduler"),
 ];
 
 const LAYER_RULE: &str = "a module may use only modules of its own layer or a lower one \
