@@ -21,6 +21,9 @@ pub use index::{Index, IndexEntry};
 pub use state::SessionState;
 pub use trail::TrailWriter;
 
+/// The directory under the sessions directory that holds archived (reset) sessions.
+pub const ARCHIVE_DIR: &str = ".archive";
+
 use crate::fsutil;
 use crate::latest_writer::LatestWriter;
 
@@ -78,7 +81,7 @@ impl SessionStore {
     /// Open (creating with mode 0700) `dir` and read its index.
     pub fn open(dir: &Path, tz: Tz) -> io::Result<SessionStore> {
         fsutil::create_private_dir(dir)?;
-        fsutil::create_private_dir(&dir.join(".archive"))?;
+        fsutil::create_private_dir(&dir.join(ARCHIVE_DIR))?;
         // Snapshot and index writes that a kill interrupted.
         match fsutil::remove_stale_temps(dir) {
             Ok(0) => {}
@@ -242,7 +245,7 @@ impl SessionStore {
         // longer names (harmless), never an index entry pointing at half-moved files.
         inner.index.remove(key);
         index::write_index(&self.dir, &inner.index)?;
-        let archive = self.dir.join(".archive");
+        let archive = self.dir.join(ARCHIVE_DIR);
         let prefix = format!("{}.", entry.session_id);
         for e in std::fs::read_dir(&self.dir)? {
             let e = e?;

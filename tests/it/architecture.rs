@@ -521,7 +521,7 @@ const LAYERS: &[&[&str]] = &[
     // 4
     &["memory"],
     // 5
-    &["tools", "skills"],
+    &["report", "tools", "skills"],
     // 6
     &["agent"],
     // 7
