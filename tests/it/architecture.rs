@@ -8,6 +8,10 @@
 //! - string literals are kept: `"anthropic-version"` in a string is exactly what must not leak.
 //!
 //! Each check names where a word may appear and fails listing every offending `file:line`.
+//!
+//! The layering check reads the same lines: every `crate::<module>` path leaving its top-level
+//! module must point to the same layer or a lower one (`LAYERS`, docs/ARCHITECTURE.md
+//! "Layers"), and the top-level modules must form no cycle.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
