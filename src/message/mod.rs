@@ -1,6 +1,7 @@
 //! The neutral conversation types every layer shares: messages, their content blocks, tool
 //! calls and results, and token usage. A leaf module (layer 0): `session` and `store` persist
-//! these and `llm` translates them at the provider edge, without depending on each other.
+//! these and `llm` translates them at the provider edge, and neither of the first two needs
+//! `llm` for it.
 //! These are also the persisted format of session state files (SPEC §7 "internal neutral
 //! message format"), so changing a serde shape here is a format change: keep it backward
 //! compatible. `toolcalls` makes a provider's tool calls safe to store and replay.
