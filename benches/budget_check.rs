@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use agentd::llm::Usage;
+use agentd::message::Usage;
 use agentd::store::{CallType, CostRow, Db};
 
 /// A month of rows ends here (Unix seconds); the month starts 30 days before.

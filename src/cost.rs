@@ -5,7 +5,7 @@ use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, U
 use chrono_tz::Tz;
 
 use crate::config::{BudgetConfig, Config, ModelSpec, Pricing};
-use crate::llm::Usage;
+use crate::message::Usage;
 use crate::store::{CallType, CostRow, Db, StoreError};
 
 /// Cost in USD of one call: input·r_in + output·r_out + cache_read·r_cache_read +

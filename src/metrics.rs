@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::llm::Usage;
+use crate::message::Usage;
 
 /// Distinct values one label keeps before new ones become `"other"`.
 pub const MAX_LABEL_VALUES: usize = 200;

@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use crate::fsutil::atomic_write_nosync;
 use crate::latest_writer::LatestWriter;
-use crate::llm::Usage;
+use crate::message::Usage;
 
 /// Format version of `monitor.json`.
 pub const MONITOR_VERSION: u32 = 1;

@@ -21,10 +21,8 @@ use std::sync::Arc;
 
 use super::{Agent, Fail, Work, default_tier, prompt};
 use crate::cost;
-use crate::llm::{
-    ChatRequest, LlmError, LlmEvent, Message, SystemBlock, SystemTier, ToolChoice, ToolSpec,
-    UserBlock,
-};
+use crate::llm::{ChatRequest, LlmError, LlmEvent, SystemBlock, SystemTier, ToolChoice, ToolSpec};
+use crate::message::{Message, UserBlock};
 use crate::session::{Event, SessionHandle, SessionState};
 use crate::store::CallType;
 
@@ -479,7 +477,7 @@ pub(super) fn work_tier(work: &Work) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::{ThinkingBlock, ToolCall, ToolResult};
+    use crate::message::{ThinkingBlock, ToolCall, ToolResult};
     use proptest::prelude::*;
     use serde_json::{Value, json};
 

@@ -14,10 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::cost::{self, BudgetError};
-use crate::llm::{
-    ChatRequest, Llm, LlmError, LlmEvent, Message, StopReason, ToolChoice, ToolResult, Usage,
-    UserBlock,
-};
+use crate::llm::{ChatRequest, Llm, LlmError, LlmEvent, StopReason, ToolChoice};
+use crate::message::{Message, ToolResult, Usage, UserBlock};
 use crate::monitor::{LoopState, Monitor, TurnRecord};
 use crate::session::{Event, Intake, MessageEvent, SessionHandle, SessionState, TrailLine};
 use crate::store::{CallType, CostRow, Db};
@@ -779,14 +777,14 @@ fn wrap_up_notice(stop: &StopReason, remaining: u32) -> Option<String> {
     (!parts.is_empty()).then(|| format!("[agentd] {}", parts.join(" ")))
 }
 
-/// `llm::toolcalls::normalise` on one answer's calls, with a log line per changed call.
+/// `message::toolcalls::normalise` on one answer's calls, with a log line per changed call.
 /// Returns, per call, the error result that answers it instead of running it.
 fn normalise_tool_calls(
     session_id: &str,
-    calls: &mut [crate::llm::ToolCall],
+    calls: &mut [crate::message::ToolCall],
     history: &[Message],
 ) -> Vec<Option<String>> {
-    let rewrites = crate::llm::toolcalls::normalise(calls, history);
+    let rewrites = crate::message::toolcalls::normalise(calls, history);
     let mut refused = vec![None; calls.len()];
     for r in rewrites {
         // Debug formatting escapes control characters: the originals come from outside.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cost::Period;
-use crate::llm::Usage;
+use crate::message::Usage;
 
 /// `POST /api/v1/chat` body (SPEC §10.2).
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -19,7 +19,7 @@ use super::backend::*;
 use super::router;
 use crate::config::HttpConfig;
 use crate::cost::Period;
-use crate::llm::Usage;
+use crate::message::Usage;
 
 const TOKEN: &str = "test-token";
 

@@ -18,7 +18,8 @@ use tokio::task::JoinHandle;
 
 use super::error::ApiError;
 use crate::config::HttpConfig;
-use crate::llm::Usage;
+use crate::message::Usage;
+use crate::net::scrub::reqwest_error_text;
 
 /// Attempts per delivery.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -122,7 +123,7 @@ impl Webhook {
                 .timeout(cfg.callback_timeout)
                 .connect_timeout(cfg.callback_timeout)
                 .build()
-                .map_err(|e| ApiError::WebhookClient(describe(e)))?;
+                .map_err(|e| ApiError::WebhookClient(reqwest_error_text(e)))?;
             Some(Arc::new(Target {
                 client,
                 url: cfg.callback_url.trim().to_owned(),
@@ -215,7 +216,7 @@ impl Webhook {
                 Err(e) => (
                     e.is_connect(),
                     WebhookError::Request {
-                        error: describe(e),
+                        error: reqwest_error_text(e),
                         attempts: attempt,
                     },
                 ),
@@ -238,11 +239,6 @@ impl Webhook {
 /// 429 and 5xx are worth another attempt.
 fn retryable_status(status: StatusCode) -> bool {
     status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
-}
-
-/// A reqwest error without its URL, with its causes.
-fn describe(e: reqwest::Error) -> String {
-    crate::telemetry::error_chain(&e.without_url())
 }
 
 #[cfg(test)]

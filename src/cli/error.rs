@@ -3,6 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
+use crate::report::ReportError;
 use crate::store::StoreError;
 
 /// Exit code: success.
@@ -94,6 +95,17 @@ impl CliError {
     }
 }
 
+impl From<ReportError> for CliError {
+    fn from(e: ReportError) -> CliError {
+        match e {
+            ReportError::InvalidTarget(m) => CliError::Usage(m),
+            ReportError::NotFound(m) => CliError::NotFound(m),
+            ReportError::Io { what, source } => CliError::Io { what, source },
+            ReportError::Store(e) => CliError::Store(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,5 +151,23 @@ mod tests {
             e.to_string(),
             "timed out after 10 s waiting for the daemon to record message abc"
         );
+    }
+
+    #[test]
+    fn report_errors_keep_their_text_and_exit_code() {
+        let cases = [
+            (ReportError::InvalidTarget("bad target".into()), 2),
+            (ReportError::NotFound("no session".into()), 1),
+            (
+                ReportError::io("read /s/sessions.json", io::Error::other("boom")),
+                1,
+            ),
+        ];
+        for (e, code) in cases {
+            let text = e.to_string();
+            let cli = CliError::from(e);
+            assert_eq!(cli.to_string(), text);
+            assert_eq!(cli.exit_code(), code, "{text}");
+        }
     }
 }

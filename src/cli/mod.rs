@@ -7,7 +7,8 @@
 //! - `fifo`: non-blocking open (ENXIO = daemon not running) and the single atomic write.
 //! - `wait`: polling the session index and trails for intake, outcome and reset.
 //! - `send`: a send end to end and its output.
-//! - `cost`, `sessions`, `history`, `status`: the queries; they never need the daemon.
+//! - `cost`, `sessions`, `history`, `status`: the queries; they never need the daemon. The
+//!   first three print the reports of `crate::report`, which the HTTP API serves too.
 //!
 //! Everything here is blocking; it is meant for the CLI process, not for a tokio worker.
 //!
@@ -34,10 +35,8 @@ pub use line::Outgoing;
 pub use output::Output;
 pub use send::{SendOptions, SendResult};
 
-use std::path::Path;
-
 use crate::cost::Period;
-use crate::session::index;
+use crate::report;
 
 /// The one thing an `agent-send` run does.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,33 +62,20 @@ pub fn run(ctx: &Context, action: &Action, as_json: bool) -> Result<Output, CliE
     match action {
         Action::Send { out, opts } => Ok(send::render(&send::send(ctx, out, *opts)?, as_json)),
         Action::Cost(period) => Ok(cost::render(
-            &cost::cost_report(&ctx.state_dir, *period, ctx.timezone, now)?,
+            &report::cost::cost_report(&ctx.state_dir, *period, ctx.timezone, now)?,
             as_json,
         )),
         Action::Sessions => Ok(sessions::render(
-            &sessions::sessions_report(&ctx.sessions_dir(), &ctx.context_windows)?,
+            &report::sessions::sessions_report(&ctx.sessions_dir(), &ctx.context_windows)?,
             ctx.timezone,
             as_json,
         )),
         Action::Monitor => status::monitor(&ctx.state_dir, now, as_json),
         Action::History { target, full } => Ok(history::render(
-            &history::history(&ctx.sessions_dir(), target)?,
+            &report::history::history(&ctx.sessions_dir(), target)?,
             *full,
             as_json,
         )),
         Action::Status => Ok(status::render(&status::status(ctx, now)?, as_json)),
     }
-}
-
-/// Read `sessions.json` of `sessions_dir` (missing = empty). A corrupt index is an error: its
-/// message already names the file.
-pub(crate) fn read_index(sessions_dir: &Path) -> Result<index::Index, CliError> {
-    index::read_index(sessions_dir).map_err(|e| {
-        let what = if e.kind() == std::io::ErrorKind::InvalidData {
-            "read the session index".to_string()
-        } else {
-            format!("read {}", sessions_dir.join(index::INDEX_FILE).display())
-        };
-        CliError::io(what, e)
-    })
 }

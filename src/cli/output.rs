@@ -55,26 +55,9 @@ fn with_newline(mut s: String) -> String {
     s
 }
 
-/// Shorten `s` to at most `max` characters, saying how much was left out.
-pub fn abbreviate(s: &str, max: usize) -> String {
-    let total = s.chars().count();
-    if total <= max {
-        return s.to_string();
-    }
-    let kept: String = s.chars().take(max).collect();
-    format!("{kept}… [{} more chars]", total - max)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn abbreviate_counts_characters() {
-        assert_eq!(abbreviate("short", 10), "short");
-        assert_eq!(abbreviate("ééééé", 2), "éé… [3 more chars]");
-        assert_eq!(abbreviate("", 0), "");
-    }
 
     #[test]
     fn outputs() {

@@ -1,107 +1,12 @@
-//! `--sessions`: the open sessions from `sessions.json`, their snapshots and trail files. The
-//! JSON is the body of `GET /api/v1/sessions` (SPEC §10.2).
+//! `--sessions`: prints `report::sessions` (the open sessions, their snapshots and trails).
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::path::Path;
 
 use chrono::TimeZone;
 use chrono_tz::Tz;
-use serde::Serialize;
 
-use super::CliError;
 use super::output::Output;
-use crate::session::{index, state, trail};
-
-/// One open session.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SessionInfo {
-    pub session_id: String,
-    pub key: String,
-    /// Unix seconds (from `sessions.json`).
-    pub created_at: i64,
-    /// Model config name; `None` when neither snapshot nor trail names one.
-    pub model: Option<String>,
-    pub message_count: usize,
-    pub compaction_count: u32,
-    /// Prompt + output tokens of the last call.
-    pub context_tokens: u64,
-    /// `context_tokens` as a percentage of the model's context window; `None` when the window is
-    /// unknown (no config, or a model the config does not define).
-    pub context_pct: Option<f64>,
-    pub cost_usd: f64,
-    /// Trail files (`<id>.<date>.jsonl`) and their total size.
-    pub log_files: usize,
-    pub log_bytes: u64,
-}
-
-/// `{sessions:[…]}`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SessionsReport {
-    pub sessions: Vec<SessionInfo>,
-}
-
-/// Every session of the index in `sessions_dir`, in key order. The snapshot `<id>.state.json`
-/// is used when readable, otherwise the state is rebuilt from the trail. `context_windows` maps
-/// model config names to their context window. Blocking.
-pub fn sessions_report(
-    sessions_dir: &Path,
-    context_windows: &BTreeMap<String, u32>,
-) -> Result<SessionsReport, CliError> {
-    let idx = super::read_index(sessions_dir)?;
-    let mut sessions = Vec::with_capacity(idx.len());
-    for (key, entry) in &idx {
-        sessions.push(session_info(sessions_dir, key, entry, context_windows)?);
-    }
-    Ok(SessionsReport { sessions })
-}
-
-fn session_info(
-    dir: &Path,
-    key: &str,
-    entry: &index::IndexEntry,
-    context_windows: &BTreeMap<String, u32>,
-) -> Result<SessionInfo, CliError> {
-    let id = &entry.session_id;
-    let io = |e| {
-        CliError::io(
-            format!("read the files of session {id} in {}", dir.display()),
-            e,
-        )
-    };
-    let snapshot = state::read_snapshot(&dir.join(format!("{id}.state.json")))
-        .ok()
-        .flatten()
-        .filter(|s| s.id == *id);
-    let st = match snapshot {
-        Some(s) => s,
-        None => state::rebuild(id, key, &trail::read_trail(dir, id).map_err(io)?),
-    };
-    let files = trail::trail_files(dir, id).map_err(io)?;
-    let mut log_bytes = 0;
-    for f in &files {
-        log_bytes += std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
-    }
-    let model = (!st.model.is_empty()).then(|| st.model.clone());
-    let context_pct = model
-        .as_ref()
-        .and_then(|m| context_windows.get(m))
-        .filter(|w| **w > 0)
-        .map(|w| (st.context_tokens as f64 * 1000.0 / f64::from(*w)).round() / 10.0);
-    Ok(SessionInfo {
-        session_id: id.clone(),
-        key: key.to_string(),
-        created_at: entry.created_at,
-        model,
-        message_count: st.messages.len(),
-        compaction_count: st.compaction_count,
-        context_tokens: st.context_tokens,
-        context_pct,
-        cost_usd: st.cost_usd,
-        log_files: files.len(),
-        log_bytes,
-    })
-}
+use crate::report::sessions::SessionsReport;
 
 /// Text table (or JSON) for `--sessions`; times in `tz`.
 pub fn render(report: &SessionsReport, tz: Tz, as_json: bool) -> Output {
@@ -144,110 +49,36 @@ pub fn render(report: &SessionsReport, tz: Tz, as_json: bool) -> Output {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::{Message, Usage};
-    use crate::session::SessionStore;
-    use crate::session::event::{Event, MessageEvent};
-
-    fn assistant(input: u64, output: u64, cost: f64) -> Event {
-        let mut m = MessageEvent::new(Message::Assistant {
-            text: "ok".into(),
-            tool_calls: vec![],
-            thinking: vec![],
-            usage: Some(Usage {
-                input_tokens: input,
-                output_tokens: output,
-                cache_read_tokens: 0,
-                cache_write_tokens: 0,
-            }),
-        });
-        m.cost_usd = Some(cost);
-        m.is_final = true;
-        Event::Message(m)
-    }
+    use crate::report::sessions::SessionInfo;
 
     #[test]
-    fn report_from_snapshot_and_from_trail() {
-        let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
-        // alice: a snapshot exists.
-        let a = store.get_or_create("alice", "primary").unwrap();
-        a.append(Event::Message(MessageEvent::new(Message::user_text("hi"))))
-            .unwrap();
-        a.append(assistant(1900, 100, 0.25)).unwrap();
-        let st = a.load_state("primary").unwrap();
-        a.queue_snapshot(st);
-        store.flush_snapshots();
-        // bob: trail only (snapshot missing), on a model the config does not know.
-        let b = store.get_or_create("bob", "cheap").unwrap();
-        b.append(Event::Message(MessageEvent::new(Message::user_text("yo"))))
-            .unwrap();
-
-        let windows = BTreeMap::from([("primary".to_string(), 200_000u32)]);
-        let r = sessions_report(d.path(), &windows).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&render(&r, Tz::UTC, true).stdout).unwrap();
-        let list = v["sessions"].as_array().unwrap();
-        assert_eq!(list.len(), 2);
-        let alice = &list[0];
-        assert_eq!(alice["key"], "alice");
-        assert_eq!(alice["session_id"], a.id.as_str());
-        assert_eq!(alice["model"], "primary");
-        assert_eq!(alice["message_count"], 2);
-        assert_eq!(alice["compaction_count"], 0);
-        assert_eq!(alice["context_tokens"], 2000);
-        assert_eq!(alice["context_pct"], 1.0);
-        assert_eq!(alice["cost_usd"], 0.25);
-        assert_eq!(alice["log_files"], 1);
-        let trail_len = std::fs::metadata(&trail::trail_files(d.path(), &a.id).unwrap()[0])
-            .unwrap()
-            .len();
-        assert_eq!(alice["log_bytes"], trail_len);
-        assert!(alice["created_at"].as_i64().unwrap() > 0);
-        let mut keys: Vec<_> = alice.as_object().unwrap().keys().cloned().collect();
-        keys.sort();
-        assert_eq!(
-            keys,
-            [
-                "compaction_count",
-                "context_pct",
-                "context_tokens",
-                "cost_usd",
-                "created_at",
-                "key",
-                "log_bytes",
-                "log_files",
-                "message_count",
-                "model",
-                "session_id"
-            ]
-        );
-        let bob = &list[1];
-        assert_eq!(bob["model"], "cheap");
-        assert_eq!(bob["message_count"], 1);
-        assert!(bob["context_pct"].is_null());
-
+    fn text_and_json() {
+        let r = SessionsReport {
+            sessions: vec![SessionInfo {
+                session_id: "0192f0c4-aaaa-7bbb".into(),
+                key: "alice".into(),
+                created_at: 1_764_000_000,
+                model: Some("primary".into()),
+                message_count: 2,
+                compaction_count: 0,
+                context_tokens: 2000,
+                context_pct: Some(1.0),
+                cost_usd: 0.25,
+                log_files: 1,
+                log_bytes: 321,
+            }],
+        };
         let text = render(&r, Tz::UTC, false).stdout;
-        assert!(text.contains("alice  "), "{text}");
+        assert!(text.contains("alice  0192f0c4-aaaa-7bbb"), "{text}");
         assert!(text.contains("2000 tokens (1.0%)"), "{text}");
         assert!(text.contains("UTC"), "{text}");
-    }
-
-    #[test]
-    fn no_index_means_no_sessions() {
-        let d = tempfile::tempdir().unwrap();
-        let r = sessions_report(&d.path().join("sessions"), &BTreeMap::new()).unwrap();
-        assert!(r.sessions.is_empty());
-        assert_eq!(render(&r, Tz::UTC, false).stdout, "no sessions\n");
-        assert_eq!(
-            serde_json::to_value(&r).unwrap(),
-            serde_json::json!({"sessions": []})
+        assert!(
+            text.contains("cost $0.2500, 1 log file(s), 321 bytes"),
+            "{text}"
         );
-    }
-
-    #[test]
-    fn corrupt_index_is_an_error_naming_the_file() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("sessions.json"), "{oops").unwrap();
-        let err = sessions_report(d.path(), &BTreeMap::new()).unwrap_err();
-        assert!(err.to_string().contains("sessions.json"), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&render(&r, Tz::UTC, true).stdout).unwrap();
+        assert_eq!(v, serde_json::to_value(&r).unwrap());
+        let none = SessionsReport { sessions: vec![] };
+        assert_eq!(render(&none, Tz::UTC, false).stdout, "no sessions\n");
     }
 }

@@ -144,11 +144,11 @@ pub fn status(ctx: &Context, now: DateTime<Utc>) -> Result<StatusReport, CliErro
             queue_depth: v.get("queue_depth").and_then(Value::as_u64).unwrap_or(0),
         });
     // A damaged database must not hide whether the daemon runs.
-    let (today_cost, cost_error) = match super::cost::today_cost(&ctx.state_dir, ctx.timezone, now)
-    {
-        Ok(c) => (Some(c), None),
-        Err(e) => (None, Some(e.to_string())),
-    };
+    let (today_cost, cost_error) =
+        match crate::report::cost::today_cost(&ctx.state_dir, ctx.timezone, now) {
+            Ok(c) => (Some(c), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
     Ok(StatusReport {
         running: daemon.running,
         pid: daemon.pid,

@@ -6,15 +6,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{CliError, read_index};
+use super::CliError;
+use crate::report::read_index;
+use crate::session::ARCHIVE_DIR;
 use crate::session::event::{Event, TrailLine};
 use crate::session::{Outcome, index, outcome_of, trail};
 
 /// How often the session files are checked.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
-
-/// Name of the archive directory inside the sessions directory.
-pub const ARCHIVE_DIR: &str = ".archive";
 
 /// Call `check` every `interval` until it returns `Some` or `timeout` has passed (`None`). The
 /// last check happens at the deadline, so a result that arrives in time is never missed.
@@ -273,7 +272,7 @@ pub fn wait_reset(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Message;
+    use crate::message::Message;
     use crate::session::event::{Intake, MessageEvent};
     use crate::session::{IndexEntry, SessionStore};
     use chrono_tz::Tz;

@@ -80,7 +80,7 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
     for l in lines {
         let (ids, text) = match &l.event {
             Event::Message(m) if m.is_final && !m.silent => match &m.message {
-                crate::llm::Message::Assistant { text, .. } => (&m.reply_to, text.clone()),
+                crate::message::Message::Assistant { text, .. } => (&m.reply_to, text.clone()),
                 _ => continue,
             },
             Event::Failure {
@@ -101,7 +101,7 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Message;
+    use crate::message::Message;
     use crate::session::MessageEvent;
 
     fn line(seq: u64, event: Event) -> TrailLine {

@@ -228,7 +228,7 @@ impl ApiBackend for DaemonBackend {
             "queue_depth": self.dispatcher.queue_depth(),
         });
         blocking(move || {
-            let today = crate::cli::cost::today_cost(&dir, tz, Utc::now())
+            let today = crate::report::cost::today_cost(&dir, tz, Utc::now())
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
             let mut v = base;
             v["today_cost"] = json!(today);
@@ -246,7 +246,7 @@ impl ApiBackend for DaemonBackend {
             .map(|(k, m)| (k.clone(), m.context_window))
             .collect();
         blocking(move || {
-            let r = crate::cli::sessions::sessions_report(&dir, &windows)
+            let r = crate::report::sessions::sessions_report(&dir, &windows)
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
             serde_json::to_value(r).map_err(|e| BackendError::Internal(e.to_string()))
         })
@@ -256,7 +256,7 @@ impl ApiBackend for DaemonBackend {
         let dir = self.state_dir();
         let tz = self.cfg.agent.timezone;
         blocking(move || {
-            let r = crate::cli::cost::cost_report(&dir, period, tz, Utc::now())
+            let r = crate::report::cost::cost_report(&dir, period, tz, Utc::now())
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
             serde_json::to_value(r).map_err(|e| BackendError::Internal(e.to_string()))
         })
@@ -284,9 +284,9 @@ impl ApiBackend for DaemonBackend {
             if !known {
                 return Ok(None);
             }
-            let h = crate::cli::history::history(&dir, &session_id)
+            let h = crate::report::history::history(&dir, &session_id)
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
-            Ok(Some(crate::cli::history::to_json(&h, full)))
+            Ok(Some(crate::report::history::to_json(&h, full)))
         })
     }
 

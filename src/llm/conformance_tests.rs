@@ -15,10 +15,8 @@ use serde_json::{Value, json};
 
 use crate::config::{CacheTtl, ModelSpec, ProviderKind, Thinking};
 use crate::llm::testutil::{model_spec, sample_request};
-use crate::llm::{
-    ChatRequest, Message, SystemBlock, SystemTier, ThinkingBlock, ToolCall, ToolChoice, ToolResult,
-    ToolSpec, UserBlock, anthropic, openai,
-};
+use crate::llm::{ChatRequest, SystemBlock, SystemTier, ToolChoice, ToolSpec, anthropic, openai};
+use crate::message::{Message, ThinkingBlock, ToolCall, ToolResult, UserBlock};
 
 const ANTHROPIC_SCHEMA: &str =
     include_str!("../../tests/fixtures/specs/anthropic-messages-request.schema.json");

@@ -12,6 +12,7 @@ use secrecy::{ExposeSecret, SecretString};
 use super::sse::{self, SseHandler};
 use super::{CallLimits, LlmError};
 use crate::config::ModelSpec;
+use crate::net::scrub::{self, reqwest_error_text};
 
 /// Most bytes of an error body we read.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -91,14 +92,14 @@ async fn send_and_stream<H: SseHandler>(
         })?
         .map_err(|e| LlmError::Connect {
             provider: ctx.label.to_string(),
-            message: redact(describe_reqwest_error(e), ctx.secret),
+            message: redact(reqwest_error_text(e), ctx.secret),
         })?;
 
     if !response.status().is_success() {
         return Err(error_response(response, ctx).await);
     }
 
-    let bytes = response.bytes_stream().map_err(describe_reqwest_error);
+    let bytes = response.bytes_stream().map_err(reqwest_error_text);
     sse::drive(bytes, handler, ctx.label, ctx.limits)
         .await
         .map_err(|e| redact_error(e, ctx.secret))
@@ -170,15 +171,11 @@ fn seconds(secs: f64) -> Duration {
     Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
 }
 
-/// A reqwest error as text without the URL (it may carry secrets), with its causes.
-pub(crate) fn describe_reqwest_error(e: reqwest::Error) -> String {
-    crate::telemetry::error_chain(&e.without_url())
-}
-
+/// `text` without the call's API key (a server may echo it).
 fn redact(text: String, secret: Option<&SecretString>) -> String {
-    match secret.map(|s| s.expose_secret()) {
-        Some(key) if !key.is_empty() && text.contains(key) => text.replace(key, "[redacted]"),
-        _ => text,
+    match secret {
+        Some(key) => scrub::redact(&text, &[key.expose_secret()]),
+        None => text,
     }
 }
 

@@ -1,4 +1,5 @@
-//! The LLM layer: provider-neutral types (`types`), the `Provider` trait, hand-written wire
+//! The LLM layer: the neutral request and response types (`types`; the conversation types
+//! they carry are `crate::message`), the `Provider` trait, hand-written wire
 //! clients (`anthropic/`, `openai/`), SSE parsing (`sse`), the HTTP edge shared by both clients
 //! (`http`), backoff (`retry`) and the model `fallback` list (`router`). Only `llm/<provider>/`
 //! knows a provider's JSON.
@@ -15,7 +16,6 @@ pub mod router;
 mod sse;
 #[cfg(test)]
 pub(crate) mod testutil;
-pub mod toolcalls;
 pub mod transcript;
 pub mod types;
 

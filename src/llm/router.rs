@@ -22,7 +22,7 @@ fn build_http_client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .build()
-        .map_err(super::http::describe_reqwest_error)
+        .map_err(crate::net::scrub::reqwest_error_text)
 }
 
 /// Start building the providers' HTTP client on a thread of its own. Building it loads and
@@ -281,8 +281,9 @@ mod tests {
     use secrecy::SecretString;
 
     use crate::config::ProviderKind;
+    use crate::llm::StopReason;
     use crate::llm::testutil::{behavior, model_spec, sample_request};
-    use crate::llm::{StopReason, Usage};
+    use crate::message::Usage;
 
     const ANTHROPIC_OK: &str = concat!(
         "event: message_start\n",

@@ -7,10 +7,8 @@ use serde_json::json;
 use crate::config::{
     BehaviorConfig, CacheTtl, CompactionConfig, ModelSpec, Pricing, ProviderKind, Thinking,
 };
-use crate::llm::{
-    ChatRequest, Message, SystemBlock, SystemTier, ThinkingBlock, ToolCall, ToolChoice, ToolResult,
-    ToolSpec, UserBlock,
-};
+use crate::llm::{ChatRequest, SystemBlock, SystemTier, ToolChoice, ToolSpec};
+use crate::message::{Message, ThinkingBlock, ToolCall, ToolResult, UserBlock};
 
 /// A model definition with neutral defaults (no key, no cache, thinking off).
 pub(crate) fn model_spec(name: &str, kind: ProviderKind, base_url: &str) -> ModelSpec {
@@ -167,10 +165,8 @@ pub(crate) mod arb {
 
     use super::model_spec;
     use crate::config::{CacheTtl, ModelSpec, ProviderKind, Thinking};
-    use crate::llm::{
-        ChatRequest, Message, SystemBlock, SystemTier, ThinkingBlock, ToolCall, ToolChoice,
-        ToolResult, ToolSpec, UserBlock,
-    };
+    use crate::llm::{ChatRequest, SystemBlock, SystemTier, ToolChoice, ToolSpec};
+    use crate::message::{Message, ThinkingBlock, ToolCall, ToolResult, UserBlock};
 
     /// Short strings, often empty, with quotes, backslashes, control characters and non-ASCII.
     pub(crate) fn text() -> impl Strategy<Value = String> {

@@ -2,7 +2,7 @@
 //! and the consolidation model read. No tool blocks, so the request that carries a transcript
 //! needs no tool definitions and is valid on every provider.
 
-use crate::llm::{Message, UserBlock};
+use crate::message::{Message, UserBlock};
 
 /// `messages` as a plain-text transcript. Each item is cut to `item_chars` characters; images
 /// appear as their placeholders; the dynamic-context block of a user turn

@@ -11,7 +11,8 @@ use super::chunk::sha256_hex;
 use super::rank::normalize;
 use crate::config::{ModelSpec, ProviderKind};
 use crate::cost::Ledger;
-use crate::llm::{Llm, LlmEvent, Usage};
+use crate::llm::{Llm, LlmEvent};
+use crate::message::Usage;
 use crate::store::CallType;
 use crate::store::memory::MemoryDb;
 

@@ -1,5 +1,7 @@
-//! Outbound networking shared by the tools the model can steer: the SSRF guard and fetcher
-//! (`ssrf`) and HTML-to-text conversion (`html`). Reliability notes §3.9.
+//! Outbound networking: the SSRF guard and fetcher (`ssrf`) and HTML-to-text conversion
+//! (`html`) for the tools the model can steer (reliability notes §3.9), and the error-text
+//! scrubber every HTTP client uses (`scrub`: no URL, no secret).
 
 pub mod html;
+pub mod scrub;
 pub mod ssrf;

@@ -8,7 +8,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{TimeZone, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -172,16 +172,10 @@ impl Scheduler {
     }
 }
 
-/// `at` as RFC 3339 → Unix seconds (for `schedule_message`).
-pub fn parse_at(at: &str) -> Result<i64, String> {
-    DateTime::parse_from_rfc3339(at)
-        .map(|t| t.timestamp())
-        .map_err(|e| format!("`at` must be an RFC 3339 time like 2026-11-24T09:00:00+01:00: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::DateTime;
 
     fn entry(when: ScheduleWhen) -> ScheduleEntry {
         ScheduleEntry {
@@ -211,11 +205,5 @@ mod tests {
             next_after(&entry(ScheduleWhen::Cron("bad".into())), sun, tz),
             None
         );
-    }
-
-    #[test]
-    fn at_parsing() {
-        assert!(parse_at("2026-11-24T09:00:00+01:00").is_ok());
-        assert!(parse_at("tomorrow").is_err());
     }
 }

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::llm::{Message, ToolResult};
+use crate::message::{Message, ToolResult};
 
 /// Format version of trail lines.
 pub const TRAIL_VERSION: u32 = 1;
@@ -158,7 +158,7 @@ fn is_false(b: &bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::{ToolCall, Usage};
+    use crate::message::{ToolCall, Usage};
 
     fn roundtrip(e: Event) {
         let line = TrailLine {

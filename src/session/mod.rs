@@ -21,6 +21,9 @@ pub use index::{Index, IndexEntry};
 pub use state::SessionState;
 pub use trail::TrailWriter;
 
+/// The directory under the sessions directory that holds archived (reset) sessions.
+pub const ARCHIVE_DIR: &str = ".archive";
+
 use crate::fsutil;
 use crate::latest_writer::LatestWriter;
 
@@ -78,7 +81,7 @@ impl SessionStore {
     /// Open (creating with mode 0700) `dir` and read its index.
     pub fn open(dir: &Path, tz: Tz) -> io::Result<SessionStore> {
         fsutil::create_private_dir(dir)?;
-        fsutil::create_private_dir(&dir.join(".archive"))?;
+        fsutil::create_private_dir(&dir.join(ARCHIVE_DIR))?;
         // Snapshot and index writes that a kill interrupted.
         match fsutil::remove_stale_temps(dir) {
             Ok(0) => {}
@@ -242,7 +245,7 @@ impl SessionStore {
         // longer names (harmless), never an index entry pointing at half-moved files.
         inner.index.remove(key);
         index::write_index(&self.dir, &inner.index)?;
-        let archive = self.dir.join(".archive");
+        let archive = self.dir.join(ARCHIVE_DIR);
         let prefix = format!("{}.", entry.session_id);
         for e in std::fs::read_dir(&self.dir)? {
             let e = e?;
@@ -294,7 +297,7 @@ impl SessionHandle {
         }
         // Calls stored before answers were normalised (SPEC §16.9) would make every request
         // of this session fail: repaired in memory (the next snapshot keeps the repair).
-        let repaired = crate::llm::toolcalls::repair_history(&mut st.messages);
+        let repaired = crate::message::toolcalls::repair_history(&mut st.messages);
         if repaired > 0 {
             tracing::warn!(session = %self.id, calls = repaired, "stored tool calls the providers would reject were repaired");
         }
@@ -362,7 +365,7 @@ pub enum Outcome {
 pub fn outcome_of(lines: &[TrailLine], id: &str) -> Option<Outcome> {
     lines.iter().find_map(|l| match &l.event {
         Event::Message(m) if m.is_final && m.reply_to.iter().any(|r| r == id) => {
-            let crate::llm::Message::Assistant { text, .. } = &m.message else {
+            let crate::message::Message::Assistant { text, .. } = &m.message else {
                 return None;
             };
             Some(Outcome::Reply {
@@ -385,7 +388,7 @@ pub fn outcome_of(lines: &[TrailLine], id: &str) -> Option<Outcome> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Message;
+    use crate::message::Message;
 
     fn intake(id: &str) -> Event {
         Event::Intake(Intake {

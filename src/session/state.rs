@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::event::{Event, TrailLine};
-use crate::llm::{Message, Usage, UserBlock};
+use crate::message::{Message, Usage, UserBlock};
 
 /// Format version of state files.
 pub const STATE_VERSION: u32 = 1;
@@ -173,7 +173,7 @@ pub fn write_snapshot(path: &Path, state: &SessionState) -> std::io::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::{ToolCall, ToolResult};
+    use crate::message::{ToolCall, ToolResult};
     use crate::session::event::{Intake, MessageEvent};
 
     fn line(seq: u64, event: Event) -> TrailLine {

@@ -298,7 +298,7 @@ fn truncate_torn_tail(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Message;
+    use crate::message::Message;
     use crate::session::event::MessageEvent;
     use std::io::Write;
 

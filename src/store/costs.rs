@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::{Db, StoreError};
-use crate::llm::Usage;
+use crate::message::Usage;
 
 /// What kind of provider call a cost row records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -111,7 +111,7 @@ impl SpendMarks {
 /// Token counts are `u64` in Rust and `INTEGER` (i64) in SQLite. A count beyond `i64::MAX` is
 /// stored as `i64::MAX` rather than failing the insert: a cost row that cannot be written
 /// stops every later call (SPEC §16.4). The parsers refuse such figures before they get here
-/// (`llm::MAX_TOKENS_PER_CALL`), and the sums read such a row as no spend ([`plausible!`]).
+/// (`message::MAX_TOKENS_PER_CALL`), and the sums read such a row as no spend ([`plausible!`]).
 fn to_sql_count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -128,7 +128,7 @@ fn from_sql_total(n: f64) -> u64 {
 }
 
 /// The SQL condition a cost row must meet to count in any sum: every token count between 0
-/// and `llm::MAX_TOKENS_PER_CALL` (NULL reads as 0), and a cost that is not negative and
+/// and `message::MAX_TOKENS_PER_CALL` (NULL reads as 0), and a cost that is not negative and
 /// finite (NULL, e.g. a NaN written by SQLite, reads as 0). No build writes anything else
 /// today; a row beyond this was left by a build that did not validate usage (issue #12: a
 /// provider answered `input_tokens = u64::MAX`, stored as `i64::MAX` at 5.5e13 USD). Its
@@ -682,7 +682,7 @@ mod tests {
     /// The SQL condition uses the same cap as the parsers.
     #[test]
     fn plausible_condition_uses_the_parsers_cap() {
-        let cap = format!("BETWEEN 0 AND {} ", crate::llm::MAX_TOKENS_PER_CALL);
+        let cap = format!("BETWEEN 0 AND {} ", crate::message::MAX_TOKENS_PER_CALL);
         assert_eq!(plausible!().matches(&cap).count(), 4, "{}", plausible!());
     }
 

@@ -18,6 +18,13 @@ pub struct Scheduled {
     pub status: String,
 }
 
+/// `at` as RFC 3339 → Unix seconds, a message's `due_at` (the `at` of `schedule_message`).
+pub fn parse_due_at(at: &str) -> Result<i64, String> {
+    chrono::DateTime::parse_from_rfc3339(at)
+        .map(|t| t.timestamp())
+        .map_err(|e| format!("`at` must be an RFC 3339 time like 2026-11-24T09:00:00+01:00: {e}"))
+}
+
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Scheduled> {
     Ok(Scheduled {
         id: r.get(0)?,
@@ -146,5 +153,11 @@ mod tests {
         db.schedule_set_run("hb", 5).await.unwrap();
         db.schedule_set_run("hb", 7).await.unwrap();
         assert_eq!(db.schedule_last_run("hb").await.unwrap(), Some(7));
+    }
+
+    #[test]
+    fn at_parsing() {
+        assert!(parse_due_at("2026-11-24T09:00:00+01:00").is_ok());
+        assert!(parse_due_at("tomorrow").is_err());
     }
 }

@@ -30,7 +30,8 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::llm::{ToolSpec, Usage};
+use crate::llm::ToolSpec;
+use crate::message::Usage;
 
 /// A tool. Implementations are small and stateless where possible; everything per-call comes in
 /// through `ToolContext`.

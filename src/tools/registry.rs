@@ -12,7 +12,8 @@ use futures::FutureExt;
 use serde_json::Value;
 
 use super::{Tool, ToolContext, ToolError};
-use crate::llm::{ToolCall, ToolResult, ToolSpec};
+use crate::llm::ToolSpec;
+use crate::message::{ToolCall, ToolResult};
 
 /// The key an adapter puts the raw text under when the model's arguments were not valid JSON.
 pub const INVALID_JSON_KEY: &str = "__invalid_json";
@@ -191,7 +192,7 @@ impl ToolRegistry {
 
     /// Like [`ToolRegistry::execute_all`], but a call whose entry in `refused` is `Some(text)`
     /// is not run: it is answered with `text` as an error result (a call the provider's answer
-    /// got wrong, see `llm::toolcalls::normalise`). `refused` may be shorter than `calls`.
+    /// got wrong, see `message::toolcalls::normalise`). `refused` may be shorter than `calls`.
     pub async fn execute_answer(
         &self,
         calls: &[ToolCall],
@@ -352,9 +353,9 @@ fn validate_args(entry: &Entry, args: &Value) -> Result<(), String> {
 }
 
 /// `^[A-Za-z0-9_-]{1,64}$`: the same rule the calls of an answer are held to
-/// (`llm::toolcalls`).
+/// (`message::toolcalls`).
 fn is_valid_tool_name(name: &str) -> bool {
-    crate::llm::toolcalls::is_valid_token(name)
+    crate::message::toolcalls::is_valid_token(name)
 }
 
 /// Seconds without noise: `30`, `1.5`, `0.05`.

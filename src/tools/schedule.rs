@@ -72,7 +72,7 @@ impl Tool for ScheduleMessage {
                 args.get("at").and_then(Value::as_str),
             ) {
                 (Some(d), None) => now + d,
-                (None, Some(at)) => crate::scheduler::parse_at(at).map_err(ToolError::Invalid)?,
+                (None, Some(at)) => crate::store::parse_due_at(at).map_err(ToolError::Invalid)?,
                 _ => {
                     return Err(ToolError::Invalid(
                         "give exactly one of delay_seconds or at".into(),

@@ -125,7 +125,7 @@ fn human_duration(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llm::Usage;
+    use crate::message::Usage;
     use crate::tools::StatusSource;
     use std::path::PathBuf;
     use std::sync::Arc;

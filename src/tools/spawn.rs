@@ -10,9 +10,8 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError, ToolRegistry};
 use crate::config::Config;
-use crate::llm::{
-    ChatRequest, Llm, Message, SystemBlock, SystemTier, ToolChoice, ToolResult, ToolSpec,
-};
+use crate::llm::{ChatRequest, Llm, SystemBlock, SystemTier, ToolChoice, ToolSpec};
+use crate::message::{Message, ToolResult};
 use crate::store::{CallType, CostRow, Db};
 
 /// Turn limit of a sub-agent.
@@ -119,7 +118,7 @@ impl SpawnTool {
             }
             // Replayed in the sub-agent's next requests: stored as both providers accept it.
             let mut refused = vec![None; resp.tool_calls.len()];
-            for r in crate::llm::toolcalls::normalise(&mut resp.tool_calls, &messages) {
+            for r in crate::message::toolcalls::normalise(&mut resp.tool_calls, &messages) {
                 tracing::warn!(index = r.index, original_id = ?r.original_id, original_name = ?r.original_name, "sub-agent: malformed tool call normalised");
                 refused[r.index] = r.refusal;
             }

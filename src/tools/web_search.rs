@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::ToolSpec;
+use crate::net::scrub::reqwest_error_text;
 
 pub struct WebSearchTool {
     pub base_url: String,
@@ -100,7 +101,7 @@ impl Tool for WebSearchTool {
                 .await
                 // Without the URL: it carries the query, and errors reach the model and logs.
                 .map_err(|e| {
-                    ToolError::Failed(format!("search request failed: {}", e.without_url()))
+                    ToolError::Failed(format!("search request failed: {}", reqwest_error_text(e)))
                 })?;
             let status = resp.status();
             if !status.is_success() {
@@ -110,7 +111,10 @@ impl Tool for WebSearchTool {
                 )));
             }
             let v: Value = resp.json().await.map_err(|e| {
-                ToolError::Failed(format!("search API answer unreadable: {}", e.without_url()))
+                ToolError::Failed(format!(
+                    "search API answer unreadable: {}",
+                    reqwest_error_text(e)
+                ))
             })?;
             // Marked untrusted by the registry (`untrusted_output`).
             Ok(render_results(&v))

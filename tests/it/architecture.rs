@@ -8,6 +8,10 @@
 //! - string literals are kept: `"anthropic-version"` in a string is exactly what must not leak.
 //!
 //! Each check names where a word may appear and fails listing every offending `file:line`.
+//!
+//! The layering check reads the same lines: every `crate::<module>` path leaving its top-level
+//! module must point to the same layer or a lower one (`LAYERS`, docs/ARCHITECTURE.md
+//! "Layers"), and the top-level modules must form no cycle.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -22,6 +26,8 @@ struct CodeLine {
     /// 1-based.
     line: usize,
     text: String,
+    /// `text` with string and char literals blanked: the code alone, for path checks.
+    code: String,
 }
 
 /// A rule: lines matching `matches` may only appear in files under one of `allowed` (path
@@ -94,10 +100,11 @@ fn shipped_lines(sources: &[(String, String)]) -> Vec<CodeLine> {
         .into_iter()
         .filter(|(file, _)| !test_files.contains(file.as_str()))
         .flat_map(|(file, lines)| {
-            lines.into_iter().map(move |(line, text)| CodeLine {
+            lines.into_iter().map(move |(line, text, code)| CodeLine {
                 file: file.clone(),
                 line,
                 text,
+                code,
             })
         })
         .collect()
@@ -219,9 +226,10 @@ fn classify(chars: &[char]) -> Vec<Class> {
     class
 }
 
-/// One file's shipped lines `(number, text without comments)` and the names of modules it
-/// declares as `#[cfg(test)] mod name;`.
-fn strip_file(text: &str) -> (Vec<(usize, String)>, Vec<String>) {
+/// One file's shipped lines `(number, text without comments, code without literals)` and the
+/// names of modules it declares as `#[cfg(test)] mod name;`.
+#[allow(clippy::type_complexity)]
+fn strip_file(text: &str) -> (Vec<(usize, String, String)>, Vec<String>) {
     let chars: Vec<char> = text.chars().collect();
     let class = classify(&chars);
     let line_of: Vec<usize> = {
@@ -284,21 +292,27 @@ fn strip_file(text: &str) -> (Vec<(usize, String)>, Vec<String>) {
         i = end + 1;
     }
 
-    let mut lines: Vec<(usize, String)> = Vec::new();
+    let mut lines: Vec<(usize, String, String)> = Vec::new();
     let mut current = String::new();
+    let mut code = String::new();
     let mut number = 1;
     for (idx, &c) in chars.iter().enumerate() {
         if c == '\n' {
-            lines.push((number, std::mem::take(&mut current)));
+            lines.push((
+                number,
+                std::mem::take(&mut current),
+                std::mem::take(&mut code),
+            ));
             number += 1;
         } else if class[idx] != Class::Comment {
             current.push(c);
+            code.push(skeleton[idx]);
         }
     }
-    lines.push((number, current));
+    lines.push((number, current, code));
     let lines = lines
         .into_iter()
-        .filter(|(n, t)| !test_lines.contains(n) && !t.trim().is_empty())
+        .filter(|(n, t, _)| !test_lines.contains(n) && !t.trim().is_empty())
         .collect();
     (lines, test_mods)
 }
@@ -484,6 +498,250 @@ fn only_the_cli_prints() {
     });
 }
 
+// ---------------------------------------------------------------------------------------------
+// Layers: which top-level module of src/ may use which.
+
+/// The layer of every top-level module of `src/`, lowest first. A module may `use crate::x`
+/// only for an `x` in its own layer or a lower one; sub-modules of one top-level module use each
+/// other freely, and tests may use anything. Keep this table and docs/ARCHITECTURE.md's
+/// layering section ("Layers") the same.
+const LAYERS: &[&[&str]] = &[
+    // 0: foundations
+    &[
+        "config",
+        "control",
+        "fsutil",
+        "latest_writer",
+        "telemetry",
+        "proptest_json",
+        "message",
+    ],
+    // 1
+    &["store", "session"],
+    // 2
+    &["net", "sandbox", "llm"],
+    // 3
+    &["cost", "metrics", "monitor"],
+    // 4
+    &["memory"],
+    // 5
+    &["report", "tools", "skills"],
+    // 6
+    &["agent"],
+    // 7
+    &["channels", "scheduler", "api"],
+    // 8
+    &["daemon", "doctor", "cli"],
+];
+
+/// Upward uses `(from, to)` that exist today and are being removed (issue 11). The check fails
+/// on an upward use not listed here, and on a listed pair that no longer occurs, so this list
+/// only shrinks; it is empty once the issue is done.
+const KNOWN_UPWARD: &[(&str, &str)] = &[
+    ("channels", "daemon"),
+    ("scheduler", "daemon"),
+    ("tools", "channels"),
+];
+
+const LAYER_RULE: &str = "a module may use only modules of its own layer or a lower one \
+                          (tests/it/architecture.rs LAYERS, docs/ARCHITECTURE.md \"Layers\")";
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
+/// The top-level module a file of `src/` belongs to: `src/agent/x.rs` → `agent`,
+/// `src/cost.rs` → `cost`; `None` for `src/lib.rs`, the crate root.
+fn top_module(file: &str) -> Option<&str> {
+    let rest = file.strip_prefix("src/")?;
+    match rest.split_once('/') {
+        Some((dir, _)) => Some(dir),
+        None => rest.strip_suffix(".rs").filter(|m| *m != "lib"),
+    }
+}
+
+/// One use of another top-level module: `file:line` of `from` names `crate::to`.
+#[derive(Debug, Clone)]
+struct Use {
+    file: String,
+    line: usize,
+    from: String,
+    to: String,
+}
+
+/// Every `crate::<module>` path in shipped code that leaves its own top-level module.
+fn module_uses(lines: &[CodeLine]) -> Vec<Use> {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    for l in lines {
+        let Some(from) = top_module(&l.file) else {
+            continue;
+        };
+        for (at, pat) in l.code.match_indices("crate::") {
+            if l.code[..at].chars().next_back().is_some_and(ident) {
+                continue; // `my_crate::`
+            }
+            let to: String = l.code[at + pat.len()..]
+                .chars()
+                .take_while(|&c| ident(c))
+                .collect();
+            if !to.is_empty() && to != from {
+                out.push(Use {
+                    file: l.file.clone(),
+                    line: l.line,
+                    from: from.to_string(),
+                    to,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Everything wrong with the layering of `lines`, given the upward pairs still tolerated.
+fn layer_violations(lines: &[CodeLine], known_upward: &[(&str, &str)]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut modules = BTreeSet::new();
+    for l in lines {
+        if let Some(m) = top_module(&l.file) {
+            modules.insert(m.to_string());
+        }
+        if l.code.contains("crate::{") {
+            found.push(format!(
+                "{}:{}: `crate::{{…}}` hides which modules are used; write one `use crate::<module>::…` per module",
+                l.file, l.line
+            ));
+        }
+    }
+    for m in &modules {
+        if layer_of(m).is_none() {
+            found.push(format!(
+                "src/{m}: top-level module `{m}` has no layer; add it to LAYERS in tests/it/architecture.rs and to docs/ARCHITECTURE.md \"Layers\""
+            ));
+        }
+    }
+    let uses = module_uses(lines);
+    let mut seen_known = BTreeSet::new();
+    for u in &uses {
+        let (Some(lf), Some(lt)) = (layer_of(&u.from), layer_of(&u.to)) else {
+            continue; // reported above, or not a module (`crate::SomeItem`)
+        };
+        if lt <= lf {
+            continue;
+        }
+        if known_upward.contains(&(u.from.as_str(), u.to.as_str())) {
+            seen_known.insert((u.from.clone(), u.to.clone()));
+            continue;
+        }
+        found.push(format!(
+            "{}:{}: `{}` (layer {lf}) uses `{}` (layer {lt}): {LAYER_RULE}",
+            u.file, u.line, u.from, u.to
+        ));
+    }
+    for (from, to) in known_upward {
+        if !seen_known.contains(&(from.to_string(), to.to_string())) {
+            found.push(format!(
+                "KNOWN_UPWARD lists `{from}` → `{to}`, which no longer occurs: delete it from the list"
+            ));
+        }
+    }
+    found
+}
+
+/// A cycle among top-level modules, ignoring the `known_upward` pairs, as the chain of uses
+/// that closes it (`file:line: from → to`); `None` when the graph is a DAG.
+fn module_cycle(lines: &[CodeLine], known_upward: &[(&str, &str)]) -> Option<Vec<String>> {
+    use std::collections::BTreeMap;
+    let mut edges: BTreeMap<String, BTreeMap<String, Use>> = BTreeMap::new();
+    for u in module_uses(lines) {
+        if layer_of(&u.to).is_none() || known_upward.contains(&(u.from.as_str(), u.to.as_str())) {
+            continue;
+        }
+        edges
+            .entry(u.from.clone())
+            .or_default()
+            .entry(u.to.clone())
+            .or_insert(u);
+    }
+    // Depth-first search; `path` is the current chain of modules.
+    fn visit(
+        m: &str,
+        edges: &BTreeMap<String, BTreeMap<String, Use>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|p| p == m) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(m.to_string());
+            return Some(
+                cycle
+                    .windows(2)
+                    .map(|w| {
+                        let u = &edges[&w[0]][&w[1]];
+                        format!("{}:{}: {} → {}", u.file, u.line, u.from, u.to)
+                    })
+                    .collect(),
+            );
+        }
+        if done.contains(m) {
+            return None;
+        }
+        path.push(m.to_string());
+        for next in edges.get(m).into_iter().flat_map(|e| e.keys()) {
+            if let Some(c) = visit(next, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for m in edges.keys() {
+        if let Some(c) = visit(m, &edges, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn modules_use_only_their_own_layer_or_lower_ones() {
+    let found = layer_violations(src_lines(), KNOWN_UPWARD);
+    let mut msg = format!("the module layering is broken; found {}:\n", found.len());
+    for f in &found {
+        let _ = writeln!(msg, "  {f}");
+    }
+    assert!(found.is_empty(), "{msg}");
+}
+
+#[test]
+fn the_top_level_modules_form_no_cycle() {
+    // Follows from the layering (same-layer uses could still close one), stated on its own.
+    if let Some(cycle) = module_cycle(src_lines(), KNOWN_UPWARD) {
+        panic!(
+            "the top-level modules of src/ form a cycle; break it with a trait in the lower \
+             module that the daemon wires in (DESIGN §1):\n  {}",
+            cycle.join("\n  ")
+        );
+    }
+}
+
+#[test]
+fn every_layer_module_exists() {
+    let modules: BTreeSet<&str> = src_lines()
+        .iter()
+        .filter_map(|l| top_module(&l.file))
+        .collect();
+    for m in LAYERS.iter().flat_map(|l| l.iter()) {
+        // proptest_json is test-only code (`#[cfg(test)] mod proptest_json;`), so never walked.
+        assert!(
+            *m == "proptest_json" || modules.contains(m),
+            "LAYERS names `{m}`, which is not a module of src/"
+        );
+    }
+}
+
 // The checker checks itself: each case below must be caught or must pass.
 
 fn synthetic(files: &[(&str, &str)]) -> Vec<CodeLine> {
@@ -577,4 +835,98 @@ fn module_dirs() {
     assert_eq!(module_dir("src/lib.rs"), "src/");
     assert_eq!(module_dir("src/llm/mod.rs"), "src/llm/");
     assert_eq!(module_dir("src/cost.rs"), "src/cost/");
+}
+
+#[test]
+fn layer_check_names_file_line_modules_layers_and_rule() {
+    let lines = synthetic(&[
+        ("src/store/kv.rs", "use std::fmt;\nuse crate::daemon;\n"),
+        ("src/daemon/mod.rs", "use crate::store::Store;\n"),
+    ]);
+    let found = layer_violations(&lines, &[]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("src/store/kv.rs:2: `store` (layer 1) uses `daemon` (layer 8): "),
+        "{found:?}"
+    );
+    assert!(found[0].contains(LAYER_RULE), "{found:?}");
+}
+
+#[test]
+fn layer_check_skips_tests_comments_literals_and_other_crates() {
+    let kv = "// crate::daemon in a comment\n\
+              pub fn f() { let _ = \"crate::daemon\"; let _ = my_crate::daemon::X; }\n\
+              #[cfg(test)]\n\
+              mod tests {\n\
+                  use crate::daemon;\n\
+              }\n";
+    let lines = synthetic(&[
+        ("src/store/mod.rs", "#[cfg(test)]\nmod testutil;\n"),
+        ("src/store/kv.rs", kv),
+        ("src/store/testutil.rs", "use crate::daemon;\n"),
+    ]);
+    assert_eq!(layer_violations(&lines, &[]), Vec::<String>::new());
+}
+
+#[test]
+fn layer_check_tracks_known_upward_pairs_both_ways() {
+    let lines = synthetic(&[("src/scheduler/mod.rs", "use crate::daemon::Intake;\n")]);
+    assert!(layer_violations(&lines, &[("scheduler", "daemon")]).is_empty());
+    let stale = layer_violations(&lines, &[("scheduler", "daemon"), ("tools", "channels")]);
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    assert!(
+        stale[0].contains("`tools` → `channels`, which no longer occurs"),
+        "{stale:?}"
+    );
+}
+
+#[test]
+fn layer_check_rejects_grouped_crate_paths_and_unknown_modules() {
+    let lines = synthetic(&[
+        (
+            "src/agent/mod.rs",
+            "use crate::{llm::Message, tools::Tool};\n",
+        ),
+        ("src/newthing.rs", "pub fn f() {}\n"),
+    ]);
+    let found = layer_violations(&lines, &[]);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].starts_with("src/agent/mod.rs:1: `crate::{…}`"),
+        "{found:?}"
+    );
+    assert!(found[1].contains("`newthing` has no layer"), "{found:?}");
+}
+
+#[test]
+fn cycle_check_finds_same_layer_cycles_and_names_the_uses() {
+    let lines = synthetic(&[
+        ("src/daemon/mod.rs", "use crate::cli::report;\n"),
+        ("src/cli/mod.rs", "fn a() {}\nuse crate::daemon::run;\n"),
+        ("src/store/mod.rs", "pub struct Store;\n"),
+    ]);
+    assert!(layer_violations(&lines, &[]).is_empty());
+    let cycle = module_cycle(&lines, &[]).expect("daemon ⇄ cli is a cycle");
+    assert_eq!(
+        cycle,
+        [
+            "src/cli/mod.rs:2: cli → daemon",
+            "src/daemon/mod.rs:1: daemon → cli"
+        ]
+    );
+    let dag = synthetic(&[
+        (
+            "src/daemon/mod.rs",
+            "use crate::cli::report;\nuse crate::store::Store;\n",
+        ),
+        ("src/cli/mod.rs", "use crate::store::Store;\n"),
+    ]);
+    assert_eq!(module_cycle(&dag, &[]), None);
+}
+
+#[test]
+fn top_modules() {
+    assert_eq!(top_module("src/agent/loop.rs"), Some("agent"));
+    assert_eq!(top_module("src/cost.rs"), Some("cost"));
+    assert_eq!(top_module("src/lib.rs"), None);
 }

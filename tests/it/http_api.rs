@@ -14,7 +14,7 @@ use agentd::api::backend::{
 use agentd::api::{TokenCounts, Webhook, WebhookPayload, bind, router, serve};
 use agentd::config::HttpConfig;
 use agentd::cost::Period;
-use agentd::llm::Usage;
+use agentd::message::Usage;
 use agentd::metrics::{Metrics, Outcome};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;

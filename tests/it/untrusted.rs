@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentd::llm::ToolCall;
+use agentd::message::ToolCall;
 use agentd::tools::web::WebFetchTool;
 use agentd::tools::{SessionStatus, StatusSource, Tool, ToolContext, ToolRegistry};
 use futures::future::BoxFuture;
@@ -169,7 +169,7 @@ const GZIP_BODY: [u8; 100] = [
     0x08, 0x20, 0x00, 0x00,
 ];
 
-async fn fetch_through_registry(port: u16) -> agentd::llm::ToolResult {
+async fn fetch_through_registry(port: u16) -> agentd::message::ToolResult {
     let tool = WebFetchTool::new(1 << 20, vec![format!("127.0.0.1:{port}")]);
     let reg = ToolRegistry::new(
         vec![Arc::new(tool) as Arc<dyn Tool>],

@@ -2,8 +2,8 @@
 //! client of its own (teloxide's reqwest, never ours) whose timeout outlasts a long poll.
 //!
 //! Every error that leaves this module is a [`TgError`] whose text has been scrubbed of the bot
-//! token: reqwest errors carry the request URL, and the URL carries the token
-//! (`/bot<token>/<method>`).
+//! token and of request URLs (`net::scrub::redact`): reqwest errors carry the request URL, and
+//! the URL carries the token (`/bot<token>/<method>`).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -25,6 +25,7 @@ use super::format::{markdown_to_html, strip_to_plain};
 use super::inbound::bot_id_from_token;
 use super::split::split_message;
 use crate::config::{TelegramConfig, TelegramFormat};
+use crate::net::scrub::redact;
 use crate::telemetry::error_chain;
 
 /// How much longer than the long-poll timeout the HTTP client waits for an answer.
@@ -122,23 +123,16 @@ impl std::fmt::Debug for TelegramClient {
     }
 }
 
-/// Replaces every form of `token` in `s` with `<token>`: verbatim, percent-encoded, and the
-/// secret part after the colon on its own.
+/// `s` without the bot token in any of its forms (verbatim, percent-encoded, and the secret
+/// part after the colon on its own), each replaced by `net::scrub::REDACTED`.
 pub fn scrub_token(s: &str, token: &str) -> String {
-    if token.is_empty() {
-        return s.to_string();
-    }
-    let mut out = s.replace(token, "<token>");
     let encoded = token.replace(':', "%3A");
-    if encoded != token {
-        out = out.replace(&encoded, "<token>");
-    }
-    if let Some((_, secret)) = token.split_once(':')
-        && secret.len() >= 8
-    {
-        out = out.replace(secret, "<token>");
-    }
-    out
+    let secret = token
+        .split_once(':')
+        .map(|(_, secret)| secret)
+        .filter(|secret| secret.len() >= 8)
+        .unwrap_or_default();
+    redact(s, &[token, &encoded, secret])
 }
 
 /// A file size from teloxide, where a missing size is `u32::MAX`.
@@ -219,6 +213,13 @@ impl TelegramClient {
         scrub_token(s, self.token.expose_secret())
     }
 
+    /// An error of teloxide's HTTP client and its causes, without its request `url` (which
+    /// holds the token) and the token. Teloxide has a reqwest of its own, so
+    /// `net::scrub::reqwest_error_text` cannot take its errors.
+    fn scrub_error(&self, e: &(dyn std::error::Error + 'static), url: Option<&str>) -> String {
+        self.scrub(&redact(&error_chain(e), &[url.unwrap_or_default()]))
+    }
+
     /// Maps a teloxide error to a scrubbed [`TgError`].
     fn map_err(&self, e: RequestError) -> TgError {
         match e {
@@ -234,7 +235,9 @@ impl TelegramClient {
                 TgError::Api(format!("the group was migrated to supergroup {id}"))
             }
             RequestError::Network(e) if e.is_timeout() => TgError::Timeout,
-            RequestError::Network(e) => TgError::Network(self.scrub(&error_chain(&*e))),
+            RequestError::Network(e) => {
+                TgError::Network(self.scrub_error(&*e, e.url().map(|u| u.as_str())))
+            }
             RequestError::InvalidJson { source, raw } => {
                 let head: String = raw.chars().take(200).collect();
                 TgError::InvalidResponse(self.scrub(&format!("{source}; body starts {head:?}")))
@@ -468,7 +471,7 @@ impl TelegramClient {
                 if e.is_timeout() {
                     TgError::Timeout
                 } else {
-                    TgError::Network(self.scrub(&error_chain(&e)))
+                    TgError::Network(self.scrub_error(&e, e.url().map(|u| u.as_str())))
                 }
             })?;
             total += chunk.len() as u64;
@@ -558,8 +561,8 @@ mod tests {
         );
         let out = scrub_token(&s, TOKEN);
         assert!(!out.contains("AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"), "{out}");
-        assert_eq!(out.matches("<token>").count(), 3, "{out}");
-        assert!(out.contains("http://h/bot<token>/GetUpdates"), "{out}");
+        assert_eq!(out.matches("[redacted]").count(), 3, "{out}");
+        assert!(out.contains("http://h/bot[redacted]/GetUpdates"), "{out}");
         assert_eq!(scrub_token("nothing here", TOKEN), "nothing here");
         assert_eq!(scrub_token("x", ""), "x");
     }
@@ -619,6 +622,7 @@ mod tests {
         assert!(matches!(e, TgError::Network(_)), "{text}");
         assert!(text.contains("Connection refused"), "{text}");
         assert!(!text.contains(TOKEN.split_once(':').unwrap().1), "{text}");
+        assert!(!text.contains("127.0.0.1:1/bot"), "no URL: {text}");
         let e = client.send_typing(1).await.unwrap_err();
         assert!(!format!("{e:?}").contains(TOKEN), "{e:?}");
         let dir = tempfile::tempdir().unwrap();

@@ -16,7 +16,8 @@ use serde_json::Value;
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
 use crate::llm::each::Each;
-use crate::llm::{ChatRequest, Message, SystemTier, ToolChoice, ToolSpec, UserBlock};
+use crate::llm::{ChatRequest, SystemTier, ToolChoice, ToolSpec};
+use crate::message::{Message, UserBlock};
 
 /// Text of a block that would otherwise be empty (the API rejects empty content).
 const EMPTY: &str = "(empty)";
@@ -463,8 +464,9 @@ fn tool(t: &ToolSpec) -> Tool<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::llm::SystemBlock;
     use crate::llm::testutil::{model_spec, sample_request};
-    use crate::llm::{SystemBlock, ThinkingBlock, ToolCall, ToolResult};
+    use crate::message::{ThinkingBlock, ToolCall, ToolResult};
     use serde_json::json;
 
     fn spec(ttl: CacheTtl) -> ModelSpec {

@@ -7,7 +7,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::llm::sse::SseHandler;
-use crate::llm::{ChatResponse, LlmError, StopReason, ThinkingBlock, ToolCall, Usage};
+use crate::llm::{ChatResponse, LlmError, StopReason};
+use crate::message::{ThinkingBlock, ToolCall, Usage};
 
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

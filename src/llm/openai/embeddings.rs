@@ -68,11 +68,11 @@ pub(super) fn parse(body: &[u8], expected: usize, label: &str) -> Result<Embeddi
         return Err(decode("embeddings answer has a non-finite number".into()));
     }
     let prompt_tokens = answer.usage.map_or(0, |u| u.prompt_tokens);
-    if prompt_tokens > crate::llm::MAX_TOKENS_PER_CALL {
+    if prompt_tokens > crate::message::MAX_TOKENS_PER_CALL {
         return Err(decode(format!(
             "embeddings usage prompt_tokens = {prompt_tokens} is not plausible for one call \
              (more than {}); the answer is refused and not billed",
-            crate::llm::MAX_TOKENS_PER_CALL
+            crate::message::MAX_TOKENS_PER_CALL
         )));
     }
     Ok(Embeddings {

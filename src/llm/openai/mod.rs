@@ -113,7 +113,7 @@ impl OpenAiClient {
         };
         let connect = |e| LlmError::Connect {
             provider: self.label.clone(),
-            message: http::describe_reqwest_error(e),
+            message: crate::net::scrub::reqwest_error_text(e),
         };
         let mut response = tokio::time::timeout(inactivity, request.send())
             .await

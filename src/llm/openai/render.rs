@@ -15,7 +15,8 @@ use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 
 use crate::config::ModelSpec;
 use crate::llm::each::Each;
-use crate::llm::{ChatRequest, Message, ToolCall, ToolChoice, ToolResult, ToolSpec, UserBlock};
+use crate::llm::{ChatRequest, ToolChoice, ToolSpec};
+use crate::message::{Message, ToolCall, ToolResult, UserBlock};
 
 /// The request body for `POST {base_url}/chat/completions` (always streamed, usage included),
 /// as bytes.

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::llm::sse::SseHandler;
-use crate::llm::{ChatResponse, LlmError, StopReason, ToolCall, Usage};
+use crate::llm::{ChatResponse, LlmError, StopReason};
+use crate::message::{ToolCall, Usage};
 
 #[derive(Deserialize)]
 struct Chunk {

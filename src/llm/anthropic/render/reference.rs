@@ -5,7 +5,8 @@
 use serde_json::{Map, Value, json};
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
-use crate::llm::{ChatRequest, Message, SystemBlock, SystemTier, ToolChoice, UserBlock};
+use crate::llm::{ChatRequest, SystemBlock, SystemTier, ToolChoice};
+use crate::message::{Message, UserBlock};
 
 /// Text of a block that would otherwise be empty (the API rejects empty content).
 const EMPTY: &str = "(empty)";

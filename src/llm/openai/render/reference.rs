@@ -4,7 +4,8 @@
 use serde_json::{Map, Value, json};
 
 use crate::config::ModelSpec;
-use crate::llm::{ChatRequest, Message, ToolChoice, UserBlock};
+use crate::llm::{ChatRequest, ToolChoice};
+use crate::message::{Message, UserBlock};
 
 /// The request body for `POST {base_url}/chat/completions` (always streamed, usage included).
 pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {

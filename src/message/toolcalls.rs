@@ -351,7 +351,7 @@ mod tests {
         Message::ToolResults {
             results: ids
                 .iter()
-                .map(|id| crate::llm::ToolResult {
+                .map(|id| crate::message::ToolResult {
                     tool_call_id: id.to_string(),
                     content: format!("result of {id}"),
                     is_error: false,

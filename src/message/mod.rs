@@ -1,0 +1,232 @@
+//! The neutral conversation types every layer shares: messages, their content blocks, tool
+//! calls and results, and token usage. A leaf module (layer 0): `session` and `store` persist
+//! these and `llm` translates them at the provider edge, and neither of the first two needs
+//! `llm` for it.
+//! These are also the persisted format of session state files (SPEC §7 "internal neutral
+//! message format"), so changing a serde shape here is a format change: keep it backward
+//! compatible. `toolcalls` makes a provider's tool calls safe to store and replay.
+
+pub mod toolcalls;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One conversation message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Message {
+    User {
+        content: Vec<UserBlock>,
+    },
+    Assistant {
+        #[serde(default)]
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+        /// Anthropic thinking blocks, kept verbatim (with signatures) so they can be sent back.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        thinking: Vec<ThinkingBlock>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
+    },
+    ToolResults {
+        results: Vec<ToolResult>,
+        /// A note from the daemon to the model appended after the results (e.g. the wrap-up
+        /// warning). Rendered as a text block after the results.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        notice: Option<String>,
+    },
+}
+
+impl Message {
+    pub fn user_text(text: impl Into<String>) -> Self {
+        Message::User {
+            content: vec![UserBlock::Text { text: text.into() }],
+        }
+    }
+
+    pub fn is_user(&self) -> bool {
+        matches!(self, Message::User { .. })
+    }
+
+    /// This message with every image replaced by its text placeholder (what is persisted).
+    pub fn without_images(&self) -> Message {
+        match self {
+            Message::User { content } => Message::User {
+                content: content
+                    .iter()
+                    .map(|b| match b {
+                        UserBlock::Image { placeholder, .. } => UserBlock::Text {
+                            text: placeholder.clone(),
+                        },
+                        other => other.clone(),
+                    })
+                    .collect(),
+            },
+            other => other.clone(),
+        }
+    }
+
+    /// Tool calls of an assistant message (empty for other roles).
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        match self {
+            Message::Assistant { tool_calls, .. } => tool_calls,
+            _ => &[],
+        }
+    }
+}
+
+/// A content block of a user turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum UserBlock {
+    Text {
+        text: String,
+    },
+    /// Passed to the provider for the call(s) of the message that carried it, never persisted:
+    /// state files hold `Text` placeholders instead (see `placeholder`).
+    Image {
+        media_type: String,
+        /// Base64 data.
+        data: String,
+        /// What replaces the image from the next message on, e.g. "[image: inbox/123.jpg]".
+        placeholder: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// Parsed JSON arguments. If the model produced invalid JSON this is
+    /// `{"__invalid_json": "<raw text>"}` and the call is answered with an error result.
+    pub arguments: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub tool_call_id: String,
+    pub content: String,
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// A thinking block as returned by Anthropic. `redacted` blocks carry `data` instead of text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThinkingBlock {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// `redacted_thinking` payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted_data: Option<String>,
+}
+
+/// Token usage of one call, in agentd's normalised meaning: `input_tokens` excludes cache reads
+/// and writes (Anthropic's meaning; OpenAI's prompt_tokens are split as prompt − cached).
+/// No token is counted twice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+}
+
+/// The most tokens one provider call may report in any one usage field (input, output, cache
+/// read, cache write): 10 million, several times the largest context window offered today
+/// (about 2 million tokens). A provider answer reporting more, or a negative count, is
+/// malformed (SPEC §16.9): it is refused, and nothing of it is stored or billed. The cost
+/// ledger reads a row beyond this cap, written by an older build, as no spend at all
+/// (`store::costs`).
+pub const MAX_TOKENS_PER_CALL: u64 = 10_000_000;
+
+impl Usage {
+    /// Adds `other` field by field; a sum beyond `u64::MAX` stays at `u64::MAX` (a trail
+    /// written before usage was validated may hold such figures, and a sum must never panic
+    /// or wrap).
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cache_read_tokens = self
+            .cache_read_tokens
+            .saturating_add(other.cache_read_tokens);
+        self.cache_write_tokens = self
+            .cache_write_tokens
+            .saturating_add(other.cache_write_tokens);
+    }
+
+    /// Tokens of the prompt as the provider saw it (input + cache reads + cache writes),
+    /// saturating.
+    pub fn prompt_tokens(&self) -> u64 {
+        self.input_tokens
+            .saturating_add(self.cache_read_tokens)
+            .saturating_add(self.cache_write_tokens)
+    }
+
+    /// Whether every field is a plausible figure for one call (at most
+    /// [`MAX_TOKENS_PER_CALL`]). `Err` names the field and the value, for a malformed-response
+    /// error.
+    pub fn check_per_call(&self) -> Result<(), String> {
+        let fields = [
+            ("input_tokens", self.input_tokens),
+            ("output_tokens", self.output_tokens),
+            ("cache_read_tokens", self.cache_read_tokens),
+            ("cache_write_tokens", self.cache_write_tokens),
+        ];
+        match fields.iter().find(|(_, v)| *v > MAX_TOKENS_PER_CALL) {
+            Some((name, v)) => Err(format!(
+                "usage {name} = {v} is not plausible for one call (more than \
+                 {MAX_TOKENS_PER_CALL}); the answer is refused and not billed"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+
+    fn u(i: u64, o: u64, cr: u64, cw: u64) -> Usage {
+        Usage {
+            input_tokens: i,
+            output_tokens: o,
+            cache_read_tokens: cr,
+            cache_write_tokens: cw,
+        }
+    }
+
+    #[test]
+    fn add_saturates_instead_of_overflowing() {
+        let mut total = u(u64::MAX, 1, u64::MAX - 1, 0);
+        total.add(&u(1, 2, 5, u64::MAX));
+        assert_eq!(total, u(u64::MAX, 3, u64::MAX, u64::MAX));
+        let mut small = u(1, 2, 3, 4);
+        small.add(&u(10, 20, 30, 40));
+        assert_eq!(small, u(11, 22, 33, 44));
+    }
+
+    #[test]
+    fn prompt_tokens_saturates() {
+        assert_eq!(u(u64::MAX, 0, u64::MAX, 7).prompt_tokens(), u64::MAX);
+        assert_eq!(u(1, 100, 2, 3).prompt_tokens(), 6);
+    }
+
+    #[test]
+    fn per_call_cap_names_the_field() {
+        assert!(
+            u(MAX_TOKENS_PER_CALL, MAX_TOKENS_PER_CALL, 0, 0)
+                .check_per_call()
+                .is_ok()
+        );
+        let e = u(0, 0, 0, MAX_TOKENS_PER_CALL + 1)
+            .check_per_call()
+            .unwrap_err();
+        assert!(e.contains("cache_write_tokens = 10000001"), "{e}");
+        assert!(u(u64::MAX, 0, 0, 0).check_per_call().is_err());
+    }
+}
