@@ -3,6 +3,8 @@
 //! the cost ledger, and report the outcome. Works on neutral types only.
 
 pub mod compaction;
+#[cfg(test)]
+mod loop_tests;
 pub mod prompt;
 mod status;
 
