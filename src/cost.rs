@@ -1,6 +1,8 @@
 //! Pricing and budgets (SPEC §8). The arithmetic and the budget decision are pure functions;
 //! [`budget_gate`] only adds the two ledger sums it needs.
 
+use std::sync::{Arc, Mutex};
+
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
@@ -153,7 +155,7 @@ pub fn check_budget(
     Ok(())
 }
 
-/// Why [`budget_gate`] refused a call.
+/// Why [`budget_gate`] or [`Ledger::check`] refused a call.
 #[derive(Debug, thiserror::Error)]
 pub enum BudgetError {
     /// A limit is reached; the message is meant for the user (see [`check_budget`]).
@@ -162,6 +164,12 @@ pub enum BudgetError {
     /// The ledger could not be read. The caller decides whether to fail open or closed.
     #[error("cannot check the budget: {0}")]
     Store(#[from] StoreError),
+    /// Cost rows of earlier calls could not be written and still cannot (SPEC §16.4): no new
+    /// call is made until they are. The message is meant for the user.
+    #[error(
+        "{pending} cost row(s) could not be written to agentd.db ({error}); no model call is made until they are: check the disk (space, permissions) of the state directory"
+    )]
+    Unrecorded { pending: usize, error: StoreError },
 }
 
 /// Check the budget before an LLM call: reads today's and this month's spend from the ledger
@@ -185,14 +193,19 @@ pub async fn budget_gate(
     check_budget(cfg, spent_today, spent_month, spent_message).map_err(BudgetError::Exceeded)
 }
 
-/// The cost ledger with the budget, for provider calls made outside a message (embeddings,
-/// consolidation): the daily and monthly limits apply before each call, and each call writes
-/// its row.
+/// The cost ledger with the budget: every provider call of every kind is checked here before
+/// it is made ([`Ledger::check`]) and recorded here after ([`Ledger::record`]), one row per
+/// call (SPEC §8). Cheap to clone; clones share the rows still waiting to be written.
+///
+/// A row that cannot be written is kept and written before the next budget check; while that
+/// fails, the check refuses every call (SPEC §16.4).
 #[derive(Clone, Debug)]
 pub struct Ledger {
-    pub db: Db,
-    pub budget: BudgetConfig,
-    pub tz: Tz,
+    db: Db,
+    budget: BudgetConfig,
+    tz: Tz,
+    /// Rows whose insert failed, oldest first.
+    pending: Arc<Mutex<Vec<CostRow>>>,
 }
 
 impl Ledger {
@@ -201,17 +214,32 @@ impl Ledger {
             db,
             budget: cfg.budget,
             tz: cfg.agent.timezone,
+            pending: Arc::default(),
         }
     }
 
-    /// `Err` when today's or this month's limit is reached (the message names it) or the
-    /// ledger cannot be read while a limit is set (fail closed).
-    pub async fn gate(&self) -> Result<(), BudgetError> {
-        budget_gate(&self.db, &self.budget, self.tz, Utc::now(), 0.0).await
+    /// The database the ledger writes to (for readers of the totals, e.g. `session_status`).
+    pub fn db(&self) -> &Db {
+        &self.db
     }
 
-    /// Record one call of `spec` and return its cost. A failed insert is logged, not returned:
-    /// the call already happened.
+    /// Before a provider call: rows still pending are written first, then the daily, monthly
+    /// and per-message limits apply (`spent_message`: what the current message has cost so
+    /// far; 0 for calls outside a message). `Err` when a limit is reached (the message names
+    /// it), when pending rows still cannot be written, or when the ledger cannot be read while
+    /// a limit is set (fail closed).
+    pub async fn check(&self, spent_message: f64) -> Result<(), BudgetError> {
+        self.flush().await?;
+        budget_gate(&self.db, &self.budget, self.tz, Utc::now(), spent_message).await
+    }
+
+    /// [`Ledger::check`] for a call outside a message (embeddings, consolidation).
+    pub async fn gate(&self) -> Result<(), BudgetError> {
+        self.check(0.0).await
+    }
+
+    /// Record one call of `spec` and return its cost. A row that cannot be written is kept
+    /// for the next [`Ledger::check`] and logged, not returned: the call already happened.
     pub async fn record(
         &self,
         session_id: &str,
@@ -229,10 +257,36 @@ impl Ledger {
             usage,
             cost_usd: cost,
         };
-        if let Err(e) = self.db.insert_cost(row).await {
-            tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row");
+        if let Err(e) = self.db.insert_cost(row.clone()).await {
+            tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row; kept until it can be written");
+            self.lock_pending().push(row);
         }
         cost
+    }
+
+    /// Write the pending rows, oldest first; the first failure stops and keeps the rest.
+    async fn flush(&self) -> Result<(), BudgetError> {
+        let rows = std::mem::take(&mut *self.lock_pending());
+        let mut rows = rows.into_iter();
+        while let Some(row) = rows.next() {
+            if let Err(error) = self.db.insert_cost(row.clone()).await {
+                let mut pending = self.lock_pending();
+                // Rows recorded meanwhile stay behind the older ones.
+                let newer = std::mem::take(&mut *pending);
+                pending.push(row);
+                pending.extend(rows);
+                pending.extend(newer);
+                return Err(BudgetError::Unrecorded {
+                    pending: pending.len(),
+                    error,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<CostRow>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -528,5 +582,66 @@ mod tests {
             assert!(matches!(err, BudgetError::Store(_)), "{err}");
             assert!(err.to_string().contains("no such table"), "{err}");
         }
+    }
+
+    fn ledger_on(db: Db, cfg: BudgetConfig) -> Ledger {
+        Ledger {
+            db,
+            budget: cfg,
+            tz: chrono_tz::UTC,
+            pending: Arc::default(),
+        }
+    }
+
+    fn spec() -> ModelSpec {
+        crate::llm::testutil::model_spec("primary", crate::config::ProviderKind::Anthropic, "x")
+    }
+
+    #[tokio::test]
+    async fn a_row_that_cannot_be_written_stops_every_later_call() {
+        // Every insert fails on this handle; no limit is set.
+        let ledger = ledger_on(Db::without_schema_for_test(), budget(0.0, 0.0, 0.0));
+        assert!(ledger.check(0.0).await.is_ok(), "nothing pending yet");
+        let mut s = spec();
+        s.pricing = SONNET;
+        let usage = Usage {
+            input_tokens: 1000,
+            ..Usage::default()
+        };
+        let cost = ledger.record("s", &s, CallType::Chat, usage).await;
+        assert!((cost - 0.003).abs() < 1e-12, "the cost is returned anyway");
+        let err = ledger.clone().gate().await.unwrap_err();
+        assert!(
+            matches!(err, BudgetError::Unrecorded { pending: 1, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("check the disk"), "{err}");
+        // Still pending: the next check fails the same way.
+        assert!(ledger.check(0.0).await.is_err());
+        assert_eq!(ledger.lock_pending().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn pending_rows_are_written_before_the_budget_is_read() {
+        let (_d, db) = ledger().await;
+        let ledger = ledger_on(db.clone(), budget(0.0, 1.0, 0.0));
+        let now = Utc::now().timestamp();
+        for usd in [0.6, 0.5] {
+            ledger.lock_pending().push(CostRow {
+                timestamp: now,
+                session_id: "s".into(),
+                model: "m".into(),
+                provider: "p".into(),
+                call_type: CallType::Subagent,
+                usage: Usage::default(),
+                cost_usd: usd,
+            });
+        }
+        // The two rows reach the daily limit once written.
+        let err = ledger.check(0.0).await.unwrap_err();
+        assert!(matches!(err, BudgetError::Exceeded(_)), "{err:?}");
+        assert!(ledger.lock_pending().is_empty());
+        let total = db.cost_summary(None).await.unwrap().total_cost;
+        assert!((total - 1.1).abs() < 1e-9, "{total}");
     }
 }

@@ -20,7 +20,6 @@
 use std::sync::Arc;
 
 use super::{Agent, Fail, Work, default_tier, prompt};
-use crate::cost;
 use crate::llm::{
     ChatRequest, LlmError, LlmEvent, Message, SystemBlock, SystemTier, ToolChoice, ToolSpec,
     UserBlock,
@@ -333,18 +332,12 @@ impl Agent {
             })?;
         let spec = outcome.model;
         let usage = outcome.response.usage;
-        let call_cost = cost::cost_usd(&spec.pricing, &usage);
+        let call_cost = self
+            .ledger
+            .record(&session.id, &spec, CallType::Compaction, usage)
+            .await;
         self.metrics
             .llm_call(&spec.model, &usage, call_cost, started.elapsed());
-        self.record_cost(
-            &session.id,
-            &spec.model,
-            &spec.provider,
-            CallType::Compaction,
-            usage,
-            call_cost,
-        )
-        .await;
         let summary = outcome.response.text.trim();
         if summary.is_empty() {
             return Err(CompactionError::EmptySummary { model });

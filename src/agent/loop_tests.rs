@@ -15,6 +15,7 @@ use crate::config::{ModelSpec, Pricing, ProviderKind};
 use crate::llm::testutil::model_spec;
 use crate::llm::{ChatResponse, Provider, ToolCall, ToolSpec};
 use crate::session::SessionStore;
+use crate::store::Db;
 use crate::tools::{Tool, ToolError};
 
 /// What a scripted answer looks like.
@@ -183,10 +184,11 @@ fn fixture(
     let cfg = Arc::new(cfg);
     let llm = Arc::new(Llm::with_providers(cfg.models.clone(), providers));
     let db = Db::open(&root.join("state/agentd.db")).unwrap();
+    let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
     let spawn = Arc::new(crate::tools::spawn::SpawnTool {
         cfg: cfg.clone(),
         llm: llm.clone(),
-        db: db.clone(),
+        ledger: ledger.clone(),
         registry: std::sync::OnceLock::new(),
     });
     let tools = Arc::new(
@@ -201,7 +203,7 @@ fn fixture(
     let agent = Agent {
         cfg: cfg.clone(),
         llm,
-        db: db.clone(),
+        ledger,
         tools,
         monitor: Arc::new(Monitor::new(root.join("state/monitor.json"))),
         metrics: Arc::new(crate::metrics::Metrics::new()),

@@ -15,14 +15,14 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::cost::{self, BudgetError};
+use crate::cost::{BudgetError, Ledger};
 use crate::llm::{
     ChatRequest, Llm, LlmError, LlmEvent, Message, StopReason, ToolChoice, ToolResult, Usage,
     UserBlock,
 };
 use crate::monitor::{LoopState, Monitor, TurnRecord};
 use crate::session::{Event, Intake, MessageEvent, SessionHandle, SessionState, TrailLine};
-use crate::store::{CallType, CostRow, Db};
+use crate::store::CallType;
 use crate::tools::{ToolContext, ToolRegistry};
 
 /// Shared services the loop needs. Cheap to clone.
@@ -30,7 +30,8 @@ use crate::tools::{ToolContext, ToolRegistry};
 pub struct Agent {
     pub cfg: Arc<Config>,
     pub llm: Arc<Llm>,
-    pub db: Db,
+    /// Every call's budget check and cost row.
+    pub ledger: Ledger,
     pub tools: Arc<ToolRegistry>,
     pub monitor: Arc<Monitor>,
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -353,20 +354,14 @@ impl Agent {
             let spec = outcome.model;
             let mut resp = outcome.response;
             let usage = resp.usage;
-            let call_cost = cost::cost_usd(&spec.pricing, &usage);
+            let call_cost = self
+                .ledger
+                .record(&session.id, &spec, CallType::Chat, usage)
+                .await;
             self.metrics
                 .llm_call(&spec.model, &usage, call_cost, started.elapsed());
             spent += call_cost;
             total.add(&usage);
-            self.record_cost(
-                &session.id,
-                &spec.model,
-                &spec.provider,
-                CallType::Chat,
-                usage,
-                call_cost,
-            )
-            .await;
 
             let has_tools = !resp.tool_calls.is_empty();
             if last_turn && has_tools {
@@ -521,26 +516,22 @@ impl Agent {
         .await
     }
 
+    /// The budget before a call ([`Ledger::check`]) as the message's failure.
     async fn check_budget(&self, spent_message: f64) -> Result<(), Option<Fail>> {
-        let cfg = &self.cfg;
-        match cost::budget_gate(
-            &self.db,
-            &cfg.budget,
-            cfg.agent.timezone,
-            Utc::now(),
-            spent_message,
-        )
-        .await
-        {
+        match self.ledger.check(spent_message).await {
             Ok(()) => Ok(()),
-            Err(BudgetError::Exceeded(msg)) => Err(Some(Fail {
-                reply: msg.clone(),
-                error: msg,
-            })),
+            // Meant for the user: the limit, or the disk that keeps cost rows from being written.
+            Err(e @ (BudgetError::Exceeded(_) | BudgetError::Unrecorded { .. })) => {
+                let msg = e.to_string();
+                Err(Some(Fail {
+                    reply: msg.clone(),
+                    error: msg,
+                }))
+            }
             Err(e) => {
                 // The ledger is unreadable: fail closed, since a budget exists.
                 Err(Some(Fail {
-                    reply: cfg.behavior.error_message.clone(),
+                    reply: self.cfg.behavior.error_message.clone(),
                     error: e.to_string(),
                 }))
             }
@@ -656,29 +647,6 @@ impl Agent {
         }))
     }
 
-    async fn record_cost(
-        &self,
-        session_id: &str,
-        model: &str,
-        provider: &str,
-        call_type: CallType,
-        usage: Usage,
-        cost_usd: f64,
-    ) {
-        let row = CostRow {
-            timestamp: Utc::now().timestamp(),
-            session_id: session_id.to_string(),
-            model: model.to_string(),
-            provider: provider.to_string(),
-            call_type,
-            usage,
-            cost_usd,
-        };
-        if let Err(e) = self.db.insert_cost(row).await {
-            tracing::error!(error = %e, "cannot record cost row");
-        }
-    }
-
     fn tool_context(
         &self,
         session: &Arc<SessionHandle>,
@@ -696,7 +664,7 @@ impl Agent {
                 self.cfg.config_dir.clone(),
             ),
             status: Arc::new(status::LoopStatus {
-                db: self.db.clone(),
+                db: self.ledger.db().clone(),
                 tz: self.cfg.agent.timezone,
                 started: self.started,
                 session_id: session.id.clone(),

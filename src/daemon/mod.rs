@@ -234,7 +234,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     let spawn_tool = Arc::new(crate::tools::spawn::SpawnTool {
         cfg: cfg.clone(),
         llm: llm.clone(),
-        db: db.clone(),
+        ledger: ledger.clone(),
         registry: std::sync::OnceLock::new(),
     });
     tool_list.push(spawn_tool.clone());
@@ -268,7 +268,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     let agent = Agent {
         cfg: cfg.clone(),
         llm,
-        db,
+        ledger: ledger.clone(),
         tools,
         monitor: monitor.clone(),
         metrics: metrics.clone(),
@@ -305,7 +305,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     {
         let scheduler = Arc::new(crate::scheduler::Scheduler {
             cfg: cfg.clone(),
-            db: agent.db.clone(),
+            db: db.clone(),
             intake: intake.clone(),
             wake: schedule_wake.clone(),
             memory_jobs: memory
@@ -324,7 +324,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         telegram::start_poller(
             client,
             cfg.clone(),
-            agent.db.clone(),
+            db.clone(),
             intake.clone(),
             dispatcher.clone(),
             monitor.clone(),
@@ -447,7 +447,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             }
             _ = tick => {
                 // Ping only while the main loop runs and the database thread answers.
-                match tokio::time::timeout(Duration::from_secs(5), agent.db.kv_get("health")).await {
+                match tokio::time::timeout(Duration::from_secs(5), db.kv_get("health")).await {
                     Ok(Ok(_)) => notifier.watchdog(),
                     other => tracing::error!(result = ?other.map(|r| r.map(|_| ())), "health check failed; not pinging the watchdog"),
                 }

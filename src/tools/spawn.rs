@@ -10,10 +10,11 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError, ToolRegistry};
 use crate::config::Config;
+use crate::cost::Ledger;
 use crate::llm::{
     ChatRequest, Llm, Message, SystemBlock, SystemTier, ToolChoice, ToolResult, ToolSpec,
 };
-use crate::store::{CallType, CostRow, Db};
+use crate::store::CallType;
 
 /// Turn limit of a sub-agent.
 const MAX_SUBAGENT_TURNS: u32 = 20;
@@ -21,7 +22,8 @@ const MAX_SUBAGENT_TURNS: u32 = 20;
 pub struct SpawnTool {
     pub cfg: Arc<Config>,
     pub llm: Arc<Llm>,
-    pub db: Db,
+    /// Budget check before and cost row (`subagent`) after every call.
+    pub ledger: Ledger,
     /// Set after the registry is built (the registry contains this tool).
     pub registry: OnceLock<Arc<ToolRegistry>>,
 }
@@ -83,15 +85,7 @@ impl SpawnTool {
                 },
                 previous_messages: previous,
             };
-            if let Err(e) = crate::cost::budget_gate(
-                &self.db,
-                &self.cfg.budget,
-                self.cfg.agent.timezone,
-                chrono::Utc::now(),
-                0.0,
-            )
-            .await
-            {
+            if let Err(e) = self.ledger.gate().await {
                 return Err(ToolError::Denied(e.to_string()));
             }
             let out = self
@@ -100,19 +94,14 @@ impl SpawnTool {
                 .await
                 .map_err(|e| ToolError::Failed(format!("sub-agent model call failed: {e}")))?;
             previous = Some(req.messages.len());
-            let cost = crate::cost::cost_usd(&out.model.pricing, &out.response.usage);
-            let row = CostRow {
-                timestamp: chrono::Utc::now().timestamp(),
-                session_id: ctx.session_id.clone(),
-                model: out.model.model.clone(),
-                provider: out.model.provider.clone(),
-                call_type: CallType::Subagent,
-                usage: out.response.usage,
-                cost_usd: cost,
-            };
-            if let Err(e) = self.db.insert_cost(row).await {
-                tracing::error!(error = %e, "cannot record sub-agent cost");
-            }
+            self.ledger
+                .record(
+                    &ctx.session_id,
+                    &out.model,
+                    CallType::Subagent,
+                    out.response.usage,
+                )
+                .await;
             let mut resp = out.response;
             if last {
                 resp.tool_calls.clear();
