@@ -454,10 +454,7 @@ impl Agent {
             "This conversation (about {estimate} tokens) does not fit the context window of model '{model}' ({} tokens, {} of them reserved for the answer), even after compaction. Reset the session (Telegram /reset or agent-send --reset) or send a shorter message.",
             spec.context_window, spec.max_tokens
         );
-        Err(Some(Fail {
-            reply: msg.clone(),
-            error: msg,
-        }))
+        Err(Some(Fail::other(msg.clone(), msg)))
     }
 }
 

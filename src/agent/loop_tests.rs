@@ -13,10 +13,13 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::config::{ModelSpec, Pricing, ProviderKind};
 use crate::llm::testutil::model_spec;
-use crate::llm::{ChatResponse, Provider, ToolCall, ToolSpec};
+use crate::llm::{
+    ChatRequest, ChatResponse, LlmError, Provider, StopReason, ToolCall, ToolChoice, ToolSpec,
+};
+use crate::monitor::Monitor;
 use crate::session::SessionStore;
 use crate::store::Db;
-use crate::tools::{Tool, ToolError};
+use crate::tools::{Tool, ToolContext, ToolError, ToolRegistry};
 
 /// What a scripted answer looks like.
 #[derive(Clone)]
@@ -185,12 +188,7 @@ fn fixture(
     let llm = Arc::new(Llm::with_providers(cfg.models.clone(), providers));
     let db = Db::open(&root.join("state/agentd.db")).unwrap();
     let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
-    let spawn = Arc::new(crate::tools::spawn::SpawnTool {
-        cfg: cfg.clone(),
-        llm: llm.clone(),
-        ledger: ledger.clone(),
-        registry: std::sync::OnceLock::new(),
-    });
+    let spawn = Arc::new(crate::tools::spawn::SpawnTool::new(cfg.clone()));
     let tools = Arc::new(
         ToolRegistry::new(
             vec![Arc::new(Echo), spawn.clone()],
@@ -199,19 +197,17 @@ fn fixture(
         )
         .unwrap(),
     );
-    let _ = spawn.registry.set(tools.clone());
-    let agent = Agent {
-        cfg: cfg.clone(),
+    let agent = Agent::new(
+        cfg.clone(),
         llm,
         ledger,
         tools,
-        monitor: Arc::new(Monitor::new(root.join("state/monitor.json"))),
-        metrics: Arc::new(crate::metrics::Metrics::new()),
-        skills: Arc::new(crate::skills::SkillSet::load(&root.join("skills"), &[])),
-        memory: None,
-        consolidator: None,
-        started: Instant::now(),
-    };
+        Arc::new(crate::skills::SkillSet::load(&root.join("skills"), &[])),
+        Arc::new(Monitor::new(root.join("state/monitor.json"))),
+        Arc::new(crate::metrics::Metrics::new()),
+    )
+    .started_at(Instant::now());
+    spawn.connect(Arc::new(agent.clone()));
     let store = SessionStore::open(&root.join("state/sessions"), cfg.agent.timezone).unwrap();
     Fixture {
         _dir: dir,

@@ -231,12 +231,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         tz: cfg.agent.timezone,
     };
     tool_list.extend(schedule_tools.tools());
-    let spawn_tool = Arc::new(crate::tools::spawn::SpawnTool {
-        cfg: cfg.clone(),
-        llm: llm.clone(),
-        ledger: ledger.clone(),
-        registry: std::sync::OnceLock::new(),
-    });
+    let spawn_tool = Arc::new(crate::tools::spawn::SpawnTool::new(cfg.clone()));
     tool_list.push(spawn_tool.clone());
     if let Some(m) = &memory {
         tool_list.extend(crate::tools::memory::tools(m));
@@ -263,20 +258,20 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?
         .with_max_parallel(cfg.tools.max_parallel_calls),
     );
-    let _ = spawn_tool.registry.set(tools.clone());
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let agent = Agent {
-        cfg: cfg.clone(),
+    let agent = Agent::new(
+        cfg.clone(),
         llm,
-        ledger: ledger.clone(),
+        ledger.clone(),
         tools,
-        monitor: monitor.clone(),
-        metrics: metrics.clone(),
-        skills: skills.clone(),
-        memory: memory.clone(),
-        consolidator: consolidator.clone(),
-        started,
-    };
+        skills.clone(),
+        monitor.clone(),
+        metrics.clone(),
+    )
+    .with_memory(memory.clone(), consolidator.clone())
+    .started_at(started);
+    // Sub-agents run through the agent's loop.
+    spawn_tool.connect(Arc::new(agent.clone()));
     let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
         .map_err(|e| DaemonError::Startup(e.to_string()))?;
 
