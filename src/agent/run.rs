@@ -434,9 +434,7 @@ impl Agent {
         .await
     }
 
-    /// The budget before a call ([`Ledger::check`]) as the message's failure.
-
-    /// The budget before a call ([`Ledger::check`]) as the message's failure.
+    /// The budget before a call ([`crate::cost::Ledger::check`]) as the run's failure.
     pub(super) async fn check_budget(&self, spent_message: f64) -> Result<(), Option<Fail>> {
         match self.ledger.check(spent_message).await {
             Ok(()) => Ok(()),
