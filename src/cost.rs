@@ -1,6 +1,7 @@
 //! Pricing and budgets (SPEC §8). The arithmetic and the budget decision are pure functions;
 //! [`budget_gate`] only adds the two ledger sums it needs.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
@@ -199,6 +200,10 @@ pub async fn budget_gate(
 ///
 /// A row that cannot be written is kept and written before the next budget check; while that
 /// fails, the check refuses every call (SPEC §16.4).
+///
+/// The per-message budget counts every call made for the message (SPEC §16.4): while a
+/// message is in flight ([`Ledger::begin_message`]), every row billed to its session adds to
+/// its spend — its own chat calls, its sub-agents, compaction and recall embeddings alike.
 #[derive(Clone, Debug)]
 pub struct Ledger {
     db: Db,
@@ -206,6 +211,35 @@ pub struct Ledger {
     tz: Tz,
     /// Rows whose insert failed, oldest first.
     pending: Arc<Mutex<Vec<CostRow>>>,
+    /// Session id → (message number, spend) of the message in flight in that session.
+    messages: Arc<Mutex<HashMap<String, (u64, f64)>>>,
+}
+
+/// The spend of one message in flight; the message ends when this is dropped.
+#[derive(Debug)]
+pub struct MessageSpend {
+    ledger: Ledger,
+    session_id: String,
+    number: u64,
+}
+
+impl MessageSpend {
+    /// What the message has cost so far.
+    pub fn spent(&self) -> f64 {
+        self.ledger.message_spent(&self.session_id)
+    }
+}
+
+impl Drop for MessageSpend {
+    fn drop(&mut self) {
+        let mut messages = self.ledger.lock_messages();
+        if messages
+            .get(&self.session_id)
+            .is_some_and(|(n, _)| *n == self.number)
+        {
+            messages.remove(&self.session_id);
+        }
+    }
 }
 
 impl Ledger {
@@ -215,7 +249,30 @@ impl Ledger {
             budget: cfg.budget,
             tz: cfg.agent.timezone,
             pending: Arc::default(),
+            messages: Arc::default(),
         }
+    }
+
+    /// A message of `session_id` starts: from now until the returned guard is dropped, every
+    /// row billed to that session counts towards the message's spend. A session runs one
+    /// message at a time; a new one replaces any earlier entry.
+    pub fn begin_message(&self, session_id: &str) -> MessageSpend {
+        static NUMBER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let number = NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock_messages()
+            .insert(session_id.to_string(), (number, 0.0));
+        MessageSpend {
+            ledger: self.clone(),
+            session_id: session_id.to_string(),
+            number,
+        }
+    }
+
+    /// The spend of the message in flight in `session_id` (0 when there is none).
+    pub fn message_spent(&self, session_id: &str) -> f64 {
+        self.lock_messages()
+            .get(session_id)
+            .map_or(0.0, |(_, v)| *v)
     }
 
     /// The database the ledger writes to (for readers of the totals, e.g. `session_status`).
@@ -257,6 +314,9 @@ impl Ledger {
             usage,
             cost_usd: cost,
         };
+        if let Some((_, spent)) = self.lock_messages().get_mut(session_id) {
+            *spent += cost;
+        }
         if let Err(e) = self.db.insert_cost(row.clone()).await {
             tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row; kept until it can be written");
             self.lock_pending().push(row);
@@ -287,6 +347,10 @@ impl Ledger {
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<CostRow>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_messages(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, f64)>> {
+        self.messages.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -590,6 +654,7 @@ mod tests {
             budget: cfg,
             tz: chrono_tz::UTC,
             pending: Arc::default(),
+            messages: Arc::default(),
         }
     }
 
@@ -643,5 +708,38 @@ mod tests {
         assert!(ledger.lock_pending().is_empty());
         let total = db.cost_summary(None).await.unwrap().total_cost;
         assert!((total - 1.1).abs() < 1e-9, "{total}");
+    }
+
+    #[tokio::test]
+    async fn a_message_counts_every_row_billed_to_its_session_while_it_runs() {
+        let (_d, db) = ledger().await;
+        let ledger = ledger_on(db, budget(0.0, 0.0, 0.0));
+        let mut s = spec();
+        s.pricing = SONNET;
+        let usage = Usage {
+            input_tokens: 1000,
+            ..Usage::default()
+        };
+        ledger.record("a", &s, CallType::Chat, usage).await;
+        let message = ledger.begin_message("a");
+        assert_eq!(message.spent(), 0.0, "rows before the message do not count");
+        for kind in [CallType::Chat, CallType::Subagent, CallType::Compaction] {
+            ledger.clone().record("a", &s, kind, usage).await;
+        }
+        ledger.record("b", &s, CallType::Chat, usage).await;
+        assert!(
+            (message.spent() - 0.009).abs() < 1e-12,
+            "{}",
+            message.spent()
+        );
+        assert_eq!(ledger.message_spent("b"), 0.0);
+        drop(message);
+        assert_eq!(ledger.message_spent("a"), 0.0);
+        // A guard of an earlier message does not end a later one.
+        let first = ledger.begin_message("a");
+        let second = ledger.begin_message("a");
+        drop(first);
+        ledger.record("a", &s, CallType::Chat, usage).await;
+        assert!((second.spent() - 0.003).abs() < 1e-12);
     }
 }

@@ -313,7 +313,8 @@ impl Agent {
         let text = transcript_within(&state.messages[..cut], room);
         let req = summary_request(&session.id, &self.cfg.behavior.compaction.prompt, &text);
 
-        if let Err(Some(Fail { error, .. })) = self.check_budget(0.0).await {
+        let spent = self.ledger.message_spent(&session.id);
+        if let Err(Some(Fail { error, .. })) = self.check_budget(spent).await {
             return Err(CompactionError::Budget(error));
         }
         let on_event = |e: LlmEvent| {

@@ -475,3 +475,39 @@ async fn a_sub_agent_runs_with_its_model_scoped_tools_and_the_deny_list() {
         ]
     );
 }
+
+#[tokio::test]
+async fn the_per_message_budget_counts_the_sub_agents_calls() {
+    let primary = Scripted::new(vec![
+        Say::Call(vec![("sessions_spawn", json!({"prompt": "dig"}))]),
+        Say::Text("never"),
+    ]);
+    let sub = Scripted::new(vec![echo_call(), Say::Text("dug")]);
+    // Main call + two sub-agent calls = $0.006: the main agent's second call is refused,
+    // though its own calls cost only $0.002.
+    let f = fixture(&primary, Some(&sub), |c| c.budget.per_message_usd = 0.005);
+    let (finish, _) = f.run("delegate").await;
+    let Finish::Failed { reply, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert!(reply.contains("($0.006 spent on this message)"), "{reply}");
+    assert_eq!(sub.requests().len(), 2);
+    assert_eq!(primary.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_sub_agent_stops_at_the_per_message_budget() {
+    let primary = Scripted::new(vec![
+        Say::Call(vec![("sessions_spawn", json!({"prompt": "dig"}))]),
+        Say::Text("main done"),
+    ]);
+    let sub = Scripted::new(vec![echo_call()]);
+    let f = fixture(&primary, Some(&sub), |c| c.budget.per_message_usd = 0.005);
+    let (finish, _) = f.run("delegate").await;
+    // After main + two sub-agent calls ($0.006) the sub-agent's third call is refused (the
+    // tool call fails with the budget's message), and so is the main agent's next call.
+    assert!(matches!(finish, Finish::Failed { .. }), "{finish:?}");
+    assert_eq!(sub.requests().len(), 2);
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 1);
+}

@@ -226,6 +226,8 @@ impl Agent {
         }
         let model = self.route_work(work);
         let handle = self.monitor.begin(&session.id, &session.key, &model);
+        // Every call billed to the session from here on counts towards the message's budget.
+        let _spend = self.ledger.begin_message(&session.id);
         let result = self
             .run_message(session, state, work, &model, handle, cancel)
             .await;

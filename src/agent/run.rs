@@ -121,12 +121,9 @@ impl Agent {
             if let Caller::Message { session, .. } = &run.caller {
                 self.repair_dangling(session, state, run.cancel).await?;
             }
-            // A sub-agent's calls are checked against the day and the month only.
-            let spent = match run.caller {
-                Caller::Message { .. } => tally.spent,
-                Caller::SubAgent { .. } => 0.0,
-            };
-            self.check_budget(spent).await?;
+            // Everything the message spent so far: its sub-agents and compactions too.
+            let (billed, _) = run.billing();
+            self.check_budget(self.ledger.message_spent(billed)).await?;
             let req = self.request(run, state, last_turn).await?;
             let answer = self.call(run, state, req, turn).await?;
             tally.spent += answer.cost;
