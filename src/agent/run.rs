@@ -17,8 +17,8 @@ use super::{Agent, Fail, FailCause, Finish, append, prompt};
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
 use crate::llm::{
-    ChatRequest, ChatResponse, LlmError, LlmEvent, Message, StopReason, SystemBlock, ToolChoice,
-    ToolResult, ToolSpec, Usage,
+    ChatRequest, ChatResponse, LlmError, LlmEvent, Message, StopReason, SystemBlock, ToolCall,
+    ToolChoice, ToolResult, ToolSpec, Usage,
 };
 use crate::monitor::{LoopState, TurnRecord};
 use crate::session::{Event, MessageEvent, SessionHandle, SessionState, TrailLine};
@@ -353,7 +353,7 @@ impl Agent {
         };
         let results = tokio::select! {
             _ = run.cancel.cancelled() => return Err(None),
-            r = self.tools.execute_answer(&resp.tool_calls, refused, &ctx) => r,
+            r = self.execute(run, &resp.tool_calls, refused, &ctx) => r,
         };
         for r in &results {
             let name = resp
@@ -367,6 +367,31 @@ impl Agent {
         // The registry already truncated each output to `output_truncation`.
         self.record_step(run, state, Event::ToolResult { results, notice })
             .await
+    }
+
+    /// Run one answer's calls: a message's side by side (at most `max_parallel_calls` at
+    /// once), a sub-agent's one at a time, inside the slot of its `sessions_spawn` call (so a
+    /// message never has more than `max_parallel_calls` tools running, docs/security.md).
+    async fn execute(
+        &self,
+        run: &Run<'_>,
+        calls: &[ToolCall],
+        refused: &[Option<String>],
+        ctx: &ToolContext,
+    ) -> Vec<ToolResult> {
+        if let Caller::Message { .. } = run.caller {
+            return self.tools.execute_answer(calls, refused, ctx).await;
+        }
+        let mut results = Vec::with_capacity(calls.len());
+        for (i, call) in calls.iter().enumerate() {
+            let refusal = refused.get(i).cloned().unwrap_or_default();
+            results.extend(
+                self.tools
+                    .execute_answer(std::slice::from_ref(call), &[refusal], ctx)
+                    .await,
+            );
+        }
+        results
     }
 
     /// Record one step of the run: in the session's trail (durably) and its state for a
