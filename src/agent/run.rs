@@ -132,11 +132,9 @@ impl Agent {
                 .record_answer(run, state, answer, turn, last_turn)
                 .await?;
             if resp.tool_calls.is_empty() {
-                let silent = matches!(run.caller, Caller::Message { .. })
-                    && prompt::is_silent(&resp.text, &self.cfg.behavior.silent_tokens);
                 return Ok(Finish::Reply {
+                    silent: self.is_silent(run, &resp.text),
                     text: resp.text,
-                    silent,
                     usage: tally.usage,
                     cost_usd: tally.spent,
                 });
@@ -311,7 +309,7 @@ impl Agent {
         ev.cost_usd = Some(cost);
         if let (true, Caller::Message { reply_to, .. }) = (is_final, &run.caller) {
             ev.is_final = true;
-            ev.silent = prompt::is_silent(&resp.text, &self.cfg.behavior.silent_tokens);
+            ev.silent = self.is_silent(run, &resp.text);
             ev.reply_to = reply_to.clone();
         }
         self.record_step(run, state, Event::Message(ev)).await?;
@@ -367,6 +365,13 @@ impl Agent {
         // The registry already truncated each output to `output_truncation`.
         self.record_step(run, state, Event::ToolResult { results, notice })
             .await
+    }
+
+    /// Whether a final answer is a silent token (SPEC §5.5): a message's only, a sub-agent's
+    /// answer always goes back to the main agent.
+    fn is_silent(&self, run: &Run<'_>, text: &str) -> bool {
+        matches!(run.caller, Caller::Message { .. })
+            && prompt::is_silent(text, &self.cfg.behavior.silent_tokens)
     }
 
     /// Run one answer's calls: a message's side by side (at most `max_parallel_calls` at
