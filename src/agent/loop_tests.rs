@@ -27,6 +27,8 @@ enum Say {
     Text(&'static str),
     /// Tool calls by name (with these arguments), and the answer's text.
     Call(Vec<(&'static str, Value)>),
+    /// One `echo` call in an answer cut at `max_tokens`.
+    CutCall,
 }
 
 /// A provider that answers from a script (the last entry repeats) and keeps every request.
@@ -77,6 +79,22 @@ impl Provider for Scripted {
                 usage,
                 model: "fake".into(),
             },
+            Say::CutCall => {
+                let mut n = self.next_id.lock().unwrap();
+                *n += 1;
+                ChatResponse {
+                    text: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: format!("call_{n}"),
+                        name: "echo".into(),
+                        arguments: json!({"text": "cut"}),
+                    }],
+                    thinking: vec![],
+                    stop_reason: StopReason::MaxTokens,
+                    usage,
+                    model: "fake".into(),
+                }
+            }
             Say::Call(calls) => ChatResponse {
                 text: "calling".into(),
                 tool_calls: calls
@@ -510,4 +528,41 @@ async fn a_sub_agent_stops_at_the_per_message_budget() {
     assert_eq!(sub.requests().len(), 2);
     let reqs = primary.requests();
     assert_eq!(reqs.len(), 1);
+}
+
+#[tokio::test]
+async fn an_answer_cut_at_max_tokens_gets_the_wrap_up_notice() {
+    let primary = Scripted::new(vec![Say::CutCall, Say::Text("short")]);
+    let f = fixture(&primary, None, |c| c.behavior.max_turns_per_message = 10);
+    let (finish, _) = f.run("go").await;
+    assert!(matches!(finish, Finish::Reply { .. }), "{finish:?}");
+    let notice = last_notice(&primary.requests()[1]).expect("notice");
+    assert!(notice.contains("max_tokens"), "{notice}");
+    assert!(!notice.contains("Only 2"), "{notice}");
+}
+
+#[tokio::test]
+async fn a_silent_token_is_a_silent_final_answer() {
+    let primary = Scripted::new(vec![Say::Text("NO_REPLY")]);
+    let f = fixture(&primary, None, |c| {
+        c.behavior.silent_tokens = vec!["NO_REPLY".into()]
+    });
+    let (finish, _) = f.run("psst").await;
+    assert!(
+        matches!(finish, Finish::Reply { silent: true, .. }),
+        "{finish:?}"
+    );
+    let (h, _) = f.session();
+    let last = h
+        .read_trail()
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find_map(|l| match l.event {
+            Event::Message(m) => Some(m),
+            _ => None,
+        })
+        .unwrap();
+    assert!(last.is_final && last.silent);
+    assert_eq!(last.reply_to, ["m1"]);
 }
