@@ -1,6 +1,9 @@
 //! Pricing and budgets (SPEC §8). The arithmetic and the budget decision are pure functions;
 //! [`budget_gate`] only adds the two ledger sums it needs.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
@@ -153,7 +156,7 @@ pub fn check_budget(
     Ok(())
 }
 
-/// Why [`budget_gate`] refused a call.
+/// Why [`budget_gate`] or [`Ledger::check`] refused a call.
 #[derive(Debug, thiserror::Error)]
 pub enum BudgetError {
     /// A limit is reached; the message is meant for the user (see [`check_budget`]).
@@ -162,6 +165,12 @@ pub enum BudgetError {
     /// The ledger could not be read. The caller decides whether to fail open or closed.
     #[error("cannot check the budget: {0}")]
     Store(#[from] StoreError),
+    /// Cost rows of earlier calls could not be written and still cannot (SPEC §16.4): no new
+    /// call is made until they are. The message is meant for the user.
+    #[error(
+        "{pending} cost row(s) could not be written to agentd.db ({error}); no model call is made until they are: check the disk (space, permissions) of the state directory"
+    )]
+    Unrecorded { pending: usize, error: StoreError },
 }
 
 /// Check the budget before an LLM call: reads today's and this month's spend from the ledger
@@ -185,14 +194,52 @@ pub async fn budget_gate(
     check_budget(cfg, spent_today, spent_month, spent_message).map_err(BudgetError::Exceeded)
 }
 
-/// The cost ledger with the budget, for provider calls made outside a message (embeddings,
-/// consolidation): the daily and monthly limits apply before each call, and each call writes
-/// its row.
+/// The cost ledger with the budget: every provider call of every kind is checked here before
+/// it is made ([`Ledger::check`]) and recorded here after ([`Ledger::record`]), one row per
+/// call (SPEC §8). Cheap to clone; clones share the rows still waiting to be written.
+///
+/// A row that cannot be written is kept and written before the next budget check; while that
+/// fails, the check refuses every call (SPEC §16.4).
+///
+/// The per-message budget counts every call made for the message (SPEC §16.4): while a
+/// message is in flight ([`Ledger::begin_message`]), every row billed to its session adds to
+/// its spend — its own chat calls, its sub-agents, compaction and recall embeddings alike.
 #[derive(Clone, Debug)]
 pub struct Ledger {
-    pub db: Db,
-    pub budget: BudgetConfig,
-    pub tz: Tz,
+    db: Db,
+    budget: BudgetConfig,
+    tz: Tz,
+    /// Rows whose insert failed, oldest first.
+    pending: Arc<Mutex<Vec<CostRow>>>,
+    /// Session id → (message number, spend) of the message in flight in that session.
+    messages: Arc<Mutex<HashMap<String, (u64, f64)>>>,
+}
+
+/// The spend of one message in flight; the message ends when this is dropped.
+#[derive(Debug)]
+pub struct MessageSpend {
+    ledger: Ledger,
+    session_id: String,
+    number: u64,
+}
+
+impl MessageSpend {
+    /// What the message has cost so far.
+    pub fn spent(&self) -> f64 {
+        self.ledger.message_spent(&self.session_id)
+    }
+}
+
+impl Drop for MessageSpend {
+    fn drop(&mut self) {
+        let mut messages = self.ledger.lock_messages();
+        if messages
+            .get(&self.session_id)
+            .is_some_and(|(n, _)| *n == self.number)
+        {
+            messages.remove(&self.session_id);
+        }
+    }
 }
 
 impl Ledger {
@@ -201,17 +248,55 @@ impl Ledger {
             db,
             budget: cfg.budget,
             tz: cfg.agent.timezone,
+            pending: Arc::default(),
+            messages: Arc::default(),
         }
     }
 
-    /// `Err` when today's or this month's limit is reached (the message names it) or the
-    /// ledger cannot be read while a limit is set (fail closed).
-    pub async fn gate(&self) -> Result<(), BudgetError> {
-        budget_gate(&self.db, &self.budget, self.tz, Utc::now(), 0.0).await
+    /// A message of `session_id` starts: from now until the returned guard is dropped, every
+    /// row billed to that session counts towards the message's spend. A session runs one
+    /// message at a time; a new one replaces any earlier entry.
+    pub fn begin_message(&self, session_id: &str) -> MessageSpend {
+        static NUMBER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let number = NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock_messages()
+            .insert(session_id.to_string(), (number, 0.0));
+        MessageSpend {
+            ledger: self.clone(),
+            session_id: session_id.to_string(),
+            number,
+        }
     }
 
-    /// Record one call of `spec` and return its cost. A failed insert is logged, not returned:
-    /// the call already happened.
+    /// The spend of the message in flight in `session_id` (0 when there is none).
+    pub fn message_spent(&self, session_id: &str) -> f64 {
+        self.lock_messages()
+            .get(session_id)
+            .map_or(0.0, |(_, v)| *v)
+    }
+
+    /// The database the ledger writes to (for readers of the totals, e.g. `session_status`).
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Before a provider call: rows still pending are written first, then the daily, monthly
+    /// and per-message limits apply (`spent_message`: what the current message has cost so
+    /// far; 0 for calls outside a message). `Err` when a limit is reached (the message names
+    /// it), when pending rows still cannot be written, or when the ledger cannot be read while
+    /// a limit is set (fail closed).
+    pub async fn check(&self, spent_message: f64) -> Result<(), BudgetError> {
+        self.flush().await?;
+        budget_gate(&self.db, &self.budget, self.tz, Utc::now(), spent_message).await
+    }
+
+    /// [`Ledger::check`] for a call outside a message (embeddings, consolidation).
+    pub async fn gate(&self) -> Result<(), BudgetError> {
+        self.check(0.0).await
+    }
+
+    /// Record one call of `spec` and return its cost. A row that cannot be written is kept
+    /// for the next [`Ledger::check`] and logged, not returned: the call already happened.
     pub async fn record(
         &self,
         session_id: &str,
@@ -229,10 +314,43 @@ impl Ledger {
             usage,
             cost_usd: cost,
         };
-        if let Err(e) = self.db.insert_cost(row).await {
-            tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row");
+        if let Some((_, spent)) = self.lock_messages().get_mut(session_id) {
+            *spent += cost;
+        }
+        if let Err(e) = self.db.insert_cost(row.clone()).await {
+            tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row; kept until it can be written");
+            self.lock_pending().push(row);
         }
         cost
+    }
+
+    /// Write the pending rows, oldest first; the first failure stops and keeps the rest.
+    async fn flush(&self) -> Result<(), BudgetError> {
+        let rows = std::mem::take(&mut *self.lock_pending());
+        let mut rows = rows.into_iter();
+        while let Some(row) = rows.next() {
+            if let Err(error) = self.db.insert_cost(row.clone()).await {
+                let mut pending = self.lock_pending();
+                // Rows recorded meanwhile stay behind the older ones.
+                let newer = std::mem::take(&mut *pending);
+                pending.push(row);
+                pending.extend(rows);
+                pending.extend(newer);
+                return Err(BudgetError::Unrecorded {
+                    pending: pending.len(),
+                    error,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Vec<CostRow>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_messages(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, f64)>> {
+        self.messages.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -528,5 +646,100 @@ mod tests {
             assert!(matches!(err, BudgetError::Store(_)), "{err}");
             assert!(err.to_string().contains("no such table"), "{err}");
         }
+    }
+
+    fn ledger_on(db: Db, cfg: BudgetConfig) -> Ledger {
+        Ledger {
+            db,
+            budget: cfg,
+            tz: chrono_tz::UTC,
+            pending: Arc::default(),
+            messages: Arc::default(),
+        }
+    }
+
+    fn spec() -> ModelSpec {
+        crate::llm::testutil::model_spec("primary", crate::config::ProviderKind::Anthropic, "x")
+    }
+
+    #[tokio::test]
+    async fn a_row_that_cannot_be_written_stops_every_later_call() {
+        // Every insert fails on this handle; no limit is set.
+        let ledger = ledger_on(Db::without_schema_for_test(), budget(0.0, 0.0, 0.0));
+        assert!(ledger.check(0.0).await.is_ok(), "nothing pending yet");
+        let mut s = spec();
+        s.pricing = SONNET;
+        let usage = Usage {
+            input_tokens: 1000,
+            ..Usage::default()
+        };
+        let cost = ledger.record("s", &s, CallType::Chat, usage).await;
+        assert!((cost - 0.003).abs() < 1e-12, "the cost is returned anyway");
+        let err = ledger.clone().gate().await.unwrap_err();
+        assert!(
+            matches!(err, BudgetError::Unrecorded { pending: 1, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("check the disk"), "{err}");
+        // Still pending: the next check fails the same way.
+        assert!(ledger.check(0.0).await.is_err());
+        assert_eq!(ledger.lock_pending().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn pending_rows_are_written_before_the_budget_is_read() {
+        let (_d, db) = ledger().await;
+        let ledger = ledger_on(db.clone(), budget(0.0, 1.0, 0.0));
+        let now = Utc::now().timestamp();
+        for usd in [0.6, 0.5] {
+            ledger.lock_pending().push(CostRow {
+                timestamp: now,
+                session_id: "s".into(),
+                model: "m".into(),
+                provider: "p".into(),
+                call_type: CallType::Subagent,
+                usage: Usage::default(),
+                cost_usd: usd,
+            });
+        }
+        // The two rows reach the daily limit once written.
+        let err = ledger.check(0.0).await.unwrap_err();
+        assert!(matches!(err, BudgetError::Exceeded(_)), "{err:?}");
+        assert!(ledger.lock_pending().is_empty());
+        let total = db.cost_summary(None).await.unwrap().total_cost;
+        assert!((total - 1.1).abs() < 1e-9, "{total}");
+    }
+
+    #[tokio::test]
+    async fn a_message_counts_every_row_billed_to_its_session_while_it_runs() {
+        let (_d, db) = ledger().await;
+        let ledger = ledger_on(db, budget(0.0, 0.0, 0.0));
+        let mut s = spec();
+        s.pricing = SONNET;
+        let usage = Usage {
+            input_tokens: 1000,
+            ..Usage::default()
+        };
+        ledger.record("a", &s, CallType::Chat, usage).await;
+        let message = ledger.begin_message("a");
+        assert_eq!(message.spent(), 0.0, "rows before the message do not count");
+        for kind in [CallType::Chat, CallType::Subagent, CallType::Compaction] {
+            ledger.clone().record("a", &s, kind, usage).await;
+        }
+        ledger.record("b", &s, CallType::Chat, usage).await;
+        assert!(
+            (message.spent() - 0.009).abs() < 1e-12,
+            "{}",
+            message.spent()
+        );
+        assert_eq!(ledger.message_spent("b"), 0.0);
+        drop(message);
+        assert_eq!(ledger.message_spent("a"), 0.0);
+        // A guard of an earlier message does not end a later one.
+        let first = ledger.begin_message("a");
+        let second = ledger.begin_message("a");
+        drop(first);
+        ledger.record("a", &s, CallType::Chat, usage).await;
+        assert!((second.spent() - 0.003).abs() < 1e-12);
     }
 }

@@ -20,7 +20,6 @@
 use std::sync::Arc;
 
 use super::{Agent, Fail, Work, default_tier, prompt};
-use crate::cost;
 use crate::llm::{ChatRequest, LlmError, LlmEvent, SystemBlock, SystemTier, ToolChoice, ToolSpec};
 use crate::message::{Message, UserBlock};
 use crate::session::{Event, SessionHandle, SessionState};
@@ -312,7 +311,8 @@ impl Agent {
         let text = transcript_within(&state.messages[..cut], room);
         let req = summary_request(&session.id, &self.cfg.behavior.compaction.prompt, &text);
 
-        if let Err(Some(Fail { error, .. })) = self.check_budget(0.0).await {
+        let spent = self.ledger.message_spent(&session.id);
+        if let Err(Some(Fail { error, .. })) = self.check_budget(spent).await {
             return Err(CompactionError::Budget(error));
         }
         let on_event = |e: LlmEvent| {
@@ -331,18 +331,12 @@ impl Agent {
             })?;
         let spec = outcome.model;
         let usage = outcome.response.usage;
-        let call_cost = cost::cost_usd(&spec.pricing, &usage);
+        let call_cost = self
+            .ledger
+            .record(&session.id, &spec, CallType::Compaction, usage)
+            .await;
         self.metrics
             .llm_call(&spec.model, &usage, call_cost, started.elapsed());
-        self.record_cost(
-            &session.id,
-            &spec.model,
-            &spec.provider,
-            CallType::Compaction,
-            usage,
-            call_cost,
-        )
-        .await;
         let summary = outcome.response.text.trim();
         if summary.is_empty() {
             return Err(CompactionError::EmptySummary { model });
@@ -459,10 +453,7 @@ impl Agent {
             "This conversation (about {estimate} tokens) does not fit the context window of model '{model}' ({} tokens, {} of them reserved for the answer), even after compaction. Reset the session (Telegram /reset or agent-send --reset) or send a shorter message.",
             spec.context_window, spec.max_tokens
         );
-        Err(Some(Fail {
-            reply: msg.clone(),
-            error: msg,
-        }))
+        Err(Some(Fail::other(msg.clone(), msg)))
     }
 }
 

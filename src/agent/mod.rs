@@ -1,10 +1,15 @@
 //! One message end to end (SPEC §5.5, §6): route to a model, append the user turn, run the
-//! agentic loop (LLM call → tools → results → …), record every step in the session trail and
-//! the cost ledger, and report the outcome. Works on neutral types only.
+//! agentic loop (`run`: LLM call → tools → results → …), record every step in the session
+//! trail and the cost ledger, and report the outcome. Sub-agents (`subagent`) run through the
+//! same loop. Works on neutral types only.
 
 pub mod compaction;
+#[cfg(test)]
+mod loop_tests;
 pub mod prompt;
+mod run;
 mod status;
+mod subagent;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,30 +18,35 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::cost::{self, BudgetError};
-use crate::llm::{ChatRequest, Llm, LlmError, LlmEvent, StopReason, ToolChoice};
-use crate::message::{Message, ToolResult, Usage, UserBlock};
-use crate::monitor::{LoopState, Monitor, TurnRecord};
+use crate::cost::Ledger;
+use crate::llm::Llm;
+use crate::memory::Memory;
+use crate::memory::consolidate::Consolidator;
+use crate::message::{Message, Usage, UserBlock};
+use crate::metrics::Metrics;
+use crate::monitor::Monitor;
 use crate::session::{Event, Intake, MessageEvent, SessionHandle, SessionState, TrailLine};
-use crate::store::{CallType, CostRow, Db};
+use crate::skills::SkillSet;
 use crate::tools::{ToolContext, ToolRegistry};
 
-/// Shared services the loop needs. Cheap to clone.
+/// The services the loop needs (built with [`Agent::new`]). Cheap to clone.
 #[derive(Clone)]
 pub struct Agent {
-    pub cfg: Arc<Config>,
-    pub llm: Arc<Llm>,
-    pub db: Db,
-    pub tools: Arc<ToolRegistry>,
-    pub monitor: Arc<Monitor>,
-    pub metrics: Arc<crate::metrics::Metrics>,
-    pub skills: Arc<crate::skills::SkillSet>,
+    cfg: Arc<Config>,
+    llm: Arc<Llm>,
+    /// Every call's budget check and cost row.
+    ledger: Ledger,
+    tools: Arc<ToolRegistry>,
+    monitor: Arc<Monitor>,
+    metrics: Arc<Metrics>,
+    skills: Arc<SkillSet>,
     /// Long-term memory (`[memory] enabled`): recall for each message.
-    pub memory: Option<crate::memory::Memory>,
+    memory: Option<Memory>,
     /// Consolidation before compaction and on session close (when
     /// `consolidation.enabled`).
-    pub consolidator: Option<crate::memory::consolidate::Consolidator>,
-    pub started: Instant,
+    consolidator: Option<Consolidator>,
+    /// The daemon's start (uptime in `session_status`).
+    started: Instant,
 }
 
 /// One unit of work for a session: the intakes merged into one user turn, or (after a
@@ -86,18 +96,94 @@ pub enum Finish {
     Cancelled,
 }
 
-/// The first wait before a failed trail write is tried again (`Agent::record_durably`).
-const STORAGE_RETRY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
-/// The longest wait between tries of a failed trail write.
-const STORAGE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// An error that ends the message: what the user is told and what is logged.
 struct Fail {
     reply: String,
     error: String,
+    cause: FailCause,
+}
+
+/// What ended a run (a sub-agent reports each differently).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FailCause {
+    Budget,
+    Model,
+    Other,
+}
+
+impl Fail {
+    fn other(reply: String, error: String) -> Fail {
+        Fail {
+            reply,
+            error,
+            cause: FailCause::Other,
+        }
+    }
 }
 
 impl Agent {
+    /// An agent without long-term memory, started now; see [`Agent::with_memory`] and
+    /// [`Agent::started_at`].
+    pub fn new(
+        cfg: Arc<Config>,
+        llm: Arc<Llm>,
+        ledger: Ledger,
+        tools: Arc<ToolRegistry>,
+        skills: Arc<SkillSet>,
+        monitor: Arc<Monitor>,
+        metrics: Arc<Metrics>,
+    ) -> Agent {
+        Agent {
+            cfg,
+            llm,
+            ledger,
+            tools,
+            monitor,
+            metrics,
+            skills,
+            memory: None,
+            consolidator: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// Recall from `memory` for each message; `consolidator` before compactions.
+    pub fn with_memory(
+        mut self,
+        memory: Option<Memory>,
+        consolidator: Option<Consolidator>,
+    ) -> Agent {
+        self.memory = memory;
+        self.consolidator = consolidator;
+        self
+    }
+
+    /// When the daemon started (for the uptime `session_status` reports).
+    pub fn started_at(mut self, started: Instant) -> Agent {
+        self.started = started;
+        self
+    }
+
+    /// The configuration the agent runs with.
+    pub fn cfg(&self) -> &Arc<Config> {
+        &self.cfg
+    }
+
+    /// The live monitor the loop reports to.
+    pub fn monitor(&self) -> &Arc<Monitor> {
+        &self.monitor
+    }
+
+    /// The metrics the loop counts into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Consolidation, when memory and consolidation are on.
+    pub fn consolidator(&self) -> Option<&Consolidator> {
+        self.consolidator.as_ref()
+    }
+
     /// Model name for a message from `source` (SPEC §3 `[routing]`).
     pub fn route(&self, source: &str) -> String {
         self.cfg
@@ -141,8 +227,10 @@ impl Agent {
         }
         let model = self.route_work(work);
         let handle = self.monitor.begin(&session.id, &session.key, &model);
+        // Every call billed to the session from here on counts towards the message's budget.
+        let _spend = self.ledger.begin_message(&session.id);
         let result = self
-            .run_loop(session, state, work, &model, handle, cancel)
+            .run_message(session, state, work, &model, handle, cancel)
             .await;
         self.monitor.end(handle);
         state.strip_images();
@@ -226,8 +314,9 @@ impl Agent {
         }
     }
 
-    /// `Err(None)` = cancelled; `Err(Some)` = failed.
-    async fn run_loop(
+    /// Answer `work`: calls left without results are answered, the user turn is appended
+    /// (unless resuming), then the loop runs. `Err(None)` = cancelled; `Err(Some)` = failed.
+    async fn run_message(
         &self,
         session: &Arc<SessionHandle>,
         state: &mut SessionState,
@@ -236,202 +325,67 @@ impl Agent {
         handle: u64,
         cancel: &CancellationToken,
     ) -> Result<Finish, Option<Fail>> {
-        let cfg = &self.cfg;
-        let ids = work.ids();
         // Calls left without results (a crash, /stop during tools) are answered before
         // anything is appended: providers reject a tool call without its result.
         self.repair_dangling(session, state, cancel).await?;
         let tier = compaction::work_tier(work);
         if !work.resume {
-            let compaction_near = self.take_compaction_warning(state, &tier).await;
-            let images = if self
-                .cfg
-                .models
-                .get(model)
-                .is_some_and(|m| m.supports_vision)
-            {
-                load_images(work).await
-            } else {
-                Vec::new()
-            };
-            let recall = match &self.memory {
-                Some(memory) => memory.recall(&work.text(), &session.id).await,
-                None => None,
-            };
-            let msg = self.user_turn(work, images, compaction_near, recall.as_deref());
-            // Images are never persisted: the trail gets the placeholders.
-            let mut ev = MessageEvent::new(msg.without_images());
-            ev.reply_to = ids.clone();
-            ev.source = Some(work.source().to_string());
-            ev.from = Some(work.from().to_string());
-            self.record_durably(session, state, Event::Message(ev), cancel)
+            self.append_user_turn(session, state, work, model, &tier, cancel)
                 .await?;
-            // The in-memory copy keeps images for this message's calls.
-            if let Some(last) = state.messages.last_mut() {
-                *last = msg;
-            }
         }
-
-        let max_turns = cfg.behavior.max_turns_per_message.max(1);
-        let mut spent = 0.0;
-        let mut total = Usage::default();
-
-        for turn in 1..=max_turns {
-            self.repair_dangling(session, state, cancel).await?;
-            self.check_budget(spent).await?;
-
-            let last_turn = turn == max_turns;
-            // Workspace files are re-read for every call (SPEC §6), off the async workers.
-            let workspace = cfg.agent.workspace.clone();
-            let files = cfg.agent.context.files_for(&tier);
-            let skills_text = self.skills.semi_stable_text();
-            let system = tokio::task::spawn_blocking(move || {
-                prompt::system_blocks(&workspace, &files, &skills_text)
-            })
-            .await
-            .map_err(|e| {
-                Some(Fail {
-                    reply: cfg.behavior.error_message.clone(),
-                    error: format!("cannot read workspace files: {e}"),
-                })
-            })?;
-            let tools = self.tools.specs();
-            // The context-window guard: compact first, or fail instead of sending (SPEC §15).
-            self.fit_context(session, state, model, &system, &tools)
-                .await?;
-            let req = ChatRequest {
-                session_id: session.id.clone(),
-                system,
-                // Lent to the request for the call instead of copied (the history is the
-                // largest part of a request): given back right after the call, before anything
-                // else reads the state.
-                messages: std::mem::take(&mut state.messages),
-                tools,
-                tool_choice: if last_turn {
-                    ToolChoice::None
-                } else {
-                    ToolChoice::Auto
-                },
-                previous_messages: state.previous_messages,
-            };
-            let sent = req.messages.len();
-            self.monitor.set_state(handle, LoopState::Thinking, turn);
-            let started = Instant::now();
-            let monitor = self.monitor.clone();
-            let on_event = move |e: LlmEvent| match e {
-                LlmEvent::RetryWait {
-                    model,
-                    attempt,
-                    delay,
-                    error,
-                } => {
-                    tracing::warn!(%model, attempt, delay_ms = delay.as_millis() as u64, %error, "LLM call failed; retrying");
-                    monitor.set_state(handle, LoopState::RetryWait, turn);
-                }
-                LlmEvent::Fallback { from, to, error } => {
-                    tracing::warn!(%from, %to, %error, "model failed; trying fallback");
-                    monitor.set_model(handle, &to);
-                    monitor.set_state(handle, LoopState::Thinking, turn);
-                }
-            };
-            let outcome = tokio::select! {
-                _ = cancel.cancelled() => None,
-                r = self.chat_with_message_retries(model, &req, &on_event) => Some(r),
-            };
-            state.messages = req.messages;
-            let Some(outcome) = outcome else {
-                return Err(None);
-            };
-            let outcome = outcome.map_err(|e| {
-                self.metrics.error("llm");
-                Some(self.fail_from_llm(e))
-            })?;
-            let spec = outcome.model;
-            let mut resp = outcome.response;
-            let usage = resp.usage;
-            let call_cost = cost::cost_usd(&spec.pricing, &usage);
-            self.metrics
-                .llm_call(&spec.model, &usage, call_cost, started.elapsed());
-            spent += call_cost;
-            total.add(&usage);
-            self.record_cost(
-                &session.id,
-                &spec.model,
-                &spec.provider,
-                CallType::Chat,
-                usage,
-                call_cost,
-            )
-            .await;
-
-            let has_tools = !resp.tool_calls.is_empty();
-            if last_turn && has_tools {
-                tracing::warn!(session = %session.id, "model called tools on the last turn; calls dropped");
-                resp.tool_calls.clear();
-            }
-            // Stored as both providers accept it, so no answer can poison later requests.
-            let refused = normalise_tool_calls(&session.id, &mut resp.tool_calls, &state.messages);
-            let is_final = resp.tool_calls.is_empty();
-            let silent = is_final && prompt::is_silent(&resp.text, &cfg.behavior.silent_tokens);
-            let mut ev = MessageEvent::new(resp.to_message());
-            ev.model = Some(spec.name.clone());
-            ev.stop_reason = Some(resp.stop_reason.as_str().to_string());
-            ev.turn = Some(turn);
-            ev.sent_messages = Some(sent);
-            ev.cost_usd = Some(call_cost);
-            if is_final {
-                ev.is_final = true;
-                ev.silent = silent;
-                ev.reply_to = ids.clone();
-            }
-            self.record_durably(session, state, Event::Message(ev), cancel)
-                .await?;
-            let tool_names: Vec<String> = resp.tool_calls.iter().map(|c| c.name.clone()).collect();
-            self.monitor.turn_done(
-                handle,
-                TurnRecord {
-                    duration_ms: started.elapsed().as_millis() as u64,
-                    usage,
-                    stop_reason: resp.stop_reason.as_str().to_string(),
-                    tools: tool_names.clone(),
-                },
-            );
-
-            if is_final {
-                return Ok(Finish::Reply {
-                    text: resp.text,
-                    silent,
-                    usage: total,
-                    cost_usd: spent,
-                });
-            }
-
-            self.monitor.set_state(handle, LoopState::Tools, turn);
-            self.monitor.set_tools(handle, tool_names);
-            let ctx = self.tool_context(session, state, &spec.name, spec.context_window);
-            let results = tokio::select! {
-                _ = cancel.cancelled() => return Err(None),
-                r = self.tools.execute_answer(&resp.tool_calls, &refused, &ctx) => r,
-            };
-            for r in &results {
-                let name = resp
-                    .tool_calls
-                    .iter()
-                    .find(|c| c.id == r.tool_call_id)
-                    .map_or("unknown", |c| c.name.as_str());
-                self.metrics.tool_call(name, !r.is_error);
-            }
-            let notice = wrap_up_notice(&resp.stop_reason, max_turns - turn);
-            self.record_durably(
+        let run = run::Run {
+            caller: run::Caller::Message {
                 session,
-                state,
-                // The registry already truncated each output to `output_truncation`.
-                Event::ToolResult { results, notice },
-                cancel,
-            )
+                handle,
+                reply_to: work.ids(),
+                tier,
+            },
+            model,
+            max_turns: self.cfg.behavior.max_turns_per_message.max(1),
+            cancel,
+        };
+        self.run_loop(&run, state).await
+    }
+
+    /// The user turn, with this message's images (when the model sees images), the recall
+    /// from memory and the "compaction is near" notice, into the trail and the state.
+    async fn append_user_turn(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        work: &Work,
+        model: &str,
+        tier: &str,
+        cancel: &CancellationToken,
+    ) -> Result<(), Option<Fail>> {
+        let compaction_near = self.take_compaction_warning(state, tier).await;
+        let images = if self
+            .cfg
+            .models
+            .get(model)
+            .is_some_and(|m| m.supports_vision)
+        {
+            load_images(work).await
+        } else {
+            Vec::new()
+        };
+        let recall = match &self.memory {
+            Some(memory) => memory.recall(&work.text(), &session.id).await,
+            None => None,
+        };
+        let msg = self.user_turn(work, images, compaction_near, recall.as_deref());
+        // Images are never persisted: the trail gets the placeholders.
+        let mut ev = MessageEvent::new(msg.without_images());
+        ev.reply_to = work.ids();
+        ev.source = Some(work.source().to_string());
+        ev.from = Some(work.from().to_string());
+        self.record_durably(session, state, Event::Message(ev), cancel)
             .await?;
+        // The in-memory copy keeps images for this message's calls.
+        if let Some(last) = state.messages.last_mut() {
+            *last = msg;
         }
-        unreachable!("the last turn is always final")
+        Ok(())
     }
 
     /// The user turn for `work`: the dynamic context block, then each intake's text with its
@@ -479,202 +433,6 @@ impl Agent {
         Message::User { content }
     }
 
-    /// A crash between a tool call and its results leaves calls without results: answer them
-    /// with error results before the next call (SPEC §6).
-    async fn repair_dangling(
-        &self,
-        session: &Arc<SessionHandle>,
-        state: &mut SessionState,
-        cancel: &CancellationToken,
-    ) -> Result<(), Option<Fail>> {
-        let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
-            return Ok(());
-        };
-        if tool_calls.is_empty() {
-            return Ok(());
-        }
-        let results = tool_calls
-            .iter()
-            .map(|c| ToolResult {
-                tool_call_id: c.id.clone(),
-                content: format!(
-                    "error: tool '{}' did not finish: the daemon stopped before its result was recorded",
-                    c.name
-                ),
-                is_error: true,
-            })
-            .collect();
-        tracing::warn!(session = %session.id, "repairing dangling tool calls");
-        self.record_durably(
-            session,
-            state,
-            Event::ToolResult {
-                results,
-                notice: None,
-            },
-            cancel,
-        )
-        .await
-    }
-
-    async fn check_budget(&self, spent_message: f64) -> Result<(), Option<Fail>> {
-        let cfg = &self.cfg;
-        match cost::budget_gate(
-            &self.db,
-            &cfg.budget,
-            cfg.agent.timezone,
-            Utc::now(),
-            spent_message,
-        )
-        .await
-        {
-            Ok(()) => Ok(()),
-            Err(BudgetError::Exceeded(msg)) => Err(Some(Fail {
-                reply: msg.clone(),
-                error: msg,
-            })),
-            Err(e) => {
-                // The ledger is unreadable: fail closed, since a budget exists.
-                Err(Some(Fail {
-                    reply: cfg.behavior.error_message.clone(),
-                    error: e.to_string(),
-                }))
-            }
-        }
-    }
-
-    /// `behavior.message_retries`: after the provider layer gave up (retries and fallbacks),
-    /// try the whole call again this many times if the error is transient.
-    async fn chat_with_message_retries(
-        &self,
-        model: &str,
-        req: &ChatRequest,
-        on_event: &(dyn Fn(LlmEvent) + Send + Sync),
-    ) -> Result<crate::llm::ChatOutcome, LlmError> {
-        let mut attempt = 0;
-        loop {
-            match self.llm.chat(model, req, on_event).await {
-                Err(e) if e.is_retryable() && attempt < self.cfg.behavior.message_retries => {
-                    attempt += 1;
-                    let delay = self.cfg.behavior.api_retry_base_delay * 2;
-                    tracing::warn!(error = %e, attempt, "message-level retry");
-                    tokio::time::sleep(delay).await;
-                }
-                r => return r,
-            }
-        }
-    }
-
-    fn fail_from_llm(&self, e: LlmError) -> Fail {
-        let reply = match &e {
-            // Configuration problems: tell the user exactly what to fix.
-            LlmError::NotLoaded { .. } | LlmError::UnknownModel(_) | LlmError::Budget(_) => {
-                e.to_string()
-            }
-            _ => self.cfg.behavior.error_message.clone(),
-        };
-        Fail {
-            reply,
-            error: e.to_string(),
-        }
-    }
-
-    /// Like [`Agent::record`], but a write that fails (a full disk, an I/O error) does not end
-    /// the message: it is retried with backoff (1 s doubling to 30 s) until it succeeds, so the
-    /// message pauses and carries on once the disk has room again — an acknowledged message is
-    /// neither dropped nor answered with an error because the disk was full for a while. A failed
-    /// append leaves nothing in the file (`fsutil::append_line_fsync`), so the retry writes the
-    /// same line again. `cancel` ends the wait like any interruption: nothing is recorded and
-    /// the message resumes after the next start.
-    async fn record_durably(
-        &self,
-        session: &Arc<SessionHandle>,
-        state: &mut SessionState,
-        event: Event,
-        cancel: &CancellationToken,
-    ) -> Result<(), Option<Fail>> {
-        let mut delay = STORAGE_RETRY_MIN;
-        let mut failures = 0u32;
-        loop {
-            match append(session, event.clone()).await {
-                Ok(line) => {
-                    if failures > 0 {
-                        tracing::info!(session = %session.id, failures, "the session trail is writable again; the message continues");
-                    }
-                    return self.fold(state, line);
-                }
-                Err(e) => {
-                    failures += 1;
-                    if failures == 1 {
-                        self.metrics.error("trail");
-                        tracing::error!(session = %session.id, error = %e, "cannot write the session trail; the message waits and retries");
-                    } else {
-                        tracing::warn!(session = %session.id, error = %e, failures, retry_in_ms = delay.as_millis() as u64, "the session trail is still not writable");
-                    }
-                    tokio::select! {
-                        _ = cancel.cancelled() => return Err(None),
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(STORAGE_RETRY_MAX);
-                }
-            }
-        }
-    }
-
-    /// Append an event to the trail (durably) and fold it into the state.
-    async fn record(
-        &self,
-        session: &Arc<SessionHandle>,
-        state: &mut SessionState,
-        event: Event,
-    ) -> Result<(), Option<Fail>> {
-        match append(session, event).await {
-            Ok(line) => self.fold(state, line),
-            Err(e) => Err(Some(Fail {
-                reply: self.cfg.behavior.error_message.clone(),
-                error: format!("cannot write the session trail: {e}"),
-            })),
-        }
-    }
-
-    /// Fold a line just written into the state.
-    fn fold(&self, state: &mut SessionState, line: TrailLine) -> Result<(), Option<Fail>> {
-        if line.seq > state.last_seq {
-            state.apply(&line);
-            return Ok(());
-        }
-        Err(Some(Fail {
-            reply: self.cfg.behavior.error_message.clone(),
-            error: format!(
-                "trail sequence went backwards (line {} after state {}); the state is rebuilt from the trail on the next message",
-                line.seq, state.last_seq
-            ),
-        }))
-    }
-
-    async fn record_cost(
-        &self,
-        session_id: &str,
-        model: &str,
-        provider: &str,
-        call_type: CallType,
-        usage: Usage,
-        cost_usd: f64,
-    ) {
-        let row = CostRow {
-            timestamp: Utc::now().timestamp(),
-            session_id: session_id.to_string(),
-            model: model.to_string(),
-            provider: provider.to_string(),
-            call_type,
-            usage,
-            cost_usd,
-        };
-        if let Err(e) = self.db.insert_cost(row).await {
-            tracing::error!(error = %e, "cannot record cost row");
-        }
-    }
-
     fn tool_context(
         &self,
         session: &Arc<SessionHandle>,
@@ -692,7 +450,7 @@ impl Agent {
                 self.cfg.config_dir.clone(),
             ),
             status: Arc::new(status::LoopStatus {
-                db: self.db.clone(),
+                db: self.ledger.db().clone(),
                 tz: self.cfg.agent.timezone,
                 started: self.started,
                 session_id: session.id.clone(),
@@ -765,43 +523,6 @@ pub fn default_tier(source: &str) -> &'static str {
     }
 }
 
-/// The note appended after tool results: max_tokens hit, or two calls left (SPEC §6).
-fn wrap_up_notice(stop: &StopReason, remaining: u32) -> Option<String> {
-    let mut parts = Vec::new();
-    if *stop == StopReason::MaxTokens {
-        parts.push("Your last response hit the output token limit (max_tokens) after complete tool calls; their results are above. Wrap up: keep the next response short.");
-    }
-    if remaining == 2 {
-        parts.push("Only 2 model calls remain for this message: wrap up now and give your final answer; on the last call tools are disabled.");
-    }
-    (!parts.is_empty()).then(|| format!("[agentd] {}", parts.join(" ")))
-}
-
-/// `message::toolcalls::normalise` on one answer's calls, with a log line per changed call.
-/// Returns, per call, the error result that answers it instead of running it.
-fn normalise_tool_calls(
-    session_id: &str,
-    calls: &mut [crate::message::ToolCall],
-    history: &[Message],
-) -> Vec<Option<String>> {
-    let rewrites = crate::message::toolcalls::normalise(calls, history);
-    let mut refused = vec![None; calls.len()];
-    for r in rewrites {
-        // Debug formatting escapes control characters: the originals come from outside.
-        tracing::warn!(
-            session = %session_id,
-            index = r.index,
-            original_id = ?r.original_id,
-            original_name = ?r.original_name,
-            stored_id = %calls[r.index].id,
-            refused = r.refusal.is_some(),
-            "malformed tool call from the provider normalised before it is stored"
-        );
-        refused[r.index] = r.refusal;
-    }
-    refused
-}
-
 /// Append on the blocking pool (the append fsyncs).
 pub async fn append(session: &Arc<SessionHandle>, event: Event) -> std::io::Result<TrailLine> {
     let s = session.clone();
@@ -813,18 +534,6 @@ pub async fn append(session: &Arc<SessionHandle>, event: Event) -> std::io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wrap_up_notice_on_two_remaining_and_max_tokens() {
-        assert_eq!(wrap_up_notice(&StopReason::ToolUse, 5), None);
-        assert!(
-            wrap_up_notice(&StopReason::ToolUse, 2)
-                .unwrap()
-                .contains("Only 2 model calls remain")
-        );
-        let both = wrap_up_notice(&StopReason::MaxTokens, 2).unwrap();
-        assert!(both.contains("max_tokens") && both.contains("Only 2"));
-    }
 
     #[test]
     fn system_source_defaults_to_operational() {

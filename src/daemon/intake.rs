@@ -80,8 +80,8 @@ pub fn valid_key(key: &str) -> bool {
 
 impl IntakeHandler {
     pub async fn handle(&self, line: ControlLine) {
-        let state_dir = &self.agent.cfg.paths.state_dir;
-        let max_text = self.agent.cfg.http.max_body_bytes;
+        let state_dir = &self.agent.cfg().paths.state_dir;
+        let max_text = self.agent.cfg().http.max_body_bytes;
         let id = line.id().unwrap_or_default().to_string();
         let (key, intake) = match line {
             ControlLine::User {
@@ -340,7 +340,7 @@ impl IntakeHandler {
                     intakes,
                     resume: false,
                 };
-                if let Some(target) = super::delivery::target_for(&work, &self.agent.cfg) {
+                if let Some(target) = super::delivery::target_for(&work, self.agent.cfg()) {
                     tracing::info!(session_key = %key, session = %entry.session_id, "delivering a reply left unsent by a restart");
                     super::workers::deliver_recorded(
                         &session,

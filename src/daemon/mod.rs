@@ -231,12 +231,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         tz: cfg.agent.timezone,
     };
     tool_list.extend(schedule_tools.tools());
-    let spawn_tool = Arc::new(crate::tools::spawn::SpawnTool {
-        cfg: cfg.clone(),
-        llm: llm.clone(),
-        db: db.clone(),
-        registry: std::sync::OnceLock::new(),
-    });
+    let spawn_tool = Arc::new(crate::tools::spawn::SpawnTool::new(cfg.clone()));
     tool_list.push(spawn_tool.clone());
     if let Some(m) = &memory {
         tool_list.extend(crate::tools::memory::tools(m));
@@ -263,20 +258,20 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?
         .with_max_parallel(cfg.tools.max_parallel_calls),
     );
-    let _ = spawn_tool.registry.set(tools.clone());
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let agent = Agent {
-        cfg: cfg.clone(),
+    let agent = Agent::new(
+        cfg.clone(),
         llm,
-        db,
+        ledger.clone(),
         tools,
-        monitor: monitor.clone(),
-        metrics: metrics.clone(),
-        skills: skills.clone(),
-        memory: memory.clone(),
-        consolidator: consolidator.clone(),
-        started,
-    };
+        skills.clone(),
+        monitor.clone(),
+        metrics.clone(),
+    )
+    .with_memory(memory.clone(), consolidator.clone())
+    .started_at(started);
+    // Sub-agents run through the agent's loop.
+    spawn_tool.connect(Arc::new(agent.clone()));
     let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
         .map_err(|e| DaemonError::Startup(e.to_string()))?;
 
@@ -305,7 +300,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     {
         let scheduler = Arc::new(crate::scheduler::Scheduler {
             cfg: cfg.clone(),
-            db: agent.db.clone(),
+            db: db.clone(),
             intake: intake.clone(),
             wake: schedule_wake.clone(),
             memory_jobs: memory
@@ -324,7 +319,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         telegram::start_poller(
             client,
             cfg.clone(),
-            agent.db.clone(),
+            db.clone(),
             intake.clone(),
             dispatcher.clone(),
             monitor.clone(),
@@ -447,7 +442,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             }
             _ = tick => {
                 // Ping only while the main loop runs and the database thread answers.
-                match tokio::time::timeout(Duration::from_secs(5), agent.db.kv_get("health")).await {
+                match tokio::time::timeout(Duration::from_secs(5), db.kv_get("health")).await {
                     Ok(Ok(_)) => notifier.watchdog(),
                     other => tracing::error!(result = ?other.map(|r| r.map(|_| ())), "health check failed; not pinging the watchdog"),
                 }

@@ -161,7 +161,7 @@ impl Dispatcher {
         abort: CancellationToken,
     ) -> Arc<Dispatcher> {
         let permits = Arc::new(Semaphore::new(
-            agent.cfg.behavior.max_concurrent_sessions.max(1),
+            agent.cfg().behavior.max_concurrent_sessions.max(1),
         ));
         Arc::new(Dispatcher {
             agent,
@@ -235,7 +235,7 @@ impl Dispatcher {
     /// messages waiting or all sessions together `max_queued_total`. The slot is released when
     /// dropped unless it is used by [`Dispatcher::submit_reserved`].
     pub fn try_reserve(self: &Arc<Self>, key: &str) -> Result<QueueSlot, QueueFull> {
-        let b = &self.agent.cfg.behavior;
+        let b = &self.agent.cfg().behavior;
         let mut queued = self.queued_counts();
         let total = self.depth.load(Ordering::Relaxed);
         let n = queued.get(key).copied().unwrap_or(0);
@@ -243,7 +243,7 @@ impl Dispatcher {
         queued.insert(key.to_string(), n + 1);
         self.depth.fetch_add(1, Ordering::Relaxed);
         drop(queued);
-        self.agent.monitor.set_queue_depth(self.queue_depth());
+        self.agent.monitor().set_queue_depth(self.queue_depth());
         Ok(QueueSlot {
             dispatcher: self.clone(),
             key: key.to_string(),
@@ -265,7 +265,7 @@ impl Dispatcher {
             *queued.entry(key.to_string()).or_insert(0) += 1;
             self.depth.fetch_add(1, Ordering::Relaxed);
         }
-        self.agent.monitor.set_queue_depth(self.queue_depth());
+        self.agent.monitor().set_queue_depth(self.queue_depth());
         self.enqueue(key, job).await;
     }
 
@@ -285,7 +285,7 @@ impl Dispatcher {
                 self.depth.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        self.agent.monitor.set_queue_depth(self.queue_depth());
+        self.agent.monitor().set_queue_depth(self.queue_depth());
     }
 
     async fn enqueue(self: &Arc<Self>, key: &str, job: Job) {
@@ -382,7 +382,7 @@ impl Dispatcher {
                             Completion {
                                 session_id: String::new(),
                                 finish: Finish::Failed {
-                                    reply: self.agent.cfg.behavior.error_message.clone(),
+                                    reply: self.agent.cfg().behavior.error_message.clone(),
                                     error: e.to_string(),
                                 },
                             },
@@ -423,7 +423,7 @@ impl Dispatcher {
         rx: &mut mpsc::UnboundedReceiver<Job>,
         held: &mut VecDeque<Job>,
     ) {
-        let window = self.agent.cfg.behavior.debounce;
+        let window = self.agent.cfg().behavior.debounce;
         if window.is_zero() || !held.is_empty() {
             return;
         }
@@ -491,7 +491,7 @@ impl Dispatcher {
         }
         let st = state.as_mut().expect("loaded above");
 
-        let target = target_for(&work, &self.agent.cfg);
+        let target = target_for(&work, self.agent.cfg());
         let deliverer = self.deliverer();
         let stop = self.abort.child_token();
         self.running
@@ -499,7 +499,7 @@ impl Dispatcher {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.to_string(), stop.clone());
         let typing = match (&target, &deliverer) {
-            (Some(t), Some(d)) if self.agent.cfg.behavior.typing_indicators => {
+            (Some(t), Some(d)) if self.agent.cfg().behavior.typing_indicators => {
                 Some(spawn_typing(d.clone(), t.clone()))
             }
             _ => None,
@@ -568,7 +568,7 @@ impl Dispatcher {
             Finish::Cancelled => crate::metrics::Outcome::Cancelled,
         };
         self.agent
-            .metrics
+            .metrics()
             .message_done(source, outcome, started.elapsed());
         if let Some(w) = &self.webhook
             && finish != Finish::Cancelled
@@ -614,10 +614,10 @@ impl Dispatcher {
     /// wait for the model. If the daemon stops first, `agentd consolidate` picks it up (the
     /// watermark did not move).
     fn consolidate_closed(&self, session_id: String) {
-        let Some(c) = self.agent.consolidator.clone() else {
+        let Some(c) = self.agent.consolidator().cloned() else {
             return;
         };
-        if !self.agent.cfg.memory.consolidation_enabled {
+        if !self.agent.cfg().memory.consolidation_enabled {
             return;
         }
         let archive = self.store.dir().join(".archive");

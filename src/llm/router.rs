@@ -125,6 +125,20 @@ impl Llm {
         }
     }
 
+    /// Given providers instead of HTTP clients (unit tests of the layers above), no retries.
+    #[cfg(test)]
+    pub(crate) fn with_providers(
+        models: ModelSet,
+        providers: BTreeMap<String, Arc<dyn Provider>>,
+    ) -> Llm {
+        Llm {
+            models,
+            providers,
+            retries: 0,
+            base_delay: Duration::from_millis(1),
+        }
+    }
+
     /// Every defined model, loaded or skipped.
     pub fn models(&self) -> &ModelSet {
         &self.models

@@ -1,6 +1,9 @@
-//! `sessions_spawn` (SPEC §11): a sub-agent with its own loop, model, turn limit and timeout.
-//! `[tools] subagent_deny` is enforced when a call is executed, not only by hiding the tool:
-//! a denied call gets an error result and never runs. Costs are recorded as `subagent`.
+//! `sessions_spawn` (SPEC §11): a sub-agent on a task, with its own model, turn limit and
+//! timeout. The tool decides what the sub-agent may do (model, [`ToolScope`]) and hands the
+//! task to a [`SubAgents`] runner — the agent loop, wired in by whoever builds the tools —
+//! so there is one model loop in the crate. `[tools] subagent_deny` is enforced when a call is
+//! executed, not only by hiding the tool: a denied call gets an error result and never runs.
+//! Costs are recorded as `subagent`.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -8,36 +11,100 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::{Tool, ToolContext, ToolError, ToolRegistry};
+use super::{Tool, ToolContext, ToolError};
 use crate::config::Config;
-use crate::llm::{ChatRequest, Llm, SystemBlock, SystemTier, ToolChoice, ToolSpec};
-use crate::message::{Message, ToolResult};
-use crate::store::{CallType, CostRow, Db};
+use crate::llm::ToolSpec;
 
 /// Turn limit of a sub-agent.
-const MAX_SUBAGENT_TURNS: u32 = 20;
+pub const MAX_SUBAGENT_TURNS: u32 = 20;
+
+/// Which tools a sub-agent may see and call: never `sessions_spawn` nor a tool of
+/// `[tools] subagent_deny`, and only those of the call's `tools` list when it gave one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolScope {
+    deny: Vec<String>,
+    allow: Option<Vec<String>>,
+}
+
+impl ToolScope {
+    pub fn new(deny: Vec<String>, allow: Option<Vec<String>>) -> ToolScope {
+        ToolScope { deny, allow }
+    }
+
+    /// Whether the sub-agent may see and call `name`.
+    pub fn permits(&self, name: &str) -> bool {
+        !(self.deny.iter().any(|d| d == name)
+            || name == "sessions_spawn"
+            || self
+                .allow
+                .as_ref()
+                .is_some_and(|a| !a.iter().any(|x| x == name)))
+    }
+
+    /// The error result that answers a call of `name` instead of running it, if it is denied.
+    pub fn refusal(&self, name: &str) -> Option<String> {
+        (!self.permits(name)).then(|| {
+            format!("error: tool '{name}' is not allowed for sub-agents ([tools] subagent_deny)")
+        })
+    }
+}
+
+/// One task for a sub-agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubAgentTask {
+    pub prompt: String,
+    /// Model name (already defaulted: `[tools] subagent_model`, else `primary`).
+    pub model: String,
+    pub scope: ToolScope,
+    pub max_turns: u32,
+}
+
+/// Why a sub-agent gave no answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubAgentError {
+    /// The budget refused a call (the message names the limit).
+    #[error("{0}")]
+    Budget(String),
+    /// The model call failed after retries and fallbacks.
+    #[error("sub-agent model call failed: {0}")]
+    Model(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Runs sub-agents: the agent loop implements it; the tool only sees this.
+pub trait SubAgents: Send + Sync {
+    /// Run `task` to its final answer. `parent` is the context of the `sessions_spawn` call:
+    /// the sub-agent's tool calls run in it and its costs are billed to its session.
+    fn run<'a>(
+        &'a self,
+        task: SubAgentTask,
+        parent: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, SubAgentError>>;
+}
 
 pub struct SpawnTool {
-    pub cfg: Arc<Config>,
-    pub llm: Arc<Llm>,
-    pub db: Db,
-    /// Set after the registry is built (the registry contains this tool).
-    pub registry: OnceLock<Arc<ToolRegistry>>,
+    cfg: Arc<Config>,
+    /// Set once the runner exists (it holds the tool registry, which holds this tool).
+    runner: OnceLock<Arc<dyn SubAgents>>,
 }
 
 impl SpawnTool {
-    fn denied(&self, name: &str, allow: Option<&[String]>) -> bool {
-        self.cfg.tools.subagent_deny.iter().any(|d| d == name)
-            || name == "sessions_spawn"
-            || allow.is_some_and(|a| !a.iter().any(|x| x == name))
+    pub fn new(cfg: Arc<Config>) -> SpawnTool {
+        SpawnTool {
+            cfg,
+            runner: OnceLock::new(),
+        }
     }
 
-    async fn run(&self, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
-        let registry = self
-            .registry
-            .get()
-            .ok_or_else(|| ToolError::Failed("tool registry not ready".into()))?;
-        let prompt = args["prompt"].as_str().unwrap_or_default().to_string();
+    /// Wire the runner in (the first call wins).
+    pub fn connect(&self, runner: Arc<dyn SubAgents>) {
+        let _ = self.runner.set(runner);
+    }
+
+    /// The task for the call's arguments: the sub-agent model unless the call names one, and
+    /// the deny-list with the call's `tools` list.
+    fn task(&self, args: &Value) -> SubAgentTask {
         let allow: Option<Vec<String>> = args["tools"].as_array().map(|a| {
             a.iter()
                 .filter_map(Value::as_str)
@@ -46,8 +113,8 @@ impl SpawnTool {
         });
         let model = args["model"].as_str().map(String::from).unwrap_or_else(|| {
             if self
-                .llm
-                .models()
+                .cfg
+                .models
                 .get(&self.cfg.tools.subagent_model)
                 .is_some()
             {
@@ -56,104 +123,23 @@ impl SpawnTool {
                 "primary".to_string()
             }
         });
-        // Hidden from the sub-agent's tool list, and refused again at execution below.
-        let specs: Vec<ToolSpec> = registry
-            .specs()
-            .into_iter()
-            .filter(|s| !self.denied(&s.name, allow.as_deref()))
-            .collect();
-        let system = vec![SystemBlock {
-            tier: SystemTier::Stable,
-            text: "You are a sub-agent working for the main agent. Do the task below with the tools you have, then answer with a concise result. Your answer is returned to the main agent, not to a person.".into(),
-        }];
-        let mut messages = vec![Message::user_text(prompt)];
-        let mut previous = None;
-        for turn in 1..=MAX_SUBAGENT_TURNS {
-            let last = turn == MAX_SUBAGENT_TURNS;
-            let req = ChatRequest {
-                session_id: format!("{}-sub", ctx.session_id),
-                system: system.clone(),
-                messages: messages.clone(),
-                tools: specs.clone(),
-                tool_choice: if last {
-                    ToolChoice::None
-                } else {
-                    ToolChoice::Auto
-                },
-                previous_messages: previous,
-            };
-            if let Err(e) = crate::cost::budget_gate(
-                &self.db,
-                &self.cfg.budget,
-                self.cfg.agent.timezone,
-                chrono::Utc::now(),
-                0.0,
-            )
-            .await
-            {
-                return Err(ToolError::Denied(e.to_string()));
-            }
-            let out = self
-                .llm
-                .chat(&model, &req, &|_| {})
-                .await
-                .map_err(|e| ToolError::Failed(format!("sub-agent model call failed: {e}")))?;
-            previous = Some(req.messages.len());
-            let cost = crate::cost::cost_usd(&out.model.pricing, &out.response.usage);
-            let row = CostRow {
-                timestamp: chrono::Utc::now().timestamp(),
-                session_id: ctx.session_id.clone(),
-                model: out.model.model.clone(),
-                provider: out.model.provider.clone(),
-                call_type: CallType::Subagent,
-                usage: out.response.usage,
-                cost_usd: cost,
-            };
-            if let Err(e) = self.db.insert_cost(row).await {
-                tracing::error!(error = %e, "cannot record sub-agent cost");
-            }
-            let mut resp = out.response;
-            if last {
-                resp.tool_calls.clear();
-            }
-            // Replayed in the sub-agent's next requests: stored as both providers accept it.
-            let mut refused = vec![None; resp.tool_calls.len()];
-            for r in crate::message::toolcalls::normalise(&mut resp.tool_calls, &messages) {
-                tracing::warn!(index = r.index, original_id = ?r.original_id, original_name = ?r.original_name, "sub-agent: malformed tool call normalised");
-                refused[r.index] = r.refusal;
-            }
-            messages.push(resp.to_message());
-            if resp.tool_calls.is_empty() {
-                return Ok(resp.text);
-            }
-            let mut results = Vec::new();
-            for (call, refusal) in resp.tool_calls.iter().zip(refused) {
-                if let Some(content) = refusal {
-                    results.push(ToolResult {
-                        tool_call_id: call.id.clone(),
-                        content,
-                        is_error: true,
-                    });
-                } else if self.denied(&call.name, allow.as_deref()) {
-                    tracing::warn!(tool = %call.name, "sub-agent called a denied tool; refused");
-                    results.push(ToolResult {
-                        tool_call_id: call.id.clone(),
-                        content: format!(
-                            "error: tool '{}' is not allowed for sub-agents ([tools] subagent_deny)",
-                            call.name
-                        ),
-                        is_error: true,
-                    });
-                } else {
-                    results.push(registry.execute(call, ctx).await);
-                }
-            }
-            messages.push(Message::ToolResults {
-                results,
-                notice: None,
-            });
+        SubAgentTask {
+            prompt: args["prompt"].as_str().unwrap_or_default().to_string(),
+            model,
+            scope: ToolScope::new(self.cfg.tools.subagent_deny.clone(), allow),
+            max_turns: MAX_SUBAGENT_TURNS,
         }
-        Err(ToolError::Failed("sub-agent ran out of turns".into()))
+    }
+
+    async fn run(&self, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let runner = self
+            .runner
+            .get()
+            .ok_or_else(|| ToolError::Failed("sub-agents are not ready".into()))?;
+        runner.run(self.task(args), ctx).await.map_err(|e| match e {
+            SubAgentError::Budget(msg) => ToolError::Denied(msg),
+            e => ToolError::Failed(e.to_string()),
+        })
     }
 }
 
@@ -195,5 +181,29 @@ impl Tool for SpawnTool {
                 ))),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_hides_spawn_the_deny_list_and_what_the_call_did_not_allow() {
+        let open = ToolScope::new(vec!["react".into()], None);
+        assert!(open.permits("read"));
+        assert!(!open.permits("react"));
+        assert!(!open.permits("sessions_spawn"));
+        let narrow = ToolScope::new(vec![], Some(vec!["read".into(), "sessions_spawn".into()]));
+        assert!(narrow.permits("read"));
+        assert!(!narrow.permits("exec"));
+        assert!(!narrow.permits("sessions_spawn"), "never, even when listed");
+        assert_eq!(narrow.refusal("read"), None);
+        assert!(
+            narrow
+                .refusal("exec")
+                .unwrap()
+                .contains("not allowed for sub-agents")
+        );
     }
 }

@@ -1,0 +1,567 @@
+//! The loop against a scripted in-process provider: turn limit, wrap-up notice, forced final
+//! answer, repair of dangling calls, cost rows and budgets, and sub-agents. Assertions are on
+//! the requests the provider received, the outcome, the trail and the cost ledger.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::config::{ModelSpec, Pricing, ProviderKind};
+use crate::llm::testutil::model_spec;
+use crate::llm::{ChatRequest, ChatResponse, LlmError, Provider, StopReason, ToolChoice, ToolSpec};
+use crate::message::ToolCall;
+use crate::monitor::Monitor;
+use crate::session::SessionStore;
+use crate::store::Db;
+use crate::tools::{Tool, ToolContext, ToolError, ToolRegistry};
+
+/// What a scripted answer looks like.
+#[derive(Clone)]
+enum Say {
+    Text(&'static str),
+    /// Tool calls by name (with these arguments), and the answer's text.
+    Call(Vec<(&'static str, Value)>),
+    /// One `echo` call in an answer cut at `max_tokens`.
+    CutCall,
+}
+
+/// A provider that answers from a script (the last entry repeats) and keeps every request.
+struct Scripted {
+    script: Mutex<VecDeque<Say>>,
+    seen: Mutex<Vec<ChatRequest>>,
+    /// Unique call ids across every answer.
+    next_id: Mutex<u32>,
+}
+
+impl Scripted {
+    fn new(script: Vec<Say>) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            script: Mutex::new(script.into()),
+            seen: Mutex::new(Vec::new()),
+            next_id: Mutex::new(0),
+        })
+    }
+
+    fn requests(&self) -> Vec<ChatRequest> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Provider for Scripted {
+    fn chat<'a>(&'a self, req: &'a ChatRequest) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        self.seen.lock().unwrap().push(req.clone());
+        let say = {
+            let mut s = self.script.lock().unwrap();
+            if s.len() > 1 {
+                s.pop_front().unwrap()
+            } else {
+                s.front().cloned().expect("a script")
+            }
+        };
+        let usage = Usage {
+            input_tokens: 1000,
+            output_tokens: 100,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+        };
+        let resp = match say {
+            Say::Text(t) => ChatResponse {
+                text: t.to_string(),
+                tool_calls: vec![],
+                thinking: vec![],
+                stop_reason: StopReason::EndTurn,
+                usage,
+                model: "fake".into(),
+            },
+            Say::CutCall => {
+                let mut n = self.next_id.lock().unwrap();
+                *n += 1;
+                ChatResponse {
+                    text: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: format!("call_{n}"),
+                        name: "echo".into(),
+                        arguments: json!({"text": "cut"}),
+                    }],
+                    thinking: vec![],
+                    stop_reason: StopReason::MaxTokens,
+                    usage,
+                    model: "fake".into(),
+                }
+            }
+            Say::Call(calls) => ChatResponse {
+                text: "calling".into(),
+                tool_calls: calls
+                    .into_iter()
+                    .map(|(name, arguments)| {
+                        let mut n = self.next_id.lock().unwrap();
+                        *n += 1;
+                        ToolCall {
+                            id: format!("call_{n}"),
+                            name: name.to_string(),
+                            arguments,
+                        }
+                    })
+                    .collect(),
+                thinking: vec![],
+                stop_reason: StopReason::ToolUse,
+                usage,
+                model: "fake".into(),
+            },
+        };
+        Box::pin(async move { Ok(resp) })
+    }
+}
+
+/// A tool that answers `echo: <text>`.
+struct Echo;
+
+impl Tool for Echo {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "echo".into(),
+            description: "Echo the text".into(),
+            input_schema: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+        }
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move { Ok(format!("echo: {}", args["text"].as_str().unwrap_or(""))) })
+    }
+}
+
+/// $1 per million input tokens, $10 per million output: each scripted call costs $0.002.
+const PRICING: Pricing = Pricing {
+    input: 1.0,
+    output: 10.0,
+    cache_read: 0.0,
+    cache_write: 0.0,
+};
+const CALL_USD: f64 = 0.002;
+
+fn spec(name: &str) -> Arc<ModelSpec> {
+    let mut s = model_spec(name, ProviderKind::Anthropic, "http://127.0.0.1:9");
+    s.pricing = PRICING;
+    Arc::new(s)
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    agent: Agent,
+    store: SessionStore,
+    db: Db,
+}
+
+/// An agent whose `primary` model answers from `primary` and whose `subagent` model (when
+/// given) answers from `sub`; `tune` adjusts the config before the agent is built.
+fn fixture(
+    primary: &Arc<Scripted>,
+    sub: Option<&Arc<Scripted>>,
+    tune: impl FnOnce(&mut Config),
+) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for d in ["config", "providers.d", "home", "workspace", "state"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::write(
+        root.join("config/agentd.toml"),
+        "[agent]\nname = \"test\"\nworkspace = \"../workspace\"\n[providers]\ndir = \"../providers.d\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("providers.d/anthropic.toml"),
+        "type = \"anthropic\"\napi_key_env = \"AGENTD_ANTHROPIC_KEY\"\n[models.primary]\nmodel = \"claude\"\n",
+    )
+    .unwrap();
+    let env = BTreeMap::from([
+        ("HOME".to_string(), root.join("home").display().to_string()),
+        ("AGENTD_ANTHROPIC_KEY".to_string(), "sk-test".to_string()),
+    ]);
+    let mut cfg = crate::config::load_with_env(&root.join("config/agentd.toml"), env).unwrap();
+    cfg.behavior.max_turns_per_message = 4;
+    cfg.behavior.message_retries = 0;
+    let mut providers: BTreeMap<String, Arc<dyn Provider>> = BTreeMap::new();
+    cfg.models.loaded.clear();
+    cfg.models.loaded.insert("primary".into(), spec("primary"));
+    providers.insert("primary".into(), primary.clone());
+    if let Some(sub) = sub {
+        cfg.models
+            .loaded
+            .insert("subagent".into(), spec("subagent"));
+        providers.insert("subagent".into(), sub.clone());
+    }
+    tune(&mut cfg);
+    let cfg = Arc::new(cfg);
+    let llm = Arc::new(Llm::with_providers(cfg.models.clone(), providers));
+    let db = Db::open(&root.join("state/agentd.db")).unwrap();
+    let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
+    let spawn = Arc::new(crate::tools::spawn::SpawnTool::new(cfg.clone()));
+    let tools = Arc::new(
+        ToolRegistry::new(
+            vec![Arc::new(Echo), spawn.clone()],
+            Duration::from_secs(30),
+            10_000,
+        )
+        .unwrap(),
+    );
+    let agent = Agent::new(
+        cfg.clone(),
+        llm,
+        ledger,
+        tools,
+        Arc::new(crate::skills::SkillSet::load(&root.join("skills"), &[])),
+        Arc::new(Monitor::new(root.join("state/monitor.json"))),
+        Arc::new(crate::metrics::Metrics::new()),
+    )
+    .started_at(Instant::now());
+    spawn.connect(Arc::new(agent.clone()));
+    let store = SessionStore::open(&root.join("state/sessions"), cfg.agent.timezone).unwrap();
+    Fixture {
+        _dir: dir,
+        agent,
+        store,
+        db,
+    }
+}
+
+fn work(text: &str) -> Work {
+    Work {
+        intakes: vec![Intake {
+            id: "m1".into(),
+            source: "user".into(),
+            from: "tester".into(),
+            text: text.into(),
+            tier: None,
+            attachments: vec![],
+            route: None,
+        }],
+        resume: false,
+    }
+}
+
+impl Fixture {
+    fn session(&self) -> (Arc<SessionHandle>, SessionState) {
+        let h = self.store.get_or_create("test:key", "primary").unwrap();
+        let state = h.load_state("primary").unwrap();
+        (h, state)
+    }
+
+    async fn run(&self, text: &str) -> (Finish, SessionState) {
+        let (h, mut state) = self.session();
+        let finish = self
+            .agent
+            .process(&h, &mut state, &work(text), &CancellationToken::new())
+            .await;
+        (finish, state)
+    }
+
+    /// (API model, calls) of the ledger: each scripted call has 1,000 input tokens.
+    async fn cost_rows(&self) -> Vec<(String, u64)> {
+        let summary = self.db.cost_summary(None).await.unwrap();
+        let mut rows: Vec<(String, u64)> = summary
+            .models
+            .iter()
+            .map(|m| (m.model.clone(), m.input_tokens / 1000))
+            .collect();
+        rows.sort();
+        rows
+    }
+}
+
+fn echo_call() -> Say {
+    Say::Call(vec![("echo", json!({"text": "x"}))])
+}
+
+fn last_notice(req: &ChatRequest) -> Option<String> {
+    match req.messages.last() {
+        Some(Message::ToolResults { notice, .. }) => notice.clone(),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn a_plain_answer_is_one_call_and_one_chat_row() {
+    let primary = Scripted::new(vec![Say::Text("hello back")]);
+    let f = fixture(&primary, None, |_| {});
+    let (finish, state) = f.run("hi").await;
+    let Finish::Reply { text, cost_usd, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert_eq!(text, "hello back");
+    assert!((cost_usd - CALL_USD).abs() < 1e-12, "{cost_usd}");
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].tool_choice, ToolChoice::Auto);
+    assert_eq!(reqs[0].messages.len(), 1);
+    assert!(reqs[0].tools.iter().any(|t| t.name == "echo"));
+    assert_eq!(state.messages.len(), 2);
+    assert_eq!(f.cost_rows().await, [("primary-model".to_string(), 1)]);
+}
+
+#[tokio::test]
+async fn the_turn_limit_ends_with_a_forced_final_answer_without_tools() {
+    // The model calls a tool on every turn, the last one included.
+    let primary = Scripted::new(vec![echo_call()]);
+    let f = fixture(&primary, None, |c| c.behavior.max_turns_per_message = 3);
+    let (finish, state) = f.run("loop forever").await;
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 3, "one call per turn, no more");
+    assert_eq!(reqs[0].tool_choice, ToolChoice::Auto);
+    assert_eq!(reqs[1].tool_choice, ToolChoice::Auto);
+    assert_eq!(reqs[2].tool_choice, ToolChoice::None, "tools withheld");
+    // The calls of the last answer were dropped: it is the final reply.
+    let Finish::Reply { text, cost_usd, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert_eq!(text, "calling");
+    assert!((cost_usd - 3.0 * CALL_USD).abs() < 1e-12, "{cost_usd}");
+    match state.messages.last() {
+        Some(Message::Assistant { tool_calls, .. }) => assert!(tool_calls.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    // user, (assistant + results) × 2, final assistant
+    assert_eq!(state.messages.len(), 6);
+    assert_eq!(f.cost_rows().await, [("primary-model".to_string(), 3)]);
+}
+
+#[tokio::test]
+async fn the_wrap_up_notice_comes_with_two_calls_left() {
+    let primary = Scripted::new(vec![echo_call()]);
+    let f = fixture(&primary, None, |c| c.behavior.max_turns_per_message = 4);
+    let (finish, _) = f.run("work").await;
+    assert!(matches!(finish, Finish::Reply { .. }), "{finish:?}");
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 4);
+    // After turn 1: 3 calls left, no notice. After turn 2: 2 left, the notice.
+    assert_eq!(last_notice(&reqs[1]), None);
+    let notice = last_notice(&reqs[2]).expect("notice after the second turn");
+    assert!(notice.contains("Only 2 model calls remain"), "{notice}");
+    assert_eq!(last_notice(&reqs[3]), None);
+    // The tool ran and its result reached the model.
+    match reqs[1].messages.last() {
+        Some(Message::ToolResults { results, .. }) => {
+            assert_eq!(results.len(), 1);
+            assert_eq!(results[0].content, "echo: x");
+            assert!(!results[0].is_error);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn dangling_tool_calls_are_answered_before_the_next_call() {
+    let primary = Scripted::new(vec![Say::Text("recovered")]);
+    let f = fixture(&primary, None, |_| {});
+    let (h, _) = f.session();
+    // A crash left a tool call without its result.
+    h.append(Event::Message(MessageEvent::new(Message::user_text(
+        "earlier",
+    ))))
+    .unwrap();
+    h.append(Event::Message(MessageEvent::new(Message::Assistant {
+        text: String::new(),
+        tool_calls: vec![ToolCall {
+            id: "call_old".into(),
+            name: "echo".into(),
+            arguments: json!({}),
+        }],
+        thinking: vec![],
+        usage: None,
+    })))
+    .unwrap();
+    drop(h);
+    let (finish, _) = f.run("again").await;
+    assert!(matches!(finish, Finish::Reply { .. }), "{finish:?}");
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 1);
+    let msgs = &reqs[0].messages;
+    assert_eq!(msgs.len(), 4, "{msgs:?}");
+    match &msgs[2] {
+        Message::ToolResults { results, .. } => {
+            assert_eq!(results.len(), 1);
+            assert_eq!(results[0].tool_call_id, "call_old");
+            assert!(results[0].is_error);
+            assert!(results[0].content.contains("did not finish"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(msgs[3].is_user());
+    // The repair is in the trail.
+    let (h, _) = f.session();
+    let lines = h.read_trail().unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|l| matches!(&l.event, Event::ToolResult { results, .. } if results[0].tool_call_id == "call_old"))
+    );
+}
+
+#[tokio::test]
+async fn the_per_message_budget_stops_the_next_call() {
+    let primary = Scripted::new(vec![echo_call()]);
+    // Two calls reach $0.004.
+    let f = fixture(&primary, None, |c| c.budget.per_message_usd = 0.004);
+    let (finish, _) = f.run("spend").await;
+    let Finish::Failed { reply, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert!(reply.starts_with("per-message budget"), "{reply}");
+    assert_eq!(primary.requests().len(), 2);
+    assert_eq!(f.cost_rows().await, [("primary-model".to_string(), 2)]);
+}
+
+#[tokio::test]
+async fn the_daily_budget_is_checked_before_the_first_call() {
+    let primary = Scripted::new(vec![Say::Text("never")]);
+    let f = fixture(&primary, None, |c| c.budget.daily_usd = 0.001);
+    let (first, _) = f.run("one").await;
+    assert!(matches!(first, Finish::Reply { .. }), "{first:?}");
+    let (second, _) = f.run("two").await;
+    let Finish::Failed { reply, .. } = second else {
+        panic!("{second:?}")
+    };
+    assert!(reply.starts_with("daily budget"), "{reply}");
+    assert_eq!(primary.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_sub_agent_runs_with_its_model_scoped_tools_and_the_deny_list() {
+    let primary = Scripted::new(vec![
+        Say::Call(vec![(
+            "sessions_spawn",
+            json!({"prompt": "find out", "tools": ["echo", "sessions_spawn"]}),
+        )]),
+        Say::Text("main done"),
+    ]);
+    let sub = Scripted::new(vec![
+        Say::Call(vec![
+            ("echo", json!({"text": "s"})),
+            ("sessions_spawn", json!({"prompt": "recurse"})),
+        ]),
+        Say::Text("sub result"),
+    ]);
+    let f = fixture(&primary, Some(&sub), |_| {});
+    let (finish, _) = f.run("delegate").await;
+    let Finish::Reply { text, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert_eq!(text, "main done");
+
+    let sub_reqs = sub.requests();
+    assert_eq!(sub_reqs.len(), 2);
+    // The sub-agent's own prompt, and sessions_spawn hidden from it.
+    assert!(sub_reqs[0].system[0].text.contains("sub-agent"));
+    assert_eq!(sub_reqs[0].messages, vec![Message::user_text("find out")]);
+    let names: Vec<&str> = sub_reqs[0].tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["echo"]);
+    // The denied call was refused at execution; the allowed one ran.
+    match sub_reqs[1].messages.last() {
+        Some(Message::ToolResults { results, .. }) => {
+            assert_eq!(results.len(), 2);
+            assert_eq!(results[0].content, "echo: s");
+            assert!(results[1].is_error);
+            assert!(results[1].content.contains("not allowed for sub-agents"));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The main agent got the sub-agent's answer as the tool result.
+    let main_reqs = primary.requests();
+    assert_eq!(main_reqs.len(), 2);
+    match main_reqs[1].messages.last() {
+        Some(Message::ToolResults { results, .. }) => {
+            assert_eq!(results[0].content, "sub result");
+            assert!(!results[0].is_error);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        f.cost_rows().await,
+        [
+            ("primary-model".to_string(), 2),
+            ("subagent-model".to_string(), 2)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_per_message_budget_counts_the_sub_agents_calls() {
+    let primary = Scripted::new(vec![
+        Say::Call(vec![("sessions_spawn", json!({"prompt": "dig"}))]),
+        Say::Text("never"),
+    ]);
+    let sub = Scripted::new(vec![echo_call(), Say::Text("dug")]);
+    // Main call + two sub-agent calls = $0.006: the main agent's second call is refused,
+    // though its own calls cost only $0.002.
+    let f = fixture(&primary, Some(&sub), |c| c.budget.per_message_usd = 0.005);
+    let (finish, _) = f.run("delegate").await;
+    let Finish::Failed { reply, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert!(reply.contains("($0.006 spent on this message)"), "{reply}");
+    assert_eq!(sub.requests().len(), 2);
+    assert_eq!(primary.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_sub_agent_stops_at_the_per_message_budget() {
+    let primary = Scripted::new(vec![
+        Say::Call(vec![("sessions_spawn", json!({"prompt": "dig"}))]),
+        Say::Text("main done"),
+    ]);
+    let sub = Scripted::new(vec![echo_call()]);
+    let f = fixture(&primary, Some(&sub), |c| c.budget.per_message_usd = 0.005);
+    let (finish, _) = f.run("delegate").await;
+    // After main + two sub-agent calls ($0.006) the sub-agent's third call is refused (the
+    // tool call fails with the budget's message), and so is the main agent's next call.
+    assert!(matches!(finish, Finish::Failed { .. }), "{finish:?}");
+    assert_eq!(sub.requests().len(), 2);
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 1);
+}
+
+#[tokio::test]
+async fn an_answer_cut_at_max_tokens_gets_the_wrap_up_notice() {
+    let primary = Scripted::new(vec![Say::CutCall, Say::Text("short")]);
+    let f = fixture(&primary, None, |c| c.behavior.max_turns_per_message = 10);
+    let (finish, _) = f.run("go").await;
+    assert!(matches!(finish, Finish::Reply { .. }), "{finish:?}");
+    let notice = last_notice(&primary.requests()[1]).expect("notice");
+    assert!(notice.contains("max_tokens"), "{notice}");
+    assert!(!notice.contains("Only 2"), "{notice}");
+}
+
+#[tokio::test]
+async fn a_silent_token_is_a_silent_final_answer() {
+    let primary = Scripted::new(vec![Say::Text("NO_REPLY")]);
+    let f = fixture(&primary, None, |c| {
+        c.behavior.silent_tokens = vec!["NO_REPLY".into()]
+    });
+    let (finish, _) = f.run("psst").await;
+    assert!(
+        matches!(finish, Finish::Reply { silent: true, .. }),
+        "{finish:?}"
+    );
+    let (h, _) = f.session();
+    let last = h
+        .read_trail()
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find_map(|l| match l.event {
+            Event::Message(m) => Some(m),
+            _ => None,
+        })
+        .unwrap();
+    assert!(last.is_final && last.silent);
+    assert_eq!(last.reply_to, ["m1"]);
+}

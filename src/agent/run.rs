@@ -1,0 +1,649 @@
+//! The agentic loop (SPEC §6), one loop for a message and for a sub-agent: check the budget,
+//! build the request, call the model, record the answer and its cost, run the tools, and go
+//! round again until a final answer or the turn limit. On the last turn tools are withheld
+//! and calls the model makes anyway are dropped, so the last answer is always final.
+//!
+//! A message records every step in its session's trail (durably, folded into the state);
+//! a sub-agent keeps its conversation in memory, sees only its scoped tools, and bills its
+//! calls as `subagent` to the session of the tool call that started it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+
+use super::{Agent, Fail, FailCause, Finish, append, prompt};
+use crate::config::ModelSpec;
+use crate::cost::BudgetError;
+use crate::llm::{
+    ChatRequest, ChatResponse, LlmError, LlmEvent, StopReason, SystemBlock, ToolChoice, ToolSpec,
+};
+use crate::message::{Message, ToolCall, ToolResult, Usage};
+use crate::monitor::{LoopState, TurnRecord};
+use crate::session::{Event, MessageEvent, SessionHandle, SessionState, TrailLine};
+use crate::store::CallType;
+use crate::tools::ToolContext;
+use crate::tools::spawn::ToolScope;
+
+/// The first wait before a failed trail write is tried again (`Agent::record_durably`).
+const STORAGE_RETRY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest wait between tries of a failed trail write.
+const STORAGE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Who a run of the loop works for.
+pub(super) enum Caller<'a> {
+    /// A message of `session`: recorded in its trail, shown in the monitor (`handle`),
+    /// compacted when the context is full; the final answer replies to `reply_to`.
+    Message {
+        session: &'a Arc<SessionHandle>,
+        handle: u64,
+        reply_to: Vec<String>,
+        tier: String,
+    },
+    /// A sub-agent started by a tool call in `parent`: memory only, tools within `scope`,
+    /// a fixed system prompt.
+    SubAgent {
+        parent: &'a ToolContext,
+        scope: &'a ToolScope,
+        system: Vec<SystemBlock>,
+    },
+}
+
+/// One run of the loop.
+pub(super) struct Run<'a> {
+    pub caller: Caller<'a>,
+    pub model: &'a str,
+    pub max_turns: u32,
+    pub cancel: &'a CancellationToken,
+}
+
+impl Run<'_> {
+    /// The session id the provider sees and the logs name.
+    fn session_id(&self) -> String {
+        match &self.caller {
+            Caller::Message { session, .. } => session.id.clone(),
+            Caller::SubAgent { parent, .. } => format!("{}-sub", parent.session_id),
+        }
+    }
+
+    /// The session the cost rows are billed to, and their kind.
+    fn billing(&self) -> (&str, CallType) {
+        match &self.caller {
+            Caller::Message { session, .. } => (&session.id, CallType::Chat),
+            Caller::SubAgent { parent, .. } => (&parent.session_id, CallType::Subagent),
+        }
+    }
+
+    fn monitor_handle(&self) -> Option<u64> {
+        match &self.caller {
+            Caller::Message { handle, .. } => Some(*handle),
+            Caller::SubAgent { .. } => None,
+        }
+    }
+
+    fn scope(&self) -> Option<&ToolScope> {
+        match &self.caller {
+            Caller::Message { .. } => None,
+            Caller::SubAgent { scope, .. } => Some(scope),
+        }
+    }
+}
+
+/// What the run has cost so far.
+#[derive(Default)]
+struct Tally {
+    spent: f64,
+    usage: Usage,
+}
+
+/// One model answer with what it cost.
+struct Answer {
+    resp: ChatResponse,
+    spec: Arc<ModelSpec>,
+    /// Messages the request carried.
+    sent: usize,
+    cost: f64,
+    started: Instant,
+}
+
+impl Agent {
+    /// Run the loop on `state` until a final answer. `Err(None)` = cancelled; `Err(Some)` =
+    /// failed.
+    pub(super) async fn run_loop(
+        &self,
+        run: &Run<'_>,
+        state: &mut SessionState,
+    ) -> Result<Finish, Option<Fail>> {
+        let mut tally = Tally::default();
+        for turn in 1..=run.max_turns {
+            let last_turn = turn == run.max_turns;
+            if let Caller::Message { session, .. } = &run.caller {
+                self.repair_dangling(session, state, run.cancel).await?;
+            }
+            // Everything the message spent so far: its sub-agents and compactions too.
+            let (billed, _) = run.billing();
+            self.check_budget(self.ledger.message_spent(billed)).await?;
+            let req = self.request(run, state, last_turn).await?;
+            let answer = self.call(run, state, req, turn).await?;
+            tally.spent += answer.cost;
+            tally.usage.add(&answer.resp.usage);
+            let (resp, refused, spec) = self
+                .record_answer(run, state, answer, turn, last_turn)
+                .await?;
+            if resp.tool_calls.is_empty() {
+                return Ok(Finish::Reply {
+                    silent: self.is_silent(run, &resp.text),
+                    text: resp.text,
+                    usage: tally.usage,
+                    cost_usd: tally.spent,
+                });
+            }
+            self.run_tools(run, state, (&resp, &refused, &spec), turn)
+                .await?;
+        }
+        unreachable!("the last turn is always final")
+    }
+
+    /// The request of one turn: the system prompt (a message re-reads the workspace files for
+    /// every call, SPEC §6), the tools the caller may use, and the conversation, lent from the
+    /// state until the call returns. A message's context is compacted first if it would not
+    /// fit (SPEC §15).
+    async fn request(
+        &self,
+        run: &Run<'_>,
+        state: &mut SessionState,
+        last_turn: bool,
+    ) -> Result<ChatRequest, Option<Fail>> {
+        let (system, tools) = match &run.caller {
+            Caller::Message { session, tier, .. } => {
+                let system = self.system_blocks(tier).await?;
+                let tools = self.tools.specs();
+                self.fit_context(session, state, run.model, &system, &tools)
+                    .await?;
+                (system, tools)
+            }
+            Caller::SubAgent { scope, system, .. } => {
+                // Hidden from the sub-agent, and refused again at execution.
+                let tools: Vec<ToolSpec> = self
+                    .tools
+                    .specs()
+                    .into_iter()
+                    .filter(|s| scope.permits(&s.name))
+                    .collect();
+                (system.clone(), tools)
+            }
+        };
+        Ok(ChatRequest {
+            session_id: run.session_id(),
+            system,
+            // Lent to the request for the call instead of copied (the history is the largest
+            // part of a request): given back right after the call, before anything else reads
+            // the state.
+            messages: std::mem::take(&mut state.messages),
+            tools,
+            tool_choice: if last_turn {
+                ToolChoice::None
+            } else {
+                ToolChoice::Auto
+            },
+            previous_messages: state.previous_messages,
+        })
+    }
+
+    /// The stable and semi-stable system blocks of `tier`, read off the async workers.
+    async fn system_blocks(&self, tier: &str) -> Result<Vec<SystemBlock>, Option<Fail>> {
+        let workspace = self.cfg.agent.workspace.clone();
+        let files = self.cfg.agent.context.files_for(tier);
+        let skills_text = self.skills.semi_stable_text();
+        tokio::task::spawn_blocking(move || prompt::system_blocks(&workspace, &files, &skills_text))
+            .await
+            .map_err(|e| {
+                Some(Fail::other(
+                    self.cfg.behavior.error_message.clone(),
+                    format!("cannot read workspace files: {e}"),
+                ))
+            })
+    }
+
+    /// The model call (with message-level retries; cancellable), the messages given back to
+    /// the state, and the cost recorded in the ledger.
+    async fn call(
+        &self,
+        run: &Run<'_>,
+        state: &mut SessionState,
+        req: ChatRequest,
+        turn: u32,
+    ) -> Result<Answer, Option<Fail>> {
+        let sent = req.messages.len();
+        let handle = run.monitor_handle();
+        if let Some(h) = handle {
+            self.monitor.set_state(h, LoopState::Thinking, turn);
+        }
+        let started = Instant::now();
+        let monitor = self.monitor.clone();
+        let on_event = move |e: LlmEvent| match e {
+            LlmEvent::RetryWait {
+                model,
+                attempt,
+                delay,
+                error,
+            } => {
+                tracing::warn!(%model, attempt, delay_ms = delay.as_millis() as u64, %error, "LLM call failed; retrying");
+                if let Some(h) = handle {
+                    monitor.set_state(h, LoopState::RetryWait, turn);
+                }
+            }
+            LlmEvent::Fallback { from, to, error } => {
+                tracing::warn!(%from, %to, %error, "model failed; trying fallback");
+                if let Some(h) = handle {
+                    monitor.set_model(h, &to);
+                    monitor.set_state(h, LoopState::Thinking, turn);
+                }
+            }
+        };
+        let outcome = tokio::select! {
+            _ = run.cancel.cancelled() => None,
+            r = self.chat_with_message_retries(run.model, &req, &on_event) => Some(r),
+        };
+        state.messages = req.messages;
+        let outcome = outcome.ok_or(None)?.map_err(|e| {
+            self.metrics.error("llm");
+            Some(self.fail_from_llm(e))
+        })?;
+        let (billed, call_type) = run.billing();
+        let usage = outcome.response.usage;
+        let cost = self
+            .ledger
+            .record(billed, &outcome.model, call_type, usage)
+            .await;
+        self.metrics
+            .llm_call(&outcome.model.model, &usage, cost, started.elapsed());
+        Ok(Answer {
+            resp: outcome.response,
+            spec: outcome.model,
+            sent,
+            cost,
+            started,
+        })
+    }
+
+    /// Settle the answer's tool calls (dropped on the last turn; normalised, so no answer can
+    /// poison later requests; refused when the caller may not use the tool) and record the
+    /// answer. Returns it with, per call, the error result that answers it instead of running.
+    async fn record_answer(
+        &self,
+        run: &Run<'_>,
+        state: &mut SessionState,
+        answer: Answer,
+        turn: u32,
+        last_turn: bool,
+    ) -> Result<(ChatResponse, Vec<Option<String>>, Arc<ModelSpec>), Option<Fail>> {
+        let Answer {
+            mut resp,
+            spec,
+            sent,
+            cost,
+            started,
+        } = answer;
+        if last_turn && !resp.tool_calls.is_empty() {
+            tracing::warn!(session = %run.session_id(), "model called tools on the last turn; calls dropped");
+            resp.tool_calls.clear();
+        }
+        let mut refused =
+            normalise_tool_calls(&run.session_id(), &mut resp.tool_calls, &state.messages);
+        if let Some(scope) = run.scope() {
+            for (call, refusal) in resp.tool_calls.iter().zip(refused.iter_mut()) {
+                if refusal.is_none() && !scope.permits(&call.name) {
+                    tracing::warn!(tool = %call.name, "sub-agent called a denied tool; refused");
+                    *refusal = scope.refusal(&call.name);
+                }
+            }
+        }
+        let is_final = resp.tool_calls.is_empty();
+        let mut ev = MessageEvent::new(resp.to_message());
+        ev.model = Some(spec.name.clone());
+        ev.stop_reason = Some(resp.stop_reason.as_str().to_string());
+        ev.turn = Some(turn);
+        ev.sent_messages = Some(sent);
+        ev.cost_usd = Some(cost);
+        if let (true, Caller::Message { reply_to, .. }) = (is_final, &run.caller) {
+            ev.is_final = true;
+            ev.silent = self.is_silent(run, &resp.text);
+            ev.reply_to = reply_to.clone();
+        }
+        self.record_step(run, state, Event::Message(ev)).await?;
+        if let Some(h) = run.monitor_handle() {
+            self.monitor.turn_done(
+                h,
+                TurnRecord {
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    usage: resp.usage,
+                    stop_reason: resp.stop_reason.as_str().to_string(),
+                    tools: resp.tool_calls.iter().map(|c| c.name.clone()).collect(),
+                },
+            );
+        }
+        Ok((resp, refused, spec))
+    }
+
+    /// Run the answer's tool calls (cancellable) and record their results, with the wrap-up
+    /// notice when it is due.
+    async fn run_tools(
+        &self,
+        run: &Run<'_>,
+        state: &mut SessionState,
+        (resp, refused, spec): (&ChatResponse, &[Option<String>], &ModelSpec),
+        turn: u32,
+    ) -> Result<(), Option<Fail>> {
+        let ctx = match &run.caller {
+            Caller::Message {
+                session, handle, ..
+            } => {
+                self.monitor.set_state(*handle, LoopState::Tools, turn);
+                self.monitor.set_tools(
+                    *handle,
+                    resp.tool_calls.iter().map(|c| c.name.clone()).collect(),
+                );
+                self.tool_context(session, state, &spec.name, spec.context_window)
+            }
+            Caller::SubAgent { parent, .. } => (*parent).clone(),
+        };
+        let results = tokio::select! {
+            _ = run.cancel.cancelled() => return Err(None),
+            r = self.execute(run, &resp.tool_calls, refused, &ctx) => r,
+        };
+        for r in &results {
+            let name = resp
+                .tool_calls
+                .iter()
+                .find(|c| c.id == r.tool_call_id)
+                .map_or("unknown", |c| c.name.as_str());
+            self.metrics.tool_call(name, !r.is_error);
+        }
+        let notice = wrap_up_notice(&resp.stop_reason, run.max_turns - turn);
+        // The registry already truncated each output to `output_truncation`.
+        self.record_step(run, state, Event::ToolResult { results, notice })
+            .await
+    }
+
+    /// Whether a final answer is a silent token (SPEC §5.5): a message's only, a sub-agent's
+    /// answer always goes back to the main agent.
+    fn is_silent(&self, run: &Run<'_>, text: &str) -> bool {
+        matches!(run.caller, Caller::Message { .. })
+            && prompt::is_silent(text, &self.cfg.behavior.silent_tokens)
+    }
+
+    /// Run one answer's calls: a message's side by side (at most `max_parallel_calls` at
+    /// once), a sub-agent's one at a time, inside the slot of its `sessions_spawn` call (so a
+    /// message never has more than `max_parallel_calls` tools running, docs/security.md).
+    async fn execute(
+        &self,
+        run: &Run<'_>,
+        calls: &[ToolCall],
+        refused: &[Option<String>],
+        ctx: &ToolContext,
+    ) -> Vec<ToolResult> {
+        if let Caller::Message { .. } = run.caller {
+            return self.tools.execute_answer(calls, refused, ctx).await;
+        }
+        let mut results = Vec::with_capacity(calls.len());
+        for (i, call) in calls.iter().enumerate() {
+            let refusal = refused.get(i).cloned().unwrap_or_default();
+            results.extend(
+                self.tools
+                    .execute_answer(std::slice::from_ref(call), &[refusal], ctx)
+                    .await,
+            );
+        }
+        results
+    }
+
+    /// Record one step of the run: in the session's trail (durably) and its state for a
+    /// message; in the state alone for a sub-agent.
+    async fn record_step(
+        &self,
+        run: &Run<'_>,
+        state: &mut SessionState,
+        event: Event,
+    ) -> Result<(), Option<Fail>> {
+        match &run.caller {
+            Caller::Message { session, .. } => {
+                self.record_durably(session, state, event, run.cancel).await
+            }
+            Caller::SubAgent { .. } => {
+                let line = TrailLine {
+                    v: crate::session::event::TRAIL_VERSION,
+                    seq: state.last_seq + 1,
+                    ts: Utc::now().to_rfc3339(),
+                    event,
+                };
+                self.fold(state, line)
+            }
+        }
+    }
+
+    /// A crash between a tool call and its results leaves calls without results: answer them
+    /// with error results before the next call (SPEC §6).
+    pub(super) async fn repair_dangling(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        cancel: &CancellationToken,
+    ) -> Result<(), Option<Fail>> {
+        let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
+            return Ok(());
+        };
+        if tool_calls.is_empty() {
+            return Ok(());
+        }
+        let results = tool_calls
+            .iter()
+            .map(|c| ToolResult {
+                tool_call_id: c.id.clone(),
+                content: format!(
+                    "error: tool '{}' did not finish: the daemon stopped before its result was recorded",
+                    c.name
+                ),
+                is_error: true,
+            })
+            .collect();
+        tracing::warn!(session = %session.id, "repairing dangling tool calls");
+        self.record_durably(
+            session,
+            state,
+            Event::ToolResult {
+                results,
+                notice: None,
+            },
+            cancel,
+        )
+        .await
+    }
+
+    /// The budget before a call ([`crate::cost::Ledger::check`]) as the run's failure.
+    pub(super) async fn check_budget(&self, spent_message: f64) -> Result<(), Option<Fail>> {
+        match self.ledger.check(spent_message).await {
+            Ok(()) => Ok(()),
+            // Meant for the user: the limit, or the disk that keeps cost rows from being written.
+            Err(e @ (BudgetError::Exceeded(_) | BudgetError::Unrecorded { .. })) => {
+                let msg = e.to_string();
+                Err(Some(Fail {
+                    reply: msg.clone(),
+                    error: msg,
+                    cause: FailCause::Budget,
+                }))
+            }
+            // The ledger is unreadable: fail closed, since a budget exists.
+            Err(e) => Err(Some(Fail {
+                reply: self.cfg.behavior.error_message.clone(),
+                error: e.to_string(),
+                cause: FailCause::Budget,
+            })),
+        }
+    }
+
+    /// `behavior.message_retries`: after the provider layer gave up (retries and fallbacks),
+    /// try the whole call again this many times if the error is transient.
+    async fn chat_with_message_retries(
+        &self,
+        model: &str,
+        req: &ChatRequest,
+        on_event: &(dyn Fn(LlmEvent) + Send + Sync),
+    ) -> Result<crate::llm::ChatOutcome, LlmError> {
+        let mut attempt = 0;
+        loop {
+            match self.llm.chat(model, req, on_event).await {
+                Err(e) if e.is_retryable() && attempt < self.cfg.behavior.message_retries => {
+                    attempt += 1;
+                    let delay = self.cfg.behavior.api_retry_base_delay * 2;
+                    tracing::warn!(error = %e, attempt, "message-level retry");
+                    tokio::time::sleep(delay).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn fail_from_llm(&self, e: LlmError) -> Fail {
+        let reply = match &e {
+            // Configuration problems: tell the user exactly what to fix.
+            LlmError::NotLoaded { .. } | LlmError::UnknownModel(_) | LlmError::Budget(_) => {
+                e.to_string()
+            }
+            _ => self.cfg.behavior.error_message.clone(),
+        };
+        Fail {
+            reply,
+            error: e.to_string(),
+            cause: FailCause::Model,
+        }
+    }
+
+    /// Like [`Agent::record`], but a write that fails (a full disk, an I/O error) does not end
+    /// the message: it is retried with backoff (1 s doubling to 30 s) until it succeeds, so the
+    /// message pauses and carries on once the disk has room again — an acknowledged message is
+    /// neither dropped nor answered with an error because the disk was full for a while. A failed
+    /// append leaves nothing in the file (`fsutil::append_line_fsync`), so the retry writes the
+    /// same line again. `cancel` ends the wait like any interruption: nothing is recorded and
+    /// the message resumes after the next start.
+    pub(super) async fn record_durably(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        event: Event,
+        cancel: &CancellationToken,
+    ) -> Result<(), Option<Fail>> {
+        let mut delay = STORAGE_RETRY_MIN;
+        let mut failures = 0u32;
+        loop {
+            match append(session, event.clone()).await {
+                Ok(line) => {
+                    if failures > 0 {
+                        tracing::info!(session = %session.id, failures, "the session trail is writable again; the message continues");
+                    }
+                    return self.fold(state, line);
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 {
+                        self.metrics.error("trail");
+                        tracing::error!(session = %session.id, error = %e, "cannot write the session trail; the message waits and retries");
+                    } else {
+                        tracing::warn!(session = %session.id, error = %e, failures, retry_in_ms = delay.as_millis() as u64, "the session trail is still not writable");
+                    }
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Err(None),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(STORAGE_RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// Append an event to the trail (durably) and fold it into the state.
+    pub(super) async fn record(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        event: Event,
+    ) -> Result<(), Option<Fail>> {
+        match append(session, event).await {
+            Ok(line) => self.fold(state, line),
+            Err(e) => Err(Some(Fail::other(
+                self.cfg.behavior.error_message.clone(),
+                format!("cannot write the session trail: {e}"),
+            ))),
+        }
+    }
+
+    /// Fold a line just written into the state.
+    fn fold(&self, state: &mut SessionState, line: TrailLine) -> Result<(), Option<Fail>> {
+        if line.seq > state.last_seq {
+            state.apply(&line);
+            return Ok(());
+        }
+        Err(Some(Fail::other(
+            self.cfg.behavior.error_message.clone(),
+            format!(
+                "trail sequence went backwards (line {} after state {}); the state is rebuilt from the trail on the next message",
+                line.seq, state.last_seq
+            ),
+        )))
+    }
+}
+
+/// The note appended after tool results: max_tokens hit, or two calls left (SPEC §6).
+fn wrap_up_notice(stop: &StopReason, remaining: u32) -> Option<String> {
+    let mut parts = Vec::new();
+    if *stop == StopReason::MaxTokens {
+        parts.push("Your last response hit the output token limit (max_tokens) after complete tool calls; their results are above. Wrap up: keep the next response short.");
+    }
+    if remaining == 2 {
+        parts.push("Only 2 model calls remain for this message: wrap up now and give your final answer; on the last call tools are disabled.");
+    }
+    (!parts.is_empty()).then(|| format!("[agentd] {}", parts.join(" ")))
+}
+
+/// `llm::toolcalls::normalise` on one answer's calls, with a log line per changed call.
+/// Returns, per call, the error result that answers it instead of running it.
+fn normalise_tool_calls(
+    session_id: &str,
+    calls: &mut [crate::message::ToolCall],
+    history: &[Message],
+) -> Vec<Option<String>> {
+    let rewrites = crate::message::toolcalls::normalise(calls, history);
+    let mut refused = vec![None; calls.len()];
+    for r in rewrites {
+        // Debug formatting escapes control characters: the originals come from outside.
+        tracing::warn!(
+            session = %session_id,
+            index = r.index,
+            original_id = ?r.original_id,
+            original_name = ?r.original_name,
+            stored_id = %calls[r.index].id,
+            refused = r.refusal.is_some(),
+            "malformed tool call from the provider normalised before it is stored"
+        );
+        refused[r.index] = r.refusal;
+    }
+    refused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrap_up_notice_on_two_remaining_and_max_tokens() {
+        assert_eq!(wrap_up_notice(&StopReason::ToolUse, 5), None);
+        assert!(
+            wrap_up_notice(&StopReason::ToolUse, 2)
+                .unwrap()
+                .contains("Only 2 model calls remain")
+        );
+        let both = wrap_up_notice(&StopReason::MaxTokens, 2).unwrap();
+        assert!(both.contains("max_tokens") && both.contains("Only 2"));
+    }
+}
