@@ -284,9 +284,15 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     let stop = CancellationToken::new();
     let abort = CancellationToken::new();
     let dispatcher = Dispatcher::new(
-        agent.clone(),
-        store.clone(),
-        webhook.is_enabled().then_some(webhook),
+        workers::DispatcherDeps {
+            cfg: cfg.clone(),
+            runner: Arc::new(agent.clone()),
+            store: store.clone(),
+            monitor: monitor.clone(),
+            metrics: metrics.clone(),
+            consolidator: consolidator.clone(),
+            webhook: webhook.is_enabled().then_some(webhook),
+        },
         tracker.clone(),
         stop.clone(),
         abort.clone(),

@@ -16,9 +16,69 @@ use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use futures::future::BoxFuture;
+
 use super::delivery::{Deliverer, Target, target_for};
 use crate::agent::{Agent, Finish, Work};
+use crate::config::Config;
+use crate::memory::consolidate::Consolidator;
+use crate::metrics::Metrics;
+use crate::monitor::Monitor;
 use crate::session::{DeliveryStatus, Event, SessionHandle, SessionState, SessionStore};
+
+/// What the dispatcher asks of the agent: the model for a unit of work, running it, and the
+/// after-message check (compaction). Implemented by [`Agent`]; the tests use a fake.
+pub trait Runner: Send + Sync {
+    fn route(&self, work: &Work) -> String;
+    fn process<'a>(
+        &'a self,
+        session: &'a Arc<SessionHandle>,
+        state: &'a mut SessionState,
+        work: &'a Work,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Finish>;
+    fn after_message<'a>(
+        &'a self,
+        session: &'a Arc<SessionHandle>,
+        state: &'a mut SessionState,
+        work: &'a Work,
+    ) -> BoxFuture<'a, ()>;
+}
+
+impl Runner for Agent {
+    fn route(&self, work: &Work) -> String {
+        self.route_work(work)
+    }
+    fn process<'a>(
+        &'a self,
+        session: &'a Arc<SessionHandle>,
+        state: &'a mut SessionState,
+        work: &'a Work,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, Finish> {
+        Box::pin(Agent::process(self, session, state, work, cancel))
+    }
+    fn after_message<'a>(
+        &'a self,
+        session: &'a Arc<SessionHandle>,
+        state: &'a mut SessionState,
+        work: &'a Work,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(Agent::after_message(self, session, state, work))
+    }
+}
+
+/// What a [`Dispatcher`] is built from: it holds its own dependencies, not the agent's.
+pub struct DispatcherDeps {
+    pub cfg: Arc<Config>,
+    pub runner: Arc<dyn Runner>,
+    pub store: Arc<SessionStore>,
+    pub monitor: Arc<Monitor>,
+    pub metrics: Arc<Metrics>,
+    /// Closed sessions are consolidated when `memory.consolidation_enabled`.
+    pub consolidator: Option<Consolidator>,
+    pub webhook: Option<crate::api::webhook::Webhook>,
+}
 
 /// A job for one session.
 #[derive(Debug)]
@@ -128,8 +188,12 @@ impl Drop for QueueSlot {
 
 /// Routes jobs to per-session workers.
 pub struct Dispatcher {
-    agent: Agent,
+    cfg: Arc<Config>,
+    runner: Arc<dyn Runner>,
     store: Arc<SessionStore>,
+    monitor: Arc<Monitor>,
+    metrics: Arc<Metrics>,
+    consolidator: Option<Consolidator>,
     /// The queue of each session that has a worker. A worker removes its own entry (under this
     /// lock, after finding its queue empty) when it exits.
     workers: Mutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
@@ -153,19 +217,28 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(
-        agent: Agent,
-        store: Arc<SessionStore>,
-        webhook: Option<crate::api::webhook::Webhook>,
+        deps: DispatcherDeps,
         tracker: TaskTracker,
         stop: CancellationToken,
         abort: CancellationToken,
     ) -> Arc<Dispatcher> {
-        let permits = Arc::new(Semaphore::new(
-            agent.cfg.behavior.max_concurrent_sessions.max(1),
-        ));
-        Arc::new(Dispatcher {
-            agent,
+        let DispatcherDeps {
+            cfg,
+            runner,
             store,
+            monitor,
+            metrics,
+            consolidator,
+            webhook,
+        } = deps;
+        let permits = Arc::new(Semaphore::new(cfg.behavior.max_concurrent_sessions.max(1)));
+        Arc::new(Dispatcher {
+            cfg,
+            runner,
+            store,
+            monitor,
+            metrics,
+            consolidator,
             workers: Mutex::new(HashMap::new()),
             idle: std::sync::Mutex::new(IdleStates::default()),
             permits,
@@ -235,7 +308,7 @@ impl Dispatcher {
     /// messages waiting or all sessions together `max_queued_total`. The slot is released when
     /// dropped unless it is used by [`Dispatcher::submit_reserved`].
     pub fn try_reserve(self: &Arc<Self>, key: &str) -> Result<QueueSlot, QueueFull> {
-        let b = &self.agent.cfg.behavior;
+        let b = &self.cfg.behavior;
         let mut queued = self.queued_counts();
         let total = self.depth.load(Ordering::Relaxed);
         let n = queued.get(key).copied().unwrap_or(0);
@@ -243,7 +316,7 @@ impl Dispatcher {
         queued.insert(key.to_string(), n + 1);
         self.depth.fetch_add(1, Ordering::Relaxed);
         drop(queued);
-        self.agent.monitor.set_queue_depth(self.queue_depth());
+        self.monitor.set_queue_depth(self.queue_depth());
         Ok(QueueSlot {
             dispatcher: self.clone(),
             key: key.to_string(),
@@ -265,7 +338,7 @@ impl Dispatcher {
             *queued.entry(key.to_string()).or_insert(0) += 1;
             self.depth.fetch_add(1, Ordering::Relaxed);
         }
-        self.agent.monitor.set_queue_depth(self.queue_depth());
+        self.monitor.set_queue_depth(self.queue_depth());
         self.enqueue(key, job).await;
     }
 
@@ -285,7 +358,7 @@ impl Dispatcher {
                 self.depth.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        self.agent.monitor.set_queue_depth(self.queue_depth());
+        self.monitor.set_queue_depth(self.queue_depth());
     }
 
     async fn enqueue(self: &Arc<Self>, key: &str, job: Job) {
@@ -382,7 +455,7 @@ impl Dispatcher {
                             Completion {
                                 session_id: String::new(),
                                 finish: Finish::Failed {
-                                    reply: self.agent.cfg.behavior.error_message.clone(),
+                                    reply: self.cfg.behavior.error_message.clone(),
                                     error: e.to_string(),
                                 },
                             },
@@ -423,7 +496,7 @@ impl Dispatcher {
         rx: &mut mpsc::UnboundedReceiver<Job>,
         held: &mut VecDeque<Job>,
     ) {
-        let window = self.agent.cfg.behavior.debounce;
+        let window = self.cfg.behavior.debounce;
         if window.is_zero() || !held.is_empty() {
             return;
         }
@@ -460,7 +533,7 @@ impl Dispatcher {
         state: &mut Option<SessionState>,
         work: Work,
     ) -> std::io::Result<()> {
-        let model = self.agent.route_work(&work);
+        let model = self.runner.route(&work);
         let store = self.store.clone();
         let k = key.to_string();
         let m = model.clone();
@@ -491,7 +564,7 @@ impl Dispatcher {
         }
         let st = state.as_mut().expect("loaded above");
 
-        let target = target_for(&work, &self.agent.cfg);
+        let target = target_for(&work, &self.cfg);
         let deliverer = self.deliverer();
         let stop = self.abort.child_token();
         self.running
@@ -499,14 +572,14 @@ impl Dispatcher {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.to_string(), stop.clone());
         let typing = match (&target, &deliverer) {
-            (Some(t), Some(d)) if self.agent.cfg.behavior.typing_indicators => {
+            (Some(t), Some(d)) if self.cfg.behavior.typing_indicators => {
                 Some(spawn_typing(d.clone(), t.clone()))
             }
             _ => None,
         };
         self.active.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        let mut finish = self.agent.process(&session, st, &work, &stop).await;
+        let mut finish = self.runner.process(&session, st, &work, &stop).await;
         self.active.fetch_sub(1, Ordering::Relaxed);
         if let Some(t) = typing {
             t.cancel();
@@ -567,8 +640,7 @@ impl Dispatcher {
             Finish::Failed { .. } => crate::metrics::Outcome::Failed,
             Finish::Cancelled => crate::metrics::Outcome::Cancelled,
         };
-        self.agent
-            .metrics
+        self.metrics
             .message_done(source, outcome, started.elapsed());
         if let Some(w) = &self.webhook
             && finish != Finish::Cancelled
@@ -588,7 +660,7 @@ impl Dispatcher {
         if finished && !self.stop.is_cancelled() {
             tokio::select! {
                 _ = self.abort.cancelled() => {}
-                _ = self.agent.after_message(&session, st, &work) => {}
+                _ = self.runner.after_message(&session, st, &work) => {}
             }
         }
         // The snapshot too waits until the reply is out, and is written by the snapshot thread:
@@ -614,10 +686,10 @@ impl Dispatcher {
     /// wait for the model. If the daemon stops first, `agentd consolidate` picks it up (the
     /// watermark did not move).
     fn consolidate_closed(&self, session_id: String) {
-        let Some(c) = self.agent.consolidator.clone() else {
+        let Some(c) = self.consolidator.clone() else {
             return;
         };
-        if !self.agent.cfg.memory.consolidation_enabled {
+        if !self.cfg.memory.consolidation_enabled {
             return;
         }
         let archive = self.store.dir().join(".archive");
@@ -768,6 +840,313 @@ mod tests {
         fifo.route = None;
         assert!(!same_thread(&tg("Alice", 1), &fifo));
         assert!(same_thread(&fifo, &fifo.clone()));
+    }
+
+    /// A runner that records each unit of work it is given (the texts of its intakes) and,
+    /// for texts starting with "block", waits until cancelled (for `/stop`).
+    #[derive(Default)]
+    struct FakeRunner {
+        seen: std::sync::Mutex<Vec<Vec<String>>>,
+        running: AtomicUsize,
+        overlapped: std::sync::atomic::AtomicBool,
+        started: tokio::sync::Notify,
+    }
+
+    impl Runner for FakeRunner {
+        fn route(&self, _work: &Work) -> String {
+            "primary".into()
+        }
+        fn process<'a>(
+            &'a self,
+            _session: &'a Arc<SessionHandle>,
+            _state: &'a mut SessionState,
+            work: &'a Work,
+            cancel: &'a CancellationToken,
+        ) -> BoxFuture<'a, Finish> {
+            Box::pin(async move {
+                if self.running.fetch_add(1, Ordering::SeqCst) > 0 {
+                    self.overlapped.store(true, Ordering::SeqCst);
+                }
+                let texts: Vec<String> = work.intakes.iter().map(|i| i.text.clone()).collect();
+                let block = texts.first().is_some_and(|t| t.starts_with("block"));
+                self.seen.lock().unwrap().push(texts.clone());
+                self.started.notify_one();
+                let finish = if block {
+                    cancel.cancelled().await;
+                    Finish::Cancelled
+                } else {
+                    // Long enough that a second worker of the same session would overlap.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Finish::Reply {
+                        text: format!("re: {}", texts.join("+")),
+                        silent: false,
+                        usage: Default::default(),
+                        cost_usd: 0.0,
+                    }
+                };
+                self.running.fetch_sub(1, Ordering::SeqCst);
+                finish
+            })
+        }
+        fn after_message<'a>(
+            &'a self,
+            _session: &'a Arc<SessionHandle>,
+            _state: &'a mut SessionState,
+            _work: &'a Work,
+        ) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        runner: Arc<FakeRunner>,
+        dispatcher: Arc<Dispatcher>,
+        tracker: TaskTracker,
+    }
+
+    /// A dispatcher over a temporary session store and the fake runner.
+    fn fixture(tune: impl FnOnce(&mut crate::config::BehaviorConfig)) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("providers.d")).unwrap();
+        std::fs::write(
+            root.join("providers.d/anthropic.toml"),
+            "type = \"anthropic\"\napi_key_env = \"K\"\n[models.primary]\nmodel = \"m\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("agentd.toml"),
+            "[paths]\nstate_dir = \"state\"\n[agent]\nname = \"t\"\nworkspace = \"ws\"\n[providers]\ndir = \"providers.d\"\n",
+        )
+        .unwrap();
+        let env = std::collections::BTreeMap::from([
+            ("K".to_string(), "sk-test".to_string()),
+            ("HOME".to_string(), root.display().to_string()),
+        ]);
+        let mut cfg = crate::config::load_with_env(&root.join("agentd.toml"), env).unwrap();
+        tune(&mut cfg.behavior);
+        let store = Arc::new(SessionStore::open(&root.join("sessions"), chrono_tz::UTC).unwrap());
+        let runner = Arc::new(FakeRunner::default());
+        let tracker = TaskTracker::new();
+        let dispatcher = Dispatcher::new(
+            DispatcherDeps {
+                cfg: Arc::new(cfg),
+                runner: runner.clone(),
+                store,
+                monitor: Arc::new(Monitor::new(root.join("monitor.json"))),
+                metrics: Arc::new(Metrics::new()),
+                consolidator: None,
+                webhook: None,
+            },
+            tracker.clone(),
+            CancellationToken::new(),
+            CancellationToken::new(),
+        );
+        Fixture {
+            _dir: dir,
+            runner,
+            dispatcher,
+            tracker,
+        }
+    }
+
+    fn user(id: &str, from: &str, text: &str) -> crate::session::Intake {
+        crate::session::Intake {
+            id: id.into(),
+            source: "user".into(),
+            from: from.into(),
+            text: text.into(),
+            tier: None,
+            attachments: vec![],
+            route: None,
+        }
+    }
+
+    fn message(intake: crate::session::Intake) -> Job {
+        Job::Message(Work {
+            intakes: vec![intake],
+            resume: false,
+        })
+    }
+
+    impl Fixture {
+        async fn reply_of(&self, rx: oneshot::Receiver<Completion>) -> Finish {
+            tokio::time::timeout(Duration::from_secs(10), rx)
+                .await
+                .expect("completion within 10 s")
+                .expect("completion sent")
+                .finish
+        }
+
+        fn seen(&self) -> Vec<Vec<String>> {
+            self.runner.seen.lock().unwrap().clone()
+        }
+    }
+
+    fn reply_text(f: &Finish) -> &str {
+        match f {
+            Finish::Reply { text, .. } => text,
+            Finish::Failed { reply, .. } => reply,
+            Finish::Cancelled => "",
+        }
+    }
+
+    /// One session's messages run one at a time, in the order they were queued.
+    #[tokio::test]
+    async fn one_sessions_messages_run_one_at_a_time_in_order() {
+        let f = fixture(|b| b.debounce = Duration::ZERO);
+        let mut waits = Vec::new();
+        for n in 0..5 {
+            let id = format!("m{n}");
+            waits.push(f.dispatcher.wait_for(&id));
+            let slot = f.dispatcher.try_reserve("alice").unwrap();
+            f.dispatcher
+                .submit_reserved(slot, message(user(&id, "alice", &format!("t{n}"))))
+                .await;
+        }
+        for (n, w) in waits.into_iter().enumerate() {
+            assert_eq!(reply_text(&f.reply_of(w).await), format!("re: t{n}"));
+        }
+        let expected: Vec<Vec<String>> = (0..5).map(|n| vec![format!("t{n}")]).collect();
+        assert_eq!(f.seen(), expected);
+        assert!(!f.runner.overlapped.load(Ordering::SeqCst));
+        assert_eq!(f.dispatcher.queue_depth(), 0);
+        f.tracker.close();
+        f.tracker.wait().await;
+        assert_eq!(f.dispatcher.workers().await, 0, "idle workers exit");
+    }
+
+    /// Within the debounce window one sender's messages become one turn; another sender's
+    /// message is held, not merged, and runs after it.
+    #[tokio::test]
+    async fn debounce_merges_one_senders_messages_and_holds_the_rest() {
+        let f = fixture(|b| b.debounce = Duration::from_millis(200));
+        let a1 = f.dispatcher.wait_for("a1");
+        let a2 = f.dispatcher.wait_for("a2");
+        let b1 = f.dispatcher.wait_for("b1");
+        for (id, from, text) in [
+            ("a1", "alice", "one"),
+            ("a2", "alice", "two"),
+            ("b1", "bob", "three"),
+        ] {
+            f.dispatcher
+                .submit("shared", message(user(id, from, text)))
+                .await;
+        }
+        assert_eq!(reply_text(&f.reply_of(a1).await), "re: one+two");
+        assert_eq!(
+            reply_text(&f.reply_of(a2).await),
+            "re: one+two",
+            "both ids are answered"
+        );
+        assert_eq!(reply_text(&f.reply_of(b1).await), "re: three");
+        assert_eq!(
+            f.seen(),
+            vec![
+                vec!["one".to_string(), "two".to_string()],
+                vec!["three".to_string()]
+            ]
+        );
+        assert_eq!(f.dispatcher.queue_depth(), 0);
+    }
+
+    /// Without a debounce window every message is its own turn; system messages are never
+    /// merged.
+    #[tokio::test]
+    async fn no_window_no_merge() {
+        let f = fixture(|b| b.debounce = Duration::ZERO);
+        let w2 = f.dispatcher.wait_for("a2");
+        f.dispatcher
+            .submit("k", message(user("a1", "alice", "one")))
+            .await;
+        f.dispatcher
+            .submit("k", message(user("a2", "alice", "two")))
+            .await;
+        f.reply_of(w2).await;
+        assert_eq!(
+            f.seen(),
+            vec![vec!["one".to_string()], vec!["two".to_string()]]
+        );
+    }
+
+    /// `try_reserve` counts reserved and queued messages against both caps; a dropped slot is
+    /// given back.
+    #[tokio::test]
+    async fn reservations_count_against_the_caps_and_are_released_on_drop() {
+        let f = fixture(|b| {
+            b.max_queued_per_session = 2;
+            b.max_queued_total = 3;
+        });
+        let a1 = f.dispatcher.try_reserve("a").unwrap();
+        let a2 = f.dispatcher.try_reserve("a").unwrap();
+        assert_eq!(
+            f.dispatcher.try_reserve("a").err(),
+            Some(QueueFull::Session { max: 2 })
+        );
+        let b1 = f.dispatcher.try_reserve("b").unwrap();
+        assert_eq!(
+            f.dispatcher.try_reserve("c").err(),
+            Some(QueueFull::Total { max: 3 })
+        );
+        assert_eq!(f.dispatcher.queue_depth(), 3);
+        drop(a2);
+        drop(b1);
+        assert_eq!(f.dispatcher.queue_depth(), 1);
+        assert!(
+            f.dispatcher.try_reserve("c").is_ok(),
+            "the dropped slots were released"
+        );
+        let done = f.dispatcher.wait_for("x");
+        f.dispatcher
+            .submit_reserved(a1, message(user("x", "a", "hi")))
+            .await;
+        f.reply_of(done).await;
+        assert_eq!(
+            f.dispatcher.queue_depth(),
+            0,
+            "a started job leaves the queue"
+        );
+    }
+
+    /// `/stop` cancels the running message of that session only: it ends as "Stopped.", a
+    /// failure recorded in the trail, and the next message of the session runs.
+    #[tokio::test]
+    async fn stop_cancels_the_running_message() {
+        let f = fixture(|b| b.debounce = Duration::ZERO);
+        assert!(!f.dispatcher.stop_session("k"), "nothing runs yet");
+        let first = f.dispatcher.wait_for("b1");
+        let second = f.dispatcher.wait_for("n1");
+        f.dispatcher
+            .submit("k", message(user("b1", "alice", "block")))
+            .await;
+        f.dispatcher
+            .submit("k", message(user("n1", "alice", "next")))
+            .await;
+        f.runner.started.notified().await;
+        assert!(
+            !f.dispatcher.stop_session("other"),
+            "another session is not touched"
+        );
+        assert!(f.dispatcher.stop_session("k"));
+        match f.reply_of(first).await {
+            Finish::Failed { reply, error } => {
+                assert_eq!(reply, "Stopped.");
+                assert_eq!(error, "stopped by the user");
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+        assert_eq!(reply_text(&f.reply_of(second).await), "re: next");
+        let trail = f
+            .dispatcher
+            .store
+            .get("k")
+            .unwrap()
+            .unwrap()
+            .read_trail()
+            .unwrap();
+        assert!(trail.iter().any(|l| matches!(&l.event,
+            Event::Failure { reply_to, reply, .. } if reply_to == &vec!["b1".to_string()] && reply == "Stopped.")));
     }
 
     #[test]
