@@ -6,6 +6,7 @@ use futures::future::BoxFuture;
 
 use crate::agent::Work;
 use crate::config::Config;
+use crate::control::Source;
 use crate::session::{DeliveryStatus, Event, Route, TrailLine};
 
 /// A reply destination.
@@ -38,11 +39,11 @@ pub trait Deliverer: Send + Sync {
 /// response itself) and terminal messages have no channel delivery here.
 pub fn target_for(work: &Work, cfg: &Config) -> Option<Target> {
     let first = work.intakes.first()?;
-    match (first.source.as_str(), &first.route) {
-        ("telegram", Some(Route::Telegram { chat_id, .. })) => {
+    match (first.source, &first.route) {
+        (Source::Telegram, Some(Route::Telegram { chat_id, .. })) => {
             Some(Target::Telegram { chat_id: *chat_id })
         }
-        ("user" | "scheduler", _) if cfg.telegram.enabled => cfg
+        (Source::User | Source::Scheduler, _) if cfg.telegram.enabled => cfg
             .telegram
             .contacts
             .get(&first.from)

@@ -129,7 +129,7 @@ impl ApiBackend for DaemonBackend {
             let done = self.dispatcher.wait_for(&id);
             let intake = Intake {
                 id: id.clone(),
-                source: "http".into(),
+                source: crate::control::Source::Http,
                 from: sender,
                 text: req.message,
                 tier: req.tier,
@@ -177,7 +177,7 @@ impl ApiBackend for DaemonBackend {
         Box::pin(async move {
             let intake = Intake {
                 id: uuid::Uuid::now_v7().to_string(),
-                source: "system".into(),
+                source: crate::control::Source::System,
                 from: req
                     .sender
                     .clone()

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::agent::{Agent, Work};
-use crate::control::{self, ControlLine};
+use crate::control::{self, ControlLine, Source};
 
 /// The text of a control line, or `None` (logged: the line is skipped). A `text_file` holds at
 /// most `max_bytes` (the HTTP body cap: the same bound for a message however it arrives).
@@ -49,19 +49,9 @@ async fn resolve_text(
 }
 use crate::session::{self, Event, Intake, SessionStore};
 
-use super::workers::{Dispatcher, Job, QueueFull};
-
-/// Why a message was not accepted. Either way nothing was recorded and nothing acknowledged.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum AcceptError {
-    /// The session's queue (or all queues together) is full: refused before intake (HTTP
-    /// 429, a short "busy" answer on Telegram).
-    #[error("{0}")]
-    Busy(#[from] QueueFull),
-    /// The intake record could not be written.
-    #[error("{0}")]
-    Failed(String),
-}
+use super::workers::{Dispatcher, Job};
+pub use crate::channels::intake::AcceptError;
+use crate::channels::intake::{Completion, IntakeSink};
 
 /// Turns control lines (FIFO) into durable intakes and jobs.
 pub struct IntakeHandler {
@@ -103,7 +93,7 @@ impl IntakeHandler {
                 };
                 let intake = Intake {
                     id,
-                    source: "user".into(),
+                    source: Source::User,
                     from: key.clone(),
                     text,
                     tier,
@@ -129,7 +119,7 @@ impl IntakeHandler {
                     "system".to_string(),
                     Intake {
                         id,
-                        source: "system".into(),
+                        source: Source::System,
                         from: "system".into(),
                         text,
                         tier,
@@ -154,7 +144,7 @@ impl IntakeHandler {
                     "system".to_string(),
                     Intake {
                         id,
-                        source: "system".into(),
+                        source: Source::System,
                         from: source.clone().unwrap_or_else(|| "notify".into()),
                         text: notify_text(
                             &body,
@@ -193,7 +183,7 @@ impl IntakeHandler {
         let slot = self.reserve(key, &intake.id)?;
         let store = self.store.clone();
         let k = key.to_string();
-        let model = self.agent.route(&intake.source);
+        let model = self.agent.route(intake.source.as_str());
         let item = intake.clone();
         let recorded =
             tokio::task::spawn_blocking(move || store.append_intake(&k, &model, item)).await;
@@ -333,7 +323,7 @@ impl IntakeHandler {
                     .collect();
                 // Only Telegram messages: their target was fixed when they arrived. (A FIFO
                 // sender who became a contact later must not get old replies.)
-                if intakes.first().is_none_or(|i| i.source != "telegram") {
+                if intakes.first().is_none_or(|i| i.source != Source::Telegram) {
                     continue;
                 }
                 let work = Work {
@@ -353,6 +343,32 @@ impl IntakeHandler {
                 }
             }
         }
+    }
+}
+
+impl IntakeSink for IntakeHandler {
+    fn accept<'a>(
+        &'a self,
+        key: &'a str,
+        intake: Intake,
+    ) -> futures::future::BoxFuture<'a, Result<(), AcceptError>> {
+        Box::pin(IntakeHandler::accept(self, key, intake))
+    }
+
+    fn ask<'a>(
+        &'a self,
+        key: &'a str,
+        intake: Intake,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Completion>, AcceptError>> {
+        Box::pin(async move {
+            let id = intake.id.clone();
+            let done = self.dispatcher.wait_for(&id);
+            if let Err(e) = IntakeHandler::accept(self, key, intake).await {
+                self.dispatcher.forget(&id);
+                return Err(e);
+            }
+            Ok(done.await.ok())
+        })
     }
 }
 

@@ -403,11 +403,10 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     let input_closed = CancellationToken::new();
     if opts.terminal {
         let intake = intake.clone();
-        let dispatcher = dispatcher.clone();
         let stop = stop.clone();
         let closed = input_closed.clone();
         tracker.spawn(async move {
-            crate::channels::terminal::run(intake, dispatcher, stop).await;
+            crate::channels::terminal::run(intake, stop).await;
             closed.cancel();
         });
     }

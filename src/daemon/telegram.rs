@@ -145,7 +145,7 @@ impl TgSink for Sink {
                     Some(bot) => format!("tg-{bot}-{}", msg.update_id),
                     None => format!("tg-{}", msg.update_id),
                 },
-                source: "telegram".into(),
+                source: crate::control::Source::Telegram,
                 from: msg.from_name.clone(),
                 text,
                 tier: None,

@@ -20,7 +20,9 @@ use futures::future::BoxFuture;
 
 use super::delivery::{Deliverer, Target, target_for};
 use crate::agent::{Agent, Finish, Work};
+pub use crate::channels::intake::{Completion, QueueFull};
 use crate::config::Config;
+use crate::control::Source;
 use crate::memory::consolidate::Consolidator;
 use crate::metrics::Metrics;
 use crate::monitor::Monitor;
@@ -90,13 +92,6 @@ pub enum Job {
     },
 }
 
-/// What a waiter learns when its message is done.
-#[derive(Debug, Clone)]
-pub struct Completion {
-    pub session_id: String,
-    pub finish: Finish,
-}
-
 /// Session states kept in memory for sessions whose worker has exited (the most recently
 /// used ones). A worker exits as soon as its queue is empty, so memory held for idle sessions
 /// is bounded by this, not by the number of session keys ever seen; a session not in here
@@ -125,8 +120,8 @@ impl IdleStates {
 }
 
 /// Sources whose messages are merged when they arrive within the debounce window.
-fn debounced(source: &str) -> bool {
-    matches!(source, "telegram" | "user")
+fn debounced(source: Source) -> bool {
+    matches!(source, Source::Telegram | Source::User)
 }
 
 /// Whether `next` may be merged into a turn that began with `first` (SPEC §5.3, §16.9): the
@@ -138,20 +133,6 @@ fn same_thread(first: &crate::session::Intake, next: &crate::session::Intake) ->
         _ => None,
     };
     first.source == next.source && first.from == next.from && chat(first) == chat(next)
-}
-
-/// Why a message was refused before intake: its queue is full. The message names the key to
-/// raise.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum QueueFull {
-    #[error(
-        "this session already has {max} messages waiting ([behavior] max_queued_per_session); try again once they are processed"
-    )]
-    Session { max: usize },
-    #[error(
-        "{max} messages are already waiting across all sessions ([behavior] max_queued_total); try again once they are processed"
-    )]
-    Total { max: usize },
 }
 
 /// Whether one more message fits: `session` waiting in its session, `total` in all.
@@ -434,7 +415,7 @@ impl Dispatcher {
             }
             match job {
                 Job::Message(mut work) => {
-                    if !work.resume && work.intakes.first().is_some_and(|i| debounced(&i.source)) {
+                    if !work.resume && work.intakes.first().is_some_and(|i| debounced(i.source)) {
                         self.debounce(&key, &mut work, &mut rx, &mut held).await;
                     }
                     let Ok(_permit) = self.permits.clone().acquire_owned().await else {
@@ -781,7 +762,7 @@ fn webhook_payload(
         reply,
         session_id: session_id.to_string(),
         sender: first.map(|i| i.from.clone()).unwrap_or_default(),
-        source: first.map(|i| i.source.clone()).unwrap_or_default(),
+        source: first.map(|i| i.source.to_string()).unwrap_or_default(),
         silent,
         tokens: (&usage).into(),
         notify_meta: None,
@@ -799,7 +780,7 @@ mod tests {
     fn tg(from: &str, chat: i64) -> crate::session::Intake {
         crate::session::Intake {
             id: format!("{from}-{chat}"),
-            source: "telegram".into(),
+            source: Source::Telegram,
             from: from.into(),
             text: "x".into(),
             tier: None,
@@ -836,7 +817,7 @@ mod tests {
         assert!(!same_thread(&tg("Alice", 1), &tg("Alice", -5)));
         assert!(!same_thread(&tg("Alice", -5), &tg("Bob", -5)));
         let mut fifo = tg("Alice", 1);
-        fifo.source = "user".into();
+        fifo.source = Source::User;
         fifo.route = None;
         assert!(!same_thread(&tg("Alice", 1), &fifo));
         assert!(same_thread(&fifo, &fifo.clone()));
@@ -954,7 +935,7 @@ mod tests {
     fn user(id: &str, from: &str, text: &str) -> crate::session::Intake {
         crate::session::Intake {
             id: id.into(),
-            source: "user".into(),
+            source: Source::User,
             from: from.into(),
             text: text.into(),
             tier: None,
