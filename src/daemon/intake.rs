@@ -295,7 +295,7 @@ impl IntakeHandler {
     /// Deliver replies that a crash left unsent (no `delivery` record at all). A reply with an
     /// intent but no outcome is NOT sent again — Telegram has no idempotency key — only logged.
     pub async fn recover_deliveries(&self) {
-        let Some(deliverer) = self.dispatcher.deliverer() else {
+        let Some(outbound) = self.dispatcher.outbound() else {
             return;
         };
         for (key, entry) in self.store.index() {
@@ -334,7 +334,7 @@ impl IntakeHandler {
                     tracing::info!(session_key = %key, session = %entry.session_id, "delivering a reply left unsent by a restart");
                     super::workers::deliver_recorded(
                         &session,
-                        deliverer.as_ref(),
+                        outbound.as_ref(),
                         &target,
                         &ids,
                         &text,

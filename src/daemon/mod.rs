@@ -214,10 +214,14 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
     } else {
         None
     };
-    if let Some(client) = &telegram {
+    let outbound: Option<Arc<dyn crate::tools::outbound::Outbound>> = telegram.as_ref().map(|c| {
+        Arc::new(telegram::TgOutbound::new(cfg.clone(), c.clone()))
+            as Arc<dyn crate::tools::outbound::Outbound>
+    });
+    if let Some(outbound) = &outbound {
         let m = crate::tools::messaging::Messaging {
             cfg: cfg.clone(),
-            client: client.clone(),
+            outbound: outbound.clone(),
             sessions: store.clone(),
         };
         tool_list.extend(m.tools());
@@ -292,6 +296,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
             metrics: metrics.clone(),
             consolidator: consolidator.clone(),
             webhook: webhook.is_enabled().then_some(webhook),
+            outbound,
         },
         tracker.clone(),
         stop.clone(),
@@ -302,10 +307,7 @@ pub async fn run(cfg: Config, opts: RunOptions) -> Result<(), DaemonError> {
         store: store.clone(),
         dispatcher: dispatcher.clone(),
     });
-    // Deliverer first (replies a crash left unsent), then unfinished work, then new input.
-    if let Some(client) = &telegram {
-        telegram::install(&cfg, &dispatcher, client.clone());
-    }
+    // Replies a crash left unsent first, then unfinished work, then new input.
     intake.recover_deliveries().await;
     intake.recover().await;
     {

@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use futures::future::BoxFuture;
 
-use super::delivery::{Deliverer, Target, target_for};
+use super::delivery::{Outbound, Target, target_for};
 use crate::agent::{Agent, Finish, Work};
 pub use crate::channels::intake::{Completion, QueueFull};
 use crate::config::Config;
@@ -80,6 +80,8 @@ pub struct DispatcherDeps {
     /// Closed sessions are consolidated when `memory.consolidation_enabled`.
     pub consolidator: Option<Consolidator>,
     pub webhook: Option<crate::api::webhook::Webhook>,
+    /// Where replies go (Telegram), when a channel is configured.
+    pub outbound: Option<Arc<dyn Outbound>>,
 }
 
 /// A job for one session.
@@ -187,7 +189,8 @@ pub struct Dispatcher {
     active: Arc<AtomicUsize>,
     waiters: std::sync::Mutex<HashMap<String, oneshot::Sender<Completion>>>,
     running: std::sync::Mutex<HashMap<String, CancellationToken>>,
-    deliverer: std::sync::RwLock<Option<Arc<dyn Deliverer>>>,
+    /// Where replies go (Telegram), when a channel is configured.
+    outbound: Option<Arc<dyn Outbound>>,
     webhook: Option<crate::api::webhook::Webhook>,
     tracker: TaskTracker,
     /// Fired at shutdown: workers start no new job.
@@ -211,6 +214,7 @@ impl Dispatcher {
             metrics,
             consolidator,
             webhook,
+            outbound,
         } = deps;
         let permits = Arc::new(Semaphore::new(cfg.behavior.max_concurrent_sessions.max(1)));
         Arc::new(Dispatcher {
@@ -228,7 +232,7 @@ impl Dispatcher {
             active: Arc::new(AtomicUsize::new(0)),
             waiters: std::sync::Mutex::new(HashMap::new()),
             running: std::sync::Mutex::new(HashMap::new()),
-            deliverer: std::sync::RwLock::new(None),
+            outbound,
             webhook,
             tracker,
             stop,
@@ -236,16 +240,9 @@ impl Dispatcher {
         })
     }
 
-    /// Install the channel that delivers replies (Telegram), once it is set up.
-    pub fn set_deliverer(&self, d: Arc<dyn Deliverer>) {
-        *self.deliverer.write().unwrap_or_else(|p| p.into_inner()) = Some(d);
-    }
-
-    pub fn deliverer(&self) -> Option<Arc<dyn Deliverer>> {
-        self.deliverer
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// The channel that delivers replies (Telegram), if any.
+    pub fn outbound(&self) -> Option<Arc<dyn Outbound>> {
+        self.outbound.clone()
     }
 
     /// Jobs queued and not yet started.
@@ -546,13 +543,13 @@ impl Dispatcher {
         let st = state.as_mut().expect("loaded above");
 
         let target = target_for(&work, &self.cfg);
-        let deliverer = self.deliverer();
+        let outbound = self.outbound();
         let stop = self.abort.child_token();
         self.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key.to_string(), stop.clone());
-        let typing = match (&target, &deliverer) {
+        let typing = match (&target, &outbound) {
             (Some(t), Some(d)) if self.cfg.behavior.typing_indicators => {
                 Some(spawn_typing(d.clone(), t.clone()))
             }
@@ -611,7 +608,7 @@ impl Dispatcher {
             Finish::Failed { reply, .. } => Some(reply.clone()),
             _ => None,
         };
-        if let (Some(target), Some(d), Some(text)) = (&target, &deliverer, text) {
+        if let (Some(target), Some(d), Some(text)) = (&target, &outbound, text) {
             deliver_recorded(&session, d.as_ref(), target, &work.ids(), &text).await;
         }
         let source = work.intakes.first().map_or("", |i| i.source.as_str());
@@ -698,7 +695,7 @@ impl Dispatcher {
 /// Record the intent, send, record the outcome (SPEC §5.2).
 pub async fn deliver_recorded(
     session: &Arc<SessionHandle>,
-    d: &dyn Deliverer,
+    d: &dyn Outbound,
     target: &Target,
     ids: &[String],
     text: &str,
@@ -713,8 +710,8 @@ pub async fn deliver_recorded(
         tracing::error!(session = %session.id, error = %e, "cannot record delivery intent; not sending");
         return;
     }
-    let (status, detail) = match d.deliver(target, text).await {
-        Ok(()) => (DeliveryStatus::Done, None),
+    let (status, detail) = match d.send_text(target, text).await {
+        Ok(_) => (DeliveryStatus::Done, None),
         Err(e) => {
             tracing::warn!(session = %session.id, channel = target.channel(), error = %e, "delivery failed");
             (DeliveryStatus::Failed, Some(e))
@@ -726,7 +723,7 @@ pub async fn deliver_recorded(
 }
 
 /// "typing…" every 4 s until the returned token is cancelled.
-fn spawn_typing(d: Arc<dyn Deliverer>, target: Target) -> CancellationToken {
+fn spawn_typing(d: Arc<dyn Outbound>, target: Target) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
@@ -919,6 +916,7 @@ mod tests {
                 metrics: Arc::new(Metrics::new()),
                 consolidator: None,
                 webhook: None,
+                outbound: None,
             },
             tracker.clone(),
             CancellationToken::new(),

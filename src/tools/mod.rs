@@ -8,6 +8,7 @@ pub mod fs;
 pub mod mcp;
 pub mod memory;
 pub mod messaging;
+pub mod outbound;
 pub mod paths;
 pub mod registry;
 pub mod schedule;
