@@ -136,15 +136,15 @@ impl Agent {
         session: &Arc<SessionHandle>,
         state: &mut SessionState,
         work: &Work,
+        model: &str,
         cancel: &CancellationToken,
     ) -> Finish {
         if work.source() == "scheduler" && !work.resume {
             return self.deliver_scheduled(session, state, work, cancel).await;
         }
-        let model = self.route_work(work);
-        let handle = self.monitor.begin(&session.id, &session.key, &model);
+        let handle = self.monitor.begin(&session.id, &session.key, model);
         let result = self
-            .run_loop(session, state, work, &model, handle, cancel)
+            .run_loop(session, state, work, model, handle, cancel)
             .await;
         self.monitor.end(handle);
         state.strip_images();

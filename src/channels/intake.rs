@@ -57,3 +57,18 @@ pub trait IntakeSink: Send + Sync {
         intake: Intake,
     ) -> BoxFuture<'a, Result<Option<Completion>, AcceptError>>;
 }
+
+/// The text a person is sent for a finished message: the answer, or what they are told when
+/// it failed. `None`: nothing is sent (a silent reply, or an interrupted message that resumes
+/// after restart). Channel delivery, the HTTP answer and the terminal all decide with this.
+pub fn reply_text(finish: &Finish) -> Option<&str> {
+    match finish {
+        Finish::Reply {
+            text,
+            silent: false,
+            ..
+        } => Some(text),
+        Finish::Failed { reply, .. } => Some(reply),
+        Finish::Reply { silent: true, .. } | Finish::Cancelled => None,
+    }
+}

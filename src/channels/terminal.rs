@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
-use super::intake::IntakeSink;
+use super::intake::{IntakeSink, reply_text};
 use crate::agent::Finish;
 use crate::control::Source;
 use crate::session::Intake;
@@ -57,14 +57,37 @@ pub async fn run(intake: Arc<dyn IntakeSink>, stop: CancellationToken) {
 
 /// What is printed for a finished message (`None`: the daemon stopped first).
 fn answer(finish: Option<Finish>) -> String {
-    match finish {
-        Some(Finish::Reply {
-            text,
-            silent: false,
-            ..
-        }) => text,
-        Some(Finish::Reply { silent: true, .. }) => "(silent reply)".to_string(),
-        Some(Finish::Failed { reply, .. }) => format!("[error] {reply}"),
-        Some(Finish::Cancelled) | None => "[interrupted]".to_string(),
+    let Some(finish) = finish else {
+        return "[interrupted]".to_string();
+    };
+    match (reply_text(&finish), &finish) {
+        (Some(text), Finish::Failed { .. }) => format!("[error] {text}"),
+        (Some(text), _) => text.to_string(),
+        (None, Finish::Reply { .. }) => "(silent reply)".to_string(),
+        (None, _) => "[interrupted]".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_name_silence_failure_and_interruption() {
+        let reply = |text: &str, silent| Finish::Reply {
+            text: text.into(),
+            silent,
+            usage: Default::default(),
+            cost_usd: 0.0,
+        };
+        assert_eq!(answer(Some(reply("hi", false))), "hi");
+        assert_eq!(answer(Some(reply("NO_REPLY", true))), "(silent reply)");
+        let failed = Finish::Failed {
+            reply: "sorry".into(),
+            error: "boom".into(),
+        };
+        assert_eq!(answer(Some(failed)), "[error] sorry");
+        assert_eq!(answer(Some(Finish::Cancelled)), "[interrupted]");
+        assert_eq!(answer(None), "[interrupted]");
     }
 }

@@ -2,12 +2,14 @@
 //! starts the sources (`sources`) and per-session workers (`workers`), and owns the lifecycle
 //! (`lifecycle`: signals, READY, the two-stage stop). [`run`] reads as that list.
 
+pub mod after;
 pub mod delivery;
 pub mod http_backend;
 pub mod intake;
 pub mod lifecycle;
 pub mod notify;
 pub mod pidlock;
+pub mod queue;
 pub mod services;
 pub mod signals;
 pub mod sources;
