@@ -69,6 +69,14 @@ impl Work {
     }
 }
 
+/// Model name for a message from `source` (SPEC §3 `[routing]`; default `primary`).
+pub fn route_source(cfg: &Config, source: &str) -> String {
+    cfg.routing
+        .get(source)
+        .cloned()
+        .unwrap_or_else(|| "primary".to_string())
+}
+
 /// How a message ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finish {
@@ -102,11 +110,7 @@ struct Fail {
 impl Agent {
     /// Model name for a message from `source` (SPEC §3 `[routing]`).
     pub fn route(&self, source: &str) -> String {
-        self.cfg
-            .routing
-            .get(source)
-            .cloned()
-            .unwrap_or_else(|| "primary".to_string())
+        route_source(&self.cfg, source)
     }
 
     /// Model for a unit of work: `vision` when the message carries an image and that model is

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::agent::{Agent, Work};
+use crate::agent::Work;
 use crate::control::{self, ControlLine, Source};
 
 /// The text of a control line, or `None` (logged: the line is skipped). A `text_file` holds at
@@ -55,7 +55,7 @@ use crate::channels::intake::{Completion, IntakeSink};
 
 /// Turns control lines (FIFO) into durable intakes and jobs.
 pub struct IntakeHandler {
-    pub agent: Agent,
+    pub cfg: Arc<crate::config::Config>,
     pub store: Arc<SessionStore>,
     pub dispatcher: Arc<Dispatcher>,
 }
@@ -70,8 +70,8 @@ pub fn valid_key(key: &str) -> bool {
 
 impl IntakeHandler {
     pub async fn handle(&self, line: ControlLine) {
-        let state_dir = &self.agent.cfg.paths.state_dir;
-        let max_text = self.agent.cfg.http.max_body_bytes;
+        let state_dir = &self.cfg.paths.state_dir;
+        let max_text = self.cfg.http.max_body_bytes;
         let id = line.id().unwrap_or_default().to_string();
         let (key, intake) = match line {
             ControlLine::User {
@@ -183,7 +183,8 @@ impl IntakeHandler {
         let slot = self.reserve(key, &intake.id)?;
         let store = self.store.clone();
         let k = key.to_string();
-        let model = self.agent.route(intake.source.as_str());
+        // The model a new session is created with (the worker routes each message itself).
+        let model = crate::agent::route_source(&self.cfg, intake.source.as_str());
         let item = intake.clone();
         let recorded =
             tokio::task::spawn_blocking(move || store.append_intake(&k, &model, item)).await;
@@ -330,7 +331,7 @@ impl IntakeHandler {
                     intakes,
                     resume: false,
                 };
-                if let Some(target) = super::delivery::target_for(&work, &self.agent.cfg) {
+                if let Some(target) = super::delivery::target_for(&work, &self.cfg) {
                     tracing::info!(session_key = %key, session = %entry.session_id, "delivering a reply left unsent by a restart");
                     super::workers::deliver_recorded(
                         &session,

@@ -197,7 +197,7 @@ impl Services {
         let dispatcher = Dispatcher::new(
             DispatcherDeps {
                 cfg: cfg.clone(),
-                runner: Arc::new(agent.clone()),
+                runner: Arc::new(agent),
                 store: store.clone(),
                 monitor: monitor.clone(),
                 metrics: metrics.clone(),
@@ -210,7 +210,7 @@ impl Services {
             tasks.abort.clone(),
         );
         let intake = Arc::new(IntakeHandler {
-            agent,
+            cfg: cfg.clone(),
             store: store.clone(),
             dispatcher: dispatcher.clone(),
         });
