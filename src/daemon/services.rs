@@ -64,6 +64,23 @@ fn startup(what: &str, e: &dyn std::fmt::Display) -> DaemonError {
     DaemonError::Startup(format!("{what}: {e}"))
 }
 
+/// The dispatcher (queues and workers) and durable intake in front of it.
+fn queues(deps: DispatcherDeps, tasks: &Tasks) -> (Arc<Dispatcher>, Arc<IntakeHandler>) {
+    let (cfg, store) = (deps.cfg.clone(), deps.store.clone());
+    let dispatcher = Dispatcher::new(
+        deps,
+        tasks.tracker.clone(),
+        tasks.stop.clone(),
+        tasks.abort.clone(),
+    );
+    let intake = Arc::new(IntakeHandler {
+        cfg,
+        store,
+        dispatcher: dispatcher.clone(),
+    });
+    (dispatcher, intake)
+}
+
 /// The state directories, 0700; a wider one is tightened (or warned about).
 fn prepare_state_dir(paths: &StatePaths, cfg: &Config) -> Result<(), DaemonError> {
     for dir in [
@@ -162,23 +179,21 @@ impl Services {
             mcp_cancel.clone(),
         );
         let schedule_wake = Arc::new(Notify::new());
-        let tools = crate::tools::assemble(
-            &cfg,
-            crate::tools::ToolDeps {
-                llm: llm.clone(),
-                db: db.clone(),
-                sessions: store.clone(),
-                memory: memory.as_ref(),
-                outbound: outbound.clone(),
-                schedule_wake: schedule_wake.clone(),
-                mcp: &mcp,
-                extra: vec![Arc::new(crate::skills::LoadSkillTool {
-                    skills: skills.clone(),
-                })],
-            },
-        )
-        .await
-        .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?;
+        let deps = crate::tools::ToolDeps {
+            llm: llm.clone(),
+            db: db.clone(),
+            sessions: store.clone(),
+            memory: memory.as_ref(),
+            outbound: outbound.clone(),
+            schedule_wake: schedule_wake.clone(),
+            mcp: &mcp,
+            extra: vec![Arc::new(crate::skills::LoadSkillTool {
+                skills: skills.clone(),
+            })],
+        };
+        let tools = crate::tools::assemble(&cfg, deps)
+            .await
+            .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?;
         let metrics = Arc::new(crate::metrics::Metrics::new());
         let agent = Agent {
             cfg: cfg.clone(),
@@ -194,26 +209,17 @@ impl Services {
         };
         let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
             .map_err(|e| DaemonError::Startup(e.to_string()))?;
-        let dispatcher = Dispatcher::new(
-            DispatcherDeps {
-                cfg: cfg.clone(),
-                runner: Arc::new(agent),
-                store: store.clone(),
-                monitor: monitor.clone(),
-                metrics: metrics.clone(),
-                consolidator: consolidator.clone(),
-                webhook: webhook.is_enabled().then_some(webhook),
-                outbound,
-            },
-            tasks.tracker.clone(),
-            tasks.stop.clone(),
-            tasks.abort.clone(),
-        );
-        let intake = Arc::new(IntakeHandler {
+        let deps = DispatcherDeps {
             cfg: cfg.clone(),
+            runner: Arc::new(agent),
             store: store.clone(),
-            dispatcher: dispatcher.clone(),
-        });
+            monitor: monitor.clone(),
+            metrics: metrics.clone(),
+            consolidator: consolidator.clone(),
+            webhook: webhook.is_enabled().then_some(webhook),
+            outbound,
+        };
+        let (dispatcher, intake) = queues(deps, tasks);
         Ok(Services {
             cfg,
             paths,

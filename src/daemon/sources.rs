@@ -20,16 +20,7 @@ const INTAKE_QUEUE: usize = 64;
 pub async fn start(s: &Services, tasks: &Tasks) -> Result<(), DaemonError> {
     start_scheduler(s, tasks);
     if let Some(client) = s.telegram.clone() {
-        telegram::start_poller(
-            client,
-            s.cfg.clone(),
-            s.db.clone(),
-            s.intake.clone(),
-            s.dispatcher.clone(),
-            s.monitor.clone(),
-            &tasks.tracker,
-            tasks.stop.clone(),
-        );
+        telegram::start_poller(client, s, tasks);
     }
     if s.cfg.fifo.enabled {
         start_fifo(s, tasks)?;

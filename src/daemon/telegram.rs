@@ -6,8 +6,6 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::delivery::{Outbound, Target};
 use super::intake::{AcceptError, IntakeHandler};
@@ -16,12 +14,12 @@ use crate::tools::outbound::FileKind;
 /// The answer to a Telegram message refused because its session's queue is full.
 const BUSY_REPLY: &str =
     "I'm busy with earlier messages; this one was not taken. Please send it again in a moment.";
+use super::services::{Services, Tasks};
 use super::workers::Dispatcher;
 use crate::channels::telegram::client::{FileKind as TgFileKind, TelegramClient};
 use crate::channels::telegram::inbound::{TgCommand, TgInbound, TgMediaKind};
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
-use crate::monitor::Monitor;
 use crate::session::{Intake, Route};
 use crate::store::Db;
 
@@ -261,17 +259,10 @@ impl Outbound for TgOutbound {
 }
 
 /// Start the poller (not waiting for Telegram: its health goes to the monitor).
-#[allow(clippy::too_many_arguments)]
-pub fn start_poller(
-    client: TelegramClient,
-    cfg: Arc<Config>,
-    db: Db,
-    intake: Arc<IntakeHandler>,
-    dispatcher: Arc<Dispatcher>,
-    monitor: Arc<Monitor>,
-    tracker: &TaskTracker,
-    stop: CancellationToken,
-) {
+pub fn start_poller(client: TelegramClient, s: &Services, tasks: &Tasks) {
+    let (cfg, db, monitor) = (s.cfg.clone(), s.db.clone(), s.monitor.clone());
+    let (intake, dispatcher) = (s.intake.clone(), s.dispatcher.clone());
+    let (tracker, stop) = (&tasks.tracker, tasks.stop.clone());
     let (health_tx, mut health_rx) = poll::health_channel();
     {
         let stop = stop.clone();
