@@ -72,3 +72,70 @@ pub fn reply_text(finish: &Finish) -> Option<&str> {
         Finish::Reply { silent: true, .. } | Finish::Cancelled => None,
     }
 }
+
+/// What a source tells a person about a finished message, without knowing the agent's types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The reply text.
+    Reply(String),
+    /// The agent chose not to answer (a silent token).
+    Silent,
+    /// The message failed; what the person is told.
+    Failed(String),
+    /// Shutdown came first; the message resumes after the next start.
+    Interrupted,
+}
+
+impl Answer {
+    /// The answer for a completion (`None`: the daemon stopped before it finished).
+    pub fn of(completion: Option<&Completion>) -> Answer {
+        let Some(finish) = completion.map(|c| &c.finish) else {
+            return Answer::Interrupted;
+        };
+        match (reply_text(finish), finish) {
+            (Some(text), Finish::Failed { .. }) => Answer::Failed(text.to_string()),
+            (Some(text), _) => Answer::Reply(text.to_string()),
+            (None, Finish::Reply { .. }) => Answer::Silent,
+            (None, _) => Answer::Interrupted,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(finish: Finish) -> Completion {
+        Completion {
+            session_id: "s".into(),
+            finish,
+        }
+    }
+
+    #[test]
+    fn answers_follow_the_reply_text() {
+        let reply = |text: &str, silent| {
+            done(Finish::Reply {
+                text: text.into(),
+                silent,
+                usage: Default::default(),
+                cost_usd: 0.0,
+            })
+        };
+        assert_eq!(
+            Answer::of(Some(&reply("hi", false))),
+            Answer::Reply("hi".into())
+        );
+        assert_eq!(Answer::of(Some(&reply("NO_REPLY", true))), Answer::Silent);
+        let failed = done(Finish::Failed {
+            reply: "sorry".into(),
+            error: "boom".into(),
+        });
+        assert_eq!(Answer::of(Some(&failed)), Answer::Failed("sorry".into()));
+        assert_eq!(
+            Answer::of(Some(&done(Finish::Cancelled))),
+            Answer::Interrupted
+        );
+        assert_eq!(Answer::of(None), Answer::Interrupted);
+    }
+}

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
-use super::intake::{IntakeSink, reply_text};
-use crate::agent::Finish;
+use super::intake::{Answer, IntakeSink};
 use crate::control::Source;
 use crate::session::Intake;
 
@@ -47,7 +46,7 @@ pub async fn run(intake: Arc<dyn IntakeSink>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             r = intake.ask("terminal", intake_item) => match r {
                 Err(e) => format!("[error] {e}"),
-                Ok(c) => answer(c.map(|c| c.finish)),
+                Ok(c) => answer(Answer::of(c.as_ref())),
             },
         };
         let _ = out.write_all(format!("{answer}\n> ").as_bytes()).await;
@@ -55,39 +54,12 @@ pub async fn run(intake: Arc<dyn IntakeSink>, stop: CancellationToken) {
     }
 }
 
-/// What is printed for a finished message (`None`: the daemon stopped first).
-fn answer(finish: Option<Finish>) -> String {
-    let Some(finish) = finish else {
-        return "[interrupted]".to_string();
-    };
-    match (reply_text(&finish), &finish) {
-        (Some(text), Finish::Failed { .. }) => format!("[error] {text}"),
-        (Some(text), _) => text.to_string(),
-        (None, Finish::Reply { .. }) => "(silent reply)".to_string(),
-        (None, _) => "[interrupted]".to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn answers_name_silence_failure_and_interruption() {
-        let reply = |text: &str, silent| Finish::Reply {
-            text: text.into(),
-            silent,
-            usage: Default::default(),
-            cost_usd: 0.0,
-        };
-        assert_eq!(answer(Some(reply("hi", false))), "hi");
-        assert_eq!(answer(Some(reply("NO_REPLY", true))), "(silent reply)");
-        let failed = Finish::Failed {
-            reply: "sorry".into(),
-            error: "boom".into(),
-        };
-        assert_eq!(answer(Some(failed)), "[error] sorry");
-        assert_eq!(answer(Some(Finish::Cancelled)), "[interrupted]");
-        assert_eq!(answer(None), "[interrupted]");
+/// What is printed for an answer.
+fn answer(a: Answer) -> String {
+    match a {
+        Answer::Reply(text) => text,
+        Answer::Silent => "(silent reply)".to_string(),
+        Answer::Failed(reply) => format!("[error] {reply}"),
+        Answer::Interrupted => "[interrupted]".to_string(),
     }
 }
