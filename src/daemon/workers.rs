@@ -770,4 +770,38 @@ mod tests {
             "the intake is in the answering session's trail"
         );
     }
+
+    /// Telegram messages of one sender in two chats are two turns, each answering its chat
+    /// (SPEC §16.9: debounce is per sender and chat).
+    #[tokio::test]
+    async fn debounce_keeps_one_senders_chats_apart() {
+        let f = fixture(|b| b.debounce = Duration::from_millis(200));
+        let tg = |id: &str, chat: i64, text: &str| {
+            let mut i = user(id, "alice", text);
+            i.source = Source::Telegram;
+            i.route = Some(crate::session::Route::Telegram {
+                chat_id: chat,
+                message_id: None,
+            });
+            i
+        };
+        let last = f.dispatcher.wait_for("g1");
+        f.dispatcher
+            .submit("k", message(tg("p1", 1, "private")))
+            .await;
+        f.dispatcher
+            .submit("k", message(tg("p2", 1, "again")))
+            .await;
+        f.dispatcher
+            .submit("k", message(tg("g1", -5, "group")))
+            .await;
+        assert_eq!(reply_text(&f.reply_of(last).await), "re: group");
+        assert_eq!(
+            f.seen(),
+            vec![
+                vec!["private".to_string(), "again".to_string()],
+                vec!["group".to_string()]
+            ]
+        );
+    }
 }
