@@ -64,6 +64,37 @@ fn startup(what: &str, e: &dyn std::fmt::Display) -> DaemonError {
     DaemonError::Startup(format!("{what}: {e}"))
 }
 
+/// What lives in the state directory, opened in order: the directory, the PID lock (one
+/// daemon per state directory), `agentd.db`, the sessions, `monitor.json`.
+struct State {
+    paths: StatePaths,
+    pid: PidLock,
+    db: Db,
+    store: Arc<SessionStore>,
+    monitor: Arc<Monitor>,
+}
+
+fn open_state(cfg: &Config) -> Result<State, DaemonError> {
+    let paths = StatePaths {
+        root: cfg.paths.state_dir.clone(),
+    };
+    prepare_state_dir(&paths, cfg)?;
+    let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
+    let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
+    let store = Arc::new(
+        SessionStore::open(&paths.sessions(), cfg.agent.timezone)
+            .map_err(|e| startup("cannot open the sessions directory", &e))?,
+    );
+    let monitor = Arc::new(Monitor::new(paths.monitor()));
+    Ok(State {
+        paths,
+        pid,
+        db,
+        store,
+        monitor,
+    })
+}
+
 /// The dispatcher (queues and workers) and durable intake in front of it.
 fn queues(deps: DispatcherDeps, tasks: &Tasks) -> (Arc<Dispatcher>, Arc<IntakeHandler>) {
     let (cfg, store) = (deps.cfg.clone(), deps.store.clone());
@@ -134,18 +165,13 @@ impl Services {
         tasks: &Tasks,
         started: Instant,
     ) -> Result<Services, DaemonError> {
-        let paths = StatePaths {
-            root: cfg.paths.state_dir.clone(),
-        };
-        prepare_state_dir(&paths, &cfg)?;
-        let pid =
-            PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
-        let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
-        let store = Arc::new(
-            SessionStore::open(&paths.sessions(), cfg.agent.timezone)
-                .map_err(|e| startup("cannot open the sessions directory", &e))?,
-        );
-        let monitor = Arc::new(Monitor::new(paths.monitor()));
+        let State {
+            paths,
+            pid,
+            db,
+            store,
+            monitor,
+        } = open_state(&cfg)?;
         log_models(&cfg);
         let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
         let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
