@@ -173,7 +173,11 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
             return ExitCode::from(1);
         }
     };
-    let result = rt.block_on(agentd::daemon::run(cfg, opts));
+    let result = rt.block_on(agentd::daemon::run(
+        cfg,
+        opts,
+        tokio_util::sync::CancellationToken::new(),
+    ));
     // A blocking stdin read (agentd chat) cannot be cancelled: do not wait for it.
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {

@@ -34,6 +34,45 @@ pub fn escaped_preview(s: &str) -> String {
     out
 }
 
+/// Where a message came from (SPEC §5.1). Recorded in each intake under its lowercase name
+/// (`"telegram"`, `"user"`, …), which is also the `[routing]` key and the metrics label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// A user message from the control FIFO (`agent-send`).
+    User,
+    /// A system event: `agent-send --system`, a notification, a `[[schedule]]` system entry.
+    System,
+    Telegram,
+    /// `POST /api/v1/chat`.
+    Http,
+    /// `agentd chat`'s stdin.
+    Terminal,
+    /// A scheduled message (`schedule_message`, `[[schedule]]` with `to`): delivered as
+    /// written, not sent to the model.
+    Scheduler,
+}
+
+impl Source {
+    /// The recorded name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::User => "user",
+            Source::System => "system",
+            Source::Telegram => "telegram",
+            Source::Http => "http",
+            Source::Terminal => "terminal",
+            Source::Scheduler => "scheduler",
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One control line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -299,6 +338,23 @@ fn read_regular(path: &Path, max: u64) -> Result<String, ReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The recorded spelling of each source is its old string (trails stay readable).
+    #[test]
+    fn sources_keep_their_recorded_names() {
+        for s in [
+            Source::User,
+            Source::System,
+            Source::Telegram,
+            Source::Http,
+            Source::Terminal,
+            Source::Scheduler,
+        ] {
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("\"{}\"", s.as_str()));
+            assert_eq!(serde_json::from_str::<Source>(&json).unwrap(), s);
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -238,7 +238,7 @@ fn work(text: &str) -> Work {
     Work {
         intakes: vec![Intake {
             id: "m1".into(),
-            source: "user".into(),
+            source: crate::control::Source::User,
             from: "tester".into(),
             text: text.into(),
             tier: None,
@@ -260,7 +260,13 @@ impl Fixture {
         let (h, mut state) = self.session();
         let finish = self
             .agent
-            .process(&h, &mut state, &work(text), &CancellationToken::new())
+            .process(
+                &h,
+                &mut state,
+                &work(text),
+                "primary",
+                &CancellationToken::new(),
+            )
             .await;
         (finish, state)
     }

@@ -77,6 +77,14 @@ impl Work {
     }
 }
 
+/// Model name for a message from `source` (SPEC §3 `[routing]`; default `primary`).
+pub fn route_source(cfg: &Config, source: &str) -> String {
+    cfg.routing
+        .get(source)
+        .cloned()
+        .unwrap_or_else(|| "primary".to_string())
+}
+
 /// How a message ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Finish {
@@ -186,11 +194,7 @@ impl Agent {
 
     /// Model name for a message from `source` (SPEC §3 `[routing]`).
     pub fn route(&self, source: &str) -> String {
-        self.cfg
-            .routing
-            .get(source)
-            .cloned()
-            .unwrap_or_else(|| "primary".to_string())
+        route_source(&self.cfg, source)
     }
 
     /// Model for a unit of work: `vision` when the message carries an image and that model is
@@ -220,17 +224,17 @@ impl Agent {
         session: &Arc<SessionHandle>,
         state: &mut SessionState,
         work: &Work,
+        model: &str,
         cancel: &CancellationToken,
     ) -> Finish {
         if work.source() == "scheduler" && !work.resume {
             return self.deliver_scheduled(session, state, work, cancel).await;
         }
-        let model = self.route_work(work);
-        let handle = self.monitor.begin(&session.id, &session.key, &model);
+        let handle = self.monitor.begin(&session.id, &session.key, model);
         // Every call billed to the session from here on counts towards the message's budget.
         let _spend = self.ledger.begin_message(&session.id);
         let result = self
-            .run_message(session, state, work, &model, handle, cancel)
+            .run_message(session, state, work, model, handle, cancel)
             .await;
         self.monitor.end(handle);
         state.strip_images();

@@ -7,13 +7,12 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Finish;
-use crate::daemon::intake::IntakeHandler;
-use crate::daemon::workers::Dispatcher;
+use super::intake::{Answer, IntakeSink};
+use crate::control::Source;
 use crate::session::Intake;
 
 /// Read lines until end of input or `stop`.
-pub async fn run(intake: Arc<IntakeHandler>, dispatcher: Arc<Dispatcher>, stop: CancellationToken) {
+pub async fn run(intake: Arc<dyn IntakeSink>, stop: CancellationToken) {
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut out = tokio::io::stdout();
     let _ = out
@@ -34,33 +33,33 @@ pub async fn run(intake: Arc<IntakeHandler>, dispatcher: Arc<Dispatcher>, stop: 
             let _ = out.flush().await;
             continue;
         }
-        let id = uuid::Uuid::now_v7().to_string();
-        let done = dispatcher.wait_for(&id);
         let intake_item = Intake {
-            id: id.clone(),
-            source: "terminal".into(),
+            id: uuid::Uuid::now_v7().to_string(),
+            source: Source::Terminal,
             from: "terminal".into(),
             text: text.to_string(),
             tier: None,
             attachments: vec![],
             route: None,
         };
-        let answer = match intake.accept("terminal", intake_item).await {
-            Err(e) => {
-                dispatcher.forget(&id);
-                format!("[error] {e}")
-            }
-            Ok(()) => tokio::select! {
-                _ = stop.cancelled() => return,
-                c = done => match c.map(|c| c.finish) {
-                    Ok(Finish::Reply { text, silent: false, .. }) => text,
-                    Ok(Finish::Reply { silent: true, .. }) => "(silent reply)".to_string(),
-                    Ok(Finish::Failed { reply, .. }) => format!("[error] {reply}"),
-                    Ok(Finish::Cancelled) | Err(_) => "[interrupted]".to_string(),
-                },
+        let answer = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = intake.ask("terminal", intake_item) => match r {
+                Err(e) => format!("[error] {e}"),
+                Ok(c) => answer(Answer::of(c.as_ref())),
             },
         };
         let _ = out.write_all(format!("{answer}\n> ").as_bytes()).await;
         let _ = out.flush().await;
+    }
+}
+
+/// What is printed for an answer.
+fn answer(a: Answer) -> String {
+    match a {
+        Answer::Reply(text) => text,
+        Answer::Silent => "(silent reply)".to_string(),
+        Answer::Failed(reply) => format!("[error] {reply}"),
+        Answer::Interrupted => "[interrupted]".to_string(),
     }
 }

@@ -346,7 +346,7 @@ mod tests {
             let h = store.get_or_create("alice", "primary").unwrap();
             h.append(Event::Intake(Intake {
                 id,
-                source: "user".into(),
+                source: crate::control::Source::User,
                 from: "alice".into(),
                 text: "hi".into(),
                 tier: None,

@@ -282,7 +282,7 @@ mod tests {
     fn intake(id: &str) -> Event {
         Event::Intake(Intake {
             id: id.into(),
-            source: "user".into(),
+            source: crate::control::Source::User,
             from: "cli".into(),
             text: "hi".into(),
             tier: None,

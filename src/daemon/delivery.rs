@@ -2,47 +2,23 @@
 //! intent is recorded before each send and `done`/`failed` after it; a restart never repeats a
 //! send that has an intent record.
 
-use futures::future::BoxFuture;
-
 use crate::agent::Work;
 use crate::config::Config;
+use crate::control::Source;
 use crate::session::{DeliveryStatus, Event, Route, TrailLine};
 
-/// A reply destination.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    Telegram { chat_id: i64 },
-}
-
-impl Target {
-    pub fn channel(&self) -> &'static str {
-        match self {
-            Target::Telegram { .. } => "telegram",
-        }
-    }
-}
-
-/// A channel that can deliver replies. Implemented by the Telegram channel.
-pub trait Deliverer: Send + Sync {
-    fn deliver<'a>(
-        &'a self,
-        target: &'a Target,
-        text: &'a str,
-    ) -> BoxFuture<'a, Result<(), String>>;
-    /// Show "typing…" (refreshed by the caller every 4 s while the loop runs).
-    fn typing<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, ()>;
-}
+pub use crate::tools::outbound::{Outbound, Target};
 
 /// The delivery rule of SPEC §5.6 for a unit of work: Telegram messages are answered in their
 /// chat; FIFO user messages go to Telegram when the sender is a contact; system, HTTP (the
 /// response itself) and terminal messages have no channel delivery here.
 pub fn target_for(work: &Work, cfg: &Config) -> Option<Target> {
     let first = work.intakes.first()?;
-    match (first.source.as_str(), &first.route) {
-        ("telegram", Some(Route::Telegram { chat_id, .. })) => {
+    match (first.source, &first.route) {
+        (Source::Telegram, Some(Route::Telegram { chat_id, .. })) => {
             Some(Target::Telegram { chat_id: *chat_id })
         }
-        ("user" | "scheduler", _) if cfg.telegram.enabled => cfg
+        (Source::User | Source::Scheduler, _) if cfg.telegram.enabled => cfg
             .telegram
             .contacts
             .get(&first.from)

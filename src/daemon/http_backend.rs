@@ -17,7 +17,9 @@ use crate::agent::Finish;
 use crate::api::backend::{
     ApiBackend, BackendError, ChatIn, ChatOutcome, NotifyAccepted, NotifyIn,
 };
+use crate::channels::intake::{IntakeSink, reply_text};
 use crate::config::Config;
+use crate::control::Source;
 use crate::cost::Period;
 use crate::metrics::Metrics;
 use crate::monitor::Monitor;
@@ -126,31 +128,28 @@ impl ApiBackend for DaemonBackend {
                     .await
                     .map_err(|e| BackendError::Internal(e.to_string()))??
             };
-            let done = self.dispatcher.wait_for(&id);
             let intake = Intake {
-                id: id.clone(),
-                source: "http".into(),
+                id,
+                source: Source::Http,
                 from: sender,
                 text: req.message,
                 tier: req.tier,
                 attachments,
                 route: None,
             };
-            if let Err(e) = self.intake.accept(&key, intake).await {
-                self.dispatcher.forget(&id);
-                return Err(backend_error(e));
-            }
-            let c = done
+            let c = IntakeSink::ask(self.intake.as_ref(), &key, intake)
                 .await
-                .map_err(|_| BackendError::Unavailable("agentd is shutting down".into()))?;
+                .map_err(backend_error)?
+                .ok_or_else(|| BackendError::Unavailable("agentd is shutting down".into()))?;
+            let reply = reply_text(&c.finish).unwrap_or_default().to_string();
             Ok(match c.finish {
                 Finish::Reply {
-                    text,
                     silent,
                     usage,
                     cost_usd,
+                    ..
                 } => ChatOutcome::Reply {
-                    reply: if silent { String::new() } else { text },
+                    reply,
                     session_id: c.session_id,
                     silent,
                     tokens: usage,
@@ -177,7 +176,7 @@ impl ApiBackend for DaemonBackend {
         Box::pin(async move {
             let intake = Intake {
                 id: uuid::Uuid::now_v7().to_string(),
-                source: "system".into(),
+                source: Source::System,
                 from: req
                     .sender
                     .clone()

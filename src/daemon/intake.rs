@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::agent::{Agent, Work};
-use crate::control::{self, ControlLine};
+use crate::agent::Work;
+use crate::control::{self, ControlLine, Source};
 
 /// The text of a control line, or `None` (logged: the line is skipped). A `text_file` holds at
 /// most `max_bytes` (the HTTP body cap: the same bound for a message however it arrives).
@@ -49,23 +49,13 @@ async fn resolve_text(
 }
 use crate::session::{self, Event, Intake, SessionStore};
 
-use super::workers::{Dispatcher, Job, QueueFull};
-
-/// Why a message was not accepted. Either way nothing was recorded and nothing acknowledged.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum AcceptError {
-    /// The session's queue (or all queues together) is full: refused before intake (HTTP
-    /// 429, a short "busy" answer on Telegram).
-    #[error("{0}")]
-    Busy(#[from] QueueFull),
-    /// The intake record could not be written.
-    #[error("{0}")]
-    Failed(String),
-}
+use super::workers::{Dispatcher, Job};
+pub use crate::channels::intake::AcceptError;
+use crate::channels::intake::{Completion, IntakeSink};
 
 /// Turns control lines (FIFO) into durable intakes and jobs.
 pub struct IntakeHandler {
-    pub agent: Agent,
+    pub cfg: Arc<crate::config::Config>,
     pub store: Arc<SessionStore>,
     pub dispatcher: Arc<Dispatcher>,
 }
@@ -80,8 +70,8 @@ pub fn valid_key(key: &str) -> bool {
 
 impl IntakeHandler {
     pub async fn handle(&self, line: ControlLine) {
-        let state_dir = &self.agent.cfg().paths.state_dir;
-        let max_text = self.agent.cfg().http.max_body_bytes;
+        let state_dir = &self.cfg.paths.state_dir;
+        let max_text = self.cfg.http.max_body_bytes;
         let id = line.id().unwrap_or_default().to_string();
         let (key, intake) = match line {
             ControlLine::User {
@@ -103,7 +93,7 @@ impl IntakeHandler {
                 };
                 let intake = Intake {
                     id,
-                    source: "user".into(),
+                    source: Source::User,
                     from: key.clone(),
                     text,
                     tier,
@@ -129,7 +119,7 @@ impl IntakeHandler {
                     "system".to_string(),
                     Intake {
                         id,
-                        source: "system".into(),
+                        source: Source::System,
                         from: "system".into(),
                         text,
                         tier,
@@ -154,7 +144,7 @@ impl IntakeHandler {
                     "system".to_string(),
                     Intake {
                         id,
-                        source: "system".into(),
+                        source: Source::System,
                         from: source.clone().unwrap_or_else(|| "notify".into()),
                         text: notify_text(
                             &body,
@@ -193,7 +183,8 @@ impl IntakeHandler {
         let slot = self.reserve(key, &intake.id)?;
         let store = self.store.clone();
         let k = key.to_string();
-        let model = self.agent.route(&intake.source);
+        // The model a new session is created with (the worker routes each message itself).
+        let model = crate::agent::route_source(&self.cfg, intake.source.as_str());
         let item = intake.clone();
         let recorded =
             tokio::task::spawn_blocking(move || store.append_intake(&k, &model, item)).await;
@@ -305,7 +296,7 @@ impl IntakeHandler {
     /// Deliver replies that a crash left unsent (no `delivery` record at all). A reply with an
     /// intent but no outcome is NOT sent again — Telegram has no idempotency key — only logged.
     pub async fn recover_deliveries(&self) {
-        let Some(deliverer) = self.dispatcher.deliverer() else {
+        let Some(outbound) = self.dispatcher.outbound() else {
             return;
         };
         for (key, entry) in self.store.index() {
@@ -333,18 +324,18 @@ impl IntakeHandler {
                     .collect();
                 // Only Telegram messages: their target was fixed when they arrived. (A FIFO
                 // sender who became a contact later must not get old replies.)
-                if intakes.first().is_none_or(|i| i.source != "telegram") {
+                if intakes.first().is_none_or(|i| i.source != Source::Telegram) {
                     continue;
                 }
                 let work = Work {
                     intakes,
                     resume: false,
                 };
-                if let Some(target) = super::delivery::target_for(&work, self.agent.cfg()) {
+                if let Some(target) = super::delivery::target_for(&work, &self.cfg) {
                     tracing::info!(session_key = %key, session = %entry.session_id, "delivering a reply left unsent by a restart");
                     super::workers::deliver_recorded(
                         &session,
-                        deliverer.as_ref(),
+                        outbound.as_ref(),
                         &target,
                         &ids,
                         &text,
@@ -353,6 +344,32 @@ impl IntakeHandler {
                 }
             }
         }
+    }
+}
+
+impl IntakeSink for IntakeHandler {
+    fn accept<'a>(
+        &'a self,
+        key: &'a str,
+        intake: Intake,
+    ) -> futures::future::BoxFuture<'a, Result<(), AcceptError>> {
+        Box::pin(IntakeHandler::accept(self, key, intake))
+    }
+
+    fn ask<'a>(
+        &'a self,
+        key: &'a str,
+        intake: Intake,
+    ) -> futures::future::BoxFuture<'a, Result<Option<Completion>, AcceptError>> {
+        Box::pin(async move {
+            let id = intake.id.clone();
+            let done = self.dispatcher.wait_for(&id);
+            if let Err(e) = IntakeHandler::accept(self, key, intake).await {
+                self.dispatcher.forget(&id);
+                return Err(e);
+            }
+            Ok(done.await.ok())
+        })
     }
 }
 

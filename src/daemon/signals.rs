@@ -3,7 +3,7 @@
 //! | Signal | Meaning |
 //! |---|---|
 //! | SIGTERM, SIGINT | graceful stop |
-//! | SIGHUP | reload workspace, skills and schedules (not `agentd.toml`) |
+//! | SIGHUP | reload: rescan skills (workspace files are re-read per message anyway; `agentd.toml` and its `[[schedule]]` entries need a restart) |
 //! | SIGUSR1 | rescan skills |
 //!
 //! Built on signal-hook-tokio. Like all Unix signals, several deliveries of the same signal
@@ -23,7 +23,7 @@ pub enum Signal {
     Terminate,
     /// SIGINT: graceful stop (Ctrl-C).
     Interrupt,
-    /// SIGHUP: reload workspace, skills and schedules.
+    /// SIGHUP: reload (skills are rescanned; `agentd.toml` is not re-read).
     Hangup,
     /// SIGUSR1: rescan skills.
     User1,

@@ -6,21 +6,20 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use super::delivery::{Deliverer, Target};
+use super::delivery::{Outbound, Target};
 use super::intake::{AcceptError, IntakeHandler};
+use crate::tools::outbound::FileKind;
 
 /// The answer to a Telegram message refused because its session's queue is full.
 const BUSY_REPLY: &str =
     "I'm busy with earlier messages; this one was not taken. Please send it again in a moment.";
+use super::services::{Services, Tasks};
 use super::workers::Dispatcher;
-use crate::channels::telegram::client::TelegramClient;
+use crate::channels::telegram::client::{FileKind as TgFileKind, TelegramClient};
 use crate::channels::telegram::inbound::{TgCommand, TgInbound, TgMediaKind};
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
-use crate::monitor::Monitor;
 use crate::session::{Intake, Route};
 use crate::store::Db;
 
@@ -145,7 +144,7 @@ impl TgSink for Sink {
                     Some(bot) => format!("tg-{bot}-{}", msg.update_id),
                     None => format!("tg-{}", msg.update_id),
                 },
-                source: "telegram".into(),
+                source: crate::control::Source::Telegram,
                 from: msg.from_name.clone(),
                 text,
                 tier: None,
@@ -180,19 +179,26 @@ impl TgSink for Sink {
     }
 }
 
-struct TgDeliverer {
+/// The outbound seam on Telegram: replies, the `message`/`react` tools, typing.
+pub struct TgOutbound {
     cfg: Arc<Config>,
     client: TelegramClient,
 }
 
-impl Deliverer for TgDeliverer {
-    fn deliver<'a>(
+impl TgOutbound {
+    pub fn new(cfg: Arc<Config>, client: TelegramClient) -> TgOutbound {
+        TgOutbound { cfg, client }
+    }
+}
+
+impl Outbound for TgOutbound {
+    fn send_text<'a>(
         &'a self,
-        target: &'a Target,
+        to: &'a Target,
         text: &'a str,
-    ) -> BoxFuture<'a, Result<(), String>> {
+    ) -> BoxFuture<'a, Result<usize, String>> {
         Box::pin(async move {
-            let Target::Telegram { chat_id } = target;
+            let Target::Telegram { chat_id } = to;
             self.client
                 .send_reply(
                     *chat_id,
@@ -201,14 +207,50 @@ impl Deliverer for TgDeliverer {
                     self.cfg.telegram.text_chunk_limit,
                 )
                 .await
+                .map(|ids| ids.len())
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn send_file<'a>(
+        &'a self,
+        to: &'a Target,
+        path: &'a std::path::Path,
+        kind: FileKind,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let Target::Telegram { chat_id } = to;
+            let kind = match kind {
+                FileKind::Photo => TgFileKind::Photo,
+                FileKind::Voice => TgFileKind::Voice,
+                FileKind::Document => TgFileKind::Document,
+            };
+            self.client
+                .send_file(*chat_id, path, kind, None)
+                .await
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         })
     }
 
-    fn typing<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, ()> {
+    fn react<'a>(
+        &'a self,
+        to: &'a Target,
+        message_id: i32,
+        emoji: &'a str,
+    ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let Target::Telegram { chat_id } = target;
+            let Target::Telegram { chat_id } = to;
+            self.client
+                .react(*chat_id, message_id, emoji)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn typing<'a>(&'a self, to: &'a Target) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Target::Telegram { chat_id } = to;
             if let Err(e) = self.client.send_typing(*chat_id).await {
                 tracing::debug!(error = %e, "typing indicator failed");
             }
@@ -216,27 +258,11 @@ impl Deliverer for TgDeliverer {
     }
 }
 
-/// Install the client as the reply deliverer. Call before recovery, so replies a
-/// crash left unsent can be delivered, and before `start_poller`.
-pub fn install(cfg: &Arc<Config>, dispatcher: &Dispatcher, client: TelegramClient) {
-    dispatcher.set_deliverer(Arc::new(TgDeliverer {
-        cfg: cfg.clone(),
-        client,
-    }));
-}
-
 /// Start the poller (not waiting for Telegram: its health goes to the monitor).
-#[allow(clippy::too_many_arguments)]
-pub fn start_poller(
-    client: TelegramClient,
-    cfg: Arc<Config>,
-    db: Db,
-    intake: Arc<IntakeHandler>,
-    dispatcher: Arc<Dispatcher>,
-    monitor: Arc<Monitor>,
-    tracker: &TaskTracker,
-    stop: CancellationToken,
-) {
+pub fn start_poller(client: TelegramClient, s: &Services, tasks: &Tasks) {
+    let (cfg, db, monitor) = (s.cfg.clone(), s.db.clone(), s.monitor.clone());
+    let (intake, dispatcher) = (s.intake.clone(), s.dispatcher.clone());
+    let (tracker, stop) = (&tasks.tracker, tasks.stop.clone());
     let (health_tx, mut health_rx) = poll::health_channel();
     {
         let stop = stop.clone();

@@ -183,7 +183,7 @@ pub(crate) mod tests {
         let h = store.get_or_create(key, "primary").unwrap();
         h.append(Event::Intake(Intake {
             id: "i1".into(),
-            source: "user".into(),
+            source: crate::control::Source::User,
             from: key.into(),
             text: "read it".into(),
             tier: None,

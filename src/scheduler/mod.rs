@@ -12,8 +12,8 @@ use chrono::{TimeZone, Utc};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::channels::intake::IntakeSink;
 use crate::config::{Config, ScheduleAction, ScheduleEntry, ScheduleWhen};
-use crate::daemon::intake::IntakeHandler;
 use crate::session::Intake;
 use crate::store::Db;
 
@@ -23,7 +23,7 @@ const MAX_SLEEP: Duration = Duration::from_secs(60);
 pub struct Scheduler {
     pub cfg: Arc<Config>,
     pub db: Db,
-    pub intake: Arc<IntakeHandler>,
+    pub intake: Arc<dyn IntakeSink>,
     /// Woken when a one-shot message is added or cancelled.
     pub wake: Arc<Notify>,
     /// `job = "index" | "consolidate"`; `None` when memory is disabled.
@@ -108,7 +108,7 @@ impl Scheduler {
             ScheduleAction::System(text) => {
                 let intake = Intake {
                     id,
-                    source: "system".into(),
+                    source: crate::control::Source::System,
                     from: format!("schedule:{}", entry.name),
                     text: text.clone(),
                     tier: None,
@@ -150,7 +150,7 @@ impl Scheduler {
             } else {
                 format!("sched-{id}")
             },
-            source: "scheduler".into(),
+            source: crate::control::Source::Scheduler,
             from: target.to_string(),
             text: text.to_string(),
             tier: None,

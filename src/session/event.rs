@@ -65,8 +65,8 @@ pub enum Event {
 pub struct Intake {
     /// Client-chosen id (agent-send: a UUID) or one the daemon assigned.
     pub id: String,
-    /// `user`, `system`, `telegram`, `http`, `terminal`, `scheduler`.
-    pub source: String,
+    /// Recorded as `user`, `system`, `telegram`, `http`, `terminal` or `scheduler`.
+    pub source: crate::control::Source,
     /// Sender name (`--from`, contact name, ...).
     pub from: String,
     pub text: String,
@@ -181,7 +181,7 @@ mod tests {
         });
         roundtrip(Event::Intake(Intake {
             id: "i1".into(),
-            source: "user".into(),
+            source: crate::control::Source::User,
             from: "alice".into(),
             text: "hi".into(),
             tier: Some("full".into()),

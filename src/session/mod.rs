@@ -393,7 +393,7 @@ mod tests {
     fn intake(id: &str) -> Event {
         Event::Intake(Intake {
             id: id.into(),
-            source: "user".into(),
+            source: crate::control::Source::User,
             from: "alice".into(),
             text: format!("text {id}"),
             tier: None,
@@ -440,7 +440,7 @@ mod tests {
                 "primary",
                 Intake {
                     id: "a".into(),
-                    source: "user".into(),
+                    source: crate::control::Source::User,
                     from: "alice".into(),
                     text: "again".into(),
                     tier: None,

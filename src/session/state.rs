@@ -229,7 +229,7 @@ mod tests {
                 2,
                 Event::Intake(Intake {
                     id: "i1".into(),
-                    source: "user".into(),
+                    source: crate::control::Source::User,
                     from: "alice".into(),
                     text: "hi".into(),
                     tier: None,

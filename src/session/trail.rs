@@ -324,7 +324,7 @@ mod tests {
         for n in 0..6 {
             w.append(Event::Intake(crate::session::Intake {
                 id: format!("in-{n}"),
-                source: "user".into(),
+                source: crate::control::Source::User,
                 from: "alice".into(),
                 text: format!("message {n}, with an \"id\": \"not-this\""),
                 tier: None,

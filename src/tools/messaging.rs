@@ -1,5 +1,6 @@
-//! `message` and `react` (SPEC §11): talk to Telegram contacts from the loop. Registered only
-//! when Telegram is configured. Attachments follow `read`'s path rules (`paths::open_for_read`).
+//! `message` and `react` (SPEC §11): talk to Telegram contacts from the loop, through the
+//! [`Outbound`] seam. Registered only when Telegram is configured. Attachments follow `read`'s
+//! path rules (`paths::open_for_read`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,8 +8,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
+use super::outbound::{FileKind, Outbound, Target};
 use super::{Tool, ToolContext, ToolError, paths};
-use crate::channels::telegram::client::{FileKind, TelegramClient};
 use crate::config::Config;
 use crate::llm::ToolSpec;
 use crate::session::{Event, Route, SessionStore};
@@ -16,7 +17,7 @@ use crate::session::{Event, Route, SessionStore};
 #[derive(Clone)]
 pub struct Messaging {
     pub cfg: Arc<Config>,
-    pub client: TelegramClient,
+    pub outbound: Arc<dyn Outbound>,
     pub sessions: Arc<SessionStore>,
 }
 
@@ -28,12 +29,12 @@ impl Messaging {
         ]
     }
 
-    fn chat_of(&self, target: &str) -> Result<i64, ToolError> {
+    fn chat_of(&self, target: &str) -> Result<Target, ToolError> {
         self.cfg
             .telegram
             .contacts
             .get(target)
-            .copied()
+            .map(|chat_id| Target::Telegram { chat_id: *chat_id })
             .ok_or_else(|| {
                 ToolError::Invalid(format!(
                     "unknown contact {target:?}; contacts: {}",
@@ -46,19 +47,6 @@ impl Messaging {
                         .join(", ")
                 ))
             })
-    }
-}
-
-fn kind_for(path: &std::path::Path) -> FileKind {
-    match path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("jpg" | "jpeg" | "png" | "webp") => FileKind::Photo,
-        Some("ogg" | "oga" | "opus") => FileKind::Voice,
-        _ => FileKind::Document,
     }
 }
 
@@ -112,20 +100,14 @@ impl Tool for MessageTool {
             let mut sent = 0;
             if !text.trim().is_empty() {
                 sent += m
-                    .client
-                    .send_reply(
-                        chat,
-                        text,
-                        m.cfg.telegram.format,
-                        m.cfg.telegram.text_chunk_limit,
-                    )
+                    .outbound
+                    .send_text(&chat, text)
                     .await
-                    .map_err(|e| ToolError::Failed(e.to_string()))?
-                    .len();
+                    .map_err(ToolError::Failed)?;
             }
             for f in &files {
-                m.client
-                    .send_file(chat, f, kind_for(f), None)
+                m.outbound
+                    .send_file(&chat, f, FileKind::for_path(f))
                     .await
                     .map_err(|e| ToolError::Failed(format!("{}: {e}", f.display())))?;
                 sent += 1;
@@ -185,10 +167,10 @@ impl Tool for ReactTool {
                 ToolError::Invalid(format!("{target} has no Telegram message to react to"))
             })?;
             let emoji = args["emoji"].as_str().unwrap_or_default();
-            m.client
-                .react(chat, last, emoji)
+            m.outbound
+                .react(&chat, last, emoji)
                 .await
-                .map_err(|e| ToolError::Failed(e.to_string()))?;
+                .map_err(ToolError::Failed)?;
             Ok(format!("reacted {emoji} to {target}'s last message"))
         })
     }

@@ -2,12 +2,14 @@
 //! arguments, per-call timeout, output truncation, concurrent execution with ordered results)
 //! and the built-in tools. SPEC §11.
 
+pub mod assemble;
 pub mod edit;
 pub mod exec;
 pub mod fs;
 pub mod mcp;
 pub mod memory;
 pub mod messaging;
+pub mod outbound;
 pub mod paths;
 pub mod registry;
 pub mod schedule;
@@ -18,6 +20,7 @@ pub mod web;
 pub mod web_search;
 pub mod write;
 
+pub use assemble::{Assembled, ToolDeps, assemble};
 pub use fs::ReadTool;
 pub use registry::{ToolRegistry, truncate_output};
 pub use session_status::SessionStatusTool;

@@ -8,6 +8,7 @@ mod battery;
 mod compaction;
 mod concurrency;
 mod daemon_e2e;
+mod daemon_inprocess;
 mod exec_sandbox;
 mod fake_llm_selftest;
 mod fake_telegram_selftest;

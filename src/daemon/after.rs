@@ -1,0 +1,202 @@
+//! The steps after a message (SPEC §5.2, §5.5, §10.2): deliver the reply with intent/done
+//! records, count it, send the webhook, tell whoever waits for it. (The compaction check and
+//! the snapshot follow, in the worker, once all of this is out.)
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::delivery::{Outbound, Target};
+use crate::agent::{Finish, Work};
+use crate::channels::intake::{Completion, reply_text};
+use crate::metrics::{Metrics, Outcome};
+use crate::session::{DeliveryStatus, Event, SessionHandle};
+
+/// Who waits for which intake id (HTTP `/chat`, `agentd chat`).
+#[derive(Default)]
+pub struct Waiters(std::sync::Mutex<HashMap<String, oneshot::Sender<Completion>>>);
+
+impl Waiters {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Completion>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Be told when intake `id` is done. Register before submitting.
+    pub fn wait_for(&self, id: &str) -> oneshot::Receiver<Completion> {
+        let (tx, rx) = oneshot::channel();
+        self.map().insert(id.to_string(), tx);
+        rx
+    }
+
+    /// Drop a waiter whose message was never accepted.
+    pub fn forget(&self, id: &str) {
+        self.map().remove(id);
+    }
+
+    /// Tell whoever waits for these intake ids (also on `Cancelled`, so they stop waiting).
+    pub fn complete(&self, ids: &[String], c: Completion) {
+        let mut waiters = self.map();
+        for id in ids {
+            if let Some(tx) = waiters.remove(id) {
+                let _ = tx.send(c.clone());
+            }
+        }
+    }
+}
+
+/// The reply's way out.
+pub struct AfterMessage {
+    /// Where replies go (Telegram), when a channel is configured.
+    pub outbound: Option<Arc<dyn Outbound>>,
+    pub webhook: Option<crate::api::webhook::Webhook>,
+    pub metrics: Arc<Metrics>,
+    pub waiters: Waiters,
+}
+
+impl AfterMessage {
+    /// Deliver, count, call the webhook, complete the waiters — in that order.
+    pub async fn reply_out(
+        &self,
+        session: &Arc<SessionHandle>,
+        work: &Work,
+        target: Option<&Target>,
+        finish: Finish,
+        started: Instant,
+    ) {
+        if let (Some(target), Some(d), Some(text)) = (target, &self.outbound, reply_text(&finish)) {
+            deliver_recorded(session, d.as_ref(), target, &work.ids(), text).await;
+        }
+        let source = work.intakes.first().map_or("", |i| i.source.as_str());
+        self.metrics
+            .message_done(source, outcome(&finish), started.elapsed());
+        if let Some(w) = &self.webhook
+            && finish != Finish::Cancelled
+        {
+            w.send(webhook_payload(work, &session.id, &finish));
+        }
+        self.waiters.complete(
+            &work.ids(),
+            Completion {
+                session_id: session.id.clone(),
+                finish,
+            },
+        );
+    }
+
+    /// "typing…" on `target` until the returned token is cancelled (when enabled).
+    pub fn typing(&self, target: Option<&Target>, enabled: bool) -> Option<CancellationToken> {
+        match (target, &self.outbound) {
+            (Some(t), Some(d)) if enabled => Some(spawn_typing(d.clone(), t.clone())),
+            _ => None,
+        }
+    }
+}
+
+fn outcome(finish: &Finish) -> Outcome {
+    match finish {
+        Finish::Reply { silent: true, .. } => Outcome::Silent,
+        Finish::Reply { .. } => Outcome::Reply,
+        Finish::Failed { .. } => Outcome::Failed,
+        Finish::Cancelled => Outcome::Cancelled,
+    }
+}
+
+/// Log how a message ended.
+pub fn log_finish(session_id: &str, finish: &Finish) {
+    match finish {
+        Finish::Reply {
+            silent,
+            usage,
+            cost_usd,
+            ..
+        } => tracing::info!(
+            session = %session_id, silent, input = usage.input_tokens, output = usage.output_tokens,
+            cache_read = usage.cache_read_tokens, cache_write = usage.cache_write_tokens, cost_usd,
+            "message answered"
+        ),
+        Finish::Failed { error, .. } => {
+            tracing::warn!(session = %session_id, %error, "message failed")
+        }
+        Finish::Cancelled => {
+            tracing::info!(session = %session_id, "message interrupted; it resumes after restart")
+        }
+    }
+}
+
+/// Record the intent, send, record the outcome (SPEC §5.2).
+pub async fn deliver_recorded(
+    session: &Arc<SessionHandle>,
+    d: &dyn Outbound,
+    target: &Target,
+    ids: &[String],
+    text: &str,
+) {
+    let record = |status, detail| Event::Delivery {
+        reply_to: ids.to_vec(),
+        channel: target.channel().to_string(),
+        status,
+        detail,
+    };
+    if let Err(e) = crate::agent::append(session, record(DeliveryStatus::Intent, None)).await {
+        tracing::error!(session = %session.id, error = %e, "cannot record delivery intent; not sending");
+        return;
+    }
+    let (status, detail) = match d.send_text(target, text).await {
+        Ok(_) => (DeliveryStatus::Done, None),
+        Err(e) => {
+            tracing::warn!(session = %session.id, channel = target.channel(), error = %e, "delivery failed");
+            (DeliveryStatus::Failed, Some(e))
+        }
+    };
+    if let Err(e) = crate::agent::append(session, record(status, detail)).await {
+        tracing::error!(session = %session.id, error = %e, "cannot record delivery outcome");
+    }
+}
+
+/// "typing…" every 4 s until the returned token is cancelled.
+fn spawn_typing(d: Arc<dyn Outbound>, target: Target) -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        loop {
+            d.typing(&target).await;
+            tokio::select! {
+                _ = t.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(4)) => {}
+            }
+        }
+    });
+    token
+}
+
+/// The callback body of SPEC §10.2 for a finished message. (`reply` is the model's text even
+/// for a silent reply; `silent` says so.)
+fn webhook_payload(
+    work: &Work,
+    session_id: &str,
+    finish: &Finish,
+) -> crate::api::webhook::WebhookPayload {
+    let first = work.intakes.first();
+    let (reply, silent, usage) = match finish {
+        Finish::Reply {
+            text,
+            silent,
+            usage,
+            ..
+        } => (text.clone(), *silent, *usage),
+        Finish::Failed { reply, .. } => (reply.clone(), false, Default::default()),
+        Finish::Cancelled => (String::new(), false, Default::default()),
+    };
+    crate::api::webhook::WebhookPayload {
+        reply,
+        session_id: session_id.to_string(),
+        sender: first.map(|i| i.from.clone()).unwrap_or_default(),
+        source: first.map(|i| i.source.to_string()).unwrap_or_default(),
+        silent,
+        tokens: (&usage).into(),
+        notify_meta: None,
+    }
+}

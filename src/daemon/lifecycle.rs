@@ -1,0 +1,124 @@
+//! The lifecycle of a run (SPEC §10.4): serve until a stop signal, the end of terminal input or
+//! the caller's shutdown token — answering SIGHUP/SIGUSR1 and pinging the systemd watchdog
+//! meanwhile — then stop in two stages (no new work; interrupt what still runs at the deadline).
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::notify::Notifier;
+use super::services::{Services, Tasks};
+use super::signals::{Signal, Signals};
+use crate::channels::fifo;
+
+/// How long in-flight messages may run after SIGTERM before they are interrupted (they resume
+/// after the next start).
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Why the run ends.
+enum Stop {
+    Signal(&'static str),
+    InputClosed,
+    Requested,
+}
+
+/// Serve until it is time to stop.
+pub async fn serve(
+    s: &Services,
+    signals: &mut Signals,
+    notifier: &Notifier,
+    input_closed: &CancellationToken,
+    shutdown: &CancellationToken,
+) {
+    let mut watchdog = notifier.watchdog_interval().map(tokio::time::interval);
+    let why = loop {
+        let tick = async {
+            match watchdog.as_mut() {
+                Some(i) => {
+                    i.tick().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            sig = signals.next() => match sig {
+                Some(sig) if sig.is_shutdown() => break Stop::Signal(sig.name()),
+                Some(sig) => on_signal(s, notifier, sig),
+                None => break Stop::Signal("none (signal stream ended)"),
+            },
+            _ = input_closed.cancelled() => break Stop::InputClosed,
+            _ = shutdown.cancelled() => break Stop::Requested,
+            _ = tick => ping_watchdog(s, notifier).await,
+        }
+    };
+    match why {
+        Stop::Signal(name) => tracing::info!(signal = name, "shutdown signal received"),
+        Stop::InputClosed => tracing::info!("end of terminal input"),
+        Stop::Requested => tracing::info!("shutdown requested"),
+    }
+}
+
+fn on_signal(s: &Services, notifier: &Notifier, sig: Signal) {
+    match sig {
+        Signal::Hangup => {
+            // Skills are rescanned. Workspace files need no reload (they are re-read for every
+            // message), nor do one-shot schedules (agentd.db); agentd.toml, with its
+            // `[[schedule]]` entries, needs a restart.
+            notifier.reloading("reloading workspace and skills");
+            let n = s.skills.rescan();
+            tracing::info!(
+                skills = n,
+                "SIGHUP: workspace and skills reloaded (workspace files are re-read per message; agentd.toml changes need a restart)"
+            );
+            notifier.ready_again("ready");
+        }
+        Signal::User1 => {
+            let n = s.skills.rescan();
+            tracing::info!(skills = n, "SIGUSR1: skills rescanned");
+        }
+        Signal::Terminate | Signal::Interrupt => {}
+    }
+}
+
+/// Ping only while the main loop runs and the database thread answers.
+async fn ping_watchdog(s: &Services, notifier: &Notifier) {
+    match s.healthy().await {
+        Ok(()) => notifier.watchdog(),
+        Err(e) => {
+            tracing::error!(error = %e, "health check failed; not pinging the watchdog")
+        }
+    }
+    notifier.status(&format!(
+        "{} active, {} queued",
+        s.dispatcher.active_sessions(),
+        s.dispatcher.queue_depth()
+    ));
+}
+
+/// Stop: no new work, wait for messages in flight up to the deadline, interrupt the rest
+/// (they resume after restart), flush snapshots, remove the FIFO, stop MCP, release the lock.
+pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
+    notifier.stopping("stopping: finishing messages in flight");
+    tracing::info!("shutting down: no new work; waiting for messages in flight");
+    tasks.stop.cancel();
+    tasks.tracker.close();
+    if tokio::time::timeout(SHUTDOWN_DEADLINE, tasks.tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            deadline_s = SHUTDOWN_DEADLINE.as_secs(),
+            "messages still running at the deadline; interrupting (they resume after restart)"
+        );
+        tasks.abort.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), tasks.tracker.wait()).await;
+    }
+    let store = s.store.clone();
+    let _ = tokio::task::spawn_blocking(move || store.flush_snapshots()).await;
+    if s.cfg.fifo.enabled {
+        fifo::remove(&s.cfg.fifo.path);
+    }
+    s.mcp_cancel.cancel();
+    s.pid.release();
+    tracing::info!("agentd stopped");
+}

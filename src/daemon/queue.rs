@@ -1,0 +1,397 @@
+//! The per-session queues with debounce (SPEC §5.3, §16.9): one unbounded channel per session
+//! key that has a worker, bounded by counting — intake reserves a slot (`try_reserve`) before
+//! it records a message, so a full queue refuses instead of dropping — a semaphore for
+//! `max_concurrent_sessions`, the session states of recently idle keys, and the debounce that
+//! merges one sender's messages of one chat into one turn.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::Work;
+use crate::channels::intake::QueueFull;
+use crate::control::Source;
+use crate::monitor::Monitor;
+use crate::session::{Intake, Route, SessionState};
+
+/// A job for one session.
+#[derive(Debug)]
+pub enum Job {
+    Message(Work),
+    /// Archive the session (through the queue so it never races a running message).
+    Reset {
+        reason: String,
+    },
+}
+
+/// Session states kept in memory for sessions whose worker has exited (the most recently
+/// used ones). A worker exits as soon as its queue is empty, so memory held for idle sessions
+/// is bounded by this, not by the number of session keys ever seen; a session not in here
+/// loads its snapshot again (docs/BENCHMARKS.md, soak).
+const IDLE_STATES: usize = 8;
+
+/// The states of sessions without a worker, least recently used first.
+#[derive(Default)]
+struct IdleStates {
+    entries: VecDeque<(String, SessionState)>,
+}
+
+impl IdleStates {
+    fn take(&mut self, key: &str) -> Option<SessionState> {
+        let i = self.entries.iter().position(|(k, _)| k == key)?;
+        self.entries.remove(i).map(|(_, s)| s)
+    }
+
+    fn put(&mut self, key: String, state: SessionState, cap: usize) {
+        self.entries.retain(|(k, _)| *k != key);
+        self.entries.push_back((key, state));
+        while self.entries.len() > cap {
+            self.entries.pop_front();
+        }
+    }
+}
+
+/// Sources whose messages are merged when they arrive within the debounce window.
+fn debounced(source: Source) -> bool {
+    matches!(source, Source::Telegram | Source::User)
+}
+
+/// Whether `next` may be merged into a turn that began with `first` (SPEC §5.3, §16.9): the
+/// same source, the same sender and — for Telegram — the same chat, so one reply never
+/// answers messages of two chats.
+fn same_thread(first: &Intake, next: &Intake) -> bool {
+    let chat = |i: &Intake| match &i.route {
+        Some(Route::Telegram { chat_id, .. }) => Some(*chat_id),
+        _ => None,
+    };
+    first.source == next.source && first.from == next.from && chat(first) == chat(next)
+}
+
+/// Whether one more message fits: `session` waiting in its session, `total` in all.
+fn room_for_one(
+    session: usize,
+    total: usize,
+    max_session: usize,
+    max_total: usize,
+) -> Result<(), QueueFull> {
+    if total >= max_total {
+        return Err(QueueFull::Total { max: max_total });
+    }
+    if session >= max_session {
+        return Err(QueueFull::Session { max: max_session });
+    }
+    Ok(())
+}
+
+/// A reserved place in a session's queue (see [`Queue::try_reserve`]); released on drop
+/// unless used.
+pub struct QueueSlot {
+    queue: Arc<Queue>,
+    key: String,
+    armed: bool,
+}
+
+impl QueueSlot {
+    /// The session key the slot is for; the slot is used (not released) from now on.
+    pub(super) fn take(mut self) -> String {
+        self.armed = false;
+        std::mem::take(&mut self.key)
+    }
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        if self.armed {
+            self.queue.release(&self.key);
+        }
+    }
+}
+
+/// The queues of all sessions.
+pub struct Queue {
+    /// The queue of each session that has a worker. A worker removes its own entry (under this
+    /// lock, after finding its queue empty) when it exits.
+    workers: Mutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
+    idle: std::sync::Mutex<IdleStates>,
+    permits: Arc<Semaphore>,
+    /// Jobs queued and not yet started (or reserved by intake), per session key; keys with
+    /// none are removed. `depth` is their sum.
+    queued: std::sync::Mutex<HashMap<String, usize>>,
+    depth: AtomicUsize,
+    max_per_session: usize,
+    max_total: usize,
+    monitor: Arc<Monitor>,
+}
+
+impl Queue {
+    pub fn new(behavior: &crate::config::BehaviorConfig, monitor: Arc<Monitor>) -> Arc<Queue> {
+        Arc::new(Queue {
+            workers: Mutex::new(HashMap::new()),
+            idle: std::sync::Mutex::new(IdleStates::default()),
+            permits: Arc::new(Semaphore::new(behavior.max_concurrent_sessions.max(1))),
+            queued: std::sync::Mutex::new(HashMap::new()),
+            depth: AtomicUsize::new(0),
+            max_per_session: behavior.max_queued_per_session,
+            max_total: behavior.max_queued_total,
+            monitor,
+        })
+    }
+
+    /// Jobs queued and not yet started.
+    pub fn depth(&self) -> usize {
+        self.depth.load(Ordering::Relaxed)
+    }
+
+    /// Sessions with a worker right now.
+    pub async fn workers(&self) -> usize {
+        self.workers.lock().await.len()
+    }
+
+    fn queued_counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.queued.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn idle_states(&self) -> std::sync::MutexGuard<'_, IdleStates> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reserve a slot for a message of `key` before it is recorded (SPEC §16.9, bounded
+    /// queues): refused when that session already has `max_queued_per_session` messages
+    /// waiting or all sessions together `max_queued_total`.
+    pub fn try_reserve(self: &Arc<Self>, key: &str) -> Result<QueueSlot, QueueFull> {
+        let mut queued = self.queued_counts();
+        let n = queued.get(key).copied().unwrap_or(0);
+        room_for_one(n, self.depth(), self.max_per_session, self.max_total)?;
+        queued.insert(key.to_string(), n + 1);
+        self.depth.fetch_add(1, Ordering::Relaxed);
+        drop(queued);
+        self.monitor.set_queue_depth(self.depth());
+        Ok(QueueSlot {
+            queue: self.clone(),
+            key: key.to_string(),
+            armed: true,
+        })
+    }
+
+    /// Count one job of `key` without a cap (recovery, resets).
+    pub fn add(&self, key: &str) {
+        {
+            let mut queued = self.queued_counts();
+            *queued.entry(key.to_string()).or_insert(0) += 1;
+            self.depth.fetch_add(1, Ordering::Relaxed);
+        }
+        self.monitor.set_queue_depth(self.depth());
+    }
+
+    /// One job of `key` left the queue (started, or its slot was given back).
+    pub fn release(&self, key: &str) {
+        {
+            let mut queued = self.queued_counts();
+            if let Some(n) = queued.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    queued.remove(key);
+                }
+                self.depth.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.monitor.set_queue_depth(self.depth());
+    }
+
+    /// Hand `job` to the worker of `key`; when there is none, the receiver a new worker must
+    /// run.
+    pub async fn send(&self, key: &str, job: Job) -> Option<mpsc::UnboundedReceiver<Job>> {
+        let mut workers = self.workers.lock().await;
+        let job = match workers.get(key) {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return None,
+                Err(mpsc::error::SendError(job)) => job,
+            },
+            None => job,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(job);
+        workers.insert(key.to_string(), tx);
+        Some(rx)
+    }
+
+    /// The state a previous worker of `key` left, if still cached.
+    pub fn idle_state(&self, key: &str) -> Option<SessionState> {
+        self.idle_states().take(key)
+    }
+
+    /// The next job of a worker: a held one, else the next queued. `None`: the worker exits
+    /// (its queue is empty; `state` is parked for the next worker of this key).
+    pub async fn next_job(
+        &self,
+        key: &str,
+        rx: &mut mpsc::UnboundedReceiver<Job>,
+        held: &mut VecDeque<Job>,
+        state: &mut Option<SessionState>,
+    ) -> Option<Job> {
+        if let Some(j) = held.pop_front() {
+            return Some(j);
+        }
+        match rx.try_recv() {
+            Ok(j) => {
+                self.release(key);
+                Some(j)
+            }
+            Err(TryRecvError::Disconnected) => None,
+            Err(TryRecvError::Empty) => {
+                // `send` sends under the same lock: either a job slipped in before we took it,
+                // or no job can reach this queue once the entry is gone. The state is parked
+                // before the lock is released, so the next worker of this key finds it.
+                let mut workers = self.workers.lock().await;
+                match rx.try_recv() {
+                    Ok(j) => {
+                        drop(workers);
+                        self.release(key);
+                        Some(j)
+                    }
+                    Err(_) => {
+                        workers.remove(key);
+                        if let Some(s) = state.take() {
+                            self.idle_states().put(key.to_string(), s, IDLE_STATES);
+                        }
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// A permit to run one message (`max_concurrent_sessions`).
+    pub async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.permits.clone().acquire_owned().await.ok()
+    }
+
+    /// Merge further messages of the same sender and chat that arrive within the debounce
+    /// `window` (restarted by each one, capped at 5 windows) into `work`. Other jobs are held
+    /// in order. Only new messages of debounced sources (Telegram, the FIFO) wait.
+    pub async fn debounce(
+        &self,
+        key: &str,
+        window: Duration,
+        stop: &CancellationToken,
+        work: &mut Work,
+        rx: &mut mpsc::UnboundedReceiver<Job>,
+        held: &mut VecDeque<Job>,
+    ) {
+        let Some(first) = work.intakes.first().cloned() else {
+            return;
+        };
+        if work.resume || !debounced(first.source) || window.is_zero() || !held.is_empty() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + window * 5;
+        loop {
+            let until = (tokio::time::Instant::now() + window).min(deadline);
+            let next = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => return,
+                j = rx.recv() => j,
+            };
+            match next {
+                Some(Job::Message(w))
+                    if !w.resume && w.intakes.first().is_some_and(|i| same_thread(&first, i)) =>
+                {
+                    self.release(key);
+                    work.intakes.extend(w.intakes);
+                }
+                Some(other) => {
+                    self.release(key);
+                    held.push_back(other);
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(id: &str) -> SessionState {
+        SessionState::new(id, id, "primary", 0)
+    }
+
+    fn tg(from: &str, chat: i64) -> Intake {
+        Intake {
+            id: format!("{from}-{chat}"),
+            source: Source::Telegram,
+            from: from.into(),
+            text: "x".into(),
+            tier: None,
+            attachments: vec![],
+            route: Some(Route::Telegram {
+                chat_id: chat,
+                message_id: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn queues_are_capped_per_session_and_in_total() {
+        assert_eq!(room_for_one(0, 0, 8, 1024), Ok(()));
+        assert_eq!(room_for_one(7, 500, 8, 1024), Ok(()));
+        assert_eq!(
+            room_for_one(8, 8, 8, 1024),
+            Err(QueueFull::Session { max: 8 })
+        );
+        assert_eq!(
+            room_for_one(0, 1024, 8, 1024),
+            Err(QueueFull::Total { max: 1024 })
+        );
+        let msg = QueueFull::Session { max: 8 }.to_string();
+        assert!(msg.contains("[behavior] max_queued_per_session"), "{msg}");
+        let msg = QueueFull::Total { max: 3 }.to_string();
+        assert!(msg.contains("[behavior] max_queued_total"), "{msg}");
+    }
+
+    /// Debounce merges one sender's messages of one chat only (SPEC §16.9).
+    #[test]
+    fn only_one_senders_messages_of_one_chat_are_merged() {
+        assert!(same_thread(&tg("Alice", 1), &tg("Alice", 1)));
+        assert!(!same_thread(&tg("Alice", 1), &tg("Alice", -5)));
+        assert!(!same_thread(&tg("Alice", -5), &tg("Bob", -5)));
+        let mut fifo = tg("Alice", 1);
+        fifo.source = Source::User;
+        fifo.route = None;
+        assert!(!same_thread(&tg("Alice", 1), &fifo));
+        assert!(same_thread(&fifo, &fifo.clone()));
+        assert!(debounced(Source::Telegram) && debounced(Source::User));
+        assert!(!debounced(Source::Http) && !debounced(Source::System));
+    }
+
+    #[test]
+    fn idle_states_keep_the_most_recent_few() {
+        let mut idle = IdleStates::default();
+        for n in 0..20 {
+            idle.put(format!("k{n}"), state(&format!("s{n}")), 8);
+            assert!(idle.entries.len() <= 8);
+        }
+        assert!(idle.take("k11").is_none(), "evicted: least recently used");
+        assert_eq!(idle.take("k12").map(|s| s.id), Some("s12".to_string()));
+        assert!(
+            idle.take("k12").is_none(),
+            "taken once: the worker owns it now"
+        );
+        // Putting a key again replaces its entry and makes it the newest.
+        idle.put("k13".into(), state("new13"), 8);
+        assert_eq!(idle.entries.len(), 7);
+        assert_eq!(
+            idle.entries
+                .back()
+                .map(|(k, s)| (k.as_str(), s.id.as_str())),
+            Some(("k13", "new13"))
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! Building the daemon's services from the config (SPEC §5): the state directory, the PID
+//! lock, the database, sessions, models, memory, skills, the Telegram client, the tools, the
+//! dispatcher and intake. Nothing runs yet, except the MCP servers (started so their tools can
+//! be listed).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::intake::IntakeHandler;
+use super::pidlock::PidLock;
+use super::workers::{Dispatcher, DispatcherDeps};
+use super::{DaemonError, StatePaths, telegram};
+use crate::agent::Agent;
+use crate::channels::telegram::client::TelegramClient;
+use crate::config::Config;
+use crate::fsutil;
+use crate::llm::Llm;
+use crate::memory::Memory;
+use crate::memory::consolidate::Consolidator;
+use crate::monitor::Monitor;
+use crate::session::SessionStore;
+use crate::store::Db;
+use crate::tools::mcp::McpManager;
+use crate::tools::outbound::Outbound;
+
+/// The tasks of one run and the two stages of stopping them.
+#[derive(Clone, Default)]
+pub struct Tasks {
+    pub tracker: TaskTracker,
+    /// Fired at shutdown: sources stop, workers start no new job.
+    pub stop: CancellationToken,
+    /// Fired when the shutdown deadline passed: running messages are interrupted.
+    pub abort: CancellationToken,
+}
+
+/// Everything the sources and the lifecycle need, built once.
+pub struct Services {
+    pub cfg: Arc<Config>,
+    pub paths: StatePaths,
+    pub pid: PidLock,
+    pub db: Db,
+    pub store: Arc<SessionStore>,
+    pub monitor: Arc<Monitor>,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub skills: Arc<crate::skills::SkillSet>,
+    pub memory: Option<Memory>,
+    pub consolidator: Option<Consolidator>,
+    pub telegram: Option<TelegramClient>,
+    pub mcp: Arc<McpManager>,
+    /// Stops the MCP servers (after the workers, at the very end).
+    pub mcp_cancel: CancellationToken,
+    /// Woken when `schedule_message` changes the one-shot schedule.
+    pub schedule_wake: Arc<Notify>,
+    pub dispatcher: Arc<Dispatcher>,
+    pub intake: Arc<IntakeHandler>,
+    pub started: Instant,
+}
+
+fn startup(what: &str, e: &dyn std::fmt::Display) -> DaemonError {
+    DaemonError::Startup(format!("{what}: {e}"))
+}
+
+/// What lives in the state directory, opened in order: the directory, the PID lock (one
+/// daemon per state directory), `agentd.db`, the sessions, `monitor.json`.
+struct State {
+    paths: StatePaths,
+    pid: PidLock,
+    db: Db,
+    store: Arc<SessionStore>,
+    monitor: Arc<Monitor>,
+}
+
+fn open_state(cfg: &Config) -> Result<State, DaemonError> {
+    let paths = StatePaths {
+        root: cfg.paths.state_dir.clone(),
+    };
+    prepare_state_dir(&paths, cfg)?;
+    let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
+    let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
+    let store = Arc::new(
+        SessionStore::open(&paths.sessions(), cfg.agent.timezone)
+            .map_err(|e| startup("cannot open the sessions directory", &e))?,
+    );
+    let monitor = Arc::new(Monitor::new(paths.monitor()));
+    Ok(State {
+        paths,
+        pid,
+        db,
+        store,
+        monitor,
+    })
+}
+
+/// The dispatcher (queues and workers) and durable intake in front of it.
+fn queues(deps: DispatcherDeps, tasks: &Tasks) -> (Arc<Dispatcher>, Arc<IntakeHandler>) {
+    let (cfg, store) = (deps.cfg.clone(), deps.store.clone());
+    let dispatcher = Dispatcher::new(
+        deps,
+        tasks.tracker.clone(),
+        tasks.stop.clone(),
+        tasks.abort.clone(),
+    );
+    let intake = Arc::new(IntakeHandler {
+        cfg,
+        store,
+        dispatcher: dispatcher.clone(),
+    });
+    (dispatcher, intake)
+}
+
+/// The state directories, 0700; a wider one is tightened (or warned about).
+fn prepare_state_dir(paths: &StatePaths, cfg: &Config) -> Result<(), DaemonError> {
+    for dir in [
+        paths.root.clone(),
+        paths.sessions(),
+        paths.inbox(),
+        paths.logs(),
+    ] {
+        fsutil::create_private_dir(&dir)
+            .map_err(|e| startup(&format!("cannot create {}", dir.display()), &e))?;
+        super::tighten_state_dir(&dir);
+    }
+    super::warn_if_root();
+    // The tools' scratch space (SPEC §16.8): 0700, ours, not a symlink — or no start.
+    crate::tools::paths::ensure_scratch_dir(&cfg.tools.scratch_dir).map_err(DaemonError::Startup)
+}
+
+/// Long-term memory (SPEC §13). Not fatal: without memory the agent still answers (the log
+/// and `agentd doctor` say why).
+fn open_memory(
+    cfg: &Config,
+    llm: &Arc<Llm>,
+    ledger: &crate::cost::Ledger,
+) -> (Option<Memory>, Option<Consolidator>) {
+    if !cfg.memory.enabled {
+        return (None, None);
+    }
+    let memory = match Memory::open(cfg, llm.clone(), Some(ledger.clone())) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %e, "long-term memory is off for this run: cannot open memory.db (see `agentd doctor`)");
+            return (None, None);
+        }
+    };
+    let consolidator = Consolidator::new(memory.clone(), llm.clone(), ledger.clone(), cfg);
+    (Some(memory), Some(consolidator))
+}
+
+fn log_models(cfg: &Config) {
+    for (name, reason) in &cfg.models.skipped {
+        tracing::warn!(model = %name, %reason, "model not loaded");
+    }
+    for (name, spec) in &cfg.models.loaded {
+        tracing::info!(model = %name, provider = %spec.provider, api_model = %spec.model, "model loaded");
+    }
+}
+
+impl Services {
+    pub async fn build(
+        cfg: Arc<Config>,
+        tasks: &Tasks,
+        started: Instant,
+    ) -> Result<Services, DaemonError> {
+        let State {
+            paths,
+            pid,
+            db,
+            store,
+            monitor,
+        } = open_state(&cfg)?;
+        log_models(&cfg);
+        let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
+        let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
+        let (memory, consolidator) = open_memory(&cfg, &llm, &ledger);
+        let skills = Arc::new(crate::skills::SkillSet::load(
+            &cfg.agent.skills.dir,
+            &cfg.agent.skills.always_on,
+        ));
+        // Which sandbox path exec takes here, logged once (a probe in the background).
+        crate::sandbox::probe::log_at_start(
+            crate::tools::exec::sandbox_mode(cfg.tools.exec_sandbox),
+            cfg.tools.exec_network,
+        );
+        let telegram = match cfg.telegram.enabled {
+            true => Some(
+                TelegramClient::new(&cfg.telegram)
+                    .map_err(|e| DaemonError::Startup(format!("telegram: {e}")))?,
+            ),
+            false => None,
+        };
+        // One outbound channel for replies and the message/react tools.
+        let outbound = telegram.as_ref().map(|c| {
+            Arc::new(telegram::TgOutbound::new(cfg.clone(), c.clone())) as Arc<dyn Outbound>
+        });
+        // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
+        // logged and retried by each server's supervisor, never fatal.
+        let mcp_cancel = CancellationToken::new();
+        let mcp = McpManager::start(
+            &cfg.mcp_servers,
+            crate::tools::mcp::McpSandbox::from_config(&cfg),
+            mcp_cancel.clone(),
+        );
+        let schedule_wake = Arc::new(Notify::new());
+        let deps = crate::tools::ToolDeps {
+            db: db.clone(),
+            sessions: store.clone(),
+            memory: memory.as_ref(),
+            outbound: outbound.clone(),
+            schedule_wake: schedule_wake.clone(),
+            mcp: &mcp,
+            extra: vec![Arc::new(crate::skills::LoadSkillTool {
+                skills: skills.clone(),
+            })],
+        };
+        let crate::tools::Assembled {
+            registry: tools,
+            spawn,
+        } = crate::tools::assemble(&cfg, deps)
+            .await
+            .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?;
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        let agent = Agent::new(
+            cfg.clone(),
+            llm,
+            ledger.clone(),
+            tools,
+            skills.clone(),
+            monitor.clone(),
+            metrics.clone(),
+        )
+        .with_memory(memory.clone(), consolidator.clone())
+        .started_at(started);
+        // Sub-agents run through the agent's loop.
+        spawn.connect(Arc::new(agent.clone()));
+        let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
+            .map_err(|e| DaemonError::Startup(e.to_string()))?;
+        let deps = DispatcherDeps {
+            cfg: cfg.clone(),
+            runner: Arc::new(agent),
+            store: store.clone(),
+            monitor: monitor.clone(),
+            metrics: metrics.clone(),
+            consolidator: consolidator.clone(),
+            webhook: webhook.is_enabled().then_some(webhook),
+            outbound,
+        };
+        let (dispatcher, intake) = queues(deps, tasks);
+        Ok(Services {
+            cfg,
+            paths,
+            pid,
+            db,
+            store,
+            monitor,
+            metrics,
+            skills,
+            memory,
+            consolidator,
+            telegram,
+            mcp,
+            mcp_cancel,
+            schedule_wake,
+            dispatcher,
+            intake,
+            started,
+        })
+    }
+
+    /// Whether the database thread answers within 5 s (the watchdog's health check).
+    pub async fn healthy(&self) -> Result<(), String> {
+        match tokio::time::timeout(Duration::from_secs(5), self.db.kv_get("health")).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the database did not answer within 5 s".to_string()),
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The daemon's tool set, assembled in one place (SPEC §3, §11): every built-in candidate,
+//! then one `[tools] enabled` filter; MCP tools are governed by their server's `tools` list
+//! instead. The daemon passes in what the tools need; nothing here starts a task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::outbound::Outbound;
+use super::{Tool, ToolRegistry, builtin_tools};
+use crate::config::Config;
+use crate::session::SessionStore;
+use crate::store::Db;
+
+/// What the tools are built from.
+pub struct ToolDeps<'a> {
+    pub db: Db,
+    pub sessions: Arc<SessionStore>,
+    pub memory: Option<&'a crate::memory::Memory>,
+    /// `message` and `react` exist only with an outbound channel (Telegram).
+    pub outbound: Option<Arc<dyn Outbound>>,
+    /// Woken when `schedule_message` adds or cancels a message (the scheduler waits on it).
+    pub schedule_wake: Arc<Notify>,
+    /// Started MCP servers; their tools are listed once they are ready (within 10 s).
+    pub mcp: &'a super::mcp::McpManager,
+    /// Tools other modules provide (`load_skill`), filtered like the built-in ones.
+    pub extra: Vec<Arc<dyn Tool>>,
+}
+
+/// The assembled tool set: the registry, and the `sessions_spawn` tool, which the daemon
+/// connects to the agent (`SpawnTool::connect`) once the agent holding the registry exists.
+pub struct Assembled {
+    pub registry: Arc<ToolRegistry>,
+    pub spawn: Arc<super::spawn::SpawnTool>,
+}
+
+/// Build the registry of every tool the model may call.
+pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled, String> {
+    let mut list = builtin_tools(&cfg.tools);
+    if let Some(key) = &cfg.tools.web_search_key {
+        list.push(Arc::new(super::web_search::WebSearchTool::new(
+            &cfg.tools.web_search_base_url,
+            key.clone(),
+        )));
+    }
+    // Sandboxed shell: never the state or config directory (see docs/security.md).
+    list.push(Arc::new(super::exec::ExecTool::from_config(cfg)));
+    list.extend(deps.extra);
+    if let Some(outbound) = deps.outbound {
+        let m = super::messaging::Messaging {
+            cfg: cfg.clone(),
+            outbound,
+            sessions: deps.sessions,
+        };
+        list.extend(m.tools());
+    }
+    let schedule = super::schedule::ScheduleTools {
+        db: deps.db.clone(),
+        wake: deps.schedule_wake,
+        max_scheduled: cfg.tools.max_scheduled,
+        max_delay: cfg.tools.max_delay,
+        tz: cfg.agent.timezone,
+    };
+    list.extend(schedule.tools());
+    // Sub-agents run through the agent's loop: the daemon connects it once the agent exists.
+    let spawn = Arc::new(super::spawn::SpawnTool::new(cfg.clone()));
+    list.push(spawn.clone());
+    if let Some(m) = deps.memory {
+        list.extend(super::memory::tools(m));
+    }
+    list.retain(|t| cfg.tools.is_enabled(&t.spec().name));
+    if !cfg.mcp_servers.is_empty() {
+        deps.mcp.wait_ready(Duration::from_secs(10)).await;
+        list.extend(deps.mcp.tools());
+    }
+    let registry = Arc::new(
+        ToolRegistry::new(list, cfg.tools.exec_timeout, cfg.behavior.output_truncation)?
+            .with_max_parallel(cfg.tools.max_parallel_calls),
+    );
+    Ok(Assembled { registry, spawn })
+}

@@ -1,0 +1,65 @@
+//! The daemon run in-process (issue 11, item 3): `daemon::run` takes its shutdown token from
+//! the caller, as mini-redis's `server::run(listener, shutdown)` does, so a test can start it
+//! on a temporary config, talk to it, cancel the token and see it return cleanly.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
+use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
+use crate::support::wait_until;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_runs_in_process_and_returns_when_its_token_is_cancelled() {
+    let fake = FakeLlm::start(Wire::OpenAi).await;
+    fake.push(Reply::Text {
+        text: "Hello from in-process!".into(),
+        usage: Usage::new(100, 5, 0, 0),
+    });
+    let d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    let env = BTreeMap::from([
+        (
+            "AGENTD_STATE_DIR".to_string(),
+            d.state_dir.display().to_string(),
+        ),
+        ("HOME".to_string(), d.dir.path().display().to_string()),
+    ]);
+    let cfg = agentd::config::load_with_env(&d.config_path, env).expect("config");
+    let shutdown = CancellationToken::new();
+    let daemon = tokio::spawn(agentd::daemon::run(
+        cfg,
+        agentd::daemon::RunOptions::default(),
+        shutdown.clone(),
+    ));
+
+    let d = tokio::task::spawn_blocking(move || {
+        let fifo = d.state_dir.join("control.pipe");
+        wait_until(Duration::from_secs(20), "the control FIFO", || {
+            fifo.exists().then_some(())
+        });
+        fifo_write(
+            &d,
+            r#"{"type":"user","id":"inproc-1","sender":"alice","text":"hi"}"#,
+        );
+        let outcome = wait_outcome(&d, "alice", "inproc-1");
+        assert_eq!(outcome["text"], "Hello from in-process!", "{outcome}");
+        d
+    })
+    .await
+    .expect("the test's blocking part");
+
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(30), daemon)
+        .await
+        .expect("run returns within 30 s of the cancel")
+        .expect("run did not panic");
+    assert!(result.is_ok(), "{result:?}");
+    assert!(!d.state_dir.join("control.pipe").exists(), "FIFO removed");
+    assert!(!d.state_dir.join("agentd.pid").exists(), "PID file removed");
+}
