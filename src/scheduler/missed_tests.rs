@@ -122,7 +122,7 @@ async fn ten_missed_every_slots_run_once() {
 async fn a_day_of_missed_cron_slots_runs_once() {
     let f = fixture();
     let cron = entry("minutely", ScheduleWhen::Cron("* * * * *".into()));
-    let now = 1_800_000_000 - 1_800_000_000 % 60 + 30; // half past a minute
+    let now = 1_800_000_030; // 30 s past a whole minute (1,800,000,000 is one)
     f.sched
         .db
         .schedule_set_run("minutely", now - 86_400)
