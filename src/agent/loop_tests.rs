@@ -571,3 +571,101 @@ async fn a_silent_token_is_a_silent_final_answer() {
     assert!(last.is_final && last.silent);
     assert_eq!(last.reply_to, ["m1"]);
 }
+
+/// Make every insert into the cost ledger fail, as a full disk would (`RAISE(FAIL)` in a
+/// trigger, through a second connection), or let them through again.
+fn cost_inserts_fail(f: &Fixture, fail: bool) {
+    let conn = rusqlite::Connection::open(f._dir.path().join("state/agentd.db")).unwrap();
+    let sql = if fail {
+        "CREATE TRIGGER disk_full BEFORE INSERT ON costs BEGIN \
+         SELECT RAISE(FAIL, 'database or disk is full'); END;"
+    } else {
+        "DROP TRIGGER disk_full;"
+    };
+    conn.execute_batch(sql).unwrap();
+}
+
+/// SPEC §16.4: a cost row that cannot be written is kept; while it cannot be written no
+/// provider call is made and the user is told the disk is the problem; once the disk
+/// recovers, the kept row is written before the next call.
+#[tokio::test]
+async fn no_provider_call_while_a_cost_row_cannot_be_written() {
+    let primary = Scripted::new(vec![echo_call(), Say::Text("after recovery")]);
+    let f = fixture(&primary, None, |_| {});
+    cost_inserts_fail(&f, true);
+    // The first call is made (nothing pending yet); its row cannot be written, so the second
+    // call of the same message is not made.
+    let (finish, _) = f.run("work").await;
+    let Finish::Failed { reply, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert!(reply.contains("could not be written"), "{reply}");
+    assert!(reply.contains("check the disk"), "{reply}");
+    assert_eq!(primary.requests().len(), 1);
+    // Still failing: the next message makes no call at all.
+    let (finish, _) = f.run("again").await;
+    assert!(
+        matches!(&finish, Finish::Failed { reply, .. } if reply.contains("check the disk")),
+        "{finish:?}"
+    );
+    assert_eq!(
+        primary.requests().len(),
+        1,
+        "no call while the row is pending"
+    );
+    assert!(f.cost_rows().await.is_empty());
+    // The disk recovers: the kept row is written first, then the message runs.
+    cost_inserts_fail(&f, false);
+    let (finish, _) = f.run("now").await;
+    assert!(matches!(finish, Finish::Reply { .. }), "{finish:?}");
+    assert_eq!(primary.requests().len(), 2);
+    assert_eq!(
+        f.cost_rows().await,
+        [("primary-model".to_string(), 2)],
+        "the kept row and the new call's row, each once"
+    );
+}
+
+/// SPEC §16.4: a compaction inside a message (the request would not fit the context window)
+/// counts toward `per_message_usd`: compaction ($0.002) + the first call ($0.002) reach the
+/// $0.003 limit, so the second call is refused, though the loop's own calls cost only $0.002.
+#[tokio::test]
+async fn the_per_message_budget_counts_a_compaction_in_the_message() {
+    let primary = Scripted::new(vec![
+        Say::Text("first answer"),
+        Say::Text("the summary"),
+        echo_call(),
+        Say::Text("never"),
+    ]);
+    let f = fixture(&primary, None, |c| c.budget.per_message_usd = 0.003);
+    let (first, _) = f.run("first question").await;
+    assert!(matches!(first, Finish::Reply { .. }), "{first:?}");
+    // The last call reported a context far beyond the model's window: the next request must
+    // be compacted before it is sent.
+    let (h, mut state) = f.session();
+    state.context_tokens = 1_000_000;
+    let finish = f
+        .agent
+        .process(
+            &h,
+            &mut state,
+            &work("second question"),
+            "primary",
+            &CancellationToken::new(),
+        )
+        .await;
+    assert_eq!(state.compaction_count, 1, "compacted inside the message");
+    let Finish::Failed { reply, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert!(reply.starts_with("per-message budget"), "{reply}");
+    assert!(reply.contains("($0.004 spent on this message)"), "{reply}");
+    let reqs = primary.requests();
+    assert_eq!(
+        reqs.len(),
+        3,
+        "first answer, summary, one call of the message"
+    );
+    assert!(reqs[1].tools.is_empty(), "the summary call has no tools");
+    assert_eq!(f.cost_rows().await, [("primary-model".to_string(), 3)]);
+}

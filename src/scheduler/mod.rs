@@ -207,3 +207,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod missed_tests;

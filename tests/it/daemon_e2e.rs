@@ -1143,3 +1143,60 @@ fn web_search_uses_the_configured_endpoint_and_key() {
     );
     assert!(!d.log().contains("brave-test-key"));
 }
+
+/// SPEC §16.4 "costs on a full disk", end to end: while the cost insert fails (a trigger on
+/// `costs` raises the disk-full error, added from outside the daemon), the reply of the call
+/// already made arrives, the next message makes no provider call and tells the user the disk
+/// is the problem, and once inserts work again the kept row is written with the new one.
+#[test]
+fn costs_on_a_full_disk_are_kept_and_stop_further_calls() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("one"));
+    llm.push(Reply::text("three"));
+    let d = daemon_with(&llm, "openai");
+    let set_full = |full: bool| {
+        let conn = rusqlite::Connection::open(d.state_dir.join("agentd.db")).unwrap();
+        conn.execute_batch(if full {
+            "CREATE TRIGGER disk_full BEFORE INSERT ON costs BEGIN \
+             SELECT RAISE(FAIL, 'database or disk is full'); END;"
+        } else {
+            "DROP TRIGGER disk_full;"
+        })
+        .unwrap();
+    };
+    set_full(true);
+    fifo_write(
+        &d,
+        r#"{"id":"d1","type":"user","text":"first","sender":"ops"}"#,
+    );
+    let first = wait_outcome(&d, "ops", "d1");
+    assert_eq!(first["text"], "one", "{first}");
+    fifo_write(
+        &d,
+        r#"{"id":"d2","type":"user","text":"second","sender":"ops"}"#,
+    );
+    let second = wait_outcome(&d, "ops", "d2");
+    assert_eq!(second["type"], "failure", "{second}");
+    let reply = second["reply"].as_str().unwrap_or_default();
+    assert!(
+        reply.contains("could not be written") && reply.contains("check the disk"),
+        "{second}"
+    );
+    assert_eq!(
+        llm.requests().len(),
+        1,
+        "no provider call while a row is pending"
+    );
+    assert!(db_rows(&d.state_dir).is_empty());
+    set_full(false);
+    fifo_write(
+        &d,
+        r#"{"id":"d3","type":"user","text":"third","sender":"ops"}"#,
+    );
+    let third = wait_outcome(&d, "ops", "d3");
+    assert_eq!(third["text"], "three", "{third}");
+    assert_eq!(llm.requests().len(), 2);
+    let rows = db_rows(&d.state_dir);
+    assert_eq!(rows.len(), 2, "the kept row and the new one: {rows:?}");
+    assert!(rows.iter().all(|r| r.1 == "chat"), "{rows:?}");
+}

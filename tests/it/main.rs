@@ -24,4 +24,5 @@ mod ssrf;
 mod systemd;
 mod telegram_e2e;
 mod toolcalls;
+mod untested;
 mod untrusted;

@@ -409,3 +409,124 @@ fn private_and_group_messages_are_answered_each_in_its_own_chat() {
         "the private chat keeps the contact's key"
     );
 }
+
+/// `/reset` archives the chat's session: a reply comes back, the next message starts a new
+/// session id, and the old trail is kept under `.archive/` rather than deleted.
+#[test]
+fn reset_command_archives_the_chats_session() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("first answer"));
+    llm.push(Reply::text("second answer"));
+    let tg = FakeTelegram::spawn(TOKEN);
+    let d = daemon(&llm, &tg, "plain");
+    tg.push_text(ALICE, ALICE, "remember the word banana");
+    wait_until(WAIT, "first answer", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m.contains("first answer"))
+            .then_some(())
+    });
+    let before = d.session_id("Alice").expect("Alice's session");
+    tg.push_text(ALICE, ALICE, "/reset");
+    wait_until(WAIT, "the /reset answer", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m.contains("Session reset"))
+            .then_some(())
+    });
+    assert_eq!(llm.requests().len(), 1, "a command never reaches the model");
+    tg.push_text(ALICE, ALICE, "what was the word?");
+    wait_until(WAIT, "second answer", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m.contains("second answer"))
+            .then_some(())
+    });
+    let after = d.session_id("Alice").expect("a new session");
+    assert_ne!(before, after, "a new session id after /reset");
+    // The new session's request carries no trace of the archived conversation.
+    let second = serde_json::to_string(&llm.requests()[1]["messages"]).unwrap();
+    assert!(!second.contains("banana"), "{second}");
+    assert!(
+        d.trail_by_id(&after)
+            .iter()
+            .all(|l| l["text"] != "remember the word banana"),
+        "the old message is not in the new trail"
+    );
+    let archived = d.sessions_dir().join(".archive");
+    let names: Vec<String> = std::fs::read_dir(&archived)
+        .unwrap_or_else(|e| panic!("{}: {e}", archived.display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.contains(&before)),
+        "the old trail is archived: {names:?}"
+    );
+}
+
+/// `/stop` stops the chat's running message: the model call is held open, `/stop` is
+/// acknowledged at once, and the message ends as "Stopped." (recorded as a failure).
+#[test]
+fn stop_command_stops_the_running_message() {
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let gate = Arc::new(Semaphore::new(0));
+    llm.push(Reply::text("too late").gated(&gate));
+    let tg = FakeTelegram::spawn(TOKEN);
+    let d = daemon(&llm, &tg, "plain");
+    tg.push_text(ALICE, ALICE, "do something slow");
+    wait_until(WAIT, "the held model call", || {
+        (llm.requests().len() == 1).then_some(())
+    });
+    tg.push_text(ALICE, ALICE, "/stop");
+    // The acknowledgement and the message's end, in either order.
+    let sent = wait_until(WAIT, "the acknowledgement and Stopped.", || {
+        let sent = sent_to(&tg, ALICE);
+        (sent.iter().any(|m| m == "Stopped.")
+            && sent
+                .iter()
+                .any(|m| m.contains("Stopping the message in flight")))
+        .then_some(sent)
+    });
+    assert!(!sent.iter().any(|m| m.contains("too late")), "{sent:?}");
+    let trail = d.trail("Alice");
+    assert!(
+        trail
+            .iter()
+            .any(|l| l["type"] == "failure" && l["reply"] == "Stopped."),
+        "{trail:#?}"
+    );
+    // Nothing is running any more: a second /stop says so.
+    tg.push_text(ALICE, ALICE, "/stop");
+    wait_until(WAIT, "Nothing is running.", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m.contains("Nothing is running"))
+            .then_some(())
+    });
+    gate.add_permits(1);
+    assert_eq!(llm.requests().len(), 1, "the model was not asked again");
+}
+
+/// `/status` answers with the agent's name and what is running and queued, without a model call.
+#[test]
+fn status_command_answers_with_the_status_text() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let _d = daemon(&llm, &tg, "plain");
+    tg.push_text(ALICE, ALICE, "/status");
+    let status = wait_until(WAIT, "the /status answer", || {
+        sent_to(&tg, ALICE).into_iter().next()
+    });
+    assert_eq!(status, "testbot: 0 message(s) running, 0 queued.");
+    assert!(
+        llm.requests().is_empty(),
+        "a command never reaches the model"
+    );
+    // Only allowed users may use commands.
+    tg.push_text(MALLORY, MALLORY, "/status");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(sent_to(&tg, MALLORY).is_empty());
+}
