@@ -27,6 +27,12 @@ pub enum Job {
     Reset {
         reason: String,
     },
+    /// Archive session `session_id` of this key as `Reset` does, if it is still idle for
+    /// `idle_for` when the job's turn comes (`[retention] idle_session_after`).
+    Expire {
+        session_id: String,
+        idle_for: Duration,
+    },
 }
 
 /// Session states kept in memory for sessions whose worker has exited (the most recently

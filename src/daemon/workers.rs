@@ -265,25 +265,59 @@ impl Dispatcher {
                     self.reset(&key, reason).await;
                     state = None;
                 }
+                Job::Expire {
+                    session_id,
+                    idle_for,
+                } => {
+                    let reason = format!("idle for more than {}s", idle_for.as_secs());
+                    if self
+                        .reset_if(&key, reason, Some((session_id, idle_for)))
+                        .await
+                    {
+                        state = None;
+                    }
+                }
             }
         }
     }
 
     /// Archive the session of `key`, then consolidate it in the background.
     async fn reset(&self, key: &str, reason: String) {
+        self.reset_if(key, reason, None).await;
+    }
+
+    /// `reset`; with `idle` = (session id, age), only if the key still names that session and
+    /// it has been idle that long (`Job::Expire`). Returns whether the session was archived.
+    async fn reset_if(
+        &self,
+        key: &str,
+        reason: String,
+        idle: Option<(String, std::time::Duration)>,
+    ) -> bool {
         let store = self.store.clone();
         let k = key.to_string();
         let closing = self.store.index().get(key).map(|e| e.session_id.clone());
-        match tokio::task::spawn_blocking(move || store.archive(&k, &reason)).await {
+        let archive = move || match idle {
+            None => store.archive(&k, &reason),
+            Some((id, age)) => store.archive_if_idle(&k, &id, age, &reason),
+        };
+        match tokio::task::spawn_blocking(archive).await {
             Ok(Ok(true)) => {
                 tracing::info!(session_key = %key, "session reset and archived");
                 if let Some(id) = closing {
                     self.consolidate_closed(id);
                 }
+                true
             }
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::error!(session_key = %key, error = %e, "reset failed"),
-            Err(e) => tracing::error!(session_key = %key, error = %e, "reset task failed"),
+            Ok(Ok(false)) => false,
+            Ok(Err(e)) => {
+                tracing::error!(session_key = %key, error = %e, "reset failed");
+                false
+            }
+            Err(e) => {
+                tracing::error!(session_key = %key, error = %e, "reset task failed");
+                false
+            }
         }
     }
 

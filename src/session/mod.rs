@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use chrono_tz::Tz;
 
@@ -225,6 +226,34 @@ impl SessionStore {
     /// Archive the session of `key`: append a `reset` event, move `<id>*` files to `.archive/`,
     /// remove the index entry. Nothing is deleted. Returns false when there is no such session.
     pub fn archive(&self, key: &str, reason: &str) -> io::Result<bool> {
+        self.archive_if(key, reason, |_| Ok(true))
+    }
+
+    /// `archive`, only if `key` still names session `id` and that session has written nothing
+    /// for `idle` (`[retention] idle_session_after`). Checked under the store lock, so an
+    /// intake appended at the same moment is never archived with the session.
+    pub fn archive_if_idle(
+        &self,
+        key: &str,
+        id: &str,
+        idle: Duration,
+        reason: &str,
+    ) -> io::Result<bool> {
+        self.archive_if(key, reason, |entry| {
+            if entry.session_id != id {
+                return Ok(false);
+            }
+            let activity = last_activity_of(&self.dir, id)?;
+            Ok(activity.is_some_and(|t| is_older(t, idle, SystemTime::now())))
+        })
+    }
+
+    fn archive_if(
+        &self,
+        key: &str,
+        reason: &str,
+        cond: impl FnOnce(&IndexEntry) -> io::Result<bool>,
+    ) -> io::Result<bool> {
         // A snapshot still queued would otherwise land after the move, beside the archive.
         // Waited for outside the store lock (other sessions' intakes need it); only this
         // session's worker, which is the one resetting it, queues its snapshots.
@@ -236,6 +265,9 @@ impl SessionStore {
         let Some(entry) = inner.index.get(key).cloned() else {
             return Ok(false);
         };
+        if !cond(&entry)? {
+            return Ok(false);
+        }
         let h = self.open_handle(&mut inner, key, &entry.session_id)?;
         h.append(Event::Reset {
             reason: reason.to_string(),
@@ -258,9 +290,100 @@ impl SessionStore {
         Ok(true)
     }
 
+    /// Sessions of the index (key, id) with no activity — no file of theirs written — for
+    /// `idle` before `now` (SPEC §16.3, `idle_session_after`). One directory scan.
+    pub fn idle_sessions(
+        &self,
+        idle: Duration,
+        now: SystemTime,
+    ) -> io::Result<Vec<(String, String)>> {
+        let activity = last_activity(&self.dir)?;
+        let index = self.index();
+        Ok(index
+            .into_iter()
+            .filter(|(_, e)| {
+                activity
+                    .get(&e.session_id)
+                    .is_some_and(|t| is_older(*t, idle, now))
+            })
+            .map(|(k, e)| (k, e.session_id))
+            .collect())
+    }
+
+    /// Delete archived sessions (every file of one) whose newest file is older than `max_age`
+    /// (SPEC §16.3, `archive_max_age`). Returns how many sessions were deleted.
+    pub fn prune_archive(&self, max_age: Duration, now: SystemTime) -> io::Result<usize> {
+        let archive = self.dir.join(ARCHIVE_DIR);
+        let old: Vec<String> = last_activity(&archive)?
+            .into_iter()
+            .filter(|(_, t)| is_older(*t, max_age, now))
+            .map(|(id, _)| id)
+            .collect();
+        if old.is_empty() {
+            return Ok(0);
+        }
+        for e in std::fs::read_dir(&archive)? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if session_of(&name).is_some_and(|id| old.iter().any(|o| o == id)) {
+                std::fs::remove_file(e.path())?;
+            }
+        }
+        fsutil::fsync_dir(&archive)?;
+        Ok(old.len())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// `t` lies more than `age` before `now`.
+fn is_older(t: SystemTime, age: Duration, now: SystemTime) -> bool {
+    now.duration_since(t).is_ok_and(|d| d > age)
+}
+
+/// The session id a file of the sessions directory belongs to: the part before the first
+/// dot of `<id>.<day>.jsonl` or `<id>.state.json`; `None` for the index, temp and hidden files.
+fn session_of(name: &str) -> Option<&str> {
+    let (id, _) = name.split_once('.')?;
+    (!id.is_empty() && uuid::Uuid::parse_str(id).is_ok()).then_some(id)
+}
+
+/// The newest modification time of each session's files in `dir`, by session id: when the
+/// session last wrote anything (a trail line, a snapshot).
+fn last_activity(dir: &Path) -> io::Result<HashMap<String, SystemTime>> {
+    let mut out: HashMap<String, SystemTime> = HashMap::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(id) = session_of(&name) else {
+            continue;
+        };
+        let Ok(meta) = e.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        let t = meta.modified()?;
+        let newest = out.entry(id.to_string()).or_insert(t);
+        *newest = (*newest).max(t);
+    }
+    Ok(out)
+}
+
+/// `last_activity` of one session.
+fn last_activity_of(dir: &Path, id: &str) -> io::Result<Option<SystemTime>> {
+    let prefix = format!("{id}.");
+    let mut newest = None;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if !e.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let t = e.metadata()?.modified()?;
+        newest = Some(newest.map_or(t, |n: SystemTime| n.max(t)));
+    }
+    Ok(newest)
 }
 
 impl SessionHandle {
@@ -450,6 +573,61 @@ mod tests {
             )
             .unwrap();
         assert!(!fresh);
+    }
+
+    /// Set every file of session `id` in `dir` to `age` ago.
+    fn age_files(dir: &Path, id: &str, age: Duration) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            if e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{id}."))
+            {
+                let f = std::fs::File::options()
+                    .append(true)
+                    .open(e.path())
+                    .unwrap();
+                f.set_modified(SystemTime::now() - age).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn idle_sessions_are_archived_only_while_idle_and_old_archives_deleted() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let idle = store.get_or_create("idle", "primary").unwrap().id.clone();
+        let busy = store.get_or_create("busy", "primary").unwrap().id.clone();
+        let hour = Duration::from_secs(3600);
+        age_files(d.path(), &idle, 2 * hour);
+        age_files(d.path(), &busy, 2 * hour);
+        let found = store.idle_sessions(hour, SystemTime::now()).unwrap();
+        assert_eq!(found.len(), 2, "{found:?}");
+        // "busy" takes a message in before its expiry's turn: it is no longer idle.
+        let (_, fresh) = store
+            .append_intake(
+                "busy",
+                "primary",
+                match intake("x") {
+                    Event::Intake(i) => i,
+                    _ => unreachable!(),
+                },
+            )
+            .unwrap();
+        assert!(fresh);
+        assert!(!store.archive_if_idle("busy", &busy, hour, "idle").unwrap());
+        // A key that now names another session is left alone.
+        assert!(!store.archive_if_idle("idle", &busy, hour, "idle").unwrap());
+        assert!(store.archive_if_idle("idle", &idle, hour, "idle").unwrap());
+        assert!(!store.index().contains_key("idle") && store.index().contains_key("busy"));
+        let archive = d.path().join(ARCHIVE_DIR);
+        assert!(trail::read_trail(&archive, &idle).unwrap().len() >= 2);
+
+        // Archived just now: kept; once its files are old: deleted, every file of it.
+        assert_eq!(store.prune_archive(hour, SystemTime::now()).unwrap(), 0);
+        age_files(&archive, &idle, 2 * hour);
+        assert_eq!(store.prune_archive(hour, SystemTime::now()).unwrap(), 1);
+        assert_eq!(std::fs::read_dir(&archive).unwrap().count(), 0);
     }
 
     #[test]

@@ -79,6 +79,19 @@ impl Db {
             .await
     }
 
+    /// Delete done and cancelled messages that were due before `before` (Unix seconds); the
+    /// pending ones stay (SPEC §16.3). Returns how many rows went.
+    pub async fn schedule_prune(&self, before: i64) -> Result<usize, StoreError> {
+        self.actor
+            .call(move |c| {
+                c.execute(
+                    "DELETE FROM scheduled WHERE status IN ('done', 'cancelled') AND due_at < ?1",
+                    [before],
+                )
+            })
+            .await
+    }
+
     pub async fn schedule_pending_count(&self) -> Result<u32, StoreError> {
         self.actor
             .call(|c| {
