@@ -33,6 +33,45 @@ use crate::latest_writer::LatestWriter;
 /// intake-id sets (docs/BENCHMARKS.md, soak). A closed handle is opened again on demand.
 const MAX_OPEN_SESSIONS: usize = 64;
 
+/// Intake ids each open session remembers for idempotent intake (SPEC §16.3: only what
+/// deduplication needs): a retried or redelivered message is recognised while its id is among
+/// the session's last this many intakes. More than a Telegram batch redelivered after a crash
+/// (100 updates) and any client's retries of its recent requests.
+pub const DEDUP_IDS: usize = 256;
+
+/// The intake ids a session remembers, oldest first, at most [`DEDUP_IDS`].
+#[derive(Default)]
+struct RecentIds {
+    set: HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl RecentIds {
+    fn new(ids: Vec<String>) -> Self {
+        let mut r = RecentIds::default();
+        for id in ids {
+            r.insert(id);
+        }
+        r
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(id)
+    }
+
+    fn insert(&mut self, id: String) {
+        if !self.set.insert(id.clone()) {
+            return;
+        }
+        self.order.push_back(id);
+        while self.order.len() > DEDUP_IDS {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+}
+
 /// The sessions directory and the open sessions.
 pub struct SessionStore {
     dir: PathBuf,
@@ -53,8 +92,8 @@ pub struct SessionHandle {
     pub key: String,
     dir: PathBuf,
     trail: Mutex<TrailWriter>,
-    /// Intake ids already in the trail (loaded on first intake).
-    intake_ids: Mutex<Option<HashSet<String>>>,
+    /// The last intake ids of the trail (loaded on first intake), at most [`DEDUP_IDS`].
+    intake_ids: Mutex<Option<RecentIds>>,
     snapshots: Arc<LatestWriter<SessionState>>,
 }
 
@@ -158,8 +197,9 @@ impl SessionStore {
 
     /// Durable intake: get or create the session of `key` and append `intake`, under the store
     /// lock so a concurrent reset cannot archive the trail in between. An id the session has
-    /// already taken in is not written again (`Ok((id, false))`): redelivered Telegram updates
-    /// and retried client lines are accepted once.
+    /// already taken in — among its last [`DEDUP_IDS`] — is not written again
+    /// (`Ok((id, false))`): redelivered Telegram updates and retried client lines are
+    /// accepted once.
     pub fn append_intake(
         &self,
         key: &str,
@@ -170,7 +210,9 @@ impl SessionStore {
         let h = self.get_or_create_locked(&mut inner, key, model)?;
         let mut ids = h.intake_ids.lock().unwrap_or_else(|p| p.into_inner());
         if ids.is_none() {
-            *ids = Some(trail::intake_ids(&self.dir, &h.id)?);
+            *ids = Some(RecentIds::new(trail::recent_intake_ids(
+                &self.dir, &h.id, DEDUP_IDS,
+            )?));
         }
         let set = ids.as_mut().expect("filled above");
         if set.contains(&intake.id) {
@@ -628,6 +670,50 @@ mod tests {
         age_files(&archive, &idle, 2 * hour);
         assert_eq!(store.prune_archive(hour, SystemTime::now()).unwrap(), 1);
         assert_eq!(std::fs::read_dir(&archive).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn dedup_remembers_the_last_ids_only_and_reloads_them_from_the_trail() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let take = |id: &str| {
+            let Event::Intake(i) = intake(id) else {
+                unreachable!()
+            };
+            store.append_intake("k", "primary", i).unwrap().1
+        };
+        let n = DEDUP_IDS + 10;
+        for i in 0..n {
+            assert!(take(&format!("i{i}")));
+        }
+        let h = store.get("k").unwrap().unwrap();
+        let remembered = || h.intake_ids.lock().unwrap().as_ref().unwrap().order.len();
+        assert_eq!(remembered(), DEDUP_IDS);
+        // A retry of a recent message is recognised, the newest one included.
+        assert!(!take(&format!("i{}", n - 1)));
+        assert!(!take(&format!("i{}", n - DEDUP_IDS)));
+        // Loaded again from the trail (a new store, as after a restart): the same window.
+        drop(h);
+        drop(store);
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let again = |id: &str| {
+            let Event::Intake(i) = intake(id) else {
+                unreachable!()
+            };
+            store.append_intake("k", "primary", i).unwrap().1
+        };
+        assert!(!again(&format!("i{}", n - 1)));
+        assert!(!again(&format!("i{}", n - DEDUP_IDS)));
+        let ids =
+            trail::recent_intake_ids(d.path(), &store.get("k").unwrap().unwrap().id, 3).unwrap();
+        assert_eq!(
+            ids,
+            [
+                format!("i{}", n - 3),
+                format!("i{}", n - 2),
+                format!("i{}", n - 1)
+            ]
+        );
     }
 
     #[test]
