@@ -194,6 +194,11 @@ impl Queue {
         self.monitor.set_queue_depth(self.depth());
     }
 
+    /// Jobs of `key` queued or reserved and not yet started.
+    pub fn queued_for(&self, key: &str) -> usize {
+        self.queued_counts().get(key).copied().unwrap_or(0)
+    }
+
     /// One job of `key` left the queue (started, or its slot was given back).
     pub fn release(&self, key: &str) {
         {

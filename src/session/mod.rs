@@ -97,6 +97,27 @@ pub struct SessionHandle {
     snapshots: Arc<LatestWriter<SessionState>>,
 }
 
+/// `<id>.settled` in the sessions directory: the `seq` of the trail's last line at a moment
+/// when the session had nothing pending (every intake up to it answered or failed, nothing
+/// queued). Recovery skips a session whose mark still names its last line (`is_settled`), so
+/// a start does not read the trails of every sender ever seen. Written without fsync: a lost
+/// or torn mark only means the trail is read.
+fn settled_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.settled"))
+}
+
+/// Whether session `id` has nothing pending for recovery: its settled mark names the last
+/// line of its trail. Reads the mark and the newest trail file only; `false` when unsure.
+pub fn is_settled(dir: &Path, id: &str) -> bool {
+    let Some(mark) = std::fs::read_to_string(settled_path(dir, id))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+    else {
+        return false;
+    };
+    trail::last_seq(dir, id).ok().flatten() == Some(mark)
+}
+
 /// `<id>.state.json` in the sessions directory.
 fn state_path(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("{id}.state.json"))
@@ -478,6 +499,18 @@ impl SessionHandle {
         self.snapshots.submit(self.state_path(), state);
     }
 
+    /// The `seq` of the last line written to the trail (0 before the first).
+    pub fn last_seq(&self) -> u64 {
+        let trail = self.trail.lock().unwrap_or_else(|p| p.into_inner());
+        trail.next_seq().saturating_sub(1)
+    }
+
+    /// Record that nothing up to trail line `seq` is pending (see `is_settled`). Read `seq`
+    /// before checking that nothing is queued, so an intake written in between lies after it.
+    pub fn mark_settled(&self, seq: u64) -> io::Result<()> {
+        std::fs::write(settled_path(&self.dir, &self.id), seq.to_string())
+    }
+
     /// All trail lines of this session.
     pub fn read_trail(&self) -> io::Result<Vec<TrailLine>> {
         trail::read_trail(&self.dir, &self.id)
@@ -714,6 +747,23 @@ mod tests {
                 format!("i{}", n - 1)
             ]
         );
+    }
+
+    #[test]
+    fn a_settled_mark_holds_only_while_it_names_the_last_line() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let h = store.get_or_create("k", "primary").unwrap();
+        assert!(!is_settled(d.path(), &h.id), "no mark: unsure");
+        h.append(intake("a")).unwrap();
+        h.mark_settled(h.last_seq()).unwrap();
+        assert!(is_settled(d.path(), &h.id));
+        // A line written after the mark (an intake that arrived since): read the trail.
+        h.append(intake("b")).unwrap();
+        assert!(!is_settled(d.path(), &h.id));
+        // A torn mark is never trusted.
+        std::fs::write(settled_path(d.path(), &h.id), "").unwrap();
+        assert!(!is_settled(d.path(), &h.id));
     }
 
     #[test]

@@ -287,6 +287,15 @@ fn read_file_into(path: &Path, out: &mut Vec<TrailLine>) -> io::Result<()> {
 
 /// The last readable line of `path`, parsing from the end (opening a session's trail for
 /// appending must not cost a parse of its whole history).
+/// The `seq` of the last readable line of the session's newest trail file; `None` when that
+/// file holds none.
+pub fn last_seq(dir: &Path, id: &str) -> io::Result<Option<u64>> {
+    match trail_files(dir, id)?.last() {
+        Some(newest) => Ok(last_line(newest)?.map(|l| l.seq)),
+        None => Ok(None),
+    }
+}
+
 fn last_line(path: &Path) -> io::Result<Option<TrailLine>> {
     let bytes = fs::read(path)?;
     Ok(bytes

@@ -142,6 +142,13 @@ fn idle_sessions_old_inbox_files_and_old_archives_are_bounded() {
         after <= baseline + 4,
         "open descriptors grew with the number of senders: {baseline} before, {after} after {senders} senders"
     );
+    // Each answered session was marked settled, so a restart need not read its trail.
+    let settled = std::fs::read_dir(&archive)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".settled"))
+        .count();
+    assert!(settled >= senders, "settled marks: {settled}");
     // The archived sessions are not older than archive_max_age: they stay.
     assert!(archive.read_dir().unwrap().count() >= senders);
 
