@@ -168,6 +168,41 @@ mod tests {
         assert_eq!(db.schedule_last_run("hb").await.unwrap(), Some(7));
     }
 
+    #[tokio::test]
+    async fn prune_drops_only_finished_rows_due_before_the_cut() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Db::open(&d.path().join("a.db")).unwrap();
+        for (id, due) in [
+            ("done-old", 10),
+            ("cancelled-old", 10),
+            ("done-new", 100),
+            ("pending-old", 10),
+        ] {
+            db.schedule_insert(Scheduled {
+                id: id.into(),
+                target: "Alice".into(),
+                text: "t".into(),
+                due_at: due,
+                created_at: 1,
+                created_by: "x".into(),
+                status: String::new(),
+            })
+            .await
+            .unwrap();
+        }
+        db.schedule_finish("done-old", "done").await.unwrap();
+        db.schedule_finish("cancelled-old", "cancelled")
+            .await
+            .unwrap();
+        db.schedule_finish("done-new", "done").await.unwrap();
+        assert_eq!(db.schedule_prune(50).await.unwrap(), 2);
+        assert_eq!(db.schedule_prune(50).await.unwrap(), 0);
+        let pending = db.schedule_pending().await.unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].id, "pending-old");
+        assert_eq!(db.schedule_prune(1000).await.unwrap(), 1, "done-new");
+    }
+
     #[test]
     fn at_parsing() {
         assert!(parse_due_at("2026-11-24T09:00:00+01:00").is_ok());
