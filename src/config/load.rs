@@ -152,6 +152,7 @@ fn walk(
     let schedules = schedule::schedules(&mut root, &telegram.contacts);
     let memory = sections::memory(&mut root);
     let logging = sections::logging(&mut root);
+    let retention = sections::retention(&mut root);
     drop(root);
     // Explicitly chosen helper models must exist; the defaults may be undefined (they fall back
     // to `primary`).
@@ -188,6 +189,7 @@ fn walk(
         memory,
         paths: super::types::PathsConfig { state_dir },
         logging,
+        retention,
         mcp_servers,
         schedules,
     };

@@ -248,6 +248,12 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("file", cfg.logging.file.to_string());
     r.kv("keep_files", cfg.logging.keep_files.to_string());
 
+    r.table("retention");
+    let rt = &cfg.retention;
+    r.kv("inbox_max_age", age(rt.inbox_max_age));
+    r.kv("idle_session_after", age(rt.idle_session_after));
+    r.kv("archive_max_age", age(rt.archive_max_age));
+
     r.table("models");
     r.comment("loaded");
     for spec in cfg.models.loaded.values() {
@@ -361,6 +367,11 @@ fn list(items: &[String]) -> String {
 
 fn secs(d: Duration) -> String {
     d.as_secs().to_string()
+}
+
+/// A `[retention]` age as the file takes it: `"<n>s"`, or `"0"` for never.
+fn age(d: Option<Duration>) -> String {
+    q(&d.map_or_else(|| "0".to_string(), |d| format!("{}s", d.as_secs())))
 }
 
 fn num(f: f64) -> String {

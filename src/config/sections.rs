@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::paths::{expand_tilde, resolve};
 use super::types::{
     AgentConfig, BehaviorConfig, BudgetConfig, CompactionConfig, ContextConfig, LoggingConfig,
-    MemoryConfig, SkillsConfig, TierFiles,
+    MemoryConfig, RetentionConfig, SkillsConfig, TierFiles,
 };
 use super::walker::Section;
 
@@ -250,6 +250,46 @@ pub fn logging(root: &mut Section<'_>) -> LoggingConfig {
         file: s.get("file").unwrap_or(true),
         keep_files: s.int("keep_files", 1).unwrap_or(7),
     }
+}
+
+/// `[retention]` (SPEC §16.3). Each key is an age such as `"30d"`, `"12h"` or `"2s"`, or
+/// `"0"` for never.
+pub fn retention(root: &mut Section<'_>) -> RetentionConfig {
+    let mut s = root.section("retention");
+    let mut age = |key: &'static str, default: Option<Duration>| {
+        let parsed = match s.take(key) {
+            None => return default,
+            Some(toml::Value::String(v)) => parse_age(&v),
+            // `0` written as a number still means never.
+            Some(toml::Value::Integer(0)) => Ok(None),
+            Some(other) => Err(format!(
+                "expected a string such as \"30d\", or \"0\" for never; got {}",
+                super::walker::describe(&other)
+            )),
+        };
+        parsed.unwrap_or_else(|msg| {
+            s.problem(key, msg);
+            default
+        })
+    };
+    RetentionConfig {
+        inbox_max_age: age("inbox_max_age", Some(Duration::from_secs(30 * 86_400))),
+        idle_session_after: age("idle_session_after", None),
+        archive_max_age: age("archive_max_age", None),
+    }
+}
+
+/// An age of `[retention]`: `"0"` (never, `None`) or an interval as `[[schedule]] every`
+/// takes it (`"30d"`, `"12h"`, `"2s"`, `"1h30m"`).
+pub fn parse_age(v: &str) -> Result<Option<Duration>, String> {
+    if v.trim() == "0" {
+        return Ok(None);
+    }
+    super::schedule::parse_every(v).map(Some).map_err(|_| {
+        format!(
+            "expected an age such as \"30d\", \"12h\" or \"2s\" (units s, m, h, d), or \"0\" for never; got {v:?}"
+        )
+    })
 }
 
 /// `[paths]` → the absolute state directory. `AGENTD_STATE_DIR` (process env or .env) wins

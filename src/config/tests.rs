@@ -210,6 +210,14 @@ fn minimal_config_gets_every_default() {
     assert_eq!(c.logging.level, "info");
     assert!(c.logging.file);
     assert_eq!(c.logging.keep_files, 7);
+    assert_eq!(
+        c.retention,
+        RetentionConfig {
+            inbox_max_age: Some(Duration::from_secs(30 * 86_400)),
+            idle_session_after: None,
+            archive_max_age: None,
+        }
+    );
     assert!(c.mcp_servers.is_empty() && c.schedules.is_empty());
 
     let p = c.models.get("primary").expect("primary loaded");
@@ -737,6 +745,59 @@ fn unknown_tool_names_are_rejected() {
 
 /// SPEC §16.8: scratch space inside the state or config directory would be unusable (the tools
 /// never write there).
+#[test]
+fn retention_ages_take_units_and_zero_means_never() {
+    let f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            "{MINIMAL}[retention]\ninbox_max_age = \"12h\"\nidle_session_after = \"2s\"\narchive_max_age = \"0\"\n"
+        ),
+    );
+    let r = f.ok().retention;
+    assert_eq!(r.inbox_max_age, Some(Duration::from_secs(12 * 3600)));
+    assert_eq!(r.idle_session_after, Some(Duration::from_secs(2)));
+    assert_eq!(r.archive_max_age, None);
+
+    f.write(
+        "config/agentd.toml",
+        &format!("{MINIMAL}[retention]\ninbox_max_age = 0\narchive_max_age = \"90d\"\n"),
+    );
+    let r = f.ok().retention;
+    assert_eq!(r.inbox_max_age, None);
+    assert_eq!(r.archive_max_age, Some(Duration::from_secs(90 * 86_400)));
+}
+
+#[test]
+fn bad_retention_ages_name_the_key_the_value_and_the_fix() {
+    let f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            "{MINIMAL}[retention]\ninbox_max_age = \"30 days\"\nidle_session_after = 5\narchive_max_age = \"-1d\"\nkeep = 1\n"
+        ),
+    );
+    let problems = f.problems();
+    assert_eq!(problems.len(), 4, "{problems:?}");
+    assert!(
+        has(
+            &problems,
+            "retention.inbox_max_age: expected an age such as \"30d\""
+        ) && has(&problems, "got \"30 days\""),
+        "{problems:?}"
+    );
+    assert!(
+        has(&problems, "retention.idle_session_after: expected a string"),
+        "{problems:?}"
+    );
+    assert!(
+        has(&problems, "retention.archive_max_age: ")
+            && has(&problems, "\"0\" for never; got \"-1d\""),
+        "{problems:?}"
+    );
+    assert!(has(&problems, "retention.keep"), "{problems:?}");
+}
+
 #[test]
 fn scratch_dir_inside_the_state_or_config_directory_is_refused() {
     let f = minimal_with_key();

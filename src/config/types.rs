@@ -33,6 +33,8 @@ pub struct Config {
     pub memory: MemoryConfig,
     pub paths: PathsConfig,
     pub logging: LoggingConfig,
+    /// `[retention]` (SPEC §16.3).
+    pub retention: RetentionConfig,
     /// `[mcp.servers.<name>]` by server name (§12).
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// `[[schedule]]` entries in file order (§14).
@@ -338,6 +340,17 @@ pub struct LoggingConfig {
     pub level: String,
     pub file: bool,
     pub keep_files: usize,
+}
+
+/// `[retention]` (SPEC §16.3): how long state is kept. `None` = kept forever (`"0"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetentionConfig {
+    /// Files in `state_dir/inbox/` older than this are deleted.
+    pub inbox_max_age: Option<Duration>,
+    /// Sessions idle this long are archived as by `/reset`.
+    pub idle_session_after: Option<Duration>,
+    /// Archived sessions older than this are deleted.
+    pub archive_max_age: Option<Duration>,
 }
 
 /// One MCP server (`[mcp.servers.<name>]`, §12).

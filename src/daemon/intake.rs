@@ -247,6 +247,10 @@ impl IntakeHandler {
             let dir = self.store.dir().to_path_buf();
             let id = entry.session_id.clone();
             let lines = match tokio::task::spawn_blocking(move || {
+                // A session marked settled at its last line has nothing to recover.
+                if session::is_settled(&dir, &id) {
+                    return Ok(Vec::new());
+                }
                 session::trail::read_trail(&dir, &id)
             })
             .await

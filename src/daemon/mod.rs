@@ -10,6 +10,7 @@ pub mod lifecycle;
 pub mod notify;
 pub mod pidlock;
 pub mod queue;
+pub mod retention;
 pub mod services;
 pub mod signals;
 pub mod sources;

@@ -27,6 +27,12 @@ pub enum Job {
     Reset {
         reason: String,
     },
+    /// Archive session `session_id` of this key as `Reset` does, if it is still idle for
+    /// `idle_for` when the job's turn comes (`[retention] idle_session_after`).
+    Expire {
+        session_id: String,
+        idle_for: Duration,
+    },
 }
 
 /// Session states kept in memory for sessions whose worker has exited (the most recently
@@ -186,6 +192,11 @@ impl Queue {
             self.depth.fetch_add(1, Ordering::Relaxed);
         }
         self.monitor.set_queue_depth(self.depth());
+    }
+
+    /// Jobs of `key` queued or reserved and not yet started.
+    pub fn queued_for(&self, key: &str) -> usize {
+        self.queued_counts().get(key).copied().unwrap_or(0)
     }
 
     /// One job of `key` left the queue (started, or its slot was given back).

@@ -19,6 +19,7 @@ const INTAKE_QUEUE: usize = 64;
 /// existence tells clients the daemon is ready.
 pub async fn start(s: &Services, tasks: &Tasks) -> Result<(), DaemonError> {
     start_scheduler(s, tasks);
+    super::retention::start(s, tasks);
     if let Some(client) = s.telegram.clone() {
         telegram::start_poller(client, s, tasks);
     }

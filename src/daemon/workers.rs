@@ -249,7 +249,13 @@ impl Dispatcher {
                         break;
                     }
                     let ids = work.ids();
-                    if let Err(e) = self.run_message(&key, &mut state, work).await {
+                    let ran = self.run_message(&key, &mut state, work).await;
+                    if let Ok(Some(session)) = &ran
+                        && held.is_empty()
+                    {
+                        self.mark_settled(&key, session).await;
+                    }
+                    if let Err(e) = ran {
                         tracing::error!(session_key = %key, error = %e, "message processing failed");
                         state = None;
                         // Nobody waits forever: tell waiters (HTTP /chat, agentd chat).
@@ -265,36 +271,86 @@ impl Dispatcher {
                     self.reset(&key, reason).await;
                     state = None;
                 }
+                Job::Expire {
+                    session_id,
+                    idle_for,
+                } => {
+                    let reason = format!("idle for more than {}s", idle_for.as_secs());
+                    if self
+                        .reset_if(&key, reason, Some((session_id, idle_for)))
+                        .await
+                    {
+                        state = None;
+                    }
+                }
             }
         }
     }
 
     /// Archive the session of `key`, then consolidate it in the background.
     async fn reset(&self, key: &str, reason: String) {
+        self.reset_if(key, reason, None).await;
+    }
+
+    /// `reset`; with `idle` = (session id, age), only if the key still names that session and
+    /// it has been idle that long (`Job::Expire`). Returns whether the session was archived.
+    async fn reset_if(
+        &self,
+        key: &str,
+        reason: String,
+        idle: Option<(String, std::time::Duration)>,
+    ) -> bool {
         let store = self.store.clone();
         let k = key.to_string();
         let closing = self.store.index().get(key).map(|e| e.session_id.clone());
-        match tokio::task::spawn_blocking(move || store.archive(&k, &reason)).await {
+        let archive = move || match idle {
+            None => store.archive(&k, &reason),
+            Some((id, age)) => store.archive_if_idle(&k, &id, age, &reason),
+        };
+        match tokio::task::spawn_blocking(archive).await {
             Ok(Ok(true)) => {
                 tracing::info!(session_key = %key, "session reset and archived");
                 if let Some(id) = closing {
                     self.consolidate_closed(id);
                 }
+                true
             }
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::error!(session_key = %key, error = %e, "reset failed"),
-            Err(e) => tracing::error!(session_key = %key, error = %e, "reset task failed"),
+            Ok(Ok(false)) => false,
+            Ok(Err(e)) => {
+                tracing::error!(session_key = %key, error = %e, "reset failed");
+                false
+            }
+            Err(e) => {
+                tracing::error!(session_key = %key, error = %e, "reset task failed");
+                false
+            }
+        }
+    }
+
+    /// After a message that finished: when nothing else of `key` is queued, reserved or held,
+    /// mark the session settled so that recovery need not read its trail (`is_settled`). The
+    /// seq is read before the queue is checked: an intake reserved later lies after it.
+    async fn mark_settled(&self, key: &str, session: &Arc<SessionHandle>) {
+        let seq = session.last_seq();
+        if self.queue.queued_for(key) > 0 || self.stop.is_cancelled() {
+            return;
+        }
+        let s = session.clone();
+        let written = tokio::task::spawn_blocking(move || s.mark_settled(seq)).await;
+        if let Ok(Err(e)) = written {
+            tracing::debug!(session = %session.id, error = %e, "cannot write the settled mark");
         }
     }
 
     /// One message: route it, open its session and state, run it, hand the reply out, then
-    /// the compaction check and the snapshot.
+    /// the compaction check and the snapshot. Returns the session when the message finished
+    /// (answered or failed for good), `None` when a shutdown interrupted it.
     async fn run_message(
         &self,
         key: &str,
         state: &mut Option<SessionState>,
         work: Work,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<Option<Arc<SessionHandle>>> {
         let model = self.runner.route(&work);
         let session = self.open_session(key, &model, &work).await?;
         if state.as_ref().is_none_or(|s| s.id != session.id) {
@@ -329,7 +385,7 @@ impl Dispatcher {
         // acknowledgement, and serialising and syncing a long history was the largest
         // per-message cost after the reply (docs/BENCHMARKS.md, overhead).
         session.queue_snapshot(st.clone());
-        Ok(())
+        Ok(finished.then_some(session))
     }
 
     /// The session that answers `work`. Its intake records must be in that session's trail:

@@ -362,6 +362,21 @@ impl Memory {
     }
 }
 
+/// The query-embedding cache, pruned on the retention schedule (SPEC §16.3) as well as by
+/// index runs: cached embeddings no chunk uses and older than `CACHE_KEEP_SECONDS`.
+impl super::Memory {
+    pub async fn prune_embedding_cache(&self) -> Result<usize, MemoryError> {
+        let Some(embedder) = self.embedder() else {
+            return Ok(0);
+        };
+        let keep_after = chrono::Utc::now().timestamp() - CACHE_KEEP_SECONDS;
+        Ok(self
+            .db()
+            .prune_embeddings(embedder.model_id(), keep_after)
+            .await?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use chrono_tz::Tz;
 
@@ -31,6 +32,45 @@ use crate::latest_writer::LatestWriter;
 /// closed: a daemon that has seen many session keys keeps a bounded number of descriptors and
 /// intake-id sets (docs/BENCHMARKS.md, soak). A closed handle is opened again on demand.
 const MAX_OPEN_SESSIONS: usize = 64;
+
+/// Intake ids each open session remembers for idempotent intake (SPEC §16.3: only what
+/// deduplication needs): a retried or redelivered message is recognised while its id is among
+/// the session's last this many intakes. More than a Telegram batch redelivered after a crash
+/// (100 updates) and any client's retries of its recent requests.
+pub const DEDUP_IDS: usize = 256;
+
+/// The intake ids a session remembers, oldest first, at most [`DEDUP_IDS`].
+#[derive(Default)]
+struct RecentIds {
+    set: HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl RecentIds {
+    fn new(ids: Vec<String>) -> Self {
+        let mut r = RecentIds::default();
+        for id in ids {
+            r.insert(id);
+        }
+        r
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(id)
+    }
+
+    fn insert(&mut self, id: String) {
+        if !self.set.insert(id.clone()) {
+            return;
+        }
+        self.order.push_back(id);
+        while self.order.len() > DEDUP_IDS {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+}
 
 /// The sessions directory and the open sessions.
 pub struct SessionStore {
@@ -52,9 +92,30 @@ pub struct SessionHandle {
     pub key: String,
     dir: PathBuf,
     trail: Mutex<TrailWriter>,
-    /// Intake ids already in the trail (loaded on first intake).
-    intake_ids: Mutex<Option<HashSet<String>>>,
+    /// The last intake ids of the trail (loaded on first intake), at most [`DEDUP_IDS`].
+    intake_ids: Mutex<Option<RecentIds>>,
     snapshots: Arc<LatestWriter<SessionState>>,
+}
+
+/// `<id>.settled` in the sessions directory: the `seq` of the trail's last line at a moment
+/// when the session had nothing pending (every intake up to it answered or failed, nothing
+/// queued). Recovery skips a session whose mark still names its last line (`is_settled`), so
+/// a start does not read the trails of every sender ever seen. Written without fsync: a lost
+/// or torn mark only means the trail is read.
+fn settled_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.settled"))
+}
+
+/// Whether session `id` has nothing pending for recovery: its settled mark names the last
+/// line of its trail. Reads the mark and the newest trail file only; `false` when unsure.
+pub fn is_settled(dir: &Path, id: &str) -> bool {
+    let Some(mark) = std::fs::read_to_string(settled_path(dir, id))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+    else {
+        return false;
+    };
+    trail::last_seq(dir, id).ok().flatten() == Some(mark)
 }
 
 /// `<id>.state.json` in the sessions directory.
@@ -157,8 +218,9 @@ impl SessionStore {
 
     /// Durable intake: get or create the session of `key` and append `intake`, under the store
     /// lock so a concurrent reset cannot archive the trail in between. An id the session has
-    /// already taken in is not written again (`Ok((id, false))`): redelivered Telegram updates
-    /// and retried client lines are accepted once.
+    /// already taken in — among its last [`DEDUP_IDS`] — is not written again
+    /// (`Ok((id, false))`): redelivered Telegram updates and retried client lines are
+    /// accepted once.
     pub fn append_intake(
         &self,
         key: &str,
@@ -169,7 +231,9 @@ impl SessionStore {
         let h = self.get_or_create_locked(&mut inner, key, model)?;
         let mut ids = h.intake_ids.lock().unwrap_or_else(|p| p.into_inner());
         if ids.is_none() {
-            *ids = Some(trail::intake_ids(&self.dir, &h.id)?);
+            *ids = Some(RecentIds::new(trail::recent_intake_ids(
+                &self.dir, &h.id, DEDUP_IDS,
+            )?));
         }
         let set = ids.as_mut().expect("filled above");
         if set.contains(&intake.id) {
@@ -225,6 +289,34 @@ impl SessionStore {
     /// Archive the session of `key`: append a `reset` event, move `<id>*` files to `.archive/`,
     /// remove the index entry. Nothing is deleted. Returns false when there is no such session.
     pub fn archive(&self, key: &str, reason: &str) -> io::Result<bool> {
+        self.archive_if(key, reason, |_| Ok(true))
+    }
+
+    /// `archive`, only if `key` still names session `id` and that session has written nothing
+    /// for `idle` (`[retention] idle_session_after`). Checked under the store lock, so an
+    /// intake appended at the same moment is never archived with the session.
+    pub fn archive_if_idle(
+        &self,
+        key: &str,
+        id: &str,
+        idle: Duration,
+        reason: &str,
+    ) -> io::Result<bool> {
+        self.archive_if(key, reason, |entry| {
+            if entry.session_id != id {
+                return Ok(false);
+            }
+            let activity = last_activity_of(&self.dir, id)?;
+            Ok(activity.is_some_and(|t| is_older(t, idle, SystemTime::now())))
+        })
+    }
+
+    fn archive_if(
+        &self,
+        key: &str,
+        reason: &str,
+        cond: impl FnOnce(&IndexEntry) -> io::Result<bool>,
+    ) -> io::Result<bool> {
         // A snapshot still queued would otherwise land after the move, beside the archive.
         // Waited for outside the store lock (other sessions' intakes need it); only this
         // session's worker, which is the one resetting it, queues its snapshots.
@@ -236,6 +328,9 @@ impl SessionStore {
         let Some(entry) = inner.index.get(key).cloned() else {
             return Ok(false);
         };
+        if !cond(&entry)? {
+            return Ok(false);
+        }
         let h = self.open_handle(&mut inner, key, &entry.session_id)?;
         h.append(Event::Reset {
             reason: reason.to_string(),
@@ -258,9 +353,100 @@ impl SessionStore {
         Ok(true)
     }
 
+    /// Sessions of the index (key, id) with no activity — no file of theirs written — for
+    /// `idle` before `now` (SPEC §16.3, `idle_session_after`). One directory scan.
+    pub fn idle_sessions(
+        &self,
+        idle: Duration,
+        now: SystemTime,
+    ) -> io::Result<Vec<(String, String)>> {
+        let activity = last_activity(&self.dir)?;
+        let index = self.index();
+        Ok(index
+            .into_iter()
+            .filter(|(_, e)| {
+                activity
+                    .get(&e.session_id)
+                    .is_some_and(|t| is_older(*t, idle, now))
+            })
+            .map(|(k, e)| (k, e.session_id))
+            .collect())
+    }
+
+    /// Delete archived sessions (every file of one) whose newest file is older than `max_age`
+    /// (SPEC §16.3, `archive_max_age`). Returns how many sessions were deleted.
+    pub fn prune_archive(&self, max_age: Duration, now: SystemTime) -> io::Result<usize> {
+        let archive = self.dir.join(ARCHIVE_DIR);
+        let old: Vec<String> = last_activity(&archive)?
+            .into_iter()
+            .filter(|(_, t)| is_older(*t, max_age, now))
+            .map(|(id, _)| id)
+            .collect();
+        if old.is_empty() {
+            return Ok(0);
+        }
+        for e in std::fs::read_dir(&archive)? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if session_of(&name).is_some_and(|id| old.iter().any(|o| o == id)) {
+                std::fs::remove_file(e.path())?;
+            }
+        }
+        fsutil::fsync_dir(&archive)?;
+        Ok(old.len())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// `t` lies more than `age` before `now`.
+fn is_older(t: SystemTime, age: Duration, now: SystemTime) -> bool {
+    now.duration_since(t).is_ok_and(|d| d > age)
+}
+
+/// The session id a file of the sessions directory belongs to: the part before the first
+/// dot of `<id>.<day>.jsonl` or `<id>.state.json`; `None` for the index, temp and hidden files.
+fn session_of(name: &str) -> Option<&str> {
+    let (id, _) = name.split_once('.')?;
+    (!id.is_empty() && uuid::Uuid::parse_str(id).is_ok()).then_some(id)
+}
+
+/// The newest modification time of each session's files in `dir`, by session id: when the
+/// session last wrote anything (a trail line, a snapshot).
+fn last_activity(dir: &Path) -> io::Result<HashMap<String, SystemTime>> {
+    let mut out: HashMap<String, SystemTime> = HashMap::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(id) = session_of(&name) else {
+            continue;
+        };
+        let Ok(meta) = e.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        let t = meta.modified()?;
+        let newest = out.entry(id.to_string()).or_insert(t);
+        *newest = (*newest).max(t);
+    }
+    Ok(out)
+}
+
+/// `last_activity` of one session.
+fn last_activity_of(dir: &Path, id: &str) -> io::Result<Option<SystemTime>> {
+    let prefix = format!("{id}.");
+    let mut newest = None;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if !e.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let t = e.metadata()?.modified()?;
+        newest = Some(newest.map_or(t, |n: SystemTime| n.max(t)));
+    }
+    Ok(newest)
 }
 
 impl SessionHandle {
@@ -311,6 +497,18 @@ impl SessionHandle {
     /// line folded into `state` is durable; a failed write is logged (the trail rebuilds it).
     pub fn queue_snapshot(&self, state: SessionState) {
         self.snapshots.submit(self.state_path(), state);
+    }
+
+    /// The `seq` of the last line written to the trail (0 before the first).
+    pub fn last_seq(&self) -> u64 {
+        let trail = self.trail.lock().unwrap_or_else(|p| p.into_inner());
+        trail.next_seq().saturating_sub(1)
+    }
+
+    /// Record that nothing up to trail line `seq` is pending (see `is_settled`). Read `seq`
+    /// before checking that nothing is queued, so an intake written in between lies after it.
+    pub fn mark_settled(&self, seq: u64) -> io::Result<()> {
+        std::fs::write(settled_path(&self.dir, &self.id), seq.to_string())
     }
 
     /// All trail lines of this session.
@@ -450,6 +648,122 @@ mod tests {
             )
             .unwrap();
         assert!(!fresh);
+    }
+
+    /// Set every file of session `id` in `dir` to `age` ago.
+    fn age_files(dir: &Path, id: &str, age: Duration) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            if e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{id}."))
+            {
+                let f = std::fs::File::options()
+                    .append(true)
+                    .open(e.path())
+                    .unwrap();
+                f.set_modified(SystemTime::now() - age).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn idle_sessions_are_archived_only_while_idle_and_old_archives_deleted() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let idle = store.get_or_create("idle", "primary").unwrap().id.clone();
+        let busy = store.get_or_create("busy", "primary").unwrap().id.clone();
+        let hour = Duration::from_secs(3600);
+        age_files(d.path(), &idle, 2 * hour);
+        age_files(d.path(), &busy, 2 * hour);
+        let found = store.idle_sessions(hour, SystemTime::now()).unwrap();
+        assert_eq!(found.len(), 2, "{found:?}");
+        // "busy" takes a message in before its expiry's turn: it is no longer idle.
+        let (_, fresh) = store
+            .append_intake(
+                "busy",
+                "primary",
+                match intake("x") {
+                    Event::Intake(i) => i,
+                    _ => unreachable!(),
+                },
+            )
+            .unwrap();
+        assert!(fresh);
+        assert!(!store.archive_if_idle("busy", &busy, hour, "idle").unwrap());
+        // A key that now names another session is left alone.
+        assert!(!store.archive_if_idle("idle", &busy, hour, "idle").unwrap());
+        assert!(store.archive_if_idle("idle", &idle, hour, "idle").unwrap());
+        assert!(!store.index().contains_key("idle") && store.index().contains_key("busy"));
+        let archive = d.path().join(ARCHIVE_DIR);
+        assert!(trail::read_trail(&archive, &idle).unwrap().len() >= 2);
+
+        // Archived just now: kept; once its files are old: deleted, every file of it.
+        assert_eq!(store.prune_archive(hour, SystemTime::now()).unwrap(), 0);
+        age_files(&archive, &idle, 2 * hour);
+        assert_eq!(store.prune_archive(hour, SystemTime::now()).unwrap(), 1);
+        assert_eq!(std::fs::read_dir(&archive).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn dedup_remembers_the_last_ids_only_and_reloads_them_from_the_trail() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let take = |id: &str| {
+            let Event::Intake(i) = intake(id) else {
+                unreachable!()
+            };
+            store.append_intake("k", "primary", i).unwrap().1
+        };
+        let n = DEDUP_IDS + 10;
+        for i in 0..n {
+            assert!(take(&format!("i{i}")));
+        }
+        let h = store.get("k").unwrap().unwrap();
+        let remembered = || h.intake_ids.lock().unwrap().as_ref().unwrap().order.len();
+        assert_eq!(remembered(), DEDUP_IDS);
+        // A retry of a recent message is recognised, the newest one included.
+        assert!(!take(&format!("i{}", n - 1)));
+        assert!(!take(&format!("i{}", n - DEDUP_IDS)));
+        // Loaded again from the trail (a new store, as after a restart): the same window.
+        drop(h);
+        drop(store);
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let again = |id: &str| {
+            let Event::Intake(i) = intake(id) else {
+                unreachable!()
+            };
+            store.append_intake("k", "primary", i).unwrap().1
+        };
+        assert!(!again(&format!("i{}", n - 1)));
+        assert!(!again(&format!("i{}", n - DEDUP_IDS)));
+        let ids =
+            trail::recent_intake_ids(d.path(), &store.get("k").unwrap().unwrap().id, 3).unwrap();
+        assert_eq!(
+            ids,
+            [
+                format!("i{}", n - 3),
+                format!("i{}", n - 2),
+                format!("i{}", n - 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_settled_mark_holds_only_while_it_names_the_last_line() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let h = store.get_or_create("k", "primary").unwrap();
+        assert!(!is_settled(d.path(), &h.id), "no mark: unsure");
+        h.append(intake("a")).unwrap();
+        h.mark_settled(h.last_seq()).unwrap();
+        assert!(is_settled(d.path(), &h.id));
+        // A line written after the mark (an intake that arrived since): read the trail.
+        h.append(intake("b")).unwrap();
+        assert!(!is_settled(d.path(), &h.id));
+        // A torn mark is never trusted.
+        std::fs::write(settled_path(d.path(), &h.id), "").unwrap();
+        assert!(!is_settled(d.path(), &h.id));
     }
 
     #[test]

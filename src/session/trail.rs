@@ -200,19 +200,44 @@ fn first_seq(path: &Path) -> io::Result<Option<u64>> {
 pub fn intake_ids(dir: &Path, id: &str) -> io::Result<std::collections::HashSet<String>> {
     let mut out = std::collections::HashSet::new();
     for f in trail_files(dir, id)? {
-        for_each_line(&f, |_, line| {
-            if let Ok(Probe {
-                kind: Some(kind),
-                id: Some(id),
-                ..
-            }) = serde_json::from_slice::<Probe>(line)
-                && kind == "intake"
-            {
-                out.insert(id);
-            }
+        intake_ids_of(&f, &mut |id| {
+            out.insert(id);
         })?;
     }
     Ok(out)
+}
+
+/// The ids of the session's last `max` intakes, oldest first: the trail files are read from
+/// the newest back only until that many are found.
+pub fn recent_intake_ids(dir: &Path, id: &str, max: usize) -> io::Result<Vec<String>> {
+    let mut newest_first: Vec<Vec<String>> = Vec::new();
+    let mut found = 0;
+    for f in trail_files(dir, id)?.iter().rev() {
+        if found >= max {
+            break;
+        }
+        let mut ids = Vec::new();
+        intake_ids_of(f, &mut |id| ids.push(id))?;
+        found += ids.len();
+        newest_first.push(ids);
+    }
+    let all: Vec<String> = newest_first.into_iter().rev().flatten().collect();
+    let skip = all.len().saturating_sub(max);
+    Ok(all.into_iter().skip(skip).collect())
+}
+
+fn intake_ids_of(path: &Path, f: &mut impl FnMut(String)) -> io::Result<()> {
+    for_each_line(path, |_, line| {
+        if let Ok(Probe {
+            kind: Some(kind),
+            id: Some(id),
+            ..
+        }) = serde_json::from_slice::<Probe>(line)
+            && kind == "intake"
+        {
+            f(id);
+        }
+    })
 }
 
 /// The fields the quick scans need; serde skips the rest of the line without building it.
@@ -262,6 +287,15 @@ fn read_file_into(path: &Path, out: &mut Vec<TrailLine>) -> io::Result<()> {
 
 /// The last readable line of `path`, parsing from the end (opening a session's trail for
 /// appending must not cost a parse of its whole history).
+/// The `seq` of the last readable line of the session's newest trail file; `None` when that
+/// file holds none.
+pub fn last_seq(dir: &Path, id: &str) -> io::Result<Option<u64>> {
+    match trail_files(dir, id)?.last() {
+        Some(newest) => Ok(last_line(newest)?.map(|l| l.seq)),
+        None => Ok(None),
+    }
+}
+
 fn last_line(path: &Path) -> io::Result<Option<TrailLine>> {
     let bytes = fs::read(path)?;
     Ok(bytes

@@ -79,6 +79,19 @@ impl Db {
             .await
     }
 
+    /// Delete done and cancelled messages that were due before `before` (Unix seconds); the
+    /// pending ones stay (SPEC §16.3). Returns how many rows went.
+    pub async fn schedule_prune(&self, before: i64) -> Result<usize, StoreError> {
+        self.actor
+            .call(move |c| {
+                c.execute(
+                    "DELETE FROM scheduled WHERE status IN ('done', 'cancelled') AND due_at < ?1",
+                    [before],
+                )
+            })
+            .await
+    }
+
     pub async fn schedule_pending_count(&self) -> Result<u32, StoreError> {
         self.actor
             .call(|c| {
@@ -153,6 +166,41 @@ mod tests {
         db.schedule_set_run("hb", 5).await.unwrap();
         db.schedule_set_run("hb", 7).await.unwrap();
         assert_eq!(db.schedule_last_run("hb").await.unwrap(), Some(7));
+    }
+
+    #[tokio::test]
+    async fn prune_drops_only_finished_rows_due_before_the_cut() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Db::open(&d.path().join("a.db")).unwrap();
+        for (id, due) in [
+            ("done-old", 10),
+            ("cancelled-old", 10),
+            ("done-new", 100),
+            ("pending-old", 10),
+        ] {
+            db.schedule_insert(Scheduled {
+                id: id.into(),
+                target: "Alice".into(),
+                text: "t".into(),
+                due_at: due,
+                created_at: 1,
+                created_by: "x".into(),
+                status: String::new(),
+            })
+            .await
+            .unwrap();
+        }
+        db.schedule_finish("done-old", "done").await.unwrap();
+        db.schedule_finish("cancelled-old", "cancelled")
+            .await
+            .unwrap();
+        db.schedule_finish("done-new", "done").await.unwrap();
+        assert_eq!(db.schedule_prune(50).await.unwrap(), 2);
+        assert_eq!(db.schedule_prune(50).await.unwrap(), 0);
+        let pending = db.schedule_pending().await.unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].id, "pending-old");
+        assert_eq!(db.schedule_prune(1000).await.unwrap(), 1, "done-new");
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod mcp;
 mod memory;
 mod process_hardening;
 mod provider_limits;
+mod retention;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;
