@@ -1,5 +1,5 @@
-//! The lifecycle of a run (SPEC §10.4): serve until a stop signal, the end of terminal input or
-//! the caller's shutdown token — answering SIGHUP/SIGUSR1 and pinging the systemd watchdog
+//! The lifecycle of a run (SPEC §10.4): serve until a stop signal, the end of terminal input,
+//! the caller's shutdown token or the death of a source (SPEC §16.7) — answering SIGHUP/SIGUSR1 and pinging the systemd watchdog
 //! meanwhile — then stop in two stages (no new work; interrupt what still runs at the deadline).
 
 use std::time::Duration;
@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::notify::Notifier;
 use super::services::{Services, Tasks};
 use super::signals::{Signal, Signals};
+use super::sources::SourceWatch;
 use crate::channels::fifo;
 
 /// How long in-flight messages may run after SIGTERM before they are interrupted (they resume
@@ -20,16 +21,19 @@ enum Stop {
     Signal(&'static str),
     InputClosed,
     Requested,
+    SourceDied(String),
 }
 
-/// Serve until it is time to stop.
+/// Serve until it is time to stop. Returns the reason when a source died: the run then ends
+/// with a runtime failure (exit code 3) after the same graceful stop.
 pub async fn serve(
     s: &Services,
     signals: &mut Signals,
     notifier: &Notifier,
     input_closed: &CancellationToken,
     shutdown: &CancellationToken,
-) {
+    sources: &SourceWatch,
+) -> Option<String> {
     let mut watchdog = notifier.watchdog_interval().map(tokio::time::interval);
     let why = loop {
         let tick = async {
@@ -48,6 +52,7 @@ pub async fn serve(
             },
             _ = input_closed.cancelled() => break Stop::InputClosed,
             _ = shutdown.cancelled() => break Stop::Requested,
+            why = sources.died() => break Stop::SourceDied(why),
             _ = tick => ping_watchdog(s, notifier).await,
         }
     };
@@ -55,7 +60,12 @@ pub async fn serve(
         Stop::Signal(name) => tracing::info!(signal = name, "shutdown signal received"),
         Stop::InputClosed => tracing::info!("end of terminal input"),
         Stop::Requested => tracing::info!("shutdown requested"),
+        Stop::SourceDied(why) => {
+            tracing::error!(reason = %why, "stopping because a source died");
+            return Some(why);
+        }
     }
+    None
 }
 
 fn on_signal(s: &Services, notifier: &Notifier, sig: Signal) {

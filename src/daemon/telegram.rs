@@ -259,7 +259,12 @@ impl Outbound for TgOutbound {
 }
 
 /// Start the poller (not waiting for Telegram: its health goes to the monitor).
-pub fn start_poller(client: TelegramClient, s: &Services, tasks: &Tasks) {
+/// Starts the health relay and returns the poll loop, which `sources` runs and watches.
+pub fn start_poller(
+    client: TelegramClient,
+    s: &Services,
+    tasks: &Tasks,
+) -> super::sources::SourceTask {
     let (cfg, db, monitor) = (s.cfg.clone(), s.db.clone(), s.monitor.clone());
     let (intake, dispatcher) = (s.intake.clone(), s.dispatcher.clone());
     let (tracker, stop) = (&tasks.tracker, tasks.stop.clone());
@@ -285,8 +290,8 @@ pub fn start_poller(client: TelegramClient, s: &Services, tasks: &Tasks) {
     });
     let tg_cfg = cfg.telegram.clone();
     let bot_id = client.bot_id();
-    tracker.spawn(async move {
-        if let Err(e) = poll::run(
+    Box::pin(async move {
+        poll::run(
             client,
             tg_cfg,
             Arc::new(DbOffsets(db, offset_key(bot_id))),
@@ -295,8 +300,6 @@ pub fn start_poller(client: TelegramClient, s: &Services, tasks: &Tasks) {
             stop,
         )
         .await
-        {
-            tracing::error!(error = %e, "Telegram poller stopped");
-        }
-    });
+        .map_err(|e| e.to_string())
+    })
 }
