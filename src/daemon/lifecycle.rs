@@ -98,11 +98,59 @@ async fn ping_watchdog(s: &Services, notifier: &Notifier) {
             tracing::error!(error = %e, "health check failed; not pinging the watchdog")
         }
     }
-    notifier.status(&format!(
-        "{} active, {} queued",
+    let channels = match s.cfg.telegram.enabled {
+        true => s.monitor.snapshot()["channels"].take(),
+        false => serde_json::Value::Null,
+    };
+    notifier.status(&status_line(
         s.dispatcher.active_sessions(),
-        s.dispatcher.queue_depth()
+        s.dispatcher.queue_depth(),
+        channels.get("telegram"),
     ));
+}
+
+/// The `STATUS=` line: work in flight, and Telegram's health when it is enabled, e.g.
+/// `2 active, 0 queued; telegram: unauthorized (token rejected, see the log)`.
+fn status_line(active: usize, queued: usize, telegram: Option<&serde_json::Value>) -> String {
+    let mut line = format!("{active} active, {queued} queued");
+    if let Some(h) = telegram {
+        let state = h["state"].as_str().unwrap_or("starting");
+        line.push_str(&format!("; telegram: {state}"));
+        match state {
+            "unauthorized" => line.push_str(" (token rejected, see the log)"),
+            "retrying" => {
+                let n = h["consecutive_errors"].as_u64().unwrap_or(0);
+                line.push_str(&format!(" ({n} failed poll(s))"));
+            }
+            _ => {}
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_line;
+    use serde_json::json;
+
+    #[test]
+    fn status_line_carries_telegram_health() {
+        assert_eq!(status_line(1, 2, None), "1 active, 2 queued");
+        let ok = json!({"state": "ok", "healthy": true, "consecutive_errors": 0});
+        assert_eq!(
+            status_line(0, 0, Some(&ok)),
+            "0 active, 0 queued; telegram: ok"
+        );
+        let red = json!({"state": "unauthorized", "healthy": false, "consecutive_errors": 4});
+        assert_eq!(
+            status_line(0, 0, Some(&red)),
+            "0 active, 0 queued; telegram: unauthorized (token rejected, see the log)"
+        );
+        let retrying = json!({"state": "retrying", "consecutive_errors": 3});
+        assert!(
+            status_line(0, 0, Some(&retrying)).ends_with("telegram: retrying (3 failed poll(s))")
+        );
+    }
 }
 
 /// Stop: no new work, wait for messages in flight up to the deadline, interrupt the rest
