@@ -80,6 +80,7 @@ impl IntakeHandler {
                 sender,
                 tier,
                 attachments,
+                attachments_file,
                 ..
             } => {
                 let key = sender.unwrap_or_else(|| "cli".to_string());
@@ -90,6 +91,32 @@ impl IntakeHandler {
                 let Some(text) = text_or_skip(&id, text, text_file, state_dir, max_text).await
                 else {
                     return;
+                };
+                let attachments = match attachments_file {
+                    None => attachments,
+                    Some(file) => {
+                        let dir = state_dir.clone();
+                        let r = tokio::task::spawn_blocking(move || {
+                            control::resolve_attachments(
+                                &attachments,
+                                &Some(file),
+                                &dir,
+                                max_text as u64,
+                            )
+                        })
+                        .await;
+                        match r {
+                            Ok(Ok(all)) => all,
+                            Ok(Err(e)) => {
+                                tracing::warn!(id = %id, error = %e, "FIFO line skipped");
+                                return;
+                            }
+                            Err(e) => {
+                                tracing::warn!(id = %id, error = %e, "FIFO line skipped");
+                                return;
+                            }
+                        }
+                    }
                 };
                 let intake = Intake {
                     id,
