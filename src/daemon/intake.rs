@@ -129,6 +129,7 @@ impl IntakeHandler {
                         .map(|p| p.display().to_string())
                         .collect(),
                     route: None,
+                    notify_meta: None,
                 };
                 (key, intake)
             }
@@ -152,6 +153,7 @@ impl IntakeHandler {
                         tier,
                         attachments: vec![],
                         route: None,
+                        notify_meta: None,
                     },
                 )
             }
@@ -182,6 +184,11 @@ impl IntakeHandler {
                         tier: None,
                         attachments: vec![],
                         route: None,
+                        notify_meta: Some(notify_meta(
+                            source.as_deref(),
+                            reference.as_deref(),
+                            data.as_ref(),
+                        )),
                     },
                 )
             }
@@ -400,6 +407,26 @@ impl IntakeSink for IntakeHandler {
     }
 }
 
+/// A notification's `{source, ref, data}` as received, for the webhook's `notify_meta` (SPEC
+/// §10.2); absent fields are left out.
+pub fn notify_meta(
+    source: Option<&str>,
+    reference: Option<&str>,
+    data: Option<&serde_json::Value>,
+) -> serde_json::Value {
+    let mut meta = serde_json::Map::new();
+    if let Some(s) = source {
+        meta.insert("source".into(), s.into());
+    }
+    if let Some(r) = reference {
+        meta.insert("ref".into(), r.into());
+    }
+    if let Some(d) = data {
+        meta.insert("data".into(), d.clone());
+    }
+    serde_json::Value::Object(meta)
+}
+
 /// The text a notification becomes: a header naming where it came from, the message, and any
 /// structured data.
 pub fn notify_text(
@@ -432,6 +459,16 @@ mod tests {
         assert!(!valid_key("a/b"));
         assert!(!valid_key("a\nb"));
         assert!(!valid_key(&"x".repeat(65)));
+    }
+
+    #[test]
+    fn notify_meta_keeps_what_was_received() {
+        let data = serde_json::json!({"job": 7});
+        assert_eq!(
+            notify_meta(Some("ci"), Some("build-7"), Some(&data)),
+            serde_json::json!({"source": "ci", "ref": "build-7", "data": {"job": 7}})
+        );
+        assert_eq!(notify_meta(None, None, None), serde_json::json!({}));
     }
 
     #[test]

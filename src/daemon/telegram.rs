@@ -153,6 +153,7 @@ impl TgSink for Sink {
                     chat_id: msg.chat_id,
                     message_id: Some(msg.message_id),
                 }),
+                notify_meta: None,
             };
             match self.intake.accept(&msg.session_key, intake).await {
                 Ok(()) => Ok(()),

@@ -548,6 +548,7 @@ mod tests {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         }
     }
 

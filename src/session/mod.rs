@@ -399,6 +399,7 @@ mod tests {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         })
     }
 
@@ -446,6 +447,7 @@ mod tests {
                     tier: None,
                     attachments: vec![],
                     route: None,
+                    notify_meta: None,
                 },
             )
             .unwrap();
