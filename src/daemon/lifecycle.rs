@@ -128,31 +128,6 @@ fn status_line(active: usize, queued: usize, telegram: Option<&serde_json::Value
     line
 }
 
-#[cfg(test)]
-mod tests {
-    use super::status_line;
-    use serde_json::json;
-
-    #[test]
-    fn status_line_carries_telegram_health() {
-        assert_eq!(status_line(1, 2, None), "1 active, 2 queued");
-        let ok = json!({"state": "ok", "healthy": true, "consecutive_errors": 0});
-        assert_eq!(
-            status_line(0, 0, Some(&ok)),
-            "0 active, 0 queued; telegram: ok"
-        );
-        let red = json!({"state": "unauthorized", "healthy": false, "consecutive_errors": 4});
-        assert_eq!(
-            status_line(0, 0, Some(&red)),
-            "0 active, 0 queued; telegram: unauthorized (token rejected, see the log)"
-        );
-        let retrying = json!({"state": "retrying", "consecutive_errors": 3});
-        assert!(
-            status_line(0, 0, Some(&retrying)).ends_with("telegram: retrying (3 failed poll(s))")
-        );
-    }
-}
-
 /// Stop: no new work, wait for messages in flight up to the deadline, interrupt the rest
 /// (they resume after restart), flush snapshots, remove the FIFO, stop MCP, release the lock.
 pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
@@ -179,4 +154,29 @@ pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
     s.mcp_cancel.cancel();
     s.pid.release();
     tracing::info!("agentd stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_line;
+    use serde_json::json;
+
+    #[test]
+    fn status_line_carries_telegram_health() {
+        assert_eq!(status_line(1, 2, None), "1 active, 2 queued");
+        let ok = json!({"state": "ok", "healthy": true, "consecutive_errors": 0});
+        assert_eq!(
+            status_line(0, 0, Some(&ok)),
+            "0 active, 0 queued; telegram: ok"
+        );
+        let red = json!({"state": "unauthorized", "healthy": false, "consecutive_errors": 4});
+        assert_eq!(
+            status_line(0, 0, Some(&red)),
+            "0 active, 0 queued; telegram: unauthorized (token rejected, see the log)"
+        );
+        let retrying = json!({"state": "retrying", "consecutive_errors": 3});
+        assert!(
+            status_line(0, 0, Some(&retrying)).ends_with("telegram: retrying (3 failed poll(s))")
+        );
+    }
 }
