@@ -259,8 +259,8 @@ impl Outbound for TgOutbound {
     }
 }
 
-/// Start the poller (not waiting for Telegram: its health goes to the monitor).
-/// Starts the health relay and returns the poll loop, which `sources` runs and watches.
+/// Start the poller (not waiting for Telegram: its health goes to the monitor): the health
+/// relay starts here; the poll loop is returned for `sources` to run and watch (SPEC §16.7).
 pub fn start_poller(
     client: TelegramClient,
     s: &Services,
