@@ -118,7 +118,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run => run(cfg, agentd::daemon::RunOptions::default()),
-        Command::Chat => run(cfg, agentd::daemon::RunOptions { terminal: true }),
+        Command::Chat => run(
+            cfg,
+            agentd::daemon::RunOptions {
+                terminal: true,
+                ..Default::default()
+            },
+        ),
         Command::Doctor => doctor(&cfg),
         Command::Index { status, json } => memory_command(&cfg, |cfg| async move {
             if status {

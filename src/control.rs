@@ -91,6 +91,10 @@ pub enum ControlLine {
         tier: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         attachments: Vec<PathBuf>,
+        /// A JSON list of more attachment paths, in `state_dir/inbox/`: an attachment list too
+        /// long for one line (SPEC §10.1); appended to `attachments`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attachments_file: Option<PathBuf>,
     },
     /// A system event (source `system`, session `system`).
     System {
@@ -280,6 +284,28 @@ pub fn resolve_text(
             max: max_bytes,
         },
     })
+}
+
+/// The attachments of a user line: `attachments`, then the paths listed in `attachments_file`
+/// (a JSON array of strings), which is checked like `text_file` (inside `state_dir/inbox/`, a
+/// regular file of at most `max_bytes`).
+pub fn resolve_attachments(
+    attachments: &[PathBuf],
+    attachments_file: &Option<PathBuf>,
+    state_dir: &Path,
+    max_bytes: u64,
+) -> Result<Vec<PathBuf>, ControlError> {
+    let mut all = attachments.to_vec();
+    let Some(file) = attachments_file else {
+        return Ok(all);
+    };
+    let listed = resolve_text(&None, &Some(file.clone()), state_dir, max_bytes)?;
+    let more: Vec<PathBuf> = serde_json::from_str(&listed).map_err(|e| ControlError::TextFile {
+        path: file.clone(),
+        error: format!("not a JSON list of attachment paths: {e}"),
+    })?;
+    all.extend(more);
+    Ok(all)
 }
 
 enum ReadError {
@@ -486,6 +512,35 @@ mod tests {
     }
 
     #[test]
+    fn attachments_file_lists_more_paths_from_the_inbox() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("inbox")).unwrap();
+        let list = d.path().join("inbox").join("x.attachments.json");
+        std::fs::write(&list, r#"["/w/b.png","/w/c.png"]"#).unwrap();
+        let got = resolve_attachments(
+            &[PathBuf::from("/w/a.png")],
+            &Some(list.clone()),
+            d.path(),
+            1 << 20,
+        )
+        .unwrap();
+        assert_eq!(got, ["/w/a.png", "/w/b.png", "/w/c.png"].map(PathBuf::from));
+        assert_eq!(
+            resolve_attachments(&[], &None, d.path(), 1 << 20).unwrap(),
+            Vec::<PathBuf>::new()
+        );
+        // Outside the inbox: refused, like text_file.
+        let outside = d.path().join("list.json");
+        std::fs::write(&outside, "[]").unwrap();
+        assert_eq!(
+            resolve_attachments(&[], &Some(outside.clone()), d.path(), 1 << 20),
+            Err(ControlError::TextFileOutside(outside))
+        );
+        std::fs::write(&list, "not json").unwrap();
+        assert!(resolve_attachments(&[], &Some(list), d.path(), 1 << 20).is_err());
+    }
+
+    #[test]
     fn text_file_is_size_capped() {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir(d.path().join("inbox")).unwrap();
@@ -540,6 +595,7 @@ mod tests {
                         sender,
                         tier,
                         attachments: attachments.into_iter().map(PathBuf::from).collect(),
+                        attachments_file: None,
                     }
                 }),
             (opt("[a-z0-9-]{1,36}"), body.clone(), opt("[a-z]{1,12}")).prop_map(
@@ -636,7 +692,7 @@ mod tests {
         fn encode_parse_roundtrip(text in "[^\u{0}]{1,200}", sender in "[a-z]{1,10}") {
             prop_assume!(!text.trim().is_empty());
             let l = ControlLine::User { id: Some("x".into()), text: Some(text), text_file: None,
-                sender: Some(sender), tier: None, attachments: vec![] };
+                sender: Some(sender), tier: None, attachments: vec![], attachments_file: None };
             let enc = l.encode();
             prop_assert_eq!(parse_line(&enc[..enc.len() - 1], 1 << 20).unwrap(), l);
         }

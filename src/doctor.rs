@@ -59,6 +59,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
     for (name, reason) in &cfg.models.skipped {
         out.push(check(format!("model {name}"), Status::Warn, reason.clone()));
     }
+    out.extend(no_model(&cfg.models));
     for (name, spec) in &cfg.models.loaded {
         out.push(reachable(&format!("model {name}"), &spec.base_url).await);
     }
@@ -374,6 +375,33 @@ async fn sandbox(cfg: &Config) -> Check {
     }
 }
 
+/// FAIL when no model can answer at all (every one skipped), naming the variables to set; one
+/// skipped model among loaded ones stays a warning.
+fn no_model(models: &crate::config::ModelSet) -> Option<Check> {
+    if !models.loaded.is_empty() {
+        return None;
+    }
+    if models.skipped.is_empty() {
+        return Some(check("models", Status::Fail, "no model is defined"));
+    }
+    let mut vars: Vec<&str> = models
+        .skipped
+        .values()
+        .filter_map(|r| r.split("environment variable ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    vars.sort_unstable();
+    vars.dedup();
+    let detail = match vars.as_slice() {
+        [] => "no model can answer: every model is skipped (see the reasons above)".to_string(),
+        vars => format!(
+            "no model can answer: every model is skipped; set {} in .env or the environment",
+            vars.join(" or ")
+        ),
+    };
+    Some(check("models", Status::Fail, detail))
+}
+
 /// The table, and whether everything passed (warnings pass).
 pub fn render(checks: &[Check]) -> (String, bool) {
     let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
@@ -407,6 +435,34 @@ mod tests {
         );
         assert_eq!(host_port("http://[::1]:8080/x"), Some(("::1".into(), 8080)));
         assert_eq!(host_port("ftp://x"), None);
+    }
+
+    #[test]
+    fn every_model_skipped_is_a_fail_naming_the_variable() {
+        let mut models = crate::config::ModelSet::default();
+        models.skipped.insert(
+            "primary".into(),
+            "environment variable AGENTD_ANTHROPIC_KEY is not set (providers.d/anthropic.toml); \
+             put it in .env or the environment"
+                .into(),
+        );
+        models.skipped.insert(
+            "cheap".into(),
+            "environment variable AGENTD_ANTHROPIC_KEY is not set (x)".into(),
+        );
+        let c = no_model(&models).expect("a check");
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("no model can answer"), "{}", c.detail);
+        assert!(
+            c.detail.contains("set AGENTD_ANTHROPIC_KEY in .env"),
+            "{}",
+            c.detail
+        );
+        let (_, ok) = render(&[c]);
+        assert!(!ok, "doctor exits non-zero");
+
+        let none = crate::config::ModelSet::default();
+        assert_eq!(no_model(&none).expect("a check").status, Status::Fail);
     }
 
     #[test]

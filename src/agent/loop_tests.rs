@@ -244,6 +244,7 @@ fn work(text: &str) -> Work {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         }],
         resume: false,
     }

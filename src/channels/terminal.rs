@@ -41,6 +41,7 @@ pub async fn run(intake: Arc<dyn IntakeSink>, stop: CancellationToken) {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         };
         let answer = tokio::select! {
             _ = stop.cancelled() => return,

@@ -1,6 +1,7 @@
 //! Building the control line for a send (SPEC §10.1): one JSON line of at most `PIPE_BUF`
 //! bytes, so a single `write` is atomic. A text that makes the line longer is written to
-//! `state_dir/inbox/<id>.txt` first and sent as `text_file`.
+//! `state_dir/inbox/<id>.txt` first and sent as `text_file`; an attachment list that still does
+//! not fit goes to `state_dir/inbox/<id>.attachments.json`, sent as `attachments_file`.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -55,12 +56,17 @@ pub struct Prepared {
     pub bytes: Vec<u8>,
     /// The inbox file holding the text, when the text did not fit in the line.
     pub text_file: Option<PathBuf>,
+    /// The inbox file listing the attachments, when they did not fit in the line.
+    pub attachments_file: Option<PathBuf>,
 }
 
 impl Prepared {
-    /// Remove the inbox file again (the line could not be sent).
+    /// Remove the inbox files again (the line could not be sent).
     pub fn discard(&self) {
-        if let Some(f) = &self.text_file {
+        for f in [&self.text_file, &self.attachments_file]
+            .into_iter()
+            .flatten()
+        {
             let _ = std::fs::remove_file(f);
         }
     }
@@ -68,6 +74,16 @@ impl Prepared {
 
 /// The control line for `out` with client id `id`; `text_file` replaces the inline text.
 pub fn control_line(out: &Outgoing, id: &str, text_file: Option<PathBuf>) -> ControlLine {
+    control_line_with(out, id, text_file, None)
+}
+
+/// [`control_line`], with `attachments_file` replacing the inline attachment list.
+fn control_line_with(
+    out: &Outgoing,
+    id: &str,
+    text_file: Option<PathBuf>,
+    attachments_file: Option<PathBuf>,
+) -> ControlLine {
     let id = Some(id.to_string());
     let split = |t: &str| match &text_file {
         Some(f) => (None, Some(f.clone())),
@@ -81,13 +97,18 @@ pub fn control_line(out: &Outgoing, id: &str, text_file: Option<PathBuf>) -> Con
             attachments,
         } => {
             let (text, text_file) = split(text);
+            let attachments = match attachments_file {
+                Some(_) => Vec::new(),
+                None => attachments.clone(),
+            };
             ControlLine::User {
                 id,
                 text,
                 text_file,
                 sender: Some(sender.clone()),
                 tier: tier.clone(),
-                attachments: attachments.clone(),
+                attachments,
+                attachments_file,
             }
         }
         Outgoing::System { text, tier } => {
@@ -111,9 +132,18 @@ pub fn inbox_path(state_dir: &Path, id: &str) -> PathBuf {
     state_dir.join("inbox").join(format!("{id}.txt"))
 }
 
+/// The inbox file for the attachment list of message `id`.
+pub fn attachments_path(state_dir: &Path, id: &str) -> PathBuf {
+    state_dir
+        .join("inbox")
+        .join(format!("{id}.attachments.json"))
+}
+
 /// Encode `out` with id `id`. If the line (newline included) is over `PIPE_BUF`, the text is
 /// written to `state_dir/inbox/<id>.txt` (directory 0700, file 0600, fsynced) and the line
-/// carries `text_file` instead. A line still too long is an error (and the file is removed).
+/// carries `text_file` instead; if that is still too long, the attachment list goes to
+/// `state_dir/inbox/<id>.attachments.json` as well, as `attachments_file` (SPEC §10.1). A line
+/// still too long is an error (and nothing is written).
 pub fn prepare(out: &Outgoing, id: &str, state_dir: &Path) -> Result<Prepared, CliError> {
     let bytes = control_line(out, id, None).encode();
     if bytes.len() <= PIPE_BUF {
@@ -121,24 +151,53 @@ pub fn prepare(out: &Outgoing, id: &str, state_dir: &Path) -> Result<Prepared, C
             id: id.to_string(),
             bytes,
             text_file: None,
+            attachments_file: None,
         });
     }
     let too_long = |len| CliError::LineTooLong { len, max: PIPE_BUF };
     let Some(text) = out.text() else {
         return Err(too_long(bytes.len()));
     };
-    let path = inbox_path(state_dir, id);
-    // Check the size first, so nothing is written for a line that cannot be sent anyway.
-    let bytes = control_line(out, id, Some(path.clone())).encode();
-    if bytes.len() > PIPE_BUF {
-        return Err(too_long(bytes.len()));
+    let attachments = match out {
+        Outgoing::User { attachments, .. } if !attachments.is_empty() => Some(attachments),
+        _ => None,
+    };
+    let text_path = inbox_path(state_dir, id);
+    let list_path = attachments_path(state_dir, id);
+    // The fewest files that make the line fit: the text, the list, or both. The size is
+    // checked first, so nothing is written for a line that cannot be sent anyway.
+    let mut tries = vec![(Some(text_path.clone()), None)];
+    if attachments.is_some() {
+        tries.push((None, Some(list_path.clone())));
+        tries.push((Some(text_path), Some(list_path)));
     }
-    write_private(&path, text.as_bytes())?;
-    Ok(Prepared {
-        id: id.to_string(),
-        bytes,
-        text_file: Some(path),
-    })
+    let mut len = bytes.len();
+    for (text_file, list_file) in tries {
+        let bytes = control_line_with(out, id, text_file.clone(), list_file.clone()).encode();
+        if bytes.len() > PIPE_BUF {
+            len = len.min(bytes.len());
+            continue;
+        }
+        if let Some(path) = &text_file {
+            write_private(path, text.as_bytes())?;
+        }
+        if let (Some(path), Some(list)) = (&list_file, attachments) {
+            let json = serde_json::to_vec(list).expect("paths encode as JSON");
+            if let Err(e) = write_private(path, &json) {
+                if let Some(t) = &text_file {
+                    let _ = std::fs::remove_file(t);
+                }
+                return Err(e);
+            }
+        }
+        return Ok(Prepared {
+            id: id.to_string(),
+            bytes,
+            text_file,
+            attachments_file: list_file,
+        });
+    }
+    Err(too_long(len))
 }
 
 /// Write `bytes` to a new file (mode 0600, in a 0700 directory created if needed) and fsync
@@ -197,6 +256,7 @@ mod tests {
                 sender: Some("cli".into()),
                 tier: None,
                 attachments: vec![],
+                attachments_file: None,
             }
         );
         assert!(!d.path().join("inbox").exists(), "no inbox for short lines");
@@ -275,19 +335,56 @@ mod tests {
     }
 
     #[test]
-    fn too_many_attachments_is_an_error_and_leaves_no_file() {
+    fn a_long_attachment_list_spills_to_an_inbox_file() {
         let d = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (0..100)
+            .map(|i| PathBuf::from(format!("/a/rather/long/path/to/attachment-{i:03}.png")))
+            .collect();
         let out = Outgoing::User {
             text: "see files".repeat(500),
             sender: "cli".into(),
             tier: None,
-            attachments: (0..100)
-                .map(|i| PathBuf::from(format!("/a/rather/long/path/to/attachment-{i:03}.png")))
-                .collect(),
+            attachments: paths.clone(),
         };
-        let err = prepare(&out, ID, d.path()).unwrap_err();
-        assert!(matches!(err, CliError::LineTooLong { .. }), "{err}");
-        assert!(!inbox_path(d.path(), ID).exists());
+        let p = prepare(&out, ID, d.path()).unwrap();
+        assert!(p.bytes.len() <= PIPE_BUF);
+        let list = p.attachments_file.clone().expect("the list spilled");
+        assert_eq!(list, attachments_path(d.path(), ID));
+        let mode = std::fs::metadata(&list).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let line = parse_line(&p.bytes[..p.bytes.len() - 1], PIPE_BUF).unwrap();
+        let ControlLine::User {
+            attachments,
+            attachments_file,
+            text_file,
+            ..
+        } = line
+        else {
+            panic!("expected a user line, got {line:?}")
+        };
+        assert!(attachments.is_empty());
+        assert!(text_file.is_some(), "the long text spilled too");
+        // The daemon side reads the same list back.
+        assert_eq!(
+            crate::control::resolve_attachments(&attachments, &attachments_file, d.path(), 1 << 20)
+                .unwrap(),
+            paths
+        );
+        p.discard();
+        assert!(!list.exists() && !inbox_path(d.path(), ID).exists());
+
+        // A short text with a long list: only the list spills.
+        let out = Outgoing::User {
+            text: "see files".into(),
+            sender: "cli".into(),
+            tier: None,
+            attachments: paths,
+        };
+        let p = prepare(&out, ID, d.path()).unwrap();
+        assert!(
+            p.attachments_file.is_some() && p.text_file.is_none(),
+            "{p:?}"
+        );
     }
 
     #[test]

@@ -352,6 +352,7 @@ mod tests {
                 tier: None,
                 attachments: vec![],
                 route: None,
+                notify_meta: None,
             }))
             .unwrap();
             h.id.clone()

@@ -288,6 +288,7 @@ mod tests {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         })
     }
 

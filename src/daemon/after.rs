@@ -197,6 +197,6 @@ fn webhook_payload(
         source: first.map(|i| i.source.to_string()).unwrap_or_default(),
         silent,
         tokens: (&usage).into(),
-        notify_meta: None,
+        notify_meta: first.and_then(|i| i.notify_meta.clone()),
     }
 }

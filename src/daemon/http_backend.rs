@@ -11,7 +11,7 @@ use chrono::{SecondsFormat, Utc};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::intake::{AcceptError, IntakeHandler, notify_text, valid_key};
+use super::intake::{AcceptError, IntakeHandler, notify_meta, notify_text, valid_key};
 use super::workers::Dispatcher;
 use crate::agent::Finish;
 use crate::api::backend::{
@@ -136,6 +136,7 @@ impl ApiBackend for DaemonBackend {
                 tier: req.tier,
                 attachments,
                 route: None,
+                notify_meta: None,
             };
             let c = IntakeSink::ask(self.intake.as_ref(), &key, intake)
                 .await
@@ -191,6 +192,11 @@ impl ApiBackend for DaemonBackend {
                 tier: None,
                 attachments: vec![],
                 route: None,
+                notify_meta: Some(notify_meta(
+                    req.source.as_deref(),
+                    req.reference.as_deref(),
+                    req.data.as_ref(),
+                )),
             };
             self.intake
                 .accept("system", intake)

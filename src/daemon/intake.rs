@@ -80,6 +80,7 @@ impl IntakeHandler {
                 sender,
                 tier,
                 attachments,
+                attachments_file,
                 ..
             } => {
                 let key = sender.unwrap_or_else(|| "cli".to_string());
@@ -90,6 +91,32 @@ impl IntakeHandler {
                 let Some(text) = text_or_skip(&id, text, text_file, state_dir, max_text).await
                 else {
                     return;
+                };
+                let attachments = match attachments_file {
+                    None => attachments,
+                    Some(file) => {
+                        let dir = state_dir.clone();
+                        let r = tokio::task::spawn_blocking(move || {
+                            control::resolve_attachments(
+                                &attachments,
+                                &Some(file),
+                                &dir,
+                                max_text as u64,
+                            )
+                        })
+                        .await;
+                        match r {
+                            Ok(Ok(all)) => all,
+                            Ok(Err(e)) => {
+                                tracing::warn!(id = %id, error = %e, "FIFO line skipped");
+                                return;
+                            }
+                            Err(e) => {
+                                tracing::warn!(id = %id, error = %e, "FIFO line skipped");
+                                return;
+                            }
+                        }
+                    }
                 };
                 let intake = Intake {
                     id,
@@ -102,6 +129,7 @@ impl IntakeHandler {
                         .map(|p| p.display().to_string())
                         .collect(),
                     route: None,
+                    notify_meta: None,
                 };
                 (key, intake)
             }
@@ -125,6 +153,7 @@ impl IntakeHandler {
                         tier,
                         attachments: vec![],
                         route: None,
+                        notify_meta: None,
                     },
                 )
             }
@@ -155,6 +184,11 @@ impl IntakeHandler {
                         tier: None,
                         attachments: vec![],
                         route: None,
+                        notify_meta: Some(notify_meta(
+                            source.as_deref(),
+                            reference.as_deref(),
+                            data.as_ref(),
+                        )),
                     },
                 )
             }
@@ -377,6 +411,26 @@ impl IntakeSink for IntakeHandler {
     }
 }
 
+/// A notification's `{source, ref, data}` as received, for the webhook's `notify_meta` (SPEC
+/// §10.2); absent fields are left out.
+pub fn notify_meta(
+    source: Option<&str>,
+    reference: Option<&str>,
+    data: Option<&serde_json::Value>,
+) -> serde_json::Value {
+    let mut meta = serde_json::Map::new();
+    if let Some(s) = source {
+        meta.insert("source".into(), s.into());
+    }
+    if let Some(r) = reference {
+        meta.insert("ref".into(), r.into());
+    }
+    if let Some(d) = data {
+        meta.insert("data".into(), d.clone());
+    }
+    serde_json::Value::Object(meta)
+}
+
 /// The text a notification becomes: a header naming where it came from, the message, and any
 /// structured data.
 pub fn notify_text(
@@ -409,6 +463,16 @@ mod tests {
         assert!(!valid_key("a/b"));
         assert!(!valid_key("a\nb"));
         assert!(!valid_key(&"x".repeat(65)));
+    }
+
+    #[test]
+    fn notify_meta_keeps_what_was_received() {
+        let data = serde_json::json!({"job": 7});
+        assert_eq!(
+            notify_meta(Some("ci"), Some("build-7"), Some(&data)),
+            serde_json::json!({"source": "ci", "ref": "build-7", "data": {"job": 7}})
+        );
+        assert_eq!(notify_meta(None, None, None), serde_json::json!({}));
     }
 
     #[test]

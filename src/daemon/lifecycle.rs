@@ -1,5 +1,5 @@
-//! The lifecycle of a run (SPEC §10.4): serve until a stop signal, the end of terminal input or
-//! the caller's shutdown token — answering SIGHUP/SIGUSR1 and pinging the systemd watchdog
+//! The lifecycle of a run (SPEC §10.4): serve until a stop signal, the end of terminal input,
+//! the caller's shutdown token or the death of a source (SPEC §16.7) — answering SIGHUP/SIGUSR1 and pinging the systemd watchdog
 //! meanwhile — then stop in two stages (no new work; interrupt what still runs at the deadline).
 
 use std::time::Duration;
@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::notify::Notifier;
 use super::services::{Services, Tasks};
 use super::signals::{Signal, Signals};
+use super::sources::SourceWatch;
 use crate::channels::fifo;
 
 /// How long in-flight messages may run after SIGTERM before they are interrupted (they resume
@@ -20,16 +21,19 @@ enum Stop {
     Signal(&'static str),
     InputClosed,
     Requested,
+    SourceDied(String),
 }
 
-/// Serve until it is time to stop.
+/// Serve until it is time to stop. Returns the reason when a source died: the run then ends
+/// with a runtime failure (exit code 3) after the same graceful stop.
 pub async fn serve(
     s: &Services,
     signals: &mut Signals,
     notifier: &Notifier,
     input_closed: &CancellationToken,
     shutdown: &CancellationToken,
-) {
+    sources: &SourceWatch,
+) -> Option<String> {
     let mut watchdog = notifier.watchdog_interval().map(tokio::time::interval);
     let why = loop {
         let tick = async {
@@ -48,6 +52,7 @@ pub async fn serve(
             },
             _ = input_closed.cancelled() => break Stop::InputClosed,
             _ = shutdown.cancelled() => break Stop::Requested,
+            why = sources.died() => break Stop::SourceDied(why),
             _ = tick => ping_watchdog(s, notifier).await,
         }
     };
@@ -55,7 +60,12 @@ pub async fn serve(
         Stop::Signal(name) => tracing::info!(signal = name, "shutdown signal received"),
         Stop::InputClosed => tracing::info!("end of terminal input"),
         Stop::Requested => tracing::info!("shutdown requested"),
+        Stop::SourceDied(why) => {
+            tracing::error!(reason = %why, "stopping because a source died");
+            return Some(why);
+        }
     }
+    None
 }
 
 fn on_signal(s: &Services, notifier: &Notifier, sig: Signal) {
@@ -88,11 +98,34 @@ async fn ping_watchdog(s: &Services, notifier: &Notifier) {
             tracing::error!(error = %e, "health check failed; not pinging the watchdog")
         }
     }
-    notifier.status(&format!(
-        "{} active, {} queued",
+    let channels = match s.cfg.telegram.enabled {
+        true => s.monitor.snapshot()["channels"].take(),
+        false => serde_json::Value::Null,
+    };
+    notifier.status(&status_line(
         s.dispatcher.active_sessions(),
-        s.dispatcher.queue_depth()
+        s.dispatcher.queue_depth(),
+        channels.get("telegram"),
     ));
+}
+
+/// The `STATUS=` line: work in flight, and Telegram's health when it is enabled, e.g.
+/// `2 active, 0 queued; telegram: unauthorized (token rejected, see the log)`.
+fn status_line(active: usize, queued: usize, telegram: Option<&serde_json::Value>) -> String {
+    let mut line = format!("{active} active, {queued} queued");
+    if let Some(h) = telegram {
+        let state = h["state"].as_str().unwrap_or("starting");
+        line.push_str(&format!("; telegram: {state}"));
+        match state {
+            "unauthorized" => line.push_str(" (token rejected, see the log)"),
+            "retrying" => {
+                let n = h["consecutive_errors"].as_u64().unwrap_or(0);
+                line.push_str(&format!(" ({n} failed poll(s))"));
+            }
+            _ => {}
+        }
+    }
+    line
 }
 
 /// Stop: no new work, wait for messages in flight up to the deadline, interrupt the rest
@@ -121,4 +154,29 @@ pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
     s.mcp_cancel.cancel();
     s.pid.release();
     tracing::info!("agentd stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_line;
+    use serde_json::json;
+
+    #[test]
+    fn status_line_carries_telegram_health() {
+        assert_eq!(status_line(1, 2, None), "1 active, 2 queued");
+        let ok = json!({"state": "ok", "healthy": true, "consecutive_errors": 0});
+        assert_eq!(
+            status_line(0, 0, Some(&ok)),
+            "0 active, 0 queued; telegram: ok"
+        );
+        let red = json!({"state": "unauthorized", "healthy": false, "consecutive_errors": 4});
+        assert_eq!(
+            status_line(0, 0, Some(&red)),
+            "0 active, 0 queued; telegram: unauthorized (token rejected, see the log)"
+        );
+        let retrying = json!({"state": "retrying", "consecutive_errors": 3});
+        assert!(
+            status_line(0, 0, Some(&retrying)).ends_with("telegram: retrying (3 failed poll(s))")
+        );
+    }
 }

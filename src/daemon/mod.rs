@@ -105,14 +105,17 @@ fn warn_if_root() {
 }
 
 /// How the daemon runs.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// `agentd chat`: stdin/stdout is one more channel (source `terminal`); EOF stops the daemon.
     pub terminal: bool,
+    /// Sources besides the configured ones, watched like them (SPEC §16.7).
+    pub extra_sources: Vec<sources::ExtraSource>,
 }
 
 /// Run the daemon until SIGTERM/SIGINT, `shutdown` (the caller's stop: a test runs the daemon
-/// in-process and cancels it) or, in terminal mode, end of input.
+/// in-process and cancels it) or, in terminal mode, end of input. A source that ends on its own
+/// stops it the same graceful way and makes it return [`DaemonError::Runtime`] (exit code 3).
 pub async fn run(
     cfg: Config,
     opts: RunOptions,
@@ -128,7 +131,7 @@ pub async fn run(
     // Replies a crash left unsent first, then unfinished work, then new input.
     s.intake.recover_deliveries().await;
     s.intake.recover().await;
-    sources::start(&s, &tasks).await?;
+    let watch = sources::start(&s, &tasks, &opts.extra_sources).await?;
     tracing::info!(
         pid = std::process::id(),
         state_dir = %s.paths.root.display(),
@@ -144,7 +147,18 @@ pub async fn run(
         s.cfg.models.loaded.len(),
         s.cfg.models.skipped.len()
     ));
-    lifecycle::serve(&s, &mut signals, &notifier, &input_closed, &shutdown).await;
+    let died = lifecycle::serve(
+        &s,
+        &mut signals,
+        &notifier,
+        &input_closed,
+        &shutdown,
+        &watch,
+    )
+    .await;
     lifecycle::shutdown(s, tasks, &notifier).await;
-    Ok(())
+    match died {
+        Some(why) => Err(DaemonError::Runtime(why)),
+        None => Ok(()),
+    }
 }

@@ -346,6 +346,7 @@ mod tests {
                 chat_id: chat,
                 message_id: None,
             }),
+            notify_meta: None,
         }
     }
 

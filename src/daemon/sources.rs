@@ -2,8 +2,9 @@
 //! HTTP API and, for `agentd chat`, the terminal. Each runs as a task of the run's tracker until
 //! `stop`, and hands its messages to intake.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -15,21 +16,100 @@ use crate::channels::intake::IntakeSink;
 /// Capacity of the bounded queue between the FIFO reader and intake.
 const INTAKE_QUEUE: usize = 64;
 
-/// Start every configured source. The FIFO is created after the others it follows here: its
-/// existence tells clients the daemon is ready.
-pub async fn start(s: &Services, tasks: &Tasks) -> Result<(), DaemonError> {
+/// A source's main task: it runs until the stop token fires, then returns `Ok(())`.
+pub type SourceTask = BoxFuture<'static, Result<(), String>>;
+
+/// One more source, started with the configured ones and watched like them (an embedder's own
+/// source; a test injects one that fails).
+#[derive(Clone)]
+pub struct ExtraSource {
+    pub name: &'static str,
+    /// Builds the task from the run's stop token.
+    pub start: Arc<dyn Fn(CancellationToken) -> SourceTask + Send + Sync>,
+}
+
+impl std::fmt::Debug for ExtraSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtraSource")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Watches the sources (SPEC §16.7): one that ends other than by shutdown fires [`died`], with
+/// the reason, and the lifecycle stops the daemon gracefully with exit code 3.
+///
+/// [`died`]: SourceWatch::died
+#[derive(Clone, Default)]
+pub struct SourceWatch {
+    died: CancellationToken,
+    why: Arc<Mutex<Option<String>>>,
+}
+
+impl SourceWatch {
+    /// Runs `task` on the run's tracker; its end before `tasks.stop` is a death.
+    pub fn spawn(&self, tasks: &Tasks, name: &'static str, task: SourceTask) {
+        let (stop, watch) = (tasks.stop.clone(), self.clone());
+        tasks.tracker.spawn(async move {
+            let result = task.await;
+            if stop.is_cancelled() {
+                if let Err(e) = result {
+                    tracing::warn!(source = name, error = %e, "source ended with an error during shutdown");
+                }
+                return;
+            }
+            let why = match result {
+                Ok(()) => format!("source {name} ended unexpectedly"),
+                Err(e) => format!("source {name} failed: {e}"),
+            };
+            tracing::error!(source = name, reason = %why, "a source died; stopping the daemon (exit 3) so that it is restarted");
+            watch.record(why);
+        });
+    }
+
+    fn record(&self, why: String) {
+        let mut slot = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert(why);
+        self.died.cancel();
+    }
+
+    /// Resolves with the first death's reason.
+    pub async fn died(&self) -> String {
+        self.died.cancelled().await;
+        self.reason().unwrap_or_default()
+    }
+
+    /// The first death's reason, if a source died.
+    pub fn reason(&self) -> Option<String> {
+        self.why.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Start every configured source, and `extra`; the returned watch reports one that dies. The
+/// FIFO is created after the others it follows here: its existence tells clients the daemon is
+/// ready.
+pub async fn start(
+    s: &Services,
+    tasks: &Tasks,
+    extra: &[ExtraSource],
+) -> Result<SourceWatch, DaemonError> {
+    let watch = SourceWatch::default();
     start_scheduler(s, tasks);
     super::retention::start(s, tasks);
     if let Some(client) = s.telegram.clone() {
-        telegram::start_poller(client, s, tasks);
+        let poller = telegram::start_poller(client, s, tasks);
+        watch.spawn(tasks, "telegram", poller);
     }
     if s.cfg.fifo.enabled {
-        start_fifo(s, tasks)?;
+        start_fifo(s, tasks, &watch)?;
     }
     if s.cfg.http.enabled {
-        start_http(s, tasks).await?;
+        start_http(s, tasks, &watch).await?;
     }
-    Ok(())
+    for source in extra {
+        watch.spawn(tasks, source.name, (source.start)(tasks.stop.clone()));
+    }
+    Ok(watch)
 }
 
 fn start_scheduler(s: &Services, tasks: &Tasks) {
@@ -54,17 +134,18 @@ fn start_scheduler(s: &Services, tasks: &Tasks) {
 }
 
 /// The FIFO reader feeds a bounded queue; one task turns its lines into intake, in order.
-fn start_fifo(s: &Services, tasks: &Tasks) -> Result<(), DaemonError> {
+fn start_fifo(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<(), DaemonError> {
     let (tx, mut rx) = mpsc::channel(INTAKE_QUEUE);
     fifo::create(&s.cfg.fifo.path).map_err(|e| DaemonError::Startup(e.to_string()))?;
     let path = s.cfg.fifo.path.clone();
     let max = s.cfg.fifo.max_line_bytes;
     let stop = tasks.stop.clone();
-    tasks.tracker.spawn(async move {
-        if let Err(e) = fifo::run(path, max, tx, stop).await {
-            tracing::error!(error = %e, "FIFO reader stopped");
-        }
-    });
+    let reader = fifo::run(path, max, tx, stop);
+    watch.spawn(
+        tasks,
+        "fifo",
+        Box::pin(async move { reader.await.map_err(|e| e.to_string()) }),
+    );
     let intake = s.intake.clone();
     tasks.tracker.spawn(async move {
         while let Some(line) = rx.recv().await {
@@ -74,7 +155,7 @@ fn start_fifo(s: &Services, tasks: &Tasks) -> Result<(), DaemonError> {
     Ok(())
 }
 
-async fn start_http(s: &Services, tasks: &Tasks) -> Result<(), DaemonError> {
+async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<(), DaemonError> {
     let cfg = &s.cfg;
     let listener = crate::api::bind(&cfg.http)
         .await
@@ -99,11 +180,12 @@ async fn start_http(s: &Services, tasks: &Tasks) -> Result<(), DaemonError> {
     );
     let stop = tasks.stop.clone();
     let max_connections = cfg.http.max_connections;
-    tasks.tracker.spawn(async move {
-        if let Err(e) = crate::api::serve(listener, router, stop, max_connections).await {
-            tracing::error!(error = %e, "HTTP server stopped");
-        }
-    });
+    let server = crate::api::serve(listener, router, stop, max_connections);
+    watch.spawn(
+        tasks,
+        "http",
+        Box::pin(async move { server.await.map_err(|e| e.to_string()) }),
+    );
     tracing::info!(%addr, "HTTP API listening");
     Ok(())
 }
@@ -119,4 +201,51 @@ pub fn start_terminal(s: &Services, tasks: &Tasks) -> CancellationToken {
         done.cancel();
     });
     closed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_source_that_ends_before_stop_is_a_death_with_its_reason() {
+        let tasks = Tasks::default();
+        let watch = SourceWatch::default();
+        watch.spawn(
+            &tasks,
+            "fifo",
+            Box::pin(async { Err("read failed".into()) }),
+        );
+        let why = tokio::time::timeout(std::time::Duration::from_secs(5), watch.died())
+            .await
+            .expect("the death is reported");
+        assert_eq!(why, "source fifo failed: read failed");
+        // A second death does not replace the first reason.
+        watch.spawn(&tasks, "http", Box::pin(async { Ok(()) }));
+        tasks.tracker.close();
+        tasks.tracker.wait().await;
+        assert_eq!(
+            watch.reason().as_deref(),
+            Some("source fifo failed: read failed")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_source_that_ends_at_shutdown_is_not_a_death() {
+        let tasks = Tasks::default();
+        let watch = SourceWatch::default();
+        let stop = tasks.stop.clone();
+        watch.spawn(
+            &tasks,
+            "http",
+            Box::pin(async move {
+                stop.cancelled().await;
+                Err("closed".into())
+            }),
+        );
+        tasks.stop.cancel();
+        tasks.tracker.close();
+        tasks.tracker.wait().await;
+        assert_eq!(watch.reason(), None);
+    }
 }

@@ -153,6 +153,7 @@ impl TgSink for Sink {
                     chat_id: msg.chat_id,
                     message_id: Some(msg.message_id),
                 }),
+                notify_meta: None,
             };
             match self.intake.accept(&msg.session_key, intake).await {
                 Ok(()) => Ok(()),
@@ -258,8 +259,13 @@ impl Outbound for TgOutbound {
     }
 }
 
-/// Start the poller (not waiting for Telegram: its health goes to the monitor).
-pub fn start_poller(client: TelegramClient, s: &Services, tasks: &Tasks) {
+/// Start the poller (not waiting for Telegram: its health goes to the monitor): the health
+/// relay starts here; the poll loop is returned for `sources` to run and watch (SPEC §16.7).
+pub fn start_poller(
+    client: TelegramClient,
+    s: &Services,
+    tasks: &Tasks,
+) -> super::sources::SourceTask {
     let (cfg, db, monitor) = (s.cfg.clone(), s.db.clone(), s.monitor.clone());
     let (intake, dispatcher) = (s.intake.clone(), s.dispatcher.clone());
     let (tracker, stop) = (&tasks.tracker, tasks.stop.clone());
@@ -285,8 +291,8 @@ pub fn start_poller(client: TelegramClient, s: &Services, tasks: &Tasks) {
     });
     let tg_cfg = cfg.telegram.clone();
     let bot_id = client.bot_id();
-    tracker.spawn(async move {
-        if let Err(e) = poll::run(
+    Box::pin(async move {
+        poll::run(
             client,
             tg_cfg,
             Arc::new(DbOffsets(db, offset_key(bot_id))),
@@ -295,8 +301,6 @@ pub fn start_poller(client: TelegramClient, s: &Services, tasks: &Tasks) {
             stop,
         )
         .await
-        {
-            tracing::error!(error = %e, "Telegram poller stopped");
-        }
-    });
+        .map_err(|e| e.to_string())
+    })
 }

@@ -604,6 +604,7 @@ mod tests {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         }
     }
 

@@ -189,6 +189,7 @@ pub(crate) mod tests {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         }))
         .unwrap();
         let mut u = MessageEvent::new(Message::user_text("read it"));

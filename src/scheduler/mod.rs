@@ -114,6 +114,7 @@ impl Scheduler {
                     tier: None,
                     attachments: vec![],
                     route: None,
+                    notify_meta: None,
                 };
                 if let Err(e) = self.intake.accept("system", intake).await {
                     tracing::error!(schedule = %entry.name, error = %e, "scheduled system event not accepted; retrying later");
@@ -156,6 +157,7 @@ impl Scheduler {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         };
         match self.intake.accept(target, intake).await {
             Ok(()) => {

@@ -78,6 +78,10 @@ pub struct Intake {
     /// chat). Recorded so a restart delivers to the same place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Route>,
+    /// A notification's `{source, ref, data}` as received (FIFO `notify`, HTTP `/notify`),
+    /// for the webhook's `notify_meta` (SPEC §10.2). Recorded so a restart keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify_meta: Option<serde_json::Value>,
 }
 
 /// A reply destination recorded with the intake.
@@ -187,6 +191,7 @@ mod tests {
             tier: Some("full".into()),
             attachments: vec![],
             route: None,
+            notify_meta: None,
         }));
         let mut m = MessageEvent::new(Message::Assistant {
             text: "ok".into(),

@@ -597,6 +597,7 @@ mod tests {
             tier: None,
             attachments: vec![],
             route: None,
+            notify_meta: None,
         })
     }
 
@@ -644,6 +645,7 @@ mod tests {
                     tier: None,
                     attachments: vec![],
                     route: None,
+                    notify_meta: None,
                 },
             )
             .unwrap();

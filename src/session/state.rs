@@ -235,6 +235,7 @@ mod tests {
                     tier: None,
                     attachments: vec![],
                     route: None,
+                    notify_meta: None,
                 }),
             ),
             line(

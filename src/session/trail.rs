@@ -364,6 +364,7 @@ mod tests {
                 tier: None,
                 attachments: vec![],
                 route: None,
+                notify_meta: None,
             }))
             .unwrap();
             w.append(ev(&format!("turn {n}"))).unwrap();

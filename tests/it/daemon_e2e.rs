@@ -1200,3 +1200,45 @@ fn costs_on_a_full_disk_are_kept_and_stop_further_calls() {
     assert_eq!(rows.len(), 2, "the kept row and the new one: {rows:?}");
     assert!(rows.iter().all(|r| r.1 == "chat"), "{rows:?}");
 }
+
+/// SPEC §10.1: an attachment list too long for one FIFO line is spilled to a file under
+/// `inbox/` (`attachments_file`) instead of refused; the daemon reads every path back.
+#[test]
+fn agent_send_spills_a_long_attachment_list() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    fake.push(Reply::Text {
+        text: "Got them all.".into(),
+        usage: Usage::new(100, 5, 0, 0),
+    });
+    let d = daemon_with(&fake, "openai");
+    let files: Vec<String> = (0..80)
+        .map(|i| {
+            let p = d
+                .workspace()
+                .join(format!("an-attachment-with-a-rather-long-name-{i:03}.txt"));
+            std::fs::write(&p, format!("file {i}")).unwrap();
+            p.display().to_string()
+        })
+        .collect();
+    let mut args = vec!["-m", "see the files", "--from", "erin", "--wait", "20"];
+    for f in &files {
+        args.extend(["-a", f.as_str()]);
+    }
+    let out = d.agent_send(&args);
+    assert!(
+        out.status.success(),
+        "agent-send failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Got them all.");
+    let trail = d.trail("erin");
+    let intake = trail.iter().find(|l| l["type"] == "intake").unwrap();
+    let got: Vec<&str> = intake["attachments"]
+        .as_array()
+        .expect("attachments recorded")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(got, files, "{intake}");
+}

@@ -63,3 +63,78 @@ async fn daemon_runs_in_process_and_returns_when_its_token_is_cancelled() {
     assert!(!d.state_dir.join("control.pipe").exists(), "FIFO removed");
     assert!(!d.state_dir.join("agentd.pid").exists(), "PID file removed");
 }
+
+/// SPEC §16.7: a source that ends other than by shutdown stops the daemon gracefully (FIFO and
+/// PID file removed, the message in flight answered) and `run` fails with a runtime error, exit
+/// code 3, so systemd restarts it. The failure is injected through the source seam: one more
+/// source, watched like the FIFO reader, the HTTP listener and the Telegram poller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_dies_stops_the_daemon_gracefully_with_exit_code_3() {
+    use std::sync::Arc;
+
+    let fake = FakeLlm::start(Wire::OpenAi).await;
+    fake.push(Reply::Text {
+        text: "answered before the stop".into(),
+        usage: Usage::new(100, 5, 0, 0),
+    });
+    let d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    let env = BTreeMap::from([
+        (
+            "AGENTD_STATE_DIR".to_string(),
+            d.state_dir.display().to_string(),
+        ),
+        ("HOME".to_string(), d.dir.path().display().to_string()),
+    ]);
+    let cfg = agentd::config::load_with_env(&d.config_path, env).expect("config");
+    // The injected source fails once `fail` fires.
+    let fail = CancellationToken::new();
+    let trigger = fail.clone();
+    let opts = agentd::daemon::RunOptions {
+        extra_sources: vec![agentd::daemon::sources::ExtraSource {
+            name: "injected",
+            start: Arc::new(move |stop: CancellationToken| {
+                let fail = fail.clone();
+                Box::pin(async move {
+                    tokio::select! {
+                        _ = stop.cancelled() => Ok(()),
+                        _ = fail.cancelled() => Err("connection lost".to_string()),
+                    }
+                })
+            }),
+        }],
+        ..Default::default()
+    };
+    let shutdown = CancellationToken::new();
+    let daemon = tokio::spawn(agentd::daemon::run(cfg, opts, shutdown.clone()));
+
+    let d = tokio::task::spawn_blocking(move || {
+        let fifo = d.state_dir.join("control.pipe");
+        wait_until(Duration::from_secs(20), "the control FIFO", || {
+            fifo.exists().then_some(())
+        });
+        fifo_write(
+            &d,
+            r#"{"type":"user","id":"dies-1","sender":"alice","text":"hi"}"#,
+        );
+        let outcome = wait_outcome(&d, "alice", "dies-1");
+        assert_eq!(outcome["text"], "answered before the stop", "{outcome}");
+        d
+    })
+    .await
+    .expect("the test's blocking part");
+
+    trigger.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(30), daemon)
+        .await
+        .expect("run returns within 30 s of the death, without a cancel")
+        .expect("run did not panic");
+    let err = result.expect_err("a dead source is a runtime failure");
+    assert_eq!(err.exit_code(), 3, "{err}");
+    assert!(err.to_string().contains("injected"), "{err}");
+    assert!(!shutdown.is_cancelled());
+    assert!(!d.state_dir.join("control.pipe").exists(), "FIFO removed");
+    assert!(!d.state_dir.join("agentd.pid").exists(), "PID file removed");
+}

@@ -1123,6 +1123,17 @@ async fn the_token_never_appears_in_errors_or_health() {
         h.last_error.as_deref().unwrap().contains("token rejected"),
         "{h:?}"
     );
+    // Red, with an alert naming the variable to fix (SPEC §16.7).
+    assert_eq!(
+        h.state,
+        agentd::channels::telegram::poll::PollState::Unauthorized
+    );
+    assert!(!h.healthy, "{h:?}");
+    assert!(
+        h.alert.as_deref().is_some_and(|a| a.contains("401")),
+        "{h:?}"
+    );
+    assert!(!format!("{h:?}").contains("WRONG-secret"), "{h:?}");
     assert!(
         !p.handle.is_finished(),
         "a rejected token never ends the poller"

@@ -210,6 +210,87 @@ fn many_sessions_leave_no_workers_and_a_bounded_number_of_open_trails() {
     assert!(d.sigterm().success());
 }
 
+/// A webhook receiver: every POST body, as JSON, goes to the returned channel; answers 200.
+fn webhook_receiver() -> (u16, std::sync::mpsc::Receiver<Value>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut len = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0u8; len];
+            if reader.read_exact(&mut body).is_ok()
+                && let Ok(v) = serde_json::from_slice(&body)
+            {
+                let _ = tx.send(v);
+            }
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (port, rx)
+}
+
+/// SPEC §10.2: the webhook after a `/notify` carries `notify_meta` — the `source`, `ref` and
+/// `data` as received — besides the text the model saw.
+#[test]
+fn webhook_after_notify_carries_notify_meta() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::Text {
+        text: "Noted.".into(),
+        usage: Usage::new(20, 5, 0, 0),
+    });
+    let (hook_port, hooks) = webhook_receiver();
+    let port = free_port();
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[http]\nenabled = true\nport = {port}\ncallback_url = \"http://127.0.0.1:{hook_port}/cb\"\n",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_HTTP_TOKEN", "tok");
+    d.start();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking_client();
+    wait_until(Duration::from_secs(20), "HTTP status", || {
+        client.get(format!("{base}/api/v1/status")).send().ok()
+    });
+    let r = client
+        .post(format!("{base}/api/v1/notify"))
+        .bearer_auth("tok")
+        .json(
+            &json!({"message": "build failed", "source": "ci", "ref": "run-9",
+                       "data": {"job": 7}}),
+        )
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let hook = hooks
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a webhook call");
+    assert_eq!(hook["reply"], "Noted.", "{hook}");
+    assert_eq!(hook["source"], "system", "{hook}");
+    assert_eq!(
+        hook["notify_meta"],
+        json!({"source": "ci", "ref": "run-9", "data": {"job": 7}}),
+        "{hook}"
+    );
+    assert!(d.sigterm().success());
+}
+
 pub(crate) mod reqwest {
     pub use ::reqwest::*;
     /// A blocking-style client: these tests are plain `#[test]`s, so run each request on a

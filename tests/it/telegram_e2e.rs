@@ -530,3 +530,75 @@ fn status_command_answers_with_the_status_text() {
     std::thread::sleep(Duration::from_secs(2));
     assert!(sent_to(&tg, MALLORY).is_empty());
 }
+
+/// SPEC §16.7: a revoked token (401) is a permanent refusal, not a death. The daemon keeps
+/// running (no exit, so no restart loop), Telegram's health turns red with an alert in
+/// `/api/v1/status` and an error line in the log, polling waits the longest interval between
+/// tries, and the FIFO is still answered.
+#[test]
+fn revoked_token_turns_telegram_red_and_the_daemon_runs_on() {
+    use crate::http_daemon::reqwest;
+    use crate::support::e2e::{fifo_write, wait_outcome};
+
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("FIFO still answered"));
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.fail_next(1000, 401);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[http]\nenabled = true\nport = {port}\n\n[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\n\n[behavior]",
+            tg.api_url()
+        ),
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &llm.base_url()))],
+    );
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.set_env("AGENTD_HTTP_TOKEN", "tok");
+    d.start();
+
+    let client = reqwest::blocking_client();
+    let status = wait_until(WAIT, "Telegram red in /api/v1/status", || {
+        client
+            .get(format!("http://127.0.0.1:{port}/api/v1/status"))
+            .send()
+            .ok()
+            .and_then(|r| r.json::<serde_json::Value>().ok())
+            .filter(|s| s["channels"]["telegram"]["state"] == "unauthorized")
+    });
+    let tg_health = &status["channels"]["telegram"];
+    assert_eq!(tg_health["healthy"], false, "{status}");
+    assert!(
+        tg_health["alert"]
+            .as_str()
+            .is_some_and(|a| a.contains("401") && a.contains("AGENTD_TELEGRAM_TOKEN")),
+        "{status}"
+    );
+    assert!(!status.to_string().contains(TOKEN), "{status}");
+
+    // The rest of the daemon runs on.
+    fifo_write(
+        &d,
+        r#"{"type":"user","id":"after-401","sender":"alice","text":"hi"}"#,
+    );
+    let outcome = wait_outcome(&d, "alice", "after-401");
+    assert_eq!(outcome["text"], "FIFO still answered", "{outcome}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(d.is_running(), "a revoked token must not end the daemon");
+    // Polling waits the longest interval (60 s) after a 401: one try so far, not a storm.
+    assert_eq!(tg.served_failures(401), 1, "{:?}", tg.get_updates_calls());
+    let log = d.log();
+    assert!(
+        log.contains("ERROR") && log.contains("telegram token rejected"),
+        "{log}"
+    );
+    assert!(!log.contains(TOKEN), "the token leaked into the log");
+    assert!(d.sigterm().success());
+}

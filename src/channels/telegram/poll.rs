@@ -37,9 +37,30 @@ pub trait TgSink: Send + Sync {
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>>;
 }
 
+/// Where the poller stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PollState {
+    /// No poll answered yet.
+    #[default]
+    Starting,
+    /// The last poll succeeded.
+    Ok,
+    /// The last poll failed; retrying with backoff.
+    Retrying,
+    /// Telegram refused the token (401): red until a poll succeeds again (SPEC §16.7).
+    Unauthorized,
+}
+
 /// The poller's health, for the monitor (SPEC §9, §10.3).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct PollHealth {
+    /// See [`PollState`].
+    pub state: PollState,
+    /// False while the token is refused or polls fail ("red"); true after a successful poll.
+    pub healthy: bool,
+    /// What an operator must do, while it applies (a refused token).
+    pub alert: Option<String>,
     /// When a getUpdates last succeeded.
     pub last_poll_ok_at: Option<DateTime<Utc>>,
     /// Failed polls since the last success (reset to 0 by a success).
@@ -182,11 +203,21 @@ pub async fn run_with(
                         Duration::ZERO
                     }
                     TgError::Unauthorized => {
-                        tracing::error!(
-                            token_env = %cfg.token_env,
-                            retry_in_seconds = opts.backoff_max.as_secs(),
-                            "telegram token rejected (401 Unauthorized); fix the token, polling keeps retrying"
-                        );
+                        // A permanent refusal is an alert, not a death: the rest of the daemon
+                        // runs on and polling retries at the longest interval (SPEC §16.7).
+                        if health.borrow().state != PollState::Unauthorized {
+                            tracing::error!(
+                                token_env = %cfg.token_env,
+                                retry_in_seconds = opts.backoff_max.as_secs(),
+                                "ALERT: telegram token rejected (401 Unauthorized); set a valid bot token in {} and restart; polling keeps retrying",
+                                cfg.token_env
+                            );
+                        } else {
+                            tracing::warn!(
+                                retry_in_seconds = opts.backoff_max.as_secs(),
+                                "telegram token still rejected (401 Unauthorized)"
+                            );
+                        }
                         opts.backoff_max
                     }
                     TgError::RetryAfter(d) => {
@@ -202,7 +233,17 @@ pub async fn run_with(
                         d
                     }
                 };
+                let unauthorized = e == TgError::Unauthorized;
+                let token_env = cfg.token_env.clone();
                 health.send_modify(|h| {
+                    h.healthy = false;
+                    h.state = match unauthorized {
+                        true => PollState::Unauthorized,
+                        false => PollState::Retrying,
+                    };
+                    h.alert = unauthorized.then(|| {
+                        format!("telegram token rejected (401 Unauthorized): set a valid bot token in {token_env} and restart")
+                    });
                     h.consecutive_errors = h.consecutive_errors.saturating_add(1);
                     if e == TgError::Timeout {
                         h.restarts = h.restarts.saturating_add(1);
@@ -219,6 +260,9 @@ pub async fn run_with(
         health.send_modify(|h| {
             h.last_poll_ok_at = Some(Utc::now());
             h.consecutive_errors = 0;
+            h.state = PollState::Ok;
+            h.healthy = true;
+            h.alert = None;
         });
 
         let mut sink_failed = false;
