@@ -1,5 +1,5 @@
-//! The steps after a message (SPEC §5.2, §5.5, §10.2): deliver the reply with intent/done
-//! records, count it, send the webhook, tell whoever waits for it. (The compaction check and
+//! The steps after a message (SPEC §5.2, §5.5, §10.2): deliver the reply through the outbox
+//! (§16.1: intent, attempt/sent per part, retries, done/failed/unknown), count it, send the webhook, tell whoever waits for it. (The compaction check and
 //! the snapshot follow, in the worker, once all of this is out.)
 
 use std::collections::HashMap;
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::delivery::{Outbound, Target};
+use super::delivery::{Outbound, Progress, Target};
 use crate::agent::{Finish, Work};
 use crate::channels::intake::{Completion, reply_text};
 use crate::metrics::{Metrics, Outcome};
@@ -54,6 +54,8 @@ pub struct AfterMessage {
     pub webhook: Option<crate::api::webhook::Webhook>,
     pub metrics: Arc<Metrics>,
     pub waiters: Waiters,
+    /// The outbox's retry rule (SPEC §16.1).
+    pub retry: RetryPolicy,
 }
 
 impl AfterMessage {
@@ -67,7 +69,16 @@ impl AfterMessage {
         started: Instant,
     ) {
         if let (Some(target), Some(d), Some(text)) = (target, &self.outbound, reply_text(&finish)) {
-            deliver_recorded(session, d.as_ref(), target, &work.ids(), text).await;
+            deliver_recorded(
+                session,
+                d.as_ref(),
+                target,
+                &work.ids(),
+                text,
+                &self.retry,
+                None,
+            )
+            .await;
         }
         let source = work.intakes.first().map_or("", |i| i.source.as_str());
         self.metrics
@@ -126,32 +137,144 @@ pub fn log_finish(session_id: &str, finish: &Finish) {
     }
 }
 
-/// Record the intent, send, record the outcome (SPEC §5.2).
+/// How long the outbox keeps retrying a part, and what stops it early (shutdown: the
+/// delivery stays open and resumes after the restart).
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub within: Duration,
+    pub abort: CancellationToken,
+}
+
+/// First backoff wait; it doubles per try up to [`MAX_BACKOFF`], jittered ±50 %.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.5..1.5))
+}
+
+/// How one part ended.
+enum PartEnd {
+    Sent,
+    /// Closing status and why.
+    Closed(DeliveryStatus, String),
+    /// Shutdown while waiting to retry: nothing more is recorded.
+    Aborted,
+}
+
+/// Send one part, retrying what may be retried (SPEC §16.1) until `policy.within` has passed.
+async fn send_with_retry(
+    d: &dyn Outbound,
+    target: &Target,
+    part: &str,
+    policy: &RetryPolicy,
+    session_id: &str,
+) -> PartEnd {
+    use crate::tools::outbound::PartError;
+    let deadline = Instant::now() + policy.within;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let (after, error) = match d.send_part(target, part).await {
+            Ok(()) => return PartEnd::Sent,
+            Err(PartError::Unknown(e)) => return PartEnd::Closed(DeliveryStatus::Unknown, e),
+            Err(PartError::Failed(e)) => return PartEnd::Closed(DeliveryStatus::Failed, e),
+            Err(PartError::Retry { after, error }) => (after, error),
+        };
+        let wait = match after {
+            Some(a) => a + jittered(Duration::from_millis(200)),
+            None => jittered(backoff),
+        };
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+        if Instant::now() + wait > deadline {
+            return PartEnd::Closed(
+                DeliveryStatus::Failed,
+                format!(
+                    "{error} (gave up after {} s of retries)",
+                    policy.within.as_secs()
+                ),
+            );
+        }
+        tracing::warn!(session = %session_id, channel = target.channel(), %error,
+            retry_in_ms = wait.as_millis() as u64, "delivery failed; retrying");
+        tokio::select! {
+            _ = policy.abort.cancelled() => return PartEnd::Aborted,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Deliver `text` through the outbox (SPEC §16.1): an `intent` with the number of parts, per
+/// part an `attempt` before it is sent and `sent` after the channel accepted it, then `done` —
+/// or `failed`/`unknown` at the first part that could not be delivered (later parts are not
+/// sent, so the order holds). With `resume`, parts already `sent` or `attempt`ed are skipped
+/// and no new intent is written.
 pub async fn deliver_recorded(
     session: &Arc<SessionHandle>,
     d: &dyn Outbound,
     target: &Target,
     ids: &[String],
     text: &str,
+    policy: &RetryPolicy,
+    resume: Option<&Progress>,
 ) {
-    let record = |status, detail| Event::Delivery {
+    let record = |status, detail, parts, part| Event::Delivery {
         reply_to: ids.to_vec(),
         channel: target.channel().to_string(),
         status,
         detail,
+        parts,
+        part,
     };
-    if let Err(e) = crate::agent::append(session, record(DeliveryStatus::Intent, None)).await {
+    let parts = d.parts(target, text);
+    if resume.is_none()
+        && let Err(e) = crate::agent::append(
+            session,
+            record(DeliveryStatus::Intent, None, Some(parts.len()), None),
+        )
+        .await
+    {
         tracing::error!(session = %session.id, error = %e, "cannot record delivery intent; not sending");
         return;
     }
-    let (status, detail) = match d.send_text(target, text).await {
-        Ok(_) => (DeliveryStatus::Done, None),
-        Err(e) => {
-            tracing::warn!(session = %session.id, channel = target.channel(), error = %e, "delivery failed");
-            (DeliveryStatus::Failed, Some(e))
+    let mut close = (DeliveryStatus::Done, None, None);
+    for (i, part) in parts.iter().enumerate() {
+        if let Some(p) = resume
+            && !p.todo(i)
+        {
+            if !p.sent.contains(&i) {
+                tracing::warn!(session = %session.id, part = i, ?ids,
+                    "a part was being sent when agentd stopped; not sending it again");
+            }
+            continue;
         }
-    };
-    if let Err(e) = crate::agent::append(session, record(status, detail)).await {
+        if let Err(e) = crate::agent::append(
+            session,
+            record(DeliveryStatus::Attempt, None, None, Some(i)),
+        )
+        .await
+        {
+            tracing::error!(session = %session.id, error = %e, "cannot record a delivery attempt; not sending");
+            return;
+        }
+        match send_with_retry(d, target, part, policy, &session.id).await {
+            PartEnd::Sent => {
+                if let Err(e) =
+                    crate::agent::append(session, record(DeliveryStatus::Sent, None, None, Some(i)))
+                        .await
+                {
+                    tracing::error!(session = %session.id, error = %e, "cannot record a sent part");
+                }
+            }
+            PartEnd::Aborted => return,
+            PartEnd::Closed(status, e) => {
+                tracing::warn!(session = %session.id, channel = target.channel(), part = i, error = %e, ?status, "delivery failed");
+                close = (status, Some(e), Some(i));
+                break;
+            }
+        }
+    }
+    let (status, detail, part) = close;
+    if let Err(e) = crate::agent::append(session, record(status, detail, None, part)).await {
         tracing::error!(session = %session.id, error = %e, "cannot record delivery outcome");
     }
 }

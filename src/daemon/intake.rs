@@ -293,12 +293,15 @@ impl IntakeHandler {
 }
 
 impl IntakeHandler {
-    /// Deliver replies that a crash left unsent (no `delivery` record at all). A reply with an
-    /// intent but no outcome is NOT sent again — Telegram has no idempotency key — only logged.
+    /// Resume deliveries a crash left open (SPEC §16.1, §16.2), for every channel: replies
+    /// never started are sent; started ones resume part by part — a `sent` part is skipped and
+    /// an `attempt`ed part without `sent` is NOT sent again (Telegram has no idempotency key),
+    /// only logged. Runs in the background after READY.
     pub async fn recover_deliveries(&self) {
         let Some(outbound) = self.dispatcher.outbound() else {
             return;
         };
+        let policy = self.dispatcher.delivery_retry();
         for (key, entry) in self.store.index() {
             let store = self.store.clone();
             let k = key.clone();
@@ -314,7 +317,13 @@ impl IntakeHandler {
             for ids in uncertain {
                 tracing::warn!(session_key = %key, ?ids, "a reply was being sent when agentd stopped; not sending it again");
             }
-            for (ids, text) in todo {
+            for super::delivery::Pending {
+                ids,
+                text,
+                progress,
+                ts,
+            } in todo
+            {
                 let intakes: Vec<Intake> = lines
                     .iter()
                     .filter_map(|l| match &l.event {
@@ -322,9 +331,15 @@ impl IntakeHandler {
                         _ => None,
                     })
                     .collect();
-                // Only Telegram messages: their target was fixed when they arrived. (A FIFO
-                // sender who became a contact later must not get old replies.)
-                if intakes.first().is_none_or(|i| i.source != Source::Telegram) {
+                // A Telegram message's target was fixed when it arrived. For the FIFO and the
+                // scheduler the target is today's contact list, so a reply never started goes
+                // out only if it is younger than the retry window: a sender who became a
+                // contact later must not get weeks-old replies. (A started one resumes: its
+                // intent proves the target held then.)
+                let from_telegram = intakes
+                    .first()
+                    .is_some_and(|i| i.source == Source::Telegram);
+                if progress.is_none() && !from_telegram && !recent(&ts, policy.within) {
                     continue;
                 }
                 let work = Work {
@@ -339,12 +354,22 @@ impl IntakeHandler {
                         &target,
                         &ids,
                         &text,
+                        &policy,
+                        progress.as_ref(),
                     )
                     .await;
                 }
             }
         }
     }
+}
+
+/// Whether the trail time `ts` is at most `within` ago.
+fn recent(ts: &str, within: std::time::Duration) -> bool {
+    chrono::DateTime::parse_from_rfc3339(ts).is_ok_and(|t| {
+        let age = chrono::Utc::now().signed_duration_since(t);
+        age.to_std().map_or(true, |age| age <= within)
+    })
 }
 
 impl IntakeSink for IntakeHandler {

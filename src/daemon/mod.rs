@@ -124,8 +124,8 @@ pub async fn run(
     let notifier = notify::Notifier::from_env();
     let tasks = Tasks::default();
     let s = Services::build(Arc::new(cfg), &tasks, started).await?;
-    // Replies a crash left unsent first, then unfinished work, then new input.
-    s.intake.recover_deliveries().await;
+    // Unfinished work first, then new input; deliveries a crash left open resume in the
+    // background once READY is out (SPEC §16.2: READY never waits on Telegram).
     s.intake.recover().await;
     sources::start(&s, &tasks).await?;
     tracing::info!(
@@ -143,6 +143,7 @@ pub async fn run(
         s.cfg.models.loaded.len(),
         s.cfg.models.skipped.len()
     ));
+    sources::start_delivery_recovery(&s, &tasks);
     lifecycle::serve(&s, &mut signals, &notifier, &input_closed, &shutdown).await;
     lifecycle::shutdown(s, tasks, &notifier).await;
     Ok(())

@@ -127,6 +127,10 @@ impl Dispatcher {
                 webhook,
                 metrics,
                 waiters: Waiters::default(),
+                retry: super::after::RetryPolicy {
+                    within: cfg.delivery.retry,
+                    abort: abort.clone(),
+                },
             },
             cfg,
             runner,
@@ -143,6 +147,11 @@ impl Dispatcher {
     /// The channel that delivers replies (Telegram), if any.
     pub fn outbound(&self) -> Option<Arc<dyn Outbound>> {
         self.after.outbound.clone()
+    }
+
+    /// The outbox's retry rule (SPEC §16.1), for deliveries resumed after a restart.
+    pub fn delivery_retry(&self) -> super::after::RetryPolicy {
+        self.after.retry.clone()
     }
 
     /// Jobs queued and not yet started.

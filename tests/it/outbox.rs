@@ -1,0 +1,118 @@
+//! The delivery outbox (SPEC §16.1) against the fake Bot API: sends that fail, then recover,
+//! arrive exactly once and in order; a 400 that is not an HTML problem fails at once and is
+//! recorded `failed`; every part has `attempt` and `sent` records.
+
+use std::time::Duration;
+
+use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, provider_toml};
+use crate::support::fake_llm::{FakeLlm, Reply, Wire};
+use crate::support::fake_telegram::FakeTelegram;
+use crate::support::wait_until;
+
+const TOKEN: &str = "123456:TEST-secret-token";
+const ALICE: i64 = 1001;
+const WAIT: Duration = Duration::from_secs(40);
+
+fn daemon(llm: &FakeLlm, tg: &FakeTelegram, chunk_limit: usize) -> TestDaemon {
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\nformat = \"plain\"\ntext_chunk_limit = {chunk_limit}\ncontacts = {{ Alice = {ALICE} }}\n\n[delivery]\nretry_minutes = 1\n\n[behavior]\ndebounce_ms = 50",
+            tg.api_url()
+        ),
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &llm.base_url()))],
+    );
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.start();
+    d
+}
+
+fn sent_to(tg: &FakeTelegram, chat: i64) -> Vec<String> {
+    tg.sent()
+        .into_iter()
+        .filter(|m| m.chat_id == chat)
+        .map(|m| m.plain)
+        .collect()
+}
+
+fn statuses(d: &TestDaemon) -> Vec<String> {
+    d.trail("Alice")
+        .iter()
+        .filter(|l| l["type"] == "delivery")
+        .map(|l| l["status"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn wait_closed(d: &TestDaemon) -> Vec<String> {
+    wait_until(WAIT, "the delivery is closed", || {
+        let s = statuses(d);
+        s.iter()
+            .any(|s| s == "done" || s == "failed" || s == "unknown")
+            .then_some(s)
+    })
+}
+
+#[test]
+fn outbox_502_three_times_then_works_arrives_once() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Hello Alice!"));
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.fail_next_send(3, 502);
+    let d = daemon(&llm, &tg, 4096);
+    let started = std::time::Instant::now();
+    tg.push_text(ALICE, ALICE, "hi bot");
+    let s = wait_closed(&d);
+    assert_eq!(sent_to(&tg, ALICE), vec!["Hello Alice!".to_string()]);
+    assert_eq!(tg.served_send_failures(), 3);
+    assert_eq!(s, vec!["intent", "attempt", "sent", "done"], "{s:?}");
+    // Our backoff sets the pace, not teloxide's 10 s sleep after every 5xx.
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        started.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(sent_to(&tg, ALICE).len(), 1, "exactly once");
+}
+
+#[test]
+fn outbox_part_two_fails_twice_each_part_once_in_order() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let parts = ["First part here.", "Second part here.", "Third part here."];
+    llm.push(Reply::text(parts.join("\n\n")));
+    let tg = FakeTelegram::spawn(TOKEN);
+    // Part 1 goes through; then the next two sends (part 2's first tries) fail.
+    tg.fail_send_after(1, 2, 502);
+    let d = daemon(&llm, &tg, 20);
+    tg.push_text(ALICE, ALICE, "three parts please");
+    let s = wait_closed(&d);
+    let got: Vec<String> = sent_to(&tg, ALICE)
+        .iter()
+        .map(|p| p.trim().to_string())
+        .collect();
+    assert_eq!(got, parts.map(String::from).to_vec(), "{s:?}");
+    assert_eq!(tg.served_send_failures(), 2);
+    let sent = s.iter().filter(|s| *s == "sent").count();
+    let attempts = s.iter().filter(|s| *s == "attempt").count();
+    assert_eq!((attempts, sent), (3, 3), "{s:?}");
+}
+
+#[test]
+fn outbox_other_400_fails_at_once_and_is_recorded() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Hello Alice!"));
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.fail_next_send(1, 400);
+    let d = daemon(&llm, &tg, 4096);
+    let started = std::time::Instant::now();
+    tg.push_text(ALICE, ALICE, "hi bot");
+    let s = wait_closed(&d);
+    assert_eq!(s, vec!["intent", "attempt", "failed"], "{s:?}");
+    assert!(sent_to(&tg, ALICE).is_empty());
+    assert_eq!(tg.served_send_failures(), 1, "not retried");
+    assert!(started.elapsed() < Duration::from_secs(15));
+}
