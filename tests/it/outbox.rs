@@ -116,3 +116,134 @@ fn outbox_other_400_fails_at_once_and_is_recorded() {
     assert_eq!(tg.served_send_failures(), 1, "not retried");
     assert!(started.elapsed() < Duration::from_secs(15));
 }
+
+/// Removes the trailing `delivery` records of the session `key`'s last trail file: the state a
+/// kill -9 leaves when it falls between the final record and the delivery intent.
+fn strip_trailing_deliveries(d: &TestDaemon, key: &str) {
+    let id = d.session_id(key).expect("session");
+    let mut files: Vec<_> = std::fs::read_dir(d.sessions_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{id}.")) && n.ends_with(".jsonl"))
+        })
+        .collect();
+    files.sort();
+    let last = files.last().expect("a trail file");
+    let text = std::fs::read_to_string(last).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    while lines.last().is_some_and(|l| {
+        serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["type"] == "delivery")
+    }) {
+        lines.pop();
+    }
+    std::fs::write(
+        last,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+}
+
+/// Drive one reply to Alice to the point where its send hangs, kill -9, take the delivery
+/// records away (the kill fell before the intent), restart with Telegram holding every send:
+/// READY comes anyway; once Telegram answers, the reply arrives exactly once.
+fn kill9_before_the_intent(
+    replies: Vec<Reply>,
+    trigger: impl FnOnce(&TestDaemon, &FakeTelegram),
+    want: &str,
+) {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    for r in replies {
+        llm.push(r);
+    }
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.hang_next_sends(1);
+    let mut d = daemon(&llm, &tg, 4096);
+    trigger(&d, &tg);
+    wait_until(WAIT, "the send in flight", || {
+        let trail = d.trail("Alice");
+        let final_reply = trail
+            .iter()
+            .any(|l| l["final"] == true && l["text"].as_str().is_some_and(|t| t.contains(want)));
+        let attempt = trail
+            .iter()
+            .any(|l| l["type"] == "delivery" && l["status"] == "attempt");
+        let requested = tg.requests().iter().any(|(m, _)| m == "sendmessage");
+        (final_reply && attempt && requested).then_some(())
+    });
+    d.kill9();
+    strip_trailing_deliveries(&d, "Alice");
+    tg.hold_sends(true);
+    d.start();
+    // READY while Telegram holds the send.
+    wait_until(WAIT, "READY", || {
+        d.log().matches("agentd ready").count().ge(&2).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(sent_to(&tg, ALICE).is_empty(), "nothing sent while held");
+    tg.hold_sends(false);
+    wait_until(WAIT, "the reply after the restart", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m.contains(want))
+            .then_some(())
+    });
+    wait_closed(&d);
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = sent_to(&tg, ALICE);
+    assert_eq!(
+        sent.iter().filter(|m| m.contains(want)).count(),
+        1,
+        "{sent:?}"
+    );
+    d.kill9();
+}
+
+#[test]
+fn outbox_kill9_before_intent_telegram_reply_delivered_once() {
+    kill9_before_the_intent(
+        vec![Reply::text("Reply to Alice.")],
+        |_, tg| {
+            tg.push_text(ALICE, ALICE, "hi bot");
+        },
+        "Reply to Alice.",
+    );
+}
+
+#[test]
+fn outbox_kill9_before_intent_fifo_contact_reply_delivered_once() {
+    kill9_before_the_intent(
+        vec![Reply::text("Reply to Alice.")],
+        |d, _| {
+            crate::support::e2e::fifo_write(
+                d,
+                r#"{"id":"f1","type":"user","text":"hello from the cli","sender":"Alice"}"#,
+            );
+        },
+        "Reply to Alice.",
+    );
+}
+
+#[test]
+fn outbox_kill9_before_intent_scheduled_message_delivered_once() {
+    kill9_before_the_intent(
+        vec![
+            Reply::tool_calls(vec![(
+                "c1",
+                "schedule_message",
+                serde_json::json!({"target": "Alice", "text": "Reminder: stretch!", "delay_seconds": 1}),
+            )]),
+            Reply::text("Scheduled."),
+        ],
+        |d, _| {
+            crate::support::e2e::fifo_write(
+                d,
+                r#"{"id":"s1","type":"user","text":"remind Alice to stretch","sender":"ops"}"#,
+            );
+        },
+        "Reminder: stretch!",
+    );
+}

@@ -236,8 +236,10 @@ struct Inner {
     served_send_failures: usize,
     /// sendMessage calls that still succeed before the injected failures start.
     send_ok_before_fail: usize,
-    /// While set, sendMessage calls are recorded, then never answered.
-    hang_sends: bool,
+    /// While set, sendMessage calls wait (answered normally once it is cleared).
+    hold_sends: bool,
+    /// The next this many sendMessage calls are recorded, then never answered.
+    hang_sends: u32,
     /// HTML sendMessage calls still to reject as unparsable.
     reject_html: u32,
     /// Downloads answer 404 (an expired file link).
@@ -507,9 +509,15 @@ impl FakeTelegram {
         self.shared.lock().served_send_failures
     }
 
-    /// While `on`, sendMessage calls are recorded and never answered (Telegram hangs).
-    pub fn hang_sends(&self, on: bool) {
-        self.shared.lock().hang_sends = on;
+    /// The next `n` sendMessage calls are recorded and never answered (Telegram hangs).
+    pub fn hang_next_sends(&self, n: u32) {
+        self.shared.lock().hang_sends += n;
+    }
+
+    /// While `on`, sendMessage calls wait; clearing it lets them (and later ones) through.
+    pub fn hold_sends(&self, on: bool) {
+        self.shared.lock().hold_sends = on;
+        self.shared.bump();
     }
 
     /// The next `sendMessage` with `parse_mode = HTML` is rejected with Telegram's "can't parse
@@ -887,7 +895,9 @@ async fn handle(
                 if fail.is_some() {
                     inner.served_send_failures += 1;
                 }
-                (fail, inner.hang_sends)
+                let hang = inner.hang_sends > 0;
+                inner.hang_sends = inner.hang_sends.saturating_sub(1);
+                (fail, hang)
             };
             if let Some(status) = fail {
                 shared.bump();
@@ -895,6 +905,15 @@ async fn handle(
             }
             if hang {
                 return std::future::pending::<Response>().await;
+            }
+            loop {
+                let mut rx = shared.version.subscribe();
+                if !shared.lock().hold_sends {
+                    break;
+                }
+                if rx.changed().await.is_err() {
+                    break;
+                }
             }
             send_message(&shared, &params)
         }
