@@ -244,6 +244,11 @@ pub async fn deliver_recorded(
             if !p.sent.contains(&i) {
                 tracing::warn!(session = %session.id, part = i, ?ids,
                     "a part was being sent when agentd stopped; not sending it again");
+                close = (
+                    DeliveryStatus::Unknown,
+                    Some(format!("part {i} was being sent when agentd stopped")),
+                    Some(i),
+                );
             }
             continue;
         }

@@ -247,3 +247,33 @@ fn outbox_kill9_before_intent_scheduled_message_delivered_once() {
         "Reminder: stretch!",
     );
 }
+
+#[test]
+fn outbox_kill9_after_the_attempt_is_not_sent_again() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Maybe delivered."));
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.hang_next_sends(1);
+    let mut d = daemon(&llm, &tg, 4096);
+    tg.push_text(ALICE, ALICE, "hi bot");
+    wait_until(WAIT, "the send in flight", || {
+        let attempt = d
+            .trail("Alice")
+            .iter()
+            .any(|l| l["type"] == "delivery" && l["status"] == "attempt");
+        let requested = tg.requests().iter().any(|(m, _)| m == "sendmessage");
+        (attempt && requested).then_some(())
+    });
+    d.kill9();
+    d.start();
+    wait_until(WAIT, "the at-most-once warning", || {
+        d.log()
+            .contains("a part was being sent when agentd stopped")
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(sent_to(&tg, ALICE).is_empty(), "never sent twice");
+    let s = wait_closed(&d);
+    assert_eq!(s.last().map(String::as_str), Some("unknown"), "{s:?}");
+    d.kill9();
+}
