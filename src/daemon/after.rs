@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::delivery::{Outbound, Progress, Target};
 use crate::agent::{Finish, Work};
@@ -56,6 +57,50 @@ pub struct AfterMessage {
     pub waiters: Waiters,
     /// The outbox's retry rule (SPEC §16.1).
     pub retry: RetryPolicy,
+    /// Deliveries run as tasks of this tracker (shutdown waits for them; the abort token ends
+    /// their retry waits).
+    pub tracker: TaskTracker,
+    pub lanes: Arc<Lanes>,
+}
+
+/// One delivery lane per session: a session's deliveries run one after the other, in the
+/// order their replies were made, outside the session's worker — a delivery that retries for
+/// minutes does not hold the session's next message. Entries go when their lane runs dry.
+#[derive(Default)]
+pub struct Lanes {
+    map: std::sync::Mutex<HashMap<String, (u64, oneshot::Receiver<()>)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Lanes {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, oneshot::Receiver<()>)>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Join `session`'s lane: the delivery before this one (to wait for), this one's number,
+    /// and the sender that tells the next one this one is over.
+    fn join(&self, session: &str) -> (Option<oneshot::Receiver<()>>, u64, oneshot::Sender<()>) {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let prev = self
+            .map()
+            .insert(session.to_string(), (n, rx))
+            .map(|(_, rx)| rx);
+        (prev, n, tx)
+    }
+
+    /// Delivery `n` of `session` is over; the lane goes if no later one joined.
+    fn leave(&self, session: &str, n: u64) {
+        let mut map = self.map();
+        if map.get(session).is_some_and(|(m, _)| *m == n) {
+            map.remove(session);
+        }
+    }
+
+    /// Sessions with a delivery queued or in flight.
+    pub fn busy(&self) -> usize {
+        self.map().len()
+    }
 }
 
 impl AfterMessage {
@@ -68,17 +113,8 @@ impl AfterMessage {
         finish: Finish,
         started: Instant,
     ) {
-        if let (Some(target), Some(d), Some(text)) = (target, &self.outbound, reply_text(&finish)) {
-            deliver_recorded(
-                session,
-                d.as_ref(),
-                target,
-                &work.ids(),
-                text,
-                &self.retry,
-                None,
-            )
-            .await;
+        if let (Some(target), Some(text)) = (target, reply_text(&finish)) {
+            self.deliver(session, target, work.ids(), text.to_string(), None);
         }
         let source = work.intakes.first().map_or("", |i| i.source.as_str());
         self.metrics
@@ -95,6 +131,41 @@ impl AfterMessage {
                 finish,
             },
         );
+    }
+
+    /// Queue a delivery (a new reply, or with `resume` one a restart left open) on the
+    /// session's lane; it runs in the background (see [`Lanes`]).
+    pub fn deliver(
+        &self,
+        session: &Arc<SessionHandle>,
+        target: &Target,
+        ids: Vec<String>,
+        text: String,
+        resume: Option<Progress>,
+    ) {
+        let Some(d) = self.outbound.clone() else {
+            return;
+        };
+        let (prev, n, done) = self.lanes.join(&session.id);
+        let (session, target, retry) = (session.clone(), target.clone(), self.retry.clone());
+        let lanes = self.lanes.clone();
+        self.tracker.spawn(async move {
+            if let Some(prev) = prev {
+                let _ = prev.await;
+            }
+            deliver_recorded(
+                &session,
+                d.as_ref(),
+                &target,
+                &ids,
+                &text,
+                &retry,
+                resume.as_ref(),
+            )
+            .await;
+            lanes.leave(&session.id, n);
+            let _ = done.send(());
+        });
     }
 
     /// "typing…" on `target` until the returned token is cancelled (when enabled).

@@ -293,16 +293,17 @@ impl IntakeHandler {
 }
 
 impl IntakeHandler {
-    /// Resume deliveries a crash left open (SPEC §16.1, §16.2), for every channel: replies
-    /// never started are sent; started ones resume part by part — a `sent` part is skipped and
-    /// an `attempt`ed part without `sent` is NOT sent again (Telegram has no idempotency key),
-    /// only logged. Runs in the background after READY.
-    pub async fn recover_deliveries(&self) {
-        let Some(outbound) = self.dispatcher.outbound() else {
-            return;
-        };
-        let policy = self.dispatcher.delivery_retry();
-        for (key, entry) in self.store.index() {
+    /// The deliveries a crash left open (SPEC §16.1, §16.2), for every channel: replies never
+    /// started, and started ones with their progress. Read before `recover` queues any work,
+    /// so no reply made by this run is taken for one a crash left unsent; sent by
+    /// [`Self::resume_deliveries`] after READY.
+    pub async fn open_deliveries(&self) -> Vec<OpenDelivery> {
+        let mut open = Vec::new();
+        if self.dispatcher.outbound().is_none() {
+            return open;
+        }
+        let window = self.dispatcher.delivery_retry().within;
+        for (key, _) in self.store.index() {
             let store = self.store.clone();
             let k = key.clone();
             let Ok(Ok(Some(session))) = tokio::task::spawn_blocking(move || store.get(&k)).await
@@ -339,7 +340,7 @@ impl IntakeHandler {
                 let from_telegram = intakes
                     .first()
                     .is_some_and(|i| i.source == Source::Telegram);
-                if progress.is_none() && !from_telegram && !recent(&ts, policy.within) {
+                if progress.is_none() && !from_telegram && !recent(&ts, window) {
                     continue;
                 }
                 let work = Work {
@@ -347,21 +348,40 @@ impl IntakeHandler {
                     resume: false,
                 };
                 if let Some(target) = super::delivery::target_for(&work, &self.cfg) {
-                    tracing::info!(session_key = %key, session = %entry.session_id, "delivering a reply left unsent by a restart");
-                    super::workers::deliver_recorded(
-                        &session,
-                        outbound.as_ref(),
-                        &target,
-                        &ids,
-                        &text,
-                        &policy,
-                        progress.as_ref(),
-                    )
-                    .await;
+                    open.push(OpenDelivery {
+                        key: key.clone(),
+                        session: session.clone(),
+                        target,
+                        ids,
+                        text,
+                        progress,
+                    });
                 }
             }
         }
+        open
     }
+
+    /// Queue the deliveries [`Self::open_deliveries`] found on their sessions' lanes; they run
+    /// in the background (READY never waits on Telegram).
+    pub fn resume_deliveries(&self, open: Vec<OpenDelivery>) {
+        for o in open {
+            tracing::info!(session_key = %o.key, session = %o.session.id, resumed = o.progress.is_some(),
+                "delivering a reply left unsent by a restart");
+            self.dispatcher
+                .deliver(&o.session, &o.target, o.ids, o.text, o.progress);
+        }
+    }
+}
+
+/// A delivery a crash left open.
+pub struct OpenDelivery {
+    key: String,
+    session: Arc<crate::session::SessionHandle>,
+    target: super::delivery::Target,
+    ids: Vec<String>,
+    text: String,
+    progress: Option<super::delivery::Progress>,
 }
 
 /// Whether the trail time `ts` is at most `within` ago.

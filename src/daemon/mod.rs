@@ -124,8 +124,10 @@ pub async fn run(
     let notifier = notify::Notifier::from_env();
     let tasks = Tasks::default();
     let s = Services::build(Arc::new(cfg), &tasks, started).await?;
-    // Unfinished work first, then new input; deliveries a crash left open resume in the
-    // background once READY is out (SPEC §16.2: READY never waits on Telegram).
+    // Deliveries a crash left open are found first (before any new reply exists), resumed in
+    // the background once READY is out (SPEC §16.2: READY never waits on Telegram); then
+    // unfinished work, then new input.
+    let open_deliveries = s.intake.open_deliveries().await;
     s.intake.recover().await;
     sources::start(&s, &tasks).await?;
     tracing::info!(
@@ -143,7 +145,7 @@ pub async fn run(
         s.cfg.models.loaded.len(),
         s.cfg.models.skipped.len()
     ));
-    sources::start_delivery_recovery(&s, &tasks);
+    s.intake.resume_deliveries(open_deliveries);
     lifecycle::serve(&s, &mut signals, &notifier, &input_closed, &shutdown).await;
     lifecycle::shutdown(s, tasks, &notifier).await;
     Ok(())

@@ -107,15 +107,6 @@ async fn start_http(s: &Services, tasks: &Tasks) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Resume the deliveries a crash left open, for every channel, in the background (SPEC
-/// §16.2). Started after READY; a shutdown ends its retry waits.
-pub fn start_delivery_recovery(s: &Services, tasks: &Tasks) {
-    let intake = s.intake.clone();
-    tasks
-        .tracker
-        .spawn(async move { intake.recover_deliveries().await });
-}
-
 /// `agentd chat`: stdin/stdout as one more source. The returned token fires at end of input.
 pub fn start_terminal(s: &Services, tasks: &Tasks) -> CancellationToken {
     let closed = CancellationToken::new();

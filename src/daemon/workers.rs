@@ -131,6 +131,8 @@ impl Dispatcher {
                     within: cfg.delivery.retry,
                     abort: abort.clone(),
                 },
+                tracker: tracker.clone(),
+                lanes: Default::default(),
             },
             cfg,
             runner,
@@ -152,6 +154,18 @@ impl Dispatcher {
     /// The outbox's retry rule (SPEC §16.1), for deliveries resumed after a restart.
     pub fn delivery_retry(&self) -> super::after::RetryPolicy {
         self.after.retry.clone()
+    }
+
+    /// Queue a delivery on its session's lane (see `after::Lanes`).
+    pub fn deliver(
+        &self,
+        session: &Arc<SessionHandle>,
+        target: &super::delivery::Target,
+        ids: Vec<String>,
+        text: String,
+        resume: Option<super::delivery::Progress>,
+    ) {
+        self.after.deliver(session, target, ids, text, resume);
     }
 
     /// Jobs queued and not yet started.
@@ -427,8 +441,6 @@ impl Dispatcher {
         });
     }
 }
-
-pub use super::after::deliver_recorded;
 
 #[cfg(test)]
 mod tests {

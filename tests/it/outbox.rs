@@ -277,3 +277,40 @@ fn outbox_kill9_after_the_attempt_is_not_sent_again() {
     assert_eq!(s.last().map(String::as_str), Some("unknown"), "{s:?}");
     d.kill9();
 }
+
+#[test]
+fn outbox_retrying_delivery_does_not_hold_the_next_message() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("First reply."));
+    llm.push(Reply::text("Second reply."));
+    let tg = FakeTelegram::spawn(TOKEN);
+    // About 15 s of backoff before the first reply gets through.
+    tg.fail_next_send(5, 502);
+    let d = daemon(&llm, &tg, 4096);
+    tg.push_text(ALICE, ALICE, "one");
+    wait_until(WAIT, "the first reply recorded", || {
+        d.trail("Alice")
+            .iter()
+            .any(|l| l["final"] == true)
+            .then_some(())
+    });
+    let t = std::time::Instant::now();
+    tg.push_text(ALICE, ALICE, "two");
+    wait_until(WAIT, "the second model call", || {
+        (llm.requests().len() >= 2).then_some(())
+    });
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "the second message waited for the first delivery: {:?}",
+        t.elapsed()
+    );
+    assert!(
+        sent_to(&tg, ALICE).is_empty(),
+        "the first reply still retries"
+    );
+    let got = wait_until(WAIT, "both replies", || {
+        let s = sent_to(&tg, ALICE);
+        (s.len() >= 2).then_some(s)
+    });
+    assert_eq!(got, vec!["First reply.", "Second reply."], "in order");
+}
