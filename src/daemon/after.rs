@@ -61,6 +61,45 @@ pub struct AfterMessage {
     /// their retry waits).
     pub tracker: TaskTracker,
     pub lanes: Arc<Lanes>,
+    pub stats: Arc<DeliveryStats>,
+}
+
+/// Outbox counts in the monitor and `/metrics` (SPEC §16.1): pending now, failed and unknown
+/// since the start.
+pub struct DeliveryStats {
+    pub metrics: Arc<Metrics>,
+    pub monitor: Arc<crate::monitor::Monitor>,
+    pub counts: std::sync::Mutex<crate::monitor::DeliveryCounts>,
+}
+
+impl DeliveryStats {
+    fn update(&self, f: impl FnOnce(&mut crate::monitor::DeliveryCounts)) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut c);
+        self.monitor.set_deliveries(*c);
+    }
+
+    fn queued(&self) {
+        self.metrics.delivery_queued();
+        self.update(|c| c.pending += 1);
+    }
+
+    fn over(&self, status: Option<DeliveryStatus>) {
+        let name = status.map(|s| match s {
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Unknown => "unknown",
+            _ => "done",
+        });
+        self.metrics.delivery_over(name);
+        self.update(|c| {
+            c.pending = c.pending.saturating_sub(1);
+            match status {
+                Some(DeliveryStatus::Failed) => c.failed += 1,
+                Some(DeliveryStatus::Unknown) => c.unknown += 1,
+                _ => {}
+            }
+        });
+    }
 }
 
 /// One delivery lane per session: a session's deliveries run one after the other, in the
@@ -148,12 +187,13 @@ impl AfterMessage {
         };
         let (prev, n, done) = self.lanes.join(&session.id);
         let (session, target, retry) = (session.clone(), target.clone(), self.retry.clone());
-        let lanes = self.lanes.clone();
+        let (lanes, stats) = (self.lanes.clone(), self.stats.clone());
+        stats.queued();
         self.tracker.spawn(async move {
             if let Some(prev) = prev {
                 let _ = prev.await;
             }
-            deliver_recorded(
+            let status = deliver_recorded(
                 &session,
                 d.as_ref(),
                 &target,
@@ -163,6 +203,7 @@ impl AfterMessage {
                 resume.as_ref(),
             )
             .await;
+            stats.over(status);
             lanes.leave(&session.id, n);
             let _ = done.send(());
         });
@@ -287,7 +328,7 @@ pub async fn deliver_recorded(
     text: &str,
     policy: &RetryPolicy,
     resume: Option<&Progress>,
-) {
+) -> Option<DeliveryStatus> {
     let record = |status, detail, parts, part| Event::Delivery {
         reply_to: ids.to_vec(),
         channel: target.channel().to_string(),
@@ -305,7 +346,7 @@ pub async fn deliver_recorded(
         .await
     {
         tracing::error!(session = %session.id, error = %e, "cannot record delivery intent; not sending");
-        return;
+        return None;
     }
     let mut close = (DeliveryStatus::Done, None, None);
     for (i, part) in parts.iter().enumerate() {
@@ -330,7 +371,7 @@ pub async fn deliver_recorded(
         .await
         {
             tracing::error!(session = %session.id, error = %e, "cannot record a delivery attempt; not sending");
-            return;
+            return None;
         }
         match send_with_retry(d, target, part, policy, &session.id).await {
             PartEnd::Sent => {
@@ -341,7 +382,7 @@ pub async fn deliver_recorded(
                     tracing::error!(session = %session.id, error = %e, "cannot record a sent part");
                 }
             }
-            PartEnd::Aborted => return,
+            PartEnd::Aborted => return None,
             PartEnd::Closed(status, e) => {
                 tracing::warn!(session = %session.id, channel = target.channel(), part = i, error = %e, ?status, "delivery failed");
                 close = (status, Some(e), Some(i));
@@ -353,6 +394,7 @@ pub async fn deliver_recorded(
     if let Err(e) = crate::agent::append(session, record(status, detail, None, part)).await {
         tracing::error!(session = %session.id, error = %e, "cannot record delivery outcome");
     }
+    Some(status)
 }
 
 /// "typing…" every 4 s until the returned token is cancelled.

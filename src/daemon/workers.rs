@@ -121,11 +121,11 @@ impl Dispatcher {
             outbound,
         } = deps;
         Arc::new(Dispatcher {
-            queue: Queue::new(&cfg.behavior, monitor),
+            queue: Queue::new(&cfg.behavior, monitor.clone()),
             after: AfterMessage {
                 outbound,
                 webhook,
-                metrics,
+                metrics: metrics.clone(),
                 waiters: Waiters::default(),
                 retry: super::after::RetryPolicy {
                     within: cfg.delivery.retry,
@@ -133,6 +133,11 @@ impl Dispatcher {
                 },
                 tracker: tracker.clone(),
                 lanes: Default::default(),
+                stats: Arc::new(super::after::DeliveryStats {
+                    metrics: metrics.clone(),
+                    monitor: monitor.clone(),
+                    counts: Default::default(),
+                }),
             },
             cfg,
             runner,

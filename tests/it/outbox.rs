@@ -115,6 +115,12 @@ fn outbox_other_400_fails_at_once_and_is_recorded() {
     assert!(sent_to(&tg, ALICE).is_empty());
     assert_eq!(tg.served_send_failures(), 1, "not retried");
     assert!(started.elapsed() < Duration::from_secs(15));
+    // Counted in the monitor.
+    wait_until(WAIT, "the failed delivery in monitor.json", || {
+        let text = std::fs::read_to_string(d.state_dir.join("monitor.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        (v["deliveries"]["failed"] == 1 && v["deliveries"]["pending"] == 0).then_some(())
+    });
 }
 
 /// Removes the trailing `delivery` records of the session `key`'s last trail file: the state a
