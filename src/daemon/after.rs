@@ -286,7 +286,13 @@ async fn send_with_retry(
     let deadline = Instant::now() + policy.within;
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let (after, error) = match d.send_part(target, part).await {
+        let sent = tokio::select! {
+            biased;
+            // The shutdown deadline: the part stays `attempt`ed without `sent` (never resent).
+            _ = policy.abort.cancelled() => return PartEnd::Aborted,
+            r = d.send_part(target, part) => r,
+        };
+        let (after, error) = match sent {
             Ok(()) => return PartEnd::Sent,
             Err(PartError::Unknown(e)) => return PartEnd::Closed(DeliveryStatus::Unknown, e),
             Err(PartError::Failed(e)) => return PartEnd::Closed(DeliveryStatus::Failed, e),
@@ -363,6 +369,10 @@ pub async fn deliver_recorded(
                 );
             }
             continue;
+        }
+        if policy.abort.is_cancelled() {
+            // Past the shutdown deadline: left open, resumed after the restart.
+            return None;
         }
         if let Err(e) = crate::agent::append(
             session,
