@@ -451,3 +451,26 @@ fn webhook_payload(
         notify_meta: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lanes_chain_per_session_and_go_when_dry() {
+        let lanes = Lanes::default();
+        let (p1, n1, done1) = lanes.join("s");
+        assert!(p1.is_none());
+        let (p2, n2, done2) = lanes.join("s");
+        let p2 = p2.expect("the second waits for the first");
+        let (p3, _, _) = lanes.join("t");
+        assert!(p3.is_none(), "another session has its own lane");
+        lanes.leave("s", n1);
+        assert_eq!(lanes.busy(), 2, "s still has the second delivery");
+        let _ = done1.send(());
+        p2.await.expect("released by the first");
+        lanes.leave("s", n2);
+        let _ = done2.send(());
+        assert_eq!(lanes.busy(), 1, "only t is left");
+    }
+}

@@ -12,7 +12,11 @@
 //!
 //! Fault injection: [`FakeTelegram::fail_next`] (getUpdates answers with 401/409/429/5xx),
 //! [`FakeTelegram::flood`] (the next send gets 429 with `parameters.retry_after`),
-//! [`FakeTelegram::hang_next_poll`] (a getUpdates that is accepted and never answered).
+//! [`FakeTelegram::hang_next_poll`] (a getUpdates that is accepted and never answered);
+//! for sendMessage [`FakeTelegram::fail_next_send`] / [`FakeTelegram::fail_send_after`]
+//! (injected failures, counted by [`FakeTelegram::served_send_failures`]),
+//! [`FakeTelegram::hang_next_sends`] (never answered) and [`FakeTelegram::hold_sends`] (held
+//! until released, then answered).
 //!
 //! Like `fake_llm`, the server runs on its own thread with its own current-thread runtime, so
 //! blocking test code cannot starve it; it stops when the last handle is dropped.
