@@ -61,6 +61,9 @@ pub struct Metrics {
     active_sessions: AtomicU64,
     session_workers: AtomicU64,
     open_sessions: AtomicU64,
+    /// Closed deliveries (SPEC §16.1), by status: done, failed, unknown.
+    deliveries: Family,
+    deliveries_pending: AtomicU64,
     message_duration: Histogram,
     llm_call_duration: Histogram,
 }
@@ -85,6 +88,8 @@ impl Metrics {
             active_sessions: AtomicU64::new(0),
             session_workers: AtomicU64::new(0),
             open_sessions: AtomicU64::new(0),
+            deliveries: Family::new(&["status"]),
+            deliveries_pending: AtomicU64::new(0),
             message_duration: Histogram::new(DURATION_BUCKETS),
             llm_call_duration: Histogram::new(DURATION_BUCKETS),
         }
@@ -139,6 +144,29 @@ impl Metrics {
         self.session_workers
             .store(workers as u64, Ordering::Relaxed);
         self.open_sessions.store(open as u64, Ordering::Relaxed);
+    }
+
+    /// A delivery was queued in the outbox.
+    pub fn delivery_queued(&self) {
+        self.deliveries_pending.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A queued delivery is over: closed with `status` (`done`, `failed`, `unknown`), or left
+    /// open by a shutdown (`None`).
+    pub fn delivery_over(&self, status: Option<&str>) {
+        let _ = self
+            .deliveries_pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+        if let Some(s) = status {
+            self.deliveries.inc(&[s]);
+        }
+    }
+
+    /// Deliveries queued or in flight.
+    pub fn deliveries_pending(&self) -> u64 {
+        self.deliveries_pending.load(Ordering::Relaxed)
     }
 
     /// Prometheus text format 0.0.4, every name prefixed `agentd_`.
@@ -219,6 +247,19 @@ impl Metrics {
             "Session handles holding their trail file open.",
             self.open_sessions.load(Ordering::Relaxed),
         );
+        gauge(
+            &mut out,
+            "agentd_deliveries_pending",
+            "Outbox deliveries queued, in flight or waiting to retry.",
+            self.deliveries_pending.load(Ordering::Relaxed),
+        );
+        header(
+            &mut out,
+            "agentd_deliveries_total",
+            "counter",
+            "Outbox deliveries closed, by status (done, failed, unknown).",
+        );
+        self.deliveries.render(&mut out, "agentd_deliveries_total");
         header(
             &mut out,
             "agentd_message_duration_seconds",
@@ -537,6 +578,22 @@ mod tests {
             ),
             Some(0.0)
         );
+    }
+
+    #[test]
+    fn deliveries_pending_and_closed() {
+        let m = Metrics::new();
+        m.delivery_queued();
+        m.delivery_queued();
+        m.delivery_over(Some("failed"));
+        let samples = parse(&m.render());
+        assert_eq!(value(&samples, "agentd_deliveries_pending", &[]), Some(1.0));
+        assert_eq!(
+            value(&samples, "agentd_deliveries_total", &[("status", "failed")]),
+            Some(1.0)
+        );
+        m.delivery_over(None);
+        assert_eq!(m.deliveries_pending(), 0);
     }
 
     #[test]

@@ -103,6 +103,7 @@ struct Inner {
     last_finished: Option<Msg>,
     queue_depth: usize,
     channels: BTreeMap<String, Value>,
+    deliveries: DeliveryCounts,
     /// When the monitor started: the `updated_at` of the idle state before any message.
     created_at: DateTime<Utc>,
 }
@@ -176,6 +177,16 @@ struct View<'a> {
     active: Vec<MsgView<'a>>,
     queue_depth: usize,
     channels: &'a BTreeMap<String, Value>,
+    deliveries: DeliveryCounts,
+}
+
+/// Outbox deliveries (SPEC §16.1): queued or retrying now, and closed unsuccessfully since
+/// the start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DeliveryCounts {
+    pub pending: u64,
+    pub failed: u64,
+    pub unknown: u64,
 }
 
 static NO_TURNS: VecDeque<TurnRecord> = VecDeque::new();
@@ -209,6 +220,7 @@ impl Inner {
                 .collect(),
             queue_depth: self.queue_depth,
             channels: &self.channels,
+            deliveries: self.deliveries,
         }
     }
 
@@ -262,6 +274,7 @@ impl Monitor {
                 last_finished: None,
                 queue_depth: 0,
                 channels: BTreeMap::new(),
+                deliveries: DeliveryCounts::default(),
                 created_at: Utc::now(),
             }),
             writer,
@@ -387,6 +400,15 @@ impl Monitor {
         let mut inner = self.lock();
         if inner.queue_depth != n {
             inner.queue_depth = n;
+            self.publish(&mut inner);
+        }
+    }
+
+    /// Outbox delivery counts.
+    pub fn set_deliveries(&self, d: DeliveryCounts) {
+        let mut inner = self.lock();
+        if inner.deliveries != d {
+            inner.deliveries = d;
             self.publish(&mut inner);
         }
     }

@@ -130,6 +130,7 @@ fn walk(
     let http = channels::http(&mut root);
     let behavior = sections::behavior(&mut root);
     let budget = sections::budget(&mut root);
+    let delivery = sections::delivery(&mut root);
     let tools = tools::tools(&mut root, config_dir, &agent.workspace);
     // SPEC §16.8: the tools may not write the state or config directory, so scratch space
     // there would be unusable.
@@ -185,6 +186,7 @@ fn walk(
         telegram,
         behavior,
         budget,
+        delivery,
         tools,
         memory,
         paths: super::types::PathsConfig { state_dir },

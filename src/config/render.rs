@@ -144,6 +144,12 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("daily_usd", num(cfg.budget.daily_usd));
     r.kv("monthly_usd", num(cfg.budget.monthly_usd));
 
+    r.table("delivery");
+    r.kv(
+        "retry_minutes",
+        (cfg.delivery.retry.as_secs() / 60).to_string(),
+    );
+
     let tl = &cfg.tools;
     r.table("tools");
     match &tl.enabled {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::paths::{expand_tilde, resolve};
 use super::types::{
-    AgentConfig, BehaviorConfig, BudgetConfig, CompactionConfig, ContextConfig, LoggingConfig,
-    MemoryConfig, RetentionConfig, SkillsConfig, TierFiles,
+    AgentConfig, BehaviorConfig, BudgetConfig, CompactionConfig, ContextConfig, DeliveryConfig,
+    LoggingConfig, MemoryConfig, RetentionConfig, SkillsConfig, TierFiles,
 };
 use super::walker::Section;
 
@@ -180,6 +180,15 @@ pub fn budget(root: &mut Section<'_>) -> BudgetConfig {
         per_message_usd: s.number("per_message_usd", 0.0, f64::MAX).unwrap_or(0.0),
         daily_usd: s.number("daily_usd", 0.0, f64::MAX).unwrap_or(0.0),
         monthly_usd: s.number("monthly_usd", 0.0, f64::MAX).unwrap_or(0.0),
+    }
+}
+
+/// `[delivery]`.
+pub fn delivery(root: &mut Section<'_>) -> DeliveryConfig {
+    let mut s = root.section("delivery");
+    let minutes: u64 = s.int("retry_minutes", 1).unwrap_or(10);
+    DeliveryConfig {
+        retry: Duration::from_secs(minutes.saturating_mul(60)),
     }
 }
 

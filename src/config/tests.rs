@@ -241,6 +241,29 @@ fn minimal_config_gets_every_default() {
 }
 
 #[test]
+fn delivery_retry_minutes_defaults_to_10_and_must_be_positive() {
+    assert_eq!(
+        minimal_with_key().ok().delivery.retry,
+        Duration::from_secs(600)
+    );
+    let mut f = Fixture::new(&format!("{MINIMAL}[delivery]\nretry_minutes = 2\n"));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "sk-test-SECRET");
+    assert_eq!(f.ok().delivery.retry, Duration::from_secs(120));
+    let mut f = Fixture::new(&format!("{MINIMAL}[delivery]\nretry_minutes = 0\n"));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "sk-test-SECRET");
+    assert!(
+        has(
+            &f.problems(),
+            "delivery.retry_minutes: expected an integer ≥ 1"
+        ),
+        "{:?}",
+        f.problems()
+    );
+}
+
+#[test]
 fn three_mistakes_are_reported_together_with_key_paths() {
     let f = Fixture::new(
         r#"

@@ -29,6 +29,7 @@ pub struct Config {
     pub telegram: TelegramConfig,
     pub behavior: BehaviorConfig,
     pub budget: BudgetConfig,
+    pub delivery: DeliveryConfig,
     pub tools: ToolsConfig,
     pub memory: MemoryConfig,
     pub paths: PathsConfig,
@@ -260,6 +261,21 @@ pub struct BehaviorConfig {
     /// Characters.
     pub output_truncation: usize,
     pub compaction: CompactionConfig,
+}
+
+/// `[delivery]` (SPEC §16.1): how long the outbox retries a part that failed retryably.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeliveryConfig {
+    /// `retry_minutes` (default 10, at least 1).
+    pub retry: Duration,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> DeliveryConfig {
+        DeliveryConfig {
+            retry: Duration::from_secs(600),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

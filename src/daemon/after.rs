@@ -1,5 +1,5 @@
-//! The steps after a message (SPEC §5.2, §5.5, §10.2): deliver the reply with intent/done
-//! records, count it, send the webhook, tell whoever waits for it. (The compaction check and
+//! The steps after a message (SPEC §5.2, §5.5, §10.2): deliver the reply through the outbox
+//! (§16.1: intent, attempt/sent per part, retries, done/failed/unknown), count it, send the webhook, tell whoever waits for it. (The compaction check and
 //! the snapshot follow, in the worker, once all of this is out.)
 
 use std::collections::HashMap;
@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use super::delivery::{Outbound, Target};
+use super::delivery::{Outbound, Progress, Target};
 use crate::agent::{Finish, Work};
 use crate::channels::intake::{Completion, reply_text};
 use crate::metrics::{Metrics, Outcome};
@@ -54,6 +55,91 @@ pub struct AfterMessage {
     pub webhook: Option<crate::api::webhook::Webhook>,
     pub metrics: Arc<Metrics>,
     pub waiters: Waiters,
+    /// The outbox's retry rule (SPEC §16.1).
+    pub retry: RetryPolicy,
+    /// Deliveries run as tasks of this tracker (shutdown waits for them; the abort token ends
+    /// their retry waits).
+    pub tracker: TaskTracker,
+    pub lanes: Arc<Lanes>,
+    pub stats: Arc<DeliveryStats>,
+}
+
+/// Outbox counts in the monitor and `/metrics` (SPEC §16.1): pending now, failed and unknown
+/// since the start.
+pub struct DeliveryStats {
+    pub metrics: Arc<Metrics>,
+    pub monitor: Arc<crate::monitor::Monitor>,
+    pub counts: std::sync::Mutex<crate::monitor::DeliveryCounts>,
+}
+
+impl DeliveryStats {
+    fn update(&self, f: impl FnOnce(&mut crate::monitor::DeliveryCounts)) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut c);
+        self.monitor.set_deliveries(*c);
+    }
+
+    fn queued(&self) {
+        self.metrics.delivery_queued();
+        self.update(|c| c.pending += 1);
+    }
+
+    fn over(&self, status: Option<DeliveryStatus>) {
+        let name = status.map(|s| match s {
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Unknown => "unknown",
+            _ => "done",
+        });
+        self.metrics.delivery_over(name);
+        self.update(|c| {
+            c.pending = c.pending.saturating_sub(1);
+            match status {
+                Some(DeliveryStatus::Failed) => c.failed += 1,
+                Some(DeliveryStatus::Unknown) => c.unknown += 1,
+                _ => {}
+            }
+        });
+    }
+}
+
+/// One delivery lane per session: a session's deliveries run one after the other, in the
+/// order their replies were made, outside the session's worker — a delivery that retries for
+/// minutes does not hold the session's next message. Entries go when their lane runs dry.
+#[derive(Default)]
+pub struct Lanes {
+    map: std::sync::Mutex<HashMap<String, (u64, oneshot::Receiver<()>)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Lanes {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, oneshot::Receiver<()>)>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Join `session`'s lane: the delivery before this one (to wait for), this one's number,
+    /// and the sender that tells the next one this one is over.
+    fn join(&self, session: &str) -> (Option<oneshot::Receiver<()>>, u64, oneshot::Sender<()>) {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let prev = self
+            .map()
+            .insert(session.to_string(), (n, rx))
+            .map(|(_, rx)| rx);
+        (prev, n, tx)
+    }
+
+    /// Delivery `n` of `session` is over; the lane goes if no later one joined.
+    fn leave(&self, session: &str, n: u64) {
+        let mut map = self.map();
+        if map.get(session).is_some_and(|(m, _)| *m == n) {
+            map.remove(session);
+        }
+    }
+
+    /// Sessions with a delivery queued or in flight.
+    pub fn busy(&self) -> usize {
+        self.map().len()
+    }
 }
 
 impl AfterMessage {
@@ -66,8 +152,8 @@ impl AfterMessage {
         finish: Finish,
         started: Instant,
     ) {
-        if let (Some(target), Some(d), Some(text)) = (target, &self.outbound, reply_text(&finish)) {
-            deliver_recorded(session, d.as_ref(), target, &work.ids(), text).await;
+        if let (Some(target), Some(text)) = (target, reply_text(&finish)) {
+            self.deliver(session, target, work.ids(), text.to_string(), None);
         }
         let source = work.intakes.first().map_or("", |i| i.source.as_str());
         self.metrics
@@ -84,6 +170,43 @@ impl AfterMessage {
                 finish,
             },
         );
+    }
+
+    /// Queue a delivery (a new reply, or with `resume` one a restart left open) on the
+    /// session's lane; it runs in the background (see [`Lanes`]).
+    pub fn deliver(
+        &self,
+        session: &Arc<SessionHandle>,
+        target: &Target,
+        ids: Vec<String>,
+        text: String,
+        resume: Option<Progress>,
+    ) {
+        let Some(d) = self.outbound.clone() else {
+            return;
+        };
+        let (prev, n, done) = self.lanes.join(&session.id);
+        let (session, target, retry) = (session.clone(), target.clone(), self.retry.clone());
+        let (lanes, stats) = (self.lanes.clone(), self.stats.clone());
+        stats.queued();
+        self.tracker.spawn(async move {
+            if let Some(prev) = prev {
+                let _ = prev.await;
+            }
+            let status = deliver_recorded(
+                &session,
+                d.as_ref(),
+                &target,
+                &ids,
+                &text,
+                &retry,
+                resume.as_ref(),
+            )
+            .await;
+            stats.over(status);
+            lanes.leave(&session.id, n);
+            let _ = done.send(());
+        });
     }
 
     /// "typing…" on `target` until the returned token is cancelled (when enabled).
@@ -126,34 +249,162 @@ pub fn log_finish(session_id: &str, finish: &Finish) {
     }
 }
 
-/// Record the intent, send, record the outcome (SPEC §5.2).
+/// How long the outbox keeps retrying a part, and what stops it early (shutdown: the
+/// delivery stays open and resumes after the restart).
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub within: Duration,
+    pub abort: CancellationToken,
+}
+
+/// First backoff wait; it doubles per try up to [`MAX_BACKOFF`], jittered ±50 %.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.5..1.5))
+}
+
+/// How one part ended.
+enum PartEnd {
+    Sent,
+    /// Closing status and why.
+    Closed(DeliveryStatus, String),
+    /// Shutdown while waiting to retry: nothing more is recorded.
+    Aborted,
+}
+
+/// Send one part, retrying what may be retried (SPEC §16.1) until `policy.within` has passed.
+async fn send_with_retry(
+    d: &dyn Outbound,
+    target: &Target,
+    part: &str,
+    policy: &RetryPolicy,
+    session_id: &str,
+) -> PartEnd {
+    use crate::tools::outbound::PartError;
+    let deadline = Instant::now() + policy.within;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let sent = tokio::select! {
+            biased;
+            // The shutdown deadline: the part stays `attempt`ed without `sent` (never resent).
+            _ = policy.abort.cancelled() => return PartEnd::Aborted,
+            r = d.send_part(target, part) => r,
+        };
+        let (after, error) = match sent {
+            Ok(()) => return PartEnd::Sent,
+            Err(PartError::Unknown(e)) => return PartEnd::Closed(DeliveryStatus::Unknown, e),
+            Err(PartError::Failed(e)) => return PartEnd::Closed(DeliveryStatus::Failed, e),
+            Err(PartError::Retry { after, error }) => (after, error),
+        };
+        let wait = match after {
+            Some(a) => a + jittered(Duration::from_millis(200)),
+            None => jittered(backoff),
+        };
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+        if Instant::now() + wait > deadline {
+            return PartEnd::Closed(
+                DeliveryStatus::Failed,
+                format!(
+                    "{error} (gave up after {} s of retries)",
+                    policy.within.as_secs()
+                ),
+            );
+        }
+        tracing::warn!(session = %session_id, channel = target.channel(), %error,
+            retry_in_ms = wait.as_millis() as u64, "delivery failed; retrying");
+        tokio::select! {
+            _ = policy.abort.cancelled() => return PartEnd::Aborted,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Deliver `text` through the outbox (SPEC §16.1): an `intent` with the number of parts, per
+/// part an `attempt` before it is sent and `sent` after the channel accepted it, then `done` —
+/// or `failed`/`unknown` at the first part that could not be delivered (later parts are not
+/// sent, so the order holds). With `resume`, parts already `sent` or `attempt`ed are skipped
+/// and no new intent is written.
 pub async fn deliver_recorded(
     session: &Arc<SessionHandle>,
     d: &dyn Outbound,
     target: &Target,
     ids: &[String],
     text: &str,
-) {
-    let record = |status, detail| Event::Delivery {
+    policy: &RetryPolicy,
+    resume: Option<&Progress>,
+) -> Option<DeliveryStatus> {
+    let record = |status, detail, parts, part| Event::Delivery {
         reply_to: ids.to_vec(),
         channel: target.channel().to_string(),
         status,
         detail,
+        parts,
+        part,
     };
-    if let Err(e) = crate::agent::append(session, record(DeliveryStatus::Intent, None)).await {
+    let parts = d.parts(target, text);
+    if resume.is_none()
+        && let Err(e) = crate::agent::append(
+            session,
+            record(DeliveryStatus::Intent, None, Some(parts.len()), None),
+        )
+        .await
+    {
         tracing::error!(session = %session.id, error = %e, "cannot record delivery intent; not sending");
-        return;
+        return None;
     }
-    let (status, detail) = match d.send_text(target, text).await {
-        Ok(_) => (DeliveryStatus::Done, None),
-        Err(e) => {
-            tracing::warn!(session = %session.id, channel = target.channel(), error = %e, "delivery failed");
-            (DeliveryStatus::Failed, Some(e))
+    let mut close = (DeliveryStatus::Done, None, None);
+    for (i, part) in parts.iter().enumerate() {
+        if let Some(p) = resume
+            && !p.todo(i)
+        {
+            if !p.sent.contains(&i) {
+                tracing::warn!(session = %session.id, part = i, ?ids,
+                    "a part was being sent when agentd stopped; not sending it again");
+                close = (
+                    DeliveryStatus::Unknown,
+                    Some(format!("part {i} was being sent when agentd stopped")),
+                    Some(i),
+                );
+            }
+            continue;
         }
-    };
-    if let Err(e) = crate::agent::append(session, record(status, detail)).await {
+        if policy.abort.is_cancelled() {
+            // Past the shutdown deadline: left open, resumed after the restart.
+            return None;
+        }
+        if let Err(e) = crate::agent::append(
+            session,
+            record(DeliveryStatus::Attempt, None, None, Some(i)),
+        )
+        .await
+        {
+            tracing::error!(session = %session.id, error = %e, "cannot record a delivery attempt; not sending");
+            return None;
+        }
+        match send_with_retry(d, target, part, policy, &session.id).await {
+            PartEnd::Sent => {
+                if let Err(e) =
+                    crate::agent::append(session, record(DeliveryStatus::Sent, None, None, Some(i)))
+                        .await
+                {
+                    tracing::error!(session = %session.id, error = %e, "cannot record a sent part");
+                }
+            }
+            PartEnd::Aborted => return None,
+            PartEnd::Closed(status, e) => {
+                tracing::warn!(session = %session.id, channel = target.channel(), part = i, error = %e, ?status, "delivery failed");
+                close = (status, Some(e), Some(i));
+                break;
+            }
+        }
+    }
+    let (status, detail, part) = close;
+    if let Err(e) = crate::agent::append(session, record(status, detail, None, part)).await {
         tracing::error!(session = %session.id, error = %e, "cannot record delivery outcome");
     }
+    Some(status)
 }
 
 /// "typing…" every 4 s until the returned token is cancelled.
@@ -198,5 +449,28 @@ fn webhook_payload(
         silent,
         tokens: (&usage).into(),
         notify_meta: first.and_then(|i| i.notify_meta.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lanes_chain_per_session_and_go_when_dry() {
+        let lanes = Lanes::default();
+        let (p1, n1, done1) = lanes.join("s");
+        assert!(p1.is_none());
+        let (p2, n2, done2) = lanes.join("s");
+        let p2 = p2.expect("the second waits for the first");
+        let (p3, _, _) = lanes.join("t");
+        assert!(p3.is_none(), "another session has its own lane");
+        lanes.leave("s", n1);
+        assert_eq!(lanes.busy(), 2, "s still has the second delivery");
+        let _ = done1.send(());
+        p2.await.expect("released by the first");
+        lanes.leave("s", n2);
+        let _ = done2.send(());
+        assert_eq!(lanes.busy(), 1, "only t is left");
     }
 }

@@ -1,6 +1,9 @@
-//! Where replies go (SPEC §5.6) and how they get there idempotently (SPEC §5.2): a `delivery`
-//! intent is recorded before each send and `done`/`failed` after it; a restart never repeats a
-//! send that has an intent record.
+//! Where replies go (SPEC §5.6) and what a trail says about their delivery (SPEC §5.2, §16.1):
+//! an `intent` before the first send, `attempt`/`sent` around each part, `done`, `failed` or
+//! `unknown` to close it. On restart a `sent` part is skipped, an `attempt`ed part without
+//! `sent` is never sent again, and the rest are sent.
+
+use std::collections::BTreeSet;
 
 use crate::agent::Work;
 use crate::config::Config;
@@ -27,27 +30,82 @@ pub fn target_for(work: &Work, cfg: &Config) -> Option<Target> {
     }
 }
 
-/// `(replies to send: (ids, text)), (ids whose send is uncertain)`.
-pub type Undelivered = (Vec<(Vec<String>, String)>, Vec<Vec<String>>);
+/// How far a reply's delivery got, by its `delivery` records (SPEC §16.1).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Parts accepted by the channel: skipped on resume.
+    pub sent: BTreeSet<usize>,
+    /// Parts attempted without a `sent` record: never sent again (at most once, §5.2).
+    pub attempted: BTreeSet<usize>,
+}
+
+impl Progress {
+    /// Whether part `i` still needs a send.
+    pub fn todo(&self, i: usize) -> bool {
+        !self.sent.contains(&i) && !self.attempted.contains(&i)
+    }
+}
+
+/// A reply whose delivery is not closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub ids: Vec<String>,
+    pub text: String,
+    /// `None`: never started (send it whole). `Some`: resume it part by part.
+    pub progress: Option<Progress>,
+    /// When the reply was recorded (the trail line's `ts`).
+    pub ts: String,
+}
+
+/// `(replies to send or resume), (ids whose send is uncertain: an intent written before the
+/// outbox, without parts, and no outcome)`.
+pub type Undelivered = (Vec<Pending>, Vec<Vec<String>>);
 
 /// Replies of a trail that still need a send: final, non-silent assistant messages and
-/// failures whose ids have no `delivery` record at all. Those with an intent but no outcome
-/// are returned separately: they are logged, never repeated.
+/// failures whose delivery is not closed by `done`/`failed`/`unknown`. Those never started are
+/// sent whole; those with an `intent` resume with their [`Progress`]. A legacy intent (no
+/// `parts`) with no outcome is returned separately: logged, never repeated.
 pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
     use std::collections::HashMap;
-    let mut status: HashMap<&str, DeliveryStatus> = HashMap::new();
+    #[derive(Default)]
+    struct State {
+        started: bool,
+        legacy: bool,
+        closed: bool,
+        progress: Progress,
+    }
+    let mut state: HashMap<&str, State> = HashMap::new();
     for l in lines {
         if let Event::Delivery {
             reply_to,
-            status: s,
+            status,
+            parts,
+            part,
             ..
         } = &l.event
         {
-            for id in reply_to {
-                let e = status.entry(id.as_str()).or_insert(*s);
-                if *s != DeliveryStatus::Intent {
-                    *e = *s;
+            let Some(first) = reply_to.first() else {
+                continue;
+            };
+            let st = state.entry(first.as_str()).or_default();
+            match status {
+                DeliveryStatus::Intent => {
+                    st.started = true;
+                    st.legacy = parts.is_none();
                 }
+                DeliveryStatus::Attempt => {
+                    if let Some(p) = part {
+                        st.progress.attempted.insert(*p);
+                    }
+                }
+                DeliveryStatus::Sent => {
+                    if let Some(p) = part {
+                        st.progress.attempted.remove(p);
+                        st.progress.sent.insert(*p);
+                    }
+                }
+                s if s.closes() => st.closed = true,
+                _ => {}
             }
         }
     }
@@ -65,10 +123,21 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
             _ => continue,
         };
         let Some(first) = ids.first() else { continue };
-        match status.get(first.as_str()) {
-            None => todo.push((ids.clone(), text)),
-            Some(DeliveryStatus::Intent) => uncertain.push(ids.clone()),
-            Some(_) => {}
+        match state.get(first.as_str()) {
+            None => todo.push(Pending {
+                ids: ids.clone(),
+                text,
+                progress: None,
+                ts: l.ts.clone(),
+            }),
+            Some(st) if st.closed => {}
+            Some(st) if st.legacy || !st.started => uncertain.push(ids.clone()),
+            Some(st) => todo.push(Pending {
+                ids: ids.clone(),
+                text,
+                progress: Some(st.progress.clone()),
+                ts: l.ts.clone(),
+            }),
         }
     }
     (todo, uncertain)
@@ -108,7 +177,41 @@ mod tests {
             channel: "telegram".into(),
             status: s,
             detail: None,
+            parts: None,
+            part: None,
         }
+    }
+
+    fn part(id: &str, s: DeliveryStatus, parts: Option<usize>, part: Option<usize>) -> Event {
+        Event::Delivery {
+            reply_to: vec![id.into()],
+            channel: "telegram".into(),
+            status: s,
+            detail: None,
+            parts,
+            part,
+        }
+    }
+
+    #[test]
+    fn resumes_parts_skipping_sent_and_attempted() {
+        use DeliveryStatus::*;
+        let lines = vec![
+            line(1, fin("a", "three parts", false)),
+            line(2, part("a", Intent, Some(3), None)),
+            line(3, part("a", Attempt, None, Some(0))),
+            line(4, part("a", Sent, None, Some(0))),
+            line(5, part("a", Attempt, None, Some(1))),
+            line(6, fin("b", "closed", false)),
+            line(7, part("b", Intent, Some(1), None)),
+            line(8, part("b", Attempt, None, Some(0))),
+            line(9, part("b", Unknown, None, Some(0))),
+        ];
+        let (todo, uncertain) = undelivered(&lines);
+        assert!(uncertain.is_empty());
+        assert_eq!(todo.len(), 1, "{todo:?}");
+        let p = todo[0].progress.clone().unwrap();
+        assert!(!p.todo(0) && !p.todo(1) && p.todo(2), "{p:?}");
     }
 
     #[test]
@@ -131,11 +234,15 @@ mod tests {
             ),
         ];
         let (todo, uncertain) = undelivered(&lines);
+        let todo: Vec<_> = todo
+            .into_iter()
+            .map(|p| (p.ids, p.text, p.progress))
+            .collect();
         assert_eq!(
             todo,
             vec![
-                (vec!["b".to_string()], "lost b".to_string()),
-                (vec!["e".to_string()], "sorry".to_string())
+                (vec!["b".to_string()], "lost b".to_string(), None),
+                (vec!["e".to_string()], "sorry".to_string(), None)
             ]
         );
         assert_eq!(uncertain, vec![vec!["c".to_string()]]);

@@ -331,13 +331,17 @@ impl IntakeHandler {
 }
 
 impl IntakeHandler {
-    /// Deliver replies that a crash left unsent (no `delivery` record at all). A reply with an
-    /// intent but no outcome is NOT sent again — Telegram has no idempotency key — only logged.
-    pub async fn recover_deliveries(&self) {
-        let Some(outbound) = self.dispatcher.outbound() else {
-            return;
-        };
-        for (key, entry) in self.store.index() {
+    /// The deliveries a crash left open (SPEC §16.1, §16.2), for every channel: replies never
+    /// started, and started ones with their progress. Read before `recover` queues any work,
+    /// so no reply made by this run is taken for one a crash left unsent; sent by
+    /// [`Self::resume_deliveries`] after READY.
+    pub async fn open_deliveries(&self) -> Vec<OpenDelivery> {
+        let mut open = Vec::new();
+        if self.dispatcher.outbound().is_none() {
+            return open;
+        }
+        let window = self.dispatcher.delivery_retry().within;
+        for (key, _) in self.store.index() {
             let store = self.store.clone();
             let k = key.clone();
             let Ok(Ok(Some(session))) = tokio::task::spawn_blocking(move || store.get(&k)).await
@@ -352,7 +356,13 @@ impl IntakeHandler {
             for ids in uncertain {
                 tracing::warn!(session_key = %key, ?ids, "a reply was being sent when agentd stopped; not sending it again");
             }
-            for (ids, text) in todo {
+            for super::delivery::Pending {
+                ids,
+                text,
+                progress,
+                ts,
+            } in todo
+            {
                 let intakes: Vec<Intake> = lines
                     .iter()
                     .filter_map(|l| match &l.event {
@@ -360,9 +370,15 @@ impl IntakeHandler {
                         _ => None,
                     })
                     .collect();
-                // Only Telegram messages: their target was fixed when they arrived. (A FIFO
-                // sender who became a contact later must not get old replies.)
-                if intakes.first().is_none_or(|i| i.source != Source::Telegram) {
+                // A Telegram message's target was fixed when it arrived. For the FIFO and the
+                // scheduler the target is today's contact list, so a reply never started goes
+                // out only if it is younger than the retry window: a sender who became a
+                // contact later must not get weeks-old replies. (A started one resumes: its
+                // intent proves the target held then.)
+                let from_telegram = intakes
+                    .first()
+                    .is_some_and(|i| i.source == Source::Telegram);
+                if progress.is_none() && !from_telegram && !recent(&ts, window) {
                     continue;
                 }
                 let work = Work {
@@ -370,19 +386,48 @@ impl IntakeHandler {
                     resume: false,
                 };
                 if let Some(target) = super::delivery::target_for(&work, &self.cfg) {
-                    tracing::info!(session_key = %key, session = %entry.session_id, "delivering a reply left unsent by a restart");
-                    super::workers::deliver_recorded(
-                        &session,
-                        outbound.as_ref(),
-                        &target,
-                        &ids,
-                        &text,
-                    )
-                    .await;
+                    open.push(OpenDelivery {
+                        key: key.clone(),
+                        session: session.clone(),
+                        target,
+                        ids,
+                        text,
+                        progress,
+                    });
                 }
             }
         }
+        open
     }
+
+    /// Queue the deliveries [`Self::open_deliveries`] found on their sessions' lanes; they run
+    /// in the background (READY never waits on Telegram).
+    pub fn resume_deliveries(&self, open: Vec<OpenDelivery>) {
+        for o in open {
+            tracing::info!(session_key = %o.key, session = %o.session.id, resumed = o.progress.is_some(),
+                "delivering a reply left unsent by a restart");
+            self.dispatcher
+                .deliver(&o.session, &o.target, o.ids, o.text, o.progress);
+        }
+    }
+}
+
+/// A delivery a crash left open.
+pub struct OpenDelivery {
+    key: String,
+    session: Arc<crate::session::SessionHandle>,
+    target: super::delivery::Target,
+    ids: Vec<String>,
+    text: String,
+    progress: Option<super::delivery::Progress>,
+}
+
+/// Whether the trail time `ts` is at most `within` ago.
+fn recent(ts: &str, within: std::time::Duration) -> bool {
+    chrono::DateTime::parse_from_rfc3339(ts).is_ok_and(|t| {
+        let age = chrono::Utc::now().signed_duration_since(t);
+        age.to_std().map_or(true, |age| age <= within)
+    })
 }
 
 impl IntakeSink for IntakeHandler {

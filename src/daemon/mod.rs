@@ -128,8 +128,10 @@ pub async fn run(
     let notifier = notify::Notifier::from_env();
     let tasks = Tasks::default();
     let s = Services::build(Arc::new(cfg), &tasks, started).await?;
-    // Replies a crash left unsent first, then unfinished work, then new input.
-    s.intake.recover_deliveries().await;
+    // Deliveries a crash left open are found first (before any new reply exists), resumed in
+    // the background once READY is out (SPEC §16.2: READY never waits on Telegram); then
+    // unfinished work, then new input.
+    let open_deliveries = s.intake.open_deliveries().await;
     s.intake.recover().await;
     let watch = sources::start(&s, &tasks, &opts.extra_sources).await?;
     tracing::info!(
@@ -147,6 +149,7 @@ pub async fn run(
         s.cfg.models.loaded.len(),
         s.cfg.models.skipped.len()
     ));
+    s.intake.resume_deliveries(open_deliveries);
     let died = lifecycle::serve(
         &s,
         &mut signals,

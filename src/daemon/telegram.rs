@@ -9,14 +9,14 @@ use futures::future::BoxFuture;
 
 use super::delivery::{Outbound, Target};
 use super::intake::{AcceptError, IntakeHandler};
-use crate::tools::outbound::FileKind;
+use crate::tools::outbound::{FileKind, PartError};
 
 /// The answer to a Telegram message refused because its session's queue is full.
 const BUSY_REPLY: &str =
     "I'm busy with earlier messages; this one was not taken. Please send it again in a moment.";
 use super::services::{Services, Tasks};
 use super::workers::Dispatcher;
-use crate::channels::telegram::client::{FileKind as TgFileKind, TelegramClient};
+use crate::channels::telegram::client::{FileKind as TgFileKind, SendFault, TelegramClient};
 use crate::channels::telegram::inbound::{TgCommand, TgInbound, TgMediaKind};
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
@@ -193,6 +193,35 @@ impl TgOutbound {
 }
 
 impl Outbound for TgOutbound {
+    fn parts(&self, _to: &Target, text: &str) -> Vec<String> {
+        TelegramClient::parts(text, self.cfg.telegram.text_chunk_limit)
+    }
+
+    fn send_part<'a>(
+        &'a self,
+        to: &'a Target,
+        part: &'a str,
+    ) -> BoxFuture<'a, Result<(), PartError>> {
+        Box::pin(async move {
+            let Target::Telegram { chat_id } = to;
+            match self
+                .client
+                .send_part(*chat_id, part, self.cfg.telegram.format)
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) => Err(match e.send_fault() {
+                    SendFault::Retry(after) => PartError::Retry {
+                        after,
+                        error: e.to_string(),
+                    },
+                    SendFault::Unknown => PartError::Unknown(e.to_string()),
+                    SendFault::Fatal => PartError::Failed(e.to_string()),
+                }),
+            }
+        })
+    }
+
     fn send_text<'a>(
         &'a self,
         to: &'a Target,

@@ -121,12 +121,23 @@ impl Dispatcher {
             outbound,
         } = deps;
         Arc::new(Dispatcher {
-            queue: Queue::new(&cfg.behavior, monitor),
+            queue: Queue::new(&cfg.behavior, monitor.clone()),
             after: AfterMessage {
                 outbound,
                 webhook,
-                metrics,
+                metrics: metrics.clone(),
                 waiters: Waiters::default(),
+                retry: super::after::RetryPolicy {
+                    within: cfg.delivery.retry,
+                    abort: abort.clone(),
+                },
+                tracker: tracker.clone(),
+                lanes: Default::default(),
+                stats: Arc::new(super::after::DeliveryStats {
+                    metrics: metrics.clone(),
+                    monitor: monitor.clone(),
+                    counts: Default::default(),
+                }),
             },
             cfg,
             runner,
@@ -143,6 +154,23 @@ impl Dispatcher {
     /// The channel that delivers replies (Telegram), if any.
     pub fn outbound(&self) -> Option<Arc<dyn Outbound>> {
         self.after.outbound.clone()
+    }
+
+    /// The outbox's retry rule (SPEC §16.1), for deliveries resumed after a restart.
+    pub fn delivery_retry(&self) -> super::after::RetryPolicy {
+        self.after.retry.clone()
+    }
+
+    /// Queue a delivery on its session's lane (see `after::Lanes`).
+    pub fn deliver(
+        &self,
+        session: &Arc<SessionHandle>,
+        target: &super::delivery::Target,
+        ids: Vec<String>,
+        text: String,
+        resume: Option<super::delivery::Progress>,
+    ) {
+        self.after.deliver(session, target, ids, text, resume);
     }
 
     /// Jobs queued and not yet started.
@@ -474,8 +502,6 @@ impl Dispatcher {
         });
     }
 }
-
-pub use super::after::deliver_recorded;
 
 #[cfg(test)]
 mod tests {

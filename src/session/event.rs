@@ -41,13 +41,22 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         notice: Option<String>,
     },
-    /// A reply delivery: `intent` before the send, `done`/`failed` after it.
+    /// A reply delivery (SPEC §16.1): `intent` (with the number of `parts`) before the first
+    /// send; per part an `attempt` before it is sent and `sent` once the channel accepted it;
+    /// `done`, `failed` or `unknown` closes it. (Trails written before the outbox have
+    /// `intent` and `done`/`failed` without parts.)
     Delivery {
         reply_to: Vec<String>,
         channel: String,
         status: DeliveryStatus,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
+        /// On `intent`: how many parts the reply is sent as.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parts: Option<usize>,
+        /// On `attempt`/`sent` (and a closing `failed`/`unknown`): which part, from 0.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        part: Option<usize>,
     },
     /// Processing of these intake ids failed; `reply` is what the sender was told.
     Failure {
@@ -151,8 +160,23 @@ impl MessageEvent {
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryStatus {
     Intent,
+    Attempt,
+    Sent,
     Done,
     Failed,
+    /// The channel may or may not have delivered a part (a timeout after the request was
+    /// written); it is never sent again.
+    Unknown,
+}
+
+impl DeliveryStatus {
+    /// `done`, `failed` and `unknown` close a delivery.
+    pub fn closes(self) -> bool {
+        matches!(
+            self,
+            DeliveryStatus::Done | DeliveryStatus::Failed | DeliveryStatus::Unknown
+        )
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -228,6 +252,16 @@ mod tests {
             channel: "telegram".into(),
             status: DeliveryStatus::Intent,
             detail: None,
+            parts: Some(2),
+            part: None,
+        });
+        roundtrip(Event::Delivery {
+            reply_to: vec!["i1".into()],
+            channel: "telegram".into(),
+            status: DeliveryStatus::Sent,
+            detail: None,
+            parts: None,
+            part: Some(1),
         });
         roundtrip(Event::Failure {
             reply_to: vec!["i1".into()],

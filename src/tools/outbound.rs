@@ -49,8 +49,30 @@ impl FileKind {
     }
 }
 
+/// Why one part of a reply was not delivered (SPEC §16.1). Texts are one line, no secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartError {
+    /// Nothing was delivered; sending again is safe (not before `after`, when given).
+    Retry {
+        after: Option<std::time::Duration>,
+        error: String,
+    },
+    /// The request was written and its answer lost: the channel may have delivered it.
+    Unknown(String),
+    /// Refused for good.
+    Failed(String),
+}
+
 /// Outbound actions on a channel. Errors are one line, safe to show (no secrets).
 pub trait Outbound: Send + Sync {
+    /// The parts `text` is sent as (formatted and split as the channel needs), in order.
+    fn parts(&self, to: &Target, text: &str) -> Vec<String>;
+    /// Send one part of [`Self::parts`] once, without retrying.
+    fn send_part<'a>(
+        &'a self,
+        to: &'a Target,
+        part: &'a str,
+    ) -> BoxFuture<'a, Result<(), PartError>>;
     /// Send `text` (formatted and split as the channel needs); returns how many messages it
     /// took. Blank text sends nothing.
     fn send_text<'a>(

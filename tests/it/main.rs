@@ -18,6 +18,7 @@ mod http_daemon;
 mod intake_limits;
 mod mcp;
 mod memory;
+mod outbox;
 mod process_hardening;
 mod provider_limits;
 mod retention;

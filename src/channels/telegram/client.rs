@@ -15,8 +15,7 @@ use teloxide::net::Download;
 use teloxide::payloads::setters::*;
 use teloxide::requests::Requester;
 use teloxide::types::{
-    AllowedUpdate, ChatAction, ChatId, FileId, InputFile, MessageId, ParseMode, ReactionType,
-    Update,
+    AllowedUpdate, ChatAction, ChatId, FileId, InputFile, MessageId, ReactionType, Update,
 };
 use teloxide::{ApiError, Bot, RequestError};
 use tokio::io::AsyncWriteExt;
@@ -69,6 +68,12 @@ pub enum TgError {
     /// The HTTP client gave up waiting for an answer.
     #[error("telegram: request timed out")]
     Timeout,
+    /// The request was written but the answer broke off: Telegram may have acted on it.
+    #[error("telegram: the connection broke after the request was sent: {0}")]
+    Broken(String),
+    /// A 5xx answer (Telegram's front end or a proxy).
+    #[error("telegram: server error {0}")]
+    Server(u16),
     /// The answer was not the Bot API's JSON (e.g. a proxy's HTML error page).
     #[error("telegram: unexpected response: {0}")]
     InvalidResponse(String),
@@ -83,6 +88,55 @@ pub enum TgError {
     /// The channel is not usable as configured.
     #[error("[channel.telegram]: {0}")]
     Config(String),
+}
+
+/// What a failed send means for the outbox (SPEC §16.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendFault {
+    /// Nothing was delivered; sending again is safe (after this long, when Telegram said so).
+    Retry(Option<Duration>),
+    /// Telegram may have delivered it; never sent again.
+    Unknown,
+    /// Refused; sending again would fail the same way.
+    Fatal,
+}
+
+impl TgError {
+    /// How the outbox treats this error of a send: connection errors before the request was
+    /// written, 5xx and 429 are retried; a timeout or a broken answer is unknown; the rest fail.
+    pub fn send_fault(&self) -> SendFault {
+        match self {
+            TgError::Network(_) | TgError::Server(_) => SendFault::Retry(None),
+            TgError::RetryAfter(d) => SendFault::Retry(Some(*d)),
+            TgError::Timeout | TgError::Broken(_) => SendFault::Unknown,
+            _ => SendFault::Fatal,
+        }
+    }
+}
+
+/// The Bot API's answer envelope, as far as a raw `sendMessage` needs it.
+#[derive(serde::Deserialize)]
+struct RawAnswer {
+    ok: bool,
+    #[serde(default)]
+    result: Option<RawMessage>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    error_code: Option<u16>,
+    #[serde(default)]
+    parameters: Option<RawParameters>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawMessage {
+    message_id: i32,
+}
+
+#[derive(serde::Deserialize)]
+struct RawParameters {
+    #[serde(default)]
+    retry_after: Option<u64>,
 }
 
 /// What kind of file [`TelegramClient::send_file`] sends.
@@ -300,16 +354,121 @@ impl TelegramClient {
 
     /// One `sendMessage`; returns the message id.
     async fn send_text(&self, chat_id: i64, text: &str, html: bool) -> Result<i32, TgError> {
-        self.with_flood_retry("sendMessage", || async {
-            let req = self.bot.send_message(ChatId(chat_id), text);
-            let req = if html {
-                req.parse_mode(ParseMode::Html)
-            } else {
-                req
-            };
-            req.await.map(|m| m.id.0).map_err(|e| self.map_err(e))
+        self.with_flood_retry("sendMessage", || self.send_message_raw(chat_id, text, html))
+            .await
+    }
+
+    /// One `sendMessage` over teloxide's HTTP client but not through its request code, which
+    /// sleeps 10 s after every 5xx before it returns (`DELAY_ON_SERVER_ERROR`): the outbox's
+    /// own backoff sets the pace (SPEC §16.1). Errors say whether the request was written.
+    async fn send_message_raw(&self, chat_id: i64, text: &str, html: bool) -> Result<i32, TgError> {
+        let mut url = self.bot.api_url();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty();
+            segments.push(&format!("bot{}", self.token.expose_secret()));
+            segments.push("sendMessage");
+        }
+        let mut body = serde_json::json!({ "chat_id": chat_id, "text": text });
+        if html {
+            body["parse_mode"] = "HTML".into();
+        }
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let sent = self
+            .bot
+            .client()
+            .post(url.as_str())
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await;
+        let url_text = url.as_str().to_string();
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) if e.is_connect() => {
+                return Err(TgError::Network(self.scrub_error(&e, Some(&url_text))));
+            }
+            Err(e) if e.is_timeout() => return Err(TgError::Timeout),
+            Err(e) => return Err(TgError::Broken(self.scrub_error(&e, Some(&url_text)))),
+        };
+        let status = response.status().as_u16();
+        let text = match response.text().await {
+            Ok(t) => t,
+            Err(_) if status >= 500 => return Err(TgError::Server(status)),
+            Err(e) if e.is_timeout() => return Err(TgError::Timeout),
+            Err(e) => return Err(TgError::Broken(self.scrub_error(&e, Some(&url_text)))),
+        };
+        let answer: RawAnswer = match serde_json::from_str(&text) {
+            Ok(a) => a,
+            Err(_) if status >= 500 => return Err(TgError::Server(status)),
+            Err(e) => {
+                let head: String = text.chars().take(200).collect();
+                return Err(TgError::InvalidResponse(
+                    self.scrub(&format!("{e}; body starts {head:?}")),
+                ));
+            }
+        };
+        if answer.ok {
+            return answer.result.map(|m| m.message_id).ok_or_else(|| {
+                TgError::InvalidResponse("sendMessage answered without a message".into())
+            });
+        }
+        let code = answer.error_code.unwrap_or(status);
+        let description = self.scrub(answer.description.as_deref().unwrap_or("no description"));
+        let lower = description.to_ascii_lowercase();
+        Err(match code {
+            429 => TgError::RetryAfter(Duration::from_secs(
+                answer.parameters.and_then(|p| p.retry_after).unwrap_or(1),
+            )),
+            401 => TgError::Unauthorized,
+            500..=599 => TgError::Server(code),
+            _ if lower.contains("can't parse entities") => TgError::ParseEntities(description),
+            _ if lower.contains("message is too long") => TgError::TooLong,
+            _ => TgError::Api(format!("{code}: {description}")),
         })
-        .await
+    }
+
+    /// The parts `text` is sent as: the splitter's chunks of at most `limit` UTF-16 units, in
+    /// order, blank ones left out.
+    pub fn parts(text: &str, limit: usize) -> Vec<String> {
+        split_message(text, limit)
+            .into_iter()
+            .filter(|c| !c.trim().is_empty())
+            .map(|c| c.to_string())
+            .collect()
+    }
+
+    /// Sends one part (see [`Self::parts`]) once, without any retry: with `TelegramFormat::Html`
+    /// rendered to Telegram HTML, and resent as plain text when Telegram rejects the HTML.
+    /// Returns the message id.
+    pub async fn send_part(
+        &self,
+        chat_id: i64,
+        chunk: &str,
+        format: TelegramFormat,
+    ) -> Result<i32, TgError> {
+        match format {
+            TelegramFormat::Plain => {
+                self.send_message_raw(chat_id, &strip_to_plain(chunk), false)
+                    .await
+            }
+            TelegramFormat::Html => {
+                match self
+                    .send_message_raw(chat_id, &markdown_to_html(chunk), true)
+                    .await
+                {
+                    Err(e @ (TgError::ParseEntities(_) | TgError::TooLong)) => {
+                        tracing::warn!(
+                            chat_id,
+                            error = %e,
+                            "telegram: formatted reply rejected; resending this part as plain text"
+                        );
+                        self.send_message_raw(chat_id, &strip_to_plain(chunk), false)
+                            .await
+                    }
+                    r => r,
+                }
+            }
+        }
     }
 
     /// Sends `text` to `chat_id` as one or more messages of at most `limit` UTF-16 units (the

@@ -12,7 +12,11 @@
 //!
 //! Fault injection: [`FakeTelegram::fail_next`] (getUpdates answers with 401/409/429/5xx),
 //! [`FakeTelegram::flood`] (the next send gets 429 with `parameters.retry_after`),
-//! [`FakeTelegram::hang_next_poll`] (a getUpdates that is accepted and never answered).
+//! [`FakeTelegram::hang_next_poll`] (a getUpdates that is accepted and never answered);
+//! for sendMessage [`FakeTelegram::fail_next_send`] / [`FakeTelegram::fail_send_after`]
+//! (injected failures, counted by [`FakeTelegram::served_send_failures`]),
+//! [`FakeTelegram::hang_next_sends`] (never answered) and [`FakeTelegram::hold_sends`] (held
+//! until released, then answered).
 //!
 //! Like `fake_llm`, the server runs on its own thread with its own current-thread runtime, so
 //! blocking test code cannot starve it; it stops when the last handle is dropped.
@@ -230,6 +234,16 @@ struct Inner {
     served_failures: HashMap<u16, usize>,
     flood: Option<u64>,
     hang_polls: u32,
+    /// Injected failures for the next sendMessage calls, by status.
+    fail_next_send: VecDeque<u16>,
+    /// How many injected sendMessage failures were answered.
+    served_send_failures: usize,
+    /// sendMessage calls that still succeed before the injected failures start.
+    send_ok_before_fail: usize,
+    /// While set, sendMessage calls wait (answered normally once it is cleared).
+    hold_sends: bool,
+    /// The next this many sendMessage calls are recorded, then never answered.
+    hang_sends: u32,
     /// HTML sendMessage calls still to reject as unparsable.
     reject_html: u32,
     /// Downloads answer 404 (an expired file link).
@@ -476,6 +490,38 @@ impl FakeTelegram {
     /// The next getUpdates is recorded, then never answered (until the client gives up).
     pub fn hang_next_poll(&self) {
         self.shared.lock().hang_polls += 1;
+    }
+
+    /// The next `n` sendMessage calls answer `status` (as [`Self::fail_next`] does for
+    /// getUpdates); nothing is sent by them.
+    pub fn fail_next_send(&self, n: usize, status: u16) {
+        self.shared
+            .lock()
+            .fail_next_send
+            .extend(std::iter::repeat_n(status, n));
+    }
+
+    /// Like [`Self::fail_next_send`], but the next `ok` sendMessage calls succeed first.
+    pub fn fail_send_after(&self, ok: usize, n: usize, status: u16) {
+        let mut inner = self.shared.lock();
+        inner.send_ok_before_fail = ok;
+        inner.fail_next_send.extend(std::iter::repeat_n(status, n));
+    }
+
+    /// How many sendMessage calls were answered with an injected failure.
+    pub fn served_send_failures(&self) -> usize {
+        self.shared.lock().served_send_failures
+    }
+
+    /// The next `n` sendMessage calls are recorded and never answered (Telegram hangs).
+    pub fn hang_next_sends(&self, n: u32) {
+        self.shared.lock().hang_sends += n;
+    }
+
+    /// While `on`, sendMessage calls wait; clearing it lets them (and later ones) through.
+    pub fn hold_sends(&self, on: bool) {
+        self.shared.lock().hold_sends = on;
+        self.shared.bump();
     }
 
     /// The next `sendMessage` with `parse_mode = HTML` is rejected with Telegram's "can't parse
@@ -841,7 +887,40 @@ async fn handle(
     let answer = match api_method.as_str() {
         "getupdates" => return get_updates(&shared, &params).await,
         "getme" => Ok(bot_user_json(shared.bot_id, true)),
-        "sendmessage" => send_message(&shared, &params),
+        "sendmessage" => {
+            let (fail, hang) = {
+                let mut inner = shared.lock();
+                let fail = if inner.fail_next_send.is_empty() || inner.send_ok_before_fail == 0 {
+                    inner.fail_next_send.pop_front()
+                } else {
+                    inner.send_ok_before_fail -= 1;
+                    None
+                };
+                if fail.is_some() {
+                    inner.served_send_failures += 1;
+                }
+                let hang = inner.hang_sends > 0;
+                inner.hang_sends = inner.hang_sends.saturating_sub(1);
+                (fail, hang)
+            };
+            if let Some(status) = fail {
+                shared.bump();
+                return injected_failure(status);
+            }
+            if hang {
+                return std::future::pending::<Response>().await;
+            }
+            loop {
+                let mut rx = shared.version.subscribe();
+                if !shared.lock().hold_sends {
+                    break;
+                }
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+            send_message(&shared, &params)
+        }
         "sendchataction" => send_chat_action(&shared, &params),
         "setmessagereaction" => set_message_reaction(&shared, &params),
         "sendphoto" | "senddocument" | "sendvoice" | "sendaudio" => {
