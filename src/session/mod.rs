@@ -79,7 +79,16 @@ pub struct SessionStore {
     inner: Mutex<Inner>,
     /// Writes the state snapshots off the session workers (thread `agentd-snapshot`).
     snapshots: Arc<LatestWriter<SessionState>>,
+    /// Sessions with a failed trail append in this run (see [`SessionHandle::mark_settled`]).
+    unsettled: Unsettled,
 }
+
+/// Ids of sessions whose trail refused a line in this run: an event (a `failure`, a reply)
+/// may be missing, so the trail no longer proves that every intake was answered, and no
+/// settled mark may be written for them until the next start reads the whole trail. Shared by
+/// the store and its handles, so a handle closed and reopened keeps it. Grows only by sessions
+/// that hit a write error.
+type Unsettled = Arc<Mutex<std::collections::HashSet<String>>>;
 
 struct Inner {
     index: Index,
@@ -95,6 +104,7 @@ pub struct SessionHandle {
     /// The last intake ids of the trail (loaded on first intake), at most [`DEDUP_IDS`].
     intake_ids: Mutex<Option<RecentIds>>,
     snapshots: Arc<LatestWriter<SessionState>>,
+    unsettled: Unsettled,
 }
 
 /// `<id>.settled` in the sessions directory: the `seq` of the trail's last line at a moment
@@ -158,6 +168,7 @@ impl SessionStore {
                 open: HashMap::new(),
             }),
             snapshots: Arc::new(LatestWriter::new("agentd-snapshot", write_snapshot_logged)),
+            unsettled: Unsettled::default(),
         })
     }
 
@@ -276,6 +287,7 @@ impl SessionStore {
             trail: Mutex::new(TrailWriter::open(&self.dir, id, self.tz)?),
             intake_ids: Mutex::new(None),
             snapshots: self.snapshots.clone(),
+            unsettled: self.unsettled.clone(),
         });
         inner.open.insert(id.to_string(), h.clone());
         Ok(h)
@@ -457,10 +469,26 @@ impl SessionHandle {
 
     /// Append an event durably (fsync) and return the written line.
     pub fn append(&self, event: Event) -> io::Result<TrailLine> {
-        self.trail
+        let line = self
+            .trail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .append(event)
+            .append(event);
+        if line.is_err() {
+            self.unsettle();
+        }
+        line
+    }
+
+    /// A line of this trail was refused: the trail may lack a completion, so recovery must read
+    /// it. Removes the settled mark (an unlink works on a full disk) and writes none again in
+    /// this run.
+    fn unsettle(&self) {
+        self.unsettled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.id.clone());
+        let _ = std::fs::remove_file(settled_path(&self.dir, &self.id));
     }
 
     pub fn state_path(&self) -> PathBuf {
@@ -508,6 +536,12 @@ impl SessionHandle {
     /// Record that nothing up to trail line `seq` is pending (see `is_settled`). Read `seq`
     /// before checking that nothing is queued, so an intake written in between lies after it.
     pub fn mark_settled(&self, seq: u64) -> io::Result<()> {
+        let refused = (self.unsettled.lock().unwrap_or_else(|p| p.into_inner())).contains(&self.id);
+        if refused {
+            // A failed append earlier in this run: the trail may miss a completion.
+            let _ = std::fs::remove_file(settled_path(&self.dir, &self.id));
+            return Ok(());
+        }
         std::fs::write(settled_path(&self.dir, &self.id), seq.to_string())
     }
 
@@ -766,6 +800,31 @@ mod tests {
         // A torn mark is never trusted.
         std::fs::write(settled_path(d.path(), &h.id), "").unwrap();
         assert!(!is_settled(d.path(), &h.id));
+    }
+
+    /// A refused trail line (a `failure` that a full disk kept out) may leave an intake without
+    /// its completion: the mark goes, and no later message of this run writes one again, even
+    /// through a new handle, so the next start reads the trail and answers the intake.
+    #[test]
+    fn a_refused_line_keeps_the_session_unsettled_for_the_run() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let h = store.get_or_create("k", "primary").unwrap();
+        h.append(intake("a")).unwrap();
+        h.mark_settled(h.last_seq()).unwrap();
+        assert!(is_settled(d.path(), &h.id));
+        h.unsettle(); // what `append` does when the trail refuses a line
+        assert!(!is_settled(d.path(), &h.id), "the mark is removed");
+        h.append(intake("b")).unwrap();
+        h.mark_settled(h.last_seq()).unwrap();
+        assert!(!is_settled(d.path(), &h.id), "no mark after a refused line");
+        let id = h.id.clone();
+        drop(h);
+        store.lock().open.clear();
+        let again = store.get_or_create("k", "primary").unwrap();
+        assert_eq!(again.id, id);
+        again.mark_settled(again.last_seq()).unwrap();
+        assert!(!is_settled(d.path(), &id), "a reopened handle remembers it");
     }
 
     #[test]
