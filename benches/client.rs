@@ -64,6 +64,18 @@ impl Chat {
             .await?;
         Ok(resp.json().await?)
     }
+
+    /// `GET path` as text (e.g. `/metrics`). Tried twice: after seconds of quiet the server
+    /// may close a pooled keep-alive connection just as the client reuses it.
+    pub async fn get_text(&self, path: &str) -> Result<String> {
+        let base = self.url.trim_end_matches("/api/v1/chat");
+        let url = format!("{base}{path}");
+        let resp = match self.client.get(&url).bearer_auth(HTTP_TOKEN).send().await {
+            Ok(r) => r,
+            Err(_) => self.client.get(&url).bearer_auth(HTTP_TOKEN).send().await?,
+        };
+        Ok(resp.text().await?)
+    }
 }
 
 /// A current-thread runtime for the client side (the daemon gets the other core).

@@ -25,6 +25,10 @@ pub struct Opts {
     pub hold: Duration,
     /// soak: `[behavior.compaction] threshold_tokens` (0: the default, 150,000).
     pub compaction_tokens: u64,
+    /// senders: distinct HTTP senders.
+    pub senders: usize,
+    /// senders: messages each sender sends, one after the other.
+    pub per_sender: usize,
 }
 
 /// A fake provider that answers every call at once with a short text. It reports the request's
@@ -378,6 +382,169 @@ pub fn soak(o: &Opts) -> Result<()> {
     // Idle blocking-pool threads exit after 10 s.
     std::thread::sleep(Duration::from_secs(12));
     print_stats("12 s after the last message:", &ProcStats::read(pid)?);
+    d.stop()?;
+    Ok(())
+}
+
+/// What `bench senders` samples: the daemon's `/proc` figures and the sessions directory.
+struct SendersSample {
+    proc: ProcStats,
+    /// Entries of `sessions/sessions.json`.
+    index: usize,
+    /// Files directly in `sessions/` (the index, trails, snapshots, settled marks).
+    files: usize,
+    /// Files in `sessions/.archive/`.
+    archived: usize,
+    /// `agentd_open_sessions` and `agentd_session_workers` from `/metrics`.
+    open: u64,
+    workers: u64,
+}
+
+fn count_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |rd| {
+        rd.filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .count()
+    })
+}
+
+/// A gauge without labels from the Prometheus text of `/metrics`.
+fn gauge(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+fn senders_sample(
+    rt: &tokio::runtime::Runtime,
+    chat: &Chat,
+    pid: i32,
+    sessions: &Path,
+) -> Result<SendersSample> {
+    let index = match std::fs::read(sessions.join("sessions.json")) {
+        Ok(b) => serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&b)
+            .context("sessions.json")?
+            .len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e).context("reading sessions.json"),
+    };
+    let metrics = rt.block_on(chat.get_text("/metrics"))?;
+    Ok(SendersSample {
+        proc: ProcStats::read(pid)?,
+        index,
+        files: count_files(sessions),
+        archived: count_files(&sessions.join(".archive")),
+        open: gauge(&metrics, "agentd_open_sessions"),
+        workers: gauge(&metrics, "agentd_session_workers"),
+    })
+}
+
+fn print_senders_row(label: &str, s: &SendersSample) {
+    println!(
+        "  {label:<26} {:>5} {:>6} {:>8} {:>5} {:>7}  {:>4} {:>7}  {:>6.2} {:>6.2}",
+        s.index,
+        s.files,
+        s.archived,
+        s.open,
+        s.workers,
+        s.proc.fds,
+        s.proc.threads,
+        mb(s.proc.rss_kb),
+        mb(s.proc.pss_anon_kb),
+    );
+}
+
+/// 2,000 distinct HTTP senders with `[retention] idle_session_after = "2s"`: the session
+/// index, the sessions directory, open session handles, fds, threads and memory as the run
+/// goes and after it, so that growth with the number of senders ever seen shows (issue 13).
+pub fn senders(o: &Opts) -> Result<()> {
+    let fake = echo_provider()?;
+    let mut d = Daemon::new(
+        &o.agentd,
+        &o.dir,
+        &Setup {
+            provider_url: fake.base_url(),
+            extra_toml: "\n[retention]\nidle_session_after = \"2s\"\n".into(),
+            ..Setup::default()
+        },
+    )?;
+    d.start()?;
+    let pid = d.pid().context("pid")?;
+    let sessions_dir = d.state_dir.join("sessions");
+    let chat = Chat::new(&d.base_url())?;
+    let rt = runtime()?;
+    let total = o.senders;
+    let per = o.per_sender;
+    let conc = o.concurrency;
+    let step = 250.min(total).max(1);
+    println!(
+        "senders: {total} distinct HTTP senders, {per} message(s) each in sequence, {conc} senders in flight; [retention] idle_session_after = \"2s\" (a retention pass every 1 s); sampled every {step} senders after 0.5 s quiet"
+    );
+    println!(
+        "  {:<26} {:>5} {:>6} {:>8} {:>5} {:>7}  {:>4} {:>7}  {:>6} {:>6}",
+        "", "index", "files", "archived", "open", "workers", "fds", "threads", "RSS", "anon"
+    );
+    print_senders_row("ready:", &senders_sample(&rt, &chat, pid, &sessions_dir)?);
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut sent = 0usize;
+    while sent < total {
+        let end = (sent + step).min(total);
+        let t0 = Instant::now();
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for w in 0..conc {
+                let chat = chat.clone();
+                tasks.push(async move {
+                    let mut i = sent + w;
+                    while i < end {
+                        for k in 0..per {
+                            chat.send(&format!("sender{i}"), &format!("BENCHID={i} message {k}"))
+                                .await?;
+                        }
+                        i += conc;
+                    }
+                    Ok::<_, anyhow::Error>(())
+                });
+            }
+            futures::future::try_join_all(tasks).await
+        })?;
+        fake.take_spans();
+        let rate = ((end - sent) * per) as f64 / t0.elapsed().as_secs_f64();
+        sent = end;
+        std::thread::sleep(Duration::from_millis(500));
+        let s = senders_sample(&rt, &chat, pid, &sessions_dir)?;
+        print_senders_row(&format!("after {end:>5} ({rate:.0} msgs/s):"), &s);
+        samples.push(s);
+    }
+    let took = started.elapsed();
+    // Every session is now idle: 2 s of idleness plus a pass (every second) and the archive.
+    for wait in [5u64, 30] {
+        let since = started.elapsed().saturating_sub(took);
+        std::thread::sleep(Duration::from_secs(wait).saturating_sub(since));
+        let s = senders_sample(&rt, &chat, pid, &sessions_dir)?;
+        print_senders_row(&format!("{wait} s after the last:"), &s);
+        samples.push(s);
+    }
+    let listed = serde_json::from_str::<serde_json::Value>(
+        &rt.block_on(chat.get_text("/api/v1/sessions"))?,
+    )?
+    .get("sessions")
+    .and_then(|v| v.as_array().map(Vec::len))
+    .unwrap_or(0);
+    let max = |f: fn(&SendersSample) -> u64| samples.iter().map(f).max().unwrap_or(0);
+    println!(
+        "  maxima during the run: index {}, files in sessions/ {}, open handles {}, fds {}, threads {}; GET /api/v1/sessions lists {listed} at the end; {} messages in {:.0} s",
+        max(|s| s.index as u64),
+        max(|s| s.files as u64),
+        max(|s| s.open),
+        max(|s| s.proc.fds as u64),
+        max(|s| s.proc.threads as u64),
+        total * per,
+        took.as_secs_f64()
+    );
     d.stop()?;
     Ok(())
 }

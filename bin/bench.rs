@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo build --release --bin agentd --bin bench
-//! target/release/bench all          # or footprint | startup | overhead | cache | soak
+//! target/release/bench all          # or footprint | startup | overhead | cache | soak | senders
 //! ```
 
 #[path = "../benches/cache.rs"]
@@ -36,7 +36,9 @@ enum Name {
     Overhead,
     Cache,
     Soak,
-    /// Everything but the soak.
+    /// Many distinct HTTP senders with idle sessions archived after 2 s.
+    Senders,
+    /// Everything but the soak and senders.
     All,
 }
 
@@ -57,10 +59,16 @@ struct Cli {
     /// overhead: sequential messages (the concurrent run sends as many); soak: messages.
     #[arg(long)]
     messages: Option<usize>,
+    /// senders: distinct HTTP senders.
+    #[arg(long, default_value_t = 2000)]
+    senders: usize,
+    /// senders: messages per sender.
+    #[arg(long, default_value_t = 2)]
+    per_sender: usize,
     /// soak: sessions.
     #[arg(long, default_value_t = 200)]
     sessions: usize,
-    /// overhead and soak: sessions in flight at once.
+    /// overhead, soak and senders: sessions in flight at once.
     #[arg(long, default_value_t = 20)]
     concurrency: usize,
     /// footprint: keep the daemon running this many seconds after the figures (to profile it).
@@ -92,6 +100,8 @@ fn main() -> Result<()> {
         concurrency: cli.concurrency.max(1),
         hold: std::time::Duration::from_secs(cli.hold),
         compaction_tokens: cli.compaction_tokens,
+        senders: cli.senders.max(1),
+        per_sender: cli.per_sender.max(1),
     };
     machine(&o);
     match cli.name {
@@ -103,6 +113,7 @@ fn main() -> Result<()> {
             o.messages = cli.messages.unwrap_or(20_000);
             runs::soak(&o)?
         }
+        Name::Senders => runs::senders(&o)?,
         Name::All => {
             runs::footprint(&o)?;
             runs::startup(&o)?;
