@@ -126,6 +126,7 @@ fn start_scheduler(s: &Services, tasks: &Tasks) {
                     sessions_dir: s.paths.sessions(),
                 },
             ),
+            unrecorded: Default::default(),
         });
     let stop = tasks.stop.clone();
     tasks

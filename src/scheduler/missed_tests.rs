@@ -69,6 +69,7 @@ fn fixture() -> Fixture {
         intake: fired.clone(),
         wake: Arc::new(Notify::new()),
         memory_jobs: None,
+        unrecorded: Default::default(),
     };
     Fixture {
         _dir: dir,
@@ -146,6 +147,61 @@ async fn a_new_entry_missed_nothing() {
     assert!(fired(&f).is_empty());
     assert_eq!(
         f.sched.db.schedule_last_run("new").await.unwrap(),
+        Some(now)
+    );
+}
+
+/// A one-shot message whose `done` mark cannot be written is not sent again on the next wake:
+/// only the mark is retried (intake dedup remembers a session's last ids only, and none across
+/// a reset, so it cannot be what holds the message off).
+#[tokio::test]
+async fn a_message_whose_done_mark_fails_is_not_fired_again() {
+    let mut f = fixture();
+    f.sched.db = Db::without_schema_for_test(); // every write fails
+    for _ in 0..3 {
+        f.sched.fire_message("42", "alice", "hello").await;
+    }
+    let got = f.fired.0.lock().unwrap().clone();
+    assert_eq!(got, [("alice".to_string(), "sched-42".to_string())]);
+    assert!(
+        f.sched.is_unrecorded("42"),
+        "the mark is still to be retried"
+    );
+}
+
+/// The same for a `[[schedule]]` entry whose run cannot be recorded (a full disk, simulated by
+/// a trigger through a second connection): one intake for the slot however often the
+/// scheduler wakes, and once the run log is writable again the entry goes on normally.
+#[tokio::test]
+async fn an_entry_whose_run_cannot_be_recorded_is_not_fired_again() {
+    let f = fixture();
+    let e = entry("tick", ScheduleWhen::Every(Duration::from_secs(60)));
+    let now = chrono::Utc::now().timestamp();
+    f.sched.db.schedule_set_run("tick", now - 90).await.unwrap(); // due since 30 s
+    let conn = rusqlite::Connection::open(f._dir.path().join("agentd.db")).unwrap();
+    conn.execute_batch(
+        "CREATE TRIGGER full_i BEFORE INSERT ON schedule_runs BEGIN \
+         SELECT RAISE(FAIL, 'database or disk is full'); END; \
+         CREATE TRIGGER full_u BEFORE UPDATE ON schedule_runs BEGIN \
+         SELECT RAISE(FAIL, 'database or disk is full'); END;",
+    )
+    .unwrap();
+    for _ in 0..3 {
+        f.sched.check_entry(&e, now).await;
+    }
+    assert_eq!(
+        fired(&f).len(),
+        1,
+        "one intake for the slot: {:?}",
+        fired(&f)
+    );
+    conn.execute_batch("DROP TRIGGER full_i; DROP TRIGGER full_u;")
+        .unwrap();
+    // The record goes in; the slot is not fired again, and the run log moves on.
+    f.sched.check_entry(&e, now).await;
+    assert_eq!(fired(&f).len(), 1);
+    assert_eq!(
+        f.sched.db.schedule_last_run("tick").await.unwrap(),
         Some(now)
     );
 }

@@ -28,7 +28,15 @@ pub struct Scheduler {
     pub wake: Arc<Notify>,
     /// `job = "index" | "consolidate"`; `None` when memory is disabled.
     pub memory_jobs: Option<crate::memory::MemoryJobs>,
+    /// Intake ids fired whose run could not be recorded (`schedule_finish`,
+    /// `schedule_set_run` failed): not fired again, only the record is retried. Intake dedup
+    /// alone does not hold them off, as it remembers the last ids of a session only, and none
+    /// across a reset. Holds only ids whose record is failing.
+    pub unrecorded: FiredIds,
 }
+
+/// See [`Scheduler::unrecorded`].
+pub type FiredIds = std::sync::Mutex<std::collections::HashSet<String>>;
 
 /// The next time `entry` fires strictly after `after` (Unix seconds).
 pub fn next_after(entry: &ScheduleEntry, after: i64, tz: chrono_tz::Tz) -> Option<i64> {
@@ -102,12 +110,22 @@ impl Scheduler {
         if due > now {
             return Some(due);
         }
-        tracing::info!(schedule = %entry.name, due, "schedule fired");
         let id = format!("schedule-{}-{due}", entry.name);
+        if self.is_unrecorded(&id) {
+            // Fired already; only its run record failed: retry that, never the action.
+            return match self.db.schedule_set_run(&entry.name, now).await {
+                Ok(()) => {
+                    self.recorded(&id);
+                    next_after(entry, now, tz)
+                }
+                Err(_) => Some(now + 30),
+            };
+        }
+        tracing::info!(schedule = %entry.name, due, "schedule fired");
         match &entry.action {
             ScheduleAction::System(text) => {
                 let intake = Intake {
-                    id,
+                    id: id.clone(),
                     source: crate::control::Source::System,
                     from: format!("schedule:{}", entry.name),
                     text: text.clone(),
@@ -137,7 +155,9 @@ impl Scheduler {
             },
         }
         if let Err(e) = self.db.schedule_set_run(&entry.name, now).await {
-            tracing::error!(schedule = %entry.name, error = %e, "scheduler: cannot record the run");
+            tracing::error!(schedule = %entry.name, error = %e, "scheduler: cannot record the run; it will not fire again for this slot");
+            self.unrecorded_lock().insert(id);
+            return Some(now + 30);
         }
         next_after(entry, now, tz)
     }
@@ -145,6 +165,14 @@ impl Scheduler {
     /// Hand a scheduled message to the target's session (source `scheduler`: delivered as
     /// written, not sent to the model), then mark it done. Idempotent by intake id.
     async fn fire_message(&self, id: &str, target: &str, text: &str) {
+        let one_shot = !id.starts_with("schedule-");
+        if one_shot && self.is_unrecorded(id) {
+            // Accepted already; only marking it done failed: retry that, never the send.
+            if self.db.schedule_finish(id, "done").await.is_ok() {
+                self.recorded(id);
+            }
+            return;
+        }
         let intake = Intake {
             id: if id.starts_with("schedule-") {
                 id.to_string()
@@ -161,16 +189,29 @@ impl Scheduler {
         };
         match self.intake.accept(target, intake).await {
             Ok(()) => {
-                if !id.starts_with("schedule-")
-                    && let Err(e) = self.db.schedule_finish(id, "done").await
-                {
-                    tracing::error!(id, error = %e, "cannot mark scheduled message done (it will not be sent twice)");
+                if one_shot && let Err(e) = self.db.schedule_finish(id, "done").await {
+                    tracing::error!(id, error = %e, "cannot mark scheduled message done; it will not be sent again, marking is retried");
+                    self.unrecorded_lock().insert(id.to_string());
                 }
             }
             Err(e) => {
                 tracing::error!(id, error = %e, "scheduled message not accepted; retrying later")
             }
         }
+    }
+}
+
+impl Scheduler {
+    fn unrecorded_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.unrecorded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_unrecorded(&self, id: &str) -> bool {
+        self.unrecorded_lock().contains(id)
+    }
+
+    fn recorded(&self, id: &str) {
+        self.unrecorded_lock().remove(id);
     }
 }
 
