@@ -354,6 +354,24 @@ pub async fn deliver_recorded(
         tracing::error!(session = %session.id, error = %e, "cannot record delivery intent; not sending");
         return None;
     }
+    if let Some(p) = resume
+        && p.parts.is_some_and(|n| n != parts.len())
+        && !(p.sent.is_empty() && p.attempted.is_empty())
+    {
+        // The text splits differently now (`text_chunk_limit` or the format changed since the
+        // intent): part i is not the part i that was sent, so resuming could repeat or skip text.
+        let detail = format!(
+            "the reply splits into {} part(s) now, {} when it was begun; not resumed",
+            parts.len(),
+            p.parts.unwrap_or_default()
+        );
+        tracing::warn!(session = %session.id, ?ids, "{detail}");
+        let ev = record(DeliveryStatus::Unknown, Some(detail), None, None);
+        if let Err(e) = crate::agent::append(session, ev).await {
+            tracing::error!(session = %session.id, error = %e, "cannot record the delivery outcome");
+        }
+        return Some(DeliveryStatus::Unknown);
+    }
     let mut close = (DeliveryStatus::Done, None, None);
     for (i, part) in parts.iter().enumerate() {
         if let Some(p) = resume
@@ -455,6 +473,93 @@ fn webhook_payload(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Splits text into parts of `size` characters and counts the parts it is asked to send.
+    struct Chunks {
+        size: usize,
+        sent: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl Outbound for Chunks {
+        fn parts(&self, _to: &Target, text: &str) -> Vec<String> {
+            let chars: Vec<char> = text.chars().collect();
+            chars
+                .chunks(self.size)
+                .map(|c| c.iter().collect())
+                .collect()
+        }
+        fn send_part<'a>(
+            &'a self,
+            _to: &'a Target,
+            part: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<(), crate::tools::outbound::PartError>> {
+            self.sent.lock().unwrap().push(part.to_string());
+            Box::pin(async { Ok(()) })
+        }
+        fn send_text<'a>(
+            &'a self,
+            _to: &'a Target,
+            _text: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<usize, String>> {
+            unreachable!()
+        }
+        fn send_file<'a>(
+            &'a self,
+            _to: &'a Target,
+            _path: &'a std::path::Path,
+            _kind: crate::tools::outbound::FileKind,
+        ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+            unreachable!()
+        }
+        fn react<'a>(
+            &'a self,
+            _to: &'a Target,
+            _message_id: i32,
+            _emoji: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+            unreachable!()
+        }
+        fn typing<'a>(&'a self, _to: &'a Target) -> futures::future::BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    /// A delivery begun as 3 parts whose text now splits into 2 (the chunk limit changed
+    /// between the crash and the restart) is not resumed: part 2 of the new split is not the
+    /// part 2 that was pending, so resuming could repeat or skip text. It closes `unknown`.
+    #[tokio::test]
+    async fn a_reply_that_splits_differently_now_is_not_resumed() {
+        let d = tempfile::tempdir().unwrap();
+        let store = crate::session::SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
+        let h = store.get_or_create("k", "primary").unwrap();
+        let to = Target::Telegram { chat_id: 1 };
+        let policy = RetryPolicy {
+            within: Duration::from_secs(1),
+            abort: CancellationToken::new(),
+        };
+        let begun = Progress {
+            sent: [0].into(),
+            attempted: Default::default(),
+            parts: Some(3),
+        };
+        let now_two = Chunks {
+            size: 3,
+            sent: Default::default(),
+        };
+        let ids = ["m1".to_string()];
+        let status =
+            deliver_recorded(&h, &now_two, &to, &ids, "abcdef", &policy, Some(&begun)).await;
+        assert_eq!(status, Some(DeliveryStatus::Unknown));
+        assert!(now_two.sent.lock().unwrap().is_empty(), "nothing resent");
+        // The same split as at the intent resumes where it stopped.
+        let same = Chunks {
+            size: 2,
+            sent: Default::default(),
+        };
+        let status = deliver_recorded(&h, &same, &to, &ids, "abcdef", &policy, Some(&begun)).await;
+        assert_eq!(status, Some(DeliveryStatus::Done));
+        assert_eq!(*same.sent.lock().unwrap(), ["cd", "ef"]);
+    }
 
     #[tokio::test]
     async fn lanes_chain_per_session_and_go_when_dry() {

@@ -37,6 +37,8 @@ pub struct Progress {
     pub sent: BTreeSet<usize>,
     /// Parts attempted without a `sent` record: never sent again (at most once, §5.2).
     pub attempted: BTreeSet<usize>,
+    /// The number of parts the `intent` announced (`None` for a legacy intent).
+    pub parts: Option<usize>,
 }
 
 impl Progress {
@@ -92,6 +94,7 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
                 DeliveryStatus::Intent => {
                     st.started = true;
                     st.legacy = parts.is_none();
+                    st.progress.parts = *parts;
                 }
                 DeliveryStatus::Attempt => {
                     if let Some(p) = part {
