@@ -299,11 +299,14 @@ async fn send_with_retry(
             Err(PartError::Retry { after, error }) => (after, error),
         };
         let wait = match after {
-            Some(a) => a + jittered(Duration::from_millis(200)),
+            Some(a) => a.saturating_add(jittered(Duration::from_millis(200))),
             None => jittered(backoff),
         };
         backoff = (backoff * 2).min(MAX_BACKOFF);
-        if Instant::now() + wait > deadline {
+        if Instant::now()
+            .checked_add(wait)
+            .is_none_or(|at| at > deadline)
+        {
             return PartEnd::Closed(
                 DeliveryStatus::Failed,
                 format!(
@@ -478,6 +481,8 @@ mod tests {
     struct Chunks {
         size: usize,
         sent: std::sync::Mutex<Vec<String>>,
+        /// Answer every send with a flood wait this long instead.
+        flood: Option<Duration>,
     }
 
     impl Outbound for Chunks {
@@ -493,6 +498,13 @@ mod tests {
             _to: &'a Target,
             part: &'a str,
         ) -> futures::future::BoxFuture<'a, Result<(), crate::tools::outbound::PartError>> {
+            if let Some(after) = self.flood {
+                let error = "flood".to_string();
+                let after = Some(after);
+                return Box::pin(async move {
+                    Err(crate::tools::outbound::PartError::Retry { after, error })
+                });
+            }
             self.sent.lock().unwrap().push(part.to_string());
             Box::pin(async { Ok(()) })
         }
@@ -545,6 +557,7 @@ mod tests {
         let now_two = Chunks {
             size: 3,
             sent: Default::default(),
+            flood: None,
         };
         let ids = ["m1".to_string()];
         let status =
@@ -555,10 +568,33 @@ mod tests {
         let same = Chunks {
             size: 2,
             sent: Default::default(),
+            flood: None,
         };
         let status = deliver_recorded(&h, &same, &to, &ids, "abcdef", &policy, Some(&begun)).await;
         assert_eq!(status, Some(DeliveryStatus::Done));
         assert_eq!(*same.sent.lock().unwrap(), ["cd", "ef"]);
+    }
+
+    /// A channel that asks for an absurd wait (`retry_after` from a hostile endpoint) fails the
+    /// delivery at once instead of overflowing the wait arithmetic.
+    #[tokio::test]
+    async fn an_absurd_retry_after_fails_the_delivery_without_panicking() {
+        let d = tempfile::tempdir().unwrap();
+        let store = crate::session::SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
+        let h = store.get_or_create("k", "primary").unwrap();
+        let policy = RetryPolicy {
+            within: Duration::from_secs(60),
+            abort: CancellationToken::new(),
+        };
+        let flooded = Chunks {
+            size: 10,
+            sent: Default::default(),
+            flood: Some(Duration::MAX),
+        };
+        let to = Target::Telegram { chat_id: 1 };
+        let status =
+            deliver_recorded(&h, &flooded, &to, &["m1".to_string()], "hi", &policy, None).await;
+        assert_eq!(status, Some(DeliveryStatus::Failed));
     }
 
     #[tokio::test]

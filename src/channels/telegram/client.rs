@@ -34,6 +34,10 @@ pub const HTTP_TIMEOUT_SLACK: Duration = Duration::from_secs(15);
 /// longer ones are returned as [`TgError::RetryAfter`].
 pub const MAX_FLOOD_WAIT: Duration = Duration::from_secs(60);
 
+/// The longest `retry_after` taken from an answer as given (a day); a larger one, from a broken
+/// or hostile API endpoint, is read as this, so no wait arithmetic can overflow.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
+
 /// How many flood-control waits one call sleeps through before giving up.
 pub const MAX_FLOOD_RETRIES: u32 = 3;
 
@@ -416,9 +420,10 @@ impl TelegramClient {
         let description = self.scrub(answer.description.as_deref().unwrap_or("no description"));
         let lower = description.to_ascii_lowercase();
         Err(match code {
-            429 => TgError::RetryAfter(Duration::from_secs(
-                answer.parameters.and_then(|p| p.retry_after).unwrap_or(1),
-            )),
+            429 => TgError::RetryAfter(
+                Duration::from_secs(answer.parameters.and_then(|p| p.retry_after).unwrap_or(1))
+                    .min(MAX_RETRY_AFTER),
+            ),
             401 => TgError::Unauthorized,
             500..=599 => TgError::Server(code),
             _ if lower.contains("can't parse entities") => TgError::ParseEntities(description),
