@@ -12,11 +12,12 @@ use crate::support::e2e::{agentd_toml, fifo_write, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
 use crate::support::wait_until;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_runs_in_process_and_returns_when_its_token_is_cancelled() {
+/// A daemon home on the fake provider (OpenAI wire) that answers once with `text`, and its
+/// config as `daemon::run` takes it. The fake is returned so it lives as long as the test.
+async fn home(text: &str) -> (FakeLlm, TestDaemon, agentd::config::Config) {
     let fake = FakeLlm::start(Wire::OpenAi).await;
     fake.push(Reply::Text {
-        text: "Hello from in-process!".into(),
+        text: text.into(),
         usage: Usage::new(100, 5, 0, 0),
     });
     let d = TestDaemon::new(
@@ -31,6 +32,29 @@ async fn daemon_runs_in_process_and_returns_when_its_token_is_cancelled() {
         ("HOME".to_string(), d.dir.path().display().to_string()),
     ]);
     let cfg = agentd::config::load_with_env(&d.config_path, env).expect("config");
+    (fake, d, cfg)
+}
+
+/// Once the FIFO exists, send message `id` from alice and check the answer is `expect`.
+async fn ask_over_the_fifo(d: TestDaemon, id: &'static str, expect: &'static str) -> TestDaemon {
+    tokio::task::spawn_blocking(move || {
+        let fifo = d.state_dir.join("control.pipe");
+        wait_until(Duration::from_secs(20), "the control FIFO", || {
+            fifo.exists().then_some(())
+        });
+        let line = format!(r#"{{"type":"user","id":"{id}","sender":"alice","text":"hi"}}"#);
+        fifo_write(&d, &line);
+        let outcome = wait_outcome(&d, "alice", id);
+        assert_eq!(outcome["text"], expect, "{outcome}");
+        d
+    })
+    .await
+    .expect("the test's blocking part")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_runs_in_process_and_returns_when_its_token_is_cancelled() {
+    let (_fake, d, cfg) = home("Hello from in-process!").await;
     let shutdown = CancellationToken::new();
     let daemon = tokio::spawn(agentd::daemon::run(
         cfg,
@@ -38,21 +62,7 @@ async fn daemon_runs_in_process_and_returns_when_its_token_is_cancelled() {
         shutdown.clone(),
     ));
 
-    let d = tokio::task::spawn_blocking(move || {
-        let fifo = d.state_dir.join("control.pipe");
-        wait_until(Duration::from_secs(20), "the control FIFO", || {
-            fifo.exists().then_some(())
-        });
-        fifo_write(
-            &d,
-            r#"{"type":"user","id":"inproc-1","sender":"alice","text":"hi"}"#,
-        );
-        let outcome = wait_outcome(&d, "alice", "inproc-1");
-        assert_eq!(outcome["text"], "Hello from in-process!", "{outcome}");
-        d
-    })
-    .await
-    .expect("the test's blocking part");
+    let d = ask_over_the_fifo(d, "inproc-1", "Hello from in-process!").await;
 
     shutdown.cancel();
     let result = tokio::time::timeout(Duration::from_secs(30), daemon)
@@ -72,23 +82,7 @@ async fn daemon_runs_in_process_and_returns_when_its_token_is_cancelled() {
 async fn a_source_that_dies_stops_the_daemon_gracefully_with_exit_code_3() {
     use std::sync::Arc;
 
-    let fake = FakeLlm::start(Wire::OpenAi).await;
-    fake.push(Reply::Text {
-        text: "answered before the stop".into(),
-        usage: Usage::new(100, 5, 0, 0),
-    });
-    let d = TestDaemon::new(
-        &agentd_toml("fake"),
-        &[("fake", &provider_toml("openai", &fake.base_url()))],
-    );
-    let env = BTreeMap::from([
-        (
-            "AGENTD_STATE_DIR".to_string(),
-            d.state_dir.display().to_string(),
-        ),
-        ("HOME".to_string(), d.dir.path().display().to_string()),
-    ]);
-    let cfg = agentd::config::load_with_env(&d.config_path, env).expect("config");
+    let (_fake, d, cfg) = home("answered before the stop").await;
     // The injected source fails once `fail` fires.
     let fail = CancellationToken::new();
     let trigger = fail.clone();
@@ -110,21 +104,7 @@ async fn a_source_that_dies_stops_the_daemon_gracefully_with_exit_code_3() {
     let shutdown = CancellationToken::new();
     let daemon = tokio::spawn(agentd::daemon::run(cfg, opts, shutdown.clone()));
 
-    let d = tokio::task::spawn_blocking(move || {
-        let fifo = d.state_dir.join("control.pipe");
-        wait_until(Duration::from_secs(20), "the control FIFO", || {
-            fifo.exists().then_some(())
-        });
-        fifo_write(
-            &d,
-            r#"{"type":"user","id":"dies-1","sender":"alice","text":"hi"}"#,
-        );
-        let outcome = wait_outcome(&d, "alice", "dies-1");
-        assert_eq!(outcome["text"], "answered before the stop", "{outcome}");
-        d
-    })
-    .await
-    .expect("the test's blocking part");
+    let d = ask_over_the_fifo(d, "dies-1", "answered before the stop").await;
 
     trigger.cancel();
     let result = tokio::time::timeout(Duration::from_secs(30), daemon)

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::support::daemon::TestDaemon;
-use crate::support::e2e::{agentd_toml, provider_toml};
+use crate::support::e2e::telegram_daemon;
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 use crate::support::fake_telegram::FakeTelegram;
 use crate::support::wait_until;
@@ -15,28 +15,23 @@ const ALICE: i64 = 1001;
 const WAIT: Duration = Duration::from_secs(40);
 
 fn daemon(llm: &FakeLlm, tg: &FakeTelegram, chunk_limit: usize) -> TestDaemon {
-    let toml = agentd_toml("fake").replace(
-        "[behavior]",
-        &format!(
-            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\nformat = \"plain\"\ntext_chunk_limit = {chunk_limit}\ncontacts = {{ Alice = {ALICE} }}\n\n[delivery]\nretry_minutes = 1\n\n[behavior]\ndebounce_ms = 50",
-            tg.api_url()
-        ),
+    let channel = format!(
+        "poll_timeout_seconds = 1\nformat = \"plain\"\ntext_chunk_limit = {chunk_limit}\ncontacts = {{ Alice = {ALICE} }}"
     );
-    let mut d = TestDaemon::new(
-        &toml,
-        &[("fake", &provider_toml("openai", &llm.base_url()))],
-    );
-    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
-    d.start();
-    d
+    let sections = "[delivery]\nretry_minutes = 1\n\n";
+    telegram_daemon(
+        llm,
+        tg,
+        TOKEN,
+        ALICE,
+        &channel,
+        sections,
+        "debounce_ms = 50",
+    )
 }
 
 fn sent_to(tg: &FakeTelegram, chat: i64) -> Vec<String> {
-    tg.sent()
-        .into_iter()
-        .filter(|m| m.chat_id == chat)
-        .map(|m| m.plain)
-        .collect()
+    tg.sent_to(chat)
 }
 
 fn statuses(d: &TestDaemon) -> Vec<String> {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::support::daemon::TestDaemon;
-use crate::support::e2e::{agentd_toml, provider_toml};
+use crate::support::e2e::{agentd_toml, provider_toml, telegram_daemon};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 use crate::support::fake_telegram::FakeTelegram;
 use crate::support::wait_until;
@@ -17,28 +17,14 @@ const MALLORY: i64 = 2002;
 const WAIT: Duration = Duration::from_secs(40);
 
 fn daemon(llm: &FakeLlm, tg: &FakeTelegram, format: &str) -> TestDaemon {
-    let toml = agentd_toml("fake").replace(
-        "[behavior]",
-        &format!(
-            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\nformat = \"{format}\"\ncontacts = {{ Alice = {ALICE} }}\n\n[behavior]\ndebounce_ms = 50",
-            tg.api_url()
-        ),
+    let channel = format!(
+        "poll_timeout_seconds = 1\nformat = \"{format}\"\ncontacts = {{ Alice = {ALICE} }}"
     );
-    let mut d = TestDaemon::new(
-        &toml,
-        &[("fake", &provider_toml("openai", &llm.base_url()))],
-    );
-    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
-    d.start();
-    d
+    telegram_daemon(llm, tg, TOKEN, ALICE, &channel, "", "debounce_ms = 50")
 }
 
 fn sent_to(tg: &FakeTelegram, chat: i64) -> Vec<String> {
-    tg.sent()
-        .into_iter()
-        .filter(|m| m.chat_id == chat)
-        .map(|m| m.plain)
-        .collect()
+    tg.sent_to(chat)
 }
 
 #[test]
@@ -364,19 +350,8 @@ fn private_and_group_messages_are_answered_each_in_its_own_chat() {
     const GROUP: i64 = -4242;
     let llm = FakeLlm::spawn(Wire::OpenAi);
     let tg = FakeTelegram::spawn(TOKEN);
-    let toml = agentd_toml("fake").replace(
-        "[behavior]",
-        &format!(
-            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE} }}\n\n[behavior]\ndebounce_ms = 1500",
-            tg.api_url()
-        ),
-    );
-    let mut d = TestDaemon::new(
-        &toml,
-        &[("fake", &provider_toml("openai", &llm.base_url()))],
-    );
-    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
-    d.start();
+    let channel = format!("poll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE} }}");
+    let d = telegram_daemon(&llm, &tg, TOKEN, ALICE, &channel, "", "debounce_ms = 1500");
     tg.push_text(ALICE, ALICE, "private words");
     tg.push_text(ALICE, GROUP, "group words");
     wait_until(WAIT, "a reply in both chats", || {

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::support::daemon::TestDaemon;
 use crate::support::fake_llm::FakeLlm;
+use crate::support::fake_telegram::FakeTelegram;
 use crate::support::wait_until;
 
 /// How long an e2e test waits for one outcome.
@@ -84,4 +85,33 @@ pub fn is_outcome_of(l: &Value, id: &str) -> bool {
         .as_array()
         .is_some_and(|a| a.iter().any(|r| r == id));
     answers && (l["final"] == true || l["type"] == "failure")
+}
+
+/// A started daemon on the fake provider `llm` (OpenAI wire) with Telegram on the fake Bot API
+/// `tg`, bot token `token`, `allow_from = [allow]`; `channel` adds lines to
+/// `[channel.telegram]`, `sections` adds whole sections before `[behavior]`, and `behavior`
+/// adds lines to `[behavior]`.
+pub fn telegram_daemon(
+    llm: &FakeLlm,
+    tg: &FakeTelegram,
+    token: &str,
+    allow: i64,
+    channel: &str,
+    sections: &str,
+    behavior: &str,
+) -> TestDaemon {
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{allow}]\n{channel}\n\n{sections}[behavior]\n{behavior}",
+            tg.api_url()
+        ),
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &llm.base_url()))],
+    );
+    d.set_env("AGENTD_TELEGRAM_TOKEN", token);
+    d.start();
+    d
 }

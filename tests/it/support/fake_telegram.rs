@@ -542,6 +542,15 @@ impl FakeTelegram {
         self.shared.lock().sent.clone()
     }
 
+    /// The plain text of every message sent to `chat`, in order.
+    pub fn sent_to(&self, chat: i64) -> Vec<String> {
+        self.sent()
+            .into_iter()
+            .filter(|m| m.chat_id == chat)
+            .map(|m| m.plain)
+            .collect()
+    }
+
     /// Every accepted file upload, in order.
     pub fn sent_files(&self) -> Vec<SentFile> {
         self.shared.lock().sent_files.clone()
