@@ -534,11 +534,6 @@ const LAYERS: &[&[&str]] = &[
     &["daemon", "doctor", "cli"],
 ];
 
-/// Upward uses `(from, to)` tolerated while they are being removed. The check fails on an
-/// upward use not listed here, and on a listed pair that no longer occurs, so this list only
-/// shrinks. Empty: every module uses only its own layer or lower ones (issue 11).
-const KNOWN_UPWARD: &[(&str, &str)] = &[];
-
 const LAYER_RULE: &str = "a module may use only modules of its own layer or a lower one \
                           (tests/it/architecture.rs LAYERS, docs/ARCHITECTURE.md \"Layers\")";
 
@@ -594,8 +589,8 @@ fn module_uses(lines: &[CodeLine]) -> Vec<Use> {
     out
 }
 
-/// Everything wrong with the layering of `lines`, given the upward pairs still tolerated.
-fn layer_violations(lines: &[CodeLine], known_upward: &[(&str, &str)]) -> Vec<String> {
+/// Everything wrong with the layering of `lines` (no upward use is tolerated).
+fn layer_violations(lines: &[CodeLine]) -> Vec<String> {
     let mut found = Vec::new();
     let mut modules = BTreeSet::new();
     for l in lines {
@@ -616,17 +611,11 @@ fn layer_violations(lines: &[CodeLine], known_upward: &[(&str, &str)]) -> Vec<St
             ));
         }
     }
-    let uses = module_uses(lines);
-    let mut seen_known = BTreeSet::new();
-    for u in &uses {
+    for u in &module_uses(lines) {
         let (Some(lf), Some(lt)) = (layer_of(&u.from), layer_of(&u.to)) else {
             continue; // reported above, or not a module (`crate::SomeItem`)
         };
         if lt <= lf {
-            continue;
-        }
-        if known_upward.contains(&(u.from.as_str(), u.to.as_str())) {
-            seen_known.insert((u.from.clone(), u.to.clone()));
             continue;
         }
         found.push(format!(
@@ -634,23 +623,16 @@ fn layer_violations(lines: &[CodeLine], known_upward: &[(&str, &str)]) -> Vec<St
             u.file, u.line, u.from, u.to
         ));
     }
-    for (from, to) in known_upward {
-        if !seen_known.contains(&(from.to_string(), to.to_string())) {
-            found.push(format!(
-                "KNOWN_UPWARD lists `{from}` → `{to}`, which no longer occurs: delete it from the list"
-            ));
-        }
-    }
     found
 }
 
-/// A cycle among top-level modules, ignoring the `known_upward` pairs, as the chain of uses
-/// that closes it (`file:line: from → to`); `None` when the graph is a DAG.
-fn module_cycle(lines: &[CodeLine], known_upward: &[(&str, &str)]) -> Option<Vec<String>> {
+/// A cycle among top-level modules, as the chain of uses that closes it
+/// (`file:line: from → to`); `None` when the graph is a DAG.
+fn module_cycle(lines: &[CodeLine]) -> Option<Vec<String>> {
     use std::collections::BTreeMap;
     let mut edges: BTreeMap<String, BTreeMap<String, Use>> = BTreeMap::new();
     for u in module_uses(lines) {
-        if layer_of(&u.to).is_none() || known_upward.contains(&(u.from.as_str(), u.to.as_str())) {
+        if layer_of(&u.to).is_none() {
             continue;
         }
         edges
@@ -703,7 +685,7 @@ fn module_cycle(lines: &[CodeLine], known_upward: &[(&str, &str)]) -> Option<Vec
 
 #[test]
 fn modules_use_only_their_own_layer_or_lower_ones() {
-    let found = layer_violations(src_lines(), KNOWN_UPWARD);
+    let found = layer_violations(src_lines());
     let mut msg = format!("the module layering is broken; found {}:\n", found.len());
     for f in &found {
         let _ = writeln!(msg, "  {f}");
@@ -714,7 +696,7 @@ fn modules_use_only_their_own_layer_or_lower_ones() {
 #[test]
 fn the_top_level_modules_form_no_cycle() {
     // Follows from the layering (same-layer uses could still close one), stated on its own.
-    if let Some(cycle) = module_cycle(src_lines(), KNOWN_UPWARD) {
+    if let Some(cycle) = module_cycle(src_lines()) {
         panic!(
             "the top-level modules of src/ form a cycle; break it with a trait in the lower \
              module that the daemon wires in (DESIGN §1):\n  {}",
@@ -839,7 +821,7 @@ fn layer_check_names_file_line_modules_layers_and_rule() {
         ("src/store/kv.rs", "use std::fmt;\nuse crate::daemon;\n"),
         ("src/daemon/mod.rs", "use crate::store::Store;\n"),
     ]);
-    let found = layer_violations(&lines, &[]);
+    let found = layer_violations(&lines);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
         found[0].starts_with("src/store/kv.rs:2: `store` (layer 1) uses `daemon` (layer 8): "),
@@ -861,19 +843,7 @@ fn layer_check_skips_tests_comments_literals_and_other_crates() {
         ("src/store/kv.rs", kv),
         ("src/store/testutil.rs", "use crate::daemon;\n"),
     ]);
-    assert_eq!(layer_violations(&lines, &[]), Vec::<String>::new());
-}
-
-#[test]
-fn layer_check_tracks_known_upward_pairs_both_ways() {
-    let lines = synthetic(&[("src/scheduler/mod.rs", "use crate::daemon::Intake;\n")]);
-    assert!(layer_violations(&lines, &[("scheduler", "daemon")]).is_empty());
-    let stale = layer_violations(&lines, &[("scheduler", "daemon"), ("tools", "channels")]);
-    assert_eq!(stale.len(), 1, "{stale:?}");
-    assert!(
-        stale[0].contains("`tools` → `channels`, which no longer occurs"),
-        "{stale:?}"
-    );
+    assert_eq!(layer_violations(&lines), Vec::<String>::new());
 }
 
 #[test]
@@ -885,7 +855,7 @@ fn layer_check_rejects_grouped_crate_paths_and_unknown_modules() {
         ),
         ("src/newthing.rs", "pub fn f() {}\n"),
     ]);
-    let found = layer_violations(&lines, &[]);
+    let found = layer_violations(&lines);
     assert_eq!(found.len(), 2, "{found:?}");
     assert!(
         found[0].starts_with("src/agent/mod.rs:1: `crate::{…}`"),
@@ -901,8 +871,8 @@ fn cycle_check_finds_same_layer_cycles_and_names_the_uses() {
         ("src/cli/mod.rs", "fn a() {}\nuse crate::daemon::run;\n"),
         ("src/store/mod.rs", "pub struct Store;\n"),
     ]);
-    assert!(layer_violations(&lines, &[]).is_empty());
-    let cycle = module_cycle(&lines, &[]).expect("daemon ⇄ cli is a cycle");
+    assert!(layer_violations(&lines).is_empty());
+    let cycle = module_cycle(&lines).expect("daemon ⇄ cli is a cycle");
     assert_eq!(
         cycle,
         [
@@ -917,7 +887,7 @@ fn cycle_check_finds_same_layer_cycles_and_names_the_uses() {
         ),
         ("src/cli/mod.rs", "use crate::store::Store;\n"),
     ]);
-    assert_eq!(module_cycle(&dag, &[]), None);
+    assert_eq!(module_cycle(&dag), None);
 }
 
 #[test]
