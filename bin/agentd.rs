@@ -25,7 +25,12 @@ enum Command {
     Chat,
     /// Validate the configuration and print the effective config (secrets redacted) and which
     /// models loaded or were skipped.
-    CheckConfig,
+    CheckConfig {
+        /// Instead, compare the file with the running daemon's effective config: what a reload
+        /// (SIGHUP) would apply and what needs a restart.
+        #[arg(long)]
+        diff: bool,
+    },
     /// Check config, provider reachability, Telegram, databases and disk space; print a
     /// pass/fail table (exit 1 when a check fails).
     Doctor,
@@ -113,10 +118,20 @@ fn main() -> ExitCode {
         }
     };
     match cli.command.unwrap_or(Command::Run) {
-        Command::CheckConfig => {
+        Command::CheckConfig { diff: false } => {
             print!("{}", agentd::config::render_effective(&cfg));
             ExitCode::SUCCESS
         }
+        Command::CheckConfig { diff: true } => match agentd::cli::config_diff::against_running(&cfg) {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("agentd: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::Run => run(cfg, agentd::daemon::RunOptions::default()),
         Command::Chat => run(
             cfg,

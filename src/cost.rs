@@ -207,7 +207,8 @@ pub async fn budget_gate(
 #[derive(Clone, Debug)]
 pub struct Ledger {
     db: Db,
-    budget: BudgetConfig,
+    /// `[budget]`, shared by every clone and replaced by a SIGHUP reload ([`Ledger::set_budget`]).
+    budget: Arc<Mutex<BudgetConfig>>,
     tz: Tz,
     /// Rows whose insert failed, oldest first.
     pending: Arc<Mutex<Vec<CostRow>>>,
@@ -246,7 +247,7 @@ impl Ledger {
     pub fn new(db: Db, cfg: &Config) -> Ledger {
         Ledger {
             db,
-            budget: cfg.budget,
+            budget: Arc::new(Mutex::new(cfg.budget)),
             tz: cfg.agent.timezone,
             pending: Arc::default(),
             messages: Arc::default(),
@@ -287,7 +288,18 @@ impl Ledger {
     /// a limit is set (fail closed).
     pub async fn check(&self, spent_message: f64) -> Result<(), BudgetError> {
         self.flush().await?;
-        budget_gate(&self.db, &self.budget, self.tz, Utc::now(), spent_message).await
+        let budget = self.budget();
+        budget_gate(&self.db, &budget, self.tz, Utc::now(), spent_message).await
+    }
+
+    /// The limits in force.
+    pub fn budget(&self) -> BudgetConfig {
+        *self.budget.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// New limits (a SIGHUP reload, SPEC §16.5): the next check applies them, for every clone.
+    pub fn set_budget(&self, budget: BudgetConfig) {
+        *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = budget;
     }
 
     /// [`Ledger::check`] for a call outside a message (embeddings, consolidation).
@@ -651,7 +663,7 @@ mod tests {
     fn ledger_on(db: Db, cfg: BudgetConfig) -> Ledger {
         Ledger {
             db,
-            budget: cfg,
+            budget: Arc::new(Mutex::new(cfg)),
             tz: chrono_tz::UTC,
             pending: Arc::default(),
             messages: Arc::default(),

@@ -104,6 +104,8 @@ struct Inner {
     queue_depth: usize,
     channels: BTreeMap<String, Value>,
     deliveries: DeliveryCounts,
+    /// The last SIGHUP reload: `{"at", "ok", "applied", "needs_restart", "error"}`.
+    reload: Option<Value>,
     /// When the monitor started: the `updated_at` of the idle state before any message.
     created_at: DateTime<Utc>,
 }
@@ -178,6 +180,8 @@ struct View<'a> {
     queue_depth: usize,
     channels: &'a BTreeMap<String, Value>,
     deliveries: DeliveryCounts,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reload: Option<&'a Value>,
 }
 
 /// Outbox deliveries (SPEC §16.1): queued or retrying now, and closed unsuccessfully since
@@ -221,6 +225,7 @@ impl Inner {
             queue_depth: self.queue_depth,
             channels: &self.channels,
             deliveries: self.deliveries,
+            reload: self.reload.as_ref(),
         }
     }
 
@@ -275,6 +280,7 @@ impl Monitor {
                 queue_depth: 0,
                 channels: BTreeMap::new(),
                 deliveries: DeliveryCounts::default(),
+                reload: None,
                 created_at: Utc::now(),
             }),
             writer,
@@ -420,6 +426,13 @@ impl Monitor {
             inner.channels.insert(name.to_owned(), health);
             self.publish(&mut inner);
         }
+    }
+
+    /// The outcome of the last SIGHUP reload (SPEC §16.5).
+    pub fn set_reload(&self, outcome: Value) {
+        let mut inner = self.lock();
+        inner.reload = Some(outcome);
+        self.publish(&mut inner);
     }
 
     /// The current monitor document (what the file holds), e.g. for `GET /api/v1/monitor`.

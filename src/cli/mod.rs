@@ -14,8 +14,9 @@
 //!
 //! `memory` is the other command-line front end here: `agentd index` and `agentd consolidate`
 //! (async, run by `bin/agentd.rs` on a current-thread runtime), kept here because only `cli/`
-//! prints.
+//! prints, and so is `config_diff` (`agentd check-config --diff`).
 
+pub mod config_diff;
 pub mod context;
 pub mod cost;
 mod error;

@@ -9,10 +9,14 @@
 //! - `sections`, `channels`, `tools`, `mcp`, `schedule`: one function per TOML section.
 //! - `providers`: provider files, inheritance, model defaults and validation → `ModelSet`.
 //! - `load`: the orchestration; `render`: `render_effective` for `agentd check-config`.
+//! - `live`: the running config, replaced on SIGHUP; `diff`: what changed and what a reload
+//!   applies (`agentd check-config --diff`).
 
 mod channels;
+pub mod diff;
 mod env;
 mod error;
+mod live;
 mod load;
 mod mcp;
 mod paths;
@@ -31,6 +35,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use error::{ConfigError, Problem};
+pub use live::Live;
 pub use load::ROUTING_SOURCES;
 pub use providers::{ANTHROPIC_BASE_URL, OPENAI_BASE_URL};
 pub use render::render_effective;

@@ -1266,3 +1266,61 @@ fn indexer_globs_must_stay_in_the_workspace_and_parse() {
     }
     assert!(!has(&problems, "memory/**/*.md"), "{problems:#?}");
 }
+
+/// A reload swaps in exactly what `diff::applies_live` calls live: the merged config differs
+/// from the running one only in live keys, and from the new file only in restart keys.
+#[test]
+fn live_parts_and_the_diff_classification_agree() {
+    let f = minimal_with_key();
+    let old = f.ok();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            "{MINIMAL}
+[channel.telegram]
+allow_from = [5]
+contacts = {{ Ann = 5 }}
+[budget]
+daily_usd = 3.0
+[http]
+port = 9999
+[behavior]
+debounce_ms = 7
+[tools]
+max_parallel_calls = 3
+[mcp.servers.t]
+command = \"true\"
+[[schedule]]
+name = \"n\"
+every = \"5m\"
+system = \"hi\"
+"
+        ),
+    );
+    let new = f.ok();
+    let merged = old.with_live_parts_of(&new);
+    let (r_old, r_new, r_merged) = (
+        render_effective(&old),
+        render_effective(&new),
+        render_effective(&merged),
+    );
+    let applied = diff::diff_rendered(&r_old, &r_merged);
+    let left = diff::diff_rendered(&r_merged, &r_new);
+    assert!(!applied.is_empty() && !left.is_empty());
+    for c in &applied {
+        assert!(c.applies_live(), "swapped in but not live: {}", c.key);
+    }
+    for c in &left {
+        assert!(!c.applies_live(), "live but not swapped in: {}", c.key);
+    }
+    let keys: Vec<&str> = applied.iter().map(|c| c.key.as_str()).collect();
+    for k in [
+        "budget.daily_usd",
+        "channel.telegram.allow_from",
+        "channel.telegram.contacts",
+        "mcp.servers.t.command",
+        "schedule.n",
+    ] {
+        assert!(keys.contains(&k), "{k} not applied: {keys:?}");
+    }
+}

@@ -55,7 +55,8 @@ use crate::channels::intake::{Completion, IntakeSink};
 
 /// Turns control lines (FIFO) into durable intakes and jobs.
 pub struct IntakeHandler {
-    pub cfg: Arc<crate::config::Config>,
+    /// The running config (SIGHUP replaces it).
+    pub cfg: crate::config::Live,
     pub store: Arc<SessionStore>,
     pub dispatcher: Arc<Dispatcher>,
 }
@@ -70,8 +71,9 @@ pub fn valid_key(key: &str) -> bool {
 
 impl IntakeHandler {
     pub async fn handle(&self, line: ControlLine) {
-        let state_dir = &self.cfg.paths.state_dir;
-        let max_text = self.cfg.http.max_body_bytes;
+        let cfg = self.cfg.get();
+        let state_dir = &cfg.paths.state_dir;
+        let max_text = cfg.http.max_body_bytes;
         let id = line.id().unwrap_or_default().to_string();
         let (key, intake) = match line {
             ControlLine::User {
@@ -218,7 +220,7 @@ impl IntakeHandler {
         let store = self.store.clone();
         let k = key.to_string();
         // The model a new session is created with (the worker routes each message itself).
-        let model = crate::agent::route_source(&self.cfg, intake.source.as_str());
+        let model = crate::agent::route_source(&self.cfg.get(), intake.source.as_str());
         let item = intake.clone();
         let recorded =
             tokio::task::spawn_blocking(move || store.append_intake(&k, &model, item)).await;
@@ -385,7 +387,7 @@ impl IntakeHandler {
                     intakes,
                     resume: false,
                 };
-                if let Some(target) = super::delivery::target_for(&work, &self.cfg) {
+                if let Some(target) = super::delivery::target_for(&work, &self.cfg.get()) {
                     open.push(OpenDelivery {
                         key: key.clone(),
                         session: session.clone(),

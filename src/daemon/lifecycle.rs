@@ -1,5 +1,6 @@
 //! The lifecycle of a run (SPEC §10.4): serve until a stop signal, the end of terminal input,
-//! the caller's shutdown token or the death of a source (SPEC §16.7) — answering SIGHUP/SIGUSR1 and pinging the systemd watchdog
+//! the caller's shutdown token or the death of a source (SPEC §16.7) — answering SIGHUP (a live
+//! reload, `reload`) and SIGUSR1 and pinging the systemd watchdog
 //! meanwhile — then stop in two stages (no new work; interrupt what still runs at the deadline).
 
 use std::time::Duration;
@@ -47,7 +48,7 @@ pub async fn serve(
         tokio::select! {
             sig = signals.next() => match sig {
                 Some(sig) if sig.is_shutdown() => break Stop::Signal(sig.name()),
-                Some(sig) => on_signal(s, notifier, sig),
+                Some(sig) => on_signal(s, notifier, sig).await,
                 None => break Stop::Signal("none (signal stream ended)"),
             },
             _ = input_closed.cancelled() => break Stop::InputClosed,
@@ -68,18 +69,13 @@ pub async fn serve(
     None
 }
 
-fn on_signal(s: &Services, notifier: &Notifier, sig: Signal) {
+async fn on_signal(s: &Services, notifier: &Notifier, sig: Signal) {
     match sig {
         Signal::Hangup => {
-            // Skills are rescanned. Workspace files need no reload (they are re-read for every
-            // message), nor do one-shot schedules (agentd.db); agentd.toml, with its
-            // `[[schedule]]` entries, needs a restart.
-            notifier.reloading("reloading workspace and skills");
-            let n = s.skills.rescan();
-            tracing::info!(
-                skills = n,
-                "SIGHUP: workspace and skills reloaded (workspace files are re-read per message; agentd.toml changes need a restart)"
-            );
+            // The config is read again and its live parts applied; skills are rescanned;
+            // workspace files need nothing (they are read for every message).
+            notifier.reloading("reloading the config and skills");
+            super::reload::reload_and_report(s).await;
             notifier.ready_again("ready");
         }
         Signal::User1 => {

@@ -10,6 +10,7 @@ pub mod lifecycle;
 pub mod notify;
 pub mod pidlock;
 pub mod queue;
+pub mod reload;
 pub mod retention;
 pub mod services;
 pub mod signals;
@@ -128,6 +129,8 @@ pub async fn run(
     let notifier = notify::Notifier::from_env();
     let tasks = Tasks::default();
     let s = Services::build(Arc::new(cfg), &tasks, started).await?;
+    // What `agentd check-config --diff` compares a changed file against.
+    reload::write_running_config(&s.paths.root, &s.cfg);
     // Deliveries a crash left open are found first (before any new reply exists), resumed in
     // the background once READY is out (SPEC §16.2: READY never waits on Telegram); then
     // unfinished work, then new input.

@@ -39,7 +39,10 @@ pub struct Tasks {
 
 /// Everything the sources and the lifecycle need, built once.
 pub struct Services {
+    /// The config the daemon started with: what needs a restart is read from here.
     pub cfg: Arc<Config>,
+    /// The running config, replaced by a SIGHUP reload (`super::reload`): what applies live.
+    pub live: crate::config::Live,
     pub paths: StatePaths,
     pub pid: PidLock,
     pub db: Db,
@@ -50,6 +53,8 @@ pub struct Services {
     pub memory: Option<Memory>,
     pub consolidator: Option<Consolidator>,
     pub telegram: Option<TelegramClient>,
+    /// Costs and the budget (a reload sets new limits on it).
+    pub ledger: crate::cost::Ledger,
     pub mcp: Arc<McpManager>,
     /// Stops the MCP servers (after the workers, at the very end).
     pub mcp_cancel: CancellationToken,
@@ -238,8 +243,9 @@ impl Services {
         spawn.connect(Arc::new(agent.clone()));
         let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
             .map_err(|e| DaemonError::Startup(e.to_string()))?;
+        let live = crate::config::Live::new(cfg.clone());
         let deps = DispatcherDeps {
-            cfg: cfg.clone(),
+            cfg: live.clone(),
             runner: Arc::new(agent),
             store: store.clone(),
             monitor: monitor.clone(),
@@ -250,6 +256,7 @@ impl Services {
         };
         let (dispatcher, intake) = queues(deps, tasks);
         Ok(Services {
+            live,
             cfg,
             paths,
             pid,
@@ -261,6 +268,7 @@ impl Services {
             memory,
             consolidator,
             telegram,
+            ledger,
             mcp,
             mcp_cancel,
             schedule_wake,

@@ -115,7 +115,7 @@ pub async fn start(
 fn start_scheduler(s: &Services, tasks: &Tasks) {
     let scheduler =
         Arc::new(crate::scheduler::Scheduler {
-            cfg: s.cfg.clone(),
+            cfg: s.live.clone(),
             db: s.db.clone(),
             intake: s.intake.clone(),
             wake: s.schedule_wake.clone(),

@@ -296,6 +296,7 @@ pub fn start_poller(
     tasks: &Tasks,
 ) -> super::sources::SourceTask {
     let (cfg, db, monitor) = (s.cfg.clone(), s.db.clone(), s.monitor.clone());
+    let live = s.live.clone();
     let (intake, dispatcher) = (s.intake.clone(), s.dispatcher.clone());
     let (tracker, stop) = (&tasks.tracker, tasks.stop.clone());
     let (health_tx, mut health_rx) = poll::health_channel();
@@ -321,13 +322,17 @@ pub fn start_poller(
     let tg_cfg = cfg.telegram.clone();
     let bot_id = client.bot_id();
     Box::pin(async move {
-        poll::run(
+        poll::run_with(
             client,
             tg_cfg,
             Arc::new(DbOffsets(db, offset_key(bot_id))),
             sink,
             health_tx,
             stop,
+            poll::PollOptions {
+                live: Some(live),
+                ..Default::default()
+            },
         )
         .await
         .map_err(|e| e.to_string())

@@ -20,7 +20,6 @@ use super::queue::Queue;
 pub use super::queue::{Job, QueueSlot};
 use crate::agent::{Agent, Finish, Work};
 pub use crate::channels::intake::{Completion, QueueFull};
-use crate::config::Config;
 use crate::memory::consolidate::Consolidator;
 use crate::metrics::Metrics;
 use crate::monitor::Monitor;
@@ -73,7 +72,8 @@ impl Runner for Agent {
 
 /// What a [`Dispatcher`] is built from: it holds its own dependencies, not the agent's.
 pub struct DispatcherDeps {
-    pub cfg: Arc<Config>,
+    /// The running config (SIGHUP replaces it; contacts decide where replies go).
+    pub cfg: crate::config::Live,
     pub runner: Arc<dyn Runner>,
     pub store: Arc<SessionStore>,
     pub monitor: Arc<Monitor>,
@@ -87,7 +87,7 @@ pub struct DispatcherDeps {
 
 /// Routes jobs to per-session workers.
 pub struct Dispatcher {
-    cfg: Arc<Config>,
+    cfg: crate::config::Live,
     runner: Arc<dyn Runner>,
     store: Arc<SessionStore>,
     consolidator: Option<Consolidator>,
@@ -120,6 +120,7 @@ impl Dispatcher {
             webhook,
             outbound,
         } = deps;
+        let (live, cfg) = (cfg.clone(), cfg.get());
         Arc::new(Dispatcher {
             queue: Queue::new(&cfg.behavior, monitor.clone()),
             after: AfterMessage {
@@ -139,7 +140,7 @@ impl Dispatcher {
                     counts: Default::default(),
                 }),
             },
-            cfg,
+            cfg: live,
             runner,
             store,
             consolidator,
@@ -264,7 +265,7 @@ impl Dispatcher {
             }
             match job {
                 Job::Message(mut work) => {
-                    let window = self.cfg.behavior.debounce;
+                    let window = self.cfg.get().behavior.debounce;
                     (self.queue)
                         .debounce(&key, window, &self.stop, &mut work, &mut rx, &mut held)
                         .await;
@@ -288,7 +289,7 @@ impl Dispatcher {
                         state = None;
                         // Nobody waits forever: tell waiters (HTTP /chat, agentd chat).
                         let finish = Finish::Failed {
-                            reply: self.cfg.behavior.error_message.clone(),
+                            reply: self.cfg.get().behavior.error_message.clone(),
                             error: e.to_string(),
                         };
                         let session_id = String::new();
@@ -390,7 +391,7 @@ impl Dispatcher {
             );
         }
         let st = state.as_mut().expect("loaded above");
-        let target = target_for(&work, &self.cfg);
+        let target = target_for(&work, &self.cfg.get());
         let started = std::time::Instant::now();
         let finish = self
             .run_agent(key, &session, st, &work, &model, target.as_ref())
@@ -457,7 +458,7 @@ impl Dispatcher {
     ) -> std::io::Result<Finish> {
         let stop = self.abort.child_token();
         self.running_tokens().insert(key.to_string(), stop.clone());
-        let typing = (self.after).typing(target, self.cfg.behavior.typing_indicators);
+        let typing = (self.after).typing(target, self.cfg.get().behavior.typing_indicators);
         self.active.fetch_add(1, Ordering::Relaxed);
         let finish = self.runner.process(session, st, work, model, &stop).await;
         self.active.fetch_sub(1, Ordering::Relaxed);
@@ -486,7 +487,7 @@ impl Dispatcher {
         let Some(c) = self.consolidator.clone() else {
             return;
         };
-        if !self.cfg.memory.consolidation_enabled {
+        if !self.cfg.get().memory.consolidation_enabled {
             return;
         }
         let archive = self.store.dir().join(".archive");
@@ -600,7 +601,7 @@ mod tests {
         let tracker = TaskTracker::new();
         let dispatcher = Dispatcher::new(
             DispatcherDeps {
-                cfg: Arc::new(cfg),
+                cfg: crate::config::Live::new(Arc::new(cfg)),
                 runner: runner.clone(),
                 store,
                 monitor: Arc::new(Monitor::new(root.join("monitor.json"))),

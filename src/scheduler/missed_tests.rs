@@ -64,7 +64,7 @@ fn fixture() -> Fixture {
     let cfg = crate::config::load_with_env(&root.join("agentd.toml"), env).unwrap();
     let fired = Arc::new(Recorder::default());
     let sched = Scheduler {
-        cfg: Arc::new(cfg),
+        cfg: crate::config::Live::new(Arc::new(cfg)),
         db: Db::open(&root.join("agentd.db")).unwrap(),
         intake: fired.clone(),
         wake: Arc::new(Notify::new()),

@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::channels::intake::IntakeSink;
-use crate::config::{Config, ScheduleAction, ScheduleEntry, ScheduleWhen};
+use crate::config::{Live, ScheduleAction, ScheduleEntry, ScheduleWhen};
 use crate::session::Intake;
 use crate::store::Db;
 
@@ -21,7 +21,9 @@ use crate::store::Db;
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 
 pub struct Scheduler {
-    pub cfg: Arc<Config>,
+    /// The running config: `[[schedule]]` entries are read from it on every pass, so a SIGHUP
+    /// that changes them applies at once (SPEC §16.5).
+    pub cfg: Live,
     pub db: Db,
     pub intake: Arc<dyn IntakeSink>,
     /// Woken when a one-shot message is added or cancelled.
@@ -37,6 +39,17 @@ pub struct Scheduler {
 
 /// See [`Scheduler::unrecorded`].
 pub type FiredIds = std::sync::Mutex<std::collections::HashSet<String>>;
+
+/// Log each entry whose cron expression does not parse (it never fires).
+fn warn_invalid_cron(entries: &[ScheduleEntry]) {
+    for e in entries {
+        if let ScheduleWhen::Cron(expr) = &e.when
+            && croner::Cron::from_str(expr).is_err()
+        {
+            tracing::error!(schedule = %e.name, cron = %expr, "invalid cron expression; entry ignored (fix [[schedule]] cron)");
+        }
+    }
+}
 
 /// The next time `entry` fires strictly after `after` (Unix seconds).
 pub fn next_after(entry: &ScheduleEntry, after: i64, tz: chrono_tz::Tz) -> Option<i64> {
@@ -54,14 +67,14 @@ pub fn next_after(entry: &ScheduleEntry, after: i64, tz: chrono_tz::Tz) -> Optio
 
 impl Scheduler {
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
-        for e in &self.cfg.schedules {
-            if let ScheduleWhen::Cron(expr) = &e.when
-                && croner::Cron::from_str(expr).is_err()
-            {
-                tracing::error!(schedule = %e.name, cron = %expr, "invalid cron expression; entry ignored (fix [[schedule]] cron)");
-            }
-        }
+        let mut reloads = self.cfg.subscribe();
+        let mut checked = None;
         loop {
+            let cfg = self.cfg.get();
+            if checked.as_ref().is_none_or(|c| !Arc::ptr_eq(c, &cfg)) {
+                warn_invalid_cron(&cfg.schedules);
+                checked = Some(cfg.clone());
+            }
             let now = Utc::now().timestamp();
             let mut next_wake = now + MAX_SLEEP.as_secs() as i64;
             match self.db.schedule_pending().await {
@@ -76,7 +89,7 @@ impl Scheduler {
                 }
                 Err(e) => tracing::error!(error = %e, "scheduler: cannot read scheduled messages"),
             }
-            for entry in &self.cfg.schedules {
+            for entry in &cfg.schedules {
                 if let Some(at) = self.check_entry(entry, now).await {
                     next_wake = next_wake.min(at);
                 }
@@ -86,6 +99,9 @@ impl Scheduler {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = self.wake.notified() => {}
+                // A reload: the next pass sees the new entries (a dropped sender only
+                // happens at shutdown; then the sleep paces the loop).
+                Ok(()) = reloads.changed() => {}
                 _ = tokio::time::sleep(sleep) => {}
             }
         }
@@ -93,7 +109,7 @@ impl Scheduler {
 
     /// Fire `entry` if due (once, however many slots were missed); return its next time.
     async fn check_entry(&self, entry: &ScheduleEntry, now: i64) -> Option<i64> {
-        let tz = self.cfg.agent.timezone;
+        let tz = self.cfg.get().agent.timezone;
         let last = match self.db.schedule_last_run(&entry.name).await {
             Ok(Some(t)) => t,
             Ok(None) => {

@@ -533,6 +533,7 @@ fn fast_opts() -> PollOptions {
         hang_slack: Duration::from_secs(2),
         backoff_min: Duration::from_millis(20),
         backoff_max: Duration::from_millis(200),
+        live: None,
     }
 }
 

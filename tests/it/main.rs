@@ -21,6 +21,7 @@ mod memory;
 mod outbox;
 mod process_hardening;
 mod provider_limits;
+mod reload;
 mod retention;
 mod ssrf;
 mod systemd;

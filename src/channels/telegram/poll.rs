@@ -88,6 +88,9 @@ pub struct PollOptions {
     pub backoff_min: Duration,
     /// The longest backoff, also the wait after a rejected token.
     pub backoff_max: Duration,
+    /// The running config: when set, `allow_from` and `contacts` are taken from it for each
+    /// batch of updates, so a SIGHUP reload applies to the next message (SPEC §16.5).
+    pub live: Option<crate::config::Live>,
 }
 
 impl Default for PollOptions {
@@ -96,6 +99,7 @@ impl Default for PollOptions {
             hang_slack: HANG_SLACK,
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
+            live: None,
         }
     }
 }
@@ -167,7 +171,7 @@ pub async fn run(
 /// `Result` leaves room for unrecoverable conditions.
 pub async fn run_with(
     client: TelegramClient,
-    cfg: TelegramConfig,
+    mut cfg: TelegramConfig,
     offsets: Arc<dyn OffsetStore>,
     sink: Arc<dyn TgSink>,
     health: watch::Sender<PollHealth>,
@@ -265,6 +269,11 @@ pub async fn run_with(
             h.alert = None;
         });
 
+        if let Some(live) = &opts.live {
+            let now = live.get();
+            cfg.allow_from.clone_from(&now.telegram.allow_from);
+            cfg.contacts.clone_from(&now.telegram.contacts);
+        }
         let mut sink_failed = false;
         for update in updates {
             let id = i64::from(update.id.0);
