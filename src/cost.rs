@@ -675,6 +675,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn new_limits_apply_to_every_clone_at_the_next_check() {
+        let (_dir, db) = ledger().await;
+        let ledger = ledger_on(db, budget(0.0, 0.0, 0.0));
+        let clone = ledger.clone();
+        assert!(clone.check(1.0).await.is_ok(), "no limit yet");
+        ledger.set_budget(budget(0.5, 0.0, 0.0));
+        let err = clone.check(1.0).await.unwrap_err();
+        assert!(err.to_string().contains("per-message budget"), "{err}");
+        ledger.set_budget(budget(0.0, 0.0, 0.0));
+        assert!(clone.check(1.0).await.is_ok(), "limit lifted again");
+    }
+
+    #[tokio::test]
     async fn a_row_that_cannot_be_written_stops_every_later_call() {
         // Every insert fails on this handle; no limit is set.
         let ledger = ledger_on(Db::without_schema_for_test(), budget(0.0, 0.0, 0.0));
