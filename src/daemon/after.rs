@@ -14,7 +14,7 @@ use super::delivery::{Outbound, Progress, Target};
 use crate::agent::{Finish, Work};
 use crate::channels::intake::{Completion, reply_text};
 use crate::metrics::{Metrics, Outcome};
-use crate::session::{DeliveryStatus, Event, SessionHandle};
+use crate::session::{DeliveryStatus, SessionHandle};
 
 /// Who waits for which intake id (HTTP `/chat`, `agentd chat`).
 #[derive(Default)]
@@ -109,6 +109,8 @@ impl DeliveryStats {
 pub struct Lanes {
     map: std::sync::Mutex<HashMap<String, (u64, oneshot::Receiver<()>)>>,
     next: std::sync::atomic::AtomicU64,
+    /// Woken whenever a lane runs dry ([`Lanes::drained`]).
+    dry: tokio::sync::Notify,
 }
 
 impl Lanes {
@@ -133,12 +135,34 @@ impl Lanes {
         let mut map = self.map();
         if map.get(session).is_some_and(|(m, _)| *m == n) {
             map.remove(session);
+            drop(map);
+            self.dry.notify_waiters();
         }
     }
 
     /// Sessions with a delivery queued or in flight.
     pub fn busy(&self) -> usize {
         self.map().len()
+    }
+
+    /// Whether `session` has a delivery queued or in flight.
+    pub fn is_busy(&self, session: &str) -> bool {
+        self.map().contains_key(session)
+    }
+
+    /// Returns once `session` has no delivery queued or in flight. (Its worker calls this
+    /// before archiving it, and only that worker makes its replies, so none joins meanwhile.)
+    pub async fn drained(&self, session: &str) {
+        loop {
+            let dry = self.dry.notified();
+            tokio::pin!(dry);
+            // Registered before the check, so a lane running dry in between is not missed.
+            dry.as_mut().enable();
+            if !self.is_busy(session) {
+                return;
+            }
+            dry.await;
+        }
     }
 }
 
@@ -153,7 +177,16 @@ impl AfterMessage {
         started: Instant,
     ) {
         if let (Some(target), Some(text)) = (target, reply_text(&finish)) {
-            self.deliver(session, target, work.ids(), text.to_string(), None);
+            let window = self.retry.window_from(Instant::now());
+            self.deliver(
+                session,
+                target,
+                work.ids(),
+                text.to_string(),
+                None,
+                window,
+                None,
+            );
         }
         let source = work.intakes.first().map_or("", |i| i.source.as_str());
         self.metrics
@@ -173,7 +206,11 @@ impl AfterMessage {
     }
 
     /// Queue a delivery (a new reply, or with `resume` one a restart left open) on the
-    /// session's lane; it runs in the background (see [`Lanes`]).
+    /// session's lane; it runs in the background (see [`Lanes`]). `window`: until when it is
+    /// retried, counted from when the reply was recorded ([`RetryPolicy::window_from`]). With a
+    /// `gate` it takes its place on the lane now but starts only once the gate is cancelled
+    /// (deliveries a restart left open: queued before any new reply, sent after READY).
+    #[allow(clippy::too_many_arguments)]
     pub fn deliver(
         &self,
         session: &Arc<SessionHandle>,
@@ -181,6 +218,8 @@ impl AfterMessage {
         ids: Vec<String>,
         text: String,
         resume: Option<Progress>,
+        window: Window,
+        gate: Option<CancellationToken>,
     ) {
         let Some(d) = self.outbound.clone() else {
             return;
@@ -190,19 +229,32 @@ impl AfterMessage {
         let (lanes, stats) = (self.lanes.clone(), self.stats.clone());
         stats.queued();
         self.tracker.spawn(async move {
+            let opened = match gate {
+                None => true,
+                Some(g) => tokio::select! {
+                    _ = g.cancelled() => true,
+                    _ = retry.abort.cancelled() => false,
+                },
+            };
             if let Some(prev) = prev {
                 let _ = prev.await;
             }
-            let status = deliver_recorded(
-                &session,
-                d.as_ref(),
-                &target,
-                &ids,
-                &text,
-                &retry,
-                resume.as_ref(),
-            )
-            .await;
+            let status = match opened {
+                true => {
+                    deliver_recorded(
+                        &session,
+                        d.as_ref(),
+                        &target,
+                        &ids,
+                        &text,
+                        &retry,
+                        window,
+                        resume.as_ref(),
+                    )
+                    .await
+                }
+                false => None,
+            };
             stats.over(status);
             lanes.leave(&session.id, n);
             let _ = done.send(());
@@ -249,86 +301,14 @@ pub fn log_finish(session_id: &str, finish: &Finish) {
     }
 }
 
-/// How long the outbox keeps retrying a part, and what stops it early (shutdown: the
-/// delivery stays open and resumes after the restart).
-#[derive(Clone)]
-pub struct RetryPolicy {
-    pub within: Duration,
-    pub abort: CancellationToken,
-}
+pub use crate::tools::outbound::RetryPolicy;
+use crate::tools::outbound::{Outbox, Piece, Window};
 
-/// First backoff wait; it doubles per try up to [`MAX_BACKOFF`], jittered ±50 %.
-const FIRST_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
-
-fn jittered(d: Duration) -> Duration {
-    d.mul_f64(rand::random_range(0.5..1.5))
-}
-
-/// How one part ended.
-enum PartEnd {
-    Sent,
-    /// Closing status and why.
-    Closed(DeliveryStatus, String),
-    /// Shutdown while waiting to retry: nothing more is recorded.
-    Aborted,
-}
-
-/// Send one part, retrying what may be retried (SPEC §16.1) until `policy.within` has passed.
-async fn send_with_retry(
-    d: &dyn Outbound,
-    target: &Target,
-    part: &str,
-    policy: &RetryPolicy,
-    session_id: &str,
-) -> PartEnd {
-    use crate::tools::outbound::PartError;
-    let deadline = Instant::now() + policy.within;
-    let mut backoff = FIRST_BACKOFF;
-    loop {
-        let sent = tokio::select! {
-            biased;
-            // The shutdown deadline: the part stays `attempt`ed without `sent` (never resent).
-            _ = policy.abort.cancelled() => return PartEnd::Aborted,
-            r = d.send_part(target, part) => r,
-        };
-        let (after, error) = match sent {
-            Ok(()) => return PartEnd::Sent,
-            Err(PartError::Unknown(e)) => return PartEnd::Closed(DeliveryStatus::Unknown, e),
-            Err(PartError::Failed(e)) => return PartEnd::Closed(DeliveryStatus::Failed, e),
-            Err(PartError::Retry { after, error }) => (after, error),
-        };
-        let wait = match after {
-            Some(a) => a.saturating_add(jittered(Duration::from_millis(200))),
-            None => jittered(backoff),
-        };
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-        if Instant::now()
-            .checked_add(wait)
-            .is_none_or(|at| at > deadline)
-        {
-            return PartEnd::Closed(
-                DeliveryStatus::Failed,
-                format!(
-                    "{error} (gave up after {} s of retries)",
-                    policy.within.as_secs()
-                ),
-            );
-        }
-        tracing::warn!(session = %session_id, channel = target.channel(), %error,
-            retry_in_ms = wait.as_millis() as u64, "delivery failed; retrying");
-        tokio::select! {
-            _ = policy.abort.cancelled() => return PartEnd::Aborted,
-            _ = tokio::time::sleep(wait) => {}
-        }
-    }
-}
-
-/// Deliver `text` through the outbox (SPEC §16.1): an `intent` with the number of parts, per
-/// part an `attempt` before it is sent and `sent` after the channel accepted it, then `done` —
-/// or `failed`/`unknown` at the first part that could not be delivered (later parts are not
-/// sent, so the order holds). With `resume`, parts already `sent` or `attempt`ed are skipped
-/// and no new intent is written.
+/// Deliver the reply `text` through the outbox (SPEC §16.1; `tools::outbound::Outbox`): split
+/// into the channel's parts, recorded under the reply's intake ids. With `resume`, parts
+/// already `sent` or `attempt`ed are skipped and no new intent is written; when a part was
+/// attempted without `sent`, the person is told after the rest that it may be missing.
+#[allow(clippy::too_many_arguments)]
 pub async fn deliver_recorded(
     session: &Arc<SessionHandle>,
     d: &dyn Outbound,
@@ -336,27 +316,18 @@ pub async fn deliver_recorded(
     ids: &[String],
     text: &str,
     policy: &RetryPolicy,
+    window: Window,
     resume: Option<&Progress>,
 ) -> Option<DeliveryStatus> {
-    let record = |status, detail, parts, part| Event::Delivery {
-        reply_to: ids.to_vec(),
-        channel: target.channel().to_string(),
-        status,
-        detail,
-        parts,
-        part,
-    };
     let parts = d.parts(target, text);
-    if resume.is_none()
-        && let Err(e) = crate::agent::append(
-            session,
-            record(DeliveryStatus::Intent, None, Some(parts.len()), None),
-        )
-        .await
-    {
-        tracing::error!(session = %session.id, error = %e, "cannot record delivery intent; not sending");
-        return None;
-    }
+    let outbox = Outbox {
+        session,
+        out: d,
+        target,
+        ids,
+        window,
+        abort: &policy.abort,
+    };
     if let Some(p) = resume
         && p.parts.is_some_and(|n| n != parts.len())
         && !(p.sent.is_empty() && p.attempted.is_empty())
@@ -369,63 +340,37 @@ pub async fn deliver_recorded(
             p.parts.unwrap_or_default()
         );
         tracing::warn!(session = %session.id, ?ids, "{detail}");
-        let ev = record(DeliveryStatus::Unknown, Some(detail), None, None);
-        if let Err(e) = crate::agent::append(session, ev).await {
-            tracing::error!(session = %session.id, error = %e, "cannot record the delivery outcome");
-        }
+        outbox
+            .write(DeliveryStatus::Unknown, Some(detail), None, None)
+            .await;
         return Some(DeliveryStatus::Unknown);
     }
-    let mut close = (DeliveryStatus::Done, None, None);
-    for (i, part) in parts.iter().enumerate() {
-        if let Some(p) = resume
-            && !p.todo(i)
-        {
-            if !p.sent.contains(&i) {
-                tracing::warn!(session = %session.id, part = i, ?ids,
-                    "a part was being sent when agentd stopped; not sending it again");
-                close = (
-                    DeliveryStatus::Unknown,
-                    Some(format!("part {i} was being sent when agentd stopped")),
-                    Some(i),
-                );
-            }
-            continue;
-        }
-        if policy.abort.is_cancelled() {
-            // Past the shutdown deadline: left open, resumed after the restart.
-            return None;
-        }
-        if let Err(e) = crate::agent::append(
-            session,
-            record(DeliveryStatus::Attempt, None, None, Some(i)),
-        )
+    let notice = resume.and_then(|p| missing_notice(p, parts.len()));
+    let pieces: Vec<Piece> = parts.into_iter().map(Piece::Text).collect();
+    outbox
+        .deliver(&pieces, resume, notice.as_deref())
         .await
-        {
-            tracing::error!(session = %session.id, error = %e, "cannot record a delivery attempt; not sending");
-            return None;
-        }
-        match send_with_retry(d, target, part, policy, &session.id).await {
-            PartEnd::Sent => {
-                if let Err(e) =
-                    crate::agent::append(session, record(DeliveryStatus::Sent, None, None, Some(i)))
-                        .await
-                {
-                    tracing::error!(session = %session.id, error = %e, "cannot record a sent part");
-                }
-            }
-            PartEnd::Aborted => return None,
-            PartEnd::Closed(status, e) => {
-                tracing::warn!(session = %session.id, channel = target.channel(), part = i, error = %e, ?status, "delivery failed");
-                close = (status, Some(e), Some(i));
-                break;
-            }
-        }
+        .status
+}
+
+/// What the person is told when a restart left parts of a reply attempted without `sent`:
+/// those are never sent again (at most once), so they may be missing.
+fn missing_notice(p: &Progress, parts: usize) -> Option<String> {
+    let lost: Vec<String> = (p.attempted.iter())
+        .filter(|i| **i < parts)
+        .map(|i| (i + 1).to_string())
+        .collect();
+    match lost.len() {
+        0 => None,
+        1 => Some(format!(
+            "(agentd restarted while sending the reply above: part {} of {parts} may be missing.)",
+            lost[0]
+        )),
+        _ => Some(format!(
+            "(agentd restarted while sending the reply above: parts {} of {parts} may be missing.)",
+            lost.join(", ")
+        )),
     }
-    let (status, detail, part) = close;
-    if let Err(e) = crate::agent::append(session, record(status, detail, None, part)).await {
-        tracing::error!(session = %session.id, error = %e, "cannot record delivery outcome");
-    }
-    Some(status)
 }
 
 /// "typing…" every 4 s until the returned token is cancelled.
@@ -477,12 +422,30 @@ fn webhook_payload(
 mod tests {
     use super::*;
 
+    fn w(policy: &RetryPolicy) -> Window {
+        policy.window_from(Instant::now())
+    }
+
     /// Splits text into parts of `size` characters and counts the parts it is asked to send.
     struct Chunks {
         size: usize,
         sent: std::sync::Mutex<Vec<String>>,
         /// Answer every send with a flood wait this long instead.
         flood: Option<Duration>,
+        /// Answer this many sends with a retryable error first.
+        fail: std::sync::atomic::AtomicUsize,
+        /// Every try, failed ones included.
+        tries: std::sync::atomic::AtomicUsize,
+    }
+
+    fn chunks(size: usize) -> Chunks {
+        Chunks {
+            size,
+            sent: Default::default(),
+            flood: None,
+            fail: Default::default(),
+            tries: Default::default(),
+        }
     }
 
     impl Outbound for Chunks {
@@ -498,6 +461,18 @@ mod tests {
             _to: &'a Target,
             part: &'a str,
         ) -> futures::future::BoxFuture<'a, Result<(), crate::tools::outbound::PartError>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.tries.fetch_add(1, SeqCst);
+            if self
+                .fail
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                let error = "502".to_string();
+                return Box::pin(async move {
+                    Err(crate::tools::outbound::PartError::Retry { after: None, error })
+                });
+            }
             if let Some(after) = self.flood {
                 let error = "flood".to_string();
                 let after = Some(after);
@@ -508,19 +483,12 @@ mod tests {
             self.sent.lock().unwrap().push(part.to_string());
             Box::pin(async { Ok(()) })
         }
-        fn send_text<'a>(
-            &'a self,
-            _to: &'a Target,
-            _text: &'a str,
-        ) -> futures::future::BoxFuture<'a, Result<usize, String>> {
-            unreachable!()
-        }
         fn send_file<'a>(
             &'a self,
             _to: &'a Target,
             _path: &'a std::path::Path,
             _kind: crate::tools::outbound::FileKind,
-        ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        ) -> futures::future::BoxFuture<'a, Result<(), crate::tools::outbound::PartError>> {
             unreachable!()
         }
         fn react<'a>(
@@ -528,8 +496,11 @@ mod tests {
             _to: &'a Target,
             _message_id: i32,
             _emoji: &'a str,
-        ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        ) -> futures::future::BoxFuture<'a, Result<(), crate::tools::outbound::PartError>> {
             unreachable!()
+        }
+        fn attempt_timeout(&self) -> Duration {
+            Duration::from_secs(1)
         }
         fn typing<'a>(&'a self, _to: &'a Target) -> futures::future::BoxFuture<'a, ()> {
             Box::pin(async {})
@@ -554,23 +525,34 @@ mod tests {
             attempted: Default::default(),
             parts: Some(3),
         };
-        let now_two = Chunks {
-            size: 3,
-            sent: Default::default(),
-            flood: None,
-        };
+        let now_two = chunks(3);
         let ids = ["m1".to_string()];
-        let status =
-            deliver_recorded(&h, &now_two, &to, &ids, "abcdef", &policy, Some(&begun)).await;
+        let status = deliver_recorded(
+            &h,
+            &now_two,
+            &to,
+            &ids,
+            "abcdef",
+            &policy,
+            w(&policy),
+            Some(&begun),
+        )
+        .await;
         assert_eq!(status, Some(DeliveryStatus::Unknown));
         assert!(now_two.sent.lock().unwrap().is_empty(), "nothing resent");
         // The same split as at the intent resumes where it stopped.
-        let same = Chunks {
-            size: 2,
-            sent: Default::default(),
-            flood: None,
-        };
-        let status = deliver_recorded(&h, &same, &to, &ids, "abcdef", &policy, Some(&begun)).await;
+        let same = chunks(2);
+        let status = deliver_recorded(
+            &h,
+            &same,
+            &to,
+            &ids,
+            "abcdef",
+            &policy,
+            w(&policy),
+            Some(&begun),
+        )
+        .await;
         assert_eq!(status, Some(DeliveryStatus::Done));
         assert_eq!(*same.sent.lock().unwrap(), ["cd", "ef"]);
     }
@@ -587,14 +569,227 @@ mod tests {
             abort: CancellationToken::new(),
         };
         let flooded = Chunks {
-            size: 10,
-            sent: Default::default(),
             flood: Some(Duration::MAX),
+            ..chunks(10)
         };
         let to = Target::Telegram { chat_id: 1 };
-        let status =
-            deliver_recorded(&h, &flooded, &to, &["m1".to_string()], "hi", &policy, None).await;
+        let status = deliver_recorded(
+            &h,
+            &flooded,
+            &to,
+            &["m1".to_string()],
+            "hi",
+            &policy,
+            w(&policy),
+            None,
+        )
+        .await;
         assert_eq!(status, Some(DeliveryStatus::Failed));
+    }
+
+    fn session(d: &tempfile::TempDir) -> Arc<SessionHandle> {
+        let store = crate::session::SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
+        store.get_or_create("k", "primary").unwrap()
+    }
+
+    fn statuses(h: &SessionHandle) -> Vec<(DeliveryStatus, Option<usize>)> {
+        h.read_trail()
+            .unwrap()
+            .into_iter()
+            .filter_map(|l| match l.event {
+                crate::session::Event::Delivery { status, part, .. } => Some((status, part)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// SPEC §16.1 on restart: a part `attempt`ed without `sent` is skipped (at most once), the
+    /// later parts are sent, the person is told a part may be missing, and the delivery closes
+    /// `unknown`, naming the part.
+    #[tokio::test]
+    async fn a_part_attempted_before_a_restart_is_skipped_the_rest_sent_and_the_person_told() {
+        let d = tempfile::tempdir().unwrap();
+        let h = session(&d);
+        let to = Target::Telegram { chat_id: 1 };
+        let policy = RetryPolicy {
+            within: Duration::from_secs(1),
+            abort: CancellationToken::new(),
+        };
+        let begun = Progress {
+            sent: [0].into(),
+            attempted: [1].into(),
+            parts: Some(3),
+        };
+        let out = chunks(2);
+        let ids = ["m1".to_string()];
+        let status = deliver_recorded(
+            &h,
+            &out,
+            &to,
+            &ids,
+            "abcdef",
+            &policy,
+            w(&policy),
+            Some(&begun),
+        )
+        .await;
+        assert_eq!(status, Some(DeliveryStatus::Unknown));
+        let sent = out.sent.lock().unwrap().clone();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert_eq!(sent[0], "ef", "part 1 is not sent again, part 2 is");
+        assert!(sent[1].contains("part 2 of 3 may be missing"), "{sent:?}");
+        use DeliveryStatus::*;
+        assert_eq!(
+            statuses(&h),
+            [
+                (Attempt, Some(2)),
+                (Sent, Some(2)),
+                (Attempt, Some(3)),
+                (Sent, Some(3)),
+                (Unknown, Some(1))
+            ]
+        );
+        // A second restart after the notice went out sends nothing more.
+        let again = Progress {
+            sent: [0, 2, 3].into(),
+            attempted: [1].into(),
+            parts: Some(3),
+        };
+        let out = chunks(2);
+        deliver_recorded(
+            &h,
+            &out,
+            &to,
+            &ids,
+            "abcdef",
+            &policy,
+            w(&policy),
+            Some(&again),
+        )
+        .await;
+        assert!(out.sent.lock().unwrap().is_empty());
+    }
+
+    /// The retry window counts from when the reply was recorded, not from when its lane
+    /// reached it: a reply whose window has passed (queued behind a long retry, or left by a
+    /// restart) gets one try, not a fresh window; one inside its window is retried.
+    #[tokio::test]
+    async fn the_retry_window_counts_from_the_recording() {
+        let d = tempfile::tempdir().unwrap();
+        let h = session(&d);
+        let to = Target::Telegram { chat_id: 1 };
+        let policy = RetryPolicy {
+            within: Duration::from_secs(30),
+            abort: CancellationToken::new(),
+        };
+        let ids = ["m1".to_string()];
+        let late = chunks(10);
+        late.fail.store(1, std::sync::atomic::Ordering::SeqCst);
+        let expired = policy.window_aged(Duration::from_secs(31));
+        let status = deliver_recorded(&h, &late, &to, &ids, "hi", &policy, expired, None).await;
+        assert_eq!(status, Some(DeliveryStatus::Failed));
+        assert_eq!(
+            late.tries.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one try"
+        );
+        let fresh = chunks(10);
+        fresh.fail.store(1, std::sync::atomic::Ordering::SeqCst);
+        let recorded_now = policy.window_aged(Duration::ZERO);
+        let ids = ["m2".to_string()];
+        let status =
+            deliver_recorded(&h, &fresh, &to, &ids, "hi", &policy, recorded_now, None).await;
+        assert_eq!(status, Some(DeliveryStatus::Done));
+        assert_eq!(
+            fresh.tries.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "retried"
+        );
+    }
+
+    #[tokio::test]
+    async fn drained_waits_until_the_sessions_lane_is_dry() {
+        let lanes = Arc::new(Lanes::default());
+        lanes.drained("s").await;
+        let (_, n1, _d1) = lanes.join("s");
+        let (_, n2, _d2) = lanes.join("s");
+        let waiter = tokio::spawn({
+            let lanes = lanes.clone();
+            async move { lanes.drained("s").await }
+        });
+        tokio::task::yield_now().await;
+        lanes.leave("s", n1);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "the second delivery is still queued");
+        assert!(lanes.is_busy("s"));
+        lanes.leave("s", n2);
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("released when the lane ran dry")
+            .unwrap();
+    }
+
+    /// A delivery queued with a gate (one a restart left open) keeps its place on the lane:
+    /// a reply made before the gate opens goes after it.
+    #[tokio::test]
+    async fn a_gated_delivery_goes_before_a_reply_made_while_it_waits() {
+        let d = tempfile::tempdir().unwrap();
+        let h = session(&d);
+        let out = Arc::new(chunks(100));
+        let metrics = Arc::new(Metrics::new());
+        let after = AfterMessage {
+            outbound: Some(out.clone() as Arc<dyn Outbound>),
+            webhook: None,
+            metrics: metrics.clone(),
+            waiters: Waiters::default(),
+            retry: RetryPolicy {
+                within: Duration::from_secs(5),
+                abort: CancellationToken::new(),
+            },
+            tracker: TaskTracker::new(),
+            lanes: Default::default(),
+            stats: Arc::new(DeliveryStats {
+                metrics,
+                monitor: Arc::new(crate::monitor::Monitor::new(d.path().join("monitor.json"))),
+                counts: Default::default(),
+            }),
+        };
+        let to = Target::Telegram { chat_id: 1 };
+        let gate = CancellationToken::new();
+        let w = after.retry.window_from(Instant::now());
+        let resumed = Progress {
+            parts: Some(1),
+            ..Default::default()
+        };
+        after.deliver(
+            &h,
+            &to,
+            vec!["old".into()],
+            "old reply".into(),
+            Some(resumed),
+            w,
+            Some(gate.clone()),
+        );
+        after.deliver(
+            &h,
+            &to,
+            vec!["new".into()],
+            "new reply".into(),
+            None,
+            w,
+            None,
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            out.sent.lock().unwrap().is_empty(),
+            "the new reply waits its turn"
+        );
+        gate.cancel();
+        after.tracker.close();
+        tokio::time::timeout(Duration::from_secs(10), after.tracker.wait())
+            .await
+            .unwrap();
+        assert_eq!(*out.sent.lock().unwrap(), ["old reply", "new reply"]);
     }
 
     #[tokio::test]

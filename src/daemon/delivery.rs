@@ -3,14 +3,12 @@
 //! `unknown` to close it. On restart a `sent` part is skipped, an `attempt`ed part without
 //! `sent` is never sent again, and the rest are sent.
 
-use std::collections::BTreeSet;
-
 use crate::agent::Work;
 use crate::config::Config;
 use crate::control::Source;
 use crate::session::{DeliveryStatus, Event, Route, TrailLine};
 
-pub use crate::tools::outbound::{Outbound, Target};
+pub use crate::tools::outbound::{Outbound, Progress, Target};
 
 /// The delivery rule of SPEC §5.6 for a unit of work: Telegram messages are answered in their
 /// chat; FIFO user messages go to Telegram when the sender is a contact; system, HTTP (the
@@ -27,24 +25,6 @@ pub fn target_for(work: &Work, cfg: &Config) -> Option<Target> {
             .get(&first.from)
             .map(|id| Target::Telegram { chat_id: *id }),
         _ => None,
-    }
-}
-
-/// How far a reply's delivery got, by its `delivery` records (SPEC §16.1).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Progress {
-    /// Parts accepted by the channel: skipped on resume.
-    pub sent: BTreeSet<usize>,
-    /// Parts attempted without a `sent` record: never sent again (at most once, §5.2).
-    pub attempted: BTreeSet<usize>,
-    /// The number of parts the `intent` announced (`None` for a legacy intent).
-    pub parts: Option<usize>,
-}
-
-impl Progress {
-    /// Whether part `i` still needs a send.
-    pub fn todo(&self, i: usize) -> bool {
-        !self.sent.contains(&i) && !self.attempted.contains(&i)
     }
 }
 
@@ -96,16 +76,8 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
                     st.legacy = parts.is_none();
                     st.progress.parts = *parts;
                 }
-                DeliveryStatus::Attempt => {
-                    if let Some(p) = part {
-                        st.progress.attempted.insert(*p);
-                    }
-                }
-                DeliveryStatus::Sent => {
-                    if let Some(p) = part {
-                        st.progress.attempted.remove(p);
-                        st.progress.sent.insert(*p);
-                    }
+                DeliveryStatus::Attempt | DeliveryStatus::Sent => {
+                    st.progress.record(*status, *part)
                 }
                 s if s.closes() => st.closed = true,
                 _ => {}

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::agent::Work;
 use crate::control::{self, ControlLine, Source};
 
@@ -335,14 +337,18 @@ impl IntakeHandler {
 impl IntakeHandler {
     /// The deliveries a crash left open (SPEC §16.1, §16.2), for every channel: replies never
     /// started, and started ones with their progress. Read before `recover` queues any work,
-    /// so no reply made by this run is taken for one a crash left unsent; sent by
-    /// [`Self::resume_deliveries`] after READY.
-    pub async fn open_deliveries(&self) -> Vec<OpenDelivery> {
-        let mut open = Vec::new();
+    /// so no reply made by this run is taken for one a crash left unsent, and queued on their
+    /// sessions' lanes at once, so they go before any reply this run makes; they start when
+    /// [`Self::resume_deliveries`] opens the gate after READY.
+    pub async fn open_deliveries(&self) -> OpenDeliveries {
+        let open = OpenDeliveries {
+            gate: CancellationToken::new(),
+        };
         if self.dispatcher.outbound().is_none() {
             return open;
         }
-        let window = self.dispatcher.delivery_retry().within;
+        let policy = self.dispatcher.delivery_retry();
+        let window = policy.within;
         for (key, _) in self.store.index() {
             let store = self.store.clone();
             let k = key.clone();
@@ -388,40 +394,37 @@ impl IntakeHandler {
                     resume: false,
                 };
                 if let Some(target) = super::delivery::target_for(&work, &self.cfg.get()) {
-                    open.push(OpenDelivery {
-                        key: key.clone(),
-                        session: session.clone(),
-                        target,
-                        ids,
-                        text,
-                        progress,
-                    });
+                    tracing::info!(session_key = %key, session = %session.id, resumed = progress.is_some(),
+                        "delivering a reply left unsent by a restart");
+                    // Retried within the window counted from when the reply was recorded.
+                    let window = policy.window_aged(age_of(&ts));
+                    let gate = Some(open.gate.clone());
+                    self.dispatcher
+                        .deliver(&session, &target, ids, text, progress, window, gate);
                 }
             }
         }
         open
     }
 
-    /// Queue the deliveries [`Self::open_deliveries`] found on their sessions' lanes; they run
-    /// in the background (READY never waits on Telegram).
-    pub fn resume_deliveries(&self, open: Vec<OpenDelivery>) {
-        for o in open {
-            tracing::info!(session_key = %o.key, session = %o.session.id, resumed = o.progress.is_some(),
-                "delivering a reply left unsent by a restart");
-            self.dispatcher
-                .deliver(&o.session, &o.target, o.ids, o.text, o.progress);
-        }
+    /// Let the deliveries [`Self::open_deliveries`] queued start; they run in the background
+    /// (READY never waits on Telegram).
+    pub fn resume_deliveries(&self, open: OpenDeliveries) {
+        open.gate.cancel();
     }
 }
 
-/// A delivery a crash left open.
-pub struct OpenDelivery {
-    key: String,
-    session: Arc<crate::session::SessionHandle>,
-    target: super::delivery::Target,
-    ids: Vec<String>,
-    text: String,
-    progress: Option<super::delivery::Progress>,
+/// The deliveries a crash left open, queued on their lanes and waiting for this gate.
+pub struct OpenDeliveries {
+    gate: CancellationToken,
+}
+
+/// How long ago the trail time `ts` was (zero when unreadable or in the future).
+fn age_of(ts: &str) -> std::time::Duration {
+    chrono::DateTime::parse_from_rfc3339(ts)
+        .ok()
+        .and_then(|t| chrono::Utc::now().signed_duration_since(t).to_std().ok())
+        .unwrap_or_default()
 }
 
 /// Whether the trail time `ts` is at most `within` ago.

@@ -16,7 +16,9 @@ const BUSY_REPLY: &str =
     "I'm busy with earlier messages; this one was not taken. Please send it again in a moment.";
 use super::services::{Services, Tasks};
 use super::workers::Dispatcher;
-use crate::channels::telegram::client::{FileKind as TgFileKind, SendFault, TelegramClient};
+use crate::channels::telegram::client::{
+    FileKind as TgFileKind, HTTP_TIMEOUT_SLACK, SendFault, TelegramClient, TgError,
+};
 use crate::channels::telegram::inbound::{TgCommand, TgInbound, TgMediaKind};
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
@@ -60,9 +62,28 @@ struct Sink {
     client: TelegramClient,
     intake: Arc<IntakeHandler>,
     dispatcher: Arc<Dispatcher>,
+    /// Command and "busy" answers go out through it with the outbox's retries
+    /// (`tools::outbound::send_text_with_retry`), unrecorded, as tasks of this tracker: the
+    /// poller never waits on them.
+    outbound: Arc<dyn Outbound>,
+    tracker: tokio_util::task::TaskTracker,
 }
 
 impl Sink {
+    /// Send `text` to `chat_id` in the background, retried like a reply (SPEC §16.1).
+    fn answer(&self, chat_id: i64, text: String, what: &'static str) {
+        let (out, policy) = (self.outbound.clone(), self.dispatcher.delivery_retry());
+        self.tracker.spawn(async move {
+            let to = Target::Telegram { chat_id };
+            let sent =
+                crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
+                    .await;
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, what, "cannot send a Telegram answer");
+            }
+        });
+    }
+
     async fn command(&self, msg: &TgInbound, cmd: TgCommand) -> Result<(), String> {
         // This chat's session: the contact's in a private chat, the group's in a group.
         let key = &msg.session_key;
@@ -90,18 +111,7 @@ impl Sink {
                 self.dispatcher.queue_depth()
             ),
         };
-        if let Err(e) = self
-            .client
-            .send_reply(
-                msg.chat_id,
-                &reply,
-                self.cfg.telegram.format,
-                self.cfg.telegram.text_chunk_limit,
-            )
-            .await
-        {
-            tracing::warn!(error = %e, "cannot answer a Telegram command");
-        }
+        self.answer(msg.chat_id, reply, "command answer");
         Ok(())
     }
 }
@@ -160,18 +170,7 @@ impl TgSink for Sink {
                 // Refused before intake: tell the sender and move on (the update is consumed,
                 // so the message is not answered later; the sender knows to send it again).
                 Err(AcceptError::Busy(_)) => {
-                    if let Err(e) = self
-                        .client
-                        .send_reply(
-                            msg.chat_id,
-                            BUSY_REPLY,
-                            self.cfg.telegram.format,
-                            self.cfg.telegram.text_chunk_limit,
-                        )
-                        .await
-                    {
-                        tracing::warn!(error = %e, "cannot send the busy answer");
-                    }
+                    self.answer(msg.chat_id, BUSY_REPLY.to_string(), "busy answer");
                     Ok(())
                 }
                 Err(e) => Err(e.to_string()),
@@ -180,7 +179,19 @@ impl TgSink for Sink {
     }
 }
 
-/// The outbound seam on Telegram: replies, the `message`/`react` tools, typing.
+/// What a failed Telegram call means for the outbox (SPEC §16.1).
+fn part_error(e: TgError) -> PartError {
+    match e.send_fault() {
+        SendFault::Retry(after) => PartError::Retry {
+            after,
+            error: e.to_string(),
+        },
+        SendFault::Unknown => PartError::Unknown(e.to_string()),
+        SendFault::Fatal => PartError::Failed(e.to_string()),
+    }
+}
+
+/// The outbound seam on Telegram: replies, the `message`/`react` tools, command answers, typing.
 pub struct TgOutbound {
     cfg: Arc<Config>,
     client: TelegramClient,
@@ -204,41 +215,10 @@ impl Outbound for TgOutbound {
     ) -> BoxFuture<'a, Result<(), PartError>> {
         Box::pin(async move {
             let Target::Telegram { chat_id } = to;
-            match self
-                .client
+            let sent = (self.client)
                 .send_part(*chat_id, part, self.cfg.telegram.format)
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(e) => Err(match e.send_fault() {
-                    SendFault::Retry(after) => PartError::Retry {
-                        after,
-                        error: e.to_string(),
-                    },
-                    SendFault::Unknown => PartError::Unknown(e.to_string()),
-                    SendFault::Fatal => PartError::Failed(e.to_string()),
-                }),
-            }
-        })
-    }
-
-    fn send_text<'a>(
-        &'a self,
-        to: &'a Target,
-        text: &'a str,
-    ) -> BoxFuture<'a, Result<usize, String>> {
-        Box::pin(async move {
-            let Target::Telegram { chat_id } = to;
-            self.client
-                .send_reply(
-                    *chat_id,
-                    text,
-                    self.cfg.telegram.format,
-                    self.cfg.telegram.text_chunk_limit,
-                )
-                .await
-                .map(|ids| ids.len())
-                .map_err(|e| e.to_string())
+                .await;
+            sent.map(|_| ()).map_err(part_error)
         })
     }
 
@@ -247,7 +227,7 @@ impl Outbound for TgOutbound {
         to: &'a Target,
         path: &'a std::path::Path,
         kind: FileKind,
-    ) -> BoxFuture<'a, Result<(), String>> {
+    ) -> BoxFuture<'a, Result<(), PartError>> {
         Box::pin(async move {
             let Target::Telegram { chat_id } = to;
             let kind = match kind {
@@ -255,11 +235,8 @@ impl Outbound for TgOutbound {
                 FileKind::Voice => TgFileKind::Voice,
                 FileKind::Document => TgFileKind::Document,
             };
-            self.client
-                .send_file(*chat_id, path, kind, None)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+            let sent = self.client.send_file(*chat_id, path, kind, None).await;
+            sent.map(|_| ()).map_err(part_error)
         })
     }
 
@@ -268,14 +245,16 @@ impl Outbound for TgOutbound {
         to: &'a Target,
         message_id: i32,
         emoji: &'a str,
-    ) -> BoxFuture<'a, Result<(), String>> {
+    ) -> BoxFuture<'a, Result<(), PartError>> {
         Box::pin(async move {
             let Target::Telegram { chat_id } = to;
-            self.client
-                .react(*chat_id, message_id, emoji)
-                .await
-                .map_err(|e| e.to_string())
+            let reacted = self.client.react(*chat_id, message_id, emoji).await;
+            reacted.map_err(part_error)
         })
+    }
+
+    fn attempt_timeout(&self) -> std::time::Duration {
+        self.cfg.telegram.poll_timeout + HTTP_TIMEOUT_SLACK
     }
 
     fn typing<'a>(&'a self, to: &'a Target) -> BoxFuture<'a, ()> {
@@ -313,11 +292,16 @@ pub fn start_poller(
             }
         });
     }
+    let outbound = dispatcher.outbound().unwrap_or_else(|| {
+        Arc::new(TgOutbound::new(cfg.clone(), client.clone())) as Arc<dyn Outbound>
+    });
     let sink = Arc::new(Sink {
         cfg: cfg.clone(),
         client: client.clone(),
         intake,
         dispatcher,
+        outbound,
+        tracker: tracker.clone(),
     });
     let tg_cfg = cfg.telegram.clone();
     let bot_id = client.bot_id();

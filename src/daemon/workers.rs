@@ -162,7 +162,8 @@ impl Dispatcher {
         self.after.retry.clone()
     }
 
-    /// Queue a delivery on its session's lane (see `after::Lanes`).
+    /// Queue a delivery on its session's lane (see `after::AfterMessage::deliver`).
+    #[allow(clippy::too_many_arguments)]
     pub fn deliver(
         &self,
         session: &Arc<SessionHandle>,
@@ -170,8 +171,10 @@ impl Dispatcher {
         ids: Vec<String>,
         text: String,
         resume: Option<super::delivery::Progress>,
+        window: crate::tools::outbound::Window,
+        gate: Option<CancellationToken>,
     ) {
-        self.after.deliver(session, target, ids, text, resume);
+        (self.after).deliver(session, target, ids, text, resume, window, gate);
     }
 
     /// Jobs queued and not yet started.
@@ -332,6 +335,25 @@ impl Dispatcher {
         let store = self.store.clone();
         let k = key.to_string();
         let closing = self.store.index().get(key).map(|e| e.session_id.clone());
+        // A reply of this session still being delivered would record its `attempt`/`sent`
+        // into the archived trail (and a restart would not see them). Expiry skips such a
+        // session (the next retention pass sees it again); a reset waits for its lane.
+        if let Some(id) = &closing
+            && self.after.lanes.is_busy(id)
+        {
+            if idle.is_some() {
+                tracing::debug!(session_key = %key, "not expiring: a reply is being delivered");
+                return false;
+            }
+            tracing::info!(session_key = %key, "reset waits for the delivery of the last reply");
+            tokio::select! {
+                _ = self.after.lanes.drained(id) => {}
+                _ = self.abort.cancelled() => {
+                    tracing::warn!(session_key = %key, "reset not done: agentd stopped while a reply was being delivered");
+                    return false;
+                }
+            }
+        }
         let archive = move || match idle {
             None => store.archive(&k, &reason),
             Some((id, age)) => store.archive_if_idle(&k, &id, age, &reason),

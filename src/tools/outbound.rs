@@ -1,11 +1,18 @@
-//! The outbound seam: what tools (and the daemon's reply delivery) may do towards people —
-//! send text, a file or a voice note, react, show "typing…" — without knowing the channel.
-//! The daemon wires it to Telegram (`daemon::telegram`); tools never import `channels`.
+//! The outbound seam and the outbox (SPEC §16.1): what tools and the daemon's reply delivery
+//! may do towards people — send text, a file or a voice note, react, show "typing…" — without
+//! knowing the channel, and the one retry and recording rule every send follows. The daemon
+//! wires the seam to Telegram (`daemon::telegram`); tools never import `channels`.
 //! Next: asking a person for an approval.
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use crate::session::{DeliveryStatus, Event, SessionHandle};
 
 /// Where a message goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,38 +70,395 @@ pub enum PartError {
     Failed(String),
 }
 
-/// Outbound actions on a channel. Errors are one line, safe to show (no secrets).
+/// Outbound actions on a channel. Every send is one try: the outbox ([`send_with_retry`],
+/// [`Outbox`]) decides about retries. Errors are one line, safe to show (no secrets).
 pub trait Outbound: Send + Sync {
     /// The parts `text` is sent as (formatted and split as the channel needs), in order.
     fn parts(&self, to: &Target, text: &str) -> Vec<String>;
-    /// Send one part of [`Self::parts`] once, without retrying.
+    /// Send one part of [`Self::parts`] once.
     fn send_part<'a>(
         &'a self,
         to: &'a Target,
         part: &'a str,
     ) -> BoxFuture<'a, Result<(), PartError>>;
-    /// Send `text` (formatted and split as the channel needs); returns how many messages it
-    /// took. Blank text sends nothing.
-    fn send_text<'a>(
-        &'a self,
-        to: &'a Target,
-        text: &'a str,
-    ) -> BoxFuture<'a, Result<usize, String>>;
+    /// Send the file at `path` once.
     fn send_file<'a>(
         &'a self,
         to: &'a Target,
         path: &'a Path,
         kind: FileKind,
-    ) -> BoxFuture<'a, Result<(), String>>;
-    /// React with `emoji` to message `message_id` of that chat.
+    ) -> BoxFuture<'a, Result<(), PartError>>;
+    /// React with `emoji` to message `message_id` of that chat, once.
     fn react<'a>(
         &'a self,
         to: &'a Target,
         message_id: i32,
         emoji: &'a str,
-    ) -> BoxFuture<'a, Result<(), String>>;
+    ) -> BoxFuture<'a, Result<(), PartError>>;
     /// Show "typing…" once (the caller refreshes it); failures are only logged.
     fn typing<'a>(&'a self, to: &'a Target) -> BoxFuture<'a, ()>;
+    /// The longest one send may take before the channel gives up on it (its HTTP timeout): a
+    /// tool that sends bounds its own timeout by its retry window plus this.
+    fn attempt_timeout(&self) -> Duration;
+}
+
+/// One thing the outbox sends: a part of a text, a file, a reaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    File { path: PathBuf, kind: FileKind },
+    Reaction { message_id: i32, emoji: String },
+}
+
+impl Piece {
+    /// One try.
+    pub fn send<'a>(
+        &'a self,
+        d: &'a dyn Outbound,
+        to: &'a Target,
+    ) -> BoxFuture<'a, Result<(), PartError>> {
+        match self {
+            Piece::Text(t) => d.send_part(to, t),
+            Piece::File { path, kind } => d.send_file(to, path, *kind),
+            Piece::Reaction { message_id, emoji } => d.react(to, *message_id, emoji),
+        }
+    }
+}
+
+/// The outbox's retry rule (SPEC §16.1): `[delivery] retry_minutes`, and what ends retry
+/// waits early (the shutdown deadline: the delivery stays open and resumes after a restart).
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub within: Duration,
+    pub abort: CancellationToken,
+}
+
+impl RetryPolicy {
+    /// The window of a delivery recorded at `recorded`: retries end `within` after the reply
+    /// was made, not after its lane reached it (a reply queued behind a retrying one, or
+    /// resumed after a restart, does not get a fresh window). Every part still gets a first try.
+    pub fn window_from(&self, recorded: Instant) -> Window {
+        Window {
+            until: recorded.checked_add(self.within).unwrap_or(recorded),
+            strict: false,
+        }
+    }
+
+    /// The window of a delivery recorded `age` ago (a trail line's time after a restart).
+    pub fn window_aged(&self, age: Duration) -> Window {
+        let now = Instant::now();
+        Window {
+            until: now
+                .checked_add(self.within.saturating_sub(age))
+                .unwrap_or(now),
+            strict: false,
+        }
+    }
+}
+
+/// Until when a delivery is tried.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    /// No retry wait ends after this.
+    pub until: Instant,
+    /// No first try of a part after `until` either (a tool, whose own timeout bounds it).
+    pub strict: bool,
+}
+
+/// First backoff wait; it doubles per try up to [`MAX_BACKOFF`], jittered ±50 %.
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+fn jittered(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.5..1.5))
+}
+
+/// How one part ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartEnd {
+    Sent,
+    /// Closing status (`failed` or `unknown`) and why.
+    Closed(DeliveryStatus, String),
+    /// Shutdown while waiting to retry.
+    Aborted,
+}
+
+/// Send with `send`, retrying what [`PartError::Retry`] allows (connection errors before the
+/// request was written, 5xx, 429 after its `retry_after`) with jittered backoff, as long as the
+/// wait ends within `until`. `Unknown` (written, answer lost) and `Failed` end it at once. The
+/// one retry loop of every outbound send: replies, the `message`/`react` tools, command answers.
+pub async fn send_with_retry<'a>(
+    mut send: impl FnMut() -> BoxFuture<'a, Result<(), PartError>>,
+    until: Instant,
+    abort: &CancellationToken,
+    what: &str,
+) -> PartEnd {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let sent = tokio::select! {
+            biased;
+            _ = abort.cancelled() => return PartEnd::Aborted,
+            r = send() => r,
+        };
+        let (after, error) = match sent {
+            Ok(()) => return PartEnd::Sent,
+            Err(PartError::Unknown(e)) => return PartEnd::Closed(DeliveryStatus::Unknown, e),
+            Err(PartError::Failed(e)) => return PartEnd::Closed(DeliveryStatus::Failed, e),
+            Err(PartError::Retry { after, error }) => (after, error),
+        };
+        let wait = match after {
+            Some(a) => a.saturating_add(jittered(Duration::from_millis(200))),
+            None => jittered(backoff),
+        };
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+        if Instant::now().checked_add(wait).is_none_or(|at| at > until) {
+            return PartEnd::Closed(
+                DeliveryStatus::Failed,
+                format!("{error} (still failing when the retry window ended)"),
+            );
+        }
+        tracing::warn!(%what, %error, retry_in_ms = wait.as_millis() as u64, "send failed; retrying");
+        tokio::select! {
+            _ = abort.cancelled() => return PartEnd::Aborted,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Send `text` (split as the channel needs) with retries, unrecorded: for answers that need
+/// no durability (Telegram command answers). Returns how many parts went out, or why the
+/// first one that did not failed.
+pub async fn send_text_with_retry(
+    d: &dyn Outbound,
+    to: &Target,
+    text: &str,
+    policy: &RetryPolicy,
+) -> Result<usize, String> {
+    let window = policy.window_from(Instant::now());
+    let mut n = 0;
+    for part in d.parts(to, text) {
+        match send_with_retry(
+            || d.send_part(to, &part),
+            window.until,
+            &policy.abort,
+            "answer",
+        )
+        .await
+        {
+            PartEnd::Sent => n += 1,
+            PartEnd::Closed(_, e) => return Err(e),
+            PartEnd::Aborted => return Err("shutting down".into()),
+        }
+    }
+    Ok(n)
+}
+
+/// How far a delivery got, by its `delivery` records (SPEC §16.1).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Parts accepted by the channel: skipped on resume.
+    pub sent: BTreeSet<usize>,
+    /// Parts attempted without a `sent` record: never sent again (at most once, §5.2).
+    pub attempted: BTreeSet<usize>,
+    /// The number of parts the `intent` announced (`None` for a legacy intent).
+    pub parts: Option<usize>,
+}
+
+impl Progress {
+    /// Whether part `i` still needs a send.
+    pub fn todo(&self, i: usize) -> bool {
+        !self.sent.contains(&i) && !self.attempted.contains(&i)
+    }
+
+    /// Fold one `attempt`/`sent` record in.
+    pub fn record(&mut self, status: DeliveryStatus, part: Option<usize>) {
+        let Some(p) = part else { return };
+        match status {
+            DeliveryStatus::Attempt => {
+                self.attempted.insert(p);
+            }
+            DeliveryStatus::Sent => {
+                self.attempted.remove(&p);
+                self.sent.insert(p);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How a recorded delivery ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    /// The closing record; `None` when it was left open (shutdown, or a record could not be
+    /// written, so nothing more was sent).
+    pub status: Option<DeliveryStatus>,
+    /// Why it closed `failed`/`unknown`, and at which part.
+    pub detail: Option<String>,
+    pub at: Option<usize>,
+    /// Parts this run delivered.
+    pub sent: usize,
+    /// Parts an earlier run attempted without a `sent` record: skipped, possibly missing.
+    pub uncertain: Vec<usize>,
+}
+
+/// One durable delivery (SPEC §16.1) to `target`, recorded in `session`'s trail under `ids`
+/// (the reply's intake ids, or a tool send's key).
+pub struct Outbox<'a> {
+    pub session: &'a Arc<SessionHandle>,
+    pub out: &'a dyn Outbound,
+    pub target: &'a Target,
+    pub ids: &'a [String],
+    pub window: Window,
+    pub abort: &'a CancellationToken,
+}
+
+async fn append(session: &Arc<SessionHandle>, event: Event) -> std::io::Result<()> {
+    let s = session.clone();
+    tokio::task::spawn_blocking(move || s.append(event))
+        .await
+        .map_err(std::io::Error::other)?
+        .map(|_| ())
+}
+
+impl Outbox<'_> {
+    fn record(
+        &self,
+        status: DeliveryStatus,
+        detail: Option<String>,
+        parts: Option<usize>,
+        part: Option<usize>,
+    ) -> Event {
+        Event::Delivery {
+            reply_to: self.ids.to_vec(),
+            channel: self.target.channel().to_string(),
+            status,
+            detail,
+            parts,
+            part,
+        }
+    }
+
+    /// Write a record; `false` (logged) when it could not be.
+    pub async fn write(
+        &self,
+        status: DeliveryStatus,
+        detail: Option<String>,
+        parts: Option<usize>,
+        part: Option<usize>,
+    ) -> bool {
+        match append(self.session, self.record(status, detail, parts, part)).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(session = %self.session.id, error = %e, ?status, "cannot record a delivery");
+                false
+            }
+        }
+    }
+
+    /// Deliver `pieces`: an `intent` with their number (unless resuming), per piece an
+    /// `attempt` before it is sent and `sent` after the channel accepted it, then `done` — or
+    /// `failed`/`unknown` at the first piece that could not be delivered (later ones are not
+    /// sent, so the order holds). With `resume`, pieces already `sent` are skipped and pieces
+    /// `attempt`ed without `sent` are never sent again (at most once); the later ones are sent
+    /// and the delivery closes `unknown`, naming the skipped piece. When `missing_notice` is
+    /// given and a piece was skipped that way, it is sent after the rest (recorded as piece
+    /// `pieces.len()`), so the person knows a part may be missing.
+    pub async fn deliver(
+        &self,
+        pieces: &[Piece],
+        resume: Option<&Progress>,
+        missing_notice: Option<&str>,
+    ) -> Delivered {
+        let mut out = Delivered {
+            status: None,
+            detail: None,
+            at: None,
+            sent: 0,
+            uncertain: Vec::new(),
+        };
+        if resume.is_none()
+            && !self
+                .write(DeliveryStatus::Intent, None, Some(pieces.len()), None)
+                .await
+        {
+            return out;
+        }
+        let notice = missing_notice.map(|n| Piece::Text(n.to_string()));
+        let mut close = (DeliveryStatus::Done, None, None);
+        for i in 0..=pieces.len() {
+            let piece = match (pieces.get(i), &notice) {
+                (Some(p), _) => p,
+                // The notice, only when a piece may be missing and the rest went out.
+                (None, Some(n)) if !out.uncertain.is_empty() && close.0 == DeliveryStatus::Done => {
+                    n
+                }
+                (None, _) => break,
+            };
+            if let Some(p) = resume
+                && !p.todo(i)
+            {
+                if !p.sent.contains(&i) && i < pieces.len() {
+                    tracing::warn!(session = %self.session.id, part = i, ids = ?self.ids,
+                        "a part was being sent when agentd stopped; not sending it again");
+                    out.uncertain.push(i);
+                    close = (
+                        DeliveryStatus::Done,
+                        Some(format!("part {i} was being sent when agentd stopped")),
+                        Some(i),
+                    );
+                }
+                continue;
+            }
+            if self.abort.is_cancelled() {
+                // Past the shutdown deadline: left open, resumed after the restart.
+                return out;
+            }
+            if self.window.strict && Instant::now() >= self.window.until {
+                close = (
+                    DeliveryStatus::Failed,
+                    Some("not tried: the time for this send ran out".into()),
+                    Some(i),
+                );
+                break;
+            }
+            if !self
+                .write(DeliveryStatus::Attempt, None, None, Some(i))
+                .await
+            {
+                return out;
+            }
+            let what = format!("{} delivery to {}", self.session.id, self.target.channel());
+            match send_with_retry(
+                || piece.send(self.out, self.target),
+                self.window.until,
+                self.abort,
+                &what,
+            )
+            .await
+            {
+                PartEnd::Sent => {
+                    out.sent += 1;
+                    self.write(DeliveryStatus::Sent, None, None, Some(i)).await;
+                }
+                PartEnd::Aborted => return out,
+                PartEnd::Closed(status, e) => {
+                    tracing::warn!(session = %self.session.id, channel = self.target.channel(), part = i, error = %e, ?status, "delivery failed");
+                    close = (status, Some(e), Some(i));
+                    break;
+                }
+            }
+        }
+        let (mut status, detail, at) = close;
+        if status == DeliveryStatus::Done && !out.uncertain.is_empty() {
+            // Everything else went out; the skipped part may or may not have.
+            status = DeliveryStatus::Unknown;
+        }
+        self.write(status, detail.clone(), None, at).await;
+        out.status = Some(status);
+        out.detail = detail;
+        out.at = at;
+        out
+    }
 }
 
 #[cfg(test)]

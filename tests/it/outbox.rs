@@ -15,17 +15,22 @@ const ALICE: i64 = 1001;
 const WAIT: Duration = Duration::from_secs(40);
 
 fn daemon(llm: &FakeLlm, tg: &FakeTelegram, chunk_limit: usize) -> TestDaemon {
+    daemon_with(llm, tg, chunk_limit, "")
+}
+
+/// [`daemon`] with more config sections.
+fn daemon_with(llm: &FakeLlm, tg: &FakeTelegram, chunk_limit: usize, extra: &str) -> TestDaemon {
     let channel = format!(
         "poll_timeout_seconds = 1\nformat = \"plain\"\ntext_chunk_limit = {chunk_limit}\ncontacts = {{ Alice = {ALICE} }}"
     );
-    let sections = "[delivery]\nretry_minutes = 1\n\n";
+    let sections = format!("[delivery]\nretry_minutes = 1\n\n{extra}");
     telegram_daemon(
         llm,
         tg,
         TOKEN,
         ALICE,
         &channel,
-        sections,
+        &sections,
         "debounce_ms = 50",
     )
 }
@@ -272,10 +277,17 @@ fn outbox_kill9_after_the_attempt_is_not_sent_again() {
             .contains("a part was being sent when agentd stopped")
             .then_some(())
     });
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(sent_to(&tg, ALICE).is_empty(), "never sent twice");
     let s = wait_closed(&d);
     assert_eq!(s.last().map(String::as_str), Some("unknown"), "{s:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = sent_to(&tg, ALICE);
+    assert!(
+        !sent.iter().any(|m| m.contains("Maybe delivered.")),
+        "never sent twice: {sent:?}"
+    );
+    // Alice is told the reply may be incomplete (SPEC §16.1: the attempted part is skipped).
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(sent[0].contains("may be missing"), "{sent:?}");
     d.kill9();
 }
 
@@ -314,4 +326,250 @@ fn outbox_retrying_delivery_does_not_hold_the_next_message() {
         (s.len() >= 2).then_some(s)
     });
     assert_eq!(got, vec!["First reply.", "Second reply."], "in order");
+}
+
+// ---- the message and react tools (SPEC §16.1: one outbox for every send) ----
+
+/// A FIFO message from `ops` (not a contact: its own reply goes nowhere) whose turn calls
+/// the `message` tool with `args`, then answers "Done.".
+fn message_tool_turn(llm: &FakeLlm, args: serde_json::Value) {
+    llm.push(Reply::tool_calls(vec![("c1", "message", args)]));
+    llm.push(Reply::text("Done."));
+}
+
+fn ask_ops(d: &TestDaemon, id: &str) {
+    crate::support::e2e::fifo_write(
+        d,
+        &format!(r#"{{"id":"{id}","type":"user","text":"tell Alice","sender":"ops"}}"#),
+    );
+}
+
+/// The text of every tool result in the trail of `key`.
+fn tool_results(d: &TestDaemon, key: &str) -> Vec<String> {
+    d.trail(key)
+        .iter()
+        .filter_map(|l| l["results"].as_array().cloned())
+        .flatten()
+        .map(|r| r.to_string())
+        .collect()
+}
+
+fn wait_done(d: &TestDaemon, key: &str) {
+    wait_until(WAIT, "the turn's final answer", || {
+        d.trail(key)
+            .iter()
+            .any(|l| l["final"] == true)
+            .then_some(())
+    });
+}
+
+fn requests_of(tg: &FakeTelegram, method: &str) -> usize {
+    tg.requests().iter().filter(|(m, _)| m == method).count()
+}
+
+#[test]
+fn outbox_message_tool_502_twice_then_ok_is_delivered_once() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    message_tool_turn(
+        &llm,
+        serde_json::json!({"target": "Alice", "text": "Hello from the tool."}),
+    );
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.fail_next_send(2, 502);
+    let d = daemon(&llm, &tg, 4096);
+    ask_ops(&d, "m1");
+    wait_done(&d, "ops");
+    assert_eq!(
+        sent_to(&tg, ALICE),
+        vec!["Hello from the tool.".to_string()]
+    );
+    assert_eq!(tg.served_send_failures(), 2);
+    assert_eq!(requests_of(&tg, "sendmessage"), 3, "retried by the tool");
+    let results = tool_results(&d, "ops");
+    assert!(
+        results.iter().any(|r| r.contains("done (1 of 1 to Alice)")),
+        "{results:?}"
+    );
+    // Recorded like a reply, under the tool's key.
+    let s: Vec<String> = d
+        .trail("ops")
+        .iter()
+        .filter(|l| l["type"] == "delivery")
+        .map(|l| l["status"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(s, ["intent", "attempt", "sent", "done"], "{s:?}");
+}
+
+#[test]
+fn outbox_message_tool_400_is_a_tool_error_at_once() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    message_tool_turn(
+        &llm,
+        serde_json::json!({"target": "Alice", "text": "Refused."}),
+    );
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.fail_next_send(1, 400);
+    let d = daemon(&llm, &tg, 4096);
+    ask_ops(&d, "m1");
+    wait_done(&d, "ops");
+    assert!(sent_to(&tg, ALICE).is_empty());
+    assert_eq!(tg.served_send_failures(), 1, "not retried");
+    assert_eq!(requests_of(&tg, "sendmessage"), 1);
+    let results = tool_results(&d, "ops");
+    assert!(
+        results
+            .iter()
+            .any(|r| r.contains("not delivered") && r.contains("400")),
+        "{results:?}"
+    );
+}
+
+/// Files go by our own multipart request: a 502 is retried by the outbox's backoff (the fake
+/// sees the second request), not slept through by teloxide, and each file arrives once.
+#[test]
+fn outbox_message_tool_files_502_then_ok_arrive_once() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    message_tool_turn(
+        &llm,
+        serde_json::json!({"target": "Alice", "attachments": ["chart.png", "report.pdf"]}),
+    );
+    let tg = FakeTelegram::spawn(TOKEN);
+    let d = daemon(&llm, &tg, 4096);
+    std::fs::write(d.workspace().join("chart.png"), b"\x89PNG fake").unwrap();
+    std::fs::write(d.workspace().join("report.pdf"), b"%PDF-1.7 fake").unwrap();
+    // The photo goes through; the document's first two tries fail.
+    tg.fail_send_after(1, 2, 502);
+    ask_ops(&d, "m1");
+    wait_done(&d, "ops");
+    let files = tg.sent_files();
+    let methods: Vec<&str> = files.iter().map(|f| f.method.as_str()).collect();
+    assert_eq!(
+        methods,
+        ["sendphoto", "senddocument"],
+        "each once, in order"
+    );
+    assert_eq!(files[0].bytes, b"\x89PNG fake");
+    assert_eq!(files[1].file_name.as_deref(), Some("report.pdf"));
+    assert_eq!(tg.served_send_failures(), 2);
+    assert_eq!(requests_of(&tg, "sendphoto"), 1);
+    assert_eq!(
+        requests_of(&tg, "senddocument"),
+        3,
+        "the document was retried"
+    );
+    let results = tool_results(&d, "ops");
+    assert!(
+        results.iter().any(|r| r.contains("done (2 of 2 to Alice)")),
+        "{results:?}"
+    );
+}
+
+/// kill -9 while the tool's send is in flight (its `attempt` recorded): after the restart the
+/// turn resumes, the model asks for the same send again, and the part is not sent twice; the
+/// model is told it may or may not have been delivered.
+#[test]
+fn outbox_kill9_inside_the_message_tool_is_not_sent_again() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let args = serde_json::json!({"target": "Alice", "text": "Only once, please."});
+    llm.push(Reply::tool_calls(vec![("c1", "message", args.clone())]));
+    // After the restart: the repaired turn, and the same call again.
+    llm.push(Reply::tool_calls(vec![("c2", "message", args)]));
+    llm.push(Reply::text("Done."));
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.hang_next_sends(1);
+    let mut d = daemon(&llm, &tg, 4096);
+    ask_ops(&d, "m1");
+    wait_until(WAIT, "the tool's send in flight", || {
+        let attempt = d.trail("ops").iter().any(|l| {
+            l["type"] == "delivery"
+                && l["status"] == "attempt"
+                && l["reply_to"][0]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("tool-"))
+        });
+        (attempt && requests_of(&tg, "sendmessage") == 1).then_some(())
+    });
+    d.kill9();
+    d.start();
+    wait_done(&d, "ops");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(requests_of(&tg, "sendmessage"), 1, "never sent again");
+    assert!(sent_to(&tg, ALICE).is_empty());
+    let results = tool_results(&d, "ops");
+    assert!(
+        results
+            .iter()
+            .any(|r| r.contains("may or may not have been delivered")),
+        "{results:?}"
+    );
+    d.kill9();
+}
+
+// ---- a session archived while its last reply is delivered (SPEC §16.1, §16.3) ----
+
+/// The `delivery` statuses and the `reset` of the archived trail of session `id`, in order.
+fn archived_events(d: &TestDaemon, id: &str) -> Vec<String> {
+    crate::support::daemon::read_trail_files(&d.sessions_dir().join(".archive"), id)
+        .iter()
+        .filter_map(|l| match l["type"].as_str() {
+            Some("delivery") => l["status"].as_str().map(String::from),
+            Some("reset") => Some("reset".into()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Drive a reply to Alice into a retrying delivery, run `archive` (a /reset, or nothing and
+/// let retention expire the session), and check the archived trail: the delivery closed
+/// before the session was archived, and the reply went out once, also after a restart.
+fn archive_during_delivery(extra: &str, archive: impl FnOnce(&FakeTelegram)) {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Before the reset."));
+    let tg = FakeTelegram::spawn(TOKEN);
+    // Several seconds of backoff, with nothing written to the trail meanwhile.
+    tg.fail_next_send(4, 502);
+    let mut d = daemon_with(&llm, &tg, 4096, extra);
+    tg.push_text(ALICE, ALICE, "hi bot");
+    wait_until(WAIT, "the delivery retrying", || {
+        (tg.served_send_failures() >= 1).then_some(())
+    });
+    let id = d.session_id("Alice").expect("session");
+    archive(&tg);
+    let events = wait_until(WAIT, "the session archived", || {
+        let e = archived_events(&d, &id);
+        e.contains(&"reset".to_string()).then_some(e)
+    });
+    let reset_at = events.iter().position(|e| e == "reset").unwrap();
+    let done_at = events.iter().position(|e| e == "done");
+    assert!(
+        done_at.is_some_and(|i| i < reset_at),
+        "the delivery closed before the archive: {events:?}"
+    );
+    let mine = |tg: &FakeTelegram| {
+        sent_to(tg, ALICE)
+            .iter()
+            .filter(|m| m.contains("Before the reset."))
+            .count()
+    };
+    assert_eq!(mine(&tg), 1);
+    d.kill9();
+    d.start();
+    wait_until(WAIT, "READY", || {
+        d.log().matches("agentd ready").count().ge(&2).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(mine(&tg), 1, "not resent after the restart");
+    d.kill9();
+}
+
+#[test]
+fn outbox_reset_waits_for_the_last_reply_to_be_delivered() {
+    archive_during_delivery("", |tg| {
+        tg.push_text(ALICE, ALICE, "/reset");
+    });
+}
+
+#[test]
+fn outbox_idle_expiry_skips_a_session_whose_reply_is_being_delivered() {
+    archive_during_delivery("[retention]\nidle_session_after = \"1s\"\n\n", |_| {});
 }

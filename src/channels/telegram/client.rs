@@ -14,9 +14,7 @@ use secrecy::{ExposeSecret, SecretString};
 use teloxide::net::Download;
 use teloxide::payloads::setters::*;
 use teloxide::requests::Requester;
-use teloxide::types::{
-    AllowedUpdate, ChatAction, ChatId, FileId, InputFile, MessageId, ReactionType, Update,
-};
+use teloxide::types::{AllowedUpdate, ChatAction, ChatId, FileId, Update};
 use teloxide::{ApiError, Bot, RequestError};
 use tokio::io::AsyncWriteExt;
 
@@ -123,18 +121,13 @@ impl TgError {
 struct RawAnswer {
     ok: bool,
     #[serde(default)]
-    result: Option<RawMessage>,
+    result: Option<serde_json::Value>,
     #[serde(default)]
     description: Option<String>,
     #[serde(default)]
     error_code: Option<u16>,
     #[serde(default)]
     parameters: Option<RawParameters>,
-}
-
-#[derive(serde::Deserialize)]
-struct RawMessage {
-    message_id: i32,
 }
 
 #[derive(serde::Deserialize)]
@@ -362,27 +355,33 @@ impl TelegramClient {
             .await
     }
 
-    /// One `sendMessage` over teloxide's HTTP client but not through its request code, which
-    /// sleeps 10 s after every 5xx before it returns (`DELAY_ON_SERVER_ERROR`): the outbox's
-    /// own backoff sets the pace (SPEC §16.1). Errors say whether the request was written.
+    /// One `sendMessage` (see [`Self::call_raw`]); returns the message id.
     async fn send_message_raw(&self, chat_id: i64, text: &str, html: bool) -> Result<i32, TgError> {
-        let mut url = self.bot.api_url();
-        if let Ok(mut segments) = url.path_segments_mut() {
-            segments.pop_if_empty();
-            segments.push(&format!("bot{}", self.token.expose_secret()));
-            segments.push("sendMessage");
-        }
         let mut body = serde_json::json!({ "chat_id": chat_id, "text": text });
         if html {
             body["parse_mode"] = "HTML".into();
         }
-        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let sent = self.call_raw("sendMessage", RawBody::json(&body)).await?;
+        message_id(&sent, "sendMessage")
+    }
+
+    /// One Bot API call over teloxide's HTTP client but not through its request code, which
+    /// sleeps 10 s after every 5xx before it returns (`DELAY_ON_SERVER_ERROR`): the outbox's
+    /// own backoff sets the pace (SPEC §16.1). Returns the answer's `result`. Errors say
+    /// whether the request was written ([`TgError::send_fault`]).
+    async fn call_raw(&self, method: &str, body: RawBody) -> Result<serde_json::Value, TgError> {
+        let mut url = self.bot.api_url();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty();
+            segments.push(&format!("bot{}", self.token.expose_secret()));
+            segments.push(method);
+        }
         let sent = self
             .bot
             .client()
             .post(url.as_str())
-            .header("content-type", "application/json")
-            .body(body)
+            .header("content-type", body.content_type)
+            .body(body.bytes)
             .send()
             .await;
         let url_text = url.as_str().to_string();
@@ -412,8 +411,8 @@ impl TelegramClient {
             }
         };
         if answer.ok {
-            return answer.result.map(|m| m.message_id).ok_or_else(|| {
-                TgError::InvalidResponse("sendMessage answered without a message".into())
+            return answer.result.ok_or_else(|| {
+                TgError::InvalidResponse(format!("{method} answered without a result"))
             });
         }
         let code = answer.error_code.unwrap_or(status);
@@ -532,18 +531,21 @@ impl TelegramClient {
     }
 
     /// Sets the bot's reaction on a message to `emoji` (one of Telegram's reaction emoji).
+    /// One raw call (see [`Self::call_raw`]), no retry.
     pub async fn react(&self, chat_id: i64, message_id: i32, emoji: &str) -> Result<(), TgError> {
-        self.bot
-            .set_message_reaction(ChatId(chat_id), MessageId(message_id))
-            .reaction(vec![ReactionType::Emoji {
-                emoji: emoji.to_string(),
-            }])
+        let body = serde_json::json!({
+            "chat_id": chat_id,
+            "message_id": message_id,
+            "reaction": [{ "type": "emoji", "emoji": emoji }],
+        });
+        self.call_raw("setMessageReaction", RawBody::json(&body))
             .await
             .map(|_| ())
-            .map_err(|e| self.map_err(e))
     }
 
-    /// Sends the file at `path` as `kind`, with an optional caption; returns the message id.
+    /// Sends the file at `path` as `kind`, with an optional caption, in one multipart request
+    /// of our own (see [`Self::call_raw`]; no retry, no sleep after a 5xx); returns the message
+    /// id. Files over [`MAX_UPLOAD_BYTES`] are refused before anything is sent.
     pub async fn send_file(
         &self,
         chat_id: i64,
@@ -551,29 +553,22 @@ impl TelegramClient {
         kind: FileKind,
         caption: Option<&str>,
     ) -> Result<i32, TgError> {
-        match tokio::fs::metadata(path).await {
-            Ok(md) if md.is_file() => {}
-            Ok(_) => return Err(TgError::Io(format!("{} is not a file", path.display()))),
-            Err(e) => return Err(TgError::Io(format!("cannot read {}: {e}", path.display()))),
+        let bytes = read_upload(path).await?;
+        let (method, field) = match kind {
+            FileKind::Photo => ("sendPhoto", "photo"),
+            FileKind::Document => ("sendDocument", "document"),
+            FileKind::Voice => ("sendVoice", "voice"),
+            FileKind::Audio => ("sendAudio", "audio"),
+        };
+        let chat = chat_id.to_string();
+        let mut fields = vec![("chat_id", chat.as_str())];
+        if let Some(c) = caption {
+            fields.push(("caption", c));
         }
-        self.with_flood_retry("send file", || async {
-            let chat = ChatId(chat_id);
-            let file = InputFile::file(path.to_path_buf());
-            let sent = match (kind, caption) {
-                (FileKind::Photo, None) => self.bot.send_photo(chat, file).await,
-                (FileKind::Photo, Some(c)) => self.bot.send_photo(chat, file).caption(c).await,
-                (FileKind::Document, None) => self.bot.send_document(chat, file).await,
-                (FileKind::Document, Some(c)) => {
-                    self.bot.send_document(chat, file).caption(c).await
-                }
-                (FileKind::Voice, None) => self.bot.send_voice(chat, file).await,
-                (FileKind::Voice, Some(c)) => self.bot.send_voice(chat, file).caption(c).await,
-                (FileKind::Audio, None) => self.bot.send_audio(chat, file).await,
-                (FileKind::Audio, Some(c)) => self.bot.send_audio(chat, file).caption(c).await,
-            };
-            sent.map(|m| m.id.0).map_err(|e| self.map_err(e))
-        })
-        .await
+        let name = upload_file_name(path);
+        let body = RawBody::multipart(&fields, field, &name, &bytes);
+        let sent = self.call_raw(method, body).await?;
+        message_id(&sent, method)
     }
 
     /// Downloads the file `file_id` into `dest_dir` (created with mode 0700 if missing) as
@@ -651,6 +646,122 @@ impl TelegramClient {
         out.sync_all().await.map_err(io_err)?;
         Ok(())
     }
+}
+
+/// The largest file a bot may upload (the Bot API's limit); larger ones are refused before
+/// anything is read into memory.
+pub const MAX_UPLOAD_BYTES: u64 = 50 * 1024 * 1024;
+
+/// A raw request body and its content type.
+struct RawBody {
+    content_type: String,
+    bytes: Vec<u8>,
+}
+
+impl RawBody {
+    fn json(v: &serde_json::Value) -> RawBody {
+        RawBody {
+            content_type: "application/json".into(),
+            bytes: serde_json::to_vec(v).unwrap_or_default(),
+        }
+    }
+
+    /// `multipart/form-data` (RFC 7578): the text `fields`, then the file as part `file_field`
+    /// named `file_name`. The boundary is random and, checked, absent from the content.
+    fn multipart(
+        fields: &[(&str, &str)],
+        file_field: &str,
+        file_name: &str,
+        file: &[u8],
+    ) -> RawBody {
+        let mut boundary = format!("agentd-{}", uuid::Uuid::new_v4().simple());
+        while contains(file, boundary.as_bytes())
+            || fields.iter().any(|(_, v)| v.contains(&boundary))
+        {
+            boundary = format!("agentd-{}", uuid::Uuid::new_v4().simple());
+        }
+        let mut body = Vec::with_capacity(file.len() + 512);
+        for (name, value) in fields {
+            body.extend_from_slice(
+                format!(
+                    "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
+                )
+                .as_bytes(),
+            );
+        }
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{file_field}\"; filename=\"{file_name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(file);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        RawBody {
+            content_type: format!("multipart/form-data; boundary={boundary}"),
+            bytes: body,
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The `message_id` of a sent message (`result` of sendMessage, sendPhoto, …).
+fn message_id(result: &serde_json::Value, method: &str) -> Result<i32, TgError> {
+    result
+        .get("message_id")
+        .and_then(serde_json::Value::as_i64)
+        .and_then(|id| i32::try_from(id).ok())
+        .ok_or_else(|| TgError::InvalidResponse(format!("{method} answered without a message")))
+}
+
+/// The file name an upload is announced with: the path's last component reduced to
+/// `[A-Za-z0-9._-]` (no quote or line break can reach the multipart header), else `file`.
+fn upload_file_name(path: &Path) -> String {
+    let name: String = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c))
+        .take(128)
+        .collect();
+    match name.trim_matches('.') {
+        "" => "file".to_string(),
+        n => n.to_string(),
+    }
+}
+
+/// The bytes of a regular file of at most [`MAX_UPLOAD_BYTES`].
+async fn read_upload(path: &Path) -> Result<Vec<u8>, TgError> {
+    use tokio::io::AsyncReadExt;
+    let io = |e: std::io::Error| TgError::Io(format!("cannot read {}: {e}", path.display()));
+    let md = tokio::fs::metadata(path).await.map_err(io)?;
+    if !md.is_file() {
+        return Err(TgError::Io(format!("{} is not a file", path.display())));
+    }
+    let too_large = |size: u64| {
+        TgError::Io(format!(
+            "{} has {size} bytes; Telegram takes files up to {MAX_UPLOAD_BYTES} bytes",
+            path.display()
+        ))
+    };
+    if md.len() > MAX_UPLOAD_BYTES {
+        return Err(too_large(md.len()));
+    }
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    let f = tokio::fs::File::open(path).await.map_err(io)?;
+    // The file may grow after the size check: never read past the limit.
+    f.take(MAX_UPLOAD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(io)?;
+    if bytes.len() as u64 > MAX_UPLOAD_BYTES {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 async fn create_dir_0700(dir: &Path) -> Result<(), TgError> {

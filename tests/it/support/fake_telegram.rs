@@ -13,7 +13,7 @@
 //! Fault injection: [`FakeTelegram::fail_next`] (getUpdates answers with 401/409/429/5xx),
 //! [`FakeTelegram::flood`] (the next send gets 429 with `parameters.retry_after`),
 //! [`FakeTelegram::hang_next_poll`] (a getUpdates that is accepted and never answered);
-//! for sendMessage [`FakeTelegram::fail_next_send`] / [`FakeTelegram::fail_send_after`]
+//! for sendMessage and file uploads [`FakeTelegram::fail_next_send`] / [`FakeTelegram::fail_send_after`]
 //! (injected failures, counted by [`FakeTelegram::served_send_failures`]),
 //! [`FakeTelegram::hang_next_sends`] (never answered) and [`FakeTelegram::hold_sends`] (held
 //! until released, then answered).
@@ -492,8 +492,9 @@ impl FakeTelegram {
         self.shared.lock().hang_polls += 1;
     }
 
-    /// The next `n` sendMessage calls answer `status` (as [`Self::fail_next`] does for
-    /// getUpdates); nothing is sent by them.
+    /// The next `n` sending calls (sendMessage and the file uploads: sendPhoto, sendDocument,
+    /// sendVoice, sendAudio) answer `status` (as [`Self::fail_next`] does for getUpdates);
+    /// nothing is sent by them.
     pub fn fail_next_send(&self, n: usize, status: u16) {
         self.shared
             .lock()
@@ -501,24 +502,24 @@ impl FakeTelegram {
             .extend(std::iter::repeat_n(status, n));
     }
 
-    /// Like [`Self::fail_next_send`], but the next `ok` sendMessage calls succeed first.
+    /// Like [`Self::fail_next_send`], but the next `ok` sending calls succeed first.
     pub fn fail_send_after(&self, ok: usize, n: usize, status: u16) {
         let mut inner = self.shared.lock();
         inner.send_ok_before_fail = ok;
         inner.fail_next_send.extend(std::iter::repeat_n(status, n));
     }
 
-    /// How many sendMessage calls were answered with an injected failure.
+    /// How many sending calls were answered with an injected failure.
     pub fn served_send_failures(&self) -> usize {
         self.shared.lock().served_send_failures
     }
 
-    /// The next `n` sendMessage calls are recorded and never answered (Telegram hangs).
+    /// The next `n` sending calls are recorded and never answered (Telegram hangs).
     pub fn hang_next_sends(&self, n: u32) {
         self.shared.lock().hang_sends += n;
     }
 
-    /// While `on`, sendMessage calls wait; clearing it lets them (and later ones) through.
+    /// While `on`, sending calls wait; clearing it lets them (and later ones) through.
     pub fn hold_sends(&self, on: bool) {
         self.shared.lock().hold_sends = on;
         self.shared.bump();
@@ -897,42 +898,17 @@ async fn handle(
         "getupdates" => return get_updates(&shared, &params).await,
         "getme" => Ok(bot_user_json(shared.bot_id, true)),
         "sendmessage" => {
-            let (fail, hang) = {
-                let mut inner = shared.lock();
-                let fail = if inner.fail_next_send.is_empty() || inner.send_ok_before_fail == 0 {
-                    inner.fail_next_send.pop_front()
-                } else {
-                    inner.send_ok_before_fail -= 1;
-                    None
-                };
-                if fail.is_some() {
-                    inner.served_send_failures += 1;
-                }
-                let hang = inner.hang_sends > 0;
-                inner.hang_sends = inner.hang_sends.saturating_sub(1);
-                (fail, hang)
-            };
-            if let Some(status) = fail {
-                shared.bump();
-                return injected_failure(status);
-            }
-            if hang {
-                return std::future::pending::<Response>().await;
-            }
-            loop {
-                let mut rx = shared.version.subscribe();
-                if !shared.lock().hold_sends {
-                    break;
-                }
-                if rx.changed().await.is_err() {
-                    break;
-                }
+            if let Some(r) = send_gate(&shared).await {
+                return r;
             }
             send_message(&shared, &params)
         }
         "sendchataction" => send_chat_action(&shared, &params),
         "setmessagereaction" => set_message_reaction(&shared, &params),
         "sendphoto" | "senddocument" | "sendvoice" | "sendaudio" => {
+            if let Some(r) = send_gate(&shared).await {
+                return r;
+            }
             send_file(&shared, &api_method, &params)
         }
         "getfile" => get_file(&shared, &params),
@@ -949,6 +925,43 @@ async fn handle(
     };
     shared.bump();
     answer_response(answer)
+}
+
+/// The fault injection every sending call (sendMessage and the file uploads) goes through:
+/// an injected failure, a hang, or a hold. `None`: answer normally.
+async fn send_gate(shared: &Shared) -> Option<Response> {
+    let (fail, hang) = {
+        let mut inner = shared.lock();
+        let fail = if inner.fail_next_send.is_empty() || inner.send_ok_before_fail == 0 {
+            inner.fail_next_send.pop_front()
+        } else {
+            inner.send_ok_before_fail -= 1;
+            None
+        };
+        if fail.is_some() {
+            inner.served_send_failures += 1;
+        }
+        let hang = inner.hang_sends > 0;
+        inner.hang_sends = inner.hang_sends.saturating_sub(1);
+        (fail, hang)
+    };
+    if let Some(status) = fail {
+        shared.bump();
+        return Some(injected_failure(status));
+    }
+    if hang {
+        return Some(std::future::pending::<Response>().await);
+    }
+    loop {
+        let mut rx = shared.version.subscribe();
+        if !shared.lock().hold_sends {
+            break;
+        }
+        if rx.changed().await.is_err() {
+            break;
+        }
+    }
+    None
 }
 
 fn bot_user_json(bot_id: i64, full: bool) -> Value {
