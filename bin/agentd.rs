@@ -122,16 +122,18 @@ fn main() -> ExitCode {
             print!("{}", agentd::config::render_effective(&cfg));
             ExitCode::SUCCESS
         }
-        Command::CheckConfig { diff: true } => match agentd::cli::config_diff::against_running(&cfg) {
-            Ok(report) => {
-                print!("{report}");
-                ExitCode::SUCCESS
+        Command::CheckConfig { diff: true } => {
+            match agentd::cli::config_diff::against_running(&cfg) {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("agentd: {e}");
+                    ExitCode::from(1)
+                }
             }
-            Err(e) => {
-                eprintln!("agentd: {e}");
-                ExitCode::from(1)
-            }
-        },
+        }
         Command::Run => run(cfg, agentd::daemon::RunOptions::default()),
         Command::Chat => run(
             cfg,

@@ -40,7 +40,8 @@ const LIVE: &[&str] = &[
 
 /// Whether a change of `key` applies on SIGHUP.
 pub fn applies_live(key: &str) -> bool {
-    LIVE.iter().any(|p| key == p.trim_end_matches('.') || key.starts_with(p))
+    LIVE.iter()
+        .any(|p| key == p.trim_end_matches('.') || key.starts_with(p))
 }
 
 /// The changes from `old` to `new`, both texts of `render_effective`, sorted by key.
@@ -199,7 +200,10 @@ system = "x"
             .replace("port = 8080", "port = 8081")
             .replace("daily_usd = 5.0", "daily_usd = 9.0")
             .replace("# tools = (all)", "tools = [\"now\"]")
-            .replace("name = \"b\"\nevery = \"10s\"\nsystem = \"x\"\n", "name = \"c\"\nevery = \"5s\"\nsystem = \"y\"\n");
+            .replace(
+                "name = \"b\"\nevery = \"10s\"\nsystem = \"x\"\n",
+                "name = \"c\"\nevery = \"5s\"\nsystem = \"y\"\n",
+            );
         let changes = diff_rendered(OLD, &new);
         let keys: Vec<(&str, bool)> = changes
             .iter()
@@ -219,7 +223,10 @@ system = "x"
         let text = describe(&changes);
         let (live, restart) = text.split_once("needs a restart").unwrap();
         assert!(live.contains("~ budget.daily_usd: 5.0 -> 9.0"), "{text}");
-        assert!(live.contains("- schedule.b (was name = \"b\"; every = \"10s\"; system = \"x\")"), "{text}");
+        assert!(
+            live.contains("- schedule.b (was name = \"b\"; every = \"10s\"; system = \"x\")"),
+            "{text}"
+        );
         assert!(live.contains("+ schedule.c = name = \"c\""), "{text}");
         assert!(restart.contains("~ http.port: 8080 -> 8081"), "{text}");
     }

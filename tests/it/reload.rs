@@ -43,7 +43,11 @@ fn edit_config(d: &TestDaemon, f: impl FnOnce(String) -> String) {
 
 fn keys(v: &Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|k| k.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|k| k.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -53,7 +57,9 @@ fn a_new_schedule_entry_runs_after_sighup() {
     llm.set_responder(|_| Some(Reply::text("noted")));
     let mut d = daemon_with(&llm, "openai");
     edit_config(&d, |t| {
-        format!("{t}\n[[schedule]]\nname = \"beat\"\nevery = \"1s\"\nsystem = \"heartbeat from the reloaded schedule\"\n")
+        format!(
+            "{t}\n[[schedule]]\nname = \"beat\"\nevery = \"1s\"\nsystem = \"heartbeat from the reloaded schedule\"\n"
+        )
     });
     let r = sighup(&d);
     assert_eq!(r["ok"], true, "{r}");
@@ -94,7 +100,11 @@ fn a_removed_allow_from_id_is_refused_after_sighup() {
     });
     let r = sighup(&d);
     assert_eq!(r["ok"], true, "{r}");
-    assert_eq!(keys(&r["applied"]), vec!["channel.telegram.allow_from"], "{r}");
+    assert_eq!(
+        keys(&r["applied"]),
+        vec!["channel.telegram.allow_from"],
+        "{r}"
+    );
     let requests = llm.requests().len();
     tg.push_text(ALICE, ALICE, "after the reload");
     tg.push_text(BOB, BOB, "let me in");
@@ -102,9 +112,14 @@ fn a_removed_allow_from_id_is_refused_after_sighup() {
         (!tg.sent_to(BOB).is_empty()).then_some(())
     });
     assert_eq!(tg.sent_to(ALICE).len(), 1, "Alice got nothing more");
-    assert_eq!(llm.requests().len(), requests + 1, "only Bob reached the model");
+    assert_eq!(
+        llm.requests().len(),
+        requests + 1,
+        "only Bob reached the model"
+    );
     assert!(
-        d.log().contains(&format!("message from user {ALICE} rejected")),
+        d.log()
+            .contains(&format!("message from user {ALICE} rejected")),
         "the refusal is logged"
     );
     assert!(d.sigterm().success(), "{}", d.log());
@@ -117,12 +132,17 @@ fn an_invalid_config_is_refused_and_the_old_one_keeps_running() {
     let mut d = daemon_with(&llm, "openai");
     let good = std::fs::read_to_string(&d.config_path).unwrap();
     edit_config(&d, |t| {
-        format!("{t}\n[budget]\ndaily_usd = \"lots\"\n[[schedule]]\nname = \"x\"\nevery = \"1s\"\nsystem = \"never\"\n")
+        format!(
+            "{t}\n[budget]\ndaily_usd = \"lots\"\n[[schedule]]\nname = \"x\"\nevery = \"1s\"\nsystem = \"never\"\n"
+        )
     });
     let r = sighup(&d);
     assert_eq!(r["ok"], false, "{r}");
     let error = r["error"].as_str().unwrap_or_default();
-    assert!(error.contains("daily_usd"), "the error names the key: {error}");
+    assert!(
+        error.contains("daily_usd"),
+        "the error names the key: {error}"
+    );
     assert!(d.log().contains("reload refused"), "{}", d.log());
     // The old config still runs: messages are answered, the invalid file's schedule never fires.
     fifo_write(
@@ -149,7 +169,12 @@ fn check_config_diff_splits_live_changes_from_restart_ones() {
     let mut d = daemon_with(&llm, "openai");
     let diff = |d: &TestDaemon| {
         Command::new(env!("CARGO_BIN_EXE_agentd"))
-            .args(["-c", d.config_path.to_str().unwrap(), "check-config", "--diff"])
+            .args([
+                "-c",
+                d.config_path.to_str().unwrap(),
+                "check-config",
+                "--diff",
+            ])
             .env("AGENTD_STATE_DIR", &d.state_dir)
             .output()
             .unwrap()
@@ -176,7 +201,11 @@ fn check_config_diff_splits_live_changes_from_restart_ones() {
     // After the reload, the live part is in force and only the restart part is left.
     let r = sighup(&d);
     assert_eq!(keys(&r["applied"]), vec!["budget.daily_usd"], "{r}");
-    assert_eq!(keys(&r["needs_restart"]), vec!["fifo.max_line_bytes"], "{r}");
+    assert_eq!(
+        keys(&r["needs_restart"]),
+        vec!["fifo.max_line_bytes"],
+        "{r}"
+    );
     let text = String::from_utf8_lossy(&diff(&d).stdout).to_string();
     assert!(!text.contains("budget.daily_usd"), "{text}");
     assert!(text.contains("fifo.max_line_bytes"), "{text}");
