@@ -185,8 +185,13 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
         Ok((soft, _)) => tracing::debug!(limit = soft, "open file limit (RLIMIT_NOFILE)"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit (RLIMIT_NOFILE)"),
     }
+    // The blocking pool (file appends with fsync, directory scans, config reads) is capped: its
+    // idle threads are woken in turn by any periodic task, so they never reach their 10 s
+    // idle timeout, and tokio's default cap is 512. 16 is well above what the daemon runs at
+    // once (docs/BENCHMARKS.md, senders: threads).
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .max_blocking_threads(16)
         .enable_all()
         .build()
     {

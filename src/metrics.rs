@@ -101,6 +101,15 @@ impl Metrics {
         self.message_duration.observe(duration);
     }
 
+    /// Messages finished since the start (every outcome).
+    pub fn messages_finished(&self) -> u64 {
+        self.message_duration
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// One LLM call to `model`: its usage, its cost and how long it took.
     pub fn llm_call(&self, model: &str, usage: &Usage, cost_usd: f64, duration: Duration) {
         self.llm_calls.inc(&[model]);

@@ -5,6 +5,7 @@
 pub mod after;
 pub mod delivery;
 pub mod http_backend;
+pub mod idle;
 pub mod intake;
 pub mod lifecycle;
 pub mod notify;

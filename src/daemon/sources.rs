@@ -96,6 +96,7 @@ pub async fn start(
     let watch = SourceWatch::default();
     start_scheduler(s, tasks);
     super::retention::start(s, tasks);
+    super::idle::start(s, tasks);
     if let Some(client) = s.telegram.clone() {
         let poller = telegram::start_poller(client, s, tasks);
         watch.spawn(tasks, "telegram", poller);
