@@ -218,3 +218,54 @@ fn check_config_diff_splits_live_changes_from_restart_ones() {
         "{out:?}"
     );
 }
+
+#[test]
+fn a_new_mcp_servers_tools_appear_after_sighup() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.set_responder(|_| Some(Reply::text("ok")));
+    let mut d = daemon_with(&llm, "openai");
+    let script = d.dir.path().join("mcp_fake.py");
+    std::fs::write(&script, crate::mcp::SERVER).unwrap();
+    let offered = |llm: &FakeLlm| {
+        llm.requests()
+            .last()
+            .is_some_and(|r| r["tools"].to_string().contains("fake__echo"))
+    };
+    fifo_write(
+        &d,
+        r#"{"id":"before","type":"user","sender":"ops","text":"which tools?"}"#,
+    );
+    wait_outcome(&d, "ops", "before");
+    assert!(!offered(&llm), "no MCP server yet");
+    edit_config(&d, |t| {
+        format!(
+            "{t}\n[mcp.servers.fake]\ncommand = \"python3\"\nargs = [\"{}\"]\n",
+            script.display()
+        )
+    });
+    let r = sighup(&d);
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(
+        keys(&r["applied"]).iter().any(|k| k.starts_with("mcp.servers.fake.")),
+        "{r}"
+    );
+    assert!(keys(&r["needs_restart"]).is_empty(), "{r}");
+    // The server starts in the background; its tools join the next message's list once it
+    // is up.
+    let mut n = 0;
+    wait_until(WAIT, "the new server's tools offered to the model", || {
+        n += 1;
+        let id = format!("after{n}");
+        fifo_write(
+            &d,
+            &format!(r#"{{"id":"{id}","type":"user","sender":"ops","text":"and now?"}}"#),
+        );
+        wait_outcome(&d, "ops", &id);
+        if offered(&llm) {
+            return Some(());
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        None
+    });
+    assert!(d.sigterm().success(), "{}", d.log());
+}
