@@ -332,7 +332,6 @@ impl ToolRegistry {
             Ok(Ok(Ok(out))) => Ok(out),
         }
     }
-
 }
 
 fn unknown_tool_message(tools: &ToolMap, name: &str) -> String {
@@ -708,7 +707,10 @@ mod tests {
     /// is taken, and a clash never replaces the built-in tool.
     #[tokio::test]
     async fn set_dynamic_refuses_single_bad_tools_with_a_reason() {
-        let reg = registry(vec![TestTool::new("read", Behavior::Output("builtin".into()))]);
+        let reg = registry(vec![TestTool::new(
+            "read",
+            Behavior::Output("builtin".into()),
+        )]);
         let mut bad_schema = TestTool::new("srv__bad_schema", Behavior::Echo);
         bad_schema.schema = json!({"type": "object", "properties": {"x": {"type": 12}}});
         let mut not_object = TestTool::new("srv__not_object", Behavior::Echo);
@@ -735,13 +737,21 @@ mod tests {
         assert!(refused[0].reason.contains("built-in"), "{refused:?}");
         assert!(refused[1].reason.contains("another tool"), "{refused:?}");
         assert!(refused[2].reason.contains("invalid"), "{refused:?}");
-        assert!(refused[3].reason.contains("'srv__bad_schema'"), "{refused:?}");
+        assert!(
+            refused[3].reason.contains("'srv__bad_schema'"),
+            "{refused:?}"
+        );
         assert!(refused[4].reason.contains("object"), "{refused:?}");
         assert_eq!(reg.names(), ["read", "srv__ok"]);
         let res = reg.execute(&call("read", json!({})), &ctx()).await;
         assert_eq!(res.content, "builtin");
-        let res = reg.execute(&call("srv__ok", json!({"text": "x"})), &ctx()).await;
-        assert_eq!(res.content, r#"{"text":"x"}"#, "the first of two keeps the name");
+        let res = reg
+            .execute(&call("srv__ok", json!({"text": "x"})), &ctx())
+            .await;
+        assert_eq!(
+            res.content, r#"{"text":"x"}"#,
+            "the first of two keeps the name"
+        );
     }
 
     #[test]
