@@ -134,21 +134,21 @@ impl Server {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Take a fresh tool list: allow-list, exposed names, clashes (logged at error); the change
-    /// signal is bumped when what is offered changed.
+    /// Take a fresh tool list: allow-list, exposed names, clashes (logged at error when new);
+    /// the change signal is bumped when what is offered changed.
     fn set_tools(&self, listed: Vec<rmcp::model::Tool>) {
         let (exposed, clashes) = expose(&self.cfg.name, self.cfg.tools.as_deref(), listed);
-        for c in &clashes {
-            tracing::error!(
-                server = %self.cfg.name,
-                tool = %c.name,
-                remote = %c.remote,
-                "MCP tool not offered: {}",
-                c.reason
-            );
-        }
         let changed = {
             let mut s = self.lock();
+            for c in clashes.iter().filter(|c| !s.clashes.contains(c)) {
+                tracing::error!(
+                    server = %self.cfg.name,
+                    tool = %c.name,
+                    remote = %c.remote,
+                    "MCP tool not offered: {}",
+                    c.reason
+                );
+            }
             let changed = s.exposed != exposed || s.clashes != clashes;
             s.exposed = exposed;
             s.clashes = clashes;
@@ -581,7 +581,7 @@ impl McpManager {
                 server.cfg.name.clone(),
                 json!({
                     "state": s.state.as_str(),
-                    "tools": s.exposed.len() - s.sync_refused.len().min(s.exposed.len()),
+                    "tools": s.exposed.len().saturating_sub(s.sync_refused.len()),
                     "restarts": s.restarts,
                     "last_error": s.last_error,
                     "refused": refused,
@@ -645,7 +645,6 @@ async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
                     let mut s = server.lock();
                     s.state = State::Ready;
                     s.peer = Some(conn.service.peer().clone());
-                    s.last_error = None;
                     s.settled = true;
                 }
                 server.set_tools(conn.tools);
