@@ -369,8 +369,9 @@ pub struct RetentionConfig {
     pub archive_max_age: Option<Duration>,
 }
 
-/// One MCP server (`[mcp.servers.<name>]`, §12).
-#[derive(Debug, Clone)]
+/// One MCP server (`[mcp.servers.<name>]`, §12). Equal when every field is (secrets compared
+/// by value): a reload restarts a server whose config is not equal to the running one.
+#[derive(Debug, Clone, PartialEq)]
 pub struct McpServerConfig {
     /// Matches `[A-Za-z0-9_-]+`; tools are exposed as `<name>__<tool>`.
     pub name: String,
@@ -401,6 +402,43 @@ pub enum McpTransport {
         url: String,
         headers: BTreeMap<String, SecretString>,
     },
+}
+
+impl PartialEq for McpTransport {
+    /// Field by field; `env` and `headers` values compared by their secret text.
+    fn eq(&self, other: &McpTransport) -> bool {
+        fn same(a: &BTreeMap<String, SecretString>, b: &BTreeMap<String, SecretString>) -> bool {
+            use secrecy::ExposeSecret;
+            a.len() == b.len()
+                && a.iter().zip(b).all(|((ka, va), (kb, vb))| {
+                    ka == kb && va.expose_secret() == vb.expose_secret()
+                })
+        }
+        match (self, other) {
+            (
+                McpTransport::Stdio {
+                    command,
+                    args,
+                    env,
+                    cwd,
+                },
+                McpTransport::Stdio {
+                    command: c2,
+                    args: a2,
+                    env: e2,
+                    cwd: d2,
+                },
+            ) => command == c2 && args == a2 && cwd == d2 && same(env, e2),
+            (
+                McpTransport::Http { url, headers },
+                McpTransport::Http {
+                    url: u2,
+                    headers: h2,
+                },
+            ) => url == u2 && same(headers, h2),
+            _ => false,
+        }
+    }
 }
 
 /// One `[[schedule]]` entry (§14).

@@ -216,7 +216,7 @@ impl Services {
             memory: memory.as_ref(),
             outbound: outbound.clone(),
             schedule_wake: schedule_wake.clone(),
-            mcp: &mcp,
+            mcp: mcp.clone(),
             extra: vec![Arc::new(crate::skills::LoadSkillTool {
                 skills: skills.clone(),
             })],

@@ -1,12 +1,14 @@
 //! The daemon's tool set, assembled in one place (SPEC §3, §11): every built-in candidate,
 //! then one `[tools] enabled` filter; MCP tools are governed by their server's `tools` list
-//! instead. The daemon passes in what the tools need; nothing here starts a task.
+//! instead. The daemon passes in what the tools need. One task starts here: the follower that
+//! keeps the registry's MCP tools equal to what the servers offer ([`follow_mcp`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::mcp::McpManager;
 use super::outbound::Outbound;
 use super::{Tool, ToolRegistry, builtin_tools};
 use crate::config::Config;
@@ -22,8 +24,9 @@ pub struct ToolDeps<'a> {
     pub outbound: Option<Arc<dyn Outbound>>,
     /// Woken when `schedule_message` adds or cancels a message (the scheduler waits on it).
     pub schedule_wake: Arc<Notify>,
-    /// Started MCP servers; their tools are listed once they are ready (within 10 s).
-    pub mcp: &'a super::mcp::McpManager,
+    /// Started MCP servers; their tools are waited for (at most 10 s) and then followed:
+    /// servers that come up later, re-list or are reconciled change the registry.
+    pub mcp: Arc<McpManager>,
     /// Tools other modules provide (`load_skill`), filtered like the built-in ones.
     pub extra: Vec<Arc<dyn Tool>>,
 }
@@ -35,7 +38,9 @@ pub struct Assembled {
     pub spawn: Arc<super::spawn::SpawnTool>,
 }
 
-/// Build the registry of every tool the model may call.
+/// Build the registry of every tool the model may call. Fails only for a problem with a
+/// built-in tool (our bug); an MCP tool the registry cannot take is left out and reported in
+/// the MCP status.
 pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled, String> {
     let mut list = builtin_tools(&cfg.tools);
     if let Some(key) = &cfg.tools.web_search_key {
@@ -70,13 +75,44 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
         list.extend(super::memory::tools(m));
     }
     list.retain(|t| cfg.tools.is_enabled(&t.spec().name));
-    if !cfg.mcp_servers.is_empty() {
-        deps.mcp.wait_ready(Duration::from_secs(10)).await;
-        list.extend(deps.mcp.tools());
-    }
     let registry = Arc::new(
         ToolRegistry::new(list, cfg.tools.exec_timeout, cfg.behavior.output_truncation)?
             .with_max_parallel(cfg.tools.max_parallel_calls),
     );
+    // The first list waits for the servers (bounded); later changes arrive through the
+    // follower, also with no server configured yet (a reload may add one).
+    if !cfg.mcp_servers.is_empty() {
+        deps.mcp.wait_ready(MCP_FIRST_WAIT).await;
+    }
+    follow_mcp(deps.mcp, registry.clone());
     Ok(Assembled { registry, spawn })
+}
+
+/// How long the first tool list waits for the MCP servers' first start.
+const MCP_FIRST_WAIT: Duration = Duration::from_secs(10);
+
+/// Put `mcp`'s tools into `registry` now, and again on every change of its tool lists, until
+/// the manager's cancel token fires (the task then ends).
+pub fn follow_mcp(
+    mcp: Arc<McpManager>,
+    registry: Arc<ToolRegistry>,
+) -> tokio::task::JoinHandle<()> {
+    let mut changes = mcp.subscribe();
+    changes.borrow_and_update();
+    mcp.sync_into(&registry);
+    let cancel = mcp.cancel_token();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+            changes.borrow_and_update();
+            mcp.sync_into(&registry);
+        }
+    })
 }

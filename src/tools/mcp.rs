@@ -1,8 +1,14 @@
-//! MCP servers (SPEC §12): one supervisor task per enabled stdio server keeps a client session
+//! MCP servers (SPEC §12): one supervisor task per enabled server keeps a client session
 //! alive (restart with backoff 0, 1, 2, 5, 10, 30, 60 s, then every 60 s) and the tools it lists
 //! are exposed to the model as proxy tools named `<server>__<tool>`. Every stdio server runs
 //! through the exec sandbox helper ([`McpSandbox`], docs/security.md). rmcp stays behind this
 //! module so its next major touches one file.
+//!
+//! The tool set follows the servers: a server that comes up late, restarts with other tools or
+//! sends `notifications/tools/list_changed` (re-listed, bounded) changes its tools, and
+//! [`McpManager::reconcile`] adds, removes and restarts servers on a reload. Each change bumps a
+//! generation counter ([`McpManager::subscribe`]); `tools::assemble` keeps the registry's MCP
+//! set equal to [`McpManager::tools`] through [`McpManager::sync_into`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,16 +18,18 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
-use rmcp::service::{Peer, RoleClient, ServiceError};
+use rmcp::model::{CallToolRequestParams, PaginatedRequestParams};
+use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient, ServiceError};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use secrecy::ExposeSecret;
 use serde_json::{Map, Value, json};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::registry::ToolRegistry;
 use super::{Tool, ToolContext, ToolError};
 use crate::config::{Config, ExecSandbox, McpServerConfig, McpTransport};
 use crate::llm::ToolSpec;
@@ -29,6 +37,15 @@ use crate::sandbox::helper::ERROR_PREFIX as HELPER_ERROR_PREFIX;
 use crate::sandbox::runner::SANDBOX_PATH;
 use crate::sandbox::{HELPER_SUBCOMMAND, Policy, SandboxMode};
 
+/// At most this many tools are taken from one server's list; the rest are dropped with a
+/// warning (a hostile or broken server must not flood the model's tool list).
+pub const MAX_TOOLS_PER_SERVER: usize = 500;
+/// At most this many `tools/list` pages are read (a cursor that never ends).
+const MAX_LIST_PAGES: usize = 64;
+/// One server is re-listed at most this often, however many `list_changed` it sends.
+const RELIST_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a stop waits for a supervisor to end (its child killed) before moving on.
+const STOP_WAIT: Duration = Duration::from_secs(5);
 /// Restart delays after consecutive failures; the last one repeats.
 const BACKOFF_SECS: [u64; 7] = [0, 1, 2, 5, 10, 30, 60];
 /// A server that stayed up this long starts the backoff sequence from the beginning again.
@@ -58,12 +75,46 @@ impl State {
 struct Shared {
     state: State,
     peer: Option<Peer<RoleClient>>,
-    /// The server's tools as last listed (kept while it is down).
-    tools: Vec<rmcp::model::Tool>,
+    /// The server's tools as last listed (kept while it is down), after the allow-list and the
+    /// clash check, sorted by exposed name.
+    exposed: Vec<Exposed>,
+    /// Listed tools not offered because another of the server's tools has the same exposed
+    /// name (found when listing).
+    clashes: Vec<RefusedTool>,
+    /// Tools not offered by the last [`McpManager::sync_into`] (a clash with another server or a
+    /// built-in tool, a schema the registry cannot compile).
+    sync_refused: Vec<RefusedTool>,
     restarts: u64,
     last_error: Option<String>,
     /// True once the first start attempt finished (ready or failed).
     settled: bool,
+}
+
+/// One server tool as offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+struct Exposed {
+    /// `<server>__<tool>`, cleaned ([`exposed_name`]).
+    name: String,
+    /// The tool's name on the server.
+    remote: String,
+    description: String,
+    schema: Value,
+}
+
+/// A server tool that is not offered, and why (shown in [`McpManager::status`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RefusedTool {
+    /// The exposed name it would have had.
+    name: String,
+    /// Its name on the server.
+    remote: String,
+    reason: String,
+}
+
+impl RefusedTool {
+    fn to_json(&self) -> Value {
+        json!({"name": self.name, "remote": self.remote, "reason": self.reason})
+    }
 }
 
 /// One configured server and its live state.
@@ -74,24 +125,78 @@ struct Server {
     /// Signalled by a call that saw the transport closed, and on every settle.
     closed: Notify,
     settled: Notify,
+    /// The manager's change signal, bumped when this server's tools change.
+    changed: Arc<watch::Sender<u64>>,
 }
 
 impl Server {
     fn lock(&self) -> MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Take a fresh tool list: allow-list, exposed names, clashes (logged at error when new);
+    /// the change signal is bumped when what is offered changed.
+    fn set_tools(&self, listed: Vec<rmcp::model::Tool>) {
+        let (exposed, clashes) = expose(&self.cfg.name, self.cfg.tools.as_deref(), listed);
+        let changed = {
+            let mut s = self.lock();
+            for c in clashes.iter().filter(|c| !s.clashes.contains(c)) {
+                tracing::error!(
+                    server = %self.cfg.name,
+                    tool = %c.name,
+                    remote = %c.remote,
+                    "MCP tool not offered: {}",
+                    c.reason
+                );
+            }
+            let changed = s.exposed != exposed || s.clashes != clashes;
+            s.exposed = exposed;
+            s.clashes = clashes;
+            changed
+        };
+        if changed {
+            bump(&self.changed);
+        }
+    }
+}
+
+/// One running server: its state and the supervisor that can be stopped alone.
+struct Handle {
+    server: Arc<Server>,
+    /// A child of the manager's token.
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
 }
 
 /// Supervises the configured MCP servers and hands out proxy tools for them.
 pub struct McpManager {
-    servers: Vec<Arc<Server>>,
+    /// By server name (so tools and status come out in name order).
+    servers: Mutex<BTreeMap<String, Handle>>,
+    cancel: CancellationToken,
+    /// The generation counter: bumped whenever a server's tool list changes.
+    changed: Arc<watch::Sender<u64>>,
+    /// One reconcile at a time.
+    reconciling: tokio::sync::Mutex<()>,
+}
+
+/// What [`McpManager::reconcile`] did, by server name (sorted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub restarted: Vec<String>,
+}
+
+fn bump(changed: &watch::Sender<u64>) {
+    changed.send_modify(|g| *g = g.wrapping_add(1));
 }
 
 /// How stdio servers are confined (SPEC §16.9 "Processes"): each runs through the exec
 /// sandbox helper (`agentd sandbox-exec`) under [`Policy::for_mcp_server`] — no read of the
 /// state or config directory (nor `.env`), a private directory as HOME and TMPDIR, network per
-/// server — with only the configured `env` plus `PATH`, `HOME` and `TMPDIR`.
-#[derive(Debug, Clone)]
+/// server — with only the configured `env` plus `PATH`, `HOME` and `TMPDIR`. A reload with a
+/// different sandbox restarts every stdio server.
+#[derive(Debug, Clone, PartialEq)]
 pub struct McpSandbox {
     /// `[tools] exec_sandbox`: `landlock` refuses to start a server the kernel cannot confine.
     pub mode: SandboxMode,
@@ -215,51 +320,141 @@ fn private_dir(root: &Path, name: &str) -> Result<PathBuf, String> {
 }
 
 impl McpManager {
-    /// Spawn one supervisor task per enabled stdio server and return at once (needs a tokio
-    /// runtime). Start-up failures are logged and retried, never fatal. HTTP servers are marked
-    /// disabled ("not supported yet"). Call [`McpManager::wait_ready`] to let servers list their
-    /// tools before building the tool registry.
+    /// Spawn one supervisor task per enabled server and return at once (needs a tokio
+    /// runtime). Start-up failures are logged and retried, never fatal. Call
+    /// [`McpManager::wait_ready`] to let servers list their tools before building the tool
+    /// registry. `cancel` stops every server (and [`McpManager::sync_into`]'s follower).
     pub fn start(
         servers: &BTreeMap<String, McpServerConfig>,
         sandbox: McpSandbox,
         cancel: CancellationToken,
     ) -> Arc<McpManager> {
+        let mgr = Arc::new(McpManager {
+            servers: Mutex::new(BTreeMap::new()),
+            cancel,
+            changed: Arc::new(watch::channel(0).0),
+            reconciling: tokio::sync::Mutex::new(()),
+        });
         let sandbox = Arc::new(sandbox);
-        let mut list = Vec::new();
-        for cfg in servers.values() {
-            let mut state = State::Starting;
-            let mut last_error = None;
-            if !cfg.enabled {
-                state = State::Disabled;
-                last_error = Some("disabled in config".to_string());
+        {
+            let mut map = mgr.lock();
+            for (name, cfg) in servers {
+                map.insert(name.clone(), mgr.launch(cfg, &sandbox));
             }
-            let server = Arc::new(Server {
-                cfg: cfg.clone(),
-                sandbox: sandbox.clone(),
-                shared: Mutex::new(Shared {
-                    state,
-                    peer: None,
-                    tools: Vec::new(),
-                    restarts: 0,
-                    last_error,
-                    settled: state == State::Disabled,
-                }),
-                closed: Notify::new(),
-                settled: Notify::new(),
-            });
-            if state == State::Starting {
-                tokio::spawn(supervise(server.clone(), cancel.clone()));
-            }
-            list.push(server);
         }
-        Arc::new(McpManager { servers: list })
+        mgr
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Handle>> {
+        self.servers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The servers, in name order.
+    fn servers(&self) -> Vec<Arc<Server>> {
+        self.lock().values().map(|h| h.server.clone()).collect()
+    }
+
+    /// A new server for `cfg` with its own child token; its supervisor is spawned unless the
+    /// server is disabled.
+    fn launch(&self, cfg: &McpServerConfig, sandbox: &Arc<McpSandbox>) -> Handle {
+        let (state, last_error) = match cfg.enabled {
+            true => (State::Starting, None),
+            false => (State::Disabled, Some("disabled in config".to_string())),
+        };
+        let server = Arc::new(Server {
+            cfg: cfg.clone(),
+            sandbox: sandbox.clone(),
+            shared: Mutex::new(Shared {
+                state,
+                peer: None,
+                exposed: Vec::new(),
+                clashes: Vec::new(),
+                sync_refused: Vec::new(),
+                restarts: 0,
+                last_error,
+                settled: state == State::Disabled,
+            }),
+            closed: Notify::new(),
+            settled: Notify::new(),
+            changed: self.changed.clone(),
+        });
+        let cancel = self.cancel.child_token();
+        let task = (state == State::Starting)
+            .then(|| tokio::spawn(supervise(server.clone(), cancel.clone())));
+        Handle {
+            server,
+            cancel,
+            task,
+        }
+    }
+
+    /// Apply a new server list (a reload): servers not running yet start, servers no longer
+    /// listed stop (supervisor cancelled, child killed, tools gone), servers whose config
+    /// differs — or, for stdio servers, whose sandbox differs — restart; the others keep
+    /// running untouched. Waits (bounded) for the stopped servers to end, so a restarted server
+    /// never runs twice. The change signal is bumped when anything was removed or restarted.
+    pub async fn reconcile(
+        &self,
+        servers: &BTreeMap<String, McpServerConfig>,
+        sandbox: McpSandbox,
+    ) -> Reconciled {
+        let _one = self.reconciling.lock().await;
+        let sandbox = Arc::new(sandbox);
+        let mut done = Reconciled::default();
+        let mut stopping = Vec::new();
+        {
+            let mut map = self.lock();
+            let gone: Vec<String> = map
+                .keys()
+                .filter(|name| !servers.contains_key(*name))
+                .cloned()
+                .collect();
+            for name in gone {
+                stopping.extend(map.remove(&name));
+                done.removed.push(name);
+            }
+            for (name, cfg) in servers {
+                match map.get(name) {
+                    None => {
+                        map.insert(name.clone(), self.launch(cfg, &sandbox));
+                        done.added.push(name.clone());
+                    }
+                    Some(h) if needs_restart(&h.server, cfg, &sandbox) => {
+                        stopping.extend(map.remove(name));
+                        done.restarted.push(name.clone());
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        if !stopping.is_empty() {
+            // Their tools leave the registry now; calls still in flight fail.
+            bump(&self.changed);
+        }
+        stop_all(stopping).await;
+        if !done.restarted.is_empty() {
+            let mut map = self.lock();
+            for name in &done.restarted {
+                map.insert(name.clone(), self.launch(&servers[name], &sandbox));
+            }
+        }
+        for name in &done.added {
+            tracing::info!(server = %name, "MCP server added");
+        }
+        for name in &done.removed {
+            tracing::info!(server = %name, "MCP server removed");
+        }
+        for name in &done.restarted {
+            tracing::info!(server = %name, "MCP server changed; restarted");
+        }
+        done
     }
 
     /// Wait (at most `within`, all servers in parallel) until every server finished its first
     /// start attempt, so [`McpManager::tools`] knows their tools.
     pub async fn wait_ready(&self, within: Duration) {
         let deadline = tokio::time::Instant::now() + within;
-        for server in &self.servers {
+        for server in self.servers() {
             loop {
                 let notified = server.settled.notified();
                 if server.lock().settled {
@@ -272,47 +467,162 @@ impl McpManager {
         }
     }
 
-    /// One proxy tool per server tool currently known, filtered by the server's allow-list.
+    /// The change signal: its value (a generation counter) moves whenever a server's tool
+    /// list changes (ready, re-listed, restarted with other tools, removed).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// The manager's token: cancelled, every server stops.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// One proxy tool per server tool currently offered, in server then tool name order. A
+    /// name two servers' tools clean up to goes to the first server (by name).
     pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
-        let mut out: Vec<Arc<dyn Tool>> = Vec::new();
-        for server in &self.servers {
-            let tools = server.lock().tools.clone();
-            for tool in tools {
-                let remote = tool.name.to_string();
-                if let Some(allow) = &server.cfg.tools
-                    && !allow.contains(&remote)
-                {
+        self.offer().tools
+    }
+
+    /// The offered tools, who owns each name, and the tools another server's tool took the
+    /// name of.
+    fn offer(&self) -> Offer {
+        let mut offer = Offer::default();
+        for server in self.servers() {
+            let exposed = server.lock().exposed.clone();
+            for tool in exposed {
+                if let Some((other, other_remote)) = offer.owners.get(&tool.name) {
+                    let reason = format!(
+                        "tool '{}' of server '{}' and tool '{other_remote}' of server '{}' both \
+                         become '{}'; only the latter is offered. Fix: rename one of the \
+                         servers, or leave one tool out with its server's `tools` allow-list",
+                        tool.remote, server.cfg.name, other.cfg.name, tool.name
+                    );
+                    offer.refused.push((
+                        server.clone(),
+                        RefusedTool {
+                            name: tool.name,
+                            remote: tool.remote,
+                            reason,
+                        },
+                    ));
                     continue;
                 }
-                out.push(Arc::new(McpTool {
-                    name: exposed_name(&server.cfg.name, &remote),
-                    description: tool.description.as_deref().unwrap_or("").to_string(),
-                    schema: normalise_schema(Value::Object((*tool.input_schema).clone())),
-                    remote,
+                offer
+                    .owners
+                    .insert(tool.name.clone(), (server.clone(), tool.remote.clone()));
+                offer.tools.push(Arc::new(McpTool {
+                    name: tool.name,
+                    description: tool.description,
+                    schema: tool.schema,
+                    remote: tool.remote,
                     server: server.clone(),
                 }));
             }
         }
-        out
+        offer
     }
 
-    /// Per server: `state` (starting|ready|backoff|disabled), `tools`, `restarts`, `last_error`.
+    /// Make `registry`'s dynamic set equal to the offered tools. What is not offered (a clash
+    /// between servers, a name of a built-in tool, a schema that does not compile) is logged at
+    /// error once, when it first appears, and shown in [`McpManager::status`].
+    pub fn sync_into(&self, registry: &ToolRegistry) {
+        let Offer {
+            tools,
+            owners,
+            mut refused,
+        } = self.offer();
+        for r in registry.set_dynamic(tools) {
+            if let Some((server, remote)) = owners.get(&r.name) {
+                refused.push((
+                    server.clone(),
+                    RefusedTool {
+                        remote: remote.clone(),
+                        name: r.name,
+                        reason: r.reason,
+                    },
+                ));
+            }
+        }
+        for server in self.servers() {
+            let mine: Vec<RefusedTool> = refused
+                .iter()
+                .filter(|(s, _)| Arc::ptr_eq(s, &server))
+                .map(|(_, r)| r.clone())
+                .collect();
+            let mut s = server.lock();
+            for r in mine.iter().filter(|r| !s.sync_refused.contains(r)) {
+                tracing::error!(
+                    server = %server.cfg.name,
+                    tool = %r.name,
+                    remote = %r.remote,
+                    "MCP tool not offered: {}",
+                    r.reason
+                );
+            }
+            s.sync_refused = mine;
+        }
+    }
+
+    /// Per server: `state` (starting|ready|backoff|disabled), `tools` (how many it offers),
+    /// `restarts`, `last_error`, and `refused`: the tools not offered, each with `name` (the
+    /// exposed name), `remote` (its name on the server) and `reason`.
     pub fn status(&self) -> Value {
         let mut map = Map::new();
-        for server in &self.servers {
+        for server in self.servers() {
             let s = server.lock();
+            let refused: Vec<Value> = s
+                .clashes
+                .iter()
+                .chain(&s.sync_refused)
+                .map(RefusedTool::to_json)
+                .collect();
             map.insert(
                 server.cfg.name.clone(),
                 json!({
                     "state": s.state.as_str(),
-                    "tools": s.tools.len(),
+                    "tools": s.exposed.len().saturating_sub(s.sync_refused.len()),
                     "restarts": s.restarts,
                     "last_error": s.last_error,
+                    "refused": refused,
                 }),
             );
         }
         Value::Object(map)
     }
+}
+
+/// What the servers offer right now ([`McpManager::offer`]).
+#[derive(Default)]
+struct Offer {
+    tools: Vec<Arc<dyn Tool>>,
+    /// Exposed name → the server offering it and the tool's name there.
+    owners: BTreeMap<String, (Arc<Server>, String)>,
+    /// Tools not offered because an earlier server's tool has their exposed name.
+    refused: Vec<(Arc<Server>, RefusedTool)>,
+}
+
+/// Whether a running server must restart to take `cfg` and `sandbox`.
+fn needs_restart(server: &Server, cfg: &McpServerConfig, sandbox: &McpSandbox) -> bool {
+    server.cfg != *cfg
+        || (matches!(cfg.transport, McpTransport::Stdio { .. }) && *server.sandbox != *sandbox)
+}
+
+/// Cancel the servers' supervisors and wait for them (each at most [`STOP_WAIT`]); a
+/// supervisor kills its child before it ends.
+async fn stop_all(handles: Vec<Handle>) {
+    for h in &handles {
+        h.cancel.cancel();
+    }
+    let waits = handles.into_iter().filter_map(|h| {
+        let name = h.server.cfg.name.clone();
+        h.task.map(|task| async move {
+            if tokio::time::timeout(STOP_WAIT, task).await.is_err() {
+                tracing::warn!(server = %name, "MCP server did not stop in time");
+            }
+        })
+    });
+    futures::future::join_all(waits).await;
 }
 
 /// Keep one server running until `cancel` fires.
@@ -325,31 +635,23 @@ async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
             s.state = State::Starting;
         }
         let started = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => return stopped(&server),
             r = connect(&server) => r,
         };
         match started {
-            Ok((service, tools)) => {
-                tracing::info!(server = %name, tools = tools.len(), "MCP server ready");
+            Ok(conn) => {
+                tracing::info!(server = %name, tools = conn.tools.len(), "MCP server ready");
                 {
                     let mut s = server.lock();
                     s.state = State::Ready;
-                    s.peer = Some(service.peer().clone());
-                    s.tools = tools;
+                    s.peer = Some(conn.service.peer().clone());
                     s.settled = true;
                 }
+                server.set_tools(conn.tools);
                 server.settled.notify_waiters();
                 let up_since = Instant::now();
-                let closed = server.closed.notified();
-                let stop = service.cancellation_token();
-                // Dropping the `waiting` future drops the service, which kills the child.
-                tokio::select! {
-                    _ = cancel.cancelled() => {
-                        stop.cancel();
-                        return;
-                    }
-                    _ = closed => {}
-                    _ = service.waiting() => {}
+                if serve(&server, conn.service, &conn.relist, &cancel).await {
+                    return stopped(&server);
                 }
                 if up_since.elapsed() >= STABLE_AFTER {
                     failures = 0;
@@ -377,16 +679,157 @@ async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
             s.restarts += 1;
         }
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => return stopped(&server),
             _ = tokio::time::sleep(Duration::from_secs(delay)) => {}
         }
     }
 }
 
-type Running = rmcp::service::RunningService<RoleClient, ()>;
+/// The state of a server whose supervisor was cancelled: no calls reach it any more.
+fn stopped(server: &Server) {
+    let mut s = server.lock();
+    s.state = State::Disabled;
+    s.peer = None;
+    s.last_error = Some("stopped".to_string());
+}
+
+/// Serve one connection until it closes (`false`) or `cancel` fires (`true`, after the child
+/// was stopped), re-listing the tools when the server says they changed.
+async fn serve(
+    server: &Server,
+    service: Running,
+    relist: &Notify,
+    cancel: &CancellationToken,
+) -> bool {
+    let name = &server.cfg.name;
+    let timeout = server.cfg.timeout;
+    let peer = service.peer().clone();
+    let stop = service.cancellation_token();
+    // Dropping the `waiting` future drops the service, which kills the child.
+    let waiting = service.waiting();
+    tokio::pin!(waiting);
+    let closed = server.closed.notified();
+    tokio::pin!(closed);
+    let mut last_relist: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                stop.cancel();
+                let _ = tokio::time::timeout(STOP_WAIT, &mut waiting).await;
+                return true;
+            }
+            _ = &mut closed => return false,
+            _ = &mut waiting => return false,
+            _ = relist.notified() => {
+                let pause = last_relist
+                    .map(|at| RELIST_MIN_INTERVAL.saturating_sub(at.elapsed()))
+                    .unwrap_or_default();
+                let listed = async {
+                    tokio::time::sleep(pause).await;
+                    tokio::time::timeout(timeout, list_tools(&peer, name)).await
+                };
+                let listed = tokio::select! {
+                    _ = cancel.cancelled() => {
+                        stop.cancel();
+                        let _ = tokio::time::timeout(STOP_WAIT, &mut waiting).await;
+                        return true;
+                    }
+                    r = listed => r,
+                };
+                last_relist = Some(Instant::now());
+                match listed {
+                    Ok(Ok(tools)) => {
+                        tracing::info!(server = %name, tools = tools.len(), "MCP tools re-listed");
+                        server.set_tools(tools);
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(server = %name, error = %e, "MCP tools/list failed; keeping the last list");
+                    }
+                    Err(_) => {
+                        tracing::warn!(server = %name, "MCP tools/list timed out after {}s; keeping the last list", timeout.as_secs());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `tools/list`, every page, at most [`MAX_TOOLS_PER_SERVER`] tools and [`MAX_LIST_PAGES`]
+/// pages; a longer list is cut with a warning.
+async fn list_tools(
+    peer: &Peer<RoleClient>,
+    server: &str,
+) -> Result<Vec<rmcp::model::Tool>, ServiceError> {
+    let mut tools = Vec::new();
+    let mut cursor = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let page = peer
+            .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor)))
+            .await?;
+        tools.extend(page.tools);
+        if tools.len() > MAX_TOOLS_PER_SERVER {
+            break;
+        }
+        match page.next_cursor {
+            None => return Ok(tools),
+            Some(next) => cursor = Some(next),
+        }
+    }
+    tracing::warn!(
+        server = %server,
+        max_tools = MAX_TOOLS_PER_SERVER,
+        max_pages = MAX_LIST_PAGES,
+        "MCP server lists too many tools; only the first are taken"
+    );
+    tools.truncate(MAX_TOOLS_PER_SERVER);
+    Ok(tools)
+}
+
+/// Our side of each connection: a `notifications/tools/list_changed` asks the supervisor to
+/// re-list (whether or not the server advertised `tools.listChanged`); many at once make one
+/// re-list.
+struct Client {
+    relist: Arc<Notify>,
+}
+
+impl rmcp::ClientHandler for Client {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
+        self.relist.notify_one();
+        std::future::ready(())
+    }
+}
+
+type Running = rmcp::service::RunningService<RoleClient, Client>;
+
+/// A started server: the session, its first tool list, and the re-list signal.
+struct Connection {
+    service: Running,
+    tools: Vec<rmcp::model::Tool>,
+    relist: Arc<Notify>,
+}
 
 /// Spawn the child, do the handshake and list its tools (bounded by the server timeout).
-async fn connect(server: &Server) -> Result<(Running, Vec<rmcp::model::Tool>), String> {
+async fn connect(server: &Server) -> Result<Connection, String> {
+    let timeout = server.cfg.timeout;
+    let relist = Arc::new(Notify::new());
+    let service = start_session(server, relist.clone()).await?;
+    let tools = tokio::time::timeout(timeout, list_tools(service.peer(), &server.cfg.name))
+        .await
+        .map_err(|_| format!("tools/list timed out after {}s", timeout.as_secs()))?
+        .map_err(|e| format!("tools/list failed: {e}"))?;
+    Ok(Connection {
+        service,
+        tools,
+        relist,
+    })
+}
+
+/// Spawn the child (or connect) and do the handshake, bounded by the server timeout.
+async fn start_session(server: &Server, relist: Arc<Notify>) -> Result<Running, String> {
+    let client = Client { relist };
     let timeout = server.cfg.timeout;
     let (command, args, env, cwd) = match &server.cfg.transport {
         McpTransport::Stdio {
@@ -412,15 +855,10 @@ async fn connect(server: &Server) -> Result<(Running, Vec<rmcp::model::Tool>), S
                 }
             }
             let transport = StreamableHttpClientTransport::from_config(config);
-            let service = tokio::time::timeout(timeout, ().serve(transport))
+            return tokio::time::timeout(timeout, client.serve(transport))
                 .await
                 .map_err(|_| format!("initialize timed out after {}s", timeout.as_secs()))?
-                .map_err(|e| format!("initialize failed: {e}"))?;
-            let tools = tokio::time::timeout(timeout, service.list_all_tools())
-                .await
-                .map_err(|_| format!("tools/list timed out after {}s", timeout.as_secs()))?
-                .map_err(|e| format!("tools/list failed: {e}"))?;
-            return Ok((service, tools));
+                .map_err(|e| format!("initialize failed: {e}"));
         }
     };
     let cmd = server
@@ -447,9 +885,9 @@ async fn connect(server: &Server) -> Result<(Running, Vec<rmcp::model::Tool>), S
             }
         });
     }
-    let service = match tokio::time::timeout(timeout, ().serve(transport)).await {
-        Err(_) => return Err(format!("initialize timed out after {}s", timeout.as_secs())),
-        Ok(Ok(service)) => service,
+    match tokio::time::timeout(timeout, client.serve(transport)).await {
+        Err(_) => Err(format!("initialize timed out after {}s", timeout.as_secs())),
+        Ok(Ok(service)) => Ok(service),
         Ok(Err(e)) => {
             // Give the stderr reader a moment to see the helper's last line.
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -457,17 +895,12 @@ async fn connect(server: &Server) -> Result<(Running, Vec<rmcp::model::Tool>), S
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
-            return Err(match why {
+            Err(match why {
                 Some(why) => format!("initialize failed: {e} ({why})"),
                 None => format!("initialize failed: {e}"),
-            });
+            })
         }
-    };
-    let tools = tokio::time::timeout(timeout, service.list_all_tools())
-        .await
-        .map_err(|_| format!("tools/list timed out after {}s", timeout.as_secs()))?
-        .map_err(|e| format!("tools/list failed: {e}"))?;
-    Ok((service, tools))
+    }
 }
 
 /// A model-facing tool that forwards to one MCP server tool.
@@ -586,6 +1019,69 @@ fn render_content(result: &Value) -> String {
     parts.join("\n")
 }
 
+/// The tools of server `server` to offer: those on the allow-list (all without one), named by
+/// [`exposed_name`], sorted by that name. Two remote names that clean up to the same name
+/// cannot both be offered: the one that needed no cleaning wins, else the smaller; the others
+/// come back refused with a reason that names both and the fix.
+fn expose(
+    server: &str,
+    allow: Option<&[String]>,
+    listed: Vec<rmcp::model::Tool>,
+) -> (Vec<Exposed>, Vec<RefusedTool>) {
+    let mut by_name: BTreeMap<String, Vec<Exposed>> = BTreeMap::new();
+    for tool in listed {
+        let remote = tool.name.to_string();
+        if let Some(allow) = allow
+            && !allow.contains(&remote)
+        {
+            continue;
+        }
+        let name = exposed_name(server, &remote);
+        by_name.entry(name.clone()).or_default().push(Exposed {
+            name,
+            description: tool.description.as_deref().unwrap_or("").to_string(),
+            schema: normalise_schema(Value::Object((*tool.input_schema).clone())),
+            remote,
+        });
+    }
+    let mut exposed = Vec::new();
+    let mut refused = Vec::new();
+    for (name, mut group) in by_name {
+        let exact = format!("{server}__");
+        // Stable: `sort_by_key` keeps the server's order among equal keys.
+        group.sort_by_key(|t| {
+            (
+                name.strip_prefix(&exact) != Some(t.remote.as_str()),
+                t.remote.clone(),
+            )
+        });
+        let mut group = group.into_iter();
+        let Some(kept) = group.next() else { continue };
+        for other in group {
+            let reason = if other.remote == kept.remote {
+                format!(
+                    "the server lists tool '{}' twice; the first is offered",
+                    other.remote
+                )
+            } else {
+                format!(
+                    "tools '{}' and '{}' both become '{name}'; only '{}' is offered. Fix: \
+                     rename one on the server, or leave one out with the server's `tools` \
+                     allow-list",
+                    kept.remote, other.remote, kept.remote
+                )
+            };
+            refused.push(RefusedTool {
+                name: name.clone(),
+                remote: other.remote,
+                reason,
+            });
+        }
+        exposed.push(kept);
+    }
+    (exposed, refused)
+}
+
 /// `<server>__<tool>` reduced to `[A-Za-z0-9_-]{1,64}`.
 fn exposed_name(server: &str, tool: &str) -> String {
     let raw = format!("{server}__{tool}");
@@ -641,6 +1137,91 @@ mod tests {
             prop_assert!(!n.is_empty() && n.len() <= 64);
             prop_assert!(n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'));
         }
+    }
+
+    fn listed(names: &[&str]) -> Vec<rmcp::model::Tool> {
+        names
+            .iter()
+            .map(|n| {
+                serde_json::from_value(json!({
+                    "name": n,
+                    "description": format!("tool {n}"),
+                    "inputSchema": {"type": "object", "properties": {}}
+                }))
+                .expect("tool")
+            })
+            .collect()
+    }
+
+    /// "a.b" and "a_b" both clean up to `s__a_b`: the exact one is offered whatever the listing
+    /// order, the other is refused with a reason naming both and the fix.
+    #[test]
+    fn a_name_clash_keeps_one_tool_and_explains_the_other() {
+        for order in [["a.b", "a_b", "z"], ["z", "a_b", "a.b"]] {
+            let (exposed, refused) = expose("s", None, listed(&order));
+            let names: Vec<_> = exposed
+                .iter()
+                .map(|e| (e.name.as_str(), e.remote.as_str()))
+                .collect();
+            assert_eq!(names, [("s__a_b", "a_b"), ("s__z", "z")]);
+            assert_eq!(refused.len(), 1, "{refused:?}");
+            let r = &refused[0];
+            assert_eq!((r.name.as_str(), r.remote.as_str()), ("s__a_b", "a.b"));
+            assert!(
+                r.reason.contains("'a_b'")
+                    && r.reason.contains("'a.b'")
+                    && r.reason.contains("allow-list"),
+                "{}",
+                r.reason
+            );
+        }
+        // Neither exact: the smaller remote name wins.
+        let (exposed, refused) = expose("s", None, listed(&["a b", "a.b"]));
+        assert_eq!(exposed[0].remote, "a b");
+        assert_eq!(refused[0].remote, "a.b");
+        // Listed twice: one offered.
+        let (exposed, refused) = expose("s", None, listed(&["x", "x"]));
+        assert_eq!(exposed.len(), 1);
+        assert!(refused[0].reason.contains("twice"), "{refused:?}");
+    }
+
+    #[test]
+    fn the_allow_list_filters_before_names_clash() {
+        let allow = vec!["a.b".to_string()];
+        let (exposed, refused) = expose("s", Some(&allow), listed(&["a.b", "a_b", "c"]));
+        let names: Vec<_> = exposed.iter().map(|e| e.remote.as_str()).collect();
+        assert_eq!(names, ["a.b"]);
+        assert!(refused.is_empty());
+    }
+
+    /// Reload compares configs field by field, secrets by value.
+    #[test]
+    fn server_configs_compare_secrets_by_value() {
+        let cfg = |secret: &str| McpServerConfig {
+            name: "s".into(),
+            transport: McpTransport::Stdio {
+                command: "srv".into(),
+                args: vec!["a".into()],
+                env: BTreeMap::from([("K".to_string(), secrecy::SecretString::from(secret))]),
+                cwd: None,
+            },
+            enabled: true,
+            tools: None,
+            timeout: Duration::from_secs(5),
+            network: true,
+        };
+        assert_eq!(cfg("one"), cfg("one"));
+        assert_ne!(cfg("one"), cfg("two"));
+        let mut other = cfg("one");
+        other.timeout = Duration::from_secs(6);
+        assert_ne!(cfg("one"), other);
+        let http = |h: &str| McpTransport::Http {
+            url: "https://m".into(),
+            headers: BTreeMap::from([("A".to_string(), secrecy::SecretString::from(h))]),
+        };
+        assert_eq!(http("x"), http("x"));
+        assert_ne!(http("x"), http("y"));
+        assert_ne!(http("x"), cfg("x").transport);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod web;
 pub mod web_search;
 pub mod write;
 
-pub use assemble::{Assembled, ToolDeps, assemble};
+pub use assemble::{Assembled, ToolDeps, assemble, follow_mcp};
 pub use fs::ReadTool;
 pub use registry::{ToolRegistry, truncate_output};
 pub use session_status::SessionStatusTool;

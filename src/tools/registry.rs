@@ -1,11 +1,16 @@
 //! The tool registry: holds the enabled tools with their compiled argument schemas and runs
 //! calls (SPEC §11): unknown tool, invalid JSON and schema violations become error results the
 //! model can read; every call runs under a timeout; output is truncated with a marker.
+//!
+//! Two kinds of tools: the built-in ones, fixed when the registry is built (a problem with one
+//! is our bug, so [`ToolRegistry::new`] fails), and a replaceable dynamic set (the MCP tools,
+//! [`ToolRegistry::set_dynamic`]), where a bad tool from outside is refused alone. Every read
+//! and every call takes one snapshot of the union, so a call never sees half of a change.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -30,15 +35,31 @@ const MAX_ECHOED_RAW_CHARS: usize = 200;
 struct Entry {
     tool: Arc<dyn Tool>,
     spec: ToolSpec,
-    validator: jsonschema::Validator,
+    /// Shared so that an unchanged dynamic tool keeps its compiled schema across replacements.
+    validator: Arc<jsonschema::Validator>,
     /// `Tool::untrusted_output`, read once.
     untrusted: bool,
+}
+
+/// Tools by name: a `BTreeMap`, so iteration is sorted by name.
+type ToolMap = BTreeMap<String, Arc<Entry>>;
+
+/// A dynamic tool [`ToolRegistry::set_dynamic`] did not take, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The tool's name as offered to the model.
+    pub name: String,
+    pub reason: String,
 }
 
 /// The set of tools offered to the model, keyed by name (sorted, so the tool list — the head of
 /// the prompt cache — has a stable order).
 pub struct ToolRegistry {
-    tools: BTreeMap<String, Entry>,
+    /// The built-in tools, fixed at construction.
+    builtin: ToolMap,
+    /// The built-in tools plus the accepted dynamic ones. Replaced whole by `set_dynamic`;
+    /// readers clone the `Arc` (a snapshot) and never hold the lock across an await.
+    all: RwLock<Arc<ToolMap>>,
     default_timeout: Duration,
     output_truncation: usize,
     /// At most this many calls of one answer run at the same time (`[tools]
@@ -49,7 +70,7 @@ pub struct ToolRegistry {
 impl fmt::Debug for ToolRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolRegistry")
-            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .field("tools", &self.names())
             .field("default_timeout", &self.default_timeout)
             .field("output_truncation", &self.output_truncation)
             .field("max_parallel", &self.max_parallel)
@@ -58,7 +79,8 @@ impl fmt::Debug for ToolRegistry {
 }
 
 impl ToolRegistry {
-    /// Build a registry, compiling every tool's `input_schema`.
+    /// Build a registry of built-in tools, compiling every tool's `input_schema`. The dynamic
+    /// set starts empty.
     ///
     /// Errors name the tool: a name not matching `^[A-Za-z0-9_-]{1,64}$` (what both Anthropic
     /// and OpenAI accept), a duplicate name, or an input schema that is not an object schema or
@@ -71,45 +93,74 @@ impl ToolRegistry {
         let mut map = BTreeMap::new();
         for tool in tools {
             let spec = tool.spec();
-            if !is_valid_tool_name(&spec.name) {
-                return Err(format!(
-                    "tool name {:?} is invalid: use 1 to 64 characters from A-Z, a-z, 0-9, '_' \
-                     and '-'",
-                    spec.name
-                ));
-            }
             if map.contains_key(&spec.name) {
                 return Err(format!(
                     "tool '{}' is defined twice; tool names must be unique",
                     spec.name
                 ));
             }
-            if spec.input_schema.get("type").and_then(Value::as_str) != Some("object") {
-                return Err(format!(
-                    "tool '{}': input_schema must be an object schema ({{\"type\": \"object\", \
-                     ...}})",
-                    spec.name
-                ));
-            }
-            let validator = jsonschema::validator_for(&spec.input_schema)
-                .map_err(|e| format!("tool '{}': input_schema is invalid: {e}", spec.name))?;
-            let untrusted = tool.untrusted_output();
-            map.insert(
-                spec.name.clone(),
-                Entry {
-                    tool,
-                    spec,
-                    validator,
-                    untrusted,
-                },
-            );
+            let entry = compile(tool, spec)?;
+            map.insert(entry.spec.name.clone(), Arc::new(entry));
         }
         Ok(ToolRegistry {
-            tools: map,
+            all: RwLock::new(Arc::new(map.clone())),
+            builtin: map,
             default_timeout,
             output_truncation,
             max_parallel: DEFAULT_MAX_PARALLEL,
         })
+    }
+
+    /// Replace the dynamic tools (the MCP tools) with `tools`; the built-in ones stay. A tool is
+    /// refused alone, with its reason, never the whole set: an invalid name, a name a built-in
+    /// tool or an earlier tool of `tools` already has, or a bad input schema. A tool whose spec
+    /// is unchanged keeps its compiled schema. Calls already running finish on the tools they
+    /// started with; a call to a tool that is gone answers "unknown tool".
+    pub fn set_dynamic(&self, tools: Vec<Arc<dyn Tool>>) -> Vec<Refused> {
+        let current = self.snapshot();
+        let mut map = self.builtin.clone();
+        let mut refused = Vec::new();
+        for tool in tools {
+            let spec = tool.spec();
+            let name = spec.name.clone();
+            let taken = if self.builtin.contains_key(&name) {
+                Some("a built-in tool has this name")
+            } else if map.contains_key(&name) {
+                Some("another tool of the set has this name")
+            } else {
+                None
+            };
+            if let Some(why) = taken {
+                refused.push(Refused {
+                    name,
+                    reason: format!("tool '{}' is not offered: {why}", spec.name),
+                });
+                continue;
+            }
+            let entry = match current.get(&name) {
+                Some(old) if old.spec == spec => Entry {
+                    untrusted: tool.untrusted_output(),
+                    tool,
+                    spec,
+                    validator: old.validator.clone(),
+                },
+                _ => match compile(tool, spec) {
+                    Ok(entry) => entry,
+                    Err(reason) => {
+                        refused.push(Refused { name, reason });
+                        continue;
+                    }
+                },
+            };
+            map.insert(name, Arc::new(entry));
+        }
+        *self.all.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(map);
+        refused
+    }
+
+    /// The current tools (built-in and dynamic), for one read or one call.
+    fn snapshot(&self) -> Arc<ToolMap> {
+        self.all.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// This registry running at most `n` (at least 1) calls of one answer at a time.
@@ -121,7 +172,8 @@ impl ToolRegistry {
     /// A registry with no tools (the model is offered none).
     pub fn empty() -> ToolRegistry {
         ToolRegistry {
-            tools: BTreeMap::new(),
+            builtin: BTreeMap::new(),
+            all: RwLock::new(Arc::new(BTreeMap::new())),
             default_timeout: Duration::from_secs(60),
             output_truncation: 30_000,
             max_parallel: DEFAULT_MAX_PARALLEL,
@@ -130,27 +182,27 @@ impl ToolRegistry {
 
     /// Specs sorted by name (a stable order: the tool list is the head of the prompt cache).
     pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.values().map(|e| e.spec.clone()).collect()
+        self.snapshot().values().map(|e| e.spec.clone()).collect()
     }
 
     /// Tool names, sorted.
     pub fn names(&self) -> Vec<String> {
-        self.tools.keys().cloned().collect()
+        self.snapshot().keys().cloned().collect()
     }
 
     /// Whether a tool of that name is registered.
     pub fn contains(&self, name: &str) -> bool {
-        self.tools.contains_key(name)
+        self.snapshot().contains_key(name)
     }
 
     /// Number of registered tools.
     pub fn len(&self) -> usize {
-        self.tools.len()
+        self.snapshot().len()
     }
 
     /// True when no tool is registered.
     pub fn is_empty(&self) -> bool {
-        self.tools.is_empty()
+        self.snapshot().is_empty()
     }
 
     /// Run one call. Never fails: every problem becomes an error result the model can read.
@@ -227,9 +279,12 @@ impl ToolRegistry {
     /// The checks and the call itself; `Err` is the text of an error result. The flag says
     /// whether the text came from outside (an untrusted tool's output or `Failed` error).
     async fn run(&self, call: &ToolCall, ctx: &ToolContext) -> (Result<String, String>, bool) {
-        let Some(entry) = self.tools.get(&call.name) else {
-            return (Err(self.unknown_tool_message(&call.name)), false);
+        let tools = self.snapshot();
+        let Some(entry) = tools.get(&call.name).cloned() else {
+            return (Err(unknown_tool_message(&tools, &call.name)), false);
         };
+        drop(tools);
+        let entry = &*entry;
         if let Some(raw) = invalid_json_marker(&call.arguments) {
             return (Err(invalid_json_message(raw)), false);
         }
@@ -277,15 +332,40 @@ impl ToolRegistry {
             Ok(Ok(Ok(out))) => Ok(out),
         }
     }
+}
 
-    fn unknown_tool_message(&self, name: &str) -> String {
-        let available = if self.tools.is_empty() {
-            "none".to_string()
-        } else {
-            self.tools.keys().cloned().collect::<Vec<_>>().join(", ")
-        };
-        format!("unknown tool '{name}'; available tools: {available}")
+fn unknown_tool_message(tools: &ToolMap, name: &str) -> String {
+    let available = if tools.is_empty() {
+        "none".to_string()
+    } else {
+        tools.keys().cloned().collect::<Vec<_>>().join(", ")
+    };
+    format!("unknown tool '{name}'; available tools: {available}")
+}
+
+/// Check one tool's name and compile its input schema; errors name the tool.
+fn compile(tool: Arc<dyn Tool>, spec: ToolSpec) -> Result<Entry, String> {
+    if !is_valid_tool_name(&spec.name) {
+        return Err(format!(
+            "tool name {:?} is invalid: use 1 to 64 characters from A-Z, a-z, 0-9, '_' and '-'",
+            spec.name
+        ));
     }
+    if spec.input_schema.get("type").and_then(Value::as_str) != Some("object") {
+        return Err(format!(
+            "tool '{}': input_schema must be an object schema ({{\"type\": \"object\", ...}})",
+            spec.name
+        ));
+    }
+    let validator = jsonschema::validator_for(&spec.input_schema)
+        .map_err(|e| format!("tool '{}': input_schema is invalid: {e}", spec.name))?;
+    let untrusted = tool.untrusted_output();
+    Ok(Entry {
+        tool,
+        spec,
+        validator: Arc::new(validator),
+        untrusted,
+    })
 }
 
 /// Why a call produced no output: the tool's own error, or the registry's (timeout, panic).
@@ -561,6 +641,117 @@ mod tests {
         not_object.schema = json!({"type": "string"});
         let err = build(vec![not_object]);
         assert!(err.contains("'notobj'") && err.contains("object"), "{err}");
+    }
+
+    fn dynamic(tools: Vec<TestTool>) -> Vec<Arc<dyn Tool>> {
+        tools
+            .into_iter()
+            .map(|t| Arc::new(t) as Arc<dyn Tool>)
+            .collect()
+    }
+
+    /// The dynamic set is replaced whole, the built-in tools stay, and the union is sorted by
+    /// name whatever order the set came in.
+    #[tokio::test]
+    async fn set_dynamic_replaces_the_dynamic_set_and_keeps_the_order() {
+        let reg = registry(vec![
+            TestTool::new("read", Behavior::Echo),
+            TestTool::new("zz_last", Behavior::Echo),
+        ]);
+        let refused = reg.set_dynamic(dynamic(vec![
+            TestTool::new("srv__b", Behavior::Output("b".into())),
+            TestTool::new("srv__a", Behavior::Output("a".into())),
+        ]));
+        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!(reg.names(), ["read", "srv__a", "srv__b", "zz_last"]);
+        let specs: Vec<_> = reg.specs().into_iter().map(|s| s.name).collect();
+        assert_eq!(specs, reg.names());
+        assert_eq!(reg.len(), 4);
+        assert!(reg.contains("srv__a"));
+        let res = reg.execute(&call("srv__a", json!({})), &ctx()).await;
+        assert_eq!(res.content, "a");
+
+        let refused = reg.set_dynamic(dynamic(vec![TestTool::new(
+            "srv__c",
+            Behavior::Output("c".into()),
+        )]));
+        assert!(refused.is_empty(), "{refused:?}");
+        assert_eq!(reg.names(), ["read", "srv__c", "zz_last"]);
+        assert!(!reg.contains("srv__a"));
+
+        reg.set_dynamic(Vec::new());
+        assert_eq!(reg.names(), ["read", "zz_last"]);
+    }
+
+    /// A call to a tool the last replacement removed answers "unknown tool", listing what is
+    /// there now.
+    #[tokio::test]
+    async fn a_removed_dynamic_tool_is_unknown() {
+        let reg = registry(vec![TestTool::new("read", Behavior::Echo)]);
+        reg.set_dynamic(dynamic(vec![TestTool::new("srv__gone", Behavior::Echo)]));
+        assert!(
+            !reg.execute(&call("srv__gone", json!({})), &ctx())
+                .await
+                .is_error
+        );
+        reg.set_dynamic(dynamic(vec![TestTool::new("srv__new", Behavior::Echo)]));
+        let res = reg.execute(&call("srv__gone", json!({})), &ctx()).await;
+        assert!(res.is_error);
+        assert_eq!(
+            res.content,
+            "unknown tool 'srv__gone'; available tools: read, srv__new"
+        );
+    }
+
+    /// Bad dynamic tools are refused one by one with a reason naming them; the rest of the set
+    /// is taken, and a clash never replaces the built-in tool.
+    #[tokio::test]
+    async fn set_dynamic_refuses_single_bad_tools_with_a_reason() {
+        let reg = registry(vec![TestTool::new(
+            "read",
+            Behavior::Output("builtin".into()),
+        )]);
+        let mut bad_schema = TestTool::new("srv__bad_schema", Behavior::Echo);
+        bad_schema.schema = json!({"type": "object", "properties": {"x": {"type": 12}}});
+        let mut not_object = TestTool::new("srv__not_object", Behavior::Echo);
+        not_object.schema = json!({"type": "string"});
+        let refused = reg.set_dynamic(dynamic(vec![
+            TestTool::new("read", Behavior::Output("impostor".into())),
+            TestTool::new("srv__ok", Behavior::Echo),
+            TestTool::new("srv__ok", Behavior::Output("second".into())),
+            TestTool::new("bad name", Behavior::Echo),
+            bad_schema,
+            not_object,
+        ]));
+        let names: Vec<&str> = refused.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "read",
+                "srv__ok",
+                "bad name",
+                "srv__bad_schema",
+                "srv__not_object"
+            ]
+        );
+        assert!(refused[0].reason.contains("built-in"), "{refused:?}");
+        assert!(refused[1].reason.contains("another tool"), "{refused:?}");
+        assert!(refused[2].reason.contains("invalid"), "{refused:?}");
+        assert!(
+            refused[3].reason.contains("'srv__bad_schema'"),
+            "{refused:?}"
+        );
+        assert!(refused[4].reason.contains("object"), "{refused:?}");
+        assert_eq!(reg.names(), ["read", "srv__ok"]);
+        let res = reg.execute(&call("read", json!({})), &ctx()).await;
+        assert_eq!(res.content, "builtin");
+        let res = reg
+            .execute(&call("srv__ok", json!({"text": "x"})), &ctx())
+            .await;
+        assert_eq!(
+            res.content, r#"{"text":"x"}"#,
+            "the first of two keeps the name"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod http_api;
 mod http_daemon;
 mod intake_limits;
 mod mcp;
+mod mcp_live;
 mod memory;
 mod outbox;
 mod process_hardening;

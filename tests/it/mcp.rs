@@ -59,7 +59,7 @@ impl StatusSource for NoStatus {
     }
 }
 
-fn ctx(dir: &std::path::Path) -> ToolContext {
+pub(crate) fn ctx(dir: &std::path::Path) -> ToolContext {
     ToolContext {
         session_id: "s".into(),
         session_key: "k".into(),
@@ -72,7 +72,7 @@ fn ctx(dir: &std::path::Path) -> ToolContext {
 
 /// Servers run through the real `agentd sandbox-exec` helper (Landlock on), with `dir` as the
 /// workspace, writable, and their private directories below it.
-fn sandbox(dir: &std::path::Path) -> McpSandbox {
+pub(crate) fn sandbox(dir: &std::path::Path) -> McpSandbox {
     McpSandbox {
         mode: agentd::sandbox::SandboxMode::Landlock,
         allowed_paths: vec![dir.to_path_buf()],
@@ -85,7 +85,7 @@ fn sandbox(dir: &std::path::Path) -> McpSandbox {
     }
 }
 
-fn find(tools: &[Arc<dyn Tool>], name: &str) -> Arc<dyn Tool> {
+pub(crate) fn find(tools: &[Arc<dyn Tool>], name: &str) -> Arc<dyn Tool> {
     tools
         .iter()
         .find(|t| t.spec().name == name)
@@ -323,7 +323,7 @@ fn real_peers() -> std::path::PathBuf {
 }
 
 /// Pids of our direct children whose command line contains `needle`.
-fn child_pids(needle: &str) -> Vec<i32> {
+pub(crate) fn child_pids(needle: &str) -> Vec<i32> {
     let me = std::process::id().to_string();
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
