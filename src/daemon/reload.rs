@@ -13,6 +13,7 @@ use serde_json::json;
 use super::services::Services;
 use crate::config::diff::{Change, diff_rendered};
 use crate::config::{Config, render_effective};
+use crate::tools::mcp::{McpSandbox, Reconciled};
 
 /// The running daemon's effective config, secrets redacted (0600, in the 0700 state directory).
 pub const RUNNING_CONFIG: &str = "running-config.toml";
@@ -31,6 +32,8 @@ pub struct Reloaded {
     pub needs_restart: Vec<Change>,
     /// The number of skills after the rescan.
     pub skills: usize,
+    /// MCP servers started, stopped and restarted.
+    pub mcp: Reconciled,
 }
 
 /// Write the effective config in force for `check-config --diff`; a failure is logged only
@@ -65,11 +68,18 @@ pub async fn reload(s: &Services) -> Result<Reloaded, String> {
     let merged = Arc::new(running.with_live_parts_of(&new));
     s.ledger.set_budget(merged.budget);
     s.live.set(merged.clone());
+    // Added servers start, removed ones stop, changed ones restart; the registry follows the
+    // manager's change signal. The sandbox is the running one (its inputs need a restart).
+    let mcp = s
+        .mcp
+        .reconcile(&merged.mcp_servers, McpSandbox::from_config(&merged))
+        .await;
     write_running_config(&s.cfg.paths.state_dir, &merged);
     Ok(Reloaded {
         applied,
         needs_restart,
         skills,
+        mcp,
     })
 }
 
@@ -88,6 +98,9 @@ pub async fn reload_and_report(s: &Services) {
                 applied = r.applied.len(),
                 needs_restart = r.needs_restart.len(),
                 skills = r.skills,
+                mcp_added = ?r.mcp.added,
+                mcp_removed = ?r.mcp.removed,
+                mcp_restarted = ?r.mcp.restarted,
                 "SIGHUP: config reloaded"
             );
             s.monitor.set_reload(json!({

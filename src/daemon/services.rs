@@ -210,7 +210,9 @@ impl Services {
             mcp_cancel.clone(),
         );
         let schedule_wake = Arc::new(Notify::new());
+        let live = crate::config::Live::new(cfg.clone());
         let deps = crate::tools::ToolDeps {
+            live: live.clone(),
             db: db.clone(),
             sessions: store.clone(),
             memory: memory.as_ref(),
@@ -243,7 +245,6 @@ impl Services {
         spawn.connect(Arc::new(agent.clone()));
         let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
             .map_err(|e| DaemonError::Startup(e.to_string()))?;
-        let live = crate::config::Live::new(cfg.clone());
         let deps = DispatcherDeps {
             cfg: live.clone(),
             runner: Arc::new(agent),

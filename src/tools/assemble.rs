@@ -27,6 +27,8 @@ pub struct ToolDeps<'a> {
     /// Started MCP servers; their tools are waited for (at most 10 s) and then followed:
     /// servers that come up later, re-list or are reconciled change the registry.
     pub mcp: Arc<McpManager>,
+    /// The running config, for tools that follow a reload (`message`'s contacts).
+    pub live: crate::config::Live,
     /// Tools other modules provide (`load_skill`), filtered like the built-in ones.
     pub extra: Vec<Arc<dyn Tool>>,
 }
@@ -54,7 +56,7 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
     list.extend(deps.extra);
     if let Some(outbound) = deps.outbound {
         let m = super::messaging::Messaging {
-            cfg: cfg.clone(),
+            cfg: deps.live.clone(),
             outbound,
             sessions: deps.sessions,
         };

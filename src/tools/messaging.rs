@@ -23,7 +23,6 @@ use super::outbound::{
     FileKind, Outbound, Outbox, PartEnd, Piece, Progress, Target, Window, send_with_retry,
 };
 use super::{Tool, ToolContext, ToolError, paths};
-use crate::config::Config;
 use crate::llm::ToolSpec;
 use crate::message::Message;
 use crate::session::{DeliveryStatus, Event, Route, SessionHandle, SessionStore, TrailLine};
@@ -34,7 +33,8 @@ pub const TOOL_RETRY_WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 pub struct Messaging {
-    pub cfg: Arc<Config>,
+    /// The running config: `contacts` follow a SIGHUP reload (SPEC §16.5).
+    pub cfg: crate::config::Live,
     pub outbound: Arc<dyn Outbound>,
     pub sessions: Arc<SessionStore>,
 }
@@ -49,7 +49,7 @@ impl Messaging {
 
     /// How long a send of these tools is retried.
     fn window(&self) -> Duration {
-        self.cfg.delivery.retry.min(TOOL_RETRY_WINDOW)
+        self.cfg.get().delivery.retry.min(TOOL_RETRY_WINDOW)
     }
 
     /// The tools' own timeout: the retry window, one more send in flight, and some slack.
@@ -171,16 +171,15 @@ impl Messaging {
     }
 
     fn chat_of(&self, target: &str) -> Result<Target, ToolError> {
-        self.cfg
-            .telegram
+        let cfg = self.cfg.get();
+        cfg.telegram
             .contacts
             .get(target)
             .map(|chat_id| Target::Telegram { chat_id: *chat_id })
             .ok_or_else(|| {
                 ToolError::Invalid(format!(
                     "unknown contact {target:?}; contacts: {}",
-                    self.cfg
-                        .telegram
+                    cfg.telegram
                         .contacts
                         .keys()
                         .cloned()

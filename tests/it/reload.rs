@@ -246,7 +246,9 @@ fn a_new_mcp_servers_tools_appear_after_sighup() {
     let r = sighup(&d);
     assert_eq!(r["ok"], true, "{r}");
     assert!(
-        keys(&r["applied"]).iter().any(|k| k.starts_with("mcp.servers.fake.")),
+        keys(&r["applied"])
+            .iter()
+            .any(|k| k.starts_with("mcp.servers.fake.")),
         "{r}"
     );
     assert!(keys(&r["needs_restart"]).is_empty(), "{r}");
