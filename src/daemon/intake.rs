@@ -349,10 +349,18 @@ impl IntakeHandler {
         }
         let policy = self.dispatcher.delivery_retry();
         let window = policy.within;
-        for (key, _) in self.store.index() {
+        for (key, entry) in self.store.index() {
             let store = self.store.clone();
             let k = key.clone();
-            let Ok(Ok(Some(session))) = tokio::task::spawn_blocking(move || store.get(&k)).await
+            // A session settled at its last line has no delivery open (the mark waits for
+            // its lane to run dry): its trail is not read.
+            let Ok(Ok(Some(session))) = tokio::task::spawn_blocking(move || {
+                if session::is_settled(store.dir(), &entry.session_id) {
+                    return Ok(None);
+                }
+                store.get(&k)
+            })
+            .await
             else {
                 continue;
             };

@@ -33,6 +33,12 @@ pub enum Job {
         session_id: String,
         idle_for: Duration,
     },
+    /// Mark session `session_id` of this key settled, if it still is the key's session and
+    /// nothing else of the key waits: queued when the session's delivery lane ran dry after a
+    /// message (the mark could not be written while a reply was still being delivered).
+    Settle {
+        session_id: String,
+    },
 }
 
 /// Session states kept in memory for sessions whose worker has exited (the most recently

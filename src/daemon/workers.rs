@@ -255,68 +255,81 @@ impl Dispatcher {
 
     /// Runs the session's jobs in order and exits when its queue is empty, leaving the session
     /// state with the queue for the next worker of this key.
-    async fn worker(self: Arc<Self>, key: String, mut rx: mpsc::UnboundedReceiver<Job>) {
-        let mut state: Option<SessionState> = self.queue.idle_state(&key);
-        let mut held: VecDeque<Job> = VecDeque::new();
-        while let Some(job) = self
-            .queue
-            .next_job(&key, &mut rx, &mut held, &mut state)
-            .await
-        {
-            if self.stop.is_cancelled() {
-                break;
-            }
-            match job {
-                Job::Message(mut work) => {
-                    let window = self.cfg.get().behavior.debounce;
-                    (self.queue)
-                        .debounce(&key, window, &self.stop, &mut work, &mut rx, &mut held)
-                        .await;
-                    let Some(_permit) = self.queue.permit().await else {
-                        break;
-                    };
-                    // Shutdown began during the debounce window or the wait for a permit: do
-                    // not start the message; its intake is pending and resumes after restart.
-                    if self.stop.is_cancelled() {
-                        break;
-                    }
-                    let ids = work.ids();
-                    let ran = self.run_message(&key, &mut state, work).await;
-                    if let Ok(Some(session)) = &ran
-                        && held.is_empty()
-                    {
-                        self.mark_settled(&key, session).await;
-                    }
-                    if let Err(e) = ran {
-                        tracing::error!(session_key = %key, error = %e, "message processing failed");
-                        state = None;
-                        // Nobody waits forever: tell waiters (HTTP /chat, agentd chat).
-                        let finish = Finish::Failed {
-                            reply: self.cfg.get().behavior.error_message.clone(),
-                            error: e.to_string(),
+    /// A boxed future (not an `async fn`): a worker can queue a job that starts a worker
+    /// (`Job::Settle`), and the compiler cannot prove `Send` through that cycle otherwise.
+    fn worker(
+        self: Arc<Self>,
+        key: String,
+        mut rx: mpsc::UnboundedReceiver<Job>,
+    ) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let mut state: Option<SessionState> = self.queue.idle_state(&key);
+            let mut held: VecDeque<Job> = VecDeque::new();
+            while let Some(job) = self
+                .queue
+                .next_job(&key, &mut rx, &mut held, &mut state)
+                .await
+            {
+                if self.stop.is_cancelled() {
+                    break;
+                }
+                match job {
+                    Job::Message(mut work) => {
+                        let window = self.cfg.get().behavior.debounce;
+                        (self.queue)
+                            .debounce(&key, window, &self.stop, &mut work, &mut rx, &mut held)
+                            .await;
+                        let Some(_permit) = self.queue.permit().await else {
+                            break;
                         };
-                        let session_id = String::new();
-                        (self.after.waiters).complete(&ids, Completion { session_id, finish });
+                        // Shutdown began during the debounce window or the wait for a permit: do
+                        // not start the message; its intake is pending and resumes after restart.
+                        if self.stop.is_cancelled() {
+                            break;
+                        }
+                        let ids = work.ids();
+                        let ran = self.run_message(&key, &mut state, work).await;
+                        if let Ok(Some(session)) = &ran
+                            && held.is_empty()
+                        {
+                            self.mark_settled(&key, session).await;
+                        }
+                        if let Err(e) = ran {
+                            tracing::error!(session_key = %key, error = %e, "message processing failed");
+                            state = None;
+                            // Nobody waits forever: tell waiters (HTTP /chat, agentd chat).
+                            let finish = Finish::Failed {
+                                reply: self.cfg.get().behavior.error_message.clone(),
+                                error: e.to_string(),
+                            };
+                            let session_id = String::new();
+                            (self.after.waiters).complete(&ids, Completion { session_id, finish });
+                        }
                     }
-                }
-                Job::Reset { reason } => {
-                    self.reset(&key, reason).await;
-                    state = None;
-                }
-                Job::Expire {
-                    session_id,
-                    idle_for,
-                } => {
-                    let reason = format!("idle for more than {}s", idle_for.as_secs());
-                    if self
-                        .reset_if(&key, reason, Some((session_id, idle_for)))
-                        .await
-                    {
+                    Job::Reset { reason } => {
+                        self.reset(&key, reason).await;
                         state = None;
+                    }
+                    Job::Settle { session_id } => {
+                        if held.is_empty() {
+                            self.settle_after_delivery(&key, &session_id).await;
+                        }
+                    }
+                    Job::Expire {
+                        session_id,
+                        idle_for,
+                    } => {
+                        let reason = format!("idle for more than {}s", idle_for.as_secs());
+                        if self
+                            .reset_if(&key, reason, Some((session_id, idle_for)))
+                            .await
+                        {
+                            state = None;
+                        }
                     }
                 }
             }
-        }
+        })
     }
 
     /// Archive the session of `key`, then consolidate it in the background.
@@ -379,9 +392,24 @@ impl Dispatcher {
     }
 
     /// After a message that finished: when nothing else of `key` is queued, reserved or held,
-    /// mark the session settled so that recovery need not read its trail (`is_settled`). The
-    /// seq is read before the queue is checked: an intake reserved later lies after it.
-    async fn mark_settled(&self, key: &str, session: &Arc<SessionHandle>) {
+    /// mark the session settled so that neither recovery nor the search for open deliveries
+    /// need read its trail at the next start (`is_settled`). While a reply of the session is
+    /// still being delivered the mark waits: a `Job::Settle` is queued once its lane runs dry,
+    /// so the mark never hides an unfinished delivery. The seq is read before the queue is
+    /// checked: an intake reserved later lies after it.
+    async fn mark_settled(self: &Arc<Self>, key: &str, session: &Arc<SessionHandle>) {
+        if self.after.lanes.is_busy(&session.id) {
+            let (me, key, id) = (self.clone(), key.to_string(), session.id.clone());
+            self.tracker.spawn(async move {
+                tokio::select! {
+                    _ = me.stop.cancelled() => {}
+                    _ = me.after.lanes.drained(&id) => {
+                        me.submit(&key, Job::Settle { session_id: id }).await;
+                    }
+                }
+            });
+            return;
+        }
         let seq = session.last_seq();
         if self.queue.queued_for(key) > 0 || self.stop.is_cancelled() {
             return;
@@ -391,6 +419,21 @@ impl Dispatcher {
         if let Ok(Err(e)) = written {
             tracing::debug!(session = %session.id, error = %e, "cannot write the settled mark");
         }
+    }
+
+    /// `Job::Settle`: mark the key's session settled if it is still `session_id` and its
+    /// deliveries are over (a new reply may have joined its lane meanwhile: then that
+    /// message's own settle follows).
+    async fn settle_after_delivery(self: &Arc<Self>, key: &str, session_id: &str) {
+        if self.after.lanes.is_busy(session_id) {
+            return;
+        }
+        let (store, k) = (self.store.clone(), key.to_string());
+        let session = match tokio::task::spawn_blocking(move || store.get(&k)).await {
+            Ok(Ok(Some(s))) if s.id == session_id => s,
+            _ => return,
+        };
+        self.mark_settled(key, &session).await;
     }
 
     /// One message: route it, open its session and state, run it, hand the reply out, then

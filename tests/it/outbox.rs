@@ -573,3 +573,34 @@ fn outbox_reset_waits_for_the_last_reply_to_be_delivered() {
 fn outbox_idle_expiry_skips_a_session_whose_reply_is_being_delivered() {
     archive_during_delivery("[retention]\nidle_session_after = \"1s\"\n\n", |_| {});
 }
+
+/// A delivered reply leaves its session settled at its last line (the `done` record), so the
+/// next start reads neither its trail for recovery nor for open deliveries; while the reply
+/// was still being delivered the mark was not written.
+#[test]
+fn outbox_a_delivered_session_is_settled_at_its_done_record() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Hello Alice!"));
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.fail_next_send(2, 502);
+    let d = daemon(&llm, &tg, 4096);
+    tg.push_text(ALICE, ALICE, "hi bot");
+    wait_closed(&d);
+    let id = d.session_id("Alice").expect("Alice's session");
+    let last_seq = || {
+        d.trail("Alice")
+            .last()
+            .and_then(|l| l["seq"].as_u64())
+            .expect("a trail line with seq")
+    };
+    let mark = d.state_dir.join("sessions").join(format!("{id}.settled"));
+    crate::support::wait_until(WAIT, "the settled mark at the done record", || {
+        let m: u64 = std::fs::read_to_string(&mark).ok()?.trim().parse().ok()?;
+        (m == last_seq()).then_some(())
+    });
+    assert_eq!(
+        d.trail("Alice").last().unwrap()["status"],
+        "done",
+        "the mark names the delivery's done record"
+    );
+}
