@@ -289,10 +289,7 @@ mod tests {
                     _ => {}
                 }
             }
-            let arg: String = rest[..end]
-                .replace("\\\n", "")
-                .split_whitespace()
-                .collect();
+            let arg: String = rest[..end].replace("\\\n", "").split_whitespace().collect();
             out.push(arg);
             rest = &rest[end..];
         }
