@@ -187,13 +187,18 @@ impl PartialEq for RenderCache {
 }
 
 impl std::fmt::Debug for RenderCache {
+    /// The number of entries per format; never waits for the lock (a request may be formatted
+    /// while its body is being written).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let formats = self.lock();
-        f.debug_struct("RenderCache")
-            .field("enabled", &self.enabled)
-            .field("anthropic", &formats[0].len())
-            .field("openai", &formats[1].len())
-            .finish()
+        let mut d = f.debug_struct("RenderCache");
+        d.field("enabled", &self.enabled);
+        match self.formats.try_lock() {
+            Ok(formats) => d
+                .field("anthropic", &formats[0].len())
+                .field("openai", &formats[1].len()),
+            Err(_) => d.field("entries", &"(in use)"),
+        };
+        d.finish()
     }
 }
 
