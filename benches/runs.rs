@@ -29,6 +29,8 @@ pub struct Opts {
     pub senders: usize,
     /// senders: messages each sender sends, one after the other.
     pub per_sender: usize,
+    /// overhead: the sequential session only (no concurrent phase).
+    pub sequential_only: bool,
 }
 
 /// A fake provider that answers every call at once with a short text. It reports the request's
@@ -217,11 +219,13 @@ pub fn overhead(o: &Opts) -> Result<()> {
         "  sequential, one session, {n} messages ({compacted} compaction(s) at the default threshold):"
     );
     report(&totals, &added, n, wall);
-    // How the figure moves as the session's history grows.
+    // How the figure moves as the session's history grows (SPEC §16.6: it should not).
     let chunk = (n / 4).max(1);
+    let mut p50s = Vec::new();
     for (i, c) in added.chunks(chunk).enumerate() {
         let mut c = c.to_vec();
         c.sort();
+        p50s.push(pct(&c, 50.0));
         println!(
             "    messages {:>5}-{:<5} daemon-added p50 {} ms, p99 {} ms",
             i * chunk + 1,
@@ -229,6 +233,19 @@ pub fn overhead(o: &Opts) -> Result<()> {
             ms(pct(&c, 50.0)),
             ms(pct(&c, 99.0))
         );
+    }
+    if let (Some(first), Some(last)) = (p50s.first(), p50s.last())
+        && !first.is_zero()
+    {
+        println!(
+            "    last quarter's p50 / first quarter's p50: {:.2} (goal: <= 1.2)",
+            last.as_secs_f64() / first.as_secs_f64()
+        );
+    }
+
+    if o.sequential_only {
+        d.stop()?;
+        return Ok(());
     }
 
     // 20 sessions at once, each sequential.

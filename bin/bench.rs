@@ -71,6 +71,9 @@ struct Cli {
     /// overhead, soak and senders: sessions in flight at once.
     #[arg(long, default_value_t = 20)]
     concurrency: usize,
+    /// overhead: only the sequential session (messages 1–N by quarter), no concurrent phase.
+    #[arg(long)]
+    sequential_only: bool,
     /// footprint: keep the daemon running this many seconds after the figures (to profile it).
     #[arg(long, default_value_t = 0)]
     hold: u64,
@@ -102,6 +105,7 @@ fn main() -> Result<()> {
         compaction_tokens: cli.compaction_tokens,
         senders: cli.senders.max(1),
         per_sender: cli.per_sender.max(1),
+        sequential_only: cli.sequential_only,
     };
     machine(&o);
     match cli.name {

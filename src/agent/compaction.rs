@@ -249,6 +249,7 @@ pub fn summary_request(session_id: &str, instructions: &str, transcript: &str) -
         tools: Vec::new(),
         tool_choice: ToolChoice::None,
         previous_messages: None,
+        rendered: Default::default(),
     }
 }
 
@@ -819,6 +820,7 @@ mod tests {
                 tools: vec![],
                 tool_choice: ToolChoice::Auto,
                 previous_messages: None,
+                rendered: Default::default(),
             };
             let spec = crate::llm::testutil::model_spec(
                 "primary",

@@ -386,8 +386,8 @@ impl Agent {
         self.record_durably(session, state, Event::Message(ev), cancel)
             .await?;
         // The in-memory copy keeps images for this message's calls.
-        if let Some(last) = state.messages.last_mut() {
-            *last = msg;
+        if let Some(last) = state.messages.len().checked_sub(1) {
+            state.replace_message(last, msg);
         }
         Ok(())
     }

@@ -188,6 +188,9 @@ impl Agent {
                 ToolChoice::Auto
             },
             previous_messages: state.previous_messages,
+            // Lent the same way: the renderer reuses the bytes of every message it rendered
+            // before and adds the new ones.
+            rendered: std::mem::take(&mut state.rendered),
         })
     }
 
@@ -247,6 +250,7 @@ impl Agent {
             r = self.chat_with_message_retries(run.model, &req, &on_event) => Some(r),
         };
         state.messages = req.messages;
+        state.rendered = req.rendered;
         let outcome = outcome.ok_or(None)?.map_err(|e| {
             self.metrics.error("llm");
             Some(self.fail_from_llm(e))

@@ -264,6 +264,7 @@ fn request(messages: Vec<Message>) -> ChatRequest {
         tools: vec![],
         tool_choice: ToolChoice::Auto,
         previous_messages: None,
+        rendered: Default::default(),
     }
 }
 

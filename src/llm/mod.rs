@@ -11,6 +11,8 @@ mod each;
 pub mod error;
 mod http;
 pub mod openai;
+#[cfg(test)]
+mod render_cache_tests;
 pub mod retry;
 pub mod router;
 mod sse;
@@ -89,4 +91,22 @@ pub fn provider_for(
 /// agent can answer the call with an error result the model can read.
 pub(crate) fn parse_tool_arguments(raw: &str) -> serde_json::Value {
     serde_json::from_str(raw).unwrap_or_else(|_| serde_json::json!({ "__invalid_json": raw }))
+}
+
+/// Debug builds (and so the whole test suite) check every cached render against a full one.
+#[cfg(debug_assertions)]
+pub(crate) fn check_cached_render(cached: &[u8], full: &[u8]) {
+    if cached != full {
+        let at = cached
+            .iter()
+            .zip(full)
+            .position(|(a, b)| a != b)
+            .unwrap_or(cached.len().min(full.len()));
+        let from = at.saturating_sub(80);
+        panic!(
+            "a cached render differs from the full render at byte {at}: cached …{}… full …{}…",
+            String::from_utf8_lossy(&cached[from..(at + 80).min(cached.len())]),
+            String::from_utf8_lossy(&full[from..(at + 80).min(full.len())]),
+        );
+    }
 }

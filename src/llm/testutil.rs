@@ -153,6 +153,7 @@ pub(crate) fn sample_request() -> ChatRequest {
         ],
         tool_choice: ToolChoice::Auto,
         previous_messages: Some(3),
+        rendered: Default::default(),
     }
 }
 
@@ -219,7 +220,7 @@ pub(crate) mod arb {
             })
     }
 
-    fn message() -> impl Strategy<Value = Message> {
+    pub(crate) fn message() -> impl Strategy<Value = Message> {
         prop_oneof![
             vec(user_block(), 0..4).prop_map(|content| Message::User { content }),
             (
@@ -296,6 +297,7 @@ pub(crate) mod arb {
                         ToolChoice::None
                     },
                     previous_messages: previous,
+                    rendered: Default::default(),
                 },
             )
     }

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::message::rendered::RenderCache;
 use crate::message::{Message, ThinkingBlock, ToolCall, Usage};
 
 /// A tool definition as offered to the model.
@@ -78,6 +79,10 @@ pub struct ChatRequest {
     /// after compaction). Anthropic puts a cache breakpoint on the last block of message
     /// `previous_messages - 1` so this call reads everything the previous one wrote.
     pub previous_messages: Option<usize>,
+    /// The session's renderings of `messages`, lent from its state like them, so a call
+    /// serialises only the messages that are new (SPEC §16.6). `RenderCache::default()`
+    /// (disabled) renders everything: for one-off requests.
+    pub rendered: RenderCache,
 }
 
 /// The answer to one embeddings request: one vector per input text, in input order.

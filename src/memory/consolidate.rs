@@ -440,6 +440,7 @@ impl Consolidator {
             tools: Vec::new(),
             tool_choice: ToolChoice::None,
             previous_messages: None,
+            rendered: Default::default(),
         };
         let on_event = |e: LlmEvent| {
             if let LlmEvent::RetryWait { attempt, error, .. } = e {

@@ -4,8 +4,10 @@
 //! `llm` for it.
 //! These are also the persisted format of session state files (SPEC §7 "internal neutral
 //! message format"), so changing a serde shape here is a format change: keep it backward
-//! compatible. `toolcalls` makes a provider's tool calls safe to store and replay.
+//! compatible. `toolcalls` makes a provider's tool calls safe to store and replay;
+//! `rendered` keeps a session's messages as a wire format rendered them (SPEC §16.6).
 
+pub mod rendered;
 pub mod toolcalls;
 
 use serde::{Deserialize, Serialize};

@@ -511,7 +511,7 @@ impl SessionHandle {
         }
         // Calls stored before answers were normalised (SPEC §16.9) would make every request
         // of this session fail: repaired in memory (the next snapshot keeps the repair).
-        let repaired = crate::message::toolcalls::repair_history(&mut st.messages);
+        let repaired = st.repair_tool_calls();
         if repaired > 0 {
             tracing::warn!(session = %self.id, calls = repaired, "stored tool calls the providers would reject were repaired");
         }

@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::event::{Event, TrailLine};
+use crate::message::rendered::RenderCache;
 use crate::message::{Message, Usage, UserBlock};
 
 /// Format version of state files.
@@ -38,6 +39,11 @@ pub struct SessionState {
     pub context_tokens: u64,
     #[serde(default)]
     pub flags: Flags,
+    /// The messages as the provider's wire format last rendered them, reused by the next call
+    /// (SPEC §16.6). Memory only; compaction, the image swap and a repair of stored calls
+    /// invalidate it here; a clone starts empty (`message::rendered`).
+    #[serde(skip, default = "RenderCache::new")]
+    pub rendered: RenderCache,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -64,6 +70,7 @@ impl SessionState {
             previous_messages: None,
             context_tokens: 0,
             flags: Flags::default(),
+            rendered: RenderCache::new(),
         }
     }
 
@@ -111,6 +118,7 @@ impl SessionState {
                 let n = (*removed).min(self.messages.len());
                 self.messages.drain(..n);
                 self.messages.insert(0, Message::user_text(summary.clone()));
+                self.rendered.clear();
                 self.compaction_count += 1;
                 self.previous_messages = None;
                 self.flags.compaction_warned = false;
@@ -125,22 +133,51 @@ impl SessionState {
     /// Replace image blocks by their text placeholders (done when a message is finished: images
     /// are sent for every call of their own message only, SPEC §6).
     pub fn strip_images(&mut self) {
-        for m in &mut self.messages {
-            strip_images(m);
+        let mut first = None;
+        for (i, m) in self.messages.iter_mut().enumerate() {
+            if strip_images(m) {
+                first.get_or_insert(i);
+            }
         }
+        if let Some(i) = first {
+            self.rendered.invalidate_from(i);
+        }
+    }
+
+    /// Replace message `index` (the one-time swap of a new user turn for its copy with images,
+    /// which only the calls of its own message see). Out of range: nothing.
+    pub fn replace_message(&mut self, index: usize, message: Message) {
+        if let Some(m) = self.messages.get_mut(index) {
+            *m = message;
+            self.rendered.invalidate_from(index);
+        }
+    }
+
+    /// Repair stored tool calls the providers would reject
+    /// (`message::toolcalls::repair_history`); returns how many calls changed.
+    pub fn repair_tool_calls(&mut self) -> usize {
+        let repaired = crate::message::toolcalls::repair_history(&mut self.messages);
+        if repaired > 0 {
+            self.rendered.clear();
+        }
+        repaired
     }
 }
 
-fn strip_images(m: &mut Message) {
+/// Whether an image was replaced.
+fn strip_images(m: &mut Message) -> bool {
+    let mut stripped = false;
     if let Message::User { content } = m {
         for b in content.iter_mut() {
             if let UserBlock::Image { placeholder, .. } = b {
                 *b = UserBlock::Text {
                     text: std::mem::take(placeholder),
                 };
+                stripped = true;
             }
         }
     }
+    stripped
 }
 
 /// Rebuild a state from trail lines alone (no snapshot).

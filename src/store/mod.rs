@@ -34,6 +34,16 @@ pub use costs::{CallType, CostRow, CostSummary, ModelCost};
 /// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Prepared statements kept per connection (`prepare_cached`). rusqlite's default is 16, but
+/// the daemon has more distinct cached statements than that on `memory.db` (recall's
+/// full-text searches, the consolidation writes, the index), so with the default they pushed
+/// each other out and were prepared again on every message (SPEC §16.6). Counted by
+/// `tests::statement_cache_holds_every_cached_statement`, which reads every `prepare_cached`
+/// call under `src/store/` and counts the distinct SQL texts per database (2026-11: 8 on
+/// `agentd.db`, 25 on `memory.db`); the capacity leaves room for as many again. A cached
+/// statement costs a few KiB.
+pub(crate) const STATEMENT_CACHE_CAPACITY: usize = 64;
+
 /// Name of the DB actor thread (visible in `top -H`, `ps -L`, panics and core dumps).
 const THREAD_NAME: &str = "agentd-db";
 
@@ -166,6 +176,7 @@ pub(crate) fn open_writer(
 ) -> Result<Connection, StoreError> {
     create_private_file(path)?;
     let mut conn = Connection::open(path).map_err(|source| open_err(path, source))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     configure_writer(&conn).map_err(|source| open_err(path, source))?;
     migrations
         .to_latest(&mut conn)
@@ -200,6 +211,7 @@ pub(crate) fn open_reader(path: &Path) -> Result<Option<Connection>, StoreError>
         | OpenFlags::SQLITE_OPEN_URI
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(|source| open_err(path, source))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|source| open_err(path, source))?;
     let version: i64 = conn
@@ -251,6 +263,95 @@ pub(crate) fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SQL argument of every `prepare_cached(` call in `text`, whitespace and line
+    /// continuations removed, so the same statement written at two places counts once.
+    fn cached_sql(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("prepare_cached(") {
+            rest = &rest[at + "prepare_cached(".len()..];
+            let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
+            let mut end = rest.len();
+            for (i, ch) in rest.char_indices() {
+                match (in_str, escaped, ch) {
+                    (true, true, _) => escaped = false,
+                    (true, false, '\\') => escaped = true,
+                    (true, false, '"') => in_str = false,
+                    (true, false, _) => {}
+                    (false, _, '"') => in_str = true,
+                    (false, _, '(') => depth += 1,
+                    (false, _, ')') if depth == 0 => {
+                        end = i;
+                        break;
+                    }
+                    (false, _, ')') => depth -= 1,
+                    _ => {}
+                }
+            }
+            let arg: String = rest[..end].replace("\\\n", "").split_whitespace().collect();
+            out.push(arg);
+            rest = &rest[end..];
+        }
+        out
+    }
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn cached_sql_reads_one_argument() {
+        let src = "c.prepare_cached(\"SELECT (a) FROM t \\\n   WHERE x = ')'\")?; \
+                   c.prepare_cached(&format!(\"SELECT {COLS} FROM t\"))?";
+        assert_eq!(
+            cached_sql(src),
+            vec![
+                "\"SELECT(a)FROMtWHEREx=')'\"".to_string(),
+                "&format!(\"SELECT{COLS}FROMt\")".to_string()
+            ]
+        );
+    }
+
+    /// Every distinct statement a connection caches fits in its cache, with room to spare:
+    /// otherwise they evict each other and are prepared again on every use (SPEC §16.6).
+    /// `store/memory/` runs on `memory.db`, the rest of `store/` on `agentd.db`.
+    #[test]
+    fn statement_cache_holds_every_cached_statement() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store");
+        let mut files = Vec::new();
+        rust_files(&root, &mut files);
+        let (mut agentd_db, mut memory_db) = (
+            std::collections::BTreeSet::new(),
+            std::collections::BTreeSet::new(),
+        );
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let set = if f.starts_with(root.join("memory")) {
+                &mut memory_db
+            } else {
+                &mut agentd_db
+            };
+            set.extend(cached_sql(&text));
+        }
+        assert!(memory_db.len() >= 20, "the scan found {memory_db:?}");
+        for (db, set) in [("agentd.db", &agentd_db), ("memory.db", &memory_db)] {
+            assert!(
+                set.len() + set.len() / 4 <= STATEMENT_CACHE_CAPACITY,
+                "{db} caches {} distinct statements: raise STATEMENT_CACHE_CAPACITY ({}) to \
+                 leave a quarter free",
+                set.len(),
+                STATEMENT_CACHE_CAPACITY
+            );
+        }
+    }
 
     #[test]
     fn migrations_are_valid() {

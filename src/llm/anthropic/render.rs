@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::config::{CacheTtl, ModelSpec, Thinking};
 use crate::llm::each::Each;
 use crate::llm::{ChatRequest, SystemTier, ToolChoice, ToolSpec};
+use crate::message::rendered::{Rendered, WireFormat};
 use crate::message::{Message, UserBlock};
 
 /// Text of a block that would otherwise be empty (the API rejects empty content).
@@ -27,11 +28,129 @@ const EMPTY: &str = "(empty)";
 /// Cache breakpoints (when `spec.cache`): the last stable system block, the last semi-stable
 /// system block, the last block of message `previous_messages - 1` (the end of the previous
 /// call) and the last block of this request.
+///
+/// With the request's render cache (`message::rendered`) enabled, each message's blocks are serialised once and
+/// their bytes reused by later calls ([`render_cached`]); the result is the same bytes.
 pub fn render_body(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Result<Vec<u8>> {
+    match render_cached(spec, req) {
+        Some(cached) => {
+            let cached = cached?;
+            #[cfg(debug_assertions)]
+            crate::llm::check_cached_render(&cached, &render_full(spec, req)?);
+            Ok(cached)
+        }
+        None => render_full(spec, req),
+    }
+}
+
+/// The whole body serialised from the request, no cache.
+fn render_full(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Result<Vec<u8>> {
     let body = Body::new(spec, req);
     let mut out = Vec::with_capacity(body.size_hint);
     serde_json::to_writer(&mut out, &body)?;
     Ok(out)
+}
+
+/// The body with each message's blocks taken from the request's render cache, rendering (and
+/// keeping) only the messages it does not hold. The cache keeps blocks without breakpoint; the
+/// last block of the (at most two) messages that carry one this call is written fresh with
+/// it. `None` when the cache is disabled.
+fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Result<Vec<u8>>> {
+    let entries = match req
+        .rendered
+        .sync(WireFormat::Anthropic, &req.messages, render_message)?
+    {
+        Ok(entries) => entries,
+        Err(e) => return Some(Err(e)),
+    };
+    let head = Head::new(spec, req);
+    let mut size = head.size_hint + entries.iter().map(|e| e.bytes.len() + 32).sum::<usize>();
+    size += 128;
+    let mut out = Vec::with_capacity(size);
+    let result = (|| {
+        out.extend_from_slice(b"{\"max_tokens\":");
+        serde_json::to_writer(&mut out, &spec.max_tokens)?;
+        out.extend_from_slice(b",\"messages\":[");
+        let n = req.messages.len();
+        let marked = |i: usize| {
+            head.marker.is_some() && (i + 1 == n || req.previous_messages == Some(i + 1))
+        };
+        let mut open: Option<&str> = None;
+        for (i, (message, entry)) in req.messages.iter().zip(entries.iter()).enumerate() {
+            let role = role(message);
+            match open {
+                Some(r) if r == role => out.push(b','),
+                Some(r) => {
+                    close_wire_message(&mut out, r);
+                    out.extend_from_slice(b",{\"content\":[");
+                }
+                None => out.extend_from_slice(b"{\"content\":["),
+            }
+            open = Some(role);
+            if marked(i) {
+                out.extend_from_slice(&entry.bytes[..entry.last]);
+                let mut blocks = Vec::new();
+                push_blocks(message, &mut blocks, &mut 0);
+                let last = blocks.last().expect("a message has at least one block");
+                serde_json::to_writer(
+                    &mut out,
+                    &BlockOut {
+                        kind: &last.kind,
+                        marker: head.marker,
+                    },
+                )?;
+            } else {
+                out.extend_from_slice(&entry.bytes);
+            }
+        }
+        if let Some(r) = open {
+            close_wire_message(&mut out, r);
+        }
+        out.push(b']');
+        // The keys after "messages", as an object of their own without its opening brace.
+        let rest = serde_json::to_vec(&Rest(&head))?;
+        out.push(b',');
+        out.extend_from_slice(&rest[1..]);
+        Ok(())
+    })();
+    Some(result.map(|()| out))
+}
+
+/// `],"role":"<role>"}`: the end of a wire message (`WireMessage`'s keys are content, role).
+fn close_wire_message(out: &mut Vec<u8>, role: &str) {
+    out.extend_from_slice(b"],\"role\":\"");
+    out.extend_from_slice(role.as_bytes());
+    out.extend_from_slice(b"\"}");
+}
+
+/// The blocks of one message without breakpoint, comma-separated, for the render cache.
+fn render_message(message: &Message, r: &mut Rendered) -> serde_json::Result<()> {
+    let mut blocks = Vec::new();
+    let mut size = 0;
+    push_blocks(message, &mut blocks, &mut size);
+    r.bytes.reserve(size);
+    for (i, b) in blocks.iter().enumerate() {
+        if i > 0 {
+            r.bytes.push(b',');
+        }
+        r.last = r.bytes.len();
+        serde_json::to_writer(
+            &mut r.bytes,
+            &BlockOut {
+                kind: &b.kind,
+                marker: None,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// The wire role of a neutral message.
+fn role(message: &Message) -> &'static str {
+    match message {
+        Message::Assistant { .. } => "assistant",
+        Message::User { .. } | Message::ToolResults { .. } => "user",
+    }
 }
 
 /// [`render_body`] as a JSON value, for tests (the client sends the bytes).
@@ -42,13 +161,20 @@ pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
         .expect("a rendered body is valid JSON")
 }
 
-/// The whole body, borrowing from the request.
-struct Body<'a> {
+/// Everything of the body but the messages, borrowing from the request.
+struct Head<'a> {
     spec: &'a ModelSpec,
     req: &'a ChatRequest,
     marker: Option<CacheTtl>,
     /// Non-empty system blocks: (text, carries a breakpoint).
     system: Vec<(&'a str, bool)>,
+    /// Rough length of its output.
+    size_hint: usize,
+}
+
+/// The whole body, borrowing from the request.
+struct Body<'a> {
+    head: Head<'a>,
     /// Wire messages: role and the range of `blocks` they hold.
     wire: Vec<(&'static str, std::ops::Range<usize>)>,
     blocks: Vec<Block<'a>>,
@@ -85,8 +211,8 @@ enum Kind<'a> {
     },
 }
 
-impl<'a> Body<'a> {
-    fn new(spec: &'a ModelSpec, req: &'a ChatRequest) -> Body<'a> {
+impl<'a> Head<'a> {
+    fn new(spec: &'a ModelSpec, req: &'a ChatRequest) -> Head<'a> {
         let marker = spec.cache.then_some(spec.cache_ttl);
         let mut size_hint = 512;
 
@@ -108,6 +234,23 @@ impl<'a> Body<'a> {
             }
         }
 
+        for t in &req.tools {
+            size_hint += t.name.len() + t.description.len() + 256;
+        }
+        Head {
+            spec,
+            req,
+            marker,
+            system,
+            size_hint,
+        }
+    }
+}
+
+impl<'a> Body<'a> {
+    fn new(spec: &'a ModelSpec, req: &'a ChatRequest) -> Body<'a> {
+        let head = Head::new(spec, req);
+        let mut size_hint = head.size_hint;
         // Messages: consecutive neutral messages with the same wire role become one wire
         // message.
         let mut wire: Vec<(&'static str, std::ops::Range<usize>)> = Vec::new();
@@ -115,10 +258,7 @@ impl<'a> Body<'a> {
         // The block that ended neutral message `previous_messages - 1`.
         let mut previous_end: Option<usize> = None;
         for (i, message) in req.messages.iter().enumerate() {
-            let role = match message {
-                Message::Assistant { .. } => "assistant",
-                Message::User { .. } | Message::ToolResults { .. } => "user",
-            };
+            let role = role(message);
             let start = blocks.len();
             push_blocks(message, &mut blocks, &mut size_hint);
             match wire.last_mut() {
@@ -129,21 +269,15 @@ impl<'a> Body<'a> {
                 previous_end = Some(blocks.len() - 1);
             }
         }
-        if marker.is_some()
+        if head.marker.is_some()
             && let Some(end) = blocks.len().checked_sub(1)
         {
             for b in previous_end.into_iter().chain([end]) {
                 blocks[b].marked = true;
             }
         }
-        for t in &req.tools {
-            size_hint += t.name.len() + t.description.len() + 256;
-        }
         Body {
-            spec,
-            req,
-            marker,
-            system,
+            head,
             wire,
             blocks,
             size_hint,
@@ -238,10 +372,29 @@ fn push_blocks<'a>(message: &'a Message, out: &mut Vec<Block<'a>>, size: &mut us
 
 impl Serialize for Body<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let spec = self.spec;
         let mut m = s.serialize_map(None)?;
-        m.serialize_entry("max_tokens", &spec.max_tokens)?;
+        m.serialize_entry("max_tokens", &self.head.spec.max_tokens)?;
         m.serialize_entry("messages", &Messages(self))?;
+        self.head.serialize_rest(&mut m)?;
+        m.end()
+    }
+}
+
+/// The keys of the body after "messages", as an object of their own.
+struct Rest<'a>(&'a Head<'a>);
+
+impl Serialize for Rest<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        self.0.serialize_rest(&mut m)?;
+        m.end()
+    }
+}
+
+impl Head<'_> {
+    /// The body's entries after "messages" (the keys sort after it), into `m`.
+    fn serialize_rest<M: SerializeMap>(&self, m: &mut M) -> Result<(), M::Error> {
+        let spec = self.spec;
         m.serialize_entry("model", &spec.model)?;
         if let (Thinking::Adaptive, Some(effort)) = (spec.thinking, &spec.thinking_effort) {
             m.serialize_entry("output_config", &OutputConfig { effort })?;
@@ -265,7 +418,7 @@ impl Serialize for Body<'_> {
             m.serialize_entry("tool_choice", &TypeOnly { kind: choice })?;
             m.serialize_entry("tools", &Each(&self.req.tools, tool))?;
         }
-        m.end()
+        Ok(())
     }
 }
 
@@ -314,7 +467,7 @@ impl Serialize for CacheControl {
     }
 }
 
-struct System<'a>(&'a Body<'a>);
+struct System<'a>(&'a Head<'a>);
 
 impl Serialize for System<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -365,7 +518,7 @@ struct Content<'a>(&'a WireMessage<'a>);
 
 impl Serialize for Content<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let marker = self.0.body.marker;
+        let marker = self.0.body.head.marker;
         let mut seq = s.serialize_seq(Some(self.0.blocks.len()))?;
         for b in self.0.blocks {
             seq.serialize_element(&BlockOut {
@@ -668,6 +821,7 @@ mod tests {
             tools: vec![],
             tool_choice: ToolChoice::Auto,
             previous_messages: None,
+            rendered: Default::default(),
         };
         let body = render_request(&s, &req);
         assert!(body.get("system").is_none());
@@ -727,6 +881,7 @@ mod tests {
             tools: vec![],
             tool_choice: ToolChoice::Auto,
             previous_messages: Some(3),
+            rendered: Default::default(),
         };
         let body = render_request(&s, &req);
         let cc = json!({ "type": "ephemeral" });
@@ -779,6 +934,7 @@ mod tests {
             tools: vec![],
             tool_choice: ToolChoice::Auto,
             previous_messages: None,
+            rendered: Default::default(),
         };
         let body = render_request(&s, &req);
         // The stable marker moves to the last non-empty stable block.

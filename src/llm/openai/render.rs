@@ -16,6 +16,7 @@ use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use crate::config::ModelSpec;
 use crate::llm::each::Each;
 use crate::llm::{ChatRequest, ToolChoice, ToolSpec};
+use crate::message::rendered::{Rendered, WireFormat};
 use crate::message::{Message, ToolCall, ToolResult, UserBlock};
 
 /// The request body for `POST {base_url}/chat/completions` (always streamed, usage included),
@@ -37,9 +38,156 @@ pub fn render_body(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Result<Ve
             }
         } + 32;
     }
+    if let Some(cached) = render_cached(spec, req) {
+        let cached = cached?;
+        #[cfg(debug_assertions)]
+        {
+            let mut full = Vec::with_capacity(size);
+            serde_json::to_writer(&mut full, &Body { spec, req })?;
+            crate::llm::check_cached_render(&cached, &full);
+        }
+        return Ok(cached);
+    }
     let mut out = Vec::with_capacity(size);
     serde_json::to_writer(&mut out, &Body { spec, req })?;
     Ok(out)
+}
+
+/// The body with each message's wire messages taken from the request's render cache
+/// (`message::rendered`), rendering (and keeping) only the messages it does not hold; the same
+/// bytes as the full render. `None` when the cache is disabled.
+fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Result<Vec<u8>>> {
+    let entries = match req
+        .rendered
+        .sync(WireFormat::OpenAi, &req.messages, render_message)?
+    {
+        Ok(entries) => entries,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut size = 1024 + req.system.iter().map(|b| b.text.len() + 2).sum::<usize>();
+    size += entries.iter().map(|e| e.bytes.len() + 1).sum::<usize>();
+    size += req
+        .tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + 256)
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    let result = (|| {
+        out.push(b'{');
+        serde_json::to_writer(&mut out, max_tokens_key(spec))?;
+        out.push(b':');
+        serde_json::to_writer(&mut out, &spec.max_tokens)?;
+        out.extend_from_slice(b",\"messages\":[");
+        let mut first = true;
+        if let Some(system) = system_message(req) {
+            serde_json::to_writer(&mut out, &system.element())?;
+            first = false;
+        }
+        for entry in entries.iter().filter(|e| !e.bytes.is_empty()) {
+            if !first {
+                out.push(b',');
+            }
+            out.extend_from_slice(&entry.bytes);
+            first = false;
+        }
+        out.push(b']');
+        // The keys after "messages", as an object of their own without its opening brace.
+        let rest = serde_json::to_vec(&Rest(Body { spec, req }))?;
+        out.push(b',');
+        out.extend_from_slice(&rest[1..]);
+        Ok(())
+    })();
+    Some(result.map(|()| out))
+}
+
+/// The wire messages of one neutral message (possibly none), comma-separated, for the cache.
+fn render_message(message: &Message, r: &mut Rendered) -> serde_json::Result<()> {
+    let mut result = Ok(());
+    for_each_element(message, |e| {
+        if result.is_err() {
+            return;
+        }
+        if !r.bytes.is_empty() {
+            r.bytes.push(b',');
+        }
+        r.last = r.bytes.len();
+        result = serde_json::to_writer(&mut r.bytes, &e);
+    });
+    result
+}
+
+/// OpenAI's reasoning models reject `max_tokens`; other servers often only know it.
+fn max_tokens_key(spec: &ModelSpec) -> &'static str {
+    if spec.base_url.contains("api.openai.com") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    }
+}
+
+/// The system blocks joined into one system message (none without blocks).
+struct SystemMessage(String);
+
+impl SystemMessage {
+    fn element(&self) -> Element<'_> {
+        Element::Simple(Simple {
+            content: &self.0,
+            role: "system",
+        })
+    }
+}
+
+fn system_message(req: &ChatRequest) -> Option<SystemMessage> {
+    (!req.system.is_empty()).then(|| {
+        SystemMessage(
+            req.system
+                .iter()
+                .map(|b| b.text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n\n"),
+        )
+    })
+}
+
+/// One wire message.
+enum Element<'a> {
+    Simple(Simple<'a>),
+    User(User<'a>),
+    Assistant(Assistant<'a>),
+    Tool(ToolMessage<'a>),
+}
+
+impl Serialize for Element<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Element::Simple(e) => e.serialize(s),
+            Element::User(e) => e.serialize(s),
+            Element::Assistant(e) => e.serialize(s),
+            Element::Tool(e) => e.serialize(s),
+        }
+    }
+}
+
+/// The wire messages of one neutral message, in order: a tool-results message becomes one
+/// `tool` message per result and its notice a user message.
+fn for_each_element<'a>(message: &'a Message, mut f: impl FnMut(Element<'a>)) {
+    match message {
+        Message::User { content } => f(Element::User(User(content))),
+        Message::Assistant {
+            text, tool_calls, ..
+        } => f(Element::Assistant(Assistant { text, tool_calls })),
+        Message::ToolResults { results, notice } => {
+            for r in results {
+                f(Element::Tool(ToolMessage(r)));
+            }
+            if let Some(notice) = notice {
+                f(Element::Simple(Simple {
+                    content: notice,
+                    role: "user",
+                }));
+            }
+        }
+    }
 }
 
 /// [`render_body`] as a JSON value, for tests (the client sends the bytes).
@@ -57,16 +205,29 @@ struct Body<'a> {
 
 impl Serialize for Body<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (spec, req) = (self.spec, self.req);
         let mut m = s.serialize_map(None)?;
-        // OpenAI's reasoning models reject `max_tokens`; other servers often only know it.
-        let max_key = if spec.base_url.contains("api.openai.com") {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
-        m.serialize_entry(max_key, &spec.max_tokens)?;
-        m.serialize_entry("messages", &Messages(req))?;
+        m.serialize_entry(max_tokens_key(self.spec), &self.spec.max_tokens)?;
+        m.serialize_entry("messages", &Messages(self.req))?;
+        self.serialize_rest(&mut m)?;
+        m.end()
+    }
+}
+
+/// The keys of the body after "messages", as an object of their own.
+struct Rest<'a>(Body<'a>);
+
+impl Serialize for Rest<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        self.0.serialize_rest(&mut m)?;
+        m.end()
+    }
+}
+
+impl Body<'_> {
+    /// The body's entries after "messages" (the keys sort after it), into `m`.
+    fn serialize_rest<M: SerializeMap>(&self, m: &mut M) -> Result<(), M::Error> {
+        let (spec, req) = (self.spec, self.req);
         m.serialize_entry("model", &spec.model)?;
         if spec.prompt_cache_key {
             m.serialize_entry("prompt_cache_key", &req.session_id)?;
@@ -86,7 +247,7 @@ impl Serialize for Body<'_> {
             m.serialize_entry("tool_choice", choice)?;
             m.serialize_entry("tools", &Each(&req.tools, tool))?;
         }
-        m.end()
+        Ok(())
     }
 }
 
@@ -103,36 +264,17 @@ impl Serialize for Messages<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let req = self.0;
         let mut seq = s.serialize_seq(None)?;
-        if !req.system.is_empty() {
-            let joined = req
-                .system
-                .iter()
-                .map(|b| b.text.as_str())
-                .collect::<Vec<_>>()
-                .join("\n\n");
-            seq.serialize_element(&Simple {
-                content: &joined,
-                role: "system",
-            })?;
+        if let Some(system) = system_message(req) {
+            seq.serialize_element(&system.element())?;
         }
         for message in &req.messages {
-            match message {
-                Message::User { content } => seq.serialize_element(&User(content))?,
-                Message::Assistant {
-                    text, tool_calls, ..
-                } => seq.serialize_element(&Assistant { text, tool_calls })?,
-                Message::ToolResults { results, notice } => {
-                    for r in results {
-                        seq.serialize_element(&ToolMessage(r))?;
-                    }
-                    if let Some(notice) = notice {
-                        seq.serialize_element(&Simple {
-                            content: notice,
-                            role: "user",
-                        })?;
-                    }
+            let mut result = Ok(());
+            for_each_element(message, |e| {
+                if result.is_ok() {
+                    result = seq.serialize_element(&e);
                 }
-            }
+            });
+            result?;
         }
         seq.end()
     }
