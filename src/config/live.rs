@@ -56,7 +56,7 @@ impl Config {
         cfg.schedules = new.schedules.clone();
         cfg.telegram.allow_from = new.telegram.allow_from.clone();
         cfg.telegram.contacts = new.telegram.contacts.clone();
-        cfg.budget = new.budget.clone();
+        cfg.budget = new.budget;
         cfg.mcp_servers = new.mcp_servers.clone();
         cfg
     }
