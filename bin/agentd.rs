@@ -109,6 +109,8 @@ fn main() -> ExitCode {
     // Everything the daemon creates is its own only (logs, databases, trails, inbox files):
     // what the shipped units' UMask=0077 does, also when started by hand.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    // Before any HTTPS client exists (providers, Telegram, MCP over HTTP, doctor).
+    agentd::net::tls::install();
     let path = agentd::config::resolve_config_path(cli.config.as_deref());
     let cfg = match agentd::config::load(&path) {
         Ok(c) => c,

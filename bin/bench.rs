@@ -85,6 +85,7 @@ struct Cli {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    agentd::net::tls::install();
     let agentd = cli.agentd.unwrap_or_else(runs::default_agentd);
     // The daemon runs in its temporary directory: a relative path would not resolve there.
     let agentd = std::fs::canonicalize(&agentd).unwrap_or(agentd);

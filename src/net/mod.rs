@@ -5,3 +5,4 @@
 pub mod html;
 pub mod scrub;
 pub mod ssrf;
+pub mod tls;
