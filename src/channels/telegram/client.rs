@@ -1,5 +1,7 @@
-//! The Telegram Bot API client (SPEC §10.3): a teloxide `Bot` pointed at `api_url`, with an HTTP
-//! client of its own (teloxide's reqwest, never ours) whose timeout outlasts a long poll.
+//! The Telegram Bot API client (SPEC §10.3): every method is one request of our own reqwest
+//! client to `api_url` (`call_raw`), whose timeout outlasts a long poll; teloxide gives the
+//! types (`Update`). Teloxide's own request code is not used: it sleeps 10 s after every 5xx,
+//! and its reqwest 0.12 client would link a second HTTP stack (issue 14).
 //!
 //! Every error that leaves this module is a [`TgError`] whose text has been scrubbed of the bot
 //! token and of request URLs (`net::scrub::redact`): reqwest errors carry the request URL, and
@@ -11,11 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use secrecy::{ExposeSecret, SecretString};
-use teloxide::net::Download;
-use teloxide::payloads::setters::*;
-use teloxide::requests::Requester;
-use teloxide::types::{AllowedUpdate, ChatAction, ChatId, FileId, Update};
-use teloxide::{ApiError, Bot, RequestError};
+use teloxide::types::Update;
 use tokio::io::AsyncWriteExt;
 
 use super::format::{markdown_to_html, strip_to_plain};
@@ -24,6 +22,9 @@ use super::split::split_message;
 use crate::config::{TelegramConfig, TelegramFormat};
 use crate::net::scrub::redact;
 use crate::telemetry::error_chain;
+
+/// How long establishing a connection to the Bot API may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How much longer than the long-poll timeout the HTTP client waits for an answer.
 pub const HTTP_TIMEOUT_SLACK: Duration = Duration::from_secs(15);
@@ -160,7 +161,9 @@ pub struct BotInfo {
 /// A Bot API client. Cheap to clone (the HTTP client is shared).
 #[derive(Clone)]
 pub struct TelegramClient {
-    bot: Bot,
+    http: reqwest::Client,
+    /// `api_url`, a base URL (checked by `new`).
+    api_url: reqwest::Url,
     token: SecretString,
     bot_id: Option<i64>,
 }
@@ -168,7 +171,7 @@ pub struct TelegramClient {
 impl std::fmt::Debug for TelegramClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TelegramClient")
-            .field("api_url", &self.bot.api_url().as_str())
+            .field("api_url", &self.api_url.as_str())
             .field("bot_id", &self.bot_id)
             .finish_non_exhaustive()
     }
@@ -184,11 +187,6 @@ pub fn scrub_token(s: &str, token: &str) -> String {
         .filter(|secret| secret.len() >= 8)
         .unwrap_or_default();
     redact(s, &[token, &encoded, secret])
-}
-
-/// A file size from teloxide, where a missing size is `u32::MAX`.
-fn known_size(size: u32) -> Option<u64> {
-    (size != u32::MAX).then_some(u64::from(size))
 }
 
 /// Keeps `[A-Za-z0-9_-]` of `s` (at most `max` characters).
@@ -226,8 +224,10 @@ impl TelegramClient {
             ))
         })?;
         let raw = token.expose_secret();
-        let http = teloxide::net::default_reqwest_settings()
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
             .timeout(cfg.poll_timeout + HTTP_TIMEOUT_SLACK)
+            .tcp_nodelay(true)
             .build()
             .map_err(|e| {
                 TgError::Config(scrub_token(
@@ -246,9 +246,9 @@ impl TelegramClient {
                 "api_url {base:?} cannot be a base URL; e.g. https://api.telegram.org"
             )));
         }
-        let bot = Bot::with_client(raw, http).set_api_url(url);
         Ok(TelegramClient {
-            bot,
+            http,
+            api_url: url,
             bot_id: bot_id_from_token(raw),
             token,
         })
@@ -271,40 +271,26 @@ impl TelegramClient {
         self.scrub(&redact(&error_chain(e), &[url.unwrap_or_default()]))
     }
 
-    /// Maps a teloxide error to a scrubbed [`TgError`].
-    fn map_err(&self, e: RequestError) -> TgError {
-        match e {
-            RequestError::Api(ApiError::InvalidToken) => TgError::Unauthorized,
-            RequestError::Api(ApiError::TerminatedByOtherGetUpdates) => TgError::Conflict,
-            RequestError::Api(ApiError::CantParseEntities(d)) => {
-                TgError::ParseEntities(self.scrub(&d))
-            }
-            RequestError::Api(ApiError::MessageIsTooLong) => TgError::TooLong,
-            RequestError::Api(other) => TgError::Api(self.scrub(&other.to_string())),
-            RequestError::RetryAfter(s) => TgError::RetryAfter(s.duration()),
-            RequestError::MigrateToChatId(id) => {
-                TgError::Api(format!("the group was migrated to supergroup {id}"))
-            }
-            RequestError::Network(e) if e.is_timeout() => TgError::Timeout,
-            RequestError::Network(e) => {
-                TgError::Network(self.scrub_error(&*e, e.url().map(|u| u.as_str())))
-            }
-            RequestError::InvalidJson { source, raw } => {
-                let head: String = raw.chars().take(200).collect();
-                TgError::InvalidResponse(self.scrub(&format!("{source}; body starts {head:?}")))
-            }
-            RequestError::Io(e) => TgError::Io(self.scrub(&error_chain(&*e))),
-        }
-    }
-
     /// `getMe`: checks the token and names the bot.
     pub async fn get_me(&self) -> Result<BotInfo, TgError> {
-        let me = self.bot.get_me().await.map_err(|e| self.map_err(e))?;
-        Ok(BotInfo {
-            id: i64::try_from(me.user.id.0).unwrap_or(i64::MAX),
-            username: me.user.username.clone(),
-            first_name: me.user.first_name.clone(),
-        })
+        let me = self
+            .call_raw("getMe", RawBody::json(&serde_json::json!({})))
+            .await?;
+        let id = me.get("id").and_then(serde_json::Value::as_i64);
+        let first_name = me.get("first_name").and_then(serde_json::Value::as_str);
+        match (id, first_name) {
+            (Some(id), Some(first_name)) => Ok(BotInfo {
+                id,
+                username: me
+                    .get("username")
+                    .and_then(serde_json::Value::as_str)
+                    .map(String::from),
+                first_name: first_name.to_string(),
+            }),
+            _ => Err(TgError::InvalidResponse(
+                "getMe answered without the bot's id and name".into(),
+            )),
+        }
     }
 
     /// One long poll: `getUpdates` with `offset` (confirming everything below it), `timeout`
@@ -314,15 +300,16 @@ impl TelegramClient {
         offset: i64,
         timeout: Duration,
     ) -> Result<Vec<Update>, TgError> {
-        let offset = i32::try_from(offset.max(0)).unwrap_or(i32::MAX);
-        let secs = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX);
-        self.bot
-            .get_updates()
-            .offset(offset)
-            .timeout(secs)
-            .allowed_updates(vec![AllowedUpdate::Message])
-            .await
-            .map_err(|e| self.map_err(e))
+        let body = serde_json::json!({
+            "offset": offset.clamp(0, i64::from(i32::MAX)),
+            "timeout": timeout.as_secs().min(u64::from(u32::MAX)),
+            "allowed_updates": ["message"],
+        });
+        let result = self.call_raw("getUpdates", RawBody::json(&body)).await?;
+        // From text, not from the `Value`: teloxide's `Update` reads a message only from a
+        // string deserializer (from a `Value` every update became `UpdateKind::Error`).
+        serde_json::from_str(&result.to_string())
+            .map_err(|e| TgError::InvalidResponse(self.scrub(&format!("getUpdates: {e}"))))
     }
 
     /// Runs `call` again after flood-control waits up to [`MAX_FLOOD_WAIT`], at most
@@ -370,15 +357,14 @@ impl TelegramClient {
     /// own backoff sets the pace (SPEC §16.1). Returns the answer's `result`. Errors say
     /// whether the request was written ([`TgError::send_fault`]).
     async fn call_raw(&self, method: &str, body: RawBody) -> Result<serde_json::Value, TgError> {
-        let mut url = self.bot.api_url();
+        let mut url = self.api_url.clone();
         if let Ok(mut segments) = url.path_segments_mut() {
             segments.pop_if_empty();
             segments.push(&format!("bot{}", self.token.expose_secret()));
             segments.push(method);
         }
         let sent = self
-            .bot
-            .client()
+            .http
             .post(url.as_str())
             .header("content-type", body.content_type)
             .body(body.bytes)
@@ -424,6 +410,7 @@ impl TelegramClient {
                     .min(MAX_RETRY_AFTER),
             ),
             401 => TgError::Unauthorized,
+            409 => TgError::Conflict,
             500..=599 => TgError::Server(code),
             _ if lower.contains("can't parse entities") => TgError::ParseEntities(description),
             _ if lower.contains("message is too long") => TgError::TooLong,
@@ -523,11 +510,10 @@ impl TelegramClient {
 
     /// Shows "typing…" in `chat_id` (Telegram clears it after ~5 s or at the next message).
     pub async fn send_typing(&self, chat_id: i64) -> Result<(), TgError> {
-        self.bot
-            .send_chat_action(ChatId(chat_id), ChatAction::Typing)
+        let body = serde_json::json!({ "chat_id": chat_id, "action": "typing" });
+        self.call_raw("sendChatAction", RawBody::json(&body))
             .await
             .map(|_| ())
-            .map_err(|e| self.map_err(e))
     }
 
     /// Sets the bot's reaction on a message to `emoji` (one of Telegram's reaction emoji).
@@ -581,12 +567,16 @@ impl TelegramClient {
         dest_dir: &Path,
         max_bytes: u64,
     ) -> Result<PathBuf, TgError> {
-        let file = self
-            .bot
-            .get_file(FileId(file_id.to_string()))
-            .await
-            .map_err(|e| self.map_err(e))?;
-        if let Some(size) = known_size(file.meta.size)
+        let body = serde_json::json!({ "file_id": file_id });
+        let file = self.call_raw("getFile", RawBody::json(&body)).await?;
+        let field = |k: &str| file.get(k).and_then(serde_json::Value::as_str);
+        let (Some(unique_id), Some(file_path)) = (field("file_unique_id"), field("file_path"))
+        else {
+            return Err(TgError::InvalidResponse(
+                "getFile answered without file_unique_id and file_path".into(),
+            ));
+        };
+        if let Some(size) = file.get("file_size").and_then(serde_json::Value::as_u64)
             && size > max_bytes
         {
             return Err(TgError::TooLarge {
@@ -595,13 +585,9 @@ impl TelegramClient {
             });
         }
         create_dir_0700(dest_dir).await?;
-        let name = download_file_name(
-            chrono::Utc::now().timestamp(),
-            &file.meta.unique_id.0,
-            &file.path,
-        );
+        let name = download_file_name(chrono::Utc::now().timestamp(), unique_id, file_path);
         let (path, mut out) = create_new_0600(dest_dir, &name).await?;
-        let written = self.stream_to(&file.path, &mut out, max_bytes, &path).await;
+        let written = self.stream_to(file_path, &mut out, max_bytes, &path).await;
         drop(out);
         match written {
             Ok(()) => Ok(path),
@@ -623,16 +609,35 @@ impl TelegramClient {
     ) -> Result<(), TgError> {
         let io_err =
             |e: std::io::Error| TgError::Io(format!("cannot write {}: {e}", path.display()));
-        let mut stream = self.bot.download_file_stream(file_path);
+        // `<api_url>/file/bot<token>/<file_path>`, Telegram's path pushed as its segments.
+        let mut url = self.api_url.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty();
+            segments.push("file");
+            segments.push(&format!("bot{}", self.token.expose_secret()));
+            segments.extend(file_path.split('/').filter(|s| !s.is_empty() && *s != ".."));
+        }
+        let url_text = url.as_str().to_string();
+        let net = |e: reqwest::Error| {
+            if e.is_timeout() {
+                TgError::Timeout
+            } else {
+                TgError::Network(self.scrub_error(&e, Some(&url_text)))
+            }
+        };
+        let response = self.http.get(url.as_str()).send().await.map_err(net)?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            return Err(match status {
+                401 => TgError::Unauthorized,
+                500..=599 => TgError::Server(status),
+                _ => TgError::Network(format!("the file download answered HTTP {status}")),
+            });
+        }
+        let mut stream = response.bytes_stream();
         let mut total: u64 = 0;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                if e.is_timeout() {
-                    TgError::Timeout
-                } else {
-                    TgError::Network(self.scrub_error(&e, e.url().map(|u| u.as_str())))
-                }
-            })?;
+            let chunk = chunk.map_err(net)?;
             total += chunk.len() as u64;
             if total > max_bytes {
                 return Err(TgError::TooLarge {
@@ -906,25 +911,31 @@ mod tests {
         assert!(!format!("{client:?}").contains(TOKEN));
     }
 
+    /// Telegram's answer to `getUpdates` reaches the poller as messages (teloxide's `Update`
+    /// only reads them from text).
+    #[test]
+    fn updates_parse_as_messages() {
+        let text = r#"[{"update_id":5,"message":{"message_id":1,"date":1700000000,"chat":{"id":42,"type":"private","first_name":"A"},"from":{"id":42,"is_bot":false,"first_name":"A"},"text":"hi"}}]"#;
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let updates: Vec<Update> = serde_json::from_str(&v.to_string()).unwrap();
+        assert!(
+            matches!(updates[0].kind, teloxide::types::UpdateKind::Message(_)),
+            "{:?}",
+            updates[0].kind
+        );
+    }
+
     #[tokio::test]
     async fn request_errors_that_name_the_url_are_scrubbed() {
-        // A real reqwest error from teloxide's own client: its Debug form names the URL with the
-        // token; whatever reaches TgError must not.
+        // A real reqwest error of the client's own HTTP client: its Debug form names the URL with
+        // the token; whatever reaches TgError must not.
         let client = TelegramClient::new(&cfg("http://127.0.0.1:1")).unwrap();
-        let raw = client
-            .bot
-            .client()
-            .get(format!("http://127.0.0.1:1/bot{TOKEN}/GetMe"))
-            .send()
-            .await
-            .unwrap_err();
+        let url = format!("http://127.0.0.1:1/bot{TOKEN}/getMe");
+        let raw = client.http.get(&url).send().await.unwrap_err();
         assert!(format!("{raw:?}").contains(TOKEN), "precondition: {raw:?}");
         assert!(!client.scrub(&format!("{raw:?}")).contains(TOKEN));
-        let e = client.map_err(RequestError::from(raw));
-        assert!(!format!("{e} {e:?}").contains(TOKEN), "{e:?}");
-        let e = client.map_err(RequestError::Api(ApiError::Unknown(format!(
-            "Bad Request: echo {TOKEN}"
-        ))));
-        assert!(!format!("{e} {e:?}").contains(TOKEN), "{e:?}");
+        let text = client.scrub_error(&raw, Some(&url));
+        assert!(!text.contains(TOKEN), "{text}");
+        assert!(!text.contains("/bot"), "no URL: {text}");
     }
 }
