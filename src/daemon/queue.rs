@@ -262,9 +262,8 @@ impl Queue {
     /// Snapshot every cached idle state that lacks trail lines, emptying the cache (a graceful
     /// stop, SPEC §7). Returns how many were queued; the caller flushes the snapshot writer.
     pub fn snapshot_idle_states(&self) -> usize {
-        let states = self.idle_states().drain();
-        states
-            .into_iter()
+        let mut idle = self.idle_states();
+        (idle.drain().into_iter())
             .map(|s| self.store.snapshot_if_dirty(s))
             .filter(|queued| *queued)
             .count()
@@ -301,13 +300,14 @@ impl Queue {
                     }
                     Err(_) => {
                         workers.remove(key);
-                        let evicted = match state.take() {
-                            Some(s) => self.idle_states().put(key.to_string(), s, IDLE_STATES),
-                            None => Vec::new(),
-                        };
-                        drop(workers);
-                        for s in evicted {
-                            self.store.snapshot_if_dirty(s);
+                        if let Some(s) = state.take() {
+                            // Evicted states are handed to the snapshot writer while the cache
+                            // is locked: a worker of an evicted key that starts now finds no
+                            // state and loads one, so its snapshots are handed over after these.
+                            let mut idle = self.idle_states();
+                            for old in idle.put(key.to_string(), s, IDLE_STATES) {
+                                self.store.snapshot_if_dirty(old);
+                            }
                         }
                         None
                     }

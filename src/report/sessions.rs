@@ -133,8 +133,10 @@ mod tests {
         a.queue_snapshot(st);
         store.flush_snapshots();
         // ... which lags the trail: a message and its reply came after it.
-        a.append(Event::Message(MessageEvent::new(Message::user_text("more"))))
-            .unwrap();
+        a.append(Event::Message(MessageEvent::new(Message::user_text(
+            "more",
+        ))))
+        .unwrap();
         a.append(assistant(2900, 100, 0.5)).unwrap();
         // bob: trail only (snapshot missing), on a model the config does not know.
         let b = store.get_or_create("bob", "cheap").unwrap();

@@ -209,7 +209,8 @@ impl SessionStore {
             return false;
         }
         state.mark_saved();
-        self.snapshots.submit(state_path(&self.dir, &state.id), state);
+        self.snapshots
+            .submit(state_path(&self.dir, &state.id), state);
         true
     }
 
@@ -942,7 +943,10 @@ mod tests {
         assert!(store.snapshot_if_dirty(st.clone()));
         store.flush_snapshots();
         assert_eq!(
-            state::read_snapshot(&h.state_path()).unwrap().unwrap().last_seq,
+            state::read_snapshot(&h.state_path())
+                .unwrap()
+                .unwrap()
+                .last_seq,
             2
         );
         // A snapshot written long after the last line does not make the session active.
