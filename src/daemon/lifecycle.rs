@@ -125,7 +125,8 @@ fn status_line(active: usize, queued: usize, telegram: Option<&serde_json::Value
 }
 
 /// Stop: no new work, wait for messages in flight up to the deadline, interrupt the rest
-/// (they resume after restart), flush snapshots, remove the FIFO, stop MCP, release the lock.
+/// (they resume after restart), snapshot every session state that lags its trail and flush
+/// the snapshots, remove the FIFO, stop MCP, release the lock.
 pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
     notifier.stopping("stopping: finishing messages in flight");
     tracing::info!("shutting down: no new work; waiting for messages in flight");
@@ -142,6 +143,10 @@ pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
         tasks.abort.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), tasks.tracker.wait()).await;
     }
+    // Snapshots are written on a cadence (SPEC §7): the workers saved their states as they
+    // exited; the idle ones are saved here, then all are flushed.
+    let idle = s.dispatcher.snapshot_idle_states();
+    tracing::debug!(states = idle, "snapshots of idle sessions queued");
     let store = s.store.clone();
     let _ = tokio::task::spawn_blocking(move || store.flush_snapshots()).await;
     if s.cfg.fifo.enabled {

@@ -17,7 +17,7 @@ use crate::agent::Work;
 use crate::channels::intake::QueueFull;
 use crate::control::Source;
 use crate::monitor::Monitor;
-use crate::session::{Intake, Route, SessionState};
+use crate::session::{Intake, Route, SessionState, SessionStore};
 
 /// A job for one session.
 #[derive(Debug)]
@@ -44,7 +44,9 @@ pub enum Job {
 /// Session states kept in memory for sessions whose worker has exited (the most recently
 /// used ones). A worker exits as soon as its queue is empty, so memory held for idle sessions
 /// is bounded by this, not by the number of session keys ever seen; a session not in here
-/// loads its snapshot again (docs/BENCHMARKS.md, soak).
+/// loads its snapshot and the trail lines after it again (docs/BENCHMARKS.md, soak). A state
+/// evicted with lines its snapshot lacks is snapshotted (moved to the snapshot thread, no
+/// copy), so the next load folds few lines.
 const IDLE_STATES: usize = 8;
 
 /// The states of sessions without a worker, least recently used first.
@@ -59,12 +61,20 @@ impl IdleStates {
         self.entries.remove(i).map(|(_, s)| s)
     }
 
-    fn put(&mut self, key: String, state: SessionState, cap: usize) {
+    /// Keep `state` as the newest; returns the states evicted to stay within `cap`.
+    fn put(&mut self, key: String, state: SessionState, cap: usize) -> Vec<SessionState> {
         self.entries.retain(|(k, _)| *k != key);
         self.entries.push_back((key, state));
+        let mut evicted = Vec::new();
         while self.entries.len() > cap {
-            self.entries.pop_front();
+            evicted.extend(self.entries.pop_front().map(|(_, s)| s));
         }
+        evicted
+    }
+
+    /// Every state, emptying the cache.
+    fn drain(&mut self) -> Vec<SessionState> {
+        self.entries.drain(..).map(|(_, s)| s).collect()
     }
 }
 
@@ -130,6 +140,8 @@ pub struct Queue {
     /// lock, after finding its queue empty) when it exits.
     workers: Mutex<HashMap<String, mpsc::UnboundedSender<Job>>>,
     idle: std::sync::Mutex<IdleStates>,
+    /// Where states evicted from `idle` (and all of them at shutdown) are snapshotted.
+    store: Arc<SessionStore>,
     permits: Arc<Semaphore>,
     /// Jobs queued and not yet started (or reserved by intake), per session key; keys with
     /// none are removed. `depth` is their sum.
@@ -141,10 +153,15 @@ pub struct Queue {
 }
 
 impl Queue {
-    pub fn new(behavior: &crate::config::BehaviorConfig, monitor: Arc<Monitor>) -> Arc<Queue> {
+    pub fn new(
+        behavior: &crate::config::BehaviorConfig,
+        monitor: Arc<Monitor>,
+        store: Arc<SessionStore>,
+    ) -> Arc<Queue> {
         Arc::new(Queue {
             workers: Mutex::new(HashMap::new()),
             idle: std::sync::Mutex::new(IdleStates::default()),
+            store,
             permits: Arc::new(Semaphore::new(behavior.max_concurrent_sessions.max(1))),
             queued: std::sync::Mutex::new(HashMap::new()),
             depth: AtomicUsize::new(0),
@@ -242,6 +259,16 @@ impl Queue {
         self.idle_states().take(key)
     }
 
+    /// Snapshot every cached idle state that lacks trail lines, emptying the cache (a graceful
+    /// stop, SPEC §7). Returns how many were queued; the caller flushes the snapshot writer.
+    pub fn snapshot_idle_states(&self) -> usize {
+        let mut idle = self.idle_states();
+        (idle.drain().into_iter())
+            .map(|s| self.store.snapshot_if_dirty(s))
+            .filter(|queued| *queued)
+            .count()
+    }
+
     /// The next job of a worker: a held one, else the next queued. `None`: the worker exits
     /// (its queue is empty; `state` is parked for the next worker of this key).
     pub async fn next_job(
@@ -274,7 +301,13 @@ impl Queue {
                     Err(_) => {
                         workers.remove(key);
                         if let Some(s) = state.take() {
-                            self.idle_states().put(key.to_string(), s, IDLE_STATES);
+                            // Evicted states are handed to the snapshot writer while the cache
+                            // is locked: a worker of an evicted key that starts now finds no
+                            // state and loads one, so its snapshots are handed over after these.
+                            let mut idle = self.idle_states();
+                            for old in idle.put(key.to_string(), s, IDLE_STATES) {
+                                self.store.snapshot_if_dirty(old);
+                            }
                         }
                         None
                     }
@@ -392,9 +425,15 @@ mod tests {
     #[test]
     fn idle_states_keep_the_most_recent_few() {
         let mut idle = IdleStates::default();
-        for n in 0..20 {
-            idle.put(format!("k{n}"), state(&format!("s{n}")), 8);
+        for n in 0..20usize {
+            let evicted = idle.put(format!("k{n}"), state(&format!("s{n}")), 8);
             assert!(idle.entries.len() <= 8);
+            // The least recently used one goes out, handed back to be snapshotted.
+            let gone: Vec<String> = evicted.into_iter().map(|s| s.id).collect();
+            match n.checked_sub(8) {
+                Some(old) => assert_eq!(gone, [format!("s{old}")]),
+                None => assert!(gone.is_empty()),
+            }
         }
         assert!(idle.take("k11").is_none(), "evicted: least recently used");
         assert_eq!(idle.take("k12").map(|s| s.id), Some("s12".to_string()));
@@ -411,5 +450,7 @@ mod tests {
                 .map(|(k, s)| (k.as_str(), s.id.as_str())),
             Some(("k13", "new13"))
         );
+        assert_eq!(idle.drain().len(), 7);
+        assert!(idle.entries.is_empty());
     }
 }

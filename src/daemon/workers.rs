@@ -3,7 +3,7 @@
 //! `max_concurrent_sessions`. The queues and the debounce are in [`super::queue`]; the steps
 //! after a message (delivery, metrics, webhook, waiters) in [`super::after`]. A worker routes
 //! each message once, runs it through the [`Runner`] (the agent), hands the reply out, then
-//! checks compaction and queues the snapshot.
+//! checks compaction and, every `SNAPSHOT_EVERY_LINES` trail lines, queues the snapshot.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -122,7 +122,7 @@ impl Dispatcher {
         } = deps;
         let (live, cfg) = (cfg.clone(), cfg.get());
         Arc::new(Dispatcher {
-            queue: Queue::new(&cfg.behavior, monitor.clone()),
+            queue: Queue::new(&cfg.behavior, monitor.clone(), store.clone()),
             after: AfterMessage {
                 outbound,
                 webhook,
@@ -253,6 +253,13 @@ impl Dispatcher {
         self.queue.workers().await
     }
 
+    /// Queue a snapshot of every idle session state that lacks trail lines (a graceful stop,
+    /// once the workers are done: each snapshots its own state when it exits). Returns how
+    /// many were queued; `SessionStore::flush_snapshots` writes them.
+    pub fn snapshot_idle_states(&self) -> usize {
+        self.queue.snapshot_idle_states()
+    }
+
     /// Runs the session's jobs in order and exits when its queue is empty, leaving the session
     /// state with the queue for the next worker of this key.
     /// A boxed future (not an `async fn`): a worker can queue a job that starts a worker
@@ -328,6 +335,12 @@ impl Dispatcher {
                         }
                     }
                 }
+            }
+            // Left the loop other than by an empty queue (which parks the state): a shutdown.
+            // The snapshot lags the state by up to `SNAPSHOT_EVERY_LINES`; save it now (SPEC §7:
+            // always on a graceful stop).
+            if let Some(s) = state.take() {
+                self.store.snapshot_if_dirty(s);
             }
         })
     }
@@ -474,11 +487,16 @@ impl Dispatcher {
                 _ = self.runner.after_message(&session, st, &work) => {}
             }
         }
-        // The snapshot too waits until the reply is out, and is written by the snapshot thread:
-        // it is a cache of the trail (rebuilt from it when missing or stale), not part of the
-        // acknowledgement, and serialising and syncing a long history was the largest
-        // per-message cost after the reply (docs/BENCHMARKS.md, overhead).
-        session.queue_snapshot(st.clone());
+        // The snapshot too waits until the reply is out, and is written by the snapshot thread,
+        // only every `SNAPSHOT_EVERY_LINES` trail lines: it is a cache of the trail (a load
+        // folds the lines after it; rebuilt when missing), not part of the acknowledgement, and
+        // copying, serialising and syncing a long history after every message was the largest
+        // per-message cost after the reply (docs/BENCHMARKS.md, overhead). A graceful stop and
+        // an eviction from the idle cache save what lags.
+        if st.snapshot_due() {
+            st.mark_saved();
+            session.queue_snapshot(st.clone());
+        }
         Ok(finished.then_some(session))
     }
 

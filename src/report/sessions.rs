@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::ReportError;
-use crate::session::{index, state, trail};
+use crate::session::{self, index, trail};
 
 /// One open session.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -37,8 +37,9 @@ pub struct SessionsReport {
     pub sessions: Vec<SessionInfo>,
 }
 
-/// Every session of the index in `sessions_dir`, in key order. The snapshot `<id>.state.json`
-/// is used when readable, otherwise the state is rebuilt from the trail. `context_windows` maps
+/// Every session of the index in `sessions_dir`, in key order. The state is the snapshot
+/// `<id>.state.json` plus the trail lines it lacks (`session::current_state`), rebuilt from the
+/// trail when the snapshot is missing or unreadable. `context_windows` maps
 /// model config names to their context window. Blocking.
 pub fn sessions_report(
     sessions_dir: &Path,
@@ -65,14 +66,9 @@ fn session_info(
             e,
         )
     };
-    let snapshot = state::read_snapshot(&dir.join(format!("{id}.state.json")))
-        .ok()
-        .flatten()
-        .filter(|s| s.id == *id);
-    let st = match snapshot {
-        Some(s) => s,
-        None => state::rebuild(id, key, &trail::read_trail(dir, id).map_err(io)?),
-    };
+    // The snapshot is a cache written on a cadence: fold the newer trail lines, as the
+    // daemon does when it loads the session.
+    let st = session::current_state(dir, id, key).map_err(io)?;
     let files = trail::trail_files(dir, id).map_err(io)?;
     let mut log_bytes = 0;
     for f in &files {
@@ -128,7 +124,7 @@ mod tests {
     fn report_from_snapshot_and_from_trail() {
         let d = tempfile::tempdir().unwrap();
         let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
-        // alice: a snapshot exists.
+        // alice: a snapshot exists ...
         let a = store.get_or_create("alice", "primary").unwrap();
         a.append(Event::Message(MessageEvent::new(Message::user_text("hi"))))
             .unwrap();
@@ -136,6 +132,12 @@ mod tests {
         let st = a.load_state("primary").unwrap();
         a.queue_snapshot(st);
         store.flush_snapshots();
+        // ... which lags the trail: a message and its reply came after it.
+        a.append(Event::Message(MessageEvent::new(Message::user_text(
+            "more",
+        ))))
+        .unwrap();
+        a.append(assistant(2900, 100, 0.5)).unwrap();
         // bob: trail only (snapshot missing), on a model the config does not know.
         let b = store.get_or_create("bob", "cheap").unwrap();
         b.append(Event::Message(MessageEvent::new(Message::user_text("yo"))))
@@ -150,11 +152,11 @@ mod tests {
         assert_eq!(alice["key"], "alice");
         assert_eq!(alice["session_id"], a.id.as_str());
         assert_eq!(alice["model"], "primary");
-        assert_eq!(alice["message_count"], 2);
+        assert_eq!(alice["message_count"], 4);
         assert_eq!(alice["compaction_count"], 0);
-        assert_eq!(alice["context_tokens"], 2000);
-        assert_eq!(alice["context_pct"], 1.0);
-        assert_eq!(alice["cost_usd"], 0.25);
+        assert_eq!(alice["context_tokens"], 3000);
+        assert_eq!(alice["context_pct"], 1.5);
+        assert_eq!(alice["cost_usd"], 0.75);
         assert_eq!(alice["log_files"], 1);
         let trail_len = std::fs::metadata(&trail::trail_files(d.path(), &a.id).unwrap()[0])
             .unwrap()

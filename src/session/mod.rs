@@ -141,6 +141,26 @@ fn write_snapshot_logged(path: &Path, state: &SessionState) {
     }
 }
 
+/// The current state of session `id` (key `key`) in `dir`: its snapshot plus the trail lines
+/// after the snapshot's `last_seq` (SPEC §7: the snapshot is a cache and may lag the trail);
+/// rebuilt from the whole trail when the snapshot is missing, corrupt or another session's.
+/// Only reads: the daemon loads states with it (`SessionHandle::load_state`), and readers
+/// outside it (the sessions report) see what the daemon would.
+pub fn current_state(dir: &Path, id: &str, key: &str) -> io::Result<SessionState> {
+    let mut st = match state::read_snapshot(&state_path(dir, id)) {
+        Ok(Some(s)) if s.id == id => s,
+        Ok(_) => state::SessionState::new(id, key, "", 0),
+        Err(e) => {
+            tracing::warn!(session = %id, error = %e, "state snapshot unreadable; rebuilding from the trail");
+            state::SessionState::new(id, key, "", 0)
+        }
+    };
+    for l in trail::read_trail_after(dir, id, st.last_seq)? {
+        st.apply(&l);
+    }
+    Ok(st)
+}
+
 /// Drops the handles only the map holds. Safe under the store lock: a handle is only handed out
 /// by `open_handle` under that lock, so a count of one means nobody else has it or can get it,
 /// and no second writer of the same trail can ever exist.
@@ -174,6 +194,24 @@ impl SessionStore {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Queue a snapshot of `state` if it lacks trail lines (a graceful stop, a state evicted
+    /// from the daemon's idle cache), and only while the index still names its session: the
+    /// state of a session reset meanwhile must not land beside its archive. Returns whether
+    /// one was queued.
+    pub fn snapshot_if_dirty(&self, mut state: SessionState) -> bool {
+        if !state.is_dirty() {
+            return false;
+        }
+        let current = (self.lock().index.get(&state.key)).is_some_and(|e| e.session_id == state.id);
+        if !current {
+            return false;
+        }
+        state.mark_saved();
+        self.snapshots
+            .submit(state_path(&self.dir, &state.id), state);
+        true
     }
 
     /// Blocks until every queued snapshot is written (shutdown), at most 30 s.
@@ -425,8 +463,15 @@ fn session_of(name: &str) -> Option<&str> {
     (!id.is_empty() && uuid::Uuid::parse_str(id).is_ok()).then_some(id)
 }
 
+/// Whether writing file `name` of a session counts as its activity: every file but the
+/// snapshot, a cache written on a cadence and at a graceful stop (a stop must not make every
+/// session it saved look fresh to `idle_session_after`).
+fn is_activity(name: &str) -> bool {
+    !name.ends_with(".state.json")
+}
+
 /// The newest modification time of each session's files in `dir`, by session id: when the
-/// session last wrote anything (a trail line, a snapshot).
+/// session last wrote anything (a trail line, a settled mark; not a snapshot: `is_activity`).
 fn last_activity(dir: &Path) -> io::Result<HashMap<String, SystemTime>> {
     let mut out: HashMap<String, SystemTime> = HashMap::new();
     for e in std::fs::read_dir(dir)? {
@@ -435,6 +480,9 @@ fn last_activity(dir: &Path) -> io::Result<HashMap<String, SystemTime>> {
         let Some(id) = session_of(&name) else {
             continue;
         };
+        if !is_activity(&name) {
+            continue;
+        }
         let Ok(meta) = e.metadata() else { continue };
         if !meta.is_file() {
             continue;
@@ -452,7 +500,8 @@ fn last_activity_of(dir: &Path, id: &str) -> io::Result<Option<SystemTime>> {
     let mut newest = None;
     for e in std::fs::read_dir(dir)? {
         let e = e?;
-        if !e.file_name().to_string_lossy().starts_with(&prefix) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&prefix) || !is_activity(&name) {
             continue;
         }
         let t = e.metadata()?.modified()?;
@@ -495,20 +544,10 @@ impl SessionHandle {
         state_path(&self.dir, &self.id)
     }
 
-    /// The current state: the snapshot plus trail lines after it; rebuilt from the whole trail
-    /// when the snapshot is missing or corrupt.
+    /// The current state ([`current_state`]), its stored tool calls repaired, with
+    /// `default_model` when the trail names none. Marked saved at its snapshot's `last_seq`.
     pub fn load_state(&self, default_model: &str) -> io::Result<SessionState> {
-        let mut st = match state::read_snapshot(&self.state_path()) {
-            Ok(Some(s)) if s.id == self.id => s,
-            Ok(_) => state::SessionState::new(&self.id, &self.key, "", 0),
-            Err(e) => {
-                tracing::warn!(session = %self.id, error = %e, "state snapshot unreadable; rebuilding from the trail");
-                state::SessionState::new(&self.id, &self.key, "", 0)
-            }
-        };
-        for l in trail::read_trail_after(&self.dir, &self.id, st.last_seq)? {
-            st.apply(&l);
-        }
+        let mut st = current_state(&self.dir, &self.id, &self.key)?;
         // Calls stored before answers were normalised (SPEC §16.9) would make every request
         // of this session fail: repaired in memory (the next snapshot keeps the repair).
         let repaired = st.repair_tool_calls();
@@ -861,6 +900,66 @@ mod tests {
         // A new session for the same key gets a new id.
         let h3 = store.get_or_create("alice", "primary").unwrap();
         assert_ne!(h3.id, h.id);
+    }
+
+    /// The snapshot is a cache written on a cadence: a load folds the lines it lacks, and the
+    /// state knows how far its snapshot goes.
+    #[test]
+    fn a_lagging_snapshot_plus_the_newer_lines_is_the_current_state() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let h = store.get_or_create("alice", "primary").unwrap();
+        h.append(Event::Message(MessageEvent::new(Message::user_text("one"))))
+            .unwrap();
+        let mut st = h.load_state("primary").unwrap();
+        assert_eq!((st.last_seq, st.snapshot.0), (2, 0), "no snapshot yet");
+        st.mark_saved();
+        h.queue_snapshot(st);
+        store.flush_snapshots();
+        h.append(intake("i2")).unwrap();
+        h.append(Event::Message(MessageEvent::new(Message::user_text("two"))))
+            .unwrap();
+        let st = h.load_state("primary").unwrap();
+        assert_eq!((st.last_seq, st.snapshot.0), (4, 2));
+        assert_eq!(st.unsaved_lines(), 2);
+        let mut full = state::rebuild(&h.id, "alice", &h.read_trail().unwrap());
+        full.model = "primary".into();
+        assert_eq!(st, full);
+        assert_eq!(current_state(d.path(), &h.id, "alice").unwrap(), full);
+    }
+
+    /// `snapshot_if_dirty` writes only what lags, and never for a session the index no
+    /// longer names (it would land beside the archive); a snapshot is no activity.
+    #[test]
+    fn only_dirty_states_of_current_sessions_are_snapshotted() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let h = store.get_or_create("alice", "primary").unwrap();
+        h.append(intake("i1")).unwrap();
+        let st = h.load_state("primary").unwrap();
+        let mut clean = st.clone();
+        clean.mark_saved();
+        assert!(!store.snapshot_if_dirty(clean));
+        assert!(store.snapshot_if_dirty(st.clone()));
+        store.flush_snapshots();
+        assert_eq!(
+            state::read_snapshot(&h.state_path())
+                .unwrap()
+                .unwrap()
+                .last_seq,
+            2
+        );
+        // A snapshot written long after the last line does not make the session active.
+        let hour = Duration::from_secs(3600);
+        age_files(d.path(), &h.id, 2 * hour);
+        std::fs::write(h.state_path(), b"{}").unwrap(); // written now
+        let idle = store.idle_sessions(hour, SystemTime::now()).unwrap();
+        assert_eq!(idle, [("alice".to_string(), h.id.clone())]);
+        // Archived: its state is not written again.
+        assert!(store.archive("alice", "test").unwrap());
+        assert!(!store.snapshot_if_dirty(st));
+        store.flush_snapshots();
+        assert!(!h.state_path().exists());
     }
 
     #[test]

@@ -44,6 +44,32 @@ pub struct SessionState {
     /// invalidate it here; a clone starts empty (`message::rendered`).
     #[serde(skip, default = "RenderCache::new")]
     pub rendered: RenderCache,
+    /// The `last_seq` of this state's newest snapshot, written (queued) or read. Memory only,
+    /// and not part of what a state is (equal whatever it holds): see [`SnapshotMark`].
+    #[serde(skip)]
+    pub snapshot: SnapshotMark,
+}
+
+/// Trail lines a state may run ahead of its snapshot before the worker queues a new one
+/// (SPEC §7: the snapshot is a cache of the trail's fold). Counted in lines, not messages,
+/// because lines are what a start must fold after the snapshot: a plain message writes three
+/// (intake, user turn, reply), each tool round two more. 64 lines is about twenty plain
+/// messages, so serialising and syncing a long history happens on one message in twenty
+/// instead of every one (docs/BENCHMARKS.md, overhead), while a start after a kill -9 reads
+/// and folds at most these lines plus the message in flight. A graceful stop writes every
+/// state that lags at all.
+pub const SNAPSHOT_EVERY_LINES: u64 = 64;
+
+/// The `last_seq` of a state's newest snapshot (0: none known). Kept in memory only; equal to
+/// every other mark, so two states compare by what they fold, not by what was saved of them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SnapshotMark(pub u64);
+
+impl PartialEq for SnapshotMark {
+    /// Always equal: what was saved of a state is not part of what it is.
+    fn eq(&self, _: &SnapshotMark) -> bool {
+        true
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -71,7 +97,29 @@ impl SessionState {
             context_tokens: 0,
             flags: Flags::default(),
             rendered: RenderCache::new(),
+            snapshot: SnapshotMark::default(),
         }
+    }
+
+    /// Trail lines folded into this state that its newest snapshot lacks.
+    pub fn unsaved_lines(&self) -> u64 {
+        self.last_seq.saturating_sub(self.snapshot.0)
+    }
+
+    /// Whether the snapshot lacks any line of this state (a graceful stop writes it then).
+    pub fn is_dirty(&self) -> bool {
+        self.unsaved_lines() > 0
+    }
+
+    /// Whether the worker should queue a snapshot now: [`SNAPSHOT_EVERY_LINES`] or more lines
+    /// folded since the last one.
+    pub fn snapshot_due(&self) -> bool {
+        self.unsaved_lines() >= SNAPSHOT_EVERY_LINES
+    }
+
+    /// Record that a snapshot of the state as it is now was written or queued.
+    pub fn mark_saved(&mut self) {
+        self.snapshot = SnapshotMark(self.last_seq);
     }
 
     /// Fold one trail line into the state. Lines at or below `last_seq` are ignored, so
@@ -189,11 +237,15 @@ pub fn rebuild(id: &str, key: &str, lines: &[TrailLine]) -> SessionState {
     s
 }
 
-/// Read a snapshot. `Ok(None)` when missing; `Err` when unreadable (the caller rebuilds).
+/// Read a snapshot. `Ok(None)` when missing; `Err` when unreadable (the caller rebuilds). The
+/// state read is marked saved at its own `last_seq`.
 pub fn read_snapshot(path: &Path) -> Result<Option<SessionState>, String> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
+        Ok(bytes) => serde_json::from_slice::<SessionState>(&bytes)
+            .map(|mut s| {
+                s.mark_saved();
+                Some(s)
+            })
             .map_err(|e| format!("{}: {e}", path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("{}: {e}", path.display())),
@@ -201,7 +253,7 @@ pub fn read_snapshot(path: &Path) -> Result<Option<SessionState>, String> {
 }
 
 /// Write a snapshot durably (temp + fsync + rename + dir fsync). Compact JSON: the file is
-/// rewritten after every message, `agentd history` is the way to read it.
+/// rewritten often (every [`SNAPSHOT_EVERY_LINES`]), `agentd history` is the way to read it.
 pub fn write_snapshot(path: &Path, state: &SessionState) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(state).map_err(std::io::Error::other)?;
     crate::fsutil::atomic_write(path, &bytes)
@@ -354,6 +406,29 @@ mod tests {
         assert_eq!(s.messages[0], Message::user_text("summary"));
         assert_eq!(s.compaction_count, 1);
         assert_eq!(s.previous_messages, None);
+    }
+
+    #[test]
+    fn a_snapshot_is_due_every_so_many_lines_and_a_read_one_is_saved() {
+        let mut s = SessionState::new("s", "alice", "primary", 0);
+        assert!(!s.is_dirty() && !s.snapshot_due());
+        s.last_seq = SNAPSHOT_EVERY_LINES - 1;
+        assert!(s.is_dirty() && !s.snapshot_due(), "dirty, not yet due");
+        s.last_seq = SNAPSHOT_EVERY_LINES;
+        assert!(s.snapshot_due());
+        s.mark_saved();
+        assert!(!s.is_dirty() && !s.snapshot_due());
+        s.last_seq += 3;
+        assert_eq!(s.unsaved_lines(), 3);
+        // The mark is memory only, is not compared, and a read snapshot is saved as read.
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.state.json");
+        write_snapshot(&p, &s).unwrap();
+        assert!(!std::fs::read_to_string(&p).unwrap().contains("snapshot"));
+        let read = read_snapshot(&p).unwrap().unwrap();
+        assert_eq!(read, s);
+        assert_eq!(read.snapshot.0, s.last_seq);
+        assert!(!read.is_dirty());
     }
 
     #[test]

@@ -101,16 +101,16 @@ fn agent_send_roundtrip_records_trail_costs_and_monitor() {
     assert_eq!(fin["usage"]["input_tokens"], 1200);
     assert_eq!(fin["usage"]["cache_read_tokens"], 800);
 
-    // State snapshot (written after the reply is out).
-    let state: Value = wait_until(Duration::from_secs(10), "the state snapshot", || {
-        let bytes = std::fs::read(d.sessions_dir().join(format!("{id}.state.json"))).ok()?;
-        serde_json::from_slice::<Value>(&bytes)
-            .ok()
-            .filter(|s| s["last_seq"] == 4)
-    });
+    // The session's state (SPEC §7): the snapshot is a cache written on a cadence, so what
+    // counts is the fold the report shows, snapshot or not.
+    let out = d.agent_send(&["--sessions", "--json"]);
+    assert!(out.status.success());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let state = &report["sessions"][0];
     assert_eq!(state["key"], "alice");
-    assert_eq!(state["messages"].as_array().unwrap().len(), 2);
-    assert_eq!(state["last_seq"], 4);
+    assert_eq!(state["session_id"], id.as_str());
+    assert_eq!(state["message_count"], 2);
+    assert_eq!(state["context_tokens"], 2030);
 
     // Costs (SPEC §8): OpenAI prompt 2000 incl. 800 cached → input 1200, cache_read 800.
     let rows = db_rows(&d.state_dir);
@@ -765,12 +765,8 @@ fn reset_archives_the_session() {
     let archived =
         crate::support::daemon::read_trail_files(&d.sessions_dir().join(".archive"), &old);
     assert_eq!(archived.last().unwrap()["type"], "reset");
-    assert!(
-        d.sessions_dir()
-            .join(".archive")
-            .join(format!("{old}.state.json"))
-            .exists()
-    );
+    // The trail is the record the archive keeps (a snapshot is a cache and may lag it).
+    assert_eq!(count(&archived, |l| l["type"] == "message"), 2);
     let out = d.agent_send(&["-m", "who am I?", "--from", "ivy", "--wait", "20"]);
     assert!(out.status.success());
     assert_ne!(d.session_id("ivy").unwrap(), old);

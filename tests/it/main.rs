@@ -24,6 +24,7 @@ mod process_hardening;
 mod provider_limits;
 mod reload;
 mod retention;
+mod snapshots;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;
