@@ -772,7 +772,10 @@ async fn conflict_and_server_error_storms_are_survived() {
     assert_eq!(h.restarts, 0, "{h:?}");
     // The 502 (an nginx page, not the Bot API's JSON) was seen as a server error.
     assert!(
-        h.last_error.as_deref().unwrap().contains("server error 502"),
+        h.last_error
+            .as_deref()
+            .unwrap()
+            .contains("server error 502"),
         "{h:?}"
     );
     assert!(fake.get_updates_calls().len() >= 5);
