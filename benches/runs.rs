@@ -251,6 +251,7 @@ pub fn overhead(o: &Opts) -> Result<()> {
     // 20 sessions at once, each sequential.
     let sessions = o.concurrency;
     let per = (n / sessions).max(1);
+    let waits_before = slot_waits(&rt, &chat)?;
     let wall = Instant::now();
     let results = rt.block_on(async {
         let mut tasks = Vec::new();
@@ -278,8 +279,36 @@ pub fn overhead(o: &Opts) -> Result<()> {
         "  {sessions} sessions concurrently, {per} messages each ([behavior] max_concurrent_sessions = 4, the default):"
     );
     report(&totals, &added, totals.len(), wall);
+    // Waiting for one of the 4 slots, from the daemon's own histogram, against the rest.
+    let (sum, count) = slot_waits(&rt, &chat)?;
+    let (sum, count) = (sum - waits_before.0, count - waits_before.1);
+    if count > 0.0 {
+        let wait = sum / count;
+        let mean_added = added.iter().map(Duration::as_secs_f64).sum::<f64>() / added.len() as f64;
+        println!(
+            "    of daemon-added (mean {:.3} ms): waiting for a session slot mean {:.3} ms, work mean {:.3} ms ({count} waits)",
+            mean_added * 1e3,
+            wait * 1e3,
+            (mean_added - wait).max(0.0) * 1e3
+        );
+    }
     d.stop()?;
     Ok(())
+}
+
+/// `agentd_session_slot_wait_seconds`' sum and count from `/metrics`.
+fn slot_waits(rt: &tokio::runtime::Runtime, chat: &Chat) -> Result<(f64, f64)> {
+    let text = rt.block_on(chat.get_text("/metrics"))?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((
+        value("agentd_session_slot_wait_seconds_sum"),
+        value("agentd_session_slot_wait_seconds_count"),
+    ))
 }
 
 /// Client round trip minus the provider's own time for the same message.

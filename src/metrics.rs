@@ -66,6 +66,8 @@ pub struct Metrics {
     deliveries_pending: AtomicU64,
     message_duration: Histogram,
     llm_call_duration: Histogram,
+    /// How long a message waited for one of `max_concurrent_sessions` slots.
+    slot_wait: Histogram,
 }
 
 impl Default for Metrics {
@@ -92,6 +94,7 @@ impl Metrics {
             deliveries_pending: AtomicU64::new(0),
             message_duration: Histogram::new(DURATION_BUCKETS),
             llm_call_duration: Histogram::new(DURATION_BUCKETS),
+            slot_wait: Histogram::new(DURATION_BUCKETS),
         }
     }
 
@@ -99,6 +102,11 @@ impl Metrics {
     pub fn message_done(&self, source: &str, outcome: Outcome, duration: Duration) {
         self.messages.inc(&[source, outcome.as_str()]);
         self.message_duration.observe(duration);
+    }
+
+    /// A message waited `wait` for a session slot (`[behavior] max_concurrent_sessions`).
+    pub fn slot_wait(&self, wait: Duration) {
+        self.slot_wait.observe(wait);
     }
 
     /// Messages finished since the start (every outcome).
@@ -277,6 +285,14 @@ impl Metrics {
         );
         self.message_duration
             .render(&mut out, "agentd_message_duration_seconds");
+        header(
+            &mut out,
+            "agentd_session_slot_wait_seconds",
+            "histogram",
+            "Time a message waited for one of [behavior] max_concurrent_sessions slots.",
+        );
+        self.slot_wait
+            .render(&mut out, "agentd_session_slot_wait_seconds");
         header(
             &mut out,
             "agentd_llm_call_duration_seconds",
@@ -687,6 +703,21 @@ mod tests {
             value(&s, "agentd_llm_call_duration_seconds_count", &[]),
             Some(3.0)
         );
+    }
+
+    #[test]
+    fn session_slot_waits_are_a_histogram_of_their_own() {
+        let m = Metrics::new();
+        m.slot_wait(Duration::from_millis(20));
+        m.slot_wait(Duration::from_millis(30));
+        let s = parse(&m.render());
+        assert_eq!(
+            value(&s, "agentd_session_slot_wait_seconds_count", &[]),
+            Some(2.0)
+        );
+        let sum = value(&s, "agentd_session_slot_wait_seconds_sum", &[]).unwrap();
+        assert!((sum - 0.05).abs() < 1e-9, "{sum}");
+        assert_eq!(m.messages_finished(), 0, "a wait is not a finished message");
     }
 
     #[test]

@@ -286,9 +286,11 @@ impl Dispatcher {
                         (self.queue)
                             .debounce(&key, window, &self.stop, &mut work, &mut rx, &mut held)
                             .await;
+                        let waited = std::time::Instant::now();
                         let Some(_permit) = self.queue.permit().await else {
                             break;
                         };
+                        self.after.metrics.slot_wait(waited.elapsed());
                         // Shutdown began during the debounce window or the wait for a permit: do
                         // not start the message; its intake is pending and resumes after restart.
                         if self.stop.is_cancelled() {
