@@ -912,7 +912,7 @@ fn duplicate_intake_ids_are_accepted_once() {
         1
     );
     assert_eq!(fake.requests().len(), 2, "one call per distinct message");
-    assert!(d.log().contains("duplicate intake id"));
+    d.wait_log("duplicate intake id");
 }
 
 /// Skills (issue: tools): the index is in the semi_stable block, a trigger word puts the body

@@ -745,7 +745,7 @@ fn daemon_exec_on_the_fallback_reaches_no_unix_socket() {
     let text = result["content"].to_string().replace("\\n", "\n");
     assert!(text.contains("exit code 0"), "{text}");
     assert_no_unix_escape("daemon on the fallback", &text, &targets);
-    assert!(d.log().contains("subreaper fallback"), "{}", d.log());
+    d.wait_log("subreaper fallback");
 }
 
 /// Under the shipped units: their `SystemCallFilter=@system-service` refuses the `seccomp`

@@ -164,7 +164,7 @@ fn a_provider_that_only_pings_hits_the_call_deadline_and_the_retry_answers() {
         d.log()
     );
     assert_eq!(fake.requests().len(), 2);
-    assert!(d.log().contains("call_deadline_seconds"), "{}", d.log());
+    d.wait_log("call_deadline_seconds");
     assert!(d.sigterm().success());
 }
 
@@ -186,7 +186,7 @@ fn a_reply_beyond_the_size_cap_is_refused() {
             .all(|l| l.to_string().len() < 1024 * 1024),
         "an oversized reply reached the trail"
     );
-    assert!(d.log().contains("max_reply_bytes"), "{}", d.log());
+    d.wait_log("max_reply_bytes");
     assert!(d.sigterm().success());
 }
 

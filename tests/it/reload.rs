@@ -143,7 +143,7 @@ fn an_invalid_config_is_refused_and_the_old_one_keeps_running() {
         error.contains("daily_usd"),
         "the error names the key: {error}"
     );
-    assert!(d.log().contains("reload refused"), "{}", d.log());
+    d.wait_log("reload refused");
     // The old config still runs: messages are answered, the invalid file's schedule never fires.
     fifo_write(
         &d,

@@ -323,6 +323,17 @@ impl TestDaemon {
             .collect()
     }
 
+    /// Waits up to 10 s for `needle` in the log and panics with the log if it never shows.
+    /// The daemon logs through a non-blocking appender, so a line can land after the trail
+    /// record or reply a test has just read.
+    pub fn wait_log(&self, needle: &str) {
+        super::wait_until(
+            Duration::from_secs(10),
+            &format!("{needle:?} in the log"),
+            || self.log().contains(needle).then_some(()),
+        );
+    }
+
     /// Runs `agent-send --state-dir <state> -c <config> <args…>` (inherited `AGENTD_*`
     /// variables removed, `set_env` variables added) and returns its output. Panics if it runs
     /// longer than 60 s.
