@@ -339,6 +339,7 @@ mod tests {
         let mut watch = IntakeWatch::new(d.path(), "cli", ID);
         assert_eq!(watch.check().unwrap(), None, "no session yet");
         let h = s.get_or_create("cli", "primary").unwrap();
+        s.flush_index();
         h.append(intake("someone-else")).unwrap();
         assert_eq!(watch.check().unwrap(), None, "other ids do not count");
         h.append(intake(ID)).unwrap();
@@ -350,11 +351,32 @@ mod tests {
         );
     }
 
+    /// The daemon writes `sessions.json` in the background: the intake of a new session may be
+    /// in its trail before the index names the session. The watch keeps looking (a missing
+    /// key is no answer) and finds it once the index catches up.
+    #[test]
+    fn intake_of_a_session_the_index_does_not_name_yet_is_found_once_it_does() {
+        let d = tempfile::tempdir().unwrap();
+        let s = store(d.path());
+        let h = s.get_or_create("cli", "primary").unwrap();
+        h.append(intake(ID)).unwrap();
+        s.flush_index();
+        let written = read_index(d.path()).unwrap();
+        // The moment before the index write: the trail holds the intake, the index lacks the key.
+        index::write_index(d.path(), &index::Index::new()).unwrap();
+        let mut watch = IntakeWatch::new(d.path(), "cli", ID);
+        assert_eq!(watch.check().unwrap(), None);
+        assert_eq!(watch.check().unwrap(), None);
+        index::write_index(d.path(), &written).unwrap();
+        assert_eq!(watch.check().unwrap(), Some(h.id.clone()));
+    }
+
     #[test]
     fn intake_of_a_session_archived_meanwhile_is_found() {
         let d = tempfile::tempdir().unwrap();
         let s = store(d.path());
         let h = s.get_or_create("cli", "primary").unwrap();
+        s.flush_index();
         let mut watch = IntakeWatch::new(d.path(), "cli", ID);
         assert_eq!(watch.check().unwrap(), None);
         h.append(intake(ID)).unwrap();
@@ -467,6 +489,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = store(d.path());
         s.get_or_create("alice", "primary").unwrap();
+        s.flush_index();
         let ids = sessions_before_reset(d.path(), "alice").unwrap();
         assert_eq!(ids.len(), 1);
         let err = wait_reset(d.path(), "alice", &ids, Duration::from_millis(60)).unwrap_err();
