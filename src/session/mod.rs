@@ -20,6 +20,7 @@ use chrono_tz::Tz;
 
 pub use event::{DeliveryStatus, Event, Intake, MessageEvent, Route, TrailLine};
 pub use index::{Index, IndexEntry, IndexWriter};
+pub use repair::unindexed_session_of;
 pub use state::SessionState;
 pub use trail::TrailWriter;
 

@@ -85,6 +85,38 @@ pub(super) fn repair_index(dir: &Path, index: &mut Index) -> io::Result<bool> {
     Ok(changed)
 }
 
+/// The newest session in `dir` that `index` does not name whose trail starts with its
+/// `session` event for `key`: the session of `key` while the daemon's index write (in the
+/// background, a moment after the session's first intake) has not landed, or could not (a full
+/// disk). For readers that follow a key, such as `agent-send` waiting for its intake record.
+/// Reads the directory and the first line of each such session, newest first.
+pub fn unindexed_session_of(dir: &Path, index: &Index, key: &str) -> io::Result<Option<String>> {
+    let unindexed = match unindexed_sessions(dir, index) {
+        Ok(u) => u,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    for (id, trails) in unindexed.into_iter().rev() {
+        let Some(first) = trails.first() else {
+            continue;
+        };
+        let line = match trail::first_line(first) {
+            Ok(l) => l,
+            // Moved to the archive meanwhile (a reset): not the key's session any more.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if line
+            .as_ref()
+            .and_then(|l| session_event_of(l, &id))
+            .is_some_and(|(k, _)| k == key)
+        {
+            return Ok(Some(id));
+        }
+    }
+    Ok(None)
+}
+
 /// The sessions with files in `dir` that `index` does not name, by id (ascending), each with
 /// its trail files, oldest first (possibly none). One directory scan.
 fn unindexed_sessions(dir: &Path, index: &Index) -> io::Result<BTreeMap<String, Vec<PathBuf>>> {
@@ -300,6 +332,40 @@ mod tests {
             assert_eq!(trail::read_trail(d.path(), OLDER).unwrap().len(), 2);
             assert!(names(&d.path().join(ARCHIVE_DIR)).is_empty());
         }
+    }
+
+    /// Readers that follow a key find its session before the index names it: the newest
+    /// unindexed trail whose `session` event names the key, never an indexed one.
+    #[test]
+    fn the_unindexed_session_of_a_key_is_the_newest_one_naming_it() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(
+            unindexed_session_of(&d.path().join("none"), &Index::new(), "alice").unwrap(),
+            None
+        );
+        unindexed_trail(d.path(), OLDER, "alice");
+        unindexed_trail(d.path(), NEWER, "alice");
+        let mut idx = Index::new();
+        assert_eq!(
+            unindexed_session_of(d.path(), &idx, "alice")
+                .unwrap()
+                .as_deref(),
+            Some(NEWER)
+        );
+        assert_eq!(unindexed_session_of(d.path(), &idx, "bob").unwrap(), None);
+        idx.insert(
+            "x".into(),
+            IndexEntry {
+                session_id: NEWER.into(),
+                created_at: 1,
+            },
+        );
+        assert_eq!(
+            unindexed_session_of(d.path(), &idx, "alice")
+                .unwrap()
+                .as_deref(),
+            Some(OLDER)
+        );
     }
 
     /// Nothing to repair: nothing is read beyond the directory listing, nothing is written.
