@@ -182,6 +182,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
         sample(&store, "alice");
+        store.flush_index();
         let h = history(d.path(), "alice").unwrap();
         let text = render(&h, false, false).stdout;
         assert!(text.contains("[alice] read it"), "{text}");

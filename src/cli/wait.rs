@@ -10,7 +10,7 @@ use super::CliError;
 use crate::report::read_index;
 use crate::session::ARCHIVE_DIR;
 use crate::session::event::{Event, TrailLine};
-use crate::session::{Outcome, index, outcome_of, trail};
+use crate::session::{self, Outcome, index, outcome_of, trail};
 
 /// How often the session files are checked.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -131,11 +131,30 @@ impl IntakeWatch {
     }
 
     /// One check: the session id once its trail holds the intake record. A session that was
-    /// archived right after the intake (a reset) is found in `.archive/`.
+    /// archived right after the intake (a reset) is found in `.archive/`. The session of the
+    /// key is the index's, or, while the index does not name the key, the newest trail whose
+    /// `session` event does: the daemon writes the index in the background, after it recorded
+    /// (and so acknowledged) a new session's first intake, and on a full disk it may not
+    /// manage to write it until space returns.
     pub fn check(&mut self) -> Result<Option<String>, CliError> {
         let index = read_index(&self.sessions_dir)?;
-        if let Some(entry) = index.get(&self.key)
-            && self.live.as_ref().map(TrailWatcher::session_id) != Some(&entry.session_id)
+        let current = match index.get(&self.key) {
+            Some(entry) => Some(entry.session_id.clone()),
+            None => session::unindexed_session_of(&self.sessions_dir, &index, &self.key).map_err(
+                |e| {
+                    CliError::io(
+                        format!(
+                            "look for the session of {} in {}",
+                            self.key,
+                            self.sessions_dir.display()
+                        ),
+                        e,
+                    )
+                },
+            )?,
+        };
+        if let Some(id) = &current
+            && self.live.as_ref().map(TrailWatcher::session_id) != Some(id)
         {
             if let Some(old) = self.live.take() {
                 self.archived = Some(TrailWatcher::new(
@@ -143,7 +162,7 @@ impl IntakeWatch {
                     old.session_id(),
                 ));
             }
-            self.live = Some(TrailWatcher::new(&self.sessions_dir, &entry.session_id));
+            self.live = Some(TrailWatcher::new(&self.sessions_dir, id));
         }
         for w in [self.live.as_mut(), self.archived.as_mut()]
             .into_iter()
@@ -156,7 +175,7 @@ impl IntakeWatch {
             }
         }
         // The key vanished after we saw its session: look for it in the archive next time.
-        if !index.contains_key(&self.key)
+        if current.is_none()
             && let Some(old) = self.live.take()
         {
             self.archived = Some(TrailWatcher::new(
@@ -339,6 +358,7 @@ mod tests {
         let mut watch = IntakeWatch::new(d.path(), "cli", ID);
         assert_eq!(watch.check().unwrap(), None, "no session yet");
         let h = s.get_or_create("cli", "primary").unwrap();
+        s.flush_index();
         h.append(intake("someone-else")).unwrap();
         assert_eq!(watch.check().unwrap(), None, "other ids do not count");
         h.append(intake(ID)).unwrap();
@@ -350,11 +370,40 @@ mod tests {
         );
     }
 
+    /// The daemon writes `sessions.json` in the background (and on a full disk may not manage
+    /// to): the intake of a new session is in its trail before the index names the session.
+    /// The watch finds it by the trail's `session` event, and follows the index once it names
+    /// the key.
+    #[test]
+    fn intake_of_a_session_the_index_does_not_name_yet_is_found() {
+        let d = tempfile::tempdir().unwrap();
+        let s = store(d.path());
+        let other = s.get_or_create("someone", "primary").unwrap();
+        other.append(intake(ID)).unwrap();
+        let h = s.get_or_create("cli", "primary").unwrap();
+        s.flush_index();
+        let written = read_index(d.path()).unwrap();
+        // The moment before the index write: the trail holds no intake yet, then the intake.
+        index::write_index(d.path(), &index::Index::new()).unwrap();
+        let mut watch = IntakeWatch::new(d.path(), "cli", ID);
+        assert_eq!(
+            watch.check().unwrap(),
+            None,
+            "another key's intake does not count"
+        );
+        h.append(intake(ID)).unwrap();
+        assert_eq!(watch.check().unwrap(), Some(h.id.clone()));
+        index::write_index(d.path(), &written).unwrap();
+        let mut watch = IntakeWatch::new(d.path(), "cli", ID);
+        assert_eq!(watch.check().unwrap(), Some(h.id.clone()));
+    }
+
     #[test]
     fn intake_of_a_session_archived_meanwhile_is_found() {
         let d = tempfile::tempdir().unwrap();
         let s = store(d.path());
         let h = s.get_or_create("cli", "primary").unwrap();
+        s.flush_index();
         let mut watch = IntakeWatch::new(d.path(), "cli", ID);
         assert_eq!(watch.check().unwrap(), None);
         h.append(intake(ID)).unwrap();
@@ -467,6 +516,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = store(d.path());
         s.get_or_create("alice", "primary").unwrap();
+        s.flush_index();
         let ids = sessions_before_reset(d.path(), "alice").unwrap();
         assert_eq!(ids.len(), 1);
         let err = wait_reset(d.path(), "alice", &ids, Duration::from_millis(60)).unwrap_err();

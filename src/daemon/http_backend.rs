@@ -279,13 +279,19 @@ impl ApiBackend for DaemonBackend {
     ) -> BoxFuture<'_, Result<Option<Value>, BackendError>> {
         let dir = self.state_dir().join("sessions");
         blocking(move || {
-            // Session ids only (not keys): of the index, or files in the archive.
+            // Session ids only (not keys): of the index, or with a trail in the sessions
+            // directory (the index is written in the background: a session a moment old may
+            // not be in it yet) or in the archive.
             let index = crate::session::index::read_index(&dir)
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
-            let known = index.values().any(|e| e.session_id == session_id)
-                || !crate::session::trail::trail_files(&dir.join(".archive"), &session_id)
+            let has_trail = |d: &std::path::Path| {
+                !crate::session::trail::trail_files(d, &session_id)
                     .unwrap_or_default()
-                    .is_empty();
+                    .is_empty()
+            };
+            let known = index.values().any(|e| e.session_id == session_id)
+                || has_trail(&dir)
+                || has_trail(&dir.join(".archive"));
             if !known {
                 return Ok(None);
             }

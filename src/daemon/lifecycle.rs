@@ -126,7 +126,7 @@ fn status_line(active: usize, queued: usize, telegram: Option<&serde_json::Value
 
 /// Stop: no new work, wait for messages in flight up to the deadline, interrupt the rest
 /// (they resume after restart), snapshot every session state that lags its trail and flush
-/// the snapshots, remove the FIFO, stop MCP, release the lock.
+/// the snapshots and the session index, remove the FIFO, stop MCP, release the lock.
 pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
     notifier.stopping("stopping: finishing messages in flight");
     tracing::info!("shutting down: no new work; waiting for messages in flight");
@@ -147,8 +147,14 @@ pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
     // exited; the idle ones are saved here, then all are flushed.
     let idle = s.dispatcher.snapshot_idle_states();
     tracing::debug!(states = idle, "snapshots of idle sessions queued");
+    // The index is written in the background too (`session::IndexWriter`); a stop leaves it
+    // on disk, so the next start has nothing to repair.
     let store = s.store.clone();
-    let _ = tokio::task::spawn_blocking(move || store.flush_snapshots()).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        store.flush_index();
+        store.flush_snapshots();
+    })
+    .await;
     if s.cfg.fifo.enabled {
         fifo::remove(&s.cfg.fifo.path);
     }

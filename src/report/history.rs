@@ -37,7 +37,8 @@ pub struct Located {
     pub archived: bool,
 }
 
-/// Find `target` by key or id in `sessions.json`, else as an id in `.archive/`.
+/// Find `target` by key or id in `sessions.json`, else as the id of a trail in the sessions
+/// directory or in `.archive/`.
 pub fn locate(sessions_dir: &Path, target: &str) -> Result<Located, ReportError> {
     if !is_valid_target(target) {
         return Err(ReportError::InvalidTarget(format!(
@@ -55,14 +56,18 @@ pub fn locate(sessions_dir: &Path, target: &str) -> Result<Located, ReportError>
     }
     let archive = sessions_dir.join(ARCHIVE_DIR);
     if index::is_valid_session_id(target) {
-        let files = trail::trail_files(&archive, target)
-            .map_err(|e| ReportError::io(format!("list {}", archive.display()), e))?;
-        if !files.is_empty() {
-            return Ok(Located {
-                session_id: target.to_string(),
-                dir: archive,
-                archived: true,
-            });
+        // A live trail the index does not name yet (the daemon writes the index in the
+        // background, a moment after a session's first intake), then the archive.
+        for (dir, archived) in [(sessions_dir, false), (archive.as_path(), true)] {
+            let files = trail::trail_files(dir, target)
+                .map_err(|e| ReportError::io(format!("list {}", dir.display()), e))?;
+            if !files.is_empty() {
+                return Ok(Located {
+                    session_id: target.to_string(),
+                    dir: dir.to_path_buf(),
+                    archived,
+                });
+            }
         }
     }
     Err(ReportError::NotFound(format!(
@@ -232,6 +237,9 @@ pub(crate) mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
         let id = sample(&store, "alice");
+        // Found by id while the index (written in the background) may not name it yet.
+        assert_eq!(locate(d.path(), &id).unwrap().session_id, id);
+        store.flush_index();
         let by_key = history(d.path(), "alice").unwrap();
         let by_id = history(d.path(), &id).unwrap();
         assert_eq!(by_key, by_id);

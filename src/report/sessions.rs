@@ -143,6 +143,8 @@ mod tests {
         b.append(Event::Message(MessageEvent::new(Message::user_text("yo"))))
             .unwrap();
 
+        // The report reads `sessions.json`, which the store writes in the background.
+        store.flush_index();
         let windows = BTreeMap::from([("primary".to_string(), 200_000u32)]);
         let r = sessions_report(d.path(), &windows).unwrap();
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();

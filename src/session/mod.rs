@@ -6,6 +6,7 @@
 
 pub mod event;
 pub mod index;
+mod repair;
 pub mod state;
 pub mod trail;
 
@@ -18,7 +19,8 @@ use std::time::{Duration, SystemTime};
 use chrono_tz::Tz;
 
 pub use event::{DeliveryStatus, Event, Intake, MessageEvent, Route, TrailLine};
-pub use index::{Index, IndexEntry};
+pub use index::{Index, IndexEntry, IndexWriter};
+pub use repair::unindexed_session_of;
 pub use state::SessionState;
 pub use trail::TrailWriter;
 
@@ -79,6 +81,8 @@ pub struct SessionStore {
     inner: Mutex<Inner>,
     /// Writes the state snapshots off the session workers (thread `agentd-snapshot`).
     snapshots: Arc<LatestWriter<SessionState>>,
+    /// Writes `sessions.json` off the intake path (thread `agentd-index`).
+    index_writer: IndexWriter,
     /// Sessions with a failed trail append in this run (see [`SessionHandle::mark_settled`]).
     unsettled: Unsettled,
 }
@@ -169,7 +173,10 @@ fn close_unused(open: &mut HashMap<String, Arc<SessionHandle>>) {
 }
 
 impl SessionStore {
-    /// Open (creating with mode 0700) `dir` and read its index.
+    /// Open (creating with mode 0700) `dir`, read its index and repair it from the trails
+    /// (`repair::repair_index`): the index is written in the background, so a crash may have
+    /// kept a new session's entry from the disk, or stopped a reset between its index write
+    /// and the file moves. A repaired index is written before anything reads it.
     pub fn open(dir: &Path, tz: Tz) -> io::Result<SessionStore> {
         fsutil::create_private_dir(dir)?;
         fsutil::create_private_dir(&dir.join(ARCHIVE_DIR))?;
@@ -179,7 +186,10 @@ impl SessionStore {
             Ok(n) => tracing::info!(count = n, "removed temp files left by an interrupted write"),
             Err(e) => tracing::warn!(error = %e, "cannot remove stale temp files"),
         }
-        let index = index::read_index(dir)?;
+        let mut index = index::read_index(dir)?;
+        if repair::repair_index(dir, &mut index)? {
+            index::write_index(dir, &index)?;
+        }
         Ok(SessionStore {
             dir: dir.to_path_buf(),
             tz,
@@ -188,6 +198,7 @@ impl SessionStore {
                 open: HashMap::new(),
             }),
             snapshots: Arc::new(LatestWriter::new("agentd-snapshot", write_snapshot_logged)),
+            index_writer: IndexWriter::new(dir),
             unsettled: Unsettled::default(),
         })
     }
@@ -219,12 +230,20 @@ impl SessionStore {
         self.snapshots.flush(std::time::Duration::from_secs(30));
     }
 
+    /// Blocks until the index handed to the background writer is on disk (shutdown), at most
+    /// 30 s. A stop without it loses nothing: the next start repairs the index from the trails.
+    pub fn flush_index(&self) {
+        self.index_writer.flush(std::time::Duration::from_secs(30));
+    }
+
     /// A copy of the index.
     pub fn index(&self) -> Index {
         self.lock().index.clone()
     }
 
-    /// The session for `key`, created (index entry + `session` event) if it does not exist.
+    /// The session for `key`, created if it does not exist: its `session` event is fsynced
+    /// (the record of the session), the index entry is made in memory and handed to the
+    /// background writer (see [`IndexWriter`]).
     pub fn get_or_create(&self, key: &str, model: &str) -> io::Result<Arc<SessionHandle>> {
         let mut inner = self.lock();
         self.get_or_create_locked(&mut inner, key, model)
@@ -261,7 +280,9 @@ impl SessionStore {
                 created_at: now,
             },
         );
-        index::write_index(&self.dir, &inner.index)?;
+        // Not waited for: the trail's `session` event is the durable fact, and a start repairs
+        // an index that a crash kept from the disk (`repair::repair_index`).
+        self.index_writer.submit(inner.index.clone());
         Ok(h)
     }
 
@@ -386,20 +407,13 @@ impl SessionStore {
             reason: reason.to_string(),
         })?;
         inner.open.remove(&entry.session_id);
-        // Index first: a crash while moving files then leaves files of a session the index no
-        // longer names (harmless), never an index entry pointing at half-moved files.
+        // Index first, durable (written through the background writer, so that no older index
+        // still queued lands after it): a crash while moving files then leaves files of a
+        // session the index no longer names, never an index entry pointing at half-moved
+        // files; the next start finishes the move (`repair::repair_index`).
         inner.index.remove(key);
-        index::write_index(&self.dir, &inner.index)?;
-        let archive = self.dir.join(ARCHIVE_DIR);
-        let prefix = format!("{}.", entry.session_id);
-        for e in std::fs::read_dir(&self.dir)? {
-            let e = e?;
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
-                std::fs::rename(e.path(), archive.join(e.file_name()))?;
-            }
-        }
-        fsutil::fsync_dir(&archive)?;
-        fsutil::fsync_dir(&self.dir)?;
+        self.index_writer.write_through(inner.index.clone())?;
+        move_to_archive(&self.dir, &entry.session_id)?;
         Ok(true)
     }
 
@@ -449,6 +463,20 @@ impl SessionStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Move every file of session `id` (`<id>.*`) from `dir` to its `.archive/`, durably.
+fn move_to_archive(dir: &Path, id: &str) -> io::Result<()> {
+    let archive = dir.join(ARCHIVE_DIR);
+    let prefix = format!("{id}.");
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with(&prefix) {
+            std::fs::rename(e.path(), archive.join(e.file_name()))?;
+        }
+    }
+    fsutil::fsync_dir(&archive)?;
+    fsutil::fsync_dir(dir)
 }
 
 /// `t` lies more than `age` before `now`.
@@ -864,6 +892,53 @@ mod tests {
         assert_eq!(again.id, id);
         again.mark_settled(again.last_seq()).unwrap();
         assert!(!is_settled(d.path(), &id), "a reopened handle remembers it");
+    }
+
+    /// A new session's index entry is handed to the background writer: in memory at once, on
+    /// disk after a flush (shutdown) or when the store is dropped.
+    #[test]
+    fn a_new_session_is_on_disk_in_the_index_after_a_flush() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let h = store.get_or_create("alice", "primary").unwrap();
+        assert_eq!(store.index()["alice"].session_id, h.id);
+        store.flush_index();
+        assert_eq!(
+            index::read_index(d.path()).unwrap()["alice"].session_id,
+            h.id
+        );
+        // Its `session` event, the record the start-up repair reads, is the first line.
+        let first = trail::first_line(&trail::trail_files(d.path(), &h.id).unwrap()[0])
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&first.event, Event::Session { session_id, key, .. } if *session_id == h.id && key == "alice")
+        );
+        let bob = store.get_or_create("bob", "primary").unwrap().id.clone();
+        drop(h);
+        drop(store);
+        assert_eq!(index::read_index(d.path()).unwrap()["bob"].session_id, bob);
+    }
+
+    /// An archive writes the index through the background writer before it moves files: the
+    /// entry is gone on disk when `archive` returns, and no index handed over earlier (a new
+    /// session's, still queued) lands after it.
+    #[test]
+    fn an_archive_is_durable_in_the_index_and_never_overwritten_by_an_older_one() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        for round in 0..20 {
+            let key = format!("k{round}");
+            let id = store.get_or_create(&key, "primary").unwrap().id.clone();
+            assert!(store.archive(&key, "test").unwrap());
+            let on_disk = index::read_index(d.path()).unwrap();
+            assert!(!on_disk.contains_key(&key), "round {round}");
+            assert!(trail::trail_files(d.path(), &id).unwrap().is_empty());
+        }
+        store.get_or_create("last", "primary").unwrap();
+        store.flush_index();
+        assert_eq!(index::read_index(d.path()).unwrap(), store.index());
+        assert_eq!(store.index().len(), 1);
     }
 
     #[test]

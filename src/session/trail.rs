@@ -285,8 +285,6 @@ fn read_file_into(path: &Path, out: &mut Vec<TrailLine>) -> io::Result<()> {
     for_each_line(path, |n, line| push_parsed(path, n, line, out))
 }
 
-/// The last readable line of `path`, parsing from the end (opening a session's trail for
-/// appending must not cost a parse of its whole history).
 /// The `seq` of the last readable line of the session's newest trail file; `None` when that
 /// file holds none.
 pub fn last_seq(dir: &Path, id: &str) -> io::Result<Option<u64>> {
@@ -296,13 +294,71 @@ pub fn last_seq(dir: &Path, id: &str) -> io::Result<Option<u64>> {
     }
 }
 
-fn last_line(path: &Path) -> io::Result<Option<TrailLine>> {
-    let bytes = fs::read(path)?;
-    Ok(bytes
-        .split(|b| *b == b'\n')
-        .rev()
-        .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-        .find_map(|l| serde_json::from_slice::<TrailLine>(l).ok()))
+/// The first read from the end of a file by [`last_line`]; each further read doubles.
+const TAIL_CHUNK: u64 = 16 * 1024;
+
+/// The last readable line of `path`, read from the end: only the bytes from its last readable
+/// line on are read (opening a session's trail for appending, or the start-up repair of the
+/// index, must not cost a read of the whole day). Lines that do not parse (a torn tail,
+/// damage) are skipped, as a full read skips them.
+pub(super) fn last_line(path: &Path) -> io::Result<Option<TrailLine>> {
+    let mut f = File::open(path)?;
+    // `buf` holds the file's bytes from `start`; `buf[..untried]` holds the lines not tried yet.
+    let mut start = f.metadata()?.len();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut untried = 0;
+    let mut chunk = TAIL_CHUNK;
+    while start > 0 {
+        let n = chunk.min(start);
+        start -= n;
+        chunk = chunk.saturating_mul(2);
+        let mut head = vec![0; usize::try_from(n).map_err(io::Error::other)?];
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(&mut head)?;
+        buf.truncate(untried);
+        head.extend_from_slice(&buf);
+        buf = head;
+        untried += n as usize;
+        // Every line whose start is in `buf` now, newest first.
+        loop {
+            let line_start = match buf[..untried].iter().rposition(|&b| b == b'\n') {
+                Some(p) => p + 1,
+                None if start == 0 => 0,
+                None => break,
+            };
+            let line = &buf[line_start..untried];
+            if !line.iter().all(u8::is_ascii_whitespace)
+                && let Ok(l) = serde_json::from_slice::<TrailLine>(line)
+            {
+                return Ok(Some(l));
+            }
+            if line_start == 0 {
+                return Ok(None);
+            }
+            untried = line_start - 1;
+        }
+    }
+    Ok(None)
+}
+
+/// The most a [`first_line`] reads: a `session` event (ids, the key, the model) is far smaller.
+const FIRST_LINE_MAX: u64 = 64 * 1024;
+
+/// The first non-blank line of `path` if it parses and is at most [`FIRST_LINE_MAX`] bytes
+/// long: the `session` event of a session's first trail file. `None` otherwise (an empty file,
+/// damage, an overlong line): the caller cannot tell whose trail this is.
+pub(super) fn first_line(path: &Path) -> io::Result<Option<TrailLine>> {
+    let mut reader = BufReader::new(File::open(path)?.take(FIRST_LINE_MAX));
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(None);
+        }
+        if !line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(serde_json::from_slice::<TrailLine>(&line).ok());
+        }
+    }
 }
 
 /// If the file does not end with a newline, cut it back to the last newline: that tail is a
@@ -512,6 +568,66 @@ mod tests {
             proptest::prop_assert_eq!(read.last(), Some(&after));
             proptest::prop_assert_eq!(&read[..n], &written[..]);
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+        /// Reading from the end finds the line a full read finds last, whatever the line
+        /// lengths (across the first chunk and the doubled ones), damaged lines among them and
+        /// whatever follows the last one.
+        #[test]
+        fn the_last_line_read_from_the_end_is_the_last_of_a_full_read(
+            lens in proptest::collection::vec(0usize..40_000, 0..6),
+            damaged in proptest::collection::vec(proptest::prelude::any::<bool>(), 6),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100),
+        ) {
+            let d = tempfile::tempdir().unwrap();
+            let f = d.path().join("s1.2026-11-01.jsonl");
+            let mut bytes = Vec::new();
+            for (i, len) in lens.iter().enumerate() {
+                if damaged[i] {
+                    bytes.extend_from_slice(&vec![b'x'; *len]);
+                } else {
+                    let line = TrailLine {
+                        v: TRAIL_VERSION,
+                        seq: i as u64 + 1,
+                        ts: "2026-11-01T10:00:00.000+00:00".into(),
+                        event: ev(&"y".repeat(*len)),
+                    };
+                    bytes.extend_from_slice(&serde_json::to_vec(&line).unwrap());
+                }
+                bytes.push(b'\n');
+            }
+            bytes.extend_from_slice(&tail);
+            fs::write(&f, &bytes).unwrap();
+            let mut all = Vec::new();
+            read_file_into(&f, &mut all).unwrap();
+            proptest::prop_assert_eq!(last_line(&f).unwrap(), all.pop());
+        }
+    }
+
+    #[test]
+    fn the_first_line_is_read_up_to_a_bound() {
+        let d = tempfile::tempdir().unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let first = w.append(ev("a")).unwrap();
+        w.append(ev("b")).unwrap();
+        let f = trail_files(d.path(), "s1").unwrap().remove(0);
+        assert_eq!(first_line(&f).unwrap(), Some(first));
+        // Damage, or a first line longer than any `session` event, names nobody.
+        fs::write(&f, "{not json\n").unwrap();
+        assert_eq!(first_line(&f).unwrap(), None);
+        let long = TrailLine {
+            v: TRAIL_VERSION,
+            seq: 1,
+            ts: "2026-11-01T10:00:00.000+00:00".into(),
+            event: ev(&"z".repeat(FIRST_LINE_MAX as usize)),
+        };
+        fs::write(&f, serde_json::to_string(&long).unwrap() + "\n").unwrap();
+        assert_eq!(first_line(&f).unwrap(), None);
+        fs::write(&f, "").unwrap();
+        assert_eq!(first_line(&f).unwrap(), None);
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod process_hardening;
 mod provider_limits;
 mod reload;
 mod retention;
+mod session_index;
 mod snapshots;
 mod ssrf;
 mod systemd;

@@ -259,6 +259,12 @@ fn full_disk_is_reported_survived_and_recovered() {
             .then_some(())
     });
 
+    // Failed writes can give pages back (a rolled-back SQLite transaction, a removed temp
+    // file): take them too, so that no new trail line fits. A new session's first intake needs
+    // one page, for its trail file (its index entry is written in the background afterwards).
+    let (_, more) = fs_.fill();
+    eprintln!("disk full again: {more} more bytes of filler");
+
     // While full: nothing new is acknowledged, and every source says so.
     let (status, body) = http(
         port,

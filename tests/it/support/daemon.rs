@@ -364,9 +364,18 @@ impl TestDaemon {
         run_with_timeout(cmd, AGENT_SEND_TIMEOUT, &format!("agent-send {args:?}"))
     }
 
+    /// The session id of `key`: from `state/sessions/sessions.json`, or, while the index does
+    /// not name the key, from the trails (the daemon writes the index in the background, a
+    /// moment after a new session's first intake; the record of a session is the `session`
+    /// event on the first line of its first trail file). Panics if the index is not valid JSON.
+    pub fn session_id(&self, key: &str) -> Option<String> {
+        self.indexed_session_id(key)
+            .or_else(|| session_id_in_trails(&self.sessions_dir(), key))
+    }
+
     /// The session id of `key` in `state/sessions/sessions.json`, if the index and the key
     /// exist. Panics if the index is not valid JSON.
-    pub fn session_id(&self, key: &str) -> Option<String> {
+    pub fn indexed_session_id(&self, key: &str) -> Option<String> {
         let path = self.sessions_dir().join("sessions.json");
         let text = fs::read_to_string(&path).ok()?;
         let index: Value = serde_json::from_str(&text)
@@ -503,6 +512,43 @@ pub fn session_id_in_index(index: &Value, key: &str) -> Option<String> {
         .get("session_id")
         .and_then(Value::as_str)
         .map(str::to_string)
+}
+
+/// The newest session (the greatest id: UUIDv7 ids sort by creation) in `dir` whose first trail
+/// file starts with its `session` event for `key`.
+pub fn session_id_in_trails(dir: &Path, key: &str) -> Option<String> {
+    let mut first_files: std::collections::BTreeMap<String, PathBuf> = Default::default();
+    for e in fs::read_dir(dir).ok()?.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((id, date)) = name
+            .strip_suffix(".jsonl")
+            .and_then(|rest| rest.rsplit_once('.'))
+        else {
+            continue;
+        };
+        if date.len() != 10 || id.contains('.') {
+            continue;
+        }
+        let first = first_files
+            .entry(id.to_string())
+            .or_insert_with(|| e.path());
+        if e.path() < *first {
+            *first = e.path();
+        }
+    }
+    first_files
+        .into_iter()
+        .rev()
+        .find(|(id, path)| {
+            let text = fs::read_to_string(path).unwrap_or_default();
+            let Some(line) = text.lines().next() else {
+                return false;
+            };
+            serde_json::from_str::<Value>(line).is_ok_and(|v| {
+                v["type"] == "session" && v["key"] == key && v["session_id"] == id.as_str()
+            })
+        })
+        .map(|(id, _)| id)
 }
 
 /// Parses every `<dir>/<id>.*.jsonl`, in file-name order.
@@ -698,6 +744,41 @@ mod tests {
         assert_eq!(ns, [json!(1), json!(2), json!(3)]);
         assert_eq!(d.trail("system"), [json!({"n": 99})]);
         assert!(d.trail("nobody").is_empty());
+    }
+
+    /// A session the index does not name yet is found by its trail's `session` event: the
+    /// newest of the key's sessions, and never one whose event names another key or id.
+    #[test]
+    fn a_session_the_index_does_not_name_yet_is_found_by_its_trail() {
+        let d = TestDaemon::new(TOML, &[]);
+        let dir = d.sessions_dir();
+        fs::create_dir_all(&dir).unwrap();
+        let session = |id: &str, key: &str| {
+            json!({"v": 1, "seq": 1, "ts": "2026-01-01T00:00:00.000+00:00", "type": "session",
+                   "session_id": id, "key": key, "model": "m"})
+            .to_string()
+                + "\n"
+        };
+        fs::write(dir.join("s1.2026-01-01.jsonl"), session("s1", "cli")).unwrap();
+        fs::write(dir.join("s2.2026-01-01.jsonl"), session("s2", "cli")).unwrap();
+        fs::write(dir.join("s2.2026-01-02.jsonl"), "{\"n\":1}\n").unwrap();
+        fs::write(dir.join("s3.2026-01-01.jsonl"), session("s3", "other")).unwrap();
+        fs::write(dir.join("s4.2026-01-01.jsonl"), session("s9", "lost")).unwrap();
+        assert_eq!(d.indexed_session_id("cli"), None);
+        assert_eq!(d.session_id("cli").as_deref(), Some("s2"));
+        assert_eq!(d.session_id("other").as_deref(), Some("s3"));
+        assert_eq!(d.session_id("lost"), None);
+        assert_eq!(d.trail("cli").len(), 2);
+        fs::write(
+            dir.join("sessions.json"),
+            json!({"cli": {"session_id": "s1", "created_at": 1}}).to_string(),
+        )
+        .unwrap();
+        assert_eq!(
+            d.session_id("cli").as_deref(),
+            Some("s1"),
+            "the index first"
+        );
     }
 
     #[test]
