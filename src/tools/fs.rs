@@ -468,7 +468,7 @@ mod tests {
     #[test]
     fn spec_schema_compiles_and_refuses_bad_offsets() {
         let spec = ReadTool::new().spec();
-        let v = jsonschema::validator_for(&spec.input_schema).unwrap();
+        let v = crate::tools::arg_schema::ArgSchema::compile(&spec.input_schema).unwrap();
         assert!(v.is_valid(&json!({"path": "a"})));
         assert!(v.is_valid(&json!({"path": "a", "offset": 1, "limit": 5})));
         assert!(!v.is_valid(&json!({"path": "a", "offset": 0})));

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use serde_json::Value;
 
+use super::arg_schema::ArgSchema;
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::ToolSpec;
 use crate::message::{ToolCall, ToolResult};
@@ -36,7 +37,7 @@ struct Entry {
     tool: Arc<dyn Tool>,
     spec: ToolSpec,
     /// Shared so that an unchanged dynamic tool keeps its compiled schema across replacements.
-    validator: Arc<jsonschema::Validator>,
+    validator: Arc<ArgSchema>,
     /// `Tool::untrusted_output`, read once.
     untrusted: bool,
 }
@@ -357,7 +358,7 @@ fn compile(tool: Arc<dyn Tool>, spec: ToolSpec) -> Result<Entry, String> {
             spec.name
         ));
     }
-    let validator = jsonschema::validator_for(&spec.input_schema)
+    let validator = ArgSchema::compile(&spec.input_schema)
         .map_err(|e| format!("tool '{}': input_schema is invalid: {e}", spec.name))?;
     let untrusted = tool.untrusted_output();
     Ok(Entry {
@@ -398,32 +399,22 @@ fn invalid_json_message(raw: &str) -> String {
 
 /// Check `args` against the tool's schema; `Err` lists each violation with its instance path.
 fn validate_args(entry: &Entry, args: &Value) -> Result<(), String> {
-    let errors: Vec<String> = entry
-        .validator
-        .iter_errors(args)
-        .map(|e| {
-            let path = e.instance_path().as_str();
-            let at = if path.is_empty() { "(root)" } else { path };
-            format!("- at {at}: {e}")
+    let Err(invalid) = entry.validator.validate(args, MAX_LISTED_VIOLATIONS) else {
+        return Ok(());
+    };
+    let mut msg = format!("invalid arguments for tool '{}':\n", entry.spec.name);
+    let lines: Vec<String> = invalid
+        .violations
+        .iter()
+        .map(|v| {
+            let at = if v.path.is_empty() { "(root)" } else { &v.path };
+            format!("- at {at}: {}", v.message)
         })
         .collect();
-    if errors.is_empty() {
-        return Ok(());
-    }
-    let total = errors.len();
-    let mut msg = format!("invalid arguments for tool '{}':\n", entry.spec.name);
-    msg.push_str(
-        &errors
-            .into_iter()
-            .take(MAX_LISTED_VIOLATIONS)
-            .collect::<Vec<_>>()
-            .join("\n"),
-    );
-    if total > MAX_LISTED_VIOLATIONS {
-        msg.push_str(&format!(
-            "\n- ... and {} more",
-            total - MAX_LISTED_VIOLATIONS
-        ));
+    msg.push_str(&lines.join("\n"));
+    let listed = invalid.violations.len();
+    if invalid.total > listed {
+        msg.push_str(&format!("\n- ... and {} more", invalid.total - listed));
     }
     msg.push_str(&format!(
         "\nExpected arguments (JSON Schema): {}",

@@ -29,6 +29,7 @@ mod snapshots;
 mod ssrf;
 mod systemd;
 mod telegram_e2e;
+mod tool_schemas;
 mod toolcalls;
 mod untested;
 mod untrusted;
