@@ -176,7 +176,7 @@ pub(crate) fn open_writer(
 ) -> Result<Connection, StoreError> {
     create_private_file(path)?;
     let mut conn = Connection::open(path).map_err(|source| open_err(path, source))?;
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
+    configure_statements(&conn).map_err(|source| open_err(path, source))?;
     configure_writer(&conn).map_err(|source| open_err(path, source))?;
     migrations
         .to_latest(&mut conn)
@@ -211,7 +211,7 @@ pub(crate) fn open_reader(path: &Path) -> Result<Option<Connection>, StoreError>
         | OpenFlags::SQLITE_OPEN_URI
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(|source| open_err(path, source))?;
-    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
+    configure_statements(&conn).map_err(|source| open_err(path, source))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|source| open_err(path, source))?;
     let version: i64 = conn
@@ -243,6 +243,21 @@ pub(crate) fn create_private_file(path: &Path) -> Result<(), StoreError> {
             source,
         }),
     }
+}
+
+/// Keep prepared statements prepared: a cache larger than the statements in use, and SQLite's
+/// query planner stability guarantee (QPSG). Without QPSG, SQLite (3.47 and later) plans a
+/// `LIMIT ?n` with the value bound at the time and marks the statement to be prepared again
+/// whenever `?n` is bound anew, that is at every execution: recall's full-text searches were
+/// parsed and planned from scratch for every message (docs/BENCHMARKS.md, overhead). With
+/// QPSG the plan never depends on a bound value, so a cached statement is reused as it is.
+pub(crate) fn configure_statements(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    Ok(())
 }
 
 /// Connection settings of the writer (notes/crates.md §4). Foreign keys are on in the bundled
@@ -429,5 +444,49 @@ mod tests {
         assert!(reader.kv_set("k", "v").await.is_err());
         writer.kv_set("k", "v").await.unwrap();
         assert_eq!(reader.kv_get("k").await.unwrap().as_deref(), Some("v"));
+    }
+
+    /// How often the cached full-text search `LIMIT ?2` was prepared again over three runs,
+    /// each binding its parameters anew, as recall does for every message.
+    fn reprepares(qpsg: bool) -> i32 {
+        let conn = Connection::open_in_memory().unwrap();
+        configure_statements(&conn).unwrap();
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+            qpsg,
+        )
+        .unwrap();
+        conn.execute_batch(
+            "CREATE VIRTUAL TABLE t USING fts5(text);
+             INSERT INTO t (text) VALUES ('alpha beta'), ('beta gamma'), ('gamma delta');",
+        )
+        .unwrap();
+        const SQL: &str = "SELECT rowid FROM t WHERE t MATCH ?1 ORDER BY rank LIMIT ?2";
+        for (query, limit) in [("beta", 5), ("gamma", 5), ("beta", 1)] {
+            let mut st = conn.prepare_cached(SQL).unwrap();
+            let n = st
+                .query_map(rusqlite::params![query, limit], |r| r.get::<_, i64>(0))
+                .unwrap()
+                .count();
+            assert_eq!(n, if limit == 1 { 1 } else { 2 });
+        }
+        let st = conn.prepare_cached(SQL).unwrap();
+        st.get_status(rusqlite::StatementStatus::RePrepare)
+    }
+
+    #[test]
+    fn cached_statements_with_a_bound_limit_are_not_prepared_again() {
+        assert_eq!(
+            reprepares(true),
+            0,
+            "with QPSG, as every connection is configured"
+        );
+        // The reason for QPSG: without it the bundled SQLite prepares the statement again at
+        // every rebinding of its LIMIT parameter. If this starts to fail after a SQLite
+        // upgrade, the comment on `configure_statements` is out of date, not the code.
+        assert!(
+            reprepares(false) > 0,
+            "SQLite no longer re-prepares a bound LIMIT"
+        );
     }
 }
