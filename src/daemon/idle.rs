@@ -2,7 +2,7 @@
 //! not by history). glibc keeps the pages a burst freed: in the senders soak (docs/BENCHMARKS.md)
 //! heaptrack saw a live heap of 2.6–3.6 MB while anonymous memory grew to 11.8 MB. Every
 //! [`CHECK_EVERY`], if messages finished since the last check and none is running or queued
-//! now, `malloc_trim(0)` returns the free pages of every arena to the kernel (a few
+//! now, the kept request-body buffers are freed (`llm::body_pool`) and `malloc_trim(0)` returns the free pages of every arena to the kernel (a few
 //! milliseconds for a heap this size, on a blocking thread).
 
 use std::time::Duration;
@@ -33,8 +33,10 @@ pub fn start(s: &Services, tasks: &Tasks) {
     });
 }
 
-/// Return free heap pages to the kernel (glibc only; elsewhere nothing).
+/// Free the kept request-body buffers and return free heap pages to the kernel (glibc only;
+/// elsewhere nothing).
 fn trim() {
+    crate::llm::body_pool::release();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks the allocator's own free lists; it is thread-safe.
     unsafe {

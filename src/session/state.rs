@@ -48,6 +48,32 @@ pub struct SessionState {
     /// and not part of what a state is (equal whatever it holds): see [`SnapshotMark`].
     #[serde(skip)]
     pub snapshot: SnapshotMark,
+    /// The first message `replace_message` swapped since the last `strip_images`: the only way
+    /// an image block enters the history (lines folded by `apply` are stripped as they come),
+    /// so `strip_images` looks from there on, not at the whole history for every message.
+    #[serde(skip)]
+    images_from: ImagesFrom,
+}
+
+/// Where [`SessionState::strip_images`] must look. Memory only and, like [`SnapshotMark`], not
+/// part of what a state is (always equal).
+#[derive(Debug, Clone, Copy, Default)]
+struct ImagesFrom(Option<usize>);
+
+impl ImagesFrom {
+    /// The history was rewritten (compaction, repair): a swapped message may have moved, so
+    /// the next strip looks at every message.
+    fn rewritten(&mut self) {
+        if self.0.is_some() {
+            self.0 = Some(0);
+        }
+    }
+}
+
+impl PartialEq for ImagesFrom {
+    fn eq(&self, _: &ImagesFrom) -> bool {
+        true
+    }
 }
 
 /// Trail lines a state may run ahead of its snapshot before the worker queues a new one
@@ -98,6 +124,7 @@ impl SessionState {
             flags: Flags::default(),
             rendered: RenderCache::new(),
             snapshot: SnapshotMark::default(),
+            images_from: ImagesFrom::default(),
         }
     }
 
@@ -167,6 +194,7 @@ impl SessionState {
                 self.messages.drain(..n);
                 self.messages.insert(0, Message::user_text(summary.clone()));
                 self.rendered.clear();
+                self.images_from.rewritten();
                 self.compaction_count += 1;
                 self.previous_messages = None;
                 self.flags.compaction_warned = false;
@@ -181,8 +209,11 @@ impl SessionState {
     /// Replace image blocks by their text placeholders (done when a message is finished: images
     /// are sent for every call of their own message only, SPEC §6).
     pub fn strip_images(&mut self) {
+        let Some(from) = self.images_from.0.take() else {
+            return;
+        };
         let mut first = None;
-        for (i, m) in self.messages.iter_mut().enumerate() {
+        for (i, m) in self.messages.iter_mut().enumerate().skip(from) {
             if strip_images(m) {
                 first.get_or_insert(i);
             }
@@ -198,6 +229,7 @@ impl SessionState {
         if let Some(m) = self.messages.get_mut(index) {
             *m = message;
             self.rendered.invalidate_from(index);
+            self.images_from = ImagesFrom(Some(self.images_from.0.map_or(index, |i| i.min(index))));
         }
     }
 
@@ -207,6 +239,7 @@ impl SessionState {
         let repaired = crate::message::toolcalls::repair_history(&mut self.messages);
         if repaired > 0 {
             self.rendered.clear();
+            self.images_from.rewritten();
         }
         repaired
     }
@@ -389,6 +422,54 @@ mod tests {
             }
             assert_eq!(s, rebuild("s", "alice", &lines), "cut at {cut}");
         }
+    }
+
+    fn has_image(s: &SessionState) -> bool {
+        s.messages.iter().any(|m| {
+            matches!(m, Message::User { content } if content.iter().any(|b| matches!(b, UserBlock::Image { .. })))
+        })
+    }
+
+    fn with_image(text: &str) -> Message {
+        Message::User {
+            content: vec![
+                UserBlock::Text { text: text.into() },
+                UserBlock::Image {
+                    media_type: "image/png".into(),
+                    data: "AAAA".into(),
+                    placeholder: "[image: a.png]".into(),
+                },
+            ],
+        }
+    }
+
+    /// `strip_images` looks only from the first swapped message, and finds it after the
+    /// history was rewritten under it (a compaction inside the message moves it forward).
+    #[test]
+    fn strip_finds_the_swapped_message_after_a_compaction() {
+        let mut s = rebuild("s", "alice", &sample());
+        let last = s.messages.len() - 1;
+        s.replace_message(last, with_image("look"));
+        assert!(has_image(&s));
+        s.strip_images();
+        assert!(!has_image(&s));
+
+        let last = s.messages.len() - 1;
+        s.replace_message(last, with_image("again"));
+        s.apply(&line(
+            s.last_seq + 1,
+            Event::Compaction {
+                summary: "summary".into(),
+                removed: 2,
+            },
+        ));
+        assert!(has_image(&s), "the swapped message survived the compaction");
+        s.strip_images();
+        assert!(!has_image(&s));
+        // Nothing swapped since: a strip changes nothing.
+        let before = s.clone();
+        s.strip_images();
+        assert_eq!(s, before);
     }
 
     #[test]

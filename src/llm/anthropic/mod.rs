@@ -51,7 +51,7 @@ impl AnthropicClient {
             .header("anthropic-version", API_VERSION)
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "text/event-stream")
-            .body(body);
+            .body(crate::llm::body_pool::into_body(body));
         if let Some(key) = &self.spec.api_key {
             request = request.header("x-api-key", http::secret_header(&self.spec, "", key)?);
         }

@@ -66,7 +66,7 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
     let head = Head::new(spec, req);
     let mut size = head.size_hint + entries.iter().map(|e| e.bytes.len() + 32).sum::<usize>();
     size += 128;
-    let mut out = Vec::with_capacity(size);
+    let mut out = crate::llm::body_pool::take(size);
     let result = (|| {
         out.extend_from_slice(b"{\"max_tokens\":");
         serde_json::to_writer(&mut out, &spec.max_tokens)?;

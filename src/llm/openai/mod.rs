@@ -56,7 +56,7 @@ impl OpenAiClient {
             .post(format!("{}/{path}", self.spec.base_url))
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, accept)
-            .body(body);
+            .body(crate::llm::body_pool::into_body(body));
         if let Some(key) = &self.spec.api_key {
             request = request.header(
                 AUTHORIZATION,

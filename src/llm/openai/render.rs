@@ -71,7 +71,7 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
         .iter()
         .map(|t| t.name.len() + t.description.len() + 256)
         .sum::<usize>();
-    let mut out = Vec::with_capacity(size);
+    let mut out = crate::llm::body_pool::take(size);
     let result = (|| {
         out.push(b'{');
         serde_json::to_writer(&mut out, max_tokens_key(spec))?;
