@@ -17,7 +17,8 @@ use super::{Agent, Fail, FailCause, Finish, append, prompt};
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
 use crate::llm::{
-    ChatRequest, ChatResponse, LlmError, LlmEvent, StopReason, SystemBlock, ToolChoice, ToolSpec,
+    CallOptions, ChatRequest, ChatResponse, LlmError, LlmEvent, StopReason, SystemBlock,
+    ToolChoice, ToolSpec,
 };
 use crate::message::{Message, ToolCall, ToolResult, Usage};
 use crate::monitor::{LoopState, TurnRecord};
@@ -56,6 +57,8 @@ pub(super) struct Run<'a> {
     pub model: &'a str,
     pub max_turns: u32,
     pub cancel: &'a CancellationToken,
+    /// What the client of a compatible endpoint chose for the calls (SPEC §17).
+    pub options: &'a CallOptions,
 }
 
 impl Run<'_> {
@@ -133,6 +136,7 @@ impl Agent {
                 .await?;
             if resp.tool_calls.is_empty() {
                 return Ok(Finish::Reply {
+                    truncated: resp.stop_reason == StopReason::MaxTokens,
                     silent: self.is_silent(run, &resp.text),
                     text: resp.text,
                     usage: tally.usage,
@@ -175,6 +179,7 @@ impl Agent {
             }
         };
         Ok(ChatRequest {
+            options: run.options.clone(),
             session_id: run.session_id(),
             system,
             // Lent to the request for the call instead of copied (the history is the largest

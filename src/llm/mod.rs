@@ -5,6 +5,7 @@
 //! knows a provider's JSON.
 
 pub mod anthropic;
+pub mod compat;
 #[cfg(test)]
 mod conformance_tests;
 mod each;

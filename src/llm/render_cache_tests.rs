@@ -107,6 +107,7 @@ fn render(
     system: &[(bool, String)],
 ) -> Result<(), TestCaseError> {
     let req = ChatRequest {
+        options: Default::default(),
         session_id: "s".into(),
         system: system
             .iter()

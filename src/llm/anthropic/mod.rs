@@ -2,6 +2,7 @@
 //! neutral request into wire JSON (with cache breakpoints), `stream` parses the SSE answer.
 
 mod render;
+pub mod server;
 mod stream;
 
 pub use render::render_body;

@@ -4,6 +4,7 @@
 
 mod embeddings;
 mod render;
+pub mod server;
 mod stream;
 
 pub use render::render_body;
