@@ -238,6 +238,7 @@ pub fn transcript_within(messages: &[Message], max_tokens: u64) -> String {
 pub fn summary_request(session_id: &str, instructions: &str, transcript: &str) -> ChatRequest {
     ChatRequest {
         options: Default::default(),
+        deltas: None,
         session_id: session_id.to_string(),
         system: vec![SystemBlock {
             tier: SystemTier::Stable,
@@ -816,6 +817,7 @@ mod tests {
             }
             let req = ChatRequest {
                 options: Default::default(),
+                deltas: None,
                 session_id: "s".into(),
                 system: vec![],
                 messages: after,

@@ -56,6 +56,9 @@ pub struct Agent {
 pub struct Work {
     pub intakes: Vec<Intake>,
     pub resume: bool,
+    /// A client streaming the answer (the compatible endpoints, SPEC §17): set by the worker
+    /// just before the work runs, never recorded.
+    pub deltas: Option<crate::llm::DeltaSink>,
 }
 
 impl Work {
@@ -375,6 +378,7 @@ impl Agent {
             max_turns: self.cfg.behavior.max_turns_per_message.max(1),
             cancel,
             options: &options,
+            deltas: work.deltas.as_ref(),
         };
         self.run_loop(&run, state).await
     }

@@ -17,8 +17,8 @@ use super::{Agent, Fail, FailCause, Finish, append, prompt};
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
 use crate::llm::{
-    CallOptions, ChatRequest, ChatResponse, LlmError, LlmEvent, StopReason, SystemBlock,
-    ToolChoice, ToolSpec,
+    CallOptions, ChatRequest, ChatResponse, DeltaSink, LlmError, LlmEvent, StopReason, StreamDelta,
+    SystemBlock, ToolChoice, ToolSpec,
 };
 use crate::message::{Message, ToolCall, ToolResult, Usage};
 use crate::monitor::{LoopState, TurnRecord};
@@ -59,6 +59,9 @@ pub(super) struct Run<'a> {
     pub cancel: &'a CancellationToken,
     /// What the client of a compatible endpoint chose for the calls (SPEC §17).
     pub options: &'a CallOptions,
+    /// A streamed answer of a compatible endpoint: the text of each call as it arrives, and
+    /// a mark as each batch of tool calls starts.
+    pub deltas: Option<&'a DeltaSink>,
 }
 
 impl Run<'_> {
@@ -143,6 +146,11 @@ impl Agent {
                     cost_usd: tally.spent,
                 });
             }
+            if let Some(d) = run.deltas {
+                // The text streamed so far was not the final answer; the client gets a
+                // keep-alive while the tools run.
+                let _ = d.send(StreamDelta::Tools);
+            }
             self.run_tools(run, state, (&resp, &refused, &spec), turn)
                 .await?;
         }
@@ -180,6 +188,7 @@ impl Agent {
         };
         Ok(ChatRequest {
             options: run.options.clone(),
+            deltas: run.deltas.cloned(),
             session_id: run.session_id(),
             system,
             // Lent to the request for the call instead of copied (the history is the largest

@@ -47,6 +47,7 @@ impl Agent {
             max_turns: task.max_turns.max(1),
             cancel: &cancel,
             options: &Default::default(),
+            deltas: None,
         };
         match self.run_loop(&run, &mut state).await {
             Ok(Finish::Reply { text, .. }) => Ok(text),

@@ -94,7 +94,7 @@ pub struct CompatTicket {
     pub done: BoxFuture<'static, Result<CompatOutcome, BackendError>>,
     /// While the answer is made: pieces of its text as the model writes them (streaming).
     /// Best effort: the final text in the outcome is what counts.
-    pub deltas: Option<tokio::sync::mpsc::Receiver<crate::llm::StreamDelta>>,
+    pub deltas: Option<tokio::sync::mpsc::UnboundedReceiver<crate::llm::StreamDelta>>,
 }
 
 /// How a compatible request ended.

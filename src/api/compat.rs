@@ -258,7 +258,10 @@ impl Frames {
 struct Sent {
     /// The text of the current model turn streamed so far.
     turn: String,
+    /// Any text was streamed.
     any: bool,
+    /// A tool batch ran after streamed text: the next text starts a new paragraph.
+    new_turn: bool,
 }
 
 /// The rest of `final_text` to send after `sent` streamed: everything after the part of the
@@ -324,6 +327,7 @@ fn stream_answer(
                 } => match delta {
                     Some(StreamDelta::Tools) => {
                         sent.turn.clear();
+                        sent.new_turn = sent.any;
                         if !send(frames.keep_alive()).await {
                             return;
                         }
@@ -332,7 +336,14 @@ fn stream_answer(
                     Some(StreamDelta::Text(d)) => {
                         sent.turn.push_str(&d);
                         sent.any = true;
-                        if !send(frames.text(&d)).await {
+                        // What the model said before its tools ran stays; the next turn's
+                        // text starts a new paragraph.
+                        let piece = if std::mem::take(&mut sent.new_turn) {
+                            format!("\n\n{d}")
+                        } else {
+                            d
+                        };
+                        if !send(frames.text(&piece)).await {
                             return;
                         }
                         tick.reset();

@@ -147,14 +147,14 @@ impl ApiBackend for Fake {
                     cache_write_tokens: 20,
                 },
             };
-            let (tx, rx) = tokio::sync::mpsc::channel(8);
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             if text == "stream" {
                 for d in [
                     StreamDelta::Text("Let me look.".into()),
                     StreamDelta::Tools,
                     StreamDelta::Text("echo: ".into()),
                 ] {
-                    tx.send(d).await.unwrap();
+                    tx.send(d).unwrap();
                 }
             }
             let done: BoxFuture<'static, Result<CompatOutcome, BackendError>> = match text.as_str()
@@ -991,7 +991,8 @@ async fn a_streamed_chat_sends_the_text_a_keep_alive_at_tools_and_ends_with_done
             }
         }
     }
-    assert_eq!(content, "Let me look.echo: stream");
+    // The text of the turn that called tools, then the answer as a new paragraph.
+    assert_eq!(content, "Let me look.\n\necho: stream");
     assert!(keep_alive_at.is_some(), "{lines:?}");
     assert_eq!(lines.last().unwrap(), "data: [DONE]");
     let usage: Value =

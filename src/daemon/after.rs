@@ -20,7 +20,11 @@ use crate::session::{DeliveryStatus, SessionHandle};
 /// Several may wait for one id: a client's retry with the same `Idempotency-Key` (SPEC §17)
 /// waits beside the first request.
 #[derive(Default)]
-pub struct Waiters(std::sync::Mutex<HashMap<String, Vec<oneshot::Sender<Completion>>>>);
+pub struct Waiters(
+    std::sync::Mutex<HashMap<String, Vec<oneshot::Sender<Completion>>>>,
+    /// Streamed answers (SPEC §17) by intake id: the worker hands the sink to the agent.
+    std::sync::Mutex<HashMap<String, crate::llm::DeltaSink>>,
+);
 
 impl Waiters {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<oneshot::Sender<Completion>>>> {
@@ -41,10 +45,34 @@ impl Waiters {
     /// Drop a waiter whose message was never accepted.
     pub fn forget(&self, id: &str) {
         self.map().remove(id);
+        self.streams().remove(id);
+    }
+
+    fn streams(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::llm::DeltaSink>> {
+        self.1.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stream the answer to intake `id` into `sink` while it is made (a later sink for the
+    /// same id replaces it). Removed when the message is done.
+    pub fn stream_to(&self, id: &str, sink: crate::llm::DeltaSink) {
+        let mut streams = self.streams();
+        streams.retain(|_, s| !s.is_closed());
+        streams.insert(id.to_string(), sink);
+    }
+
+    /// The sink of a streamed answer to any of `ids`.
+    pub fn stream_of(&self, ids: &[String]) -> Option<crate::llm::DeltaSink> {
+        let streams = self.streams();
+        ids.iter().find_map(|id| streams.get(id).cloned())
     }
 
     /// Tell whoever waits for these intake ids (also on `Cancelled`, so they stop waiting).
     pub fn complete(&self, ids: &[String], c: Completion) {
+        let mut streams = self.streams();
+        for id in ids {
+            streams.remove(id);
+        }
+        drop(streams);
         let mut waiters = self.map();
         for id in ids {
             for tx in waiters.remove(id).unwrap_or_default() {

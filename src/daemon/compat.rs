@@ -227,6 +227,7 @@ impl DaemonBackend {
             tracing::info!(id = %id, "compatible request answered again from its recorded answer");
             return Ok(ready(id, outcome));
         }
+        let stream = r.stream;
         let name = session_header.or(r.session.clone());
         let (key, from, one_off) = match name.as_deref().and_then(session_key) {
             Some(key) => {
@@ -287,6 +288,11 @@ impl DaemonBackend {
             notify_meta: None,
         };
         let waiter = self.dispatcher.wait_for(&id);
+        let deltas = stream.then(|| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            self.dispatcher.stream_to(&id, tx);
+            rx
+        });
         let new = match self.intake.accept_new(&key, intake).await {
             Ok(new) => new,
             Err(e) => {
@@ -324,7 +330,7 @@ impl DaemonBackend {
                     Err(BackendError::Internal("the answer task ended early".into()))
                 })
             }),
-            deltas: None,
+            deltas,
         })
     }
 

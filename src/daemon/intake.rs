@@ -245,6 +245,7 @@ impl IntakeHandler {
                         Job::Message(Work {
                             intakes: vec![intake],
                             resume: false,
+                            deltas: None,
                         }),
                     )
                     .await;
@@ -316,6 +317,7 @@ impl IntakeHandler {
                         Job::Message(Work {
                             intakes: started.into_iter().map(|p| p.intake).collect(),
                             resume: true,
+                            deltas: None,
                         }),
                     )
                     .await;
@@ -328,6 +330,7 @@ impl IntakeHandler {
                         Job::Message(Work {
                             intakes: vec![p.intake],
                             resume: false,
+                            deltas: None,
                         }),
                     )
                     .await;
@@ -406,6 +409,7 @@ impl IntakeHandler {
                 let work = Work {
                     intakes,
                     resume: false,
+                    deltas: None,
                 };
                 if let Some(target) = super::delivery::target_for(&work, &self.cfg.get()) {
                     tracing::info!(session_key = %key, session = %session.id, resumed = progress.is_some(),

@@ -197,6 +197,11 @@ impl Dispatcher {
         self.after.waiters.forget(id)
     }
 
+    /// Stream the answer to intake `id` into `sink` (the compatible endpoints, SPEC §17).
+    pub fn stream_to(&self, id: &str, sink: crate::llm::DeltaSink) {
+        self.after.waiters.stream_to(id, sink)
+    }
+
     /// Cancel the message in flight for `key` (Telegram `/stop`). Returns whether one ran.
     pub fn stop_session(&self, key: &str) -> bool {
         match self.running_tokens().get(key) {
@@ -297,6 +302,7 @@ impl Dispatcher {
                             break;
                         }
                         let ids = work.ids();
+                        work.deltas = self.after.waiters.stream_of(&ids);
                         let one_off = work.api().is_some_and(|a| a.one_off);
                         let ran = self.run_message(&key, &mut state, work).await;
                         if let Ok(Some(session)) = &ran
@@ -742,6 +748,7 @@ mod tests {
         Job::Message(Work {
             intakes: vec![intake],
             resume: false,
+            deltas: None,
         })
     }
 

@@ -259,6 +259,7 @@ fn check_openai(case: &str, spec: &ModelSpec, req: &ChatRequest) {
 fn request(messages: Vec<Message>) -> ChatRequest {
     ChatRequest {
         options: Default::default(),
+        deltas: None,
         session_id: "sess-42".into(),
         system: vec![],
         messages,

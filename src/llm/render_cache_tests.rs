@@ -108,6 +108,7 @@ fn render(
 ) -> Result<(), TestCaseError> {
     let req = ChatRequest {
         options: Default::default(),
+        deltas: None,
         session_id: "s".into(),
         system: system
             .iter()

@@ -87,6 +87,9 @@ pub struct ChatRequest {
     /// What the client of a compatible endpoint chose for this message's calls (SPEC §17);
     /// the renderers apply them within the model's configuration. Default: nothing.
     pub options: CallOptions,
+    /// Where the text of the answer goes as it arrives, for a streamed answer of a compatible
+    /// endpoint (SPEC §17). Unbounded: a call's text is bounded by `max_reply_bytes`.
+    pub deltas: Option<DeltaSink>,
 }
 
 /// What a streamed answer of a compatible endpoint (SPEC §17) hears while the agent works.
@@ -98,6 +101,9 @@ pub enum StreamDelta {
     /// gets a keep-alive.
     Tools,
 }
+
+/// The sending side of a streamed answer's deltas.
+pub type DeltaSink = tokio::sync::mpsc::UnboundedSender<StreamDelta>;
 
 /// The answer to one embeddings request: one vector per input text, in input order.
 #[derive(Debug, Clone, PartialEq)]

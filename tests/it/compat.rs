@@ -255,3 +255,162 @@ fn the_official_sdks_talk_to_the_real_daemon() {
     );
     assert!(d.sigterm().success());
 }
+
+#[test]
+fn the_sdks_stream_chat_completions_and_messages() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.set_responder(|body| {
+        let text = last_user_text(body);
+        let last = text.lines().last().unwrap_or_default();
+        Some(Reply::Text {
+            text: if last.ends_with("stream to me") {
+                "Streamed chat answer".into()
+            } else {
+                "Streamed messages answer".into()
+            },
+            usage: Usage::new(12, 6, 30, 4),
+        })
+    });
+    let (mut d, base) = daemon(&fake, "");
+    let steps = run_clients(&base, "streaming");
+    let chat = &steps["chat_stream"];
+    assert_eq!(chat["content"], "Streamed chat answer");
+    assert_eq!(chat["finish"], "stop");
+    assert_eq!(chat["usage"]["prompt_tokens"], 46);
+    assert_eq!(chat["usage"]["completion_tokens"], 6);
+    assert_eq!(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 30);
+    let m = &steps["messages_stream"];
+    assert_eq!(m["text"], "Streamed messages answer");
+    assert_eq!(m["stop"], "end_turn");
+    assert_eq!(m["usage"]["input_tokens"], 12);
+    assert_eq!(m["usage"]["cache_read_input_tokens"], 30);
+    assert_eq!(m["usage"]["cache_creation_input_tokens"], 4);
+    assert_eq!(m["usage"]["output_tokens"], 6);
+    assert!(d.sigterm().success());
+}
+
+/// A streamed request over a raw connection: the request is sent, the answer read line by line.
+struct RawStream {
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl RawStream {
+    fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &Value) -> RawStream {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let body = body.to_string();
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body.as_bytes()).unwrap();
+        RawStream {
+            reader: std::io::BufReader::new(s),
+        }
+    }
+
+    /// The next SSE line (`data: …`, `event: …` or a `:` comment), skipping blank lines, the
+    /// response head and the chunked-encoding size lines; `None` at the end.
+    fn next(&mut self) -> Option<String> {
+        use std::io::BufRead;
+        loop {
+            let mut line = String::new();
+            if self.reader.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            let line = line.trim_end();
+            if line.starts_with("data: ") || line.starts_with("event: ") || line.starts_with(':') {
+                return Some(line.to_string());
+            }
+        }
+    }
+}
+
+/// The content of an OpenAI chunk line, if it carries any.
+fn chunk_content(line: &str) -> Option<String> {
+    let data = line.strip_prefix("data: ")?;
+    let v: Value = serde_json::from_str(data).ok()?;
+    v["choices"][0]["delta"]["content"]
+        .as_str()
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+}
+
+#[test]
+fn a_two_tool_call_turn_streams_keep_alives_then_the_answer_and_a_client_that_leaves_cancels_nothing()
+ {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    // Streamed to the end: two tool batches, then the answer, written in pieces.
+    fake.push(Reply::tool_calls(vec![("t1", "session_status", json!({}))]));
+    fake.push(Reply::tool_calls(vec![("t2", "session_status", json!({}))]));
+    fake.push(Reply::text("The answer after two tools"));
+    // The client that goes away: one tool batch, then an answer that waits for the gate.
+    fake.push(Reply::tool_calls(vec![("t3", "session_status", json!({}))]));
+    fake.push(Reply::text("Answered anyway").gated(&gate));
+    let (mut d, base) = daemon(&fake, "");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let body = json!({"model": "agentd", "stream": true,
+                      "messages": [{"role": "user", "content": "use two tools"}]});
+
+    let mut s = RawStream::post(
+        port,
+        "/v1/chat/completions",
+        &[("X-Agentd-Session", "tools")],
+        &body,
+    );
+    let mut lines = Vec::new();
+    while let Some(l) = s.next() {
+        lines.push(l);
+    }
+    let keep_alives: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with(':'))
+        .collect();
+    let contents: Vec<(usize, String)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| chunk_content(l).map(|c| (i, c)))
+        .collect();
+    assert!(
+        keep_alives.len() >= 2,
+        "a keep-alive per tool batch: {lines:#?}"
+    );
+    assert!(
+        keep_alives.iter().all(|k| *k < contents[0].0),
+        "keep-alives come before the answer: {lines:#?}"
+    );
+    let text: String = contents.iter().map(|(_, c)| c.as_str()).collect();
+    assert_eq!(text, "The answer after two tools");
+    assert!(
+        contents.len() >= 2,
+        "the answer arrives in pieces as written: {contents:?}"
+    );
+    assert_eq!(lines.last().map(String::as_str), Some("data: [DONE]"));
+
+    // A client that goes away mid-stream: the message is still answered and recorded.
+    let body = json!({"model": "agentd", "stream": true,
+                      "messages": [{"role": "user", "content": "then leave"}]});
+    let mut s = RawStream::post(
+        port,
+        "/v1/chat/completions",
+        &[("X-Agentd-Session", "gone"), ("Idempotency-Key", "gone-1")],
+        &body,
+    );
+    // The tool batch's keep-alive: the agent is working on it.
+    while let Some(l) = s.next() {
+        if l.starts_with(':') {
+            break;
+        }
+    }
+    drop(s);
+    gate.add_permits(1);
+    let outcome = crate::support::e2e::wait_outcome(&d, "api:gone", "gone-1");
+    assert_eq!(outcome["text"], "Answered anyway");
+    assert!(d.sigterm().success());
+}

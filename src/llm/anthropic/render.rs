@@ -843,6 +843,7 @@ mod tests {
         s.cache = false;
         let req = ChatRequest {
             options: Default::default(),
+            deltas: None,
             session_id: "s".into(),
             system: vec![],
             messages: vec![
@@ -894,6 +895,7 @@ mod tests {
         let s = spec(CacheTtl::FiveMinutes);
         let req = ChatRequest {
             options: Default::default(),
+            deltas: None,
             session_id: "s".into(),
             system: vec![SystemBlock {
                 tier: SystemTier::Stable,
@@ -952,6 +954,7 @@ mod tests {
         let text = |t: &str| UserBlock::Text { text: t.into() };
         let mut req = ChatRequest {
             options: Default::default(),
+            deltas: None,
             session_id: "s".into(),
             system: vec![
                 SystemBlock {
