@@ -860,7 +860,8 @@ async fn messages_take_x_api_key_and_answer_in_anthropics_shape() {
     assert_eq!(
         v,
         json!({"type": "error", "error": {"type": "authentication_error",
-            "message": "missing or wrong API token: send Authorization: Bearer <token> or x-api-key: <token>"}})
+            "message": "missing or wrong API token: send Authorization: Bearer <token> or x-api-key: <token>"},
+            "request_id": null})
     );
 }
 
@@ -1026,5 +1027,5 @@ async fn a_streamed_message_follows_anthropics_event_sequence() {
     )
     .await;
     let text = v.as_str().unwrap();
-    assert!(text.contains("event: error\ndata: {\"error\":{\"message\":\"the model failed\",\"type\":\"api_error\"},\"type\":\"error\"}"), "{text}");
+    assert!(text.contains("event: error\ndata: {\"error\":{\"message\":\"the model failed\",\"type\":\"api_error\"},\"request_id\":null,\"type\":\"error\"}"), "{text}");
 }

@@ -7,6 +7,8 @@
 pub mod anthropic;
 pub mod compat;
 #[cfg(test)]
+mod compat_conformance_tests;
+#[cfg(test)]
 mod conformance_tests;
 mod each;
 pub mod error;

@@ -414,3 +414,50 @@ fn a_two_tool_call_turn_streams_keep_alives_then_the_answer_and_a_client_that_le
     assert_eq!(outcome["text"], "Answered anyway");
     assert!(d.sigterm().success());
 }
+
+/// SPEC §17 with §5.2: a kill -9 while a streamed request waits for the model. The client's
+/// stream breaks off without a finish (its error); after the restart the message is resumed
+/// and its reply is in the trail.
+#[test]
+fn a_kill_9_during_a_streamed_request_resumes_the_message_after_restart() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    fake.push(Reply::text("never sent").gated(&gate));
+    fake.push(Reply::text("Answered after the restart"));
+    let (mut d, base) = daemon(&fake, "");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let body = json!({"model": "agentd", "max_tokens": 100, "stream": true,
+                      "messages": [{"role": "user", "content": "survive a crash"}]});
+    let mut s = RawStream::post(
+        port,
+        "/v1/messages",
+        &[
+            ("X-Agentd-Session", "crash"),
+            ("Idempotency-Key", "crash-1"),
+        ],
+        &body,
+    );
+    assert_eq!(s.next().as_deref(), Some("event: message_start"));
+    wait_until(Duration::from_secs(20), "the model call in flight", || {
+        (!fake.requests().is_empty()).then_some(())
+    });
+    d.kill9();
+    let mut rest = Vec::new();
+    while let Some(l) = s.next() {
+        rest.push(l);
+    }
+    assert!(
+        !rest.iter().any(|l| l.contains("message_stop")),
+        "the stream broke off without a finish: {rest:?}"
+    );
+    d.start();
+    let outcome = crate::support::e2e::wait_outcome(&d, "api:crash", "crash-1");
+    assert_eq!(outcome["text"], "Answered after the restart");
+    let intakes = d
+        .trail("api:crash")
+        .into_iter()
+        .filter(|l| l["type"] == "intake")
+        .count();
+    assert_eq!(intakes, 1, "recorded once");
+    assert!(d.sigterm().success());
+}

@@ -10,7 +10,7 @@ use crate::llm::compat::{
     self, CompatImage, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid, short,
 };
 use crate::message::call::{CallOptions, ClientThinking, EFFORTS};
-use crate::message::{Message, UserBlock};
+use crate::message::{Message, Usage, UserBlock};
 
 /// The route of the endpoint.
 pub const MESSAGES_PATH: &str = "/v1/messages";
@@ -339,28 +339,46 @@ fn stop_reason(f: FinishReason) -> &'static str {
     }
 }
 
-/// Usage as Anthropic reports it: uncached input, cache reads and cache writes apart.
-fn usage(r: &CompatReply) -> Value {
+/// Usage as Anthropic reports it: uncached input, cache reads and cache writes apart (the
+/// fields Anthropic's `Usage` requires and agentd does not know are null).
+fn usage(u: &Usage) -> Value {
     json!({
-        "input_tokens": r.usage.input_tokens,
-        "output_tokens": r.usage.output_tokens,
-        "cache_creation_input_tokens": r.usage.cache_write_tokens,
-        "cache_read_input_tokens": r.usage.cache_read_tokens,
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "cache_creation_input_tokens": u.cache_write_tokens,
+        "cache_read_input_tokens": u.cache_read_tokens,
+        "cache_creation": null,
+        "inference_geo": null,
+        "server_tool_use": null,
+        "service_tier": null,
+    })
+}
+
+/// The `message` object with `content`, `stop_reason` and `usage`.
+fn message(id: &str, model: &str, content: Value, stop: Option<&str>, u: &Usage) -> Value {
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": null,
+        "stop_details": null,
+        "container": null,
+        "usage": usage(u),
     })
 }
 
 /// The `message` object.
 pub fn message_body(r: &CompatReply) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "id": format!("msg_{}", r.id),
-        "type": "message",
-        "role": "assistant",
-        "model": r.model,
-        "content": [{"type": "text", "text": r.text}],
-        "stop_reason": stop_reason(r.finish),
-        "stop_sequence": null,
-        "usage": usage(r),
-    }))
+    serde_json::to_vec(&message(
+        &format!("msg_{}", r.id),
+        &r.model,
+        json!([{"type": "text", "text": r.text, "citations": null}]),
+        Some(stop_reason(r.finish)),
+        &r.usage,
+    ))
     .unwrap_or_default()
 }
 
@@ -369,17 +387,17 @@ pub fn error_body(kind: ErrorKind, message: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "type": "error",
         "error": {"type": error_type(kind), "message": message},
+        "request_id": null,
     }))
     .unwrap_or_default()
 }
 
 fn error_type(kind: ErrorKind) -> &'static str {
     match kind {
-        ErrorKind::InvalidRequest => "invalid_request_error",
+        ErrorKind::InvalidRequest | ErrorKind::TooLarge => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::Timeout => "timeout_error",
-        ErrorKind::TooLarge => "request_too_large",
         ErrorKind::Busy | ErrorKind::Budget => "rate_limit_error",
         ErrorKind::Upstream | ErrorKind::Internal => "api_error",
         ErrorKind::Unavailable => "overloaded_error",
@@ -405,19 +423,15 @@ impl EventStream {
 
     /// `message_start` (usage still zero: it is known at the end) and the text block's start.
     pub fn start(&self) -> Vec<u8> {
+        let start = message(&self.id, &self.model, json!([]), None, &Usage::default());
         let mut out = event(
             "message_start",
-            &json!({"type": "message_start", "message": {
-                "id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": 0, "output_tokens": 0,
-                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-            }}),
+            &json!({"type": "message_start", "message": start}),
         );
         out.extend(event(
             "content_block_start",
             &json!({"type": "content_block_start", "index": 0,
-                    "content_block": {"type": "text", "text": ""}}),
+                    "content_block": {"type": "text", "text": "", "citations": null}}),
         ));
         out
     }
@@ -442,8 +456,15 @@ impl EventStream {
         out.extend(event(
             "message_delta",
             &json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason(r.finish), "stop_sequence": null},
-                    "usage": usage(r)}),
+            "delta": {"stop_reason": stop_reason(r.finish), "stop_sequence": null,
+                      "stop_details": null, "container": null},
+            "usage": {
+                "input_tokens": r.usage.input_tokens,
+                "output_tokens": r.usage.output_tokens,
+                "cache_creation_input_tokens": r.usage.cache_write_tokens,
+                "cache_read_input_tokens": r.usage.cache_read_tokens,
+                "server_tool_use": null,
+            }}),
         ));
         out.extend(event("message_stop", &json!({"type": "message_stop"})));
         out
@@ -582,11 +603,10 @@ mod tests {
         assert_eq!(v["id"], "msg_abc");
         assert_eq!(v["content"][0]["text"], "Hi");
         assert_eq!(v["stop_reason"], "max_tokens");
-        assert_eq!(
-            v["usage"],
-            json!({"input_tokens": 10, "output_tokens": 5,
-                   "cache_creation_input_tokens": 20, "cache_read_input_tokens": 100})
-        );
+        assert_eq!(v["usage"]["input_tokens"], 10);
+        assert_eq!(v["usage"]["output_tokens"], 5);
+        assert_eq!(v["usage"]["cache_creation_input_tokens"], 20);
+        assert_eq!(v["usage"]["cache_read_input_tokens"], 100);
     }
 
     #[test]
@@ -621,7 +641,8 @@ mod tests {
             serde_json::from_slice(&error_body(ErrorKind::Authentication, "bad key")).unwrap();
         assert_eq!(
             v,
-            json!({"type": "error", "error": {"type": "authentication_error", "message": "bad key"}})
+            json!({"type": "error", "error": {"type": "authentication_error", "message": "bad key"},
+                   "request_id": null})
         );
         let v: Value = serde_json::from_slice(&error_body(ErrorKind::Budget, "x")).unwrap();
         assert_eq!(v["error"]["type"], "rate_limit_error");
