@@ -461,3 +461,40 @@ fn a_kill_9_during_a_streamed_request_resumes_the_message_after_restart() {
     assert_eq!(intakes, 1, "recorded once");
     assert!(d.sigterm().success());
 }
+
+/// A spent budget is 429 in each envelope (`insufficient_quota`, `rate_limit_error`) with
+/// `x-should-retry: false`: the SDKs, whose own retries are on, send each request once.
+#[test]
+fn a_spent_budget_is_429_and_the_sdks_do_not_retry_it() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::Text {
+        text: "expensive".into(),
+        usage: Usage::new(1_000_000, 0, 0, 0),
+    });
+    let (mut d, base) = daemon(&fake, "[budget]\ndaily_usd = 1.0\n");
+    let steps = run_clients(&base, "budget");
+    assert_eq!(steps["spent"]["content"], "expensive");
+    let over = &steps["over_openai"];
+    assert_eq!(over["error"], "RateLimitError", "{over}");
+    assert_eq!(over["status"], 429);
+    assert_eq!(over["should_retry"], "false");
+    assert_eq!(over["body"]["type"], "insufficient_quota", "{over}");
+    assert!(
+        over["body"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("daily_usd"),
+        "{over}"
+    );
+    let over = &steps["over_anthropic"];
+    assert_eq!(over["error"], "RateLimitError", "{over}");
+    assert_eq!(over["body"]["error"]["type"], "rate_limit_error", "{over}");
+    let intakes = d
+        .trail("api:budget")
+        .into_iter()
+        .filter(|l| l["type"] == "intake")
+        .count();
+    assert_eq!(intakes, 3, "each request recorded once, none retried");
+    assert_eq!(fake.requests().len(), 1, "no call made over budget");
+    assert!(d.sigterm().success());
+}

@@ -144,5 +144,31 @@ def streaming():
     out("messages_stream", text=text, stop=final.stop_reason, usage=usage_of(final.usage))
 
 
+def budget():
+    # The SDKs' own retries are on (2 by default): x-should-retry: false must stop them.
+    client = openai.OpenAI(base_url=BASE + "/v1", api_key=TOKEN)
+    session = {"X-Agentd-Session": "budget"}
+    r = client.chat.completions.create(
+        model="agentd", messages=[{"role": "user", "content": "spend it all"}], extra_headers=session
+    )
+    out("spent", content=r.choices[0].message.content)
+    try:
+        client.chat.completions.create(
+            model="agentd", messages=[{"role": "user", "content": "one more"}], extra_headers=session
+        )
+        out("over_openai", error=None)
+    except openai.RateLimitError as e:
+        out("over_openai", error=type(e).__name__, status=e.status_code, body=e.body,
+            should_retry=e.response.headers.get("x-should-retry"))
+    try:
+        anthropic.Anthropic(base_url=BASE, api_key=TOKEN).messages.create(
+            model="agentd", max_tokens=100, metadata={"user_id": "budget"},
+            messages=[{"role": "user", "content": "and another"}],
+        )
+        out("over_anthropic", error=None)
+    except anthropic.RateLimitError as e:
+        out("over_anthropic", error=type(e).__name__, status=e.status_code, body=e.body)
+
+
 if __name__ == "__main__":
-    {"basics": basics, "streaming": streaming}[sys.argv[1]]()
+    {"basics": basics, "streaming": streaming, "budget": budget}[sys.argv[1]]()
