@@ -305,6 +305,11 @@ impl DaemonBackend {
         } else {
             self.finished_in_trail(&key, &id).await
         };
+        if replay.is_some() {
+            // Done already: nobody will be told again, so the waiter (and any sink) would
+            // stay registered for good.
+            self.dispatcher.forget(&id);
+        }
         let (tx, rx) = oneshot::channel();
         let recent = self.recent.clone();
         tokio::spawn(async move {

@@ -315,6 +315,14 @@ impl RawStream {
         }
     }
 
+    /// Everything the server sends until it closes.
+    fn rest(mut self) -> String {
+        use std::io::Read;
+        let mut out = String::new();
+        let _ = self.reader.read_to_string(&mut out);
+        out
+    }
+
     /// The next SSE line (`data: …`, `event: …` or a `:` comment), skipping blank lines, the
     /// response head and the chunked-encoding size lines; `None` at the end.
     fn next(&mut self) -> Option<String> {
@@ -453,6 +461,27 @@ fn a_kill_9_during_a_streamed_request_resumes_the_message_after_restart() {
     d.start();
     let outcome = crate::support::e2e::wait_outcome(&d, "api:crash", "crash-1");
     assert_eq!(outcome["text"], "Answered after the restart");
+    // The client's retry with the same Idempotency-Key, to the new process: answered from the
+    // trail, not recorded or sent to the model again.
+    let mut retry = body.clone();
+    retry["stream"] = json!(false);
+    let answer = RawStream::post(
+        port,
+        "/v1/messages",
+        &[
+            ("X-Agentd-Session", "crash"),
+            ("Idempotency-Key", "crash-1"),
+        ],
+        &retry,
+    )
+    .rest();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains(r#""text":"Answered after the restart""#),
+        "{answer}"
+    );
+    assert!(answer.contains(r#""id":"msg_crash-1""#), "{answer}");
+    assert_eq!(fake.requests().len(), 2, "the retry made no model call");
     let intakes = d
         .trail("api:crash")
         .into_iter()
