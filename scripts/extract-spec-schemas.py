@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Extract the request-body JSON Schemas of the two chat endpoints agentd calls from the
-providers' OpenAPI descriptions, for the conformance tests in src/llm/conformance_tests.rs.
+"""Extract the request-body JSON Schemas of the two chat endpoints agentd calls, and the
+response, stream-event and error schemas of the endpoints it serves in their shape (SPEC §17),
+from the providers' OpenAPI descriptions, for the conformance tests in
+src/llm/conformance_tests.rs.
 
 For each provider this finds the operation (Anthropic `POST /v1/messages`, OpenAI
 `POST /chat/completions`), takes the `$ref` of its JSON request body, and copies that schema
@@ -31,10 +33,25 @@ from pathlib import Path
 SCHEMA_PREFIX = "#/components/schemas/"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
-# (spec file, path, method, output file)
+# (spec file, what, output file). `what` is ("request", path, method): the JSON request body
+# of that operation; ("response", path, method, status, content type): a response body of it;
+# ("schema", name): a named schema (stream events the operation's responses do not name).
 TARGETS = [
-    ("anthropic.openapi.json", "/v1/messages", "post", "anthropic-messages-request.schema.json"),
-    ("openai.openapi.json", "/chat/completions", "post", "openai-chat-request.schema.json"),
+    ("anthropic.openapi.json", ("request", "/v1/messages", "post"), "anthropic-messages-request.schema.json"),
+    ("openai.openapi.json", ("request", "/chat/completions", "post"), "openai-chat-request.schema.json"),
+    # The server side (SPEC §17): what agentd answers as an OpenAI- or Anthropic-compatible API.
+    ("openai.openapi.json", ("response", "/chat/completions", "post", "200", "application/json"),
+     "openai-chat-response.schema.json"),
+    ("openai.openapi.json", ("response", "/chat/completions", "post", "200", "text/event-stream"),
+     "openai-chat-chunk.schema.json"),
+    ("openai.openapi.json", ("response", "/models", "get", "200", "application/json"),
+     "openai-models-response.schema.json"),
+    ("openai.openapi.json", ("schema", "ErrorResponse"), "openai-error.schema.json"),
+    ("anthropic.openapi.json", ("response", "/v1/messages", "post", "200", "application/json"),
+     "anthropic-message-response.schema.json"),
+    ("anthropic.openapi.json", ("response", "/v1/messages", "post", "4XX", "application/json"),
+     "anthropic-error.schema.json"),
+    ("anthropic.openapi.json", ("schema", "MessageStreamEvent"), "anthropic-stream-event.schema.json"),
 ]
 
 # Annotation keywords that never change a validation result.
@@ -155,6 +172,35 @@ def request_root(spec, path, method, spec_name):
     return ref[len(SCHEMA_PREFIX):]
 
 
+def response_root(spec, path, method, status, content_type, spec_name):
+    """The components/schemas name of the `content_type` body of `status` of `method path`."""
+    operation = spec.get("paths", {}).get(path, {}).get(method)
+    if operation is None:
+        raise ExtractError(f"{spec_name}: no operation {method.upper()} {path}")
+    response = operation.get("responses", {}).get(status)
+    if response is None:
+        raise ExtractError(f"{spec_name}: {method.upper()} {path} has no {status} response")
+    schema = response.get("content", {}).get(content_type, {}).get("schema", {})
+    ref = schema.get("$ref", "")
+    if not ref.startswith(SCHEMA_PREFIX):
+        raise ExtractError(
+            f"{spec_name}: {method.upper()} {path} {status} {content_type} is not a components/schemas $ref"
+        )
+    return ref[len(SCHEMA_PREFIX):]
+
+
+def root_of(spec, what, spec_name):
+    """The root schema name a target names."""
+    kind = what[0]
+    if kind == "request":
+        return request_root(spec, what[1], what[2], spec_name)
+    if kind == "response":
+        return response_root(spec, *what[1:], spec_name)
+    if kind == "schema":
+        return what[1]
+    raise ExtractError(f"unknown target kind {kind!r}")
+
+
 def extract(spec, root, spec_name):
     """The self-contained schema document for `root` and its reference closure."""
     schemas = spec.get("components", {}).get("schemas", {})
@@ -188,13 +234,13 @@ def main(argv):
     out_dir = Path(argv[2]) if len(argv) == 3 else Path(__file__).resolve().parent.parent / "tests/fixtures/specs"
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        for spec_file, path, method, out_file in TARGETS:
+        for spec_file, what, out_file in TARGETS:
             source = specs_dir / spec_file
             try:
                 spec = json.loads(source.read_text(encoding="utf-8"))
             except (OSError, ValueError) as e:
                 raise ExtractError(f"cannot read {source}: {e}") from e
-            root = request_root(spec, path, method, spec_file)
+            root = root_of(spec, what, spec_file)
             doc = extract(spec, root, spec_file)
             target = out_dir / out_file
             target.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -46,6 +46,8 @@ pub enum Source {
     Telegram,
     /// `POST /api/v1/chat`.
     Http,
+    /// The OpenAI- and Anthropic-compatible endpoints (SPEC §17).
+    Api,
     /// `agentd chat`'s stdin.
     Terminal,
     /// A scheduled message (`schedule_message`, `[[schedule]]` with `to`): delivered as
@@ -61,6 +63,7 @@ impl Source {
             Source::System => "system",
             Source::Telegram => "telegram",
             Source::Http => "http",
+            Source::Api => "api",
             Source::Terminal => "terminal",
             Source::Scheduler => "scheduler",
         }

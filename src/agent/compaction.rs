@@ -237,6 +237,8 @@ pub fn transcript_within(messages: &[Message], max_tokens: u64) -> String {
 /// as the only user message, no tools.
 pub fn summary_request(session_id: &str, instructions: &str, transcript: &str) -> ChatRequest {
     ChatRequest {
+        options: Default::default(),
+        deltas: None,
         session_id: session_id.to_string(),
         system: vec![SystemBlock {
             tier: SystemTier::Stable,
@@ -814,6 +816,8 @@ mod tests {
                 return Err(TestCaseError::fail(format!("cut {cut}: {e}")));
             }
             let req = ChatRequest {
+                options: Default::default(),
+                deltas: None,
                 session_id: "s".into(),
                 system: vec![],
                 messages: after,

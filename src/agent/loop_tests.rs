@@ -247,6 +247,7 @@ fn work(text: &str) -> Work {
             notify_meta: None,
         }],
         resume: false,
+        deltas: None,
     }
 }
 

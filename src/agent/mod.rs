@@ -25,7 +25,8 @@ use crate::memory::consolidate::Consolidator;
 use crate::message::{Message, Usage, UserBlock};
 use crate::metrics::Metrics;
 use crate::monitor::Monitor;
-use crate::session::{Event, Intake, MessageEvent, SessionHandle, SessionState, TrailLine};
+use crate::session::event::ApiRoute;
+use crate::session::{Event, Intake, MessageEvent, Route, SessionHandle, SessionState, TrailLine};
 use crate::skills::SkillSet;
 use crate::tools::{ToolContext, ToolRegistry};
 
@@ -55,6 +56,9 @@ pub struct Agent {
 pub struct Work {
     pub intakes: Vec<Intake>,
     pub resume: bool,
+    /// A client streaming the answer (the compatible endpoints, SPEC §17): set by the worker
+    /// just before the work runs, never recorded.
+    pub deltas: Option<crate::llm::DeltaSink>,
 }
 
 impl Work {
@@ -68,6 +72,13 @@ impl Work {
         self.intakes.first().map_or("", |i| i.from.as_str())
     }
     /// The texts of the intakes, joined with newlines.
+    /// What a compatible request (SPEC §17) asked for, if the work is one.
+    pub fn api(&self) -> Option<&ApiRoute> {
+        match self.intakes.first().and_then(|i| i.route.as_ref()) {
+            Some(Route::Api(api)) => Some(api),
+            _ => None,
+        }
+    }
     fn text(&self) -> String {
         self.intakes
             .iter()
@@ -93,11 +104,16 @@ pub enum Finish {
         silent: bool,
         usage: Usage,
         cost_usd: f64,
+        /// The final answer was cut at the output limit (`max_tokens`).
+        truncated: bool,
     },
     Failed {
         /// What the sender is told.
         reply: String,
         error: String,
+        /// What ended it (the compatible endpoints answer a budget with 429 and a model
+        /// failure with 502).
+        cause: FailCause,
     },
     /// Shutdown or /stop interrupted the loop; no completion was recorded, so the message is
     /// resumed after the next start.
@@ -113,9 +129,12 @@ struct Fail {
 
 /// What ended a run (a sub-agent reports each differently).
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum FailCause {
+pub enum FailCause {
+    /// A budget is spent, or cost rows cannot be written.
     Budget,
+    /// The model failed after retries and fallback.
     Model,
+    /// Anything else (the trail, the workspace, a stop).
     Other,
 }
 
@@ -200,6 +219,13 @@ impl Agent {
     /// Model for a unit of work: `vision` when the message carries an image and that model is
     /// loaded, else the source's route.
     pub fn route_work(&self, work: &Work) -> String {
+        // `agentd:<name>` of a compatible request (checked when it arrived; a model unloaded
+        // since falls back to the route).
+        if let Some(name) = work.api().and_then(|a| a.model.as_deref())
+            && self.cfg.models.get(name).is_some()
+        {
+            return name.to_string();
+        }
         let has_image = work
             .intakes
             .iter()
@@ -253,6 +279,7 @@ impl Agent {
                 Finish::Failed {
                     reply: fail.reply,
                     error: fail.error,
+                    cause: fail.cause,
                 }
             }
         }
@@ -307,6 +334,7 @@ impl Agent {
                 return Finish::Failed {
                     reply: fail.reply,
                     error: fail.error,
+                    cause: fail.cause,
                 };
             }
         }
@@ -315,6 +343,7 @@ impl Agent {
             silent: false,
             usage: Usage::default(),
             cost_usd: 0.0,
+            truncated: false,
         }
     }
 
@@ -337,6 +366,7 @@ impl Agent {
             self.append_user_turn(session, state, work, model, &tier, cancel)
                 .await?;
         }
+        let options = work.api().map(|a| a.options.clone()).unwrap_or_default();
         let run = run::Run {
             caller: run::Caller::Message {
                 session,
@@ -347,6 +377,8 @@ impl Agent {
             model,
             max_turns: self.cfg.behavior.max_turns_per_message.max(1),
             cancel,
+            options: &options,
+            deltas: work.deltas.as_ref(),
         };
         self.run_loop(&run, state).await
     }
@@ -362,6 +394,8 @@ impl Agent {
         tier: &str,
         cancel: &CancellationToken,
     ) -> Result<(), Option<Fail>> {
+        self.record_client_history(session, state, work, cancel)
+            .await?;
         let compaction_near = self.take_compaction_warning(state, tier).await;
         let images = if self
             .cfg
@@ -392,6 +426,34 @@ impl Agent {
         Ok(())
     }
 
+    /// A one-off session of a compatible request (SPEC §17) starts with the request's earlier
+    /// messages: recorded before its first user turn, as the client sent them. A session that
+    /// already holds messages (a persistent one, or a turn resumed) gets nothing.
+    async fn record_client_history(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        work: &Work,
+        cancel: &CancellationToken,
+    ) -> Result<(), Option<Fail>> {
+        let Some(api) = work.api() else {
+            return Ok(());
+        };
+        if api.history.is_empty() || !state.messages.is_empty() {
+            return Ok(());
+        }
+        for m in &api.history {
+            let mut ev = MessageEvent::new(m.clone());
+            ev.source = Some(work.source().to_string());
+            if m.is_user() {
+                ev.from = Some(work.from().to_string());
+            }
+            self.record_durably(session, state, Event::Message(ev), cancel)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// The user turn for `work`: the dynamic context block, then each intake's text with its
     /// time prefix (debounced messages are joined with newlines).
     /// `compaction_near` adds the "compaction is near" notice (SPEC §15).
@@ -416,6 +478,7 @@ impl Agent {
             skills: &triggered,
             compaction_near,
             recall,
+            instructions: work.api().and_then(|a| a.instructions.as_deref()),
         }
         .render();
         let mut text = prompt::time_prefix(now, tz);

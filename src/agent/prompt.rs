@@ -72,6 +72,8 @@ pub struct DynamicContext<'a> {
     /// What long-term memory recalls for this message (SPEC §13), already within
     /// `recall.max_tokens`.
     pub recall: Option<&'a str>,
+    /// The system text of an OpenAI- or Anthropic-compatible client (SPEC §17).
+    pub instructions: Option<&'a str>,
 }
 
 impl DynamicContext<'_> {
@@ -85,6 +87,9 @@ impl DynamicContext<'_> {
                 "a system event (agent-send --system, a notification or a schedule); your reply is not delivered to anyone — use tools to act or message people."
             }
             "http" => "a request over the HTTP API; your reply is the HTTP response.",
+            "api" => {
+                "a request from an OpenAI- or Anthropic-compatible client (a chat app, an editor, an SDK); your reply is the HTTP response."
+            }
             "terminal" => {
                 "a message typed in the terminal (agentd chat); your reply is printed there."
             }
@@ -111,13 +116,19 @@ impl DynamicContext<'_> {
             ),
             None => String::new(),
         };
+        let instructions = match self.instructions {
+            Some(i) => format!(
+                "Client instructions (the system prompt of the API client; follow them where they do not conflict with your own instructions):\n<client-instructions>\n{i}\n</client-instructions>\n"
+            ),
+            None => String::new(),
+        };
         let near = if self.compaction_near {
             format!("{}\n", super::compaction::NEAR_NOTICE)
         } else {
             String::new()
         };
         format!(
-            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{near}{recall}{skills}</agentd-context>",
+            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{instructions}{near}{recall}{skills}</agentd-context>",
             self.now
                 .with_timezone(&self.tz)
                 .format("%a, %d. %b %Y - %H:%M %Z"),
@@ -212,6 +223,7 @@ mod tests {
             skills: &[],
             compaction_near: false,
             recall: None,
+            instructions: None,
         }
         .render();
         assert!(c.contains("Sender: alice"));
@@ -219,6 +231,31 @@ mod tests {
         assert!(!c.contains("compaction threshold"));
         assert!(c.contains("at most 50 model calls"));
         assert!(c.contains("NO_REPLY"));
+    }
+
+    #[test]
+    fn client_instructions_are_marked_as_the_clients() {
+        let c = DynamicContext {
+            now: "2026-11-03T13:05:00Z".parse().unwrap(),
+            tz: Tz::UTC,
+            source: "api",
+            from: "sdk",
+            max_turns: 50,
+            silent_tokens: &[],
+            skills: &[],
+            compaction_near: false,
+            recall: None,
+            instructions: Some("Answer in French."),
+        }
+        .render();
+        assert!(
+            c.contains("Source: api — a request from an OpenAI- or Anthropic-compatible client"),
+            "{c}"
+        );
+        assert!(
+            c.contains("<client-instructions>\nAnswer in French.\n</client-instructions>"),
+            "{c}"
+        );
     }
 
     #[test]
@@ -233,6 +270,7 @@ mod tests {
             skills: &[],
             compaction_near: true,
             recall: Some("Known facts:\n- Anna · birthday: 3 May (fact #1)"),
+            instructions: None,
         }
         .render();
         assert!(c.contains("<memory-recall>\nKnown facts:\n- Anna · birthday: 3 May (fact #1)\n</memory-recall>"), "{c}");

@@ -17,7 +17,8 @@ use super::{Agent, Fail, FailCause, Finish, append, prompt};
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
 use crate::llm::{
-    ChatRequest, ChatResponse, LlmError, LlmEvent, StopReason, SystemBlock, ToolChoice, ToolSpec,
+    CallOptions, ChatRequest, ChatResponse, DeltaSink, LlmError, LlmEvent, StopReason, StreamDelta,
+    SystemBlock, ToolChoice, ToolSpec,
 };
 use crate::message::{Message, ToolCall, ToolResult, Usage};
 use crate::monitor::{LoopState, TurnRecord};
@@ -56,6 +57,11 @@ pub(super) struct Run<'a> {
     pub model: &'a str,
     pub max_turns: u32,
     pub cancel: &'a CancellationToken,
+    /// What the client of a compatible endpoint chose for the calls (SPEC §17).
+    pub options: &'a CallOptions,
+    /// A streamed answer of a compatible endpoint: the text of each call as it arrives, and
+    /// a mark as each batch of tool calls starts.
+    pub deltas: Option<&'a DeltaSink>,
 }
 
 impl Run<'_> {
@@ -133,11 +139,17 @@ impl Agent {
                 .await?;
             if resp.tool_calls.is_empty() {
                 return Ok(Finish::Reply {
+                    truncated: resp.stop_reason == StopReason::MaxTokens,
                     silent: self.is_silent(run, &resp.text),
                     text: resp.text,
                     usage: tally.usage,
                     cost_usd: tally.spent,
                 });
+            }
+            if let Some(d) = run.deltas {
+                // The text streamed so far was not the final answer; the client gets a
+                // keep-alive while the tools run.
+                let _ = d.send(StreamDelta::Tools);
             }
             self.run_tools(run, state, (&resp, &refused, &spec), turn)
                 .await?;
@@ -175,6 +187,8 @@ impl Agent {
             }
         };
         Ok(ChatRequest {
+            options: run.options.clone(),
+            deltas: run.deltas.cloned(),
             session_id: run.session_id(),
             system,
             // Lent to the request for the call instead of copied (the history is the largest

@@ -46,6 +46,8 @@ impl Agent {
             model: &task.model,
             max_turns: task.max_turns.max(1),
             cancel: &cancel,
+            options: &Default::default(),
+            deltas: None,
         };
         match self.run_loop(&run, &mut state).await {
             Ok(Finish::Reply { text, .. }) => Ok(text),

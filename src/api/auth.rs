@@ -22,6 +22,20 @@ pub(crate) async fn require_bearer(
     req: Request,
     next: Next,
 ) -> Response {
+    check(&state, req, next, false).await
+}
+
+/// [`require_bearer`], or the token as `x-api-key` (how Anthropic clients send it; SPEC §17,
+/// `POST /v1/messages`), compared the same way.
+pub(crate) async fn require_bearer_or_api_key(
+    State(state): State<Arc<ApiState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    check(&state, req, next, true).await
+}
+
+async fn check(state: &ApiState, req: Request, next: Next, api_key: bool) -> Response {
     let expected = state
         .config()
         .token
@@ -38,12 +52,18 @@ pub(crate) async fn require_bearer(
         )
         .into_response();
     };
-    if bearer_matches(req.headers(), expected) {
+    if bearer_matches(req.headers(), expected)
+        || (api_key && api_key_matches(req.headers(), expected))
+    {
         next.run(req).await
     } else {
         Reply::error(
             StatusCode::UNAUTHORIZED,
-            "missing or wrong bearer token: send Authorization: Bearer <token>",
+            if api_key {
+                "missing or wrong API token: send Authorization: Bearer <token> or x-api-key: <token>"
+            } else {
+                "missing or wrong bearer token: send Authorization: Bearer <token>"
+            },
         )
         .with_header(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))
         .into_response()
@@ -57,6 +77,16 @@ pub(crate) fn bearer_matches(headers: &HeaderMap, expected: &str) -> bool {
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token)
+        .is_some_and(|given| bool::from(given.as_bytes().ct_eq(expected.as_bytes())))
+}
+
+/// True when the first `x-api-key` header is `expected` (compared in constant time).
+pub(crate) fn api_key_matches(headers: &HeaderMap, expected: &str) -> bool {
+    headers
+        .get(crate::llm::anthropic::server::API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
         .is_some_and(|given| bool::from(given.as_bytes().ct_eq(expected.as_bytes())))
 }
 
@@ -78,6 +108,17 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(AUTHORIZATION, HeaderValue::from_str(value).unwrap());
         h
+    }
+
+    #[test]
+    fn api_key_header_is_compared_like_the_bearer() {
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_static("s3cret"));
+        assert!(api_key_matches(&h, "s3cret"));
+        assert!(!api_key_matches(&h, "s3cre"));
+        assert!(!api_key_matches(&HeaderMap::new(), "s3cret"));
+        h.insert("x-api-key", HeaderValue::from_static(""));
+        assert!(!api_key_matches(&h, ""));
     }
 
     #[test]

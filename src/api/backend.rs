@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cost::Period;
+use crate::llm::compat::{Api, CompatReply, CompatRequest, ErrorKind};
 use crate::message::Usage;
 
 /// `POST /api/v1/chat` body (SPEC §10.2).
@@ -73,6 +74,40 @@ pub struct NotifyAccepted {
     pub queued_at: String,
 }
 
+/// A request of the OpenAI- or Anthropic-compatible endpoints (SPEC §17), parsed, with what
+/// its headers said.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompatIn {
+    pub api: Api,
+    pub request: CompatRequest,
+    /// `X-Agentd-Session` (wins over the body's session field).
+    pub session_header: Option<String>,
+    /// `Idempotency-Key`: the intake id, so a retried request is recorded once.
+    pub idempotency_key: Option<String>,
+}
+
+/// A compatible request durably accepted: its id (the answer's id) and the wait for it.
+pub struct CompatTicket {
+    /// The intake id.
+    pub id: String,
+    /// Resolves when the message is done. Dropping it stops the wait, never the work.
+    pub done: BoxFuture<'static, Result<CompatOutcome, BackendError>>,
+    /// While the answer is made: pieces of its text as the model writes them (streaming).
+    /// Best effort: the final text in the outcome is what counts.
+    pub deltas: Option<tokio::sync::mpsc::UnboundedReceiver<crate::llm::StreamDelta>>,
+}
+
+/// How a compatible request ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompatOutcome {
+    Reply(CompatReply),
+    /// The message failed (recorded): what the client is told, and the class.
+    Failed {
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
 /// An error a backend call reports; the router maps it to a status code and `{"error": …}`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BackendError {
@@ -122,4 +157,19 @@ pub trait ApiBackend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Option<Value>, BackendError>>;
     /// Prometheus text exposition.
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>>;
+    /// The config names of the loaded models (`GET /v1/models` lists `agentd:<name>`).
+    fn models(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Durably accept a compatible request (source `api`): the session, the model, the
+    /// intake (its id the `Idempotency-Key` when given: a duplicate is answered from the same
+    /// message), then the ticket to wait on. Refusals before intake are errors here.
+    fn compat(&self, req: CompatIn) -> BoxFuture<'_, Result<CompatTicket, BackendError>> {
+        let _ = req;
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "the compatible endpoints are not served by this backend".into(),
+            ))
+        })
+    }
 }

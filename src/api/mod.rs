@@ -4,12 +4,15 @@
 //! - `server`: [`router`], [`bind`], [`serve`] and the shared [`ApiState`].
 //! - `handlers`: one function per endpoint, plus the pure input checks they use.
 //! - `auth`, `ratelimit`: the bearer check and the per-IP windows, as route layers.
+//! - `compat`: the OpenAI- and Anthropic-compatible endpoints (SPEC §17); their wire
+//!   formats are `llm::openai::server` and `llm::anthropic::server`.
 //! - `reply`: JSON bodies; the outermost layer adds `agent` and `X-Agentd-Agent` to every answer.
 //! - [`webhook`]: the callback POSTed after every processed message.
 
 pub mod backend;
 
 mod auth;
+mod compat;
 mod error;
 mod handlers;
 mod ratelimit;

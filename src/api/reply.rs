@@ -23,6 +23,11 @@ pub(crate) const AGENT_HEADER: HeaderName = HeaderName::from_static("x-agentd-ag
 #[derive(Debug, Clone)]
 struct PendingJson(Value);
 
+/// Marks a response whose body is final (the compatible endpoints speak the OpenAI and
+/// Anthropic shapes, which have no `agent` field): [`finish`] only adds the header.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBody;
+
 /// A JSON answer: status, body (without `agent`) and extra headers.
 #[derive(Debug)]
 pub(crate) struct Reply {
@@ -101,7 +106,39 @@ pub(crate) async fn finish(
     req: Request,
     next: Next,
 ) -> Response {
+    let compat = super::compat::api_of(req.uri().path());
     let mut response = next.run(req).await;
+    if response.extensions_mut().remove::<RawBody>().is_some() {
+        response
+            .headers_mut()
+            .insert(AGENT_HEADER, state.agent_header().clone());
+        return response;
+    }
+    if let Some(api) = compat {
+        // Auth, rate limits, the body limit, unknown paths: in the API's own envelope.
+        let status = response.status();
+        if status.is_client_error() || status.is_server_error() {
+            let message = match response.extensions_mut().remove::<PendingJson>() {
+                Some(PendingJson(body)) => body["error"]
+                    .as_str()
+                    .map_or_else(|| body.to_string(), str::to_string),
+                None => foreign_error_message(status, state.max_body_bytes()),
+            };
+            let kind = crate::llm::compat::ErrorKind::of_status(status.as_u16());
+            let mut answer = super::compat::error_response(api, kind, &message, None);
+            *answer.status_mut() = status;
+            for (name, value) in response.headers() {
+                if name != CONTENT_LENGTH && name != CONTENT_TYPE {
+                    answer.headers_mut().append(name, value.clone());
+                }
+            }
+            answer.extensions_mut().remove::<RawBody>();
+            answer
+                .headers_mut()
+                .insert(AGENT_HEADER, state.agent_header().clone());
+            return answer;
+        }
+    }
     let body = match response.extensions_mut().remove::<PendingJson>() {
         Some(PendingJson(body)) => Some(body),
         None if response.status().is_client_error() || response.status().is_server_error() => Some(

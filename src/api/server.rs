@@ -7,8 +7,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::extract::DefaultBodyLimit;
-use axum::http::HeaderValue;
 use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -22,13 +22,16 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::trace::TraceLayer;
 
-use super::auth::require_bearer;
+use super::auth::{require_bearer, require_bearer_or_api_key};
 use super::backend::ApiBackend;
+use super::compat;
 use super::error::ApiError;
 use super::handlers;
 use super::ratelimit::{Group, RateLimiter, rate_limit};
 use super::reply::{agent_header_value, finish};
 use crate::config::HttpConfig;
+use crate::llm::anthropic::server as anthropic;
+use crate::llm::openai::server as openai;
 
 /// How long [`serve`] lets requests in flight finish after `cancel` before it returns anyway
 /// (a `/chat` may wait up to `call_timeout`; its work continues in the daemon regardless).
@@ -80,6 +83,8 @@ pub struct ApiState {
     call_timeout: Duration,
     post_limiter: RateLimiter,
     read_limiter: RateLimiter,
+    /// When the router was built (Unix seconds): the `created` of `GET /v1/models`.
+    started_unix: i64,
 }
 
 impl ApiState {
@@ -98,7 +103,16 @@ impl ApiState {
             agent_name: agent_name.to_owned(),
             agent_header: agent_header_value(agent_name),
             call_timeout,
+            started_unix: chrono::Utc::now().timestamp(),
         }
+    }
+
+    pub(crate) fn started_unix(&self) -> i64 {
+        self.started_unix
+    }
+
+    pub(crate) fn keep_alive_every(&self) -> Duration {
+        super::compat::KEEP_ALIVE_EVERY
     }
 
     pub(crate) fn backend(&self) -> &Arc<dyn ApiBackend> {
@@ -147,11 +161,20 @@ pub fn router(
 ) -> Router {
     let state = Arc::new(ApiState::new(backend, cfg, agent_name, call_timeout));
     let auth = from_fn_with_state(state.clone(), require_bearer);
+    let api_key_auth = from_fn_with_state(state.clone(), require_bearer_or_api_key);
     let posts = Router::new()
         .route("/api/v1/chat", post(handlers::chat))
         .route("/api/v1/notify", post(handlers::notify))
         .route("/api/v1/sessions/reset", post(handlers::reset))
+        .route(
+            openai::CHAT_COMPLETIONS_PATH,
+            post(compat::chat_completions),
+        )
         .route_layer(auth.clone())
+        .route(
+            anthropic::MESSAGES_PATH,
+            post(compat::messages).route_layer(api_key_auth),
+        )
         .route_layer(from_fn_with_state((state.clone(), Group::Post), rate_limit));
     let reads = Router::new()
         .route("/api/v1/sessions", get(handlers::sessions))
@@ -159,6 +182,7 @@ pub fn router(
         .route("/api/v1/monitor", get(handlers::monitor))
         .route("/api/v1/sessions/{id}/history", get(handlers::history))
         .route("/metrics", get(handlers::metrics))
+        .route(openai::MODELS_PATH, get(compat::models))
         .route_layer(auth)
         .route("/api/v1/status", get(handlers::status))
         .route_layer(from_fn_with_state((state.clone(), Group::Read), rate_limit));
@@ -171,7 +195,10 @@ pub fn router(
         .layer(CatchPanicLayer::new())
         .layer(from_fn_with_state(state.clone(), finish))
         .layer(TraceLayer::new_for_http())
-        .layer(SetSensitiveRequestHeadersLayer::new([AUTHORIZATION]))
+        .layer(SetSensitiveRequestHeadersLayer::new([
+            AUTHORIZATION,
+            HeaderName::from_static(anthropic::API_KEY_HEADER),
+        ]))
         .with_state(state)
 }
 

@@ -19,6 +19,8 @@ use super::backend::*;
 use super::router;
 use crate::config::HttpConfig;
 use crate::cost::Period;
+use crate::llm::StreamDelta;
+use crate::llm::compat::{CompatReply, ErrorKind, FinishReason};
 use crate::message::Usage;
 
 const TOKEN: &str = "test-token";
@@ -31,6 +33,7 @@ struct Fake {
     history_ids: Mutex<Vec<(String, bool)>>,
     periods: Mutex<Vec<Period>>,
     panic_on_status: bool,
+    compats: Mutex<Vec<CompatIn>>,
 }
 
 impl ApiBackend for Fake {
@@ -116,6 +119,80 @@ impl ApiBackend for Fake {
     }
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>> {
         async { Ok("# HELP agentd_x X.\n# TYPE agentd_x counter\nagentd_x 1\n".to_owned()) }.boxed()
+    }
+    fn models(&self) -> Vec<String> {
+        vec!["primary".into(), "cheap".into()]
+    }
+    /// By the new input's text: `busy` is refused before intake, `budget` and `model` fail
+    /// after it, `slow` outlasts the call timeout, `stream` sends deltas (text, a tool batch,
+    /// the final text's start); anything else is echoed.
+    fn compat(&self, req: CompatIn) -> BoxFuture<'_, Result<CompatTicket, BackendError>> {
+        async move {
+            let text = req.request.text.clone();
+            let model = req.request.model.clone();
+            self.compats.lock().unwrap().push(req);
+            if text == "busy" {
+                return Err(BackendError::Busy("queue full".into()));
+            }
+            let reply = CompatReply {
+                id: "i1".into(),
+                model,
+                created: 1,
+                text: format!("echo: {text}"),
+                finish: FinishReason::Stop,
+                usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 5,
+                    cache_read_tokens: 100,
+                    cache_write_tokens: 20,
+                },
+            };
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            if text == "stream" {
+                for d in [
+                    StreamDelta::Text("Let me look.".into()),
+                    StreamDelta::Tools,
+                    StreamDelta::Text("echo: ".into()),
+                ] {
+                    tx.send(d).unwrap();
+                }
+            }
+            let done: BoxFuture<'static, Result<CompatOutcome, BackendError>> = match text.as_str()
+            {
+                "budget" => async {
+                    Ok(CompatOutcome::Failed {
+                        kind: ErrorKind::Budget,
+                        message: "daily budget of $1.00 reached".into(),
+                    })
+                }
+                .boxed(),
+                "model" => async {
+                    Ok(CompatOutcome::Failed {
+                        kind: ErrorKind::Upstream,
+                        message: "the model failed".into(),
+                    })
+                }
+                .boxed(),
+                "slow" => async move {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    Ok(CompatOutcome::Reply(reply))
+                }
+                .boxed(),
+                _ => async move {
+                    // The deltas are read before the answer.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    drop(tx);
+                    Ok(CompatOutcome::Reply(reply))
+                }
+                .boxed(),
+            };
+            Ok(CompatTicket {
+                id: "i1".into(),
+                done,
+                deltas: Some(rx),
+            })
+        }
+        .boxed()
     }
 }
 
@@ -688,4 +765,267 @@ mod prop {
             }
         }
     }
+}
+
+// ---- the compatible endpoints (SPEC §17) ----------------------------------------------------
+
+fn compat_req(uri: &str, body: Value, auth: (&str, &str)) -> Request<Body> {
+    Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header(auth.0, auth.1)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+fn chat_body(text: &str) -> Value {
+    json!({"model": "agentd", "messages": [{"role": "user", "content": text}]})
+}
+
+fn bearer() -> (&'static str, String) {
+    ("authorization", format!("Bearer {TOKEN}"))
+}
+
+#[tokio::test]
+async fn models_list_the_default_and_each_model_without_our_agent_field() {
+    let (_, app) = app();
+    let (status, v, head) = send(&app, req("GET", "/v1/models", None)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(head.headers()["x-agentd-agent"], "kira");
+    assert!(v.get("agent").is_none(), "{v}");
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["agentd", "agentd:primary", "agentd:cheap"]);
+}
+
+#[tokio::test]
+async fn chat_completions_answer_with_usage_and_pass_the_headers_on() {
+    let (fake, app) = app();
+    let (b0, b1) = bearer();
+    let mut r = compat_req("/v1/chat/completions", chat_body("hi"), (b0, &b1));
+    r.headers_mut()
+        .insert("x-agentd-session", "alice".parse().unwrap());
+    r.headers_mut()
+        .insert("idempotency-key", "k-1".parse().unwrap());
+    let (status, v, _) = send(&app, r).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "echo: hi");
+    assert_eq!(v["usage"]["prompt_tokens"], 130);
+    assert!(v.get("agent").is_none());
+    let seen = fake.compats.lock().unwrap();
+    assert_eq!(seen[0].session_header.as_deref(), Some("alice"));
+    assert_eq!(seen[0].idempotency_key.as_deref(), Some("k-1"));
+    assert_eq!(seen[0].api, crate::llm::compat::Api::OpenAi);
+}
+
+#[tokio::test]
+async fn messages_take_x_api_key_and_answer_in_anthropics_shape() {
+    let (_, app) = app();
+    let body = json!({"model": "agentd", "max_tokens": 100,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let (status, v, _) = send(
+        &app,
+        compat_req("/v1/messages", body.clone(), ("x-api-key", TOKEN)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["content"][0]["text"], "echo: hi");
+    assert_eq!(v["usage"]["cache_read_input_tokens"], 100);
+    // x-api-key is not accepted on the OpenAI route, and a wrong key is 401 in each envelope.
+    let (status, v, head) = send(
+        &app,
+        compat_req(
+            "/v1/chat/completions",
+            chat_body("hi"),
+            ("x-api-key", TOKEN),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+    assert_eq!(head.headers()["x-should-retry"], "false");
+    let (status, v, _) = send(
+        &app,
+        compat_req("/v1/messages", body, ("x-api-key", "nope")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        v,
+        json!({"type": "error", "error": {"type": "authentication_error",
+            "message": "missing or wrong API token: send Authorization: Bearer <token> or x-api-key: <token>"},
+            "request_id": null})
+    );
+}
+
+#[tokio::test]
+async fn refusals_and_failures_use_each_envelope_and_say_whether_to_retry() {
+    let (fake, app) = app();
+    let (b0, b1) = bearer();
+    let tools = json!({"model": "agentd", "messages": [{"role": "user", "content": "x"}],
+                       "tools": [{"type": "function", "function": {"name": "f"}}]});
+    let (status, v, head) = send(&app, compat_req("/v1/chat/completions", tools, (b0, &b1))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["param"], "tools");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("runs its own tools")
+    );
+    assert_eq!(head.headers()["x-should-retry"], "false");
+    assert!(
+        fake.compats.lock().unwrap().is_empty(),
+        "refused before the backend"
+    );
+
+    let cases = [
+        (
+            "budget",
+            429,
+            "insufficient_quota",
+            "rate_limit_error",
+            Some("false"),
+        ),
+        ("model", 502, "server_error", "api_error", Some("false")),
+        ("busy", 429, "rate_limit_error", "rate_limit_error", None),
+    ];
+    for (text, code, openai_type, anthropic_type, retry) in cases {
+        let (status, v, head) = send(
+            &app,
+            compat_req("/v1/chat/completions", chat_body(text), (b0, &b1)),
+        )
+        .await;
+        assert_eq!(status.as_u16(), code, "{text}: {v}");
+        assert_eq!(v["error"]["type"], openai_type, "{text}: {v}");
+        assert_eq!(
+            head.headers()
+                .get("x-should-retry")
+                .map(|h| h.to_str().unwrap()),
+            retry,
+            "{text}"
+        );
+        let body = json!({"model": "agentd", "max_tokens": 10,
+                          "messages": [{"role": "user", "content": text}]});
+        let (status, v, _) = send(&app, compat_req("/v1/messages", body, (b0, &b1))).await;
+        assert_eq!(status.as_u16(), code, "{text}: {v}");
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], anthropic_type, "{text}: {v}");
+    }
+}
+
+#[tokio::test]
+async fn a_slow_answer_is_408_that_must_not_be_retried() {
+    let fake = Arc::new(Fake::default());
+    let app = app_with(fake, config(Some(TOKEN)), Duration::from_millis(100));
+    let (b0, b1) = bearer();
+    let (status, v, head) = send(
+        &app,
+        compat_req("/v1/chat/completions", chat_body("slow"), (b0, &b1)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::REQUEST_TIMEOUT, "{v}");
+    assert_eq!(head.headers()["x-should-retry"], "false");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("session trail")
+    );
+}
+
+#[tokio::test]
+async fn compat_bodies_over_the_limit_are_413_in_the_envelope() {
+    let (_, app) = app();
+    let (b0, b1) = bearer();
+    let big = chat_body(&"x".repeat(4096));
+    let (status, v, _) = send(&app, compat_req("/v1/chat/completions", big, (b0, &b1))).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_body_bytes"),
+        "{v}"
+    );
+}
+
+/// The text of every SSE `data:` line, and the comments and event names, in order.
+fn sse_lines(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_streamed_chat_sends_the_text_a_keep_alive_at_tools_and_ends_with_done() {
+    let (_, app) = app();
+    let (b0, b1) = bearer();
+    let mut body = chat_body("stream");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (status, v, head) = send(&app, compat_req("/v1/chat/completions", body, (b0, &b1))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(head.headers()["content-type"], "text/event-stream");
+    let lines = sse_lines(v.as_str().unwrap());
+    let mut content = String::new();
+    let mut keep_alive_at = None;
+    for (n, l) in lines.iter().enumerate() {
+        if l.starts_with(':') {
+            keep_alive_at.get_or_insert(n);
+        }
+        if let Some(data) = l.strip_prefix("data: ")
+            && data != "[DONE]"
+        {
+            let c: Value = serde_json::from_str(data).unwrap();
+            if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+                content.push_str(t);
+            }
+        }
+    }
+    // The text of the turn that called tools, then the answer as a new paragraph.
+    assert_eq!(content, "Let me look.\n\necho: stream");
+    assert!(keep_alive_at.is_some(), "{lines:?}");
+    assert_eq!(lines.last().unwrap(), "data: [DONE]");
+    let usage: Value =
+        serde_json::from_str(lines[lines.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(usage["usage"]["total_tokens"], 135);
+}
+
+#[tokio::test]
+async fn a_streamed_message_follows_anthropics_event_sequence() {
+    let (_, app) = app();
+    let body = json!({"model": "agentd", "max_tokens": 10, "stream": true,
+                      "messages": [{"role": "user", "content": "stream"}]});
+    let (status, v, _) = send(&app, compat_req("/v1/messages", body, ("x-api-key", TOKEN))).await;
+    assert_eq!(status, StatusCode::OK);
+    let lines = sse_lines(v.as_str().unwrap());
+    let events: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(events.first(), Some(&"message_start"));
+    assert_eq!(
+        &events[events.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    assert!(events.contains(&"ping"), "{events:?}");
+    let failed = json!({"model": "agentd", "max_tokens": 10, "stream": true,
+                        "messages": [{"role": "user", "content": "model"}]});
+    let (_, v, _) = send(
+        &app,
+        compat_req("/v1/messages", failed, ("x-api-key", TOKEN)),
+    )
+    .await;
+    let text = v.as_str().unwrap();
+    assert!(text.contains("event: error\ndata: {\"error\":{\"message\":\"the model failed\",\"type\":\"api_error\"},\"request_id\":null,\"type\":\"error\"}"), "{text}");
 }

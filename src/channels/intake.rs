@@ -120,6 +120,7 @@ mod tests {
                 silent,
                 usage: Default::default(),
                 cost_usd: 0.0,
+                truncated: false,
             })
         };
         assert_eq!(
@@ -130,6 +131,7 @@ mod tests {
         let failed = done(Finish::Failed {
             reply: "sorry".into(),
             error: "boom".into(),
+            cause: crate::agent::FailCause::Other,
         });
         assert_eq!(Answer::of(Some(&failed)), Answer::Failed("sorry".into()));
         assert_eq!(

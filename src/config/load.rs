@@ -17,7 +17,9 @@ use super::{channels, mcp, schedule, sections, tools};
 
 /// Source names allowed as keys of `[routing]` (SPEC §3, §5): the message sources plus
 /// `vision` (used when a message carries an image).
-pub const ROUTING_SOURCES: &[&str] = &["telegram", "user", "system", "http", "terminal", "vision"];
+pub const ROUTING_SOURCES: &[&str] = &[
+    "telegram", "user", "system", "http", "api", "terminal", "vision",
+];
 
 /// Where the process environment comes from.
 pub(super) enum ProcessSource {

@@ -16,32 +16,66 @@ use crate::channels::intake::{Completion, reply_text};
 use crate::metrics::{Metrics, Outcome};
 use crate::session::{DeliveryStatus, SessionHandle};
 
-/// Who waits for which intake id (HTTP `/chat`, `agentd chat`).
+/// Who waits for which intake id (HTTP `/chat`, the compatible endpoints, `agentd chat`).
+/// Several may wait for one id: a client's retry with the same `Idempotency-Key` (SPEC §17)
+/// waits beside the first request.
 #[derive(Default)]
-pub struct Waiters(std::sync::Mutex<HashMap<String, oneshot::Sender<Completion>>>);
+pub struct Waiters(
+    std::sync::Mutex<HashMap<String, Vec<oneshot::Sender<Completion>>>>,
+    /// Streamed answers (SPEC §17) by intake id: the worker hands the sink to the agent.
+    std::sync::Mutex<HashMap<String, crate::llm::DeltaSink>>,
+);
 
 impl Waiters {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Completion>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<oneshot::Sender<Completion>>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Be told when intake `id` is done. Register before submitting.
+    /// Be told when intake `id` is done. Register before submitting. Waiters that gave up
+    /// (their receiver dropped) are swept here, so the map stays bounded by the waiting ones.
     pub fn wait_for(&self, id: &str) -> oneshot::Receiver<Completion> {
         let (tx, rx) = oneshot::channel();
-        self.map().insert(id.to_string(), tx);
+        let mut map = self.map();
+        let list = map.entry(id.to_string()).or_default();
+        list.retain(|w| !w.is_closed());
+        list.push(tx);
         rx
     }
 
     /// Drop a waiter whose message was never accepted.
     pub fn forget(&self, id: &str) {
         self.map().remove(id);
+        self.streams().remove(id);
+    }
+
+    fn streams(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::llm::DeltaSink>> {
+        self.1.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stream the answer to intake `id` into `sink` while it is made (a later sink for the
+    /// same id replaces it). Removed when the message is done.
+    pub fn stream_to(&self, id: &str, sink: crate::llm::DeltaSink) {
+        let mut streams = self.streams();
+        streams.retain(|_, s| !s.is_closed());
+        streams.insert(id.to_string(), sink);
+    }
+
+    /// The sink of a streamed answer to any of `ids`.
+    pub fn stream_of(&self, ids: &[String]) -> Option<crate::llm::DeltaSink> {
+        let streams = self.streams();
+        ids.iter().find_map(|id| streams.get(id).cloned())
     }
 
     /// Tell whoever waits for these intake ids (also on `Cancelled`, so they stop waiting).
     pub fn complete(&self, ids: &[String], c: Completion) {
+        let mut streams = self.streams();
+        for id in ids {
+            streams.remove(id);
+        }
+        drop(streams);
         let mut waiters = self.map();
         for id in ids {
-            if let Some(tx) = waiters.remove(id) {
+            for tx in waiters.remove(id).unwrap_or_default() {
                 let _ = tx.send(c.clone());
             }
         }

@@ -15,7 +15,7 @@ use super::intake::{AcceptError, IntakeHandler, notify_meta, notify_text, valid_
 use super::workers::Dispatcher;
 use crate::agent::Finish;
 use crate::api::backend::{
-    ApiBackend, BackendError, ChatIn, ChatOutcome, NotifyAccepted, NotifyIn,
+    ApiBackend, BackendError, ChatIn, ChatOutcome, CompatIn, CompatTicket, NotifyAccepted, NotifyIn,
 };
 use crate::channels::intake::{IntakeSink, reply_text};
 use crate::config::Config;
@@ -33,6 +33,8 @@ pub struct DaemonBackend {
     pub metrics: Arc<Metrics>,
     pub mcp: Arc<crate::tools::mcp::McpManager>,
     pub started: Instant,
+    /// Answers to recent compatible requests with an `Idempotency-Key` (SPEC §17).
+    pub recent: Arc<super::compat::RecentAnswers>,
 }
 
 impl DaemonBackend {
@@ -42,13 +44,13 @@ impl DaemonBackend {
 }
 
 /// Writes `/chat` attachments into `inbox/` (blocking: decode + fsync).
-struct AttachmentSaver {
-    inbox: PathBuf,
+pub(super) struct AttachmentSaver {
+    pub(super) inbox: PathBuf,
 }
 
 impl AttachmentSaver {
     /// Decode attachments into `inbox/` (mode 0600) and return their paths.
-    fn save(
+    pub(super) fn save(
         &self,
         id: &str,
         attachments: &[crate::api::backend::AttachmentIn],
@@ -91,7 +93,7 @@ fn extension_for(content_type: &str) -> Option<&'static str> {
 }
 
 /// A full queue is 429 (retry later); a failed intake record 503.
-fn backend_error(e: AcceptError) -> BackendError {
+pub(super) fn backend_error(e: AcceptError) -> BackendError {
     match e {
         AcceptError::Busy(e) => BackendError::Busy(e.to_string()),
         AcceptError::Failed(e) => BackendError::Unavailable(e),
@@ -156,7 +158,7 @@ impl ApiBackend for DaemonBackend {
                     tokens: usage,
                     cost_usd,
                 },
-                Finish::Failed { reply, error } => ChatOutcome::Failed {
+                Finish::Failed { reply, error, .. } => ChatOutcome::Failed {
                     error: if reply == error {
                         error
                     } else {
@@ -299,6 +301,14 @@ impl ApiBackend for DaemonBackend {
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
             Ok(Some(crate::report::history::to_json(&h, full)))
         })
+    }
+
+    fn models(&self) -> Vec<String> {
+        self.cfg.models.loaded.keys().cloned().collect()
+    }
+
+    fn compat(&self, req: CompatIn) -> BoxFuture<'_, Result<CompatTicket, BackendError>> {
+        Box::pin(self.compat_accept(req))
     }
 
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>> {

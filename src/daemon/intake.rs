@@ -218,6 +218,12 @@ impl IntakeHandler {
     /// because its queue is full, or that cannot be recorded, is not acknowledged (the FIFO
     /// writer times out and may retry).
     pub async fn accept(&self, key: &str, intake: Intake) -> Result<(), AcceptError> {
+        self.accept_new(key, intake).await.map(|_| ())
+    }
+
+    /// [`Self::accept`], telling whether the intake was new (`false`: its id was already in
+    /// the session's trail, and it was not queued again).
+    pub async fn accept_new(&self, key: &str, intake: Intake) -> Result<bool, AcceptError> {
         let slot = self.reserve(key, &intake.id)?;
         let store = self.store.clone();
         let k = key.to_string();
@@ -229,7 +235,7 @@ impl IntakeHandler {
         let err = match recorded {
             Ok(Ok((_, false))) => {
                 tracing::info!(id = %intake.id, session_key = %key, "duplicate intake id; already accepted, not queued again");
-                return Ok(());
+                return Ok(false);
             }
             Ok(Ok((_, true))) => {
                 tracing::info!(id = %intake.id, session_key = %key, source = %intake.source, "message accepted");
@@ -239,10 +245,11 @@ impl IntakeHandler {
                         Job::Message(Work {
                             intakes: vec![intake],
                             resume: false,
+                            deltas: None,
                         }),
                     )
                     .await;
-                return Ok(());
+                return Ok(true);
             }
             Ok(Err(e)) => format!("cannot record the message in the session trail: {e}"),
             Err(e) => format!("intake task failed: {e}"),
@@ -310,6 +317,7 @@ impl IntakeHandler {
                         Job::Message(Work {
                             intakes: started.into_iter().map(|p| p.intake).collect(),
                             resume: true,
+                            deltas: None,
                         }),
                     )
                     .await;
@@ -322,6 +330,7 @@ impl IntakeHandler {
                         Job::Message(Work {
                             intakes: vec![p.intake],
                             resume: false,
+                            deltas: None,
                         }),
                     )
                     .await;
@@ -400,6 +409,7 @@ impl IntakeHandler {
                 let work = Work {
                     intakes,
                     resume: false,
+                    deltas: None,
                 };
                 if let Some(target) = super::delivery::target_for(&work, &self.cfg.get()) {
                     tracing::info!(session_key = %key, session = %session.id, resumed = progress.is_some(),

@@ -173,6 +173,7 @@ async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<
         metrics: s.metrics.clone(),
         mcp: s.mcp.clone(),
         started: s.started,
+        recent: Default::default(),
     });
     let router = crate::api::router(
         backend,

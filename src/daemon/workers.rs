@@ -197,6 +197,11 @@ impl Dispatcher {
         self.after.waiters.forget(id)
     }
 
+    /// Stream the answer to intake `id` into `sink` (the compatible endpoints, SPEC §17).
+    pub fn stream_to(&self, id: &str, sink: crate::llm::DeltaSink) {
+        self.after.waiters.stream_to(id, sink)
+    }
+
     /// Cancel the message in flight for `key` (Telegram `/stop`). Returns whether one ran.
     pub fn stop_session(&self, key: &str) -> bool {
         match self.running_tokens().get(key) {
@@ -297,11 +302,21 @@ impl Dispatcher {
                             break;
                         }
                         let ids = work.ids();
+                        work.deltas = self.after.waiters.stream_of(&ids);
+                        let one_off = work.api().is_some_and(|a| a.one_off);
                         let ran = self.run_message(&key, &mut state, work).await;
                         if let Ok(Some(session)) = &ran
                             && held.is_empty()
+                            && !one_off
                         {
                             self.mark_settled(&key, session).await;
+                        }
+                        // A one-off session of the compatible endpoints (SPEC §17) is archived
+                        // once answered.
+                        if one_off && matches!(ran, Ok(Some(_))) {
+                            self.reset(&key, "one-off API session answered".into())
+                                .await;
+                            state = None;
                         }
                         if let Err(e) = ran {
                             tracing::error!(session_key = %key, error = %e, "message processing failed");
@@ -310,6 +325,7 @@ impl Dispatcher {
                             let finish = Finish::Failed {
                                 reply: self.cfg.get().behavior.error_message.clone(),
                                 error: e.to_string(),
+                                cause: crate::agent::FailCause::Other,
                             };
                             let session_id = String::new();
                             (self.after.waiters).complete(&ids, Completion { session_id, finish });
@@ -389,7 +405,10 @@ impl Dispatcher {
         match tokio::task::spawn_blocking(archive).await {
             Ok(Ok(true)) => {
                 tracing::info!(session_key = %key, "session reset and archived");
-                if let Some(id) = closing {
+                // One-off API sessions are not consolidated (SPEC §16.3).
+                if let Some(id) = closing
+                    && !key.starts_with(crate::session::event::ONE_OFF_PREFIX)
+                {
                     self.consolidate_closed(id);
                 }
                 true
@@ -561,7 +580,11 @@ impl Dispatcher {
             reply: reply.clone(),
         };
         crate::agent::append(session, ev).await?;
-        Ok(Finish::Failed { reply, error })
+        Ok(Finish::Failed {
+            reply,
+            error,
+            cause: crate::agent::FailCause::Other,
+        })
     }
 
     /// Consolidate a session that was just closed (SPEC §13 "on session close", when
@@ -637,6 +660,7 @@ mod tests {
                         silent: false,
                         usage: Default::default(),
                         cost_usd: 0.0,
+                        truncated: false,
                     }
                 };
                 self.running.fetch_sub(1, Ordering::SeqCst);
@@ -724,6 +748,7 @@ mod tests {
         Job::Message(Work {
             intakes: vec![intake],
             resume: false,
+            deltas: None,
         })
     }
 
@@ -887,7 +912,7 @@ mod tests {
         );
         assert!(f.dispatcher.stop_session("k"));
         match f.reply_of(first).await {
-            Finish::Failed { reply, error } => {
+            Finish::Failed { reply, error, .. } => {
                 assert_eq!(reply, "Stopped.");
                 assert_eq!(error, "stopped by the user");
             }

@@ -258,6 +258,8 @@ fn check_openai(case: &str, spec: &ModelSpec, req: &ChatRequest) {
 
 fn request(messages: Vec<Message>) -> ChatRequest {
     ChatRequest {
+        options: Default::default(),
+        deltas: None,
         session_id: "sess-42".into(),
         system: vec![],
         messages,
@@ -655,4 +657,64 @@ fn api_ranges_for_configured_values() {
     assert!(ANTHROPIC.is_valid(&anthropic::render_request(&spec, &plain_text())));
     spec.thinking_effort = Some("extreme".into());
     assert!(!ANTHROPIC.is_valid(&anthropic::render_request(&spec, &plain_text())));
+}
+
+/// What a client of the compatible endpoints may choose (SPEC §17) renders valid bodies for
+/// both providers, within the model's configuration.
+#[test]
+fn client_call_options_render_valid_bodies() {
+    use crate::llm::{CallOptions, ClientThinking};
+    let mut req = plain_text();
+    req.options = CallOptions {
+        max_tokens: Some(64),
+        temperature: Some(0.3),
+        effort: Some("low".into()),
+        thinking: None,
+    };
+    let spec = openai_spec("https://api.openai.com/v1");
+    check_openai("client options", &spec, &req);
+    let body = openai::render_request(&spec, &req);
+    assert_eq!(body["max_completion_tokens"], 64);
+    assert_eq!(body["reasoning_effort"], "low");
+    assert!((body["temperature"].as_f64().unwrap() - 0.3).abs() < 1e-6);
+    // The configured max_tokens stays the ceiling.
+    req.options.max_tokens = Some(1_000_000);
+    assert_eq!(
+        openai::render_request(&spec, &req)["max_completion_tokens"],
+        spec.max_tokens
+    );
+
+    let mut spec = anthropic_spec();
+    spec.max_tokens = 8000;
+    req.options.max_tokens = Some(64);
+    check_anthropic("client options", &spec, &req);
+    let body = anthropic::render_request(&spec, &req);
+    assert_eq!(body["max_tokens"], 64);
+    assert!(body.get("thinking").is_none());
+    assert!(body.get("temperature").is_some());
+    // Thinking asked for by the client: no temperature (the API refuses both), the budget
+    // kept below max_tokens, or thinking off when that leaves less than 1024.
+    req.options.thinking = Some(ClientThinking::Enabled {
+        budget_tokens: 4000,
+    });
+    req.options.max_tokens = Some(3000);
+    check_anthropic("client thinking", &spec, &req);
+    let body = anthropic::render_request(&spec, &req);
+    assert_eq!(body["thinking"]["budget_tokens"], 2999);
+    assert!(body.get("temperature").is_none());
+    req.options.max_tokens = Some(1000);
+    let body = anthropic::render_request(&spec, &req);
+    assert!(body.get("thinking").is_none(), "{body}");
+    req.options.thinking = Some(ClientThinking::Adaptive);
+    req.options.max_tokens = None;
+    check_anthropic("client adaptive", &spec, &req);
+    let body = anthropic::render_request(&spec, &req);
+    assert_eq!(body["thinking"]["type"], "adaptive");
+    assert_eq!(body["output_config"]["effort"], "low");
+    // A configured thinking model turned off by the client.
+    spec.thinking = Thinking::Budgeted;
+    spec.thinking_budget = 2048;
+    req.options.thinking = Some(ClientThinking::Disabled);
+    let body = anthropic::render_request(&spec, &req);
+    assert!(body.get("thinking").is_none());
 }

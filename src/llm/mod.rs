@@ -6,6 +6,9 @@
 
 pub mod anthropic;
 pub mod body_pool;
+pub mod compat;
+#[cfg(test)]
+mod compat_conformance_tests;
 #[cfg(test)]
 mod conformance_tests;
 mod each;

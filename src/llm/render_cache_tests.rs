@@ -107,6 +107,8 @@ fn render(
     system: &[(bool, String)],
 ) -> Result<(), TestCaseError> {
     let req = ChatRequest {
+        options: Default::default(),
+        deltas: None,
         session_id: "s".into(),
         system: system
             .iter()

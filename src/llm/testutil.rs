@@ -66,6 +66,8 @@ pub(crate) fn behavior(retries: u32, call_timeout: Duration) -> BehaviorConfig {
 /// sent the first three messages.
 pub(crate) fn sample_request() -> ChatRequest {
     ChatRequest {
+        options: Default::default(),
+        deltas: None,
         session_id: "sess-1".into(),
         system: vec![
             SystemBlock {
@@ -270,6 +272,8 @@ pub(crate) mod arb {
         )
             .prop_map(
                 |(system, messages, tools, auto, previous, session)| ChatRequest {
+                    options: Default::default(),
+                    deltas: None,
                     session_id: session,
                     system: system
                         .into_iter()

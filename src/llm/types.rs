@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::message::call::{CallOptions, ClientThinking};
 use crate::message::rendered::RenderCache;
 use crate::message::{Message, ThinkingBlock, ToolCall, Usage};
 
@@ -83,7 +84,26 @@ pub struct ChatRequest {
     /// serialises only the messages that are new (SPEC §16.6). `RenderCache::default()`
     /// (disabled) renders everything: for one-off requests.
     pub rendered: RenderCache,
+    /// What the client of a compatible endpoint chose for this message's calls (SPEC §17);
+    /// the renderers apply them within the model's configuration. Default: nothing.
+    pub options: CallOptions,
+    /// Where the text of the answer goes as it arrives, for a streamed answer of a compatible
+    /// endpoint (SPEC §17). Unbounded: a call's text is bounded by `max_reply_bytes`.
+    pub deltas: Option<DeltaSink>,
 }
+
+/// What a streamed answer of a compatible endpoint (SPEC §17) hears while the agent works.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamDelta {
+    /// A piece of the text the model is writing in the current turn.
+    Text(String),
+    /// A batch of tool calls starts: the text so far was not the final answer, and the client
+    /// gets a keep-alive.
+    Tools,
+}
+
+/// The sending side of a streamed answer's deltas.
+pub type DeltaSink = tokio::sync::mpsc::UnboundedSender<StreamDelta>;
 
 /// The answer to one embeddings request: one vector per input text, in input order.
 #[derive(Debug, Clone, PartialEq)]

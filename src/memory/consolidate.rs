@@ -290,6 +290,11 @@ impl Consolidator {
                 reason: "no new trail lines".into(),
             });
         };
+        if is_one_off(&lines) {
+            return Ok(SessionOutcome::Waiting {
+                reason: ONE_OFF_REASON.into(),
+            });
+        }
         let messages = conversation(&lines);
         let said = messages
             .iter()
@@ -431,6 +436,8 @@ impl Consolidator {
             }
         );
         let req = ChatRequest {
+            options: Default::default(),
+            deltas: None,
             session_id: origin.session_id.unwrap_or_default().to_string(),
             system: vec![SystemBlock {
                 tier: SystemTier::Stable,
@@ -579,6 +586,20 @@ fn window(part: &[(u64, Message)]) -> (u64, String) {
         part.last().map_or(0, |(s, _)| *s),
         transcript(&msgs, ITEM_CHARS),
     )
+}
+
+/// Why a one-off session of the compatible endpoints is never consolidated.
+pub const ONE_OFF_REASON: &str =
+    "a one-off API session (SPEC §17): its messages came from the client, not consolidated";
+
+/// Whether `lines` (from the start of a trail; a one-off session is never consolidated, so its
+/// watermark stays at the start) are a one-off session of the compatible endpoints (SPEC
+/// §16.3: consolidation skips them).
+fn is_one_off(lines: &[crate::session::TrailLine]) -> bool {
+    lines.first().is_some_and(|l| {
+        matches!(&l.event, crate::session::Event::Session { key, .. }
+            if key.starts_with(crate::session::event::ONE_OFF_PREFIX))
+    })
 }
 
 /// `(directory, session id)` of every trail in `sessions_dir` and its `.archive/`, sorted.
@@ -732,6 +753,23 @@ mod tests {
             w[0].docs[0].len() > WINDOW_CHARS,
             "more bytes than the window"
         );
+    }
+
+    #[test]
+    fn one_off_api_sessions_are_recognised() {
+        let line = |key: &str| crate::session::TrailLine {
+            v: 1,
+            seq: 1,
+            ts: "2026-01-01T00:00:00Z".into(),
+            event: crate::session::Event::Session {
+                session_id: "s".into(),
+                key: key.into(),
+                model: "primary".into(),
+            },
+        };
+        assert!(is_one_off(&[line("api-once-0123")]));
+        assert!(!is_one_off(&[line("api:laptop")]));
+        assert!(!is_one_off(&[]));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! compatible. `toolcalls` makes a provider's tool calls safe to store and replay;
 //! `rendered` keeps a session's messages as a wire format rendered them (SPEC §16.6).
 
+pub mod call;
 pub mod rendered;
 pub mod toolcalls;
 

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::message::call::CallOptions;
 use crate::message::{Message, ToolResult};
 
 /// Format version of trail lines.
@@ -93,7 +94,8 @@ pub struct Intake {
     pub notify_meta: Option<serde_json::Value>,
 }
 
-/// A reply destination recorded with the intake.
+/// A reply destination recorded with the intake: a Telegram chat, or the client of an OpenAI-
+/// or Anthropic-compatible request (SPEC §17) with how it asked for the reply to be made.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "channel", rename_all = "snake_case")]
 pub enum Route {
@@ -103,7 +105,34 @@ pub enum Route {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message_id: Option<i32>,
     },
+    /// The HTTP answer of `/v1/chat/completions` or `/v1/messages`.
+    Api(ApiRoute),
 }
+
+/// What a compatible request asked for (SPEC §17), recorded with its intake so that a message
+/// resumed after a restart is made the same way.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApiRoute {
+    /// The model config name of `agentd:<name>`; none = the source's route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The client's system text: client instructions in the dynamic context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// A one-off session's history (the request's earlier messages), recorded before the user
+    /// turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Message>,
+    #[serde(default, skip_serializing_if = "CallOptions::is_empty")]
+    pub options: CallOptions,
+    /// A one-off session (no session key in the request): archived once answered, and never
+    /// consolidated into long-term memory.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub one_off: bool,
+}
+
+/// The key prefix of one-off sessions of the compatible endpoints (SPEC §17).
+pub const ONE_OFF_PREFIX: &str = "api-once-";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MessageEvent {
@@ -215,6 +244,25 @@ mod tests {
             tier: Some("full".into()),
             attachments: vec![],
             route: None,
+            notify_meta: None,
+        }));
+        roundtrip(Event::Intake(Intake {
+            id: "idem-1".into(),
+            source: crate::control::Source::Api,
+            from: "sdk".into(),
+            text: "what is my name?".into(),
+            tier: None,
+            attachments: vec![],
+            route: Some(Route::Api(ApiRoute {
+                model: Some("cheap".into()),
+                instructions: Some("Be brief.".into()),
+                history: vec![Message::user_text("my name is Zed")],
+                options: CallOptions {
+                    max_tokens: Some(100),
+                    ..Default::default()
+                },
+                one_off: true,
+            })),
             notify_meta: None,
         }));
         let mut m = MessageEvent::new(Message::Assistant {

@@ -6,6 +6,7 @@ mod support;
 mod architecture;
 mod battery;
 mod compaction;
+mod compat;
 mod concurrency;
 mod daemon_e2e;
 mod daemon_inprocess;

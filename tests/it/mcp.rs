@@ -310,6 +310,7 @@ fn real_peers() -> std::path::PathBuf {
         let out = std::process::Command::new("bash")
             .arg(&script)
             .arg(&dest)
+            .arg("mcp")
             .output()
             .expect("run scripts/install-test-peers.sh");
         assert!(

@@ -2,6 +2,7 @@
 //! neutral request into wire JSON (with cache breakpoints), `stream` parses the SSE answer.
 
 mod render;
+pub mod server;
 mod stream;
 
 pub use render::render_body;
@@ -61,7 +62,8 @@ impl AnthropicClient {
             secret: self.spec.api_key.as_ref(),
             parse_error: stream::parse_error_body,
         };
-        let mut parser = stream::StreamParser::new(&self.label, &self.spec.model);
+        let mut parser = stream::StreamParser::new(&self.label, &self.spec.model)
+            .with_deltas(req.deltas.clone());
         http::stream_call(request, &ctx, &mut parser).await?;
         Ok(parser.finish())
     }

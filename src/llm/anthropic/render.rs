@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
 use crate::llm::each::Each;
-use crate::llm::{ChatRequest, SystemTier, ToolChoice, ToolSpec};
+use crate::llm::{ChatRequest, ClientThinking, SystemTier, ToolChoice, ToolSpec};
 use crate::message::rendered::{Rendered, WireFormat};
 use crate::message::{Message, UserBlock};
 
@@ -69,7 +69,7 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
     let mut out = crate::llm::body_pool::take(size);
     let result = (|| {
         out.extend_from_slice(b"{\"max_tokens\":");
-        serde_json::to_writer(&mut out, &spec.max_tokens)?;
+        serde_json::to_writer(&mut out, &Effective::of(spec, req).max_tokens)?;
         out.extend_from_slice(b",\"messages\":[");
         let n = req.messages.len();
         let marked = |i: usize| {
@@ -368,12 +368,53 @@ fn push_blocks<'a>(message: &'a Message, out: &mut Vec<Block<'a>>, size: &mut us
     }
 }
 
+/// The model's output and thinking settings for one call: its configuration, with what the
+/// client of a compatible endpoint chose (SPEC §17) applied within it. The configured
+/// `max_tokens` stays the ceiling; a thinking budget stays at least 1024 (the API minimum) and
+/// below `max_tokens`, or thinking is off for the call.
+struct Effective<'a> {
+    max_tokens: u32,
+    thinking: Thinking,
+    budget: u32,
+    effort: Option<&'a str>,
+}
+
+impl<'a> Effective<'a> {
+    fn of(spec: &'a ModelSpec, req: &'a ChatRequest) -> Effective<'a> {
+        let o = &req.options;
+        let max_tokens = o
+            .max_tokens
+            .map_or(spec.max_tokens, |m| m.clamp(1, spec.max_tokens));
+        let (mut thinking, mut budget) = match o.thinking {
+            None => (spec.thinking, spec.thinking_budget),
+            Some(ClientThinking::Disabled) => (Thinking::Off, 0),
+            Some(ClientThinking::Adaptive) => (Thinking::Adaptive, 0),
+            Some(ClientThinking::Enabled { budget_tokens }) => (Thinking::Budgeted, budget_tokens),
+        };
+        // The configuration alone was validated when it was loaded: sent as it is.
+        let client_chose = o.max_tokens.is_some() || o.thinking.is_some();
+        if thinking == Thinking::Budgeted && client_chose {
+            budget = budget.min(max_tokens.saturating_sub(1));
+            if budget < 1024 {
+                thinking = Thinking::Off;
+            }
+        }
+        Effective {
+            max_tokens,
+            thinking,
+            budget,
+            effort: o.effort.as_deref().or(spec.thinking_effort.as_deref()),
+        }
+    }
+}
+
 // ---- serialisation: every object's keys in sorted order -----------------------------------
 
 impl Serialize for Body<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(None)?;
-        m.serialize_entry("max_tokens", &self.head.spec.max_tokens)?;
+        let effective = Effective::of(self.head.spec, self.head.req);
+        m.serialize_entry("max_tokens", &effective.max_tokens)?;
         m.serialize_entry("messages", &Messages(self))?;
         self.head.serialize_rest(&mut m)?;
         m.end()
@@ -395,19 +436,23 @@ impl Head<'_> {
     /// The body's entries after "messages" (the keys sort after it), into `m`.
     fn serialize_rest<M: SerializeMap>(&self, m: &mut M) -> Result<(), M::Error> {
         let spec = self.spec;
+        let effective = Effective::of(spec, self.req);
         m.serialize_entry("model", &spec.model)?;
-        if let (Thinking::Adaptive, Some(effort)) = (spec.thinking, &spec.thinking_effort) {
+        if let (Thinking::Adaptive, Some(effort)) = (effective.thinking, effective.effort) {
             m.serialize_entry("output_config", &OutputConfig { effort })?;
         }
         m.serialize_entry("stream", &true)?;
         if !self.system.is_empty() {
             m.serialize_entry("system", &System(self))?;
         }
-        match spec.thinking {
+        if let (Thinking::Off, Some(t)) = (effective.thinking, self.req.options.temperature) {
+            m.serialize_entry("temperature", &t)?;
+        }
+        match effective.thinking {
             Thinking::Off => {}
             Thinking::Adaptive => m.serialize_entry("thinking", &ThinkingConfig(None))?,
             Thinking::Budgeted => {
-                m.serialize_entry("thinking", &ThinkingConfig(Some(spec.thinking_budget)))?
+                m.serialize_entry("thinking", &ThinkingConfig(Some(effective.budget)))?
             }
         }
         if !self.req.tools.is_empty() {
@@ -797,6 +842,8 @@ mod tests {
         let mut s = spec(CacheTtl::FiveMinutes);
         s.cache = false;
         let req = ChatRequest {
+            options: Default::default(),
+            deltas: None,
             session_id: "s".into(),
             system: vec![],
             messages: vec![
@@ -847,6 +894,8 @@ mod tests {
         // into the same wire message. The marker stays on the old last block.
         let s = spec(CacheTtl::FiveMinutes);
         let req = ChatRequest {
+            options: Default::default(),
+            deltas: None,
             session_id: "s".into(),
             system: vec![SystemBlock {
                 tier: SystemTier::Stable,
@@ -904,6 +953,8 @@ mod tests {
         let cc = json!({ "type": "ephemeral" });
         let text = |t: &str| UserBlock::Text { text: t.into() };
         let mut req = ChatRequest {
+            options: Default::default(),
+            deltas: None,
             session_id: "s".into(),
             system: vec![
                 SystemBlock {

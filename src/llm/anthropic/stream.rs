@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::llm::sse::SseHandler;
-use crate::llm::{ChatResponse, LlmError, StopReason};
+use crate::llm::{ChatResponse, DeltaSink, LlmError, StopReason, StreamDelta};
 use crate::message::{ThinkingBlock, ToolCall, Usage};
 
 #[derive(Deserialize)]
@@ -181,9 +181,17 @@ pub(crate) struct StreamParser {
     /// Bytes of text, thinking, signatures, redacted data and tool ids, names and inputs.
     content_bytes: usize,
     done: bool,
+    /// Text as it arrives, for a streamed answer of a compatible endpoint.
+    deltas: Option<DeltaSink>,
 }
 
 impl StreamParser {
+    /// Also hand each piece of text to `deltas` as it arrives.
+    pub(crate) fn with_deltas(mut self, deltas: Option<DeltaSink>) -> Self {
+        self.deltas = deltas;
+        self
+    }
+
     /// `provider` labels errors; `model` is the id reported if `message_start` names none.
     pub(crate) fn new(provider: &str, model: &str) -> Self {
         StreamParser {
@@ -195,6 +203,7 @@ impl StreamParser {
             saw_content: false,
             content_bytes: 0,
             done: false,
+            deltas: None,
         }
     }
 
@@ -336,6 +345,12 @@ impl SseHandler for StreamParser {
                 let added = match (block, delta) {
                     (Block::Text(t), WireDelta::TextDelta { text }) => {
                         t.push_str(&text);
+                        if let Some(d) = &self.deltas
+                            && !text.is_empty()
+                        {
+                            // A receiver that went away (the client hung up) changes nothing.
+                            let _ = d.send(StreamDelta::Text(text.clone()));
+                        }
                         text.len()
                     }
                     (Block::Tool { json, .. }, WireDelta::InputJsonDelta { partial_json }) => {
@@ -550,6 +565,24 @@ mod tests {
     #[tokio::test]
     async fn whole_transcript() {
         assert_eq!(parse(TRANSCRIPT.as_bytes(), &[]).await.unwrap(), expected());
+    }
+
+    /// A streamed answer of a compatible endpoint gets the text piece by piece, in order, and
+    /// the pieces add up to the answer's text.
+    #[tokio::test]
+    async fn text_pieces_go_to_the_delta_sink_as_they_arrive() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut p = StreamParser::new("anthropic (t)", "fallback-id").with_deltas(Some(tx));
+        run_split(TRANSCRIPT.as_bytes(), &[7, 100], &mut p)
+            .await
+            .unwrap();
+        let answer = p.finish();
+        let mut pieces = Vec::new();
+        while let Ok(StreamDelta::Text(t)) = rx.try_recv() {
+            pieces.push(t);
+        }
+        assert!(pieces.len() >= 2, "{pieces:?}");
+        assert_eq!(pieces.concat(), answer.text);
     }
 
     #[tokio::test]

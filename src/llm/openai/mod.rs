@@ -4,6 +4,7 @@
 
 mod embeddings;
 mod render;
+pub mod server;
 mod stream;
 
 pub use render::render_body;
@@ -78,7 +79,8 @@ impl OpenAiClient {
             render_body(&self.spec, req),
             "text/event-stream",
         )?;
-        let mut parser = stream::StreamParser::new(&self.label, &self.spec.model);
+        let mut parser = stream::StreamParser::new(&self.label, &self.spec.model)
+            .with_deltas(req.deltas.clone());
         http::stream_call(request, &ctx, &mut parser).await?;
         Ok(parser.finish())
     }

@@ -76,7 +76,7 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
         out.push(b'{');
         serde_json::to_writer(&mut out, max_tokens_key(spec))?;
         out.push(b':');
-        serde_json::to_writer(&mut out, &spec.max_tokens)?;
+        serde_json::to_writer(&mut out, &max_tokens(spec, req))?;
         out.extend_from_slice(b",\"messages\":[");
         let mut first = true;
         if let Some(system) = system_message(req) {
@@ -114,6 +114,14 @@ fn render_message(message: &Message, r: &mut Rendered) -> serde_json::Result<()>
         result = serde_json::to_writer(&mut r.bytes, &e);
     });
     result
+}
+
+/// The output cap of the call: the model's `max_tokens`, or less when the client of a
+/// compatible endpoint asked for less (SPEC §17).
+fn max_tokens(spec: &ModelSpec, req: &ChatRequest) -> u32 {
+    req.options
+        .max_tokens
+        .map_or(spec.max_tokens, |m| m.clamp(1, spec.max_tokens))
 }
 
 /// OpenAI's reasoning models reject `max_tokens`; other servers often only know it.
@@ -206,7 +214,7 @@ struct Body<'a> {
 impl Serialize for Body<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(None)?;
-        m.serialize_entry(max_tokens_key(self.spec), &self.spec.max_tokens)?;
+        m.serialize_entry(max_tokens_key(self.spec), &max_tokens(self.spec, self.req))?;
         m.serialize_entry("messages", &Messages(self.req))?;
         self.serialize_rest(&mut m)?;
         m.end()
@@ -232,6 +240,9 @@ impl Body<'_> {
         if spec.prompt_cache_key {
             m.serialize_entry("prompt_cache_key", &req.session_id)?;
         }
+        if let Some(effort) = &req.options.effort {
+            m.serialize_entry("reasoning_effort", effort)?;
+        }
         m.serialize_entry("stream", &true)?;
         m.serialize_entry(
             "stream_options",
@@ -239,6 +250,9 @@ impl Body<'_> {
                 include_usage: true,
             },
         )?;
+        if let Some(t) = req.options.temperature {
+            m.serialize_entry("temperature", &t)?;
+        }
         if !req.tools.is_empty() {
             let choice = match req.tool_choice {
                 ToolChoice::Auto => "auto",

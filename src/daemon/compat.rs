@@ -1,0 +1,482 @@
+//! The daemon side of the OpenAI- and Anthropic-compatible endpoints (SPEC §17): which
+//! session a request goes to (a persistent `api:<KEY>` or a one-off `api-once-…`), the intake
+//! id (`Idempotency-Key`, so a client's retry is recorded once and answered from the same
+//! message), the intake itself (source `api`, images saved as attachments, the request's
+//! choices on its `Route::Api`), and the wait for the answer, which runs in a task of its
+//! own: a client that goes away never stops it.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use super::http_backend::{AttachmentSaver, DaemonBackend, backend_error};
+use crate::agent::{FailCause, Finish};
+use crate::api::backend::{AttachmentIn, BackendError, CompatIn, CompatOutcome, CompatTicket};
+use crate::channels::intake::Completion;
+use crate::control::Source;
+use crate::llm::compat::{CompatReply, ErrorKind, FinishReason, ModelChoice};
+use crate::message::{Message, Usage};
+use crate::session::event::{ApiRoute, ONE_OFF_PREFIX};
+use crate::session::{Event, Intake, Route, TrailLine};
+
+/// The longest session name kept as it is in `api:<KEY>` (the key is at most 64 characters);
+/// a longer one, or one with control characters or slashes, is hashed.
+pub const MAX_SESSION_NAME: usize = 60;
+
+/// How many answers to requests with an `Idempotency-Key` are remembered, so a retry that
+/// comes after a one-off session was archived is still answered from the same message.
+pub const RECENT_ANSWERS: usize = 256;
+
+/// The session key for a client's session name: `api:<name>`, or `api:h-<hash>` for a name
+/// that is too long or has characters a key may not have. `None` for an empty name.
+pub fn session_key(name: &str) -> Option<String> {
+    let name = name.trim();
+    if name.is_empty() {
+        return None;
+    }
+    let plain = name.chars().count() <= MAX_SESSION_NAME
+        && !name
+            .chars()
+            .any(|c| c.is_control() || c == '/' || c == '\\');
+    Some(if plain {
+        format!("api:{name}")
+    } else {
+        format!("api:h-{}", &hex(name)[..32])
+    })
+}
+
+/// The key of a one-off session: from the `Idempotency-Key` when there is one (a retry finds
+/// the same session), else fresh.
+pub fn one_off_key(idempotency_key: Option<&str>) -> String {
+    match idempotency_key {
+        Some(k) => format!("{ONE_OFF_PREFIX}{}", &hex(k)[..32]),
+        None => format!("{ONE_OFF_PREFIX}{}", uuid::Uuid::now_v7().simple()),
+    }
+}
+
+fn hex(s: &str) -> String {
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// An `Idempotency-Key` as an intake id: the rule of client ids (`control::valid_id`, 1 to
+/// 128 characters of `A-Z a-z 0-9 . _ : -`).
+pub fn idempotency_id(key: &str) -> Result<String, String> {
+    if crate::control::valid_id(key) {
+        Ok(key.to_string())
+    } else {
+        Err(format!(
+            "Idempotency-Key must be 1 to {} characters of A-Z, a-z, 0-9, '.', '_', ':' or '-' (a UUID works), got {}",
+            crate::control::MAX_ID_LEN,
+            crate::control::escaped_preview(key)
+        ))
+    }
+}
+
+/// The answers to recent requests with an `Idempotency-Key`, newest last, bounded.
+#[derive(Default)]
+pub struct RecentAnswers(Mutex<VecDeque<(String, CompatOutcome)>>);
+
+impl RecentAnswers {
+    fn get(&self, key: &str) -> Option<CompatOutcome> {
+        let list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        list.iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, o)| o.clone())
+    }
+
+    fn put(&self, key: String, outcome: CompatOutcome) {
+        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|(k, _)| *k != key);
+        if list.len() >= RECENT_ANSWERS {
+            list.pop_front();
+        }
+        list.push_back((key, outcome));
+    }
+}
+
+/// What the answer says besides the text: the id and `model` the client sees, and when.
+struct Answering {
+    id: String,
+    model: String,
+    created: i64,
+}
+
+impl Answering {
+    /// A finished message as the client's outcome.
+    fn outcome(&self, finish: Finish) -> CompatOutcome {
+        match finish {
+            Finish::Reply {
+                text,
+                silent,
+                usage,
+                truncated,
+                ..
+            } => CompatOutcome::Reply(CompatReply {
+                id: self.id.clone(),
+                model: self.model.clone(),
+                created: self.created,
+                // A silent reply (the agent chose not to answer) is an empty answer.
+                text: if silent { String::new() } else { text },
+                finish: if truncated {
+                    FinishReason::Length
+                } else {
+                    FinishReason::Stop
+                },
+                usage,
+            }),
+            Finish::Failed {
+                reply,
+                error,
+                cause,
+            } => CompatOutcome::Failed {
+                kind: match cause {
+                    FailCause::Budget => ErrorKind::Budget,
+                    FailCause::Model => ErrorKind::Upstream,
+                    FailCause::Other => ErrorKind::Internal,
+                },
+                message: if reply == error {
+                    error
+                } else {
+                    format!("{reply} ({error})")
+                },
+            },
+            Finish::Cancelled => CompatOutcome::Failed {
+                kind: ErrorKind::Interrupted,
+                message: "interrupted by a shutdown: the message resumes after the restart and its reply lands in the session trail and the webhook".into(),
+            },
+        }
+    }
+}
+
+/// How intake `id` ended, read back from its session's trail (a duplicate of a message that
+/// is already done): the final answer with the usage of every call of its turn, or the
+/// failure. `None` while it is still running.
+pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
+    let mut usage = Usage::default();
+    let mut cost = 0.0;
+    let mut ours = false;
+    for l in lines {
+        match &l.event {
+            Event::Message(m) if m.message.is_user() => {
+                ours = m.reply_to.iter().any(|r| r == id);
+                usage = Usage::default();
+                cost = 0.0;
+            }
+            Event::Message(m) => {
+                let Message::Assistant { text, usage: u, .. } = &m.message else {
+                    continue;
+                };
+                if ours {
+                    if let Some(u) = u {
+                        usage.add(u);
+                    }
+                    cost += m.cost_usd.unwrap_or(0.0);
+                }
+                if m.is_final && m.reply_to.iter().any(|r| r == id) {
+                    return Some(Finish::Reply {
+                        text: text.clone(),
+                        silent: m.silent,
+                        usage,
+                        cost_usd: cost,
+                        truncated: m.stop_reason.as_deref() == Some("max_tokens"),
+                    });
+                }
+            }
+            Event::Failure {
+                reply_to,
+                error,
+                reply,
+            } if reply_to.iter().any(|r| r == id) => {
+                return Some(Finish::Failed {
+                    reply: reply.clone(),
+                    error: error.clone(),
+                    cause: FailCause::Other,
+                });
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+impl DaemonBackend {
+    /// `ApiBackend::compat`.
+    pub(super) async fn compat_accept(&self, req: CompatIn) -> Result<CompatTicket, BackendError> {
+        let CompatIn {
+            request: r,
+            session_header,
+            idempotency_key,
+            ..
+        } = req;
+        let id = match &idempotency_key {
+            Some(k) => idempotency_id(k).map_err(BackendError::BadRequest)?,
+            None => uuid::Uuid::now_v7().to_string(),
+        };
+        let answering = Answering {
+            id: id.clone(),
+            model: r.model.clone(),
+            created: chrono::Utc::now().timestamp(),
+        };
+        if let Some(outcome) = idempotency_key.as_deref().and_then(|k| self.recent.get(k)) {
+            tracing::info!(id = %id, "compatible request answered again from its recorded answer");
+            return Ok(ready(id, outcome));
+        }
+        let stream = r.stream;
+        let name = session_header.or(r.session.clone());
+        let (key, from, one_off) = match name.as_deref().and_then(session_key) {
+            Some(key) => {
+                let from = key.trim_start_matches("api:").to_string();
+                (key, from, false)
+            }
+            None => (one_off_key(idempotency_key.as_deref()), "api".into(), true),
+        };
+        let model = match ModelChoice::of(&r.model) {
+            ModelChoice::Routed => None,
+            ModelChoice::Named(name) if self.cfg.models.get(&name).is_some() => Some(name),
+            ModelChoice::Named(name) => {
+                return Err(BackendError::NotFound(format!(
+                    "model {:?} is not loaded: use \"agentd\" or one of {} (GET /v1/models)",
+                    format!("agentd:{}", name.chars().take(60).collect::<String>()),
+                    self.cfg
+                        .models
+                        .loaded
+                        .keys()
+                        .map(|n| format!("\"agentd:{n}\""))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        };
+        let attachments = {
+            let saver = AttachmentSaver {
+                inbox: self.cfg.paths.state_dir.join("inbox"),
+            };
+            let list: Vec<AttachmentIn> = r
+                .images
+                .iter()
+                .map(|i| AttachmentIn {
+                    content_type: i.media_type.clone(),
+                    data: i.data.clone(),
+                    filename: None,
+                })
+                .collect();
+            let file_id = format!("api-{}", uuid::Uuid::now_v7());
+            tokio::task::spawn_blocking(move || saver.save(&file_id, &list))
+                .await
+                .map_err(|e| BackendError::Internal(e.to_string()))??
+        };
+        let intake = Intake {
+            id: id.clone(),
+            source: Source::Api,
+            from,
+            text: r.text,
+            tier: None,
+            attachments,
+            route: Some(Route::Api(ApiRoute {
+                model,
+                instructions: r.system,
+                history: if one_off { r.history } else { Vec::new() },
+                options: r.options,
+                one_off,
+            })),
+            notify_meta: None,
+        };
+        let waiter = self.dispatcher.wait_for(&id);
+        let deltas = stream.then(|| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            self.dispatcher.stream_to(&id, tx);
+            rx
+        });
+        let new = match self.intake.accept_new(&key, intake).await {
+            Ok(new) => new,
+            Err(e) => {
+                self.dispatcher.forget(&id);
+                return Err(backend_error(e));
+            }
+        };
+        let replay = if new {
+            None
+        } else {
+            self.finished_in_trail(&key, &id).await
+        };
+        if replay.is_some() {
+            // Done already: nobody will be told again, so the waiter (and any sink) would
+            // stay registered for good.
+            self.dispatcher.forget(&id);
+        }
+        let (tx, rx) = oneshot::channel();
+        let recent = self.recent.clone();
+        tokio::spawn(async move {
+            let outcome = match replay {
+                Some(finish) => Ok(answering.outcome(finish)),
+                None => match waiter.await {
+                    Ok(Completion { finish, .. }) => Ok(answering.outcome(finish)),
+                    Err(_) => Err(BackendError::Unavailable(
+                        "agentd stopped before the message was done; it resumes after the restart"
+                            .into(),
+                    )),
+                },
+            };
+            if let (Some(k), Ok(o)) = (idempotency_key, &outcome) {
+                recent.put(k, o.clone());
+            }
+            let _ = tx.send(outcome);
+        });
+        Ok(CompatTicket {
+            id,
+            done: Box::pin(async move {
+                rx.await.unwrap_or_else(|_| {
+                    Err(BackendError::Internal("the answer task ended early".into()))
+                })
+            }),
+            deltas,
+        })
+    }
+
+    /// The finish of intake `id` in session `key`'s trail, if it is done.
+    async fn finished_in_trail(&self, key: &str, id: &str) -> Option<Finish> {
+        let store = self.intake.store.clone();
+        let (key, id) = (key.to_string(), id.to_string());
+        tokio::task::spawn_blocking(move || {
+            let session = store.get(&key).ok()??;
+            let lines = session.read_trail().ok()?;
+            recorded_finish(&lines, &id)
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+}
+
+/// A ticket already answered.
+fn ready(id: String, outcome: CompatOutcome) -> CompatTicket {
+    CompatTicket {
+        id,
+        done: Box::pin(async move { Ok(outcome) }),
+        deltas: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::MessageEvent;
+
+    #[test]
+    fn session_names_become_keys_of_at_most_64_characters() {
+        assert_eq!(session_key("alice").as_deref(), Some("api:alice"));
+        assert_eq!(session_key("  "), None);
+        let long = "x".repeat(64);
+        let k = session_key(&long).unwrap();
+        assert!(k.starts_with("api:h-") && k.len() == 38, "{k}");
+        assert_eq!(session_key(&long), Some(k), "stable");
+        let k = session_key("a/b").unwrap();
+        assert!(k.starts_with("api:h-"), "{k}");
+        assert!(session_key("a\nb").unwrap().starts_with("api:h-"));
+        assert!(crate::daemon::intake::valid_key(
+            &session_key(&"é".repeat(60)).unwrap()
+        ));
+    }
+
+    #[test]
+    fn one_off_keys_follow_the_idempotency_key() {
+        assert_eq!(one_off_key(Some("k1")), one_off_key(Some("k1")));
+        assert_ne!(one_off_key(Some("k1")), one_off_key(Some("k2")));
+        assert_ne!(one_off_key(None), one_off_key(None));
+        assert!(one_off_key(None).starts_with(ONE_OFF_PREFIX));
+        assert!(crate::daemon::intake::valid_key(&one_off_key(Some("k"))));
+    }
+
+    #[test]
+    fn idempotency_keys_are_checked() {
+        assert!(idempotency_id("stainless-python-retry-0b6e6b1c-8d1e-4c1f").is_ok());
+        for bad in ["", "a b", "a/b", &"x".repeat(129), "é"] {
+            assert!(idempotency_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn recent_answers_are_bounded() {
+        let r = RecentAnswers::default();
+        let o = |m: &str| CompatOutcome::Failed {
+            kind: ErrorKind::Internal,
+            message: m.into(),
+        };
+        for i in 0..RECENT_ANSWERS + 10 {
+            r.put(format!("k{i}"), o("x"));
+        }
+        assert!(r.get("k0").is_none());
+        assert!(r.get(&format!("k{}", RECENT_ANSWERS + 9)).is_some());
+        assert_eq!(r.0.lock().unwrap().len(), RECENT_ANSWERS);
+    }
+
+    fn line(seq: u64, event: Event) -> TrailLine {
+        TrailLine {
+            v: 1,
+            seq,
+            ts: "2026-01-01T00:00:00Z".into(),
+            event,
+        }
+    }
+
+    #[test]
+    fn a_finished_message_is_read_back_with_its_usage() {
+        let u = |i, o| Usage {
+            input_tokens: i,
+            output_tokens: o,
+            cache_read_tokens: 0,
+            cache_write_tokens: 0,
+        };
+        let mut user = MessageEvent::new(Message::user_text("hi"));
+        user.reply_to = vec!["i1".into()];
+        let call = MessageEvent::new(Message::Assistant {
+            text: String::new(),
+            tool_calls: vec![],
+            thinking: vec![],
+            usage: Some(u(10, 1)),
+        });
+        let mut last = MessageEvent::new(Message::Assistant {
+            text: "done".into(),
+            tool_calls: vec![],
+            thinking: vec![],
+            usage: Some(u(20, 2)),
+        });
+        last.is_final = true;
+        last.reply_to = vec!["i1".into()];
+        last.stop_reason = Some("max_tokens".into());
+        let lines = vec![line(1, Event::Message(user)), line(2, Event::Message(call))];
+        assert_eq!(recorded_finish(&lines, "i1"), None, "still running");
+        let mut lines = lines;
+        lines.push(line(3, Event::Message(last)));
+        let Some(Finish::Reply {
+            text,
+            usage,
+            truncated,
+            ..
+        }) = recorded_finish(&lines, "i1")
+        else {
+            panic!("no reply read back")
+        };
+        assert_eq!(text, "done");
+        assert_eq!(usage, u(30, 3));
+        assert!(truncated);
+        let failed = vec![line(
+            1,
+            Event::Failure {
+                reply_to: vec!["i2".into()],
+                error: "boom".into(),
+                reply: "sorry".into(),
+            },
+        )];
+        assert!(matches!(
+            recorded_finish(&failed, "i2"),
+            Some(Finish::Failed { .. })
+        ));
+    }
+}

@@ -1,0 +1,650 @@
+//! The server side of Anthropic's Messages wire format (SPEC §17): the request body of
+//! `POST /v1/messages` into a neutral [`CompatRequest`], and the answers back: the `message`
+//! object, the event stream (`message_start`, `content_block_start`/`delta`/`stop`,
+//! `message_delta` with usage, `message_stop`, `ping` keep-alives) and the error envelope.
+//! Only this module (with the client beside it) knows Anthropic's JSON.
+
+use serde_json::{Map, Value, json};
+
+use crate::llm::compat::{
+    self, CompatImage, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid, short,
+};
+use crate::message::call::{CallOptions, ClientThinking, EFFORTS};
+use crate::message::{Message, Usage, UserBlock};
+
+/// The route of the endpoint.
+pub const MESSAGES_PATH: &str = "/v1/messages";
+
+/// The header Anthropic clients send the key in.
+pub const API_KEY_HEADER: &str = "x-api-key";
+
+/// Fields that ask the server to run client-side or server-side tools it does not have.
+const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "mcp_servers"];
+
+/// Parses a request body. Fields that change nothing the agent does (`top_p`, `top_k`,
+/// `stop_sequences`, `service_tier`, …) are ignored; fields it cannot honour are refused with
+/// the reason.
+pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| Invalid {
+        param: None,
+        message: format!("the body is not valid JSON: {e}"),
+    })?;
+    let Value::Object(o) = v else {
+        return Err(Invalid {
+            param: None,
+            message: "the body must be a JSON object".into(),
+        });
+    };
+    for f in TOOL_FIELDS {
+        if o.get(*f).is_some_and(|v| !v.is_null() && v != &json!([])) {
+            return Err(Invalid::new(
+                *f,
+                format!(
+                    "client-side tools are not supported: agentd is an agent and runs its own tools; remove `{f}` from the request"
+                ),
+            ));
+        }
+    }
+    let model = match o.get("model") {
+        Some(Value::String(m)) if !m.is_empty() && m.len() <= 256 => m.clone(),
+        _ => {
+            return Err(Invalid::new(
+                "model",
+                "`model` is required: \"agentd\" or \"agentd:<model name>\" (GET /v1/models lists them)",
+            ));
+        }
+    };
+    let stream = match o.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(Invalid::new("stream", "`stream` must be true or false")),
+    };
+    let max_tokens = match o.get("max_tokens") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if n >= 1 => Some(n),
+            _ => {
+                return Err(Invalid::new(
+                    "max_tokens",
+                    format!(
+                        "`max_tokens` must be a positive integer, got {}",
+                        short(&v.to_string())
+                    ),
+                ));
+            }
+        },
+    };
+    let thinking = match o.get("thinking") {
+        None | Some(Value::Null) => None,
+        Some(t) => Some(thinking(t, max_tokens)?),
+    };
+    let effort = match o.get("output_config").and_then(|c| c.get("effort")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => Some(e.clone()),
+        Some(e) => {
+            return Err(Invalid::new(
+                "output_config.effort",
+                format!(
+                    "unknown effort {}: use one of {}",
+                    short(&e.to_string()),
+                    EFFORTS.join(", ")
+                ),
+            ));
+        }
+    };
+    let session = match o.get("metadata").and_then(|m| m.get("user_id")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.trim().is_empty() => Some(s.clone()),
+        Some(Value::String(_)) => None,
+        Some(_) => {
+            return Err(Invalid::new(
+                "metadata.user_id",
+                "`metadata.user_id` must be a string",
+            ));
+        }
+    };
+    let system = match o.get("system") {
+        None | Some(Value::Null) => None,
+        Some(s) => Some(text_blocks(s, "system")?),
+    };
+    let Some(Value::Array(messages)) = o.get("messages") else {
+        return Err(Invalid::new("messages", "`messages` must be an array"));
+    };
+    if messages.is_empty() || messages.len() > compat::MAX_MESSAGES {
+        return Err(Invalid::new(
+            "messages",
+            format!(
+                "`messages` must hold 1 to {} messages",
+                compat::MAX_MESSAGES
+            ),
+        ));
+    }
+    let mut turns: Vec<(Message, Vec<CompatImage>)> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(m) = m else {
+            return Err(Invalid::new(at, "each message must be an object"));
+        };
+        match m.get("role").and_then(Value::as_str) {
+            Some("user") => {
+                let (text, images) = content(m, &at, true)?;
+                let mut blocks = vec![UserBlock::Text { text }];
+                for _ in &images {
+                    blocks.push(UserBlock::Text {
+                        text: "[image sent by the client]".into(),
+                    });
+                }
+                turns.push((Message::User { content: blocks }, images));
+            }
+            Some("assistant") => {
+                let (text, _) = content(m, &at, false)?;
+                turns.push((compat::assistant_text(text), Vec::new()));
+            }
+            _ => {
+                return Err(Invalid::new(
+                    format!("{at}.role"),
+                    "`role` must be \"user\" or \"assistant\"",
+                ));
+            }
+        }
+    }
+    let Some((Message::User { content: last }, images)) = turns.pop() else {
+        return Err(Invalid::new(
+            "messages",
+            "the last message must be a user message: it is the new input (prefilling the assistant's answer is not supported)",
+        ));
+    };
+    let text = match last.into_iter().next() {
+        Some(UserBlock::Text { text }) => text,
+        _ => String::new(),
+    };
+    if text.trim().is_empty() && images.is_empty() {
+        return Err(Invalid::new(
+            format!("messages[{}].content", messages.len() - 1),
+            "the last user message is empty",
+        ));
+    }
+    Ok(CompatRequest {
+        model,
+        session,
+        system: system.filter(|s| !s.trim().is_empty()),
+        history: compat::normalise_history(turns.into_iter().map(|(m, _)| m).collect()),
+        text,
+        images,
+        options: CallOptions {
+            max_tokens,
+            temperature: compat::temperature(o.get("temperature"), 1.0)?,
+            effort,
+            thinking,
+        },
+        stream,
+        include_usage: true,
+    })
+}
+
+/// `thinking`: `{"type": "enabled", "budget_tokens": n}` (n ≥ 1024, below `max_tokens`),
+/// `{"type": "disabled"}` or `{"type": "adaptive"}`.
+fn thinking(t: &Value, max_tokens: Option<u32>) -> Result<ClientThinking, Invalid> {
+    match t.get("type").and_then(Value::as_str) {
+        Some("disabled") => Ok(ClientThinking::Disabled),
+        Some("adaptive") => Ok(ClientThinking::Adaptive),
+        Some("enabled") => {
+            let budget = t
+                .get("budget_tokens")
+                .and_then(Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| *n >= 1024)
+                .ok_or_else(|| {
+                    Invalid::new(
+                        "thinking.budget_tokens",
+                        "`budget_tokens` must be an integer of at least 1024",
+                    )
+                })?;
+            if max_tokens.is_some_and(|m| budget >= m) {
+                return Err(Invalid::new(
+                    "thinking.budget_tokens",
+                    "`budget_tokens` must be below `max_tokens`",
+                ));
+            }
+            Ok(ClientThinking::Enabled {
+                budget_tokens: budget,
+            })
+        }
+        _ => Err(Invalid::new(
+            "thinking.type",
+            "`thinking.type` must be \"enabled\", \"disabled\" or \"adaptive\"",
+        )),
+    }
+}
+
+/// A string, or text blocks (joined by newlines).
+fn text_blocks(v: &Value, at: &str) -> Result<String, Invalid> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut out = Vec::new();
+            for (j, b) in blocks.iter().enumerate() {
+                match (b.get("type").and_then(Value::as_str), b.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => out.push(t.clone()),
+                    _ => {
+                        return Err(Invalid::new(
+                            format!("{at}[{j}]"),
+                            "only text blocks are supported here",
+                        ));
+                    }
+                }
+            }
+            Ok(out.join("\n"))
+        }
+        _ => Err(Invalid::new(
+            at,
+            "must be a string or an array of text blocks",
+        )),
+    }
+}
+
+/// A message's text blocks (joined by newlines) and, for a user message, its images.
+/// Thinking blocks of assistant messages are skipped; tool blocks are refused.
+fn content(
+    m: &Map<String, Value>,
+    at: &str,
+    user: bool,
+) -> Result<(String, Vec<CompatImage>), Invalid> {
+    let blocks = match m.get("content") {
+        Some(Value::String(s)) => return Ok((s.clone(), Vec::new())),
+        Some(Value::Array(blocks)) => blocks,
+        _ => {
+            return Err(Invalid::new(
+                format!("{at}.content"),
+                "must be a string or an array of content blocks",
+            ));
+        }
+    };
+    let mut text = Vec::new();
+    let mut images = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let here = format!("{at}.content[{j}]");
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => match b.get("text") {
+                Some(Value::String(t)) => text.push(t.clone()),
+                _ => return Err(Invalid::new(here, "a text block needs a string `text`")),
+            },
+            Some("image") if user => {
+                images.push(image(b).map_err(|m| Invalid::new(&here, m))?);
+                if images.len() > compat::MAX_IMAGES {
+                    return Err(Invalid::new(
+                        here,
+                        format!("at most {} images per message", compat::MAX_IMAGES),
+                    ));
+                }
+            }
+            Some("thinking" | "redacted_thinking") if !user => {}
+            Some(kind @ ("tool_use" | "tool_result" | "server_tool_use")) => {
+                return Err(Invalid::new(
+                    here,
+                    format!(
+                        "`{kind}` blocks are not supported: agentd is an agent and runs its own tools"
+                    ),
+                ));
+            }
+            Some(other) => {
+                return Err(Invalid::new(
+                    here,
+                    format!(
+                        "content blocks of type {:?} are not supported here: send text{}",
+                        short(other),
+                        if user { " and images" } else { "" }
+                    ),
+                ));
+            }
+            None => return Err(Invalid::new(here, "a content block needs a `type`")),
+        }
+    }
+    Ok((text.join("\n"), images))
+}
+
+/// An image block with a base64 source (agentd fetches nothing a client names).
+fn image(b: &Value) -> Result<CompatImage, String> {
+    let source = b.get("source").ok_or("an image block needs a `source`")?;
+    if source.get("type").and_then(Value::as_str) != Some("base64") {
+        return Err(
+            "only base64 image sources are accepted (agentd does not fetch URLs for a client)"
+                .into(),
+        );
+    }
+    let media_type = source
+        .get("media_type")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !compat::is_image_type(media_type) {
+        return Err(format!(
+            "image media_type {:?} is not supported: use image/png, image/jpeg, image/gif or image/webp",
+            short(media_type)
+        ));
+    }
+    let data = source.get("data").and_then(Value::as_str).unwrap_or("");
+    if !compat::is_base64(data) {
+        return Err("the image data is not valid base64".into());
+    }
+    Ok(CompatImage {
+        media_type: media_type.to_string(),
+        data: data.to_string(),
+    })
+}
+
+fn stop_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "end_turn",
+        FinishReason::Length => "max_tokens",
+    }
+}
+
+/// Usage as Anthropic reports it: uncached input, cache reads and cache writes apart (the
+/// fields Anthropic's `Usage` requires and agentd does not know are null).
+fn usage(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "cache_creation_input_tokens": u.cache_write_tokens,
+        "cache_read_input_tokens": u.cache_read_tokens,
+        "cache_creation": null,
+        "inference_geo": null,
+        "server_tool_use": null,
+        "service_tier": null,
+    })
+}
+
+/// The `message` object with `content`, `stop_reason` and `usage`.
+fn message(id: &str, model: &str, content: Value, stop: Option<&str>, u: &Usage) -> Value {
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": null,
+        "stop_details": null,
+        "container": null,
+        "usage": usage(u),
+    })
+}
+
+/// The `message` object.
+pub fn message_body(r: &CompatReply) -> Vec<u8> {
+    serde_json::to_vec(&message(
+        &format!("msg_{}", r.id),
+        &r.model,
+        json!([{"type": "text", "text": r.text, "citations": null}]),
+        Some(stop_reason(r.finish)),
+        &r.usage,
+    ))
+    .unwrap_or_default()
+}
+
+/// The error envelope: `{"type": "error", "error": {"type", "message"}}`.
+pub fn error_body(kind: ErrorKind, message: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "type": "error",
+        "error": {"type": error_type(kind), "message": message},
+        "request_id": null,
+    }))
+    .unwrap_or_default()
+}
+
+fn error_type(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::InvalidRequest | ErrorKind::TooLarge => "invalid_request_error",
+        ErrorKind::Authentication => "authentication_error",
+        ErrorKind::NotFound => "not_found_error",
+        ErrorKind::Timeout => "timeout_error",
+        ErrorKind::Busy | ErrorKind::Budget => "rate_limit_error",
+        ErrorKind::Upstream | ErrorKind::Internal => "api_error",
+        ErrorKind::Unavailable => "overloaded_error",
+        ErrorKind::Interrupted => "api_error",
+    }
+}
+
+/// The events of one streamed answer: `message_start` and `content_block_start` at once,
+/// `content_block_delta` per piece of text, `ping` as keep-alive, then `content_block_stop`,
+/// `message_delta` (stop reason and usage) and `message_stop`.
+pub struct EventStream {
+    id: String,
+    model: String,
+}
+
+impl EventStream {
+    pub fn new(id: &str, model: &str) -> EventStream {
+        EventStream {
+            id: format!("msg_{id}"),
+            model: model.to_string(),
+        }
+    }
+
+    /// `message_start` (usage still zero: it is known at the end) and the text block's start.
+    pub fn start(&self) -> Vec<u8> {
+        let start = message(&self.id, &self.model, json!([]), None, &Usage::default());
+        let mut out = event(
+            "message_start",
+            &json!({"type": "message_start", "message": start}),
+        );
+        out.extend(event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": "", "citations": null}}),
+        ));
+        out
+    }
+
+    pub fn text(&self, text: &str) -> Vec<u8> {
+        event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": text}}),
+        )
+    }
+
+    pub fn keep_alive(&self) -> Vec<u8> {
+        event("ping", &json!({"type": "ping"}))
+    }
+
+    pub fn finish(&self, r: &CompatReply) -> Vec<u8> {
+        let mut out = event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": 0}),
+        );
+        out.extend(event(
+            "message_delta",
+            &json!({"type": "message_delta",
+            "delta": {"stop_reason": stop_reason(r.finish), "stop_sequence": null,
+                      "stop_details": null, "container": null},
+            "usage": {
+                "input_tokens": r.usage.input_tokens,
+                "output_tokens": r.usage.output_tokens,
+                "cache_creation_input_tokens": r.usage.cache_write_tokens,
+                "cache_read_input_tokens": r.usage.cache_read_tokens,
+                "server_tool_use": null,
+            }}),
+        ));
+        out.extend(event("message_stop", &json!({"type": "message_stop"})));
+        out
+    }
+
+    /// An `error` event after the stream started (the SDKs raise it).
+    pub fn error(&self, kind: ErrorKind, message: &str) -> Vec<u8> {
+        let mut out = b"event: error\ndata: ".to_vec();
+        out.extend(error_body(kind, message));
+        out.extend_from_slice(b"\n\n");
+        out
+    }
+}
+
+fn event(name: &str, data: &Value) -> Vec<u8> {
+    let mut out = format!("event: {name}\ndata: ").into_bytes();
+    out.extend(serde_json::to_vec(data).unwrap_or_default());
+    out.extend_from_slice(b"\n\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Usage;
+
+    fn parse(v: Value) -> Result<CompatRequest, Invalid> {
+        parse_request(&serde_json::to_vec(&v).unwrap())
+    }
+
+    #[test]
+    fn a_conversation_is_split_into_system_history_and_new_input() {
+        let r = parse(json!({
+            "model": "agentd:primary",
+            "max_tokens": 2000,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "metadata": {"user_id": "bob"},
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "temperature": 0.5,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "…", "signature": "s"},
+                                                   {"type": "text", "text": "hello"}]},
+                {"role": "user", "content": [
+                    {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "aGVsbG8="}},
+                    {"type": "text", "text": "and this?"}
+                ]}
+            ],
+            "top_k": 5
+        }))
+        .unwrap();
+        assert_eq!(r.system.as_deref(), Some("Be brief."));
+        assert_eq!(r.session.as_deref(), Some("bob"));
+        assert_eq!(r.history.len(), 2);
+        assert_eq!(r.text, "and this?");
+        assert_eq!(r.images[0].media_type, "image/jpeg");
+        assert_eq!(r.options.max_tokens, Some(2000));
+        assert_eq!(
+            r.options.thinking,
+            Some(ClientThinking::Enabled {
+                budget_tokens: 1024
+            })
+        );
+        assert_eq!(r.options.temperature, Some(0.5));
+        assert!(!r.stream);
+    }
+
+    #[test]
+    fn tools_and_bad_fields_are_refused_with_the_field() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        let cases = [
+            (
+                json!({"model": "agentd", "max_tokens": 10, "messages": msgs, "tools": [{"name": "t"}]}),
+                "tools",
+            ),
+            (
+                json!({"model": "agentd", "max_tokens": 10, "messages": msgs, "tool_choice": {"type": "auto"}}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "agentd", "max_tokens": 10, "messages": msgs, "temperature": 1.5}),
+                "temperature",
+            ),
+            (
+                json!({"model": "agentd", "max_tokens": 2000, "messages": msgs, "thinking": {"type": "enabled", "budget_tokens": 100}}),
+                "thinking.budget_tokens",
+            ),
+            (
+                json!({"model": "agentd", "max_tokens": 1500, "messages": msgs, "thinking": {"type": "enabled", "budget_tokens": 2000}}),
+                "thinking.budget_tokens",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure,"}]}),
+                "messages",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "system", "content": "x"}]}),
+                "messages[0].role",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = parse(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+        }
+    }
+
+    fn reply() -> CompatReply {
+        CompatReply {
+            id: "abc".into(),
+            model: "agentd".into(),
+            created: 1,
+            text: "Hi".into(),
+            finish: FinishReason::Length,
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 5,
+                cache_read_tokens: 100,
+                cache_write_tokens: 20,
+            },
+        }
+    }
+
+    #[test]
+    fn the_message_reports_usage_as_anthropic_does() {
+        let v: Value = serde_json::from_slice(&message_body(&reply())).unwrap();
+        assert_eq!(v["id"], "msg_abc");
+        assert_eq!(v["content"][0]["text"], "Hi");
+        assert_eq!(v["stop_reason"], "max_tokens");
+        assert_eq!(v["usage"]["input_tokens"], 10);
+        assert_eq!(v["usage"]["output_tokens"], 5);
+        assert_eq!(v["usage"]["cache_creation_input_tokens"], 20);
+        assert_eq!(v["usage"]["cache_read_input_tokens"], 100);
+    }
+
+    #[test]
+    fn the_event_sequence() {
+        let s = EventStream::new("abc", "agentd");
+        let mut all = s.start();
+        all.extend(s.keep_alive());
+        all.extend(s.text("Hi"));
+        all.extend(s.finish(&reply()));
+        let text = String::from_utf8(all).unwrap();
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("event: "))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "ping",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_use_anthropics_envelope() {
+        let v: Value =
+            serde_json::from_slice(&error_body(ErrorKind::Authentication, "bad key")).unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "error", "error": {"type": "authentication_error", "message": "bad key"},
+                   "request_id": null})
+        );
+        let v: Value = serde_json::from_slice(&error_body(ErrorKind::Budget, "x")).unwrap();
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+    }
+}

@@ -1,0 +1,206 @@
+//! The answers agentd gives as an OpenAI- or Anthropic-compatible API (SPEC §17), validated
+//! against the response, stream-event and error schemas of the providers' published OpenAPI
+//! descriptions (extracted into `tests/fixtures/specs/` by `scripts/extract-spec-schemas.py`,
+//! see the README there): every body, every stream frame and every error envelope agentd
+//! can send, for every error class.
+
+use std::sync::LazyLock;
+
+use jsonschema::{Draft, Validator};
+use serde_json::Value;
+
+use crate::llm::anthropic::server as anthropic;
+use crate::llm::compat::{CompatReply, ErrorKind, FinishReason};
+use crate::llm::openai::server as openai;
+use crate::message::Usage;
+
+fn compile(name: &str, text: &str) -> Validator {
+    let schema: Value = serde_json::from_str(text)
+        .unwrap_or_else(|e| panic!("fixture {name} is not JSON: {e}; regenerate it"));
+    jsonschema::options()
+        .with_draft(Draft::Draft202012)
+        .build(&schema)
+        .unwrap_or_else(|e| panic!("fixture {name} does not compile: {e}"))
+}
+
+macro_rules! fixture {
+    ($name:ident, $file:literal) => {
+        static $name: LazyLock<Validator> = LazyLock::new(|| {
+            compile(
+                $file,
+                include_str!(concat!(
+                    "../../tests/fixtures/specs/",
+                    $file,
+                    ".schema.json"
+                )),
+            )
+        });
+    };
+}
+
+fixture!(OPENAI_RESPONSE, "openai-chat-response");
+fixture!(OPENAI_CHUNK, "openai-chat-chunk");
+fixture!(OPENAI_MODELS, "openai-models-response");
+fixture!(OPENAI_ERROR, "openai-error");
+fixture!(ANTHROPIC_MESSAGE, "anthropic-message-response");
+fixture!(ANTHROPIC_EVENT, "anthropic-stream-event");
+fixture!(ANTHROPIC_ERROR, "anthropic-error");
+
+/// Fails with every schema error of `body`, and the body.
+fn assert_valid(schema: &Validator, what: &str, body: &Value) {
+    let errors: Vec<String> = schema
+        .iter_errors(body)
+        .map(|e| format!("- at {}: {e}", e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{what} does not match the published schema:\n{}\n{body:#}",
+        errors.join("\n")
+    );
+}
+
+fn json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).expect("a body is JSON")
+}
+
+const KINDS: &[ErrorKind] = &[
+    ErrorKind::InvalidRequest,
+    ErrorKind::Authentication,
+    ErrorKind::NotFound,
+    ErrorKind::Timeout,
+    ErrorKind::TooLarge,
+    ErrorKind::Busy,
+    ErrorKind::Budget,
+    ErrorKind::Internal,
+    ErrorKind::Upstream,
+    ErrorKind::Unavailable,
+    ErrorKind::Interrupted,
+];
+
+fn reply(finish: FinishReason) -> CompatReply {
+    CompatReply {
+        id: "0196f3a2-7c1e-7b40-9a51-3d2f0e8c4b11".into(),
+        model: "agentd".into(),
+        created: 1_764_320_000,
+        text: "Milk and bread.".into(),
+        finish,
+        usage: Usage {
+            input_tokens: 30,
+            output_tokens: 9,
+            cache_read_tokens: 2710,
+            cache_write_tokens: 60,
+        },
+    }
+}
+
+/// The `data:` payloads (and `event:` names) of an SSE text, in order.
+fn sse(bytes: &[u8]) -> Vec<(Option<String>, String)> {
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    text.split("\n\n")
+        .filter(|f| !f.trim().is_empty() && !f.starts_with(':'))
+        .map(|f| {
+            let mut name = None;
+            let mut data = String::new();
+            for l in f.lines() {
+                if let Some(n) = l.strip_prefix("event: ") {
+                    name = Some(n.to_string());
+                } else if let Some(d) = l.strip_prefix("data: ") {
+                    data = d.to_string();
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
+#[test]
+fn openai_completion_models_and_errors_match_the_schemas() {
+    for finish in [FinishReason::Stop, FinishReason::Length] {
+        let body = json(&openai::completion_body(&reply(finish)));
+        assert_valid(&OPENAI_RESPONSE, "chat.completion", &body);
+    }
+    let models = json(&openai::models_body(
+        &["primary".into(), "cheap".into()],
+        1,
+        "kira",
+    ));
+    assert_valid(&OPENAI_MODELS, "model list", &models);
+    for kind in KINDS {
+        let body = json(&openai::error_body(*kind, "what went wrong", Some("tools")));
+        assert_valid(&OPENAI_ERROR, &format!("error {kind:?}"), &body);
+        let body = json(&openai::error_body(*kind, "what went wrong", None));
+        assert_valid(&OPENAI_ERROR, &format!("error {kind:?}"), &body);
+    }
+}
+
+#[test]
+fn openai_stream_chunks_match_the_schema() {
+    for include_usage in [false, true] {
+        let s = openai::ChunkStream::new("i1", "agentd:primary", 1_764_320_000, include_usage);
+        let mut all = s.start();
+        all.extend(s.keep_alive());
+        all.extend(s.text("Milk "));
+        all.extend(s.text("and bread."));
+        all.extend(s.finish(&reply(FinishReason::Length)));
+        let frames = sse(&all);
+        assert_eq!(frames.last().unwrap().1, "[DONE]");
+        for (_, data) in &frames[..frames.len() - 1] {
+            assert_valid(
+                &OPENAI_CHUNK,
+                "chat.completion.chunk",
+                &json(data.as_bytes()),
+            );
+        }
+        let errors = sse(&s.error(ErrorKind::Upstream, "the model failed"));
+        assert_valid(&OPENAI_ERROR, "stream error", &json(errors[0].1.as_bytes()));
+    }
+}
+
+#[test]
+fn anthropic_message_and_errors_match_the_schemas() {
+    for finish in [FinishReason::Stop, FinishReason::Length] {
+        let body = json(&anthropic::message_body(&reply(finish)));
+        assert_valid(&ANTHROPIC_MESSAGE, "message", &body);
+    }
+    for kind in KINDS {
+        let body = json(&anthropic::error_body(*kind, "what went wrong"));
+        assert_valid(&ANTHROPIC_ERROR, &format!("error {kind:?}"), &body);
+    }
+}
+
+#[test]
+fn anthropic_stream_events_match_the_schema() {
+    let s = anthropic::EventStream::new("i1", "agentd");
+    let mut all = s.start();
+    all.extend(s.keep_alive());
+    all.extend(s.text("Milk "));
+    all.extend(s.text("and bread."));
+    all.extend(s.finish(&reply(FinishReason::Stop)));
+    let frames = sse(&all);
+    assert_eq!(frames.len(), 8);
+    for (name, data) in &frames {
+        let event = json(data.as_bytes());
+        assert_eq!(name.as_deref(), event["type"].as_str(), "event name = type");
+        assert_valid(&ANTHROPIC_EVENT, name.as_deref().unwrap(), &event);
+    }
+    let errors = sse(&s.error(ErrorKind::Budget, "daily budget reached"));
+    assert_eq!(errors[0].0.as_deref(), Some("error"));
+    assert_valid(
+        &ANTHROPIC_ERROR,
+        "stream error",
+        &json(errors[0].1.as_bytes()),
+    );
+}
+
+/// The schemas are not vacuous: a body missing a required field fails.
+#[test]
+fn the_response_schemas_reject_what_they_should() {
+    let mut body = json(&openai::completion_body(&reply(FinishReason::Stop)));
+    body["choices"][0]["finish_reason"] = "done".into();
+    assert!(!OPENAI_RESPONSE.is_valid(&body));
+    let mut body = json(&anthropic::message_body(&reply(FinishReason::Stop)));
+    body.as_object_mut().unwrap().remove("stop_details");
+    assert!(!ANTHROPIC_MESSAGE.is_valid(&body));
+    let body = serde_json::json!({"type": "error", "error": {"type": "request_too_large", "message": "x"}, "request_id": null});
+    assert!(!ANTHROPIC_ERROR.is_valid(&body));
+}

@@ -1,0 +1,723 @@
+//! The server side of OpenAI's Chat Completions wire format (SPEC §17): the request body of
+//! `POST /v1/chat/completions` into a neutral [`CompatRequest`], and the answers back: the
+//! `chat.completion` object, the `chat.completion.chunk` stream, the model list and the error
+//! envelope. Only this module (with the client beside it) knows OpenAI's JSON.
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::llm::compat::{
+    self, CompatImage, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid, OpenAiUsage,
+    short,
+};
+use crate::message::call::{CallOptions, EFFORTS};
+use crate::message::{Message, UserBlock};
+
+/// The route of the endpoint.
+pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
+
+/// The route of the model list.
+pub const MODELS_PATH: &str = "/v1/models";
+
+/// Fields that ask the server to run client-side tools: refused (the agent runs its own).
+const CLIENT_TOOL_FIELDS: &[&str] = &["tools", "functions", "tool_choice", "function_call"];
+
+/// Parses a request body. Unknown fields that change nothing the agent does (`top_p`, `seed`,
+/// `stop`, penalties, `store`, `metadata`, …) are ignored; fields it cannot honour are
+/// refused with the reason.
+pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| Invalid {
+        param: None,
+        message: format!("the body is not valid JSON: {e}"),
+    })?;
+    let Value::Object(o) = v else {
+        return Err(Invalid {
+            param: None,
+            message: "the body must be a JSON object".into(),
+        });
+    };
+    for f in CLIENT_TOOL_FIELDS {
+        if o.get(*f).is_some_and(|v| !v.is_null() && v != &json!([])) {
+            return Err(Invalid::new(
+                *f,
+                format!(
+                    "client-side tools are not supported: agentd is an agent and runs its own tools; remove `{f}` from the request"
+                ),
+            ));
+        }
+    }
+    let model = match o.get("model") {
+        Some(Value::String(m)) if !m.is_empty() && m.len() <= 256 => m.clone(),
+        _ => {
+            return Err(Invalid::new(
+                "model",
+                "`model` is required: \"agentd\" or \"agentd:<model name>\" (GET /v1/models lists them)",
+            ));
+        }
+    };
+    if let Some(n) = o.get("n").filter(|n| !n.is_null())
+        && n.as_u64() != Some(1)
+    {
+        return Err(Invalid::new("n", "only n = 1 is supported"));
+    }
+    if let Some(m) = o.get("modalities").and_then(Value::as_array)
+        && m.iter().any(|x| x != "text")
+    {
+        return Err(Invalid::new("modalities", "only text output is supported"));
+    }
+    let stream = opt_bool(&o, "stream")?.unwrap_or(false);
+    let include_usage = match o.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(so)) => opt_bool(so, "include_usage")
+            .map_err(|e| Invalid::new("stream_options.include_usage", e.message))?
+            .unwrap_or(false),
+        Some(_) => return Err(Invalid::new("stream_options", "must be an object")),
+    };
+    let session = match (opt_str(&o, "safety_identifier")?, opt_str(&o, "user")?) {
+        (Some(s), _) | (None, Some(s)) if !s.trim().is_empty() => Some(s),
+        _ => None,
+    };
+    let options = CallOptions {
+        max_tokens: match opt_u32(&o, "max_completion_tokens")? {
+            Some(m) => Some(m),
+            None => opt_u32(&o, "max_tokens")?,
+        },
+        temperature: compat::temperature(o.get("temperature"), 2.0)?,
+        effort: match opt_str(&o, "reasoning_effort")? {
+            None => None,
+            Some(e) if EFFORTS.contains(&e.as_str()) => Some(e),
+            Some(e) => {
+                return Err(Invalid::new(
+                    "reasoning_effort",
+                    format!(
+                        "unknown reasoning_effort {:?}: use one of {}",
+                        short(&e),
+                        EFFORTS.join(", ")
+                    ),
+                ));
+            }
+        },
+        thinking: None,
+    };
+    if o.get("reasoning").is_some_and(|r| !r.is_null()) {
+        return Err(Invalid::new(
+            "reasoning",
+            "`reasoning` belongs to the Responses API; on chat completions use `reasoning_effort`",
+        ));
+    }
+    let Some(Value::Array(messages)) = o.get("messages") else {
+        return Err(Invalid::new("messages", "`messages` must be an array"));
+    };
+    if messages.is_empty() || messages.len() > compat::MAX_MESSAGES {
+        return Err(Invalid::new(
+            "messages",
+            format!(
+                "`messages` must hold 1 to {} messages",
+                compat::MAX_MESSAGES
+            ),
+        ));
+    }
+    let mut system = Vec::new();
+    let mut turns: Vec<(Message, Vec<CompatImage>)> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(m) = m else {
+            return Err(Invalid::new(at, "each message must be an object"));
+        };
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        match role {
+            "system" | "developer" => system.push(text_of(m.get("content"), &at)?),
+            "user" => {
+                let (text, images) = user_content(m.get("content"), &at)?;
+                turns.push((user_message(text, images.len()), images));
+            }
+            "assistant" => {
+                if m.get("tool_calls")
+                    .is_some_and(|v| !v.is_null() && v != &json!([]))
+                    || m.get("function_call").is_some_and(|v| !v.is_null())
+                {
+                    return Err(Invalid::new(
+                        format!("{at}.tool_calls"),
+                        "client-side tool calls are not supported: agentd runs its own tools",
+                    ));
+                }
+                let text = match m.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    c => text_of(c, &at)?,
+                };
+                turns.push((compat::assistant_text(text), Vec::new()));
+            }
+            "tool" | "function" => {
+                return Err(Invalid::new(
+                    format!("{at}.role"),
+                    "client-side tool results are not supported: agentd runs its own tools",
+                ));
+            }
+            other => {
+                return Err(Invalid::new(
+                    format!("{at}.role"),
+                    format!(
+                        "unknown role {:?}: use system, developer, user or assistant",
+                        short(other)
+                    ),
+                ));
+            }
+        }
+    }
+    let Some((last, images)) = turns.pop() else {
+        return Err(Invalid::new("messages", "no user message"));
+    };
+    let Message::User { content } = last else {
+        return Err(Invalid::new(
+            "messages",
+            "the last message must be a user message: it is the new input",
+        ));
+    };
+    // The first block is the text; the rest are the images' placeholders.
+    let text = match content.into_iter().next() {
+        Some(UserBlock::Text { text }) => text,
+        _ => String::new(),
+    };
+    if text.trim().is_empty() && images.is_empty() {
+        return Err(Invalid::new(
+            format!("messages[{}].content", messages.len() - 1),
+            "the last user message is empty",
+        ));
+    }
+    let system = system.join("\n\n");
+    Ok(CompatRequest {
+        model,
+        session,
+        system: (!system.trim().is_empty()).then_some(system),
+        history: compat::normalise_history(turns.into_iter().map(|(m, _)| m).collect()),
+        text,
+        images,
+        options,
+        stream,
+        include_usage,
+    })
+}
+
+/// A user turn of the history: its text, and a placeholder for each image it had.
+fn user_message(text: String, images: usize) -> Message {
+    let mut content = vec![UserBlock::Text { text }];
+    for _ in 0..images {
+        content.push(UserBlock::Text {
+            text: "[image sent by the client]".into(),
+        });
+    }
+    Message::User { content }
+}
+
+/// A message's text: a string, or an array of text parts (joined by newlines).
+fn text_of(content: Option<&Value>, at: &str) -> Result<String, Invalid> {
+    match content {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut out = Vec::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => out.push(t.clone()),
+                    (Some("refusal"), _) => {}
+                    _ => {
+                        return Err(Invalid::new(
+                            format!("{at}.content[{j}]"),
+                            "only text parts are supported here",
+                        ));
+                    }
+                }
+            }
+            Ok(out.join("\n"))
+        }
+        _ => Err(Invalid::new(
+            format!("{at}.content"),
+            "must be a string or an array of content parts",
+        )),
+    }
+}
+
+/// A user message's text parts (joined by newlines) and images (`data:` URLs only: agentd
+/// fetches nothing a client names).
+fn user_content(content: Option<&Value>, at: &str) -> Result<(String, Vec<CompatImage>), Invalid> {
+    let parts = match content {
+        Some(Value::String(s)) => return Ok((s.clone(), Vec::new())),
+        Some(Value::Array(parts)) => parts,
+        _ => {
+            return Err(Invalid::new(
+                format!("{at}.content"),
+                "must be a string or an array of content parts",
+            ));
+        }
+    };
+    let mut text = Vec::new();
+    let mut images = Vec::new();
+    for (j, p) in parts.iter().enumerate() {
+        let here = format!("{at}.content[{j}]");
+        match p.get("type").and_then(Value::as_str) {
+            Some("text") => match p.get("text") {
+                Some(Value::String(t)) => text.push(t.clone()),
+                _ => return Err(Invalid::new(here, "a text part needs a string `text`")),
+            },
+            Some("image_url") => {
+                let url = p
+                    .get("image_url")
+                    .and_then(|u| u.get("url"))
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        Invalid::new(&here, "an image_url part needs `image_url.url`")
+                    })?;
+                images.push(data_url(url).map_err(|m| Invalid::new(&here, m))?);
+                if images.len() > compat::MAX_IMAGES {
+                    return Err(Invalid::new(
+                        here,
+                        format!("at most {} images per message", compat::MAX_IMAGES),
+                    ));
+                }
+            }
+            Some(other) => {
+                return Err(Invalid::new(
+                    here,
+                    format!(
+                        "content parts of type {:?} are not supported: send text and images",
+                        short(other)
+                    ),
+                ));
+            }
+            None => return Err(Invalid::new(here, "a content part needs a `type`")),
+        }
+    }
+    Ok((text.join("\n"), images))
+}
+
+/// `data:image/png;base64,<data>` → the image.
+fn data_url(url: &str) -> Result<CompatImage, String> {
+    let Some(rest) = url.strip_prefix("data:") else {
+        return Err(
+            "only data: URLs are accepted for images (agentd does not fetch URLs for a client); send data:image/png;base64,…"
+                .into(),
+        );
+    };
+    let Some((media_type, data)) = rest.split_once(";base64,") else {
+        return Err("an image data: URL must be base64 (data:<type>;base64,<data>)".into());
+    };
+    if !compat::is_image_type(media_type) {
+        return Err(format!(
+            "image type {:?} is not supported: use image/png, image/jpeg, image/gif or image/webp",
+            short(media_type)
+        ));
+    }
+    if !compat::is_base64(data) {
+        return Err("the image data is not valid base64".into());
+    }
+    Ok(CompatImage {
+        media_type: media_type.to_string(),
+        data: data.to_string(),
+    })
+}
+
+fn opt_bool(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, Invalid> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(Invalid::new(key, format!("`{key}` must be true or false"))),
+    }
+}
+
+fn opt_str(o: &Map<String, Value>, key: &str) -> Result<Option<String>, Invalid> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(Invalid::new(key, format!("`{key}` must be a string"))),
+    }
+}
+
+fn opt_u32(o: &Map<String, Value>, key: &str) -> Result<Option<u32>, Invalid> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(Invalid::new(
+                key,
+                format!(
+                    "`{key}` must be a positive integer, got {}",
+                    short(&v.to_string())
+                ),
+            )),
+        },
+    }
+}
+
+fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+#[derive(Serialize)]
+struct UsageWire {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+    prompt_tokens_details: PromptDetails,
+    completion_tokens_details: CompletionDetails,
+}
+
+#[derive(Serialize)]
+struct PromptDetails {
+    cached_tokens: u64,
+    audio_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct CompletionDetails {
+    reasoning_tokens: u64,
+    audio_tokens: u64,
+    accepted_prediction_tokens: u64,
+    rejected_prediction_tokens: u64,
+}
+
+fn usage(r: &CompatReply) -> UsageWire {
+    let u = OpenAiUsage::from(&r.usage);
+    UsageWire {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        total_tokens: u.total_tokens,
+        prompt_tokens_details: PromptDetails {
+            cached_tokens: u.cached_tokens,
+            audio_tokens: 0,
+        },
+        completion_tokens_details: CompletionDetails {
+            reasoning_tokens: 0,
+            audio_tokens: 0,
+            accepted_prediction_tokens: 0,
+            rejected_prediction_tokens: 0,
+        },
+    }
+}
+
+/// The `chat.completion` object.
+pub fn completion_body(r: &CompatReply) -> Vec<u8> {
+    let v = json!({
+        "id": format!("chatcmpl-{}", r.id),
+        "object": "chat.completion",
+        "created": r.created,
+        "model": r.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": r.text, "refusal": null, "annotations": []},
+            "logprobs": null,
+            "finish_reason": finish_reason(r.finish),
+        }],
+        "usage": usage(r),
+    });
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// The `list` of models: `agentd` and `agentd:<name>` per loaded model.
+pub fn models_body(names: &[String], created: i64, owner: &str) -> Vec<u8> {
+    let data: Vec<Value> = std::iter::once(compat::DEFAULT_MODEL.to_string())
+        .chain(names.iter().map(|n| format!("agentd:{n}")))
+        .map(|id| json!({"id": id, "object": "model", "created": created, "owned_by": owner}))
+        .collect();
+    serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap_or_default()
+}
+
+/// The error envelope: `{"error": {"message", "type", "param", "code"}}`.
+pub fn error_body(kind: ErrorKind, message: &str, param: Option<&str>) -> Vec<u8> {
+    let (kind_name, code) = match kind {
+        ErrorKind::InvalidRequest | ErrorKind::TooLarge => ("invalid_request_error", None),
+        ErrorKind::Authentication => ("authentication_error", Some("invalid_api_key")),
+        ErrorKind::NotFound => ("invalid_request_error", Some("not_found")),
+        ErrorKind::Timeout => ("timeout_error", Some("timeout")),
+        ErrorKind::Busy => ("rate_limit_error", Some("rate_limit_exceeded")),
+        ErrorKind::Budget => ("insufficient_quota", Some("insufficient_quota")),
+        ErrorKind::Upstream => ("server_error", Some("upstream_error")),
+        ErrorKind::Unavailable => ("server_error", Some("unavailable")),
+        ErrorKind::Interrupted => ("server_error", Some("interrupted")),
+        ErrorKind::Internal => ("server_error", None),
+    };
+    serde_json::to_vec(&json!({
+        "error": {"message": message, "type": kind_name, "param": param, "code": code}
+    }))
+    .unwrap_or_default()
+}
+
+/// The frames of one streamed answer (`text/event-stream`): a first chunk with the role,
+/// content deltas, the last chunk with `finish_reason`, the usage chunk when asked for, then
+/// `data: [DONE]`. Keep-alives are SSE comments.
+pub struct ChunkStream {
+    id: String,
+    model: String,
+    created: i64,
+    include_usage: bool,
+}
+
+impl ChunkStream {
+    pub fn new(id: &str, model: &str, created: i64, include_usage: bool) -> ChunkStream {
+        ChunkStream {
+            id: format!("chatcmpl-{id}"),
+            model: model.to_string(),
+            created,
+            include_usage,
+        }
+    }
+
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Vec<u8> {
+        let mut v = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        frame(&v)
+    }
+
+    /// The first chunk: the assistant role.
+    pub fn start(&self) -> Vec<u8> {
+        self.chunk(json!({"role": "assistant", "content": ""}), None)
+    }
+
+    pub fn text(&self, text: &str) -> Vec<u8> {
+        self.chunk(json!({"content": text}), None)
+    }
+
+    /// An SSE comment: keeps the connection and any proxy in front awake.
+    pub fn keep_alive(&self) -> Vec<u8> {
+        b": keep-alive\n\n".to_vec()
+    }
+
+    /// The last chunk, the usage chunk when `include_usage`, and `[DONE]`.
+    pub fn finish(&self, r: &CompatReply) -> Vec<u8> {
+        let mut out = self.chunk(json!({}), Some(finish_reason(r.finish)));
+        if self.include_usage {
+            out.extend(frame(&json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage(r),
+            })));
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        out
+    }
+
+    /// An error after the stream started: an error object (the SDKs raise it), then `[DONE]`.
+    pub fn error(&self, kind: ErrorKind, message: &str) -> Vec<u8> {
+        let mut out = b"data: ".to_vec();
+        out.extend(error_body(kind, message, None));
+        out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+        out
+    }
+}
+
+fn frame(v: &Value) -> Vec<u8> {
+    let mut out = b"data: ".to_vec();
+    out.extend(serde_json::to_vec(v).unwrap_or_default());
+    out.extend_from_slice(b"\n\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Usage;
+
+    fn parse(v: Value) -> Result<CompatRequest, Invalid> {
+        parse_request(&serde_json::to_vec(&v).unwrap())
+    }
+
+    #[test]
+    fn a_conversation_is_split_into_system_history_and_new_input() {
+        let r = parse(json!({
+            "model": "agentd",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "developer", "content": [{"type": "text", "text": "No emojis."}]},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}
+                ]}
+            ],
+            "user": "alice",
+            "max_completion_tokens": 300,
+            "temperature": 0.2,
+            "reasoning_effort": "low",
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "top_p": 0.9
+        }))
+        .unwrap();
+        assert_eq!(r.system.as_deref(), Some("Be brief.\n\nNo emojis."));
+        assert_eq!(r.history.len(), 2);
+        assert_eq!(r.text, "what is this?");
+        assert_eq!(r.images.len(), 1);
+        assert_eq!(r.images[0].media_type, "image/png");
+        assert_eq!(r.session.as_deref(), Some("alice"));
+        assert_eq!(r.options.max_tokens, Some(300));
+        assert_eq!(r.options.temperature, Some(0.2));
+        assert_eq!(r.options.effort.as_deref(), Some("low"));
+        assert!(r.stream && r.include_usage);
+    }
+
+    #[test]
+    fn safety_identifier_wins_over_user() {
+        let r = parse(
+            json!({"model": "agentd", "user": "u", "safety_identifier": "s",
+            "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .unwrap();
+        assert_eq!(r.session.as_deref(), Some("s"));
+    }
+
+    #[test]
+    fn client_tools_and_bad_fields_are_refused_with_the_field() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        let cases = [
+            (
+                json!({"model": "agentd", "messages": msgs, "tools": [{"type": "function"}]}),
+                "tools",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "tool_choice": "auto"}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "functions": [{}]}),
+                "functions",
+            ),
+            (json!({"messages": msgs}), "model"),
+            (json!({"model": "agentd", "messages": msgs, "n": 2}), "n"),
+            (
+                json!({"model": "agentd", "messages": msgs, "temperature": 3}),
+                "temperature",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "max_tokens": 0}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "reasoning_effort": "huge"}),
+                "reasoning_effort",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "reasoning": {"effort": "low"}}),
+                "reasoning",
+            ),
+            (json!({"model": "agentd", "messages": []}), "messages"),
+            (
+                json!({"model": "agentd", "messages": [{"role": "assistant", "content": "x"}]}),
+                "messages",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {}}]}]}),
+                "messages[0].content[0]",
+            ),
+        ];
+        for (body, param) in cases {
+            let e = parse(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+        }
+        let e = parse(json!({"model": "agentd", "messages": msgs, "tools": [{}]})).unwrap_err();
+        assert!(e.message.contains("runs its own tools"), "{e:?}");
+        // An empty tools list asks for nothing.
+        assert!(parse(json!({"model": "agentd", "messages": msgs, "tools": []})).is_ok());
+        assert!(parse_request(b"{").is_err());
+    }
+
+    fn reply() -> CompatReply {
+        CompatReply {
+            id: "abc".into(),
+            model: "agentd".into(),
+            created: 1_700_000_000,
+            text: "Hi".into(),
+            finish: FinishReason::Stop,
+            usage: Usage {
+                input_tokens: 10,
+                output_tokens: 5,
+                cache_read_tokens: 100,
+                cache_write_tokens: 20,
+            },
+        }
+    }
+
+    #[test]
+    fn the_completion_carries_usage_as_the_spec_maps_it() {
+        let v: Value = serde_json::from_slice(&completion_body(&reply())).unwrap();
+        assert_eq!(v["id"], "chatcmpl-abc");
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["content"], "Hi");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["usage"]["prompt_tokens"], 130);
+        assert_eq!(v["usage"]["completion_tokens"], 5);
+        assert_eq!(v["usage"]["total_tokens"], 135);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 100);
+    }
+
+    #[test]
+    fn the_stream_ends_with_usage_and_done() {
+        let s = ChunkStream::new("abc", "agentd", 1, true);
+        let mut all = s.start();
+        all.extend(s.keep_alive());
+        all.extend(s.text("Hi"));
+        all.extend(s.finish(&reply()));
+        let text = String::from_utf8(all).unwrap();
+        let datas: Vec<&str> = text
+            .split("\n\n")
+            .filter_map(|f| f.strip_prefix("data: "))
+            .collect();
+        assert_eq!(*datas.last().unwrap(), "[DONE]");
+        let usage: Value = serde_json::from_str(datas[datas.len() - 2]).unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"]["prompt_tokens"], 130);
+        let last: Value = serde_json::from_str(datas[datas.len() - 3]).unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+        assert!(text.contains(": keep-alive\n\n"));
+    }
+
+    #[test]
+    fn errors_use_openai_envelope() {
+        let v: Value =
+            serde_json::from_slice(&error_body(ErrorKind::Budget, "daily budget reached", None))
+                .unwrap();
+        assert_eq!(v["error"]["type"], "insufficient_quota");
+        assert_eq!(v["error"]["message"], "daily budget reached");
+        let v: Value =
+            serde_json::from_slice(&error_body(ErrorKind::InvalidRequest, "x", Some("tools")))
+                .unwrap();
+        assert_eq!(v["error"]["param"], "tools");
+    }
+
+    #[test]
+    fn models_lists_the_default_and_each_model() {
+        let v: Value =
+            serde_json::from_slice(&models_body(&["primary".into(), "cheap".into()], 5, "kira"))
+                .unwrap();
+        let ids: Vec<&str> = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["agentd", "agentd:primary", "agentd:cheap"]);
+        assert_eq!(v["object"], "list");
+    }
+}

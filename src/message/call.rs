@@ -1,0 +1,76 @@
+//! What a client of the OpenAI- and Anthropic-compatible endpoints (SPEC §17) chose for the
+//! model calls of its message, in neutral form. Recorded with the intake (so a message resumed
+//! after a restart keeps them) and carried by each `llm::ChatRequest` of that message; the
+//! wire renderers apply them within the model's configuration. `CallOptions::default()`
+//! changes nothing, and is not written to the trail.
+
+use serde::{Deserialize, Serialize};
+
+/// Per-message call options. Each is validated where the request arrives
+/// (`llm::openai::server`, `llm::anthropic::server`); the renderers only apply them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CallOptions {
+    /// At most the model's configured `max_tokens` (that one stays the ceiling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature. Anthropic only takes it while thinking is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// OpenAI `reasoning_effort`; on Anthropic models with adaptive thinking,
+    /// `output_config.effort`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort: Option<String>,
+    /// Anthropic `thinking` as the client asked for it (Anthropic models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<ClientThinking>,
+}
+
+impl CallOptions {
+    /// True when nothing is asked for.
+    pub fn is_empty(&self) -> bool {
+        *self == CallOptions::default()
+    }
+}
+
+/// A client's `thinking` choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientThinking {
+    /// No thinking for this message.
+    Disabled,
+    /// Thinking with this many budget tokens (at least 1024, below `max_tokens`).
+    Enabled { budget_tokens: u32 },
+    /// The model decides.
+    Adaptive,
+}
+
+/// The effort values both APIs accept.
+pub const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_roundtrip_and_default_is_empty() {
+        assert!(CallOptions::default().is_empty());
+        let o = CallOptions {
+            max_tokens: Some(100),
+            temperature: Some(0.5),
+            effort: Some("low".into()),
+            thinking: Some(ClientThinking::Enabled {
+                budget_tokens: 2048,
+            }),
+        };
+        let s = serde_json::to_string(&o).unwrap();
+        assert_eq!(
+            s,
+            r#"{"max_tokens":100,"temperature":0.5,"effort":"low","thinking":{"type":"enabled","budget_tokens":2048}}"#
+        );
+        assert_eq!(serde_json::from_str::<CallOptions>(&s).unwrap(), o);
+        assert_eq!(
+            serde_json::to_string(&CallOptions::default()).unwrap(),
+            "{}"
+        );
+    }
+}

@@ -1,0 +1,529 @@
+//! The OpenAI- and Anthropic-compatible endpoints of the real daemon (SPEC §17), driven by the
+//! official `openai` and `anthropic` Python SDKs (installed from PyPI by
+//! `scripts/install-test-peers.sh`, run by `compat_clients.py`) against a fake provider.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::daemon::{TestDaemon, read_trail_files};
+use crate::support::e2e::{agentd_toml, provider_toml};
+use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire, last_user_text};
+use crate::support::wait_until;
+
+const TOKEN: &str = "compat-token-123";
+
+/// The SDKs, installed once per target dir.
+fn sdk_dir() -> PathBuf {
+    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let dest = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-peers");
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-test-peers.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(&dest)
+            .arg("sdk")
+            .output()
+            .expect("run scripts/install-test-peers.sh");
+        assert!(
+            out.status.success(),
+            "installing the openai and anthropic SDKs failed (needs python3/pip with registry access):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dest.join("sdk")
+    })
+    .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A started daemon with the HTTP API on a free port and `extra` appended to its config.
+fn daemon(fake: &FakeLlm, extra: &str) -> (TestDaemon, String) {
+    let port = free_port();
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[http]\nenabled = true\nport = {port}\n{extra}",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_HTTP_TOKEN", TOKEN);
+    d.start();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(Duration::from_secs(20), "HTTP status", || {
+        http_get(port, "/api/v1/status").filter(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    (d, base)
+}
+
+/// A plain HTTP/1.1 GET on loopback; the whole answer, or `None` when nothing listens yet.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// Runs `compat_clients.py SCENARIO` and returns its steps by name.
+fn run_clients(base: &str, scenario: &str) -> std::collections::BTreeMap<String, Value> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/compat_clients.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(scenario)
+        .env("PYTHONPATH", sdk_dir())
+        .env("AGENTD_BASE", base)
+        .env("AGENTD_TOKEN", TOKEN)
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "compat_clients.py {scenario} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+            (v["step"].as_str().unwrap().to_string(), v)
+        })
+        .collect()
+}
+
+/// Answers by the new input: the last line of the last user text names the question.
+fn answer(body: &Value) -> Option<Reply> {
+    let text = last_user_text(body);
+    let reply = |t: &str, usage| Reply::Text {
+        text: t.into(),
+        usage,
+    };
+    let last = text.lines().last().unwrap_or_default().to_string();
+    Some(if last.ends_with("first question") {
+        reply("Hello from agentd", Usage::new(100, 10, 50, 20))
+    } else if last.ends_with("second question") {
+        reply("Second answer", Usage::new(10, 5, 0, 0))
+    } else if last.ends_with("hello messages") {
+        reply("Hi from messages", Usage::new(30, 7, 40, 0))
+    } else if last.ends_with("only once please") {
+        reply("Once only", Usage::new(10, 5, 0, 0))
+    } else if last.ends_with("what is my name?") {
+        reply("Your name is Zed", Usage::new(10, 5, 0, 0))
+    } else {
+        reply(&format!("echo: {last}"), Usage::new(10, 5, 0, 0))
+    })
+}
+
+#[test]
+fn the_official_sdks_talk_to_the_real_daemon() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.set_responder(answer);
+    let (mut d, base) = daemon(&fake, "");
+    let steps = run_clients(&base, "basics");
+
+    assert_eq!(steps["models"]["ids"], json!(["agentd", "agentd:primary"]));
+
+    let chat = &steps["chat"];
+    assert_eq!(chat["content"], "Hello from agentd");
+    assert_eq!(chat["finish"], "stop");
+    // SPEC §17: prompt = input + cache read + cache write; cached = cache read.
+    assert_eq!(chat["usage"]["prompt_tokens"], 170);
+    assert_eq!(chat["usage"]["completion_tokens"], 10);
+    assert_eq!(chat["usage"]["total_tokens"], 180);
+    assert_eq!(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 50);
+
+    // The second message of the session reached the provider with the first in its history,
+    // and the client's system text as client instructions in the dynamic context.
+    assert_eq!(steps["chat2"]["content"], "Second answer");
+    let requests = fake.requests();
+    let second = requests
+        .iter()
+        .find(|r| last_user_text(r).ends_with("second question"))
+        .expect("the second question reached the provider");
+    let sent = second["messages"].to_string();
+    assert!(
+        sent.contains("first question") && sent.contains("Hello from agentd"),
+        "{sent}"
+    );
+    let first = &requests[0];
+    let context = first["messages"].to_string();
+    assert!(
+        context.contains("<client-instructions>\\nAnswer in English.\\n</client-instructions>"),
+        "{context}"
+    );
+    assert!(context.contains("Source: api"), "{context}");
+    let trail = d.trail("api:sdk");
+    let intakes: Vec<&Value> = trail.iter().filter(|l| l["type"] == "intake").collect();
+    assert_eq!(intakes[0]["source"], "api");
+
+    // Client tools: a BadRequestError naming the reason, nothing recorded.
+    let tools = &steps["tools"];
+    assert_eq!(tools["error"], "BadRequestError");
+    assert_eq!(tools["status"], 400);
+    assert!(
+        tools["message"]
+            .as_str()
+            .unwrap()
+            .contains("runs its own tools"),
+        "{tools}"
+    );
+    assert!(
+        !requests
+            .iter()
+            .any(|r| last_user_text(r).contains("use my tool"))
+    );
+
+    assert_eq!(steps["bad_key"]["error"], "AuthenticationError");
+    assert_eq!(steps["bad_key_anthropic"]["error"], "AuthenticationError");
+
+    let m = &steps["messages"];
+    assert_eq!(m["text"], "Hi from messages");
+    assert_eq!(m["stop"], "end_turn");
+    assert_eq!(m["usage"]["input_tokens"], 30);
+    assert_eq!(m["usage"]["cache_read_input_tokens"], 40);
+    assert_eq!(m["usage"]["output_tokens"], 7);
+    assert!(d.session_id("api:ant").is_some());
+
+    // The same Idempotency-Key twice: one intake, one provider call, the same answer.
+    let idem = &steps["idempotent"];
+    assert_eq!(idem["ids"][0], idem["ids"][1]);
+    assert_eq!(idem["content"], "Once only");
+    let recorded = d
+        .trail("api:sdk")
+        .into_iter()
+        .filter(|l| l["type"] == "intake" && l["id"] == "idem-0001")
+        .count();
+    assert_eq!(recorded, 1);
+    let calls = fake
+        .requests()
+        .iter()
+        .filter(|r| last_user_text(r).ends_with("only once please"))
+        .count();
+    assert_eq!(calls, 1);
+
+    // No session: a one-off session with the request's history, answered, then archived.
+    assert_eq!(steps["one_off"]["content"], "Your name is Zed");
+    let call = fake
+        .requests()
+        .into_iter()
+        .find(|r| last_user_text(r).ends_with("what is my name?"))
+        .unwrap();
+    let sent = call["messages"].to_string();
+    assert!(
+        sent.contains("my name is Zed") && sent.contains("Hello Zed."),
+        "{sent}"
+    );
+    let archive = d.sessions_dir().join(".archive");
+    let archived = wait_until(
+        Duration::from_secs(20),
+        "the one-off session archived",
+        || {
+            std::fs::read_dir(&archive).ok()?.flatten().find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let id = name.split('.').next()?.to_string();
+                let trail = read_trail_files(&archive, &id);
+                trail
+                    .iter()
+                    .any(|l| {
+                        l["type"] == "session"
+                            && l["key"]
+                                .as_str()
+                                .is_some_and(|k| k.starts_with("api-once-"))
+                    })
+                    .then_some(trail)
+            })
+        },
+    );
+    assert!(archived.iter().any(|l| l["type"] == "reset"));
+    assert!(
+        archived
+            .iter()
+            .any(|l| l["final"] == true && l["text"] == "Your name is Zed"),
+        "the reply is in the archived trail: {archived:?}"
+    );
+    assert!(d.sigterm().success());
+}
+
+#[test]
+fn the_sdks_stream_chat_completions_and_messages() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.set_responder(|body| {
+        let text = last_user_text(body);
+        let last = text.lines().last().unwrap_or_default();
+        Some(Reply::Text {
+            text: if last.ends_with("stream to me") {
+                "Streamed chat answer".into()
+            } else {
+                "Streamed messages answer".into()
+            },
+            usage: Usage::new(12, 6, 30, 4),
+        })
+    });
+    let (mut d, base) = daemon(&fake, "");
+    let steps = run_clients(&base, "streaming");
+    let chat = &steps["chat_stream"];
+    assert_eq!(chat["content"], "Streamed chat answer");
+    assert_eq!(chat["finish"], "stop");
+    assert_eq!(chat["usage"]["prompt_tokens"], 46);
+    assert_eq!(chat["usage"]["completion_tokens"], 6);
+    assert_eq!(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 30);
+    let m = &steps["messages_stream"];
+    assert_eq!(m["text"], "Streamed messages answer");
+    assert_eq!(m["stop"], "end_turn");
+    assert_eq!(m["usage"]["input_tokens"], 12);
+    assert_eq!(m["usage"]["cache_read_input_tokens"], 30);
+    assert_eq!(m["usage"]["cache_creation_input_tokens"], 4);
+    assert_eq!(m["usage"]["output_tokens"], 6);
+    assert!(d.sigterm().success());
+}
+
+/// A streamed request over a raw connection: the request is sent, the answer read line by line.
+struct RawStream {
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl RawStream {
+    fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &Value) -> RawStream {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let body = body.to_string();
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body.as_bytes()).unwrap();
+        RawStream {
+            reader: std::io::BufReader::new(s),
+        }
+    }
+
+    /// Everything the server sends until it closes.
+    fn rest(mut self) -> String {
+        use std::io::Read;
+        let mut out = String::new();
+        let _ = self.reader.read_to_string(&mut out);
+        out
+    }
+
+    /// The next SSE line (`data: …`, `event: …` or a `:` comment), skipping blank lines, the
+    /// response head and the chunked-encoding size lines; `None` at the end.
+    fn next(&mut self) -> Option<String> {
+        use std::io::BufRead;
+        loop {
+            let mut line = String::new();
+            if self.reader.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            let line = line.trim_end();
+            if line.starts_with("data: ") || line.starts_with("event: ") || line.starts_with(':') {
+                return Some(line.to_string());
+            }
+        }
+    }
+}
+
+/// The content of an OpenAI chunk line, if it carries any.
+fn chunk_content(line: &str) -> Option<String> {
+    let data = line.strip_prefix("data: ")?;
+    let v: Value = serde_json::from_str(data).ok()?;
+    v["choices"][0]["delta"]["content"]
+        .as_str()
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
+}
+
+#[test]
+fn a_two_tool_call_turn_streams_keep_alives_then_the_answer_and_a_client_that_leaves_cancels_nothing()
+ {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    // Streamed to the end: two tool batches, then the answer, written in pieces.
+    fake.push(Reply::tool_calls(vec![("t1", "session_status", json!({}))]));
+    fake.push(Reply::tool_calls(vec![("t2", "session_status", json!({}))]));
+    fake.push(Reply::text("The answer after two tools"));
+    // The client that goes away: one tool batch, then an answer that waits for the gate.
+    fake.push(Reply::tool_calls(vec![("t3", "session_status", json!({}))]));
+    fake.push(Reply::text("Answered anyway").gated(&gate));
+    let (mut d, base) = daemon(&fake, "");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let body = json!({"model": "agentd", "stream": true,
+                      "messages": [{"role": "user", "content": "use two tools"}]});
+
+    let mut s = RawStream::post(
+        port,
+        "/v1/chat/completions",
+        &[("X-Agentd-Session", "tools")],
+        &body,
+    );
+    let mut lines = Vec::new();
+    while let Some(l) = s.next() {
+        lines.push(l);
+    }
+    let keep_alives: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with(':'))
+        .collect();
+    let contents: Vec<(usize, String)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| chunk_content(l).map(|c| (i, c)))
+        .collect();
+    assert!(
+        keep_alives.len() >= 2,
+        "a keep-alive per tool batch: {lines:#?}"
+    );
+    assert!(
+        keep_alives.iter().all(|k| *k < contents[0].0),
+        "keep-alives come before the answer: {lines:#?}"
+    );
+    let text: String = contents.iter().map(|(_, c)| c.as_str()).collect();
+    assert_eq!(text, "The answer after two tools");
+    assert!(
+        contents.len() >= 2,
+        "the answer arrives in pieces as written: {contents:?}"
+    );
+    assert_eq!(lines.last().map(String::as_str), Some("data: [DONE]"));
+
+    // A client that goes away mid-stream: the message is still answered and recorded.
+    let body = json!({"model": "agentd", "stream": true,
+                      "messages": [{"role": "user", "content": "then leave"}]});
+    let mut s = RawStream::post(
+        port,
+        "/v1/chat/completions",
+        &[("X-Agentd-Session", "gone"), ("Idempotency-Key", "gone-1")],
+        &body,
+    );
+    // The tool batch's keep-alive: the agent is working on it.
+    while let Some(l) = s.next() {
+        if l.starts_with(':') {
+            break;
+        }
+    }
+    drop(s);
+    gate.add_permits(1);
+    let outcome = crate::support::e2e::wait_outcome(&d, "api:gone", "gone-1");
+    assert_eq!(outcome["text"], "Answered anyway");
+    assert!(d.sigterm().success());
+}
+
+/// SPEC §17 with §5.2: a kill -9 while a streamed request waits for the model. The client's
+/// stream breaks off without a finish (its error); after the restart the message is resumed
+/// and its reply is in the trail.
+#[test]
+fn a_kill_9_during_a_streamed_request_resumes_the_message_after_restart() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    fake.push(Reply::text("never sent").gated(&gate));
+    fake.push(Reply::text("Answered after the restart"));
+    let (mut d, base) = daemon(&fake, "");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let body = json!({"model": "agentd", "max_tokens": 100, "stream": true,
+                      "messages": [{"role": "user", "content": "survive a crash"}]});
+    let mut s = RawStream::post(
+        port,
+        "/v1/messages",
+        &[
+            ("X-Agentd-Session", "crash"),
+            ("Idempotency-Key", "crash-1"),
+        ],
+        &body,
+    );
+    assert_eq!(s.next().as_deref(), Some("event: message_start"));
+    wait_until(Duration::from_secs(20), "the model call in flight", || {
+        (!fake.requests().is_empty()).then_some(())
+    });
+    d.kill9();
+    let mut rest = Vec::new();
+    while let Some(l) = s.next() {
+        rest.push(l);
+    }
+    assert!(
+        !rest.iter().any(|l| l.contains("message_stop")),
+        "the stream broke off without a finish: {rest:?}"
+    );
+    d.start();
+    let outcome = crate::support::e2e::wait_outcome(&d, "api:crash", "crash-1");
+    assert_eq!(outcome["text"], "Answered after the restart");
+    // The client's retry with the same Idempotency-Key, to the new process: answered from the
+    // trail, not recorded or sent to the model again.
+    let mut retry = body.clone();
+    retry["stream"] = json!(false);
+    let answer = RawStream::post(
+        port,
+        "/v1/messages",
+        &[
+            ("X-Agentd-Session", "crash"),
+            ("Idempotency-Key", "crash-1"),
+        ],
+        &retry,
+    )
+    .rest();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains(r#""text":"Answered after the restart""#),
+        "{answer}"
+    );
+    assert!(answer.contains(r#""id":"msg_crash-1""#), "{answer}");
+    assert_eq!(fake.requests().len(), 2, "the retry made no model call");
+    let intakes = d
+        .trail("api:crash")
+        .into_iter()
+        .filter(|l| l["type"] == "intake")
+        .count();
+    assert_eq!(intakes, 1, "recorded once");
+    assert!(d.sigterm().success());
+}
+
+/// A spent budget is 429 in each envelope (`insufficient_quota`, `rate_limit_error`) with
+/// `x-should-retry: false`: the SDKs, whose own retries are on, send each request once.
+#[test]
+fn a_spent_budget_is_429_and_the_sdks_do_not_retry_it() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::Text {
+        text: "expensive".into(),
+        usage: Usage::new(1_000_000, 0, 0, 0),
+    });
+    let (mut d, base) = daemon(&fake, "[budget]\ndaily_usd = 1.0\n");
+    let steps = run_clients(&base, "budget");
+    assert_eq!(steps["spent"]["content"], "expensive");
+    let over = &steps["over_openai"];
+    assert_eq!(over["error"], "RateLimitError", "{over}");
+    assert_eq!(over["status"], 429);
+    assert_eq!(over["should_retry"], "false");
+    assert_eq!(over["body"]["type"], "insufficient_quota", "{over}");
+    assert!(
+        over["body"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("daily_usd"),
+        "{over}"
+    );
+    let over = &steps["over_anthropic"];
+    assert_eq!(over["error"], "RateLimitError", "{over}");
+    assert_eq!(over["body"]["error"]["type"], "rate_limit_error", "{over}");
+    let intakes = d
+        .trail("api:budget")
+        .into_iter()
+        .filter(|l| l["type"] == "intake")
+        .count();
+    assert_eq!(intakes, 3, "each request recorded once, none retried");
+    assert_eq!(fake.requests().len(), 1, "no call made over budget");
+    assert!(d.sigterm().success());
+}

@@ -1,0 +1,174 @@
+"""The official OpenAI and Anthropic Python SDKs against a running agentd (SPEC §17).
+
+Run by tests/it/compat.rs with the SDKs from scripts/install-test-peers.sh on PYTHONPATH:
+
+    python3 compat_clients.py SCENARIO
+
+Environment: AGENTD_BASE (http://127.0.0.1:PORT), AGENTD_TOKEN. Prints one JSON object per
+step on stdout ({"step": ..., ...}); the Rust test asserts on them and on the daemon's trail.
+"""
+
+import json
+import os
+import sys
+
+import anthropic
+import openai
+
+BASE = os.environ["AGENTD_BASE"]
+TOKEN = os.environ["AGENTD_TOKEN"]
+
+
+def out(step, **fields):
+    print(json.dumps({"step": step, **fields}), flush=True)
+
+
+def oai(**kw):
+    return openai.OpenAI(base_url=BASE + "/v1", api_key=TOKEN, max_retries=0, **kw)
+
+
+def ant(**kw):
+    return anthropic.Anthropic(base_url=BASE, api_key=TOKEN, max_retries=0, **kw)
+
+
+def usage_of(u):
+    return u.model_dump() if u is not None else None
+
+
+def basics():
+    client = oai()
+    out("models", ids=[m.id for m in client.models.list()])
+
+    session = {"X-Agentd-Session": "sdk"}
+    r = client.chat.completions.create(
+        model="agentd",
+        messages=[
+            {"role": "system", "content": "Answer in English."},
+            {"role": "user", "content": "first question"},
+        ],
+        extra_headers=session,
+    )
+    out("chat", id=r.id, content=r.choices[0].message.content,
+        finish=r.choices[0].finish_reason, usage=usage_of(r.usage))
+
+    r = client.chat.completions.create(
+        model="agentd",
+        messages=[{"role": "user", "content": "second question"}],
+        extra_headers=session,
+    )
+    out("chat2", content=r.choices[0].message.content)
+
+    try:
+        client.chat.completions.create(
+            model="agentd",
+            messages=[{"role": "user", "content": "use my tool"}],
+            tools=[{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
+        )
+        out("tools", error=None)
+    except openai.BadRequestError as e:
+        out("tools", error=type(e).__name__, status=e.status_code, message=str(e))
+
+    try:
+        openai.OpenAI(base_url=BASE + "/v1", api_key="wrong-key", max_retries=0).models.list()
+        out("bad_key", error=None)
+    except openai.AuthenticationError as e:
+        out("bad_key", error=type(e).__name__, status=e.status_code)
+
+    try:
+        anthropic.Anthropic(base_url=BASE, api_key="wrong-key", max_retries=0).messages.create(
+            model="agentd", max_tokens=100, messages=[{"role": "user", "content": "x"}]
+        )
+        out("bad_key_anthropic", error=None)
+    except anthropic.AuthenticationError as e:
+        out("bad_key_anthropic", error=type(e).__name__, status=e.status_code)
+
+    m = ant().messages.create(
+        model="agentd",
+        max_tokens=200,
+        system="Be brief.",
+        metadata={"user_id": "ant"},
+        messages=[{"role": "user", "content": "hello messages"}],
+    )
+    out("messages", id=m.id, text=m.content[0].text, stop=m.stop_reason, usage=usage_of(m.usage))
+
+    # A proxy in front answered 502 and the SDK retried: the same Idempotency-Key twice.
+    ids = []
+    for _ in range(2):
+        r = client.chat.completions.create(
+            model="agentd",
+            messages=[{"role": "user", "content": "only once please"}],
+            extra_headers={"Idempotency-Key": "idem-0001", "X-Agentd-Session": "sdk"},
+        )
+        ids.append(r.id)
+        content = r.choices[0].message.content
+    out("idempotent", ids=ids, content=content)
+
+    # No session: the request's own messages are the history of a one-off session.
+    r = client.chat.completions.create(
+        model="agentd",
+        messages=[
+            {"role": "user", "content": "my name is Zed"},
+            {"role": "assistant", "content": "Hello Zed."},
+            {"role": "user", "content": "what is my name?"},
+        ],
+    )
+    out("one_off", content=r.choices[0].message.content)
+
+
+def streaming():
+    client = oai()
+    chunks = client.chat.completions.create(
+        model="agentd",
+        messages=[{"role": "user", "content": "stream to me"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={"X-Agentd-Session": "stream"},
+    )
+    text, usage, finish = "", None, None
+    for c in chunks:
+        if c.choices:
+            text += c.choices[0].delta.content or ""
+            finish = c.choices[0].finish_reason or finish
+        if c.usage is not None:
+            usage = c.usage.model_dump()
+    out("chat_stream", content=text, finish=finish, usage=usage)
+
+    with ant().messages.stream(
+        model="agentd",
+        max_tokens=200,
+        metadata={"user_id": "stream"},
+        messages=[{"role": "user", "content": "stream messages"}],
+    ) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    out("messages_stream", text=text, stop=final.stop_reason, usage=usage_of(final.usage))
+
+
+def budget():
+    # The SDKs' own retries are on (2 by default): x-should-retry: false must stop them.
+    client = openai.OpenAI(base_url=BASE + "/v1", api_key=TOKEN)
+    session = {"X-Agentd-Session": "budget"}
+    r = client.chat.completions.create(
+        model="agentd", messages=[{"role": "user", "content": "spend it all"}], extra_headers=session
+    )
+    out("spent", content=r.choices[0].message.content)
+    try:
+        client.chat.completions.create(
+            model="agentd", messages=[{"role": "user", "content": "one more"}], extra_headers=session
+        )
+        out("over_openai", error=None)
+    except openai.RateLimitError as e:
+        out("over_openai", error=type(e).__name__, status=e.status_code, body=e.body,
+            should_retry=e.response.headers.get("x-should-retry"))
+    try:
+        anthropic.Anthropic(base_url=BASE, api_key=TOKEN).messages.create(
+            model="agentd", max_tokens=100, metadata={"user_id": "budget"},
+            messages=[{"role": "user", "content": "and another"}],
+        )
+        out("over_anthropic", error=None)
+    except anthropic.RateLimitError as e:
+        out("over_anthropic", error=type(e).__name__, status=e.status_code, body=e.body)
+
+
+if __name__ == "__main__":
+    {"basics": basics, "streaming": streaming, "budget": budget}[sys.argv[1]]()
