@@ -72,6 +72,48 @@ impl Invalid {
     }
 }
 
+/// The start both wire formats share: `body` as a JSON object, refused when it asks for
+/// client-side tools (`tool_fields`, the format's own names for them: the agent runs its own),
+/// and its `model` (required, at most 256 bytes).
+pub fn request_object(
+    body: &[u8],
+    tool_fields: &[&str],
+) -> Result<(serde_json::Map<String, serde_json::Value>, String), Invalid> {
+    use serde_json::Value;
+    let v: Value = serde_json::from_slice(body).map_err(|e| Invalid {
+        param: None,
+        message: format!("the body is not valid JSON: {e}"),
+    })?;
+    let Value::Object(o) = v else {
+        return Err(Invalid {
+            param: None,
+            message: "the body must be a JSON object".into(),
+        });
+    };
+    for f in tool_fields {
+        if o.get(*f)
+            .is_some_and(|v| !v.is_null() && v != &Value::Array(vec![]))
+        {
+            return Err(Invalid::new(
+                *f,
+                format!(
+                    "client-side tools are not supported: agentd is an agent and runs its own tools; remove `{f}` from the request"
+                ),
+            ));
+        }
+    }
+    let model = match o.get("model") {
+        Some(Value::String(m)) if !m.is_empty() && m.len() <= 256 => m.clone(),
+        _ => {
+            return Err(Invalid::new(
+                "model",
+                "`model` is required: \"agentd\" or \"agentd:<model name>\" (GET /v1/models lists them)",
+            ));
+        }
+    };
+    Ok((o, model))
+}
+
 /// What the model choice in `model` means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelChoice {

@@ -25,35 +25,7 @@ const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "mcp_servers"];
 /// `stop_sequences`, `service_tier`, …) are ignored; fields it cannot honour are refused with
 /// the reason.
 pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| Invalid {
-        param: None,
-        message: format!("the body is not valid JSON: {e}"),
-    })?;
-    let Value::Object(o) = v else {
-        return Err(Invalid {
-            param: None,
-            message: "the body must be a JSON object".into(),
-        });
-    };
-    for f in TOOL_FIELDS {
-        if o.get(*f).is_some_and(|v| !v.is_null() && v != &json!([])) {
-            return Err(Invalid::new(
-                *f,
-                format!(
-                    "client-side tools are not supported: agentd is an agent and runs its own tools; remove `{f}` from the request"
-                ),
-            ));
-        }
-    }
-    let model = match o.get("model") {
-        Some(Value::String(m)) if !m.is_empty() && m.len() <= 256 => m.clone(),
-        _ => {
-            return Err(Invalid::new(
-                "model",
-                "`model` is required: \"agentd\" or \"agentd:<model name>\" (GET /v1/models lists them)",
-            ));
-        }
-    };
+    let (o, model) = compat::request_object(body, TOOL_FIELDS)?;
     let stream = match o.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
