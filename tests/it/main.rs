@@ -3,6 +3,7 @@
 
 mod support;
 
+mod approvals;
 mod architecture;
 mod battery;
 mod compaction;
