@@ -108,3 +108,121 @@ impl ApprovalState {
         self.waiting.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{Message, ToolCall, ToolResult};
+    use crate::session::event::{Event, MessageEvent, TRAIL_VERSION, TrailLine};
+    use crate::session::state::SessionState;
+
+    fn line(seq: u64, event: Event) -> TrailLine {
+        TrailLine {
+            v: TRAIL_VERSION,
+            seq,
+            ts: "2026-11-03T14:05:00+01:00".into(),
+            event,
+        }
+    }
+
+    fn req(id: &str, call: &str) -> ApprovalRequest {
+        ApprovalRequest {
+            id: id.into(),
+            tool: "exec".into(),
+            tool_call_id: call.into(),
+            summary: "exec: ls".into(),
+            input: serde_json::json!({"command": "ls"}),
+            expires_at: "2026-11-03T14:10:00+01:00".into(),
+            reason: "require".into(),
+        }
+    }
+
+    fn decided(id: &str, d: Decision) -> ApprovalDecided {
+        ApprovalDecided {
+            id: id.into(),
+            tool: "exec".into(),
+            decision: d,
+            by: "42".into(),
+            channel: "telegram".into(),
+        }
+    }
+
+    #[test]
+    fn the_fold_keeps_always_and_what_waits_and_survives_a_snapshot() {
+        let mut s = SessionState::new("s", "k", "primary", 0);
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "exec".into(),
+            arguments: serde_json::json!({"command": "ls"}),
+        };
+        let lines = vec![
+            line(
+                1,
+                Event::Message(MessageEvent::new(Message::Assistant {
+                    text: String::new(),
+                    tool_calls: vec![
+                        call.clone(),
+                        ToolCall {
+                            id: "c2".into(),
+                            ..call
+                        },
+                    ],
+                    thinking: vec![],
+                    usage: None,
+                })),
+            ),
+            line(2, Event::Approval(req("ap-1", "c1"))),
+            line(3, Event::Approval(req("ap-2", "c2"))),
+            line(
+                4,
+                Event::ApprovalDecision(decided("ap-1", Decision::Always)),
+            ),
+        ];
+        for l in &lines {
+            s.apply(l);
+        }
+        assert!(s.approvals.always.contains("exec"));
+        assert_eq!(s.approvals.waiting.len(), 1, "ap-2 still waits");
+        assert_eq!(s.approvals.waiting[0].id, "ap-2");
+        // The snapshot keeps it (a restart sees the batch never ran).
+        let json = serde_json::to_string(&s).unwrap();
+        let back: SessionState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.approvals, s.approvals);
+        // Results end the batch; `always` stays for the session.
+        s.apply(&line(
+            5,
+            Event::ToolResult {
+                results: vec![ToolResult {
+                    tool_call_id: "c1".into(),
+                    content: "ok".into(),
+                    is_error: false,
+                }],
+                notice: None,
+            },
+        ));
+        assert!(s.approvals.waiting.is_empty());
+        assert!(s.approvals.always.contains("exec"));
+        // A snapshot written before approvals existed still loads.
+        let mut old: serde_json::Value = serde_json::from_str(&json).unwrap();
+        old.as_object_mut().unwrap().remove("approvals");
+        let back: SessionState = serde_json::from_value(old).unwrap();
+        assert_eq!(back.approvals, ApprovalState::default());
+    }
+
+    #[test]
+    fn events_roundtrip_with_their_wire_names() {
+        for e in [
+            Event::Approval(req("ap-1", "c1")),
+            Event::ApprovalDecision(decided("ap-1", Decision::Timeout)),
+        ] {
+            let l = line(1, e);
+            let v = serde_json::to_value(&l).unwrap();
+            assert!(
+                v["type"] == "approval" || v["type"] == "approval_decision",
+                "{v}"
+            );
+            let back: TrailLine = serde_json::from_value(v).unwrap();
+            assert_eq!(back, l);
+        }
+    }
+}

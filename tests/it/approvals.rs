@@ -345,3 +345,96 @@ fn kill9_while_an_approval_waits_asks_again_after_restart() {
     assert!(tool_result(&fake, "k1").contains("exit code 0"));
     assert!(d.sigterm().success());
 }
+
+/// Send SIGHUP and wait until the monitor shows that reload's outcome.
+fn sighup(d: &TestDaemon) -> Value {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let reload = || {
+        let text = std::fs::read_to_string(d.state_dir.join("monitor.json")).ok()?;
+        let v: Value = serde_json::from_str(&text).ok()?;
+        Some(v["reload"].clone()).filter(|r| !r.is_null())
+    };
+    let before = reload().map(|r| r["at"].clone());
+    kill(Pid::from_raw(d.pid().unwrap() as i32), Signal::SIGHUP).unwrap();
+    wait_until(WAIT, "the reload's outcome", || {
+        reload().filter(|r| Some(&r["at"]) != before.as_ref())
+    })
+}
+
+#[test]
+fn approvals_apply_live_on_sighup() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut d = daemon(&fake, "", port);
+    let ws = d.workspace();
+    let (before, after) = (ws.join("before"), ws.join("after"));
+    fake.push(exec_touch("r1", &before));
+    fake.push(Reply::text("ran"));
+    fifo_write(
+        &d,
+        r#"{"id":"r1","type":"user","text":"run","sender":"rob"}"#,
+    );
+    wait_outcome(&d, "rob", "r1");
+    assert!(
+        before.exists(),
+        "no approvals configured, yet the call waited"
+    );
+
+    let text = std::fs::read_to_string(&d.config_path).unwrap();
+    std::fs::write(
+        &d.config_path,
+        text.replace("[approvals]\n", "[approvals]\nrequire = [\"exec\"]\n"),
+    )
+    .unwrap();
+    let r = sighup(&d);
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(
+        r["applied"].to_string().contains("approvals.require"),
+        "{r}"
+    );
+    fake.push(exec_touch("r2", &after));
+    fake.push(Reply::text("asked"));
+    fifo_write(
+        &d,
+        r#"{"id":"r2","type":"user","text":"run","sender":"rob"}"#,
+    );
+    let pending = one_pending_http(&base);
+    assert!(!after.exists());
+    let (status, _) = decide_http(&base, pending["id"].as_str().unwrap(), "deny");
+    assert_eq!(status, 200);
+    wait_outcome(&d, "rob", "r2");
+    assert!(!after.exists());
+    assert!(d.sigterm().success());
+}
+
+#[test]
+fn over_usd_asks_once_per_message() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut d = daemon(&fake, "over_usd = 0.000001\n", port);
+    fake.push(Reply::tool_calls(vec![("o1", "session_status", json!({}))]));
+    fake.push(Reply::tool_calls(vec![("o2", "session_status", json!({}))]));
+    fake.push(Reply::text("spent"));
+    fifo_write(
+        &d,
+        r#"{"id":"o1","type":"user","text":"go","sender":"olga"}"#,
+    );
+    let pending = one_pending_http(&base);
+    assert_eq!(pending["tool"], "session_status");
+    let (status, _) = decide_http(&base, pending["id"].as_str().unwrap(), "approve");
+    assert_eq!(status, 200);
+    wait_outcome(&d, "olga", "o1");
+    let trail = d.trail("olga");
+    let asked = trail_events(&trail, "approval");
+    assert_eq!(
+        asked.len(),
+        1,
+        "the second batch of the message asked again"
+    );
+    assert_eq!(asked[0]["reason"], "over_usd");
+    assert!(!tool_result(&fake, "o2").contains("denied"));
+    assert!(d.sigterm().success());
+}
