@@ -200,9 +200,14 @@ impl Agent {
         tracing::info!(session = %session.id, waiting = tickets.len(), "tool calls wait for approval");
         let until = tokio::time::Instant::now() + cfg.timeout;
         let waits = futures::future::join_all(tickets.into_iter().map(|(i, req, t)| async move {
+            // No ticket: too many approvals wait already, a deny at once.
             let v = match t {
                 Some(t) => t.wait(until).await,
-                None => None,
+                None => Some(Verdict {
+                    decision: Decision::Deny,
+                    by: format!("agentd (over {} approvals waiting)", approval::MAX_PENDING),
+                    channel: "daemon".into(),
+                }),
             };
             (i, req, v)
         }));
