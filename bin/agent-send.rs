@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use agentd::cli::{self, Action, CliError, Outgoing, SendOptions};
 use agentd::cost::Period;
+use agentd::session::approval::Decision;
 use clap::{ArgGroup, Parser};
 
 #[derive(Parser, Debug)]
@@ -19,12 +20,14 @@ use clap::{ArgGroup, Parser};
     version,
     about = "Send a message to agentd through its control FIFO, or query its state",
     group(ArgGroup::new("action").required(true).multiple(false)
-        .args(["message", "system", "reset", "cost", "sessions", "monitor", "history", "status"])),
+        .args(["message", "system", "reset", "cost", "sessions", "monitor", "history", "status",
+               "approvals", "approve", "deny"])),
     group(ArgGroup::new("text_action").multiple(false).args(["message", "system"])),
     // `requires` naming a single arg of the required "action" group is not enforced by clap;
     // naming a group is.
     group(ArgGroup::new("message_action").args(["message"])),
     group(ArgGroup::new("history_action").args(["history"])),
+    group(ArgGroup::new("approve_action").args(["approve"])),
     group(ArgGroup::new("waitable").multiple(false).args(["message", "system", "reset"])),
 )]
 struct Args {
@@ -82,6 +85,18 @@ struct Args {
     /// Whether the daemon runs, its FIFO, monitor state and today's cost.
     #[arg(long)]
     status: bool,
+    /// List the tool calls waiting for approval.
+    #[arg(long)]
+    approvals: bool,
+    /// Approve the waiting tool call ID.
+    #[arg(long, value_name = "ID")]
+    approve: Option<String>,
+    /// With --approve: also let later calls of the same tool in that session run without asking.
+    #[arg(long, requires = "approve_action")]
+    always: bool,
+    /// Deny the waiting tool call ID.
+    #[arg(long, value_name = "ID")]
+    deny: Option<String>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -137,6 +152,27 @@ fn action(args: &Args) -> Result<Action, CliError> {
     if args.sessions {
         return Ok(Action::Sessions);
     }
+    if args.approvals {
+        return Ok(Action::Approvals);
+    }
+    if let Some(id) = &args.approve {
+        return Ok(Action::Decide {
+            id: id.clone(),
+            decision: if args.always {
+                Decision::Always
+            } else {
+                Decision::Approve
+            },
+            timeout: Duration::from_secs(args.timeout),
+        });
+    }
+    if let Some(id) = &args.deny {
+        return Ok(Action::Decide {
+            id: id.clone(),
+            decision: Decision::Deny,
+            timeout: Duration::from_secs(args.timeout),
+        });
+    }
     if args.monitor {
         return Ok(Action::Monitor);
     }
@@ -180,6 +216,8 @@ mod tests {
             &["--attach", "f", "-s", "x"],
             &["--tier", "full", "--reset"],
             &["--wait", "--sessions"],
+            &["--always", "--deny", "ap-x"],
+            &["--approve", "ap-x", "--deny", "ap-y"],
         ] {
             let err = parse(bad).expect_err(&format!("{bad:?} must be refused"));
             assert_eq!(err.exit_code(), 2, "{bad:?}");

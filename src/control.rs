@@ -132,6 +132,13 @@ pub enum ControlLine {
         #[serde(default = "all")]
         target: String,
     },
+    /// Decide a pending approval (SPEC §18.1): `approve`, `always` or `deny`.
+    Approval {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        approval: String,
+        decision: String,
+    },
 }
 
 fn all() -> String {
@@ -173,7 +180,8 @@ impl ControlLine {
             ControlLine::User { id, .. }
             | ControlLine::System { id, .. }
             | ControlLine::Notify { id, .. }
-            | ControlLine::Reset { id, .. } => id.as_deref(),
+            | ControlLine::Reset { id, .. }
+            | ControlLine::Approval { id, .. } => id.as_deref(),
         }
     }
 
@@ -182,7 +190,8 @@ impl ControlLine {
             ControlLine::User { id, .. }
             | ControlLine::System { id, .. }
             | ControlLine::Notify { id, .. }
-            | ControlLine::Reset { id, .. } => *id = Some(new),
+            | ControlLine::Reset { id, .. }
+            | ControlLine::Approval { id, .. } => *id = Some(new),
         }
     }
 
@@ -192,6 +201,7 @@ impl ControlLine {
             ControlLine::System { .. } => "system",
             ControlLine::Notify { .. } => "notify",
             ControlLine::Reset { .. } => "reset",
+            ControlLine::Approval { .. } => "approval",
         }
     }
 

@@ -64,6 +64,8 @@ pub struct Metrics {
     /// Closed deliveries (SPEC §16.1), by status: done, failed, unknown.
     deliveries: Family,
     deliveries_pending: AtomicU64,
+    /// Tool calls waiting for a person's yes (SPEC §18.1).
+    approvals_pending: AtomicU64,
     message_duration: Histogram,
     llm_call_duration: Histogram,
     /// How long a message waited for one of `max_concurrent_sessions` slots.
@@ -92,6 +94,7 @@ impl Metrics {
             open_sessions: AtomicU64::new(0),
             deliveries: Family::new(&["status"]),
             deliveries_pending: AtomicU64::new(0),
+            approvals_pending: AtomicU64::new(0),
             message_duration: Histogram::new(DURATION_BUCKETS),
             llm_call_duration: Histogram::new(DURATION_BUCKETS),
             slot_wait: Histogram::new(DURATION_BUCKETS),
@@ -143,6 +146,11 @@ impl Metrics {
     /// One error of `kind` (e.g. `llm`, `delivery`, `telegram_poll`).
     pub fn error(&self, kind: &str) {
         self.errors.inc(&[kind]);
+    }
+
+    /// Tool calls waiting for approval.
+    pub fn set_approvals_pending(&self, n: usize) {
+        self.approvals_pending.store(n as u64, Ordering::Relaxed);
     }
 
     /// Items waiting in the intake queue.
@@ -240,6 +248,12 @@ impl Metrics {
             "Errors, by kind.",
         );
         self.errors.render(&mut out, "agentd_errors_total");
+        gauge(
+            &mut out,
+            "agentd_approvals_pending",
+            "Tool calls waiting for a person's approval.",
+            self.approvals_pending.load(Ordering::Relaxed),
+        );
         gauge(
             &mut out,
             "agentd_queue_depth",

@@ -52,16 +52,19 @@ pub enum LoopState {
     Tools,
     /// Waiting before retrying a failed provider call.
     RetryWait,
+    /// Tool calls wait for a person's yes (SPEC §18.1).
+    WaitingApproval,
 }
 
 impl LoopState {
-    /// `"idle"`, `"thinking"`, `"tools"` or `"retry_wait"`.
+    /// `"idle"`, `"thinking"`, `"tools"`, `"retry_wait"` or `"waiting_approval"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             LoopState::Idle => "idle",
             LoopState::Thinking => "thinking",
             LoopState::Tools => "tools",
             LoopState::RetryWait => "retry_wait",
+            LoopState::WaitingApproval => "waiting_approval",
         }
     }
 }

@@ -3,6 +3,7 @@
 //! trail and the cost ledger, and report the outcome. Sub-agents (`subagent`) run through the
 //! same loop. Works on neutral types only.
 
+mod approve;
 pub mod compaction;
 #[cfg(test)]
 mod loop_tests;
@@ -48,6 +49,8 @@ pub struct Agent {
     consolidator: Option<Consolidator>,
     /// The daemon's start (uptime in `session_status`).
     started: Instant,
+    /// The approvals broker (SPEC §18.1); without one, gated calls are denied.
+    approvals: Option<Arc<crate::tools::approval::Approvals>>,
 }
 
 /// One unit of work for a session: the intakes merged into one user turn, or (after a
@@ -171,6 +174,7 @@ impl Agent {
             memory: None,
             consolidator: None,
             started: Instant::now(),
+            approvals: None,
         }
     }
 
@@ -182,6 +186,12 @@ impl Agent {
     ) -> Agent {
         self.memory = memory;
         self.consolidator = consolidator;
+        self
+    }
+
+    /// Gate tool calls through `approvals` (SPEC §18.1).
+    pub fn with_approvals(mut self, approvals: Arc<crate::tools::approval::Approvals>) -> Agent {
+        self.approvals = Some(approvals);
         self
     }
 
@@ -359,8 +369,12 @@ impl Agent {
         cancel: &CancellationToken,
     ) -> Result<Finish, Option<Fail>> {
         // Calls left without results (a crash, /stop during tools) are answered before
-        // anything is appended: providers reject a tool call without its result.
-        self.repair_dangling(session, state, cancel).await?;
+        // anything is appended: providers reject a tool call without its result. A batch
+        // that waited for approval is asked again instead (run_loop).
+        let approval = approve::ApprovalRoute::of(work);
+        if !(work.resume && Self::waiting_batch(state).is_some()) {
+            self.repair_dangling(session, state, cancel).await?;
+        }
         let tier = compaction::work_tier(work);
         if !work.resume {
             self.append_user_turn(session, state, work, model, &tier, cancel)
@@ -373,6 +387,7 @@ impl Agent {
                 handle,
                 reply_to: work.ids(),
                 tier,
+                approval: &approval,
             },
             model,
             max_turns: self.cfg.behavior.max_turns_per_message.max(1),

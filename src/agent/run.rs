@@ -41,6 +41,7 @@ pub(super) enum Caller<'a> {
         handle: u64,
         reply_to: Vec<String>,
         tier: String,
+        approval: &'a super::approve::ApprovalRoute,
     },
     /// A sub-agent started by a tool call in `parent`: memory only, tools within `scope`,
     /// a fixed system prompt.
@@ -66,7 +67,7 @@ pub(super) struct Run<'a> {
 
 impl Run<'_> {
     /// The session id the provider sees and the logs name.
-    fn session_id(&self) -> String {
+    pub(super) fn session_id(&self) -> String {
         match &self.caller {
             Caller::Message { session, .. } => session.id.clone(),
             Caller::SubAgent { parent, .. } => format!("{}-sub", parent.session_id),
@@ -74,7 +75,7 @@ impl Run<'_> {
     }
 
     /// The session the cost rows are billed to, and their kind.
-    fn billing(&self) -> (&str, CallType) {
+    pub(super) fn billing(&self) -> (&str, CallType) {
         match &self.caller {
             Caller::Message { session, .. } => (&session.id, CallType::Chat),
             Caller::SubAgent { parent, .. } => (&parent.session_id, CallType::Subagent),
@@ -122,6 +123,9 @@ impl Agent {
         state: &mut SessionState,
     ) -> Result<Finish, Option<Fail>> {
         let mut tally = Tally::default();
+        if let Caller::Message { .. } = &run.caller {
+            self.resume_waiting_batch(run, state).await?;
+        }
         for turn in 1..=run.max_turns {
             let last_turn = turn == run.max_turns;
             if let Caller::Message { session, .. } = &run.caller {
@@ -347,7 +351,7 @@ impl Agent {
 
     /// Run the answer's tool calls (cancellable) and record their results, with the wrap-up
     /// notice when it is due.
-    async fn run_tools(
+    pub(super) async fn run_tools(
         &self,
         run: &Run<'_>,
         state: &mut SessionState,
@@ -367,9 +371,16 @@ impl Agent {
             }
             Caller::SubAgent { parent, .. } => (*parent).clone(),
         };
+        let mut refused = refused.to_vec();
+        refused.resize(resp.tool_calls.len(), None);
+        self.gate(run, state, &resp.tool_calls, &mut refused, turn)
+            .await?;
+        if let Some(h) = run.monitor_handle() {
+            self.monitor.set_state(h, LoopState::Tools, turn);
+        }
         let results = tokio::select! {
             _ = run.cancel.cancelled() => return Err(None),
-            r = self.execute(run, &resp.tool_calls, refused, &ctx) => r,
+            r = self.execute(run, &resp.tool_calls, &refused, &ctx) => r,
         };
         for r in &results {
             let name = resp
@@ -419,7 +430,7 @@ impl Agent {
 
     /// Record one step of the run: in the session's trail (durably) and its state for a
     /// message; in the state alone for a sub-agent.
-    async fn record_step(
+    pub(super) async fn record_step(
         &self,
         run: &Run<'_>,
         state: &mut SessionState,

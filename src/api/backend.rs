@@ -120,6 +120,9 @@ pub enum BackendError {
     /// 503 (e.g. shutting down)
     #[error("{0}")]
     Unavailable(String),
+    /// 409: the approval was already decided.
+    #[error("{0}")]
+    Conflict(String),
     /// 429: the session's queue is full; nothing was recorded, the client may retry.
     #[error("{0}")]
     Busy(String),
@@ -157,6 +160,23 @@ pub trait ApiBackend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Option<Value>, BackendError>>;
     /// Prometheus text exposition.
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>>;
+    /// `GET /api/v1/approvals` (SPEC §18.1): `{approvals: [...]}`.
+    fn approvals(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        Box::pin(async { Ok(serde_json::json!({ "approvals": [] })) })
+    }
+    /// `POST /api/v1/approvals/{id}`: `{id, decision}`; `NotFound` unknown, `Conflict` decided.
+    fn decide_approval(
+        &self,
+        id: String,
+        decision: crate::session::approval::Decision,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let _ = decision;
+        Box::pin(async move {
+            Err(BackendError::NotFound(format!(
+                "no approval with id {id:?}"
+            )))
+        })
+    }
     /// The config names of the loaded models (`GET /v1/models` lists `agentd:<name>`).
     fn models(&self) -> Vec<String> {
         Vec::new()

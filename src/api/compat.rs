@@ -202,7 +202,7 @@ fn header(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, Stri
 /// A backend refusal in the API's envelope.
 fn backend_error(api: Api, e: BackendError) -> Response {
     let kind = match &e {
-        BackendError::BadRequest(_) => ErrorKind::InvalidRequest,
+        BackendError::BadRequest(_) | BackendError::Conflict(_) => ErrorKind::InvalidRequest,
         BackendError::NotFound(_) => ErrorKind::NotFound,
         BackendError::Unavailable(_) => ErrorKind::Unavailable,
         BackendError::Busy(_) => ErrorKind::Busy,

@@ -6,11 +6,13 @@
 //! - `auth`, `ratelimit`: the bearer check and the per-IP windows, as route layers.
 //! - `compat`: the OpenAI- and Anthropic-compatible endpoints (SPEC §17); their wire
 //!   formats are `llm::openai::server` and `llm::anthropic::server`.
+//! - `approvals`: the approvals endpoints (SPEC §18.1).
 //! - `reply`: JSON bodies; the outermost layer adds `agent` and `X-Agentd-Agent` to every answer.
 //! - [`webhook`]: the callback POSTed after every processed message.
 
 pub mod backend;
 
+mod approvals;
 mod auth;
 mod compat;
 mod error;

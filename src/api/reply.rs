@@ -86,6 +86,7 @@ impl From<BackendError> for Reply {
             BackendError::NotFound(_) => StatusCode::NOT_FOUND,
             BackendError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             BackendError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
+            BackendError::Conflict(_) => StatusCode::CONFLICT,
             BackendError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {
@@ -236,6 +237,7 @@ mod tests {
             (BackendError::NotFound("x".into()), 404),
             (BackendError::Unavailable("x".into()), 503),
             (BackendError::Busy("x".into()), 429),
+            (BackendError::Conflict("x".into()), 409),
             (BackendError::Internal("x".into()), 500),
         ];
         for (e, code) in cases {

@@ -166,6 +166,7 @@ pub fn router(
         .route("/api/v1/chat", post(handlers::chat))
         .route("/api/v1/notify", post(handlers::notify))
         .route("/api/v1/sessions/reset", post(handlers::reset))
+        .route("/api/v1/approvals/{id}", post(super::approvals::decide))
         .route(
             openai::CHAT_COMPLETIONS_PATH,
             post(compat::chat_completions),
@@ -180,6 +181,7 @@ pub fn router(
         .route("/api/v1/sessions", get(handlers::sessions))
         .route("/api/v1/cost", get(handlers::cost))
         .route("/api/v1/monitor", get(handlers::monitor))
+        .route("/api/v1/approvals", get(super::approvals::list))
         .route("/api/v1/sessions/{id}/history", get(handlers::history))
         .route("/metrics", get(handlers::metrics))
         .route(openai::MODELS_PATH, get(compat::models))

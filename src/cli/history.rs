@@ -145,6 +145,25 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
             &format!("{removed} message(s) summarised: {}", cut(summary, full)),
         ),
         Event::Reset { reason } => entry(out, &t, "reset", reason),
+        Event::Approval(a) => entry(
+            out,
+            &t,
+            "approval",
+            &format!("{} asked for {}: {}", a.id, a.tool, cut(&a.summary, full)),
+        ),
+        Event::ApprovalDecision(d) => entry(
+            out,
+            &t,
+            "approval",
+            &format!(
+                "{} {}: {} by {} ({})",
+                d.id,
+                d.tool,
+                d.decision.as_str(),
+                d.by,
+                d.channel
+            ),
+        ),
     }
 }
 

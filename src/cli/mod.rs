@@ -16,6 +16,7 @@
 //! (async, run by `bin/agentd.rs` on a current-thread runtime), kept here because only `cli/`
 //! prints, and so is `config_diff` (`agentd check-config --diff`).
 
+pub mod approvals;
 pub mod config_diff;
 pub mod context;
 pub mod cost;
@@ -54,6 +55,14 @@ pub enum Action {
     History { target: String, full: bool },
     /// `--status`.
     Status,
+    /// `--approvals`.
+    Approvals,
+    /// `--approve ID [--always]`, `--deny ID`.
+    Decide {
+        id: String,
+        decision: crate::session::approval::Decision,
+        timeout: std::time::Duration,
+    },
 }
 
 /// Run `action` against the daemon's files in `ctx`; `as_json` selects machine-readable
@@ -78,5 +87,11 @@ pub fn run(ctx: &Context, action: &Action, as_json: bool) -> Result<Output, CliE
             as_json,
         )),
         Action::Status => Ok(status::render(&status::status(ctx, now)?, as_json)),
+        Action::Approvals => approvals::list(ctx, as_json),
+        Action::Decide {
+            id,
+            decision,
+            timeout,
+        } => approvals::decide(ctx, id, *decision, *timeout, as_json),
     }
 }

@@ -5,7 +5,7 @@
 //! own reload agree on what changed. Secrets are redacted in that text: a changed secret value
 //! is not seen here (the reload compares MCP servers whole, secrets included).
 //!
-//! Applies live: `[[schedule]]` entries, Telegram `allow_from` and `contacts`, `[budget]`, MCP
+//! Applies live: `[[schedule]]` entries, Telegram `allow_from` and `contacts`, `[budget]`, `[approvals]`, MCP
 //! servers (added, removed or restarted). Workspace files and the skills in the skills directory
 //! are re-read on every SIGHUP whatever the diff says. Everything else needs a restart.
 
@@ -35,6 +35,7 @@ const LIVE: &[&str] = &[
     "channel.telegram.allow_from",
     "channel.telegram.contacts",
     "budget.",
+    "approvals.",
     "mcp.servers.",
 ];
 

@@ -49,7 +49,7 @@ impl Live {
 
 impl Config {
     /// This (running) config with the parts a SIGHUP applies taken from `new`: `[[schedule]]`,
-    /// Telegram `allow_from` and `contacts`, `[budget]` and MCP servers (see
+    /// Telegram `allow_from` and `contacts`, `[budget]`, `[approvals]` and MCP servers (see
     /// `diff::applies_live`, which must list the same keys).
     pub fn with_live_parts_of(&self, new: &Config) -> Config {
         let mut cfg = self.clone();
@@ -57,6 +57,7 @@ impl Config {
         cfg.telegram.allow_from = new.telegram.allow_from.clone();
         cfg.telegram.contacts = new.telegram.contacts.clone();
         cfg.budget = new.budget;
+        cfg.approvals = new.approvals.clone();
         cfg.mcp_servers = new.mcp_servers.clone();
         cfg
     }

@@ -132,6 +132,7 @@ fn walk(
     let http = channels::http(&mut root);
     let behavior = sections::behavior(&mut root);
     let budget = sections::budget(&mut root);
+    let approvals = super::approvals::approvals(&mut root);
     let delivery = sections::delivery(&mut root);
     let tools = tools::tools(&mut root, config_dir, &agent.workspace);
     // SPEC §16.8: the tools may not write the state or config directory, so scratch space
@@ -188,6 +189,7 @@ fn walk(
         telegram,
         behavior,
         budget,
+        approvals,
         delivery,
         tools,
         memory,

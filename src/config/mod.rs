@@ -12,6 +12,7 @@
 //! - `live`: the running config, replaced on SIGHUP; `diff`: what changed and what a reload
 //!   applies (`agentd check-config --diff`).
 
+mod approvals;
 mod channels;
 pub mod diff;
 mod env;
@@ -34,6 +35,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use approvals::glob_matches;
 pub use error::{ConfigError, Problem};
 pub use live::Live;
 pub use load::ROUTING_SOURCES;

@@ -144,6 +144,17 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("daily_usd", num(cfg.budget.daily_usd));
     r.kv("monthly_usd", num(cfg.budget.monthly_usd));
 
+    let ap = &cfg.approvals;
+    r.table("approvals");
+    r.kv("require", list(&ap.require));
+    r.kv("over_usd", num(ap.over_usd));
+    r.kv("timeout_seconds", secs(ap.timeout));
+    match ap.telegram_chat {
+        Some(c) => r.kv("telegram_chat", c.to_string()),
+        None => r.comment("telegram_chat = (not set: approvals of non-Telegram sessions are not offered in Telegram)"),
+    }
+    r.kv("system_allow", list(&ap.system_allow));
+
     r.table("delivery");
     r.kv(
         "retry_minutes",

@@ -1282,6 +1282,9 @@ allow_from = [5]
 contacts = {{ Ann = 5 }}
 [budget]
 daily_usd = 3.0
+[approvals]
+require = [\"exec\"]
+timeout_seconds = 60
 [http]
 port = 9999
 [behavior]
@@ -1316,6 +1319,8 @@ system = \"hi\"
     let keys: Vec<&str> = applied.iter().map(|c| c.key.as_str()).collect();
     for k in [
         "budget.daily_usd",
+        "approvals.require",
+        "approvals.timeout_seconds",
         "channel.telegram.allow_from",
         "channel.telegram.contacts",
         "mcp.servers.t.command",
@@ -1323,4 +1328,36 @@ system = \"hi\"
     ] {
         assert!(keys.contains(&k), "{k} not applied: {keys:?}");
     }
+}
+
+#[test]
+fn approvals_defaults_and_problems() {
+    let c = minimal_with_key().ok();
+    assert_eq!(c.approvals, ApprovalsConfig::default());
+    assert_eq!(c.approvals.timeout, Duration::from_secs(300));
+    assert!(c.approvals.require.is_empty() && c.approvals.telegram_chat.is_none());
+
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}\n[approvals]\nrequire = [\"exec\", \"github__*\"]\nover_usd = 0.5\ntimeout_seconds = 30\ntelegram_chat = -100123\nsystem_allow = [\"web_*\"]\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    let c = f.ok();
+    assert!(c.approvals.requires("github__merge_pr") && !c.approvals.requires("read"));
+    assert!(c.approvals.system_allows("web_fetch"));
+    assert_eq!(c.approvals.timeout, Duration::from_secs(30));
+    assert_eq!(c.approvals.telegram_chat, Some(-100123));
+    assert!(render_effective(&c).contains("require = [\"exec\", \"github__*\"]"));
+
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}\n[approvals]\nrequire = [\"ex ec\"]\nover_usd = -1\ntimeout_seconds = 0\ntelegram_chat = 0\nsystem_alow = []\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    let p = f.problems();
+    assert!(has(&p, "approvals.require[0]: \"ex ec\""), "{p:#?}");
+    assert!(has(&p, "approvals.over_usd"), "{p:#?}");
+    assert!(has(&p, "approvals.timeout_seconds"), "{p:#?}");
+    assert!(has(&p, "approvals.telegram_chat"), "{p:#?}");
+    assert!(has(&p, "did you mean \"system_allow\""), "{p:#?}");
 }

@@ -29,6 +29,8 @@ pub struct Config {
     pub telegram: TelegramConfig,
     pub behavior: BehaviorConfig,
     pub budget: BudgetConfig,
+    /// `[approvals]` (SPEC §18.1).
+    pub approvals: ApprovalsConfig,
     pub delivery: DeliveryConfig,
     pub tools: ToolsConfig,
     pub memory: MemoryConfig,
@@ -284,6 +286,33 @@ pub struct BudgetConfig {
     pub per_message_usd: f64,
     pub daily_usd: f64,
     pub monthly_usd: f64,
+}
+
+/// `[approvals]` (SPEC §18.1): tool calls that need a person's yes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalsConfig {
+    /// Tool-name globs whose calls need a yes.
+    pub require: Vec<String>,
+    /// USD; 0 = off. A message that has spent this much asks before its next tool call.
+    pub over_usd: f64,
+    /// How long a call waits for a decision; then it is denied.
+    pub timeout: std::time::Duration,
+    /// Where approvals of non-Telegram sessions are offered in Telegram.
+    pub telegram_chat: Option<i64>,
+    /// Tool-name globs a `system`-source message may call without a yes.
+    pub system_allow: Vec<String>,
+}
+
+impl Default for ApprovalsConfig {
+    fn default() -> ApprovalsConfig {
+        ApprovalsConfig {
+            require: Vec::new(),
+            over_usd: 0.0,
+            timeout: std::time::Duration::from_secs(super::approvals::DEFAULT_TIMEOUT_SECONDS),
+            telegram_chat: None,
+            system_allow: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -35,6 +35,8 @@ pub struct DaemonBackend {
     pub started: Instant,
     /// Answers to recent compatible requests with an `Idempotency-Key` (SPEC §17).
     pub recent: Arc<super::compat::RecentAnswers>,
+    /// Tool calls waiting for a yes (SPEC §18.1).
+    pub approvals: Arc<crate::tools::approval::Approvals>,
 }
 
 impl DaemonBackend {
@@ -111,6 +113,29 @@ fn blocking<T: Send + 'static>(
 }
 
 impl ApiBackend for DaemonBackend {
+    fn approvals(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        Box::pin(async move { Ok(json!({ "approvals": self.approvals.list() })) })
+    }
+
+    fn decide_approval(
+        &self,
+        id: String,
+        decision: crate::session::approval::Decision,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
+        Box::pin(async move {
+            super::approvals::decide(&self.approvals, &id, decision, "http", "http").map_err(|e| {
+                match e {
+                    crate::tools::approval::DecideError::Unknown(_) => {
+                        BackendError::NotFound(e.to_string())
+                    }
+                    crate::tools::approval::DecideError::AlreadyDecided { .. } => {
+                        BackendError::Conflict(e.to_string())
+                    }
+                }
+            })
+        })
+    }
+
     fn chat(&self, req: ChatIn) -> BoxFuture<'_, Result<ChatOutcome, BackendError>> {
         Box::pin(async move {
             let sender = req.sender.unwrap_or_else(|| "anonymous".to_string());
@@ -313,6 +338,8 @@ impl ApiBackend for DaemonBackend {
 
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>> {
         self.metrics.set_queue_depth(self.dispatcher.queue_depth());
+        self.metrics
+            .set_approvals_pending(self.approvals.pending_count());
         self.metrics.set_active(self.dispatcher.active_sessions());
         Box::pin(async move {
             self.metrics.set_session_resources(

@@ -200,6 +200,8 @@ impl IntakeHandler {
                 self.reset(&target, "control FIFO reset").await;
                 return;
             }
+            // Decided by the FIFO task (`daemon::approvals::handle_line`), never an intake.
+            ControlLine::Approval { .. } => return,
         };
         // Errors are logged by `accept`; the FIFO writer sees no intake record and times out.
         let _ = self.accept(&key, intake).await;

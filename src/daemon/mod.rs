@@ -3,6 +3,7 @@
 //! (`lifecycle`: signals, READY, the two-stage stop). [`run`] reads as that list.
 
 pub mod after;
+pub mod approvals;
 pub mod compat;
 pub mod delivery;
 pub mod http_backend;

@@ -62,6 +62,8 @@ pub struct Services {
     pub schedule_wake: Arc<Notify>,
     pub dispatcher: Arc<Dispatcher>,
     pub intake: Arc<IntakeHandler>,
+    /// Tool calls waiting for a person's yes (SPEC §18.1).
+    pub approvals: Arc<crate::tools::approval::Approvals>,
     pub started: Instant,
 }
 
@@ -230,6 +232,12 @@ impl Services {
             .await
             .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?;
         let metrics = Arc::new(crate::metrics::Metrics::new());
+        let approvals = crate::tools::approval::Approvals::new(
+            Some(live.clone()),
+            outbound.clone(),
+            Some(paths.root.clone()),
+            tasks.abort.clone(),
+        );
         let agent = Agent::new(
             cfg.clone(),
             llm,
@@ -240,7 +248,8 @@ impl Services {
             metrics.clone(),
         )
         .with_memory(memory.clone(), consolidator.clone())
-        .started_at(started);
+        .started_at(started)
+        .with_approvals(approvals.clone());
         // Sub-agents run through the agent's loop.
         spawn.connect(Arc::new(agent.clone()));
         let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
@@ -275,6 +284,7 @@ impl Services {
             schedule_wake,
             dispatcher,
             intake,
+            approvals,
             started,
         })
     }

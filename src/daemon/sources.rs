@@ -149,8 +149,13 @@ fn start_fifo(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<(), Da
         Box::pin(async move { reader.await.map_err(|e| e.to_string()) }),
     );
     let intake = s.intake.clone();
+    let approvals = s.approvals.clone();
     tasks.tracker.spawn(async move {
         while let Some(line) = rx.recv().await {
+            if let crate::control::ControlLine::Approval { .. } = line {
+                super::approvals::handle_line(&approvals, &line);
+                continue;
+            }
             intake.handle(line).await;
         }
     });
@@ -174,6 +179,7 @@ async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<
         mcp: s.mcp.clone(),
         started: s.started,
         recent: Default::default(),
+        approvals: s.approvals.clone(),
     });
     let router = crate::api::router(
         backend,

@@ -19,7 +19,9 @@ use super::workers::Dispatcher;
 use crate::channels::telegram::client::{
     FileKind as TgFileKind, HTTP_TIMEOUT_SLACK, SendFault, TelegramClient, TgError,
 };
-use crate::channels::telegram::inbound::{TgCommand, TgInbound, TgMediaKind};
+use crate::channels::telegram::inbound::{
+    TgCallback, TgCommand, TgInbound, TgMediaKind, allowed, approval_button,
+};
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
 use crate::session::{Intake, Route};
@@ -67,9 +69,55 @@ struct Sink {
     /// poller never waits on them.
     outbound: Arc<dyn Outbound>,
     tracker: tokio_util::task::TaskTracker,
+    /// Approval buttons (SPEC §18.1): decided here, `allow_from` read live.
+    approvals: Arc<crate::tools::approval::Approvals>,
+    live: crate::config::Live,
 }
 
 impl Sink {
+    /// An approval button: only a user in `allow_from` decides; everyone gets an answer.
+    async fn approval_button(&self, cb: &TgCallback) {
+        use crate::session::approval::Decision;
+        use crate::tools::approval::DecideError;
+        let notice = match approval_button(&cb.data) {
+            None => "This button is not one of mine.".to_string(),
+            Some((id, _)) if !crate::tools::approval::is_valid_id(id) => {
+                "This button is not one of mine.".to_string()
+            }
+            Some(_) if !allowed(cb.user_id, &self.live.get().telegram) => {
+                tracing::warn!(
+                    user_id = cb.user_id,
+                    "telegram: approval button from a user not in allow_from refused"
+                );
+                "You are not allowed to decide approvals (not in allow_from).".to_string()
+            }
+            Some((id, what)) => {
+                let decision = match what {
+                    'a' => Decision::Approve,
+                    's' => Decision::Always,
+                    _ => Decision::Deny,
+                };
+                let by = cb.user_id.to_string();
+                match super::approvals::decide(&self.approvals, id, decision, &by, "telegram") {
+                    Ok(_) => match decision {
+                        Decision::Deny => "Denied.".to_string(),
+                        Decision::Always => "Approved for this session.".to_string(),
+                        _ => "Approved.".to_string(),
+                    },
+                    Err(DecideError::AlreadyDecided { decision, .. }) => {
+                        format!("Already decided: {decision}.")
+                    }
+                    Err(DecideError::Unknown(_)) => {
+                        "This approval is no longer waiting.".to_string()
+                    }
+                }
+            }
+        };
+        if let Err(e) = self.client.answer_callback(&cb.query_id, &notice).await {
+            tracing::warn!(error = %e, "telegram: answerCallbackQuery failed");
+        }
+    }
+
     /// Send `text` to `chat_id` in the background, retried like a reply (SPEC §16.1).
     fn answer(&self, chat_id: i64, text: String, what: &'static str) {
         let (out, policy) = (self.outbound.clone(), self.dispatcher.delivery_retry());
@@ -117,6 +165,10 @@ impl Sink {
 }
 
 impl TgSink for Sink {
+    fn callback(&self, cb: TgCallback) -> BoxFuture<'_, ()> {
+        Box::pin(async move { self.approval_button(&cb).await })
+    }
+
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             if let Some(cmd) = msg.is_command {
@@ -257,6 +309,33 @@ impl Outbound for TgOutbound {
         self.cfg.telegram.poll_timeout + HTTP_TIMEOUT_SLACK
     }
 
+    fn ask_approval<'a>(
+        &'a self,
+        to: &'a Target,
+        text: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<i32, PartError>> {
+        Box::pin(async move {
+            let Target::Telegram { chat_id } = to;
+            let sent = self.client.send_approval_prompt(*chat_id, text, id).await;
+            sent.map_err(part_error)
+        })
+    }
+
+    fn settle_approval<'a>(
+        &'a self,
+        to: &'a Target,
+        message_id: i32,
+        text: &'a str,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Target::Telegram { chat_id } = to;
+            if let Err(e) = self.client.edit_text(*chat_id, message_id, text).await {
+                tracing::warn!(error = %e, "telegram: cannot edit the approval prompt");
+            }
+        })
+    }
+
     fn typing<'a>(&'a self, to: &'a Target) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let Target::Telegram { chat_id } = to;
@@ -302,6 +381,8 @@ pub fn start_poller(
         dispatcher,
         outbound,
         tracker: tracker.clone(),
+        approvals: s.approvals.clone(),
+        live: live.clone(),
     });
     let tg_cfg = cfg.telegram.clone();
     let bot_id = client.bot_id();

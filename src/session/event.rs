@@ -69,6 +69,10 @@ pub enum Event {
     Compaction { summary: String, removed: usize },
     /// The session was reset (its files move to `.archive/` right after this event).
     Reset { reason: String },
+    /// A tool call waits for a person's yes (SPEC §18.1).
+    Approval(super::approval::ApprovalRequest),
+    /// The decision on an `approval`, who gave it and through which channel.
+    ApprovalDecision(super::approval::ApprovalDecided),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -4,6 +4,7 @@
 //!
 //! All functions here do blocking file IO; async callers run them on the blocking pool.
 
+pub mod approval;
 pub mod event;
 pub mod index;
 mod repair;

@@ -39,6 +39,9 @@ pub struct SessionState {
     pub context_tokens: u64,
     #[serde(default)]
     pub flags: Flags,
+    /// Approvals: tools approved for the session, calls waiting (SPEC §18.1).
+    #[serde(default, skip_serializing_if = "is_default_approvals")]
+    pub approvals: super::approval::ApprovalState,
     /// The messages as the provider's wire format last rendered them, reused by the next call
     /// (SPEC §16.6). Memory only; compaction, the image swap and a repair of stored calls
     /// invalidate it here; a clone starts empty (`message::rendered`).
@@ -98,6 +101,10 @@ impl PartialEq for SnapshotMark {
     }
 }
 
+fn is_default_approvals(a: &super::approval::ApprovalState) -> bool {
+    *a == super::approval::ApprovalState::default()
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Flags {
     /// The "compaction is near" notice was given (SPEC §15).
@@ -122,6 +129,7 @@ impl SessionState {
             previous_messages: None,
             context_tokens: 0,
             flags: Flags::default(),
+            approvals: Default::default(),
             rendered: RenderCache::new(),
             snapshot: SnapshotMark::default(),
             images_from: ImagesFrom::default(),
@@ -185,10 +193,15 @@ impl SessionState {
                 }
                 self.messages.push(msg);
             }
-            Event::ToolResult { results, notice } => self.messages.push(Message::ToolResults {
-                results: results.clone(),
-                notice: notice.clone(),
-            }),
+            Event::ToolResult { results, notice } => {
+                self.approvals.batch_done();
+                self.messages.push(Message::ToolResults {
+                    results: results.clone(),
+                    notice: notice.clone(),
+                })
+            }
+            Event::Approval(r) => self.approvals.asked(r),
+            Event::ApprovalDecision(d) => self.approvals.decided(d),
             Event::Compaction { summary, removed } => {
                 let n = (*removed).min(self.messages.len());
                 self.messages.drain(..n);

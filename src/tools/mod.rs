@@ -2,6 +2,7 @@
 //! arguments, per-call timeout, output truncation, concurrent execution with ordered results)
 //! and the built-in tools. SPEC §11.
 
+pub mod approval;
 pub mod arg_schema;
 pub mod assemble;
 pub mod edit;

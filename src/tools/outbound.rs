@@ -2,7 +2,8 @@
 //! may do towards people — send text, a file or a voice note, react, show "typing…" — without
 //! knowing the channel, and the one retry and recording rule every send follows. The daemon
 //! wires the seam to Telegram (`daemon::telegram`); tools never import `channels`.
-//! Next: asking a person for an approval.
+//! Asking a person for an approval is one more action of the seam (`ask_approval`,
+//! `settle_approval`; the broker is `tools::approval`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -100,6 +101,31 @@ pub trait Outbound: Send + Sync {
     /// The longest one send may take before the channel gives up on it (its HTTP timeout): a
     /// tool that sends bounds its own timeout by its retry window plus this.
     fn attempt_timeout(&self) -> Duration;
+    /// Ask for approval `id` (SPEC §18.1) once: `text` with the buttons *Approve* / *Always in
+    /// this session* / *Deny*. Returns the prompt's message id, which
+    /// [`Outbound::settle_approval`] edits. A channel without buttons refuses.
+    fn ask_approval<'a>(
+        &'a self,
+        _to: &'a Target,
+        _text: &'a str,
+        _id: &'a str,
+    ) -> BoxFuture<'a, Result<i32, PartError>> {
+        Box::pin(async {
+            Err(PartError::Failed(
+                "this channel cannot ask for approvals".into(),
+            ))
+        })
+    }
+    /// Replace prompt `message_id` by `text` (the decision), without buttons; failures are
+    /// only logged.
+    fn settle_approval<'a>(
+        &'a self,
+        _to: &'a Target,
+        _message_id: i32,
+        _text: &'a str,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// One thing the outbox sends: a part of a text, a file, a reaction.

@@ -162,6 +162,75 @@ async fn allowed_updates_filter_and_is_remembered() {
 }
 
 #[tokio::test]
+async fn inline_keyboards_callbacks_answers_and_edits() {
+    let fake = FakeTelegram::spawn(TOKEN);
+    let keyboard = json!({"inline_keyboard": [[{"text": "Yes", "callback_data": "ap:x:a"}]]});
+    let (s, body) = call(
+        &fake,
+        "sendMessage",
+        json!({"chat_id": ALICE, "text": "ok?", "reply_markup": keyboard}),
+    )
+    .await;
+    let mid = ok_result(s, &body)["message_id"].as_i64().unwrap();
+    assert_eq!(fake.sent()[0].buttons, vec!["ap:x:a".to_string()]);
+    let long = json!({"inline_keyboard": [[{"text": "x", "callback_data": "d".repeat(65)}]]});
+    let (s, _) = call(
+        &fake,
+        "sendMessage",
+        json!({"chat_id": ALICE, "text": "x", "reply_markup": long}),
+    )
+    .await;
+    assert_eq!(s, 400, "callback data over 64 bytes is refused");
+
+    let q = fake.push_callback(ALICE, ALICE, mid, "ap:x:a");
+    let (s, body) = call(
+        &fake,
+        "getUpdates",
+        json!({"allowed_updates": ["message", "callback_query"], "timeout": 0}),
+    )
+    .await;
+    let got = ok_result(s, &body);
+    assert_eq!(got[0]["callback_query"]["id"], q.as_str());
+    assert_eq!(got[0]["callback_query"]["data"], "ap:x:a");
+    let (s, _) = call(
+        &fake,
+        "answerCallbackQuery",
+        json!({"callback_query_id": q, "text": "Approved."}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (s, _) = call(
+        &fake,
+        "answerCallbackQuery",
+        json!({"callback_query_id": q}),
+    )
+    .await;
+    assert_eq!(s, 400, "a query is answered once");
+    assert_eq!(
+        fake.callback_answers()[0].text.as_deref(),
+        Some("Approved.")
+    );
+
+    let (s, _) = call(
+        &fake,
+        "editMessageText",
+        json!({"chat_id": ALICE, "message_id": mid, "text": "done", "reply_markup": {"inline_keyboard": []}}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let e = &fake.edits()[0];
+    assert_eq!((e.message_id, e.text.as_str()), (mid, "done"));
+    assert!(e.buttons.is_empty());
+    let (s, _) = call(
+        &fake,
+        "editMessageText",
+        json!({"chat_id": ALICE, "message_id": 999_999, "text": "x"}),
+    )
+    .await;
+    assert_eq!(s, 400, "an unknown message cannot be edited");
+}
+
+#[tokio::test]
 async fn injected_failures_have_telegrams_shape() {
     let fake = FakeTelegram::spawn(TOKEN);
     fake.fail_next(1, 409);
@@ -686,7 +755,10 @@ async fn poller_delivers_in_order_persists_offset_and_resumes_without_redelivery
     let calls = fake.get_updates_calls();
     assert_eq!(calls[0].offset, Some(0));
     assert_eq!(calls[0].timeout, Some(1));
-    assert_eq!(calls[0].allowed_updates, Some(vec!["message".to_string()]));
+    assert_eq!(
+        calls[0].allowed_updates,
+        Some(vec!["message".to_string(), "callback_query".to_string()])
+    );
     p.stop().await;
 
     // A restart resumes from the stored offset: only the new message arrives.

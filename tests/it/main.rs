@@ -3,6 +3,7 @@
 
 mod support;
 
+mod approvals;
 mod architecture;
 mod battery;
 mod compaction;
@@ -29,6 +30,7 @@ mod session_index;
 mod snapshots;
 mod ssrf;
 mod systemd;
+mod telegram_approvals;
 mod telegram_e2e;
 mod tool_schemas;
 mod toolcalls;

@@ -294,7 +294,8 @@ impl TelegramClient {
     }
 
     /// One long poll: `getUpdates` with `offset` (confirming everything below it), `timeout`
-    /// (whole seconds) and `allowed_updates = ["message"]`.
+    /// (whole seconds) and `allowed_updates = ["message", "callback_query"]` (the approval
+    /// buttons, SPEC §18.1).
     pub async fn get_updates(
         &self,
         offset: i64,
@@ -303,7 +304,7 @@ impl TelegramClient {
         let body = serde_json::json!({
             "offset": offset.clamp(0, i64::from(i32::MAX)),
             "timeout": timeout.as_secs().min(u64::from(u32::MAX)),
-            "allowed_updates": ["message"],
+            "allowed_updates": ["message", "callback_query"],
         });
         let result = self.call_raw("getUpdates", RawBody::json(&body)).await?;
         // From text, not from the `Value`: teloxide's `Update` reads a message only from a
@@ -525,6 +526,55 @@ impl TelegramClient {
             "reaction": [{ "type": "emoji", "emoji": emoji }],
         });
         self.call_raw("setMessageReaction", RawBody::json(&body))
+            .await
+            .map(|_| ())
+    }
+
+    /// Sends an approval prompt (SPEC §18.1): plain `text` with an inline keyboard of
+    /// *Approve* / *Always in this session* / *Deny*, whose callback data is `ap:<id>:a|s|d`
+    /// (at most 64 bytes, as Telegram allows). Once, no retry; returns the message id.
+    pub async fn send_approval_prompt(
+        &self,
+        chat_id: i64,
+        text: &str,
+        id: &str,
+    ) -> Result<i32, TgError> {
+        let body = serde_json::json!({
+            "chat_id": chat_id,
+            "text": text,
+            "reply_markup": { "inline_keyboard": [
+                [{ "text": "Approve", "callback_data": format!("ap:{id}:a") }],
+                [{ "text": "Always in this session", "callback_data": format!("ap:{id}:s") }],
+                [{ "text": "Deny", "callback_data": format!("ap:{id}:d") }],
+            ]},
+        });
+        let sent = self.call_raw("sendMessage", RawBody::json(&body)).await?;
+        message_id(&sent, "sendMessage")
+    }
+
+    /// Replaces the text of message `message_id` and removes its inline keyboard (an
+    /// approval prompt once decided). Once, no retry.
+    pub async fn edit_text(
+        &self,
+        chat_id: i64,
+        message_id: i32,
+        text: &str,
+    ) -> Result<(), TgError> {
+        let body = serde_json::json!({
+            "chat_id": chat_id,
+            "message_id": message_id,
+            "text": text,
+            "reply_markup": { "inline_keyboard": [] },
+        });
+        self.call_raw("editMessageText", RawBody::json(&body))
+            .await
+            .map(|_| ())
+    }
+
+    /// Answers a callback query (the button press stops spinning), with a short notice.
+    pub async fn answer_callback(&self, query_id: &str, text: &str) -> Result<(), TgError> {
+        let body = serde_json::json!({ "callback_query_id": query_id, "text": text });
+        self.call_raw("answerCallbackQuery", RawBody::json(&body))
             .await
             .map(|_| ())
     }

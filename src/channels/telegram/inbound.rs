@@ -101,6 +101,47 @@ pub fn bot_id_from_token(token: &str) -> Option<i64> {
     token.split_once(':')?.0.parse().ok()
 }
 
+/// A button press on one of our inline keyboards (an approval prompt, SPEC §18.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TgCallback {
+    pub update_id: i64,
+    /// For `answerCallbackQuery`.
+    pub query_id: String,
+    /// Who pressed: what `allow_from` matches.
+    pub user_id: i64,
+    /// The button's data as sent (outside input: checked by whoever reads it).
+    pub data: String,
+}
+
+/// The callback query carried by `update`, if it is one with data (at most 64 bytes, as
+/// Telegram sends; longer data is not ours).
+pub fn callback_of(update: &Update) -> Option<TgCallback> {
+    let UpdateKind::CallbackQuery(q) = &update.kind else {
+        return None;
+    };
+    let data = q.data.as_ref().filter(|d| d.len() <= 64)?;
+    Some(TgCallback {
+        update_id: i64::from(update.id.0),
+        query_id: q.id.0.clone(),
+        user_id: i64::try_from(q.from.id.0).ok()?,
+        data: data.clone(),
+    })
+}
+
+/// An approval button's data `ap:<id>:a|s|d` → the approval id and `a` (approve), `s`
+/// (always in this session) or `d` (deny).
+pub fn approval_button(data: &str) -> Option<(&str, char)> {
+    let rest = data.strip_prefix("ap:")?;
+    let (id, what) = rest.rsplit_once(':')?;
+    let what = match what {
+        "a" => 'a',
+        "s" => 's',
+        "d" => 'd',
+        _ => return None,
+    };
+    (!id.is_empty()).then_some((id, what))
+}
+
 /// The inbound message carried by `update`, or `None` for anything agentd ignores: updates
 /// other than `message`, messages without a user sender, messages from bots (including this
 /// one, `bot_id`), and messages with neither text, caption nor a supported attachment.
@@ -203,6 +244,28 @@ fn media_of(msg: &Message) -> Option<TgMedia> {
         });
     }
     None
+}
+
+#[cfg(test)]
+mod callback_tests {
+    use super::*;
+
+    #[test]
+    fn callback_queries_and_button_data() {
+        let update: Update = serde_json::from_str(
+            r#"{"update_id": 9, "callback_query": {"id": "cb1", "chat_instance": "x",
+                "from": {"id": 42, "is_bot": false, "first_name": "A"},
+                "data": "ap:ap-abc:s"}}"#,
+        )
+        .unwrap();
+        let cb = callback_of(&update).unwrap();
+        assert_eq!((cb.update_id, cb.user_id), (9, 42));
+        assert_eq!(cb.query_id, "cb1");
+        assert_eq!(approval_button(&cb.data), Some(("ap-abc", 's')));
+        assert_eq!(approval_button("ap:ap-abc:x"), None);
+        assert_eq!(approval_button("ap::a"), None);
+        assert_eq!(approval_button("other"), None);
+    }
 }
 
 #[cfg(test)]

@@ -35,6 +35,13 @@ pub trait TgSink: Send + Sync {
     /// offset only after Ok; on Err it stops the batch, backs off and asks again (the update is
     /// delivered again).
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>>;
+    /// A button press (an approval, SPEC §18.1). Not durable: a press lost to a crash is
+    /// pressed again (the approval is asked again after a restart anyway). The sink checks
+    /// `allow_from` itself, so that a refused user is told.
+    fn callback(&self, cb: super::inbound::TgCallback) -> BoxFuture<'_, ()> {
+        let _ = cb;
+        Box::pin(async {})
+    }
 }
 
 /// Where the poller stands.
@@ -279,6 +286,18 @@ pub async fn run_with(
             let id = i64::from(update.id.0);
             if id < offset {
                 continue; // already confirmed; a misbehaving server sent it again
+            }
+            if let Some(cb) = super::inbound::callback_of(&update) {
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = sink.callback(cb) => {}
+                }
+                offset = id + 1;
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = offsets.save(offset) => {}
+                }
+                continue;
             }
             match from_update(&update, client.bot_id(), &cfg) {
                 None => tracing::debug!(update_id = id, "telegram: update ignored"),

@@ -8,7 +8,9 @@
 //! ended with 409 when a newer one arrives), a full `getMe`, `sendMessage` with Telegram's length
 //! limit and HTML parser errors, `sendChatAction`, `setMessageReaction`, `sendPhoto` /
 //! `sendDocument` / `sendVoice` / `sendAudio`, `getFile` and downloads at
-//! `/file/bot<token>/<file_path>`.
+//! `/file/bot<token>/<file_path>`; inline keyboards (`reply_markup.inline_keyboard`, buttons
+//! checked for text and 64-byte data), `callback_query` updates ([`FakeTelegram::push_callback`]),
+//! `answerCallbackQuery` (once per query, as Telegram allows) and `editMessageText`.
 //!
 //! Fault injection: [`FakeTelegram::fail_next`] (getUpdates answers with 401/409/429/5xx),
 //! [`FakeTelegram::flood`] (the next send gets 429 with `parameters.retry_after`),
@@ -153,6 +155,25 @@ pub struct SentMessage {
     pub parse_mode: Option<String>,
     /// `reply_parameters.message_id` or `reply_to_message_id`.
     pub reply_to: Option<i64>,
+    /// The inline keyboard's `callback_data`, row by row, when the message has one.
+    pub buttons: Vec<String>,
+}
+
+/// One accepted `editMessageText`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Edit {
+    pub chat_id: i64,
+    pub message_id: i64,
+    pub text: String,
+    /// The inline keyboard's buttons after the edit (empty: removed).
+    pub buttons: Vec<String>,
+}
+
+/// One accepted `answerCallbackQuery`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallbackAnswer {
+    pub query_id: String,
+    pub text: Option<String>,
 }
 
 /// One accepted `sendPhoto` / `sendDocument` / `sendVoice` / `sendAudio`.
@@ -227,6 +248,11 @@ struct Inner {
     sent_files: Vec<SentFile>,
     actions: Vec<ChatAction>,
     reactions: Vec<Reaction>,
+    edits: Vec<Edit>,
+    /// Callback queries pushed and not yet answered.
+    open_callbacks: HashSet<String>,
+    callback_answers: Vec<CallbackAnswer>,
+    next_callback: u64,
     polls: Vec<GetUpdatesCall>,
     requests: Vec<(String, Value)>,
     fail_next: VecDeque<u16>,
@@ -398,6 +424,41 @@ impl FakeTelegram {
             message_id,
             file_id,
         }
+    }
+
+    /// Queues a `callback_query` update: user `from` pressed the button with `data` under the
+    /// bot's message `message_id` in `chat`. Returns the query id (for `callback_answers`).
+    pub fn push_callback(&self, from: i64, chat: i64, message_id: i64, data: &str) -> String {
+        let query_id = {
+            let mut inner = self.shared.lock();
+            inner.next_callback += 1;
+            let id = format!("cbq-{}", inner.next_callback);
+            inner.open_callbacks.insert(id.clone());
+            id
+        };
+        let mut message = bot_message(self.shared.bot_id, message_id, chat);
+        message["text"] = json!("(prompt)");
+        self.push_update(
+            "callback_query",
+            json!({
+                "id": query_id,
+                "from": user_json(from),
+                "message": message,
+                "chat_instance": format!("ci-{chat}"),
+                "data": data,
+            }),
+        );
+        query_id
+    }
+
+    /// Accepted `editMessageText` calls, in order.
+    pub fn edits(&self) -> Vec<Edit> {
+        self.shared.lock().edits.clone()
+    }
+
+    /// Accepted `answerCallbackQuery` calls, in order.
+    pub fn callback_answers(&self) -> Vec<CallbackAnswer> {
+        self.shared.lock().callback_answers.clone()
     }
 
     /// Queues a text message from user `from` in chat `chat` (a leading `/command` gets its
@@ -905,6 +966,8 @@ async fn handle(
         }
         "sendchataction" => send_chat_action(&shared, &params),
         "setmessagereaction" => set_message_reaction(&shared, &params),
+        "editmessagetext" => edit_message_text(&shared, &params),
+        "answercallbackquery" => answer_callback_query(&shared, &params),
         "sendphoto" | "senddocument" | "sendvoice" | "sendaudio" => {
             if let Some(r) = send_gate(&shared).await {
                 return r;
@@ -1160,6 +1223,7 @@ fn send_message(shared: &Shared, params: &Params) -> Answer {
     if plain.encode_utf16().count() > MAX_TEXT_UTF16 {
         return Err(bad_request("message is too long"));
     }
+    check_buttons(params)?;
     take_flood(shared)?;
     let reply_to = reply_to(params);
     let mut inner = shared.lock();
@@ -1178,6 +1242,7 @@ fn send_message(shared: &Shared, params: &Params) -> Answer {
         plain: plain.clone(),
         parse_mode,
         reply_to,
+        buttons: buttons_of(params),
     });
     let mut msg = bot_message(shared.bot_id, message_id, chat_id);
     msg["text"] = json!(plain);
@@ -1200,6 +1265,76 @@ fn send_chat_action(shared: &Shared, params: &Params) -> Answer {
         return Err(bad_request("wrong parameter action in request"));
     }
     shared.lock().actions.push(ChatAction { chat_id, action });
+    Ok(json!(true))
+}
+
+/// The `callback_data` of every button of `reply_markup.inline_keyboard`, row by row; a
+/// button without `text` or with data over 64 bytes is refused like Telegram does.
+fn buttons_of(params: &Params) -> Vec<String> {
+    let markup = params.json("reply_markup").unwrap_or(Value::Null);
+    markup["inline_keyboard"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|row| row.as_array().cloned().unwrap_or_default())
+        .filter_map(|b| b["callback_data"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn check_buttons(params: &Params) -> Result<(), TgFail> {
+    let markup = params.json("reply_markup").unwrap_or(Value::Null);
+    for row in markup["inline_keyboard"].as_array().into_iter().flatten() {
+        for b in row.as_array().into_iter().flatten() {
+            if b["text"].as_str().is_none_or(str::is_empty) {
+                return Err(bad_request("BUTTON_TEXT_INVALID"));
+            }
+            if b["callback_data"].as_str().is_some_and(|d| d.len() > 64) {
+                return Err(bad_request("BUTTON_DATA_INVALID"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn edit_message_text(shared: &Shared, params: &Params) -> Answer {
+    let chat_id = require_chat(params)?;
+    let message_id = params
+        .int("message_id")
+        .ok_or_else(|| bad_request("message_id is empty"))?;
+    let text = params.string("text").unwrap_or_default();
+    if text.trim().is_empty() {
+        return Err(bad_request("message text is empty"));
+    }
+    check_buttons(params)?;
+    let mut inner = shared.lock();
+    if !inner.messages.contains(&(chat_id, message_id)) {
+        return Err(bad_request("message to edit not found"));
+    }
+    inner.edits.push(Edit {
+        chat_id,
+        message_id,
+        text: text.clone(),
+        buttons: buttons_of(params),
+    });
+    let mut msg = bot_message(shared.bot_id, message_id, chat_id);
+    msg["text"] = json!(text);
+    Ok(msg)
+}
+
+fn answer_callback_query(shared: &Shared, params: &Params) -> Answer {
+    let query_id = params.string("callback_query_id").ok_or_else(|| {
+        bad_request("query is too old and response timeout expired or query ID is invalid")
+    })?;
+    let mut inner = shared.lock();
+    if !inner.open_callbacks.remove(&query_id) {
+        return Err(bad_request(
+            "query is too old and response timeout expired or query ID is invalid",
+        ));
+    }
+    inner.callback_answers.push(CallbackAnswer {
+        query_id,
+        text: params.string("text"),
+    });
     Ok(json!(true))
 }
 

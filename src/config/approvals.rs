@@ -1,0 +1,160 @@
+//! `[approvals]` (SPEC §18.1): which tool calls need a person's yes, and how long one waits.
+//! Applies live on SIGHUP (`Config::with_live_parts_of`).
+
+use std::time::Duration;
+
+use super::types::ApprovalsConfig;
+use super::walker::Section;
+
+/// Default `approvals.timeout_seconds`.
+pub const DEFAULT_TIMEOUT_SECONDS: u64 = 300;
+
+/// The longest `approvals.timeout_seconds` (a day): a call never waits longer for a yes.
+pub const MAX_TIMEOUT_SECONDS: i64 = 86_400;
+
+/// At most this many globs in `require` or `system_allow`.
+pub const MAX_GLOBS: usize = 256;
+
+/// `[approvals]`.
+pub fn approvals(root: &mut Section<'_>) -> ApprovalsConfig {
+    let mut s = root.section("approvals");
+    let require = globs(&mut s, "require");
+    let system_allow = globs(&mut s, "system_allow");
+    let over_usd = s.number("over_usd", 0.0, f64::MAX).unwrap_or(0.0);
+    let timeout = match s.int::<u64>("timeout_seconds", 1) {
+        Some(t) if t as i64 > MAX_TIMEOUT_SECONDS => {
+            s.problem(
+                "timeout_seconds",
+                format!(
+                    "{t} is over the limit of {MAX_TIMEOUT_SECONDS} (a day); a call never waits longer for a yes"
+                ),
+            );
+            DEFAULT_TIMEOUT_SECONDS
+        }
+        Some(t) => t,
+        None => DEFAULT_TIMEOUT_SECONDS,
+    };
+    let telegram_chat = s.get::<i64>("telegram_chat");
+    if telegram_chat == Some(0) {
+        s.problem(
+            "telegram_chat",
+            "0 is not a Telegram chat id; use the numeric id of the chat (a user's id for a private chat, a negative id for a group)",
+        );
+    }
+    ApprovalsConfig {
+        require,
+        over_usd,
+        timeout: Duration::from_secs(timeout),
+        telegram_chat: telegram_chat.filter(|c| *c != 0),
+        system_allow,
+    }
+}
+
+/// A list of tool-name globs: `*` and `?` over the characters of tool names.
+fn globs(s: &mut Section<'_>, key: &'static str) -> Vec<String> {
+    let list: Vec<String> = s.get(key).unwrap_or_default();
+    if list.len() > MAX_GLOBS {
+        s.problem(
+            key,
+            format!(
+                "{} globs, over the limit of {MAX_GLOBS}; use wider globs such as \"github__*\"",
+                list.len()
+            ),
+        );
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (i, g) in list.into_iter().enumerate() {
+        match glob_problem(&g) {
+            Some(why) => s.problem(&format!("{key}[{i}]"), format!("{g:?}: {why}")),
+            None => out.push(g),
+        }
+    }
+    out
+}
+
+/// Why `g` is not a usable tool-name glob, if it is not.
+fn glob_problem(g: &str) -> Option<String> {
+    if g.is_empty() {
+        return Some("an empty glob matches nothing; remove it".into());
+    }
+    if g.chars().count() > 128 {
+        return Some("longer than 128 characters; tool names have at most 64".into());
+    }
+    if let Some(c) = g
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '*' | '?')))
+    {
+        return Some(format!(
+            "{c:?} is not allowed: use tool-name characters (A-Z a-z 0-9 _ -) and the wildcards * and ?, e.g. \"exec\" or \"github__*\""
+        ));
+    }
+    None
+}
+
+/// Whether `name` matches the glob `g` (`*`: any run of characters, `?`: one character).
+pub fn glob_matches(g: &str, name: &str) -> bool {
+    let (g, n): (Vec<char>, Vec<char>) = (g.chars().collect(), name.chars().collect());
+    // Iterative wildcard match with one backtrack point: linear in practice, no recursion.
+    let (mut gi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if gi < g.len() && (g[gi] == '?' || g[gi] == n[ni]) {
+            gi += 1;
+            ni += 1;
+        } else if gi < g.len() && g[gi] == '*' {
+            star = Some((gi, ni));
+            gi += 1;
+        } else if let Some((sg, sn)) = star {
+            gi = sg + 1;
+            ni = sn + 1;
+            star = Some((sg, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    g[gi..].iter().all(|c| *c == '*')
+}
+
+impl ApprovalsConfig {
+    /// Whether a call of `tool` needs a person's yes by `require`.
+    pub fn requires(&self, tool: &str) -> bool {
+        self.require.iter().any(|g| glob_matches(g, tool))
+    }
+
+    /// Whether a `system`-source message may run `tool` without a yes (`system_allow`).
+    pub fn system_allows(&self, tool: &str) -> bool {
+        self.system_allow.iter().any(|g| glob_matches(g, tool))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_tool_names() {
+        for (g, name, want) in [
+            ("exec", "exec", true),
+            ("exec", "execs", false),
+            ("github__*", "github__create_issue", true),
+            ("github__*", "github_x", false),
+            ("*", "anything", true),
+            ("w?ite", "write", true),
+            ("*__delete*", "fs__delete_file", true),
+            ("*a*b", "xaxxb", true),
+            ("*a*b", "xaxxbc", false),
+            ("", "", true),
+        ] {
+            assert_eq!(glob_matches(g, name), want, "{g} vs {name}");
+        }
+    }
+
+    #[test]
+    fn bad_globs_are_named() {
+        assert!(glob_problem("").is_some());
+        assert!(glob_problem("ex ec").unwrap().contains("not allowed"));
+        assert!(glob_problem("[ab]").is_some());
+        assert!(glob_problem("github__*").is_none());
+    }
+}

@@ -1,0 +1,559 @@
+//! Approvals (SPEC §18.1): tool calls that wait for a person's yes. One more action of the
+//! outbound seam: the prompt goes to a channel through [`Outbound::ask_approval`], the
+//! decision comes back from whichever front end a person used (Telegram buttons, the HTTP API,
+//! `agent-send`) through [`Approvals::decide`].
+//!
+//! [`Approvals`] is the daemon's one broker: the agent loop opens an approval ([`Approvals::open`])
+//! and waits on its [`Ticket`]; the front ends list and decide. The trail records are the
+//! agent's (it owns the session's trail while a message runs): an approval here is memory only,
+//! so after a crash the resumed message asks again. `state_dir/approvals.json` mirrors the
+//! pending ones (and the last decided ids) for `agent-send --approvals`, a live view like
+//! `monitor.json`, not data.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::outbound::{Outbound, PartEnd, Target, send_with_retry};
+use crate::config::{ApprovalsConfig, Live};
+use crate::latest_writer::LatestWriter;
+use crate::session::approval::Decision;
+
+/// At most this many approvals wait at once; one more is denied at once (a model that calls a
+/// gated tool in a loop cannot grow the daemon's memory).
+pub const MAX_PENDING: usize = 256;
+
+/// Decided ids remembered to tell "already decided" (409) from "unknown" (404).
+const MAX_DECIDED: usize = 1024;
+
+/// Longest summary line, in characters.
+const MAX_SUMMARY_CHARS: usize = 200;
+
+/// The file name of the live view in the state directory.
+pub const APPROVALS_FILE: &str = "approvals.json";
+
+/// One pending approval as the API shows it (SPEC §18.1).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ApprovalInfo {
+    pub id: String,
+    pub session_id: String,
+    pub key: String,
+    pub tool: String,
+    pub summary: String,
+    pub input: serde_json::Value,
+    /// RFC 3339.
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+/// A decision as given: what, by whom, through which channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub decision: Decision,
+    pub by: String,
+    pub channel: String,
+}
+
+/// Why a decision was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    #[error(
+        "no approval with id {0:?} is waiting; list them with GET /api/v1/approvals or agent-send --approvals"
+    )]
+    Unknown(String),
+    #[error("approval {id:?} was already decided: {decision}")]
+    AlreadyDecided { id: String, decision: &'static str },
+}
+
+/// The live view `agent-send --approvals` reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct ApprovalsView {
+    pub approvals: Vec<ApprovalInfo>,
+    /// Recently decided ids and their decision, newest last.
+    #[serde(default)]
+    pub decided: Vec<(String, String)>,
+}
+
+struct Pending {
+    info: ApprovalInfo,
+    tx: oneshot::Sender<Verdict>,
+    /// The Telegram prompt, once sent: edited to show the decision.
+    prompt: Option<(Target, i32)>,
+}
+
+#[derive(Default)]
+struct Inner {
+    pending: BTreeMap<String, Pending>,
+    decided: VecDeque<(String, Decision)>,
+}
+
+/// The approvals broker. Cheap to share (`Arc`).
+pub struct Approvals {
+    /// `None` in unit tests: the default `[approvals]`.
+    live: Option<Live>,
+    inner: Mutex<Inner>,
+    /// Where Telegram prompts go (none without Telegram).
+    outbound: Option<Arc<dyn Outbound>>,
+    /// Ends prompt retries at shutdown.
+    abort: CancellationToken,
+    view: Option<(PathBuf, LatestWriter<Vec<u8>>)>,
+}
+
+/// An open approval: wait on it with [`Ticket::wait`]; dropping it withdraws the approval.
+pub struct Ticket {
+    pub id: String,
+    rx: oneshot::Receiver<Verdict>,
+    broker: Arc<Approvals>,
+    done: bool,
+}
+
+impl Ticket {
+    /// The decision, or `None` when the approval timed out (`until`) or was withdrawn. The
+    /// timeout is recorded as decided (`timeout`), so a late answer gets "already decided".
+    pub async fn wait(mut self, until: tokio::time::Instant) -> Option<Verdict> {
+        let rx = &mut self.rx;
+        let got = tokio::time::timeout_at(until, rx).await;
+        self.done = true;
+        match got {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                self.broker.close(&self.id, Some(Decision::Timeout));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.done {
+            // Cancelled (shutdown, /stop): withdrawn without a decision, asked again later.
+            self.broker.close(&self.id, None);
+        }
+    }
+}
+
+impl Approvals {
+    /// A broker reading `[approvals]` from `live` per call; `outbound` offers prompts in
+    /// Telegram; `state_dir` gets the live view (none in unit tests).
+    pub fn new(
+        live: Option<Live>,
+        outbound: Option<Arc<dyn Outbound>>,
+        state_dir: Option<PathBuf>,
+        abort: CancellationToken,
+    ) -> Arc<Approvals> {
+        let view = state_dir.map(|d| {
+            let w = LatestWriter::new("agentd-approvals", |path, bytes: &Vec<u8>| {
+                if let Err(e) = crate::fsutil::atomic_write_nosync(path, bytes) {
+                    tracing::warn!(error = %e, "cannot write approvals.json");
+                }
+            });
+            (d.join(APPROVALS_FILE), w)
+        });
+        let a = Arc::new(Approvals {
+            live,
+            inner: Mutex::new(Inner::default()),
+            outbound,
+            abort,
+            view,
+        });
+        a.publish(&a.lock());
+        a
+    }
+
+    /// `[approvals]` now.
+    pub fn config(&self) -> ApprovalsConfig {
+        self.live
+            .as_ref()
+            .map(|l| l.get().approvals.clone())
+            .unwrap_or_default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Open an approval; `None` when [`MAX_PENDING`] already wait (the call is then denied).
+    pub fn open(self: &Arc<Self>, info: ApprovalInfo) -> Option<Ticket> {
+        let (tx, rx) = oneshot::channel();
+        let id = info.id.clone();
+        let mut inner = self.lock();
+        if inner.pending.len() >= MAX_PENDING {
+            return None;
+        }
+        inner.pending.insert(
+            id.clone(),
+            Pending {
+                info,
+                tx,
+                prompt: None,
+            },
+        );
+        self.publish(&inner);
+        drop(inner);
+        Some(Ticket {
+            id,
+            rx,
+            broker: self.clone(),
+            done: false,
+        })
+    }
+
+    /// Offer approval `id` in Telegram chat `chat_id` (retried until it expires); the prompt
+    /// is remembered so that a decision edits it. Runs in the background.
+    pub fn offer_telegram(self: &Arc<Self>, id: &str, chat_id: i64, until: Instant) {
+        let Some(out) = self.outbound.clone() else {
+            return;
+        };
+        let Some(info) = self.lock().pending.get(id).map(|p| p.info.clone()) else {
+            return;
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let to = Target::Telegram { chat_id };
+            let text = prompt_text(&info);
+            let got = Mutex::new(None);
+            let end = send_with_retry(
+                || {
+                    Box::pin(async {
+                        let mid = out.ask_approval(&to, &text, &info.id).await?;
+                        *got.lock().unwrap_or_else(|e| e.into_inner()) = Some(mid);
+                        Ok(())
+                    })
+                },
+                until,
+                &me.abort,
+                "approval prompt",
+            )
+            .await;
+            let mid = *got.lock().unwrap_or_else(|e| e.into_inner());
+            match (end, mid) {
+                (PartEnd::Sent, Some(mid)) => {
+                    let decided = {
+                        let mut inner = me.lock();
+                        match inner.pending.get_mut(&info.id) {
+                            Some(p) => {
+                                p.prompt = Some((to.clone(), mid));
+                                None
+                            }
+                            // Decided while the prompt was on its way: show the decision.
+                            None => Some(
+                                inner
+                                    .decided
+                                    .iter()
+                                    .rev()
+                                    .find(|(i, _)| *i == info.id)
+                                    .map(|(_, d)| *d),
+                            ),
+                        }
+                    };
+                    if let Some(decided) = decided {
+                        let text = decided_text(&info, decided);
+                        out.settle_approval(&to, mid, &text).await;
+                    }
+                }
+                (PartEnd::Closed(_, e), _) => {
+                    tracing::warn!(approval = %info.id, error = %e, "cannot offer the approval in Telegram");
+                }
+                _ => {}
+            }
+        });
+    }
+
+    /// Decide approval `id`. The waiting call gets the verdict; a Telegram prompt is edited
+    /// to show it.
+    pub fn decide(&self, id: &str, verdict: Verdict) -> Result<ApprovalInfo, DecideError> {
+        let mut inner = self.lock();
+        let Some(p) = inner.pending.remove(id) else {
+            return Err(match inner.decided.iter().rev().find(|(i, _)| i == id) {
+                Some((_, d)) => DecideError::AlreadyDecided {
+                    id: id.to_string(),
+                    decision: d.as_str(),
+                },
+                None => DecideError::Unknown(id.to_string()),
+            });
+        };
+        remember(&mut inner, id, verdict.decision);
+        self.publish(&inner);
+        drop(inner);
+        tracing::info!(approval = %id, tool = %p.info.tool, decision = verdict.decision.as_str(), by = %verdict.by, channel = %verdict.channel, "approval decided");
+        let decision = verdict.decision;
+        // The waiter may be gone (the message was stopped): nothing else to do.
+        let _ = p.tx.send(verdict);
+        self.settle_prompt(&p.info, p.prompt, Some(decision));
+        Ok(p.info)
+    }
+
+    /// Withdraw `id`: decided by the daemon (`Some`: a timeout) or without a decision
+    /// (cancelled: asked again after a restart).
+    fn close(&self, id: &str, decision: Option<Decision>) {
+        let mut inner = self.lock();
+        let Some(p) = inner.pending.remove(id) else {
+            return;
+        };
+        if let Some(d) = decision {
+            remember(&mut inner, id, d);
+        }
+        self.publish(&inner);
+        drop(inner);
+        if decision.is_some() || !self.abort.is_cancelled() {
+            self.settle_prompt(&p.info, p.prompt, decision);
+        }
+    }
+
+    fn settle_prompt(
+        &self,
+        info: &ApprovalInfo,
+        prompt: Option<(Target, i32)>,
+        d: Option<Decision>,
+    ) {
+        let (Some(out), Some((to, mid))) = (self.outbound.clone(), prompt) else {
+            return;
+        };
+        let text = decided_text(info, d);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { out.settle_approval(&to, mid, &text).await });
+        }
+    }
+
+    /// The pending approvals, oldest first.
+    pub fn list(&self) -> Vec<ApprovalInfo> {
+        let mut v: Vec<ApprovalInfo> = self
+            .lock()
+            .pending
+            .values()
+            .map(|p| p.info.clone())
+            .collect();
+        v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    /// How many wait (for `/metrics` and the monitor).
+    pub fn pending_count(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    fn publish(&self, inner: &Inner) {
+        let Some((path, writer)) = &self.view else {
+            return;
+        };
+        let mut approvals: Vec<ApprovalInfo> =
+            inner.pending.values().map(|p| p.info.clone()).collect();
+        approvals.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        let view = ApprovalsView {
+            approvals,
+            decided: inner
+                .decided
+                .iter()
+                .map(|(i, d)| (i.clone(), d.as_str().to_string()))
+                .collect(),
+        };
+        if let Ok(bytes) = serde_json::to_vec_pretty(&view) {
+            writer.submit(path.clone(), bytes);
+        }
+    }
+
+    /// Write the live view now (tests, shutdown).
+    pub fn flush(&self) {
+        if let Some((_, w)) = &self.view {
+            w.flush(std::time::Duration::from_secs(2));
+        }
+    }
+}
+
+fn remember(inner: &mut Inner, id: &str, d: Decision) {
+    if inner.decided.len() >= MAX_DECIDED {
+        inner.decided.pop_front();
+    }
+    inner.decided.push_back((id.to_string(), d));
+}
+
+/// A new approval id: `ap-` and 10 random characters of a small alphabet, easy to type.
+pub fn new_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
+    let mut s = String::from("ap-");
+    for _ in 0..10 {
+        s.push(ALPHABET[rand::random_range(0..ALPHABET.len())] as char);
+    }
+    s
+}
+
+/// Whether `id` has the shape of an approval id (checked before a lookup, and in the
+/// Telegram callback data, which comes from outside).
+pub fn is_valid_id(id: &str) -> bool {
+    id.len() <= 32
+        && id.starts_with("ap-")
+        && id[3..]
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && id.len() > 3
+}
+
+/// One line saying what a call does: `exec`'s command, a file tool's path, else the arguments
+/// as JSON; control characters escaped, at most [`MAX_SUMMARY_CHARS`] characters.
+pub fn summary(tool: &str, input: &serde_json::Value) -> String {
+    let pick = |k: &str| input.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let body = match tool {
+        "exec" => pick("command"),
+        "write" | "edit" | "read" => pick("path"),
+        "web_fetch" => pick("url"),
+        _ => None,
+    }
+    .unwrap_or_else(|| serde_json::to_string(input).unwrap_or_default());
+    let line: String = format!("{tool}: {body}")
+        .chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect();
+    if line.chars().count() > MAX_SUMMARY_CHARS {
+        let cut: String = line.chars().take(MAX_SUMMARY_CHARS).collect();
+        format!("{cut}…")
+    } else {
+        line
+    }
+}
+
+/// The text of a prompt.
+pub fn prompt_text(info: &ApprovalInfo) -> String {
+    format!(
+        "Approval needed ({}) in session {}:\n{}\nExpires {}.",
+        info.id, info.key, info.summary, info.expires_at
+    )
+}
+
+/// The prompt's text once decided (`None`: withdrawn).
+pub fn decided_text(info: &ApprovalInfo, d: Option<Decision>) -> String {
+    let what = match d {
+        Some(Decision::Approve) => "✅ Approved",
+        Some(Decision::Always) => "✅ Approved (always in this session)",
+        Some(Decision::Deny) => "❌ Denied",
+        Some(Decision::Timeout) => "⌛ Timed out (denied)",
+        None => "Withdrawn (the message stopped; it asks again when it resumes)",
+    };
+    format!("{}\n{}: {}", prompt_text(info), what, info.id)
+}
+
+/// The error result a denied call gives the model.
+pub fn denied_result(tool: &str, d: Decision, why: &str) -> String {
+    match d {
+        Decision::Timeout => format!(
+            "error: approval timed out: nobody approved this call of '{tool}' in time, so it was not run. Do not retry it on your own; tell the user what you wanted to do."
+        ),
+        _ => format!(
+            "error: denied by the user: this call of '{tool}' was not run ({why}). Do not retry it; ask the user how to go on."
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str) -> ApprovalInfo {
+        ApprovalInfo {
+            id: id.into(),
+            session_id: "s".into(),
+            key: "k".into(),
+            tool: "exec".into(),
+            summary: "exec: ls".into(),
+            input: serde_json::json!({"command": "ls"}),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            expires_at: "2026-01-01T00:05:00Z".into(),
+        }
+    }
+
+    fn broker() -> Arc<Approvals> {
+        Approvals::new(None, None, None, CancellationToken::new())
+    }
+
+    fn verdict(d: Decision) -> Verdict {
+        Verdict {
+            decision: d,
+            by: "t".into(),
+            channel: "test".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_reaches_the_waiter_once() {
+        let b = broker();
+        let t = b.open(info("ap-1")).unwrap();
+        assert_eq!(b.list().len(), 1);
+        b.decide("ap-1", verdict(Decision::Approve)).unwrap();
+        let far = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        assert_eq!(t.wait(far).await.unwrap().decision, Decision::Approve);
+        assert_eq!(
+            b.decide("ap-1", verdict(Decision::Deny)),
+            Err(DecideError::AlreadyDecided {
+                id: "ap-1".into(),
+                decision: "approve"
+            })
+        );
+        assert!(matches!(
+            b.decide("ap-2", verdict(Decision::Deny)),
+            Err(DecideError::Unknown(_))
+        ));
+        assert!(b.list().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_is_recorded_as_decided() {
+        let b = broker();
+        let t = b.open(info("ap-1")).unwrap();
+        let soon = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        assert_eq!(t.wait(soon).await, None);
+        assert!(matches!(
+            b.decide("ap-1", verdict(Decision::Approve)),
+            Err(DecideError::AlreadyDecided {
+                decision: "timeout",
+                ..
+            })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_ticket_withdraws_without_a_decision() {
+        let b = broker();
+        drop(b.open(info("ap-1")).unwrap());
+        assert!(b.list().is_empty());
+        assert!(matches!(
+            b.decide("ap-1", verdict(Decision::Approve)),
+            Err(DecideError::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn pending_approvals_are_bounded() {
+        let b = broker();
+        let tickets: Vec<_> = (0..MAX_PENDING)
+            .map(|i| b.open(info(&format!("ap-{i}"))).unwrap())
+            .collect();
+        assert!(b.open(info("ap-x")).is_none());
+        drop(tickets);
+    }
+
+    #[test]
+    fn ids_and_summaries() {
+        let id = new_id();
+        assert!(is_valid_id(&id), "{id}");
+        assert!(!is_valid_id("ap-"));
+        assert!(!is_valid_id("ap-../x"));
+        assert!(!is_valid_id("xx-abc"));
+        assert_eq!(
+            summary("exec", &serde_json::json!({"command": "rm -rf /tmp/x\nls"})),
+            "exec: rm -rf /tmp/x\\nls"
+        );
+        assert!(summary("mcp__x", &serde_json::json!({"a": "b".repeat(500)})).ends_with('…'));
+    }
+}
