@@ -438,3 +438,49 @@ fn over_usd_asks_once_per_message() {
     assert!(!tool_result(&fake, "o2").contains("denied"));
     assert!(d.sigterm().success());
 }
+
+/// SPEC §17 with §18: a request to the OpenAI-compatible endpoint whose tool call needs
+/// approval waits like any other message (its HTTP request stays open), the approval is offered
+/// through the approvals API, and the answer comes once it is given; the command did not run
+/// before.
+#[test]
+fn a_compatible_endpoint_request_waits_for_its_approval() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut d = daemon(&fake, "require = [\"exec\"]\n", port);
+    let marker = d.workspace().join("ran-compat");
+    fake.push(exec_touch("c1", &marker));
+    fake.push(Reply::text("ran it"));
+    let url = format!("{base}/v1/chat/completions");
+    let request = std::thread::spawn(move || {
+        let client = reqwest::blocking_client();
+        let r = client
+            .post(url)
+            .bearer_auth(TOKEN)
+            .json(&json!({
+                "model": "agentd",
+                "user": "laptop",
+                "messages": [{"role": "user", "content": "run it"}],
+            }))
+            .send()
+            .unwrap();
+        let status = r.status();
+        (status, r.json::<Value>().unwrap_or(Value::Null))
+    });
+    let pending = one_pending_http(&base);
+    assert_eq!(pending["tool"], "exec");
+    assert!(!marker.exists(), "the command ran before the yes");
+    assert!(
+        !request.is_finished(),
+        "the request answered before the approval"
+    );
+    let (status, body) = decide_http(&base, pending["id"].as_str().unwrap(), "approve");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = request.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "ran it", "{body}");
+    assert!(marker.exists(), "approved, but the command did not run");
+    assert!(tool_result(&fake, "c1").contains("exit code 0"));
+    assert!(d.sigterm().success());
+}
