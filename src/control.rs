@@ -132,6 +132,22 @@ pub enum ControlLine {
         #[serde(default = "all")]
         target: String,
     },
+    /// Pin session `key`'s model; `null` or `"default"` returns to routing (SPEC §18.2).
+    SessionModel {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        key: String,
+        #[serde(default)]
+        model: Option<String>,
+    },
+    /// Turn skill `name` on or off for session `key` (SPEC §18.2).
+    SessionSkill {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        key: String,
+        name: String,
+        enabled: bool,
+    },
 }
 
 fn all() -> String {
@@ -173,7 +189,9 @@ impl ControlLine {
             ControlLine::User { id, .. }
             | ControlLine::System { id, .. }
             | ControlLine::Notify { id, .. }
-            | ControlLine::Reset { id, .. } => id.as_deref(),
+            | ControlLine::Reset { id, .. }
+            | ControlLine::SessionModel { id, .. }
+            | ControlLine::SessionSkill { id, .. } => id.as_deref(),
         }
     }
 
@@ -182,7 +200,9 @@ impl ControlLine {
             ControlLine::User { id, .. }
             | ControlLine::System { id, .. }
             | ControlLine::Notify { id, .. }
-            | ControlLine::Reset { id, .. } => *id = Some(new),
+            | ControlLine::Reset { id, .. }
+            | ControlLine::SessionModel { id, .. }
+            | ControlLine::SessionSkill { id, .. } => *id = Some(new),
         }
     }
 
@@ -192,6 +212,8 @@ impl ControlLine {
             ControlLine::System { .. } => "system",
             ControlLine::Notify { .. } => "notify",
             ControlLine::Reset { .. } => "reset",
+            ControlLine::SessionModel { .. } => "session_model",
+            ControlLine::SessionSkill { .. } => "session_skill",
         }
     }
 

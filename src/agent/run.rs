@@ -169,7 +169,7 @@ impl Agent {
     ) -> Result<ChatRequest, Option<Fail>> {
         let (system, tools) = match &run.caller {
             Caller::Message { session, tier, .. } => {
-                let system = self.system_blocks(tier).await?;
+                let system = self.system_blocks(tier, &state.skills_off).await?;
                 let tools = self.tools.specs();
                 self.fit_context(session, state, run.model, &system, &tools)
                     .await?;
@@ -208,11 +208,16 @@ impl Agent {
         })
     }
 
-    /// The stable and semi-stable system blocks of `tier`, read off the async workers.
-    async fn system_blocks(&self, tier: &str) -> Result<Vec<SystemBlock>, Option<Fail>> {
+    /// The stable and semi-stable system blocks of `tier`, without the skills the session
+    /// turned off, read off the async workers.
+    async fn system_blocks(
+        &self,
+        tier: &str,
+        skills_off: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<SystemBlock>, Option<Fail>> {
         let workspace = self.cfg.agent.workspace.clone();
         let files = self.cfg.agent.context.files_for(tier);
-        let skills_text = self.skills.semi_stable_text();
+        let skills_text = self.skills.semi_stable_text(skills_off);
         tokio::task::spawn_blocking(move || prompt::system_blocks(&workspace, &files, &skills_text))
             .await
             .map_err(|e| {

@@ -145,6 +145,27 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
             &format!("{removed} message(s) summarised: {}", cut(summary, full)),
         ),
         Event::Reset { reason } => entry(out, &t, "reset", reason),
+        Event::SessionModel(m) => entry(
+            out,
+            &t,
+            "model",
+            &format!(
+                "{} (through {})",
+                m.model.as_deref().unwrap_or("default (routing)"),
+                m.channel
+            ),
+        ),
+        Event::SessionSkill(k) => entry(
+            out,
+            &t,
+            "skill",
+            &format!(
+                "{} {} (through {})",
+                k.name,
+                if k.enabled { "on" } else { "off" },
+                k.channel
+            ),
+        ),
     }
 }
 

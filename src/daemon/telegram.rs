@@ -84,10 +84,65 @@ impl Sink {
         });
     }
 
+    /// `/model`, `/skills`, `/skill` (SPEC §18.2): through the session's queue, answered in
+    /// the background once the change is recorded (the poller does not wait for a message in
+    /// flight).
+    fn session_command(&self, msg: &TgInbound, cmd: TgCommand) {
+        use super::session_control::{Change, Request, model_text, skills_text};
+        let (change, listing) = match cmd {
+            TgCommand::Model(None) => (None, Listing::Models),
+            TgCommand::Model(Some(name)) => (Some(Change::Model(Some(name))), Listing::Models),
+            TgCommand::Skills => (None, Listing::Skills),
+            TgCommand::Skill {
+                enabled: Some(enabled),
+                name,
+            } => (Some(Change::Skill { name, enabled }), Listing::Skills),
+            TgCommand::Skill { enabled: None, .. } => {
+                let usage = "Use /skill on NAME or /skill off NAME; /skills lists them.";
+                self.answer(msg.chat_id, usage.to_string(), "command answer");
+                return;
+            }
+            _ => return,
+        };
+        let (dispatcher, out) = (self.dispatcher.clone(), self.outbound.clone());
+        let policy = self.dispatcher.delivery_retry();
+        let (key, chat_id) = (msg.session_key.clone(), msg.chat_id);
+        self.tracker.spawn(async move {
+            let changed = change.is_some();
+            let request = Request {
+                change,
+                channel: "telegram".into(),
+                id: None,
+            };
+            let text = match dispatcher.session_control(&key, request).await {
+                Ok(s) => match (listing, changed) {
+                    (Listing::Models, true) => match &s.model {
+                        Some(m) => format!("This chat now uses {m}."),
+                        None => "This chat's model follows routing again (default).".into(),
+                    },
+                    (Listing::Models, false) => model_text(&s),
+                    (Listing::Skills, _) => skills_text(&s),
+                },
+                Err(e) => e.to_string(),
+            };
+            let to = Target::Telegram { chat_id };
+            let sent =
+                crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
+                    .await;
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, "cannot send a Telegram answer");
+            }
+        });
+    }
+
     async fn command(&self, msg: &TgInbound, cmd: TgCommand) -> Result<(), String> {
         // This chat's session: the contact's in a private chat, the group's in a group.
         let key = &msg.session_key;
         let reply = match cmd {
+            TgCommand::Model(_) | TgCommand::Skills | TgCommand::Skill { .. } => {
+                self.session_command(msg, cmd);
+                return Ok(());
+            }
             TgCommand::Reset => {
                 let n = self.intake.reset(key, "telegram /reset").await;
                 if n > 0 {
@@ -119,7 +174,7 @@ impl Sink {
 impl TgSink for Sink {
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
-            if let Some(cmd) = msg.is_command {
+            if let Some(cmd) = msg.is_command.clone() {
                 return self.command(&msg, cmd).await;
             }
             let mut text = msg.text.clone();
@@ -177,6 +232,13 @@ impl TgSink for Sink {
             }
         })
     }
+}
+
+/// Which settings a session command answers with.
+#[derive(Clone, Copy)]
+enum Listing {
+    Models,
+    Skills,
 }
 
 /// What a failed Telegram call means for the outbox (SPEC §16.1).

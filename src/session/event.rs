@@ -69,6 +69,34 @@ pub enum Event {
     Compaction { summary: String, removed: usize },
     /// The session was reset (its files move to `.archive/` right after this event).
     Reset { reason: String },
+    /// The session's model was pinned (`model`), or given back to routing (`None`) (SPEC
+    /// §18.2).
+    SessionModel(SessionModelEvent),
+    /// A skill was turned on or off for this session (SPEC §18.2).
+    SessionSkill(SessionSkillEvent),
+}
+
+/// `session_model`: who pinned which model, through which channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionModelEvent {
+    /// The model config name; none = `default`, routing decides again.
+    pub model: Option<String>,
+    /// Where the change came from: `telegram`, `http`, `fifo`.
+    pub channel: String,
+    /// The request's id (agent-send's line id), when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// `session_skill`: a skill turned on or off for the session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionSkillEvent {
+    pub name: String,
+    pub enabled: bool,
+    /// Where the change came from: `telegram`, `http`, `fifo`.
+    pub channel: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -323,6 +351,22 @@ mod tests {
         roundtrip(Event::Reset {
             reason: "agent-send".into(),
         });
+        roundtrip(Event::SessionModel(SessionModelEvent {
+            model: Some("cheap".into()),
+            channel: "telegram".into(),
+            id: None,
+        }));
+        roundtrip(Event::SessionModel(SessionModelEvent {
+            model: None,
+            channel: "fifo".into(),
+            id: Some("u-1".into()),
+        }));
+        roundtrip(Event::SessionSkill(SessionSkillEvent {
+            name: "weather".into(),
+            enabled: false,
+            channel: "http".into(),
+            id: None,
+        }));
     }
 
     #[test]

@@ -26,7 +26,8 @@ pub struct TgInbound {
     pub text: String,
     /// An attachment to download (photos: the largest size).
     pub media: Option<TgMedia>,
-    /// `/reset`, `/stop` or `/status` (also `/reset@bot_name`, arguments ignored).
+    /// `/reset`, `/stop`, `/status` (also `/reset@bot_name`, arguments ignored), `/model`,
+    /// `/skills`, `/skill` (with their arguments).
     pub is_command: Option<TgCommand>,
 }
 
@@ -52,8 +53,8 @@ pub enum TgMediaKind {
     Document,
 }
 
-/// Chat commands of allowed users (SPEC §10.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Chat commands of allowed users (SPEC §10.3, §18.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TgCommand {
     /// Archive this chat's session.
     Reset,
@@ -61,6 +62,12 @@ pub enum TgCommand {
     Stop,
     /// Report status.
     Status,
+    /// `/model` (show the choices) or `/model NAME|default`.
+    Model(Option<String>),
+    /// `/skills`: the skills with their state in this chat.
+    Skills,
+    /// `/skill on|off NAME`; `enabled` is none when the arguments are not that.
+    Skill { enabled: Option<bool>, name: String },
 }
 
 /// Whether `user_id` may talk to the bot: listed in `allow_from` (empty = nobody).
@@ -83,15 +90,29 @@ pub fn group_key(chat_id: i64) -> String {
 }
 
 /// The command at the start of `text`, if it is one of ours: `/reset`, `/stop`, `/status`,
-/// optionally addressed (`/stop@my_bot`) and followed by arguments.
+/// `/model`, `/skills`, `/skill`, optionally addressed (`/stop@my_bot`) and followed by
+/// arguments.
 pub fn parse_command(text: &str) -> Option<TgCommand> {
-    let first = text.split_whitespace().next()?;
+    let mut words = text.split_whitespace();
+    let first = words.next()?;
     let name = first.strip_prefix('/')?;
     let name = name.split_once('@').map_or(name, |(n, _)| n);
     match name.to_ascii_lowercase().as_str() {
         "reset" => Some(TgCommand::Reset),
         "stop" => Some(TgCommand::Stop),
         "status" => Some(TgCommand::Status),
+        "model" => Some(TgCommand::Model(words.next().map(str::to_string))),
+        "skills" => Some(TgCommand::Skills),
+        "skill" => {
+            let enabled = match words.next().map(str::to_ascii_lowercase).as_deref() {
+                Some("on") => Some(true),
+                Some("off") => Some(false),
+                _ => None,
+            };
+            let name = words.next().unwrap_or_default().to_string();
+            let enabled = enabled.filter(|_| !name.is_empty());
+            Some(TgCommand::Skill { enabled, name })
+        }
         _ => None,
     }
 }
@@ -438,6 +459,30 @@ mod tests {
         assert_eq!(parse_command("/start"), None);
         assert_eq!(parse_command("reset"), None);
         assert_eq!(parse_command("please /reset"), None);
+        assert_eq!(parse_command("/model"), Some(TgCommand::Model(None)));
+        assert_eq!(
+            parse_command("/model@agentd_bot cheap"),
+            Some(TgCommand::Model(Some("cheap".into())))
+        );
+        assert_eq!(parse_command("/skills"), Some(TgCommand::Skills));
+        assert_eq!(
+            parse_command("/skill OFF weather"),
+            Some(TgCommand::Skill {
+                enabled: Some(false),
+                name: "weather".into()
+            })
+        );
+        assert_eq!(
+            parse_command("/skill weather"),
+            Some(TgCommand::Skill {
+                enabled: None,
+                name: String::new()
+            })
+        );
+        assert!(matches!(
+            parse_command("/skill on"),
+            Some(TgCommand::Skill { enabled: None, .. })
+        ));
         assert_eq!(parse_command(""), None);
         let m = message(user(42), json!({"text": "/reset"}));
         assert_eq!(
