@@ -106,6 +106,8 @@ pub enum Finish {
         cost_usd: f64,
         /// The final answer was cut at the output limit (`max_tokens`).
         truncated: bool,
+        /// Set when a fallback model gave the final answer (SPEC §18.3).
+        fallback: Option<crate::llm::FellBack>,
     },
     Failed {
         /// What the sender is told.
@@ -357,6 +359,7 @@ impl Agent {
             usage: Usage::default(),
             cost_usd: 0.0,
             truncated: false,
+            fallback: None,
         }
     }
 

@@ -17,8 +17,8 @@ use super::{Agent, Fail, FailCause, Finish, append, prompt};
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
 use crate::llm::{
-    CallOptions, ChatRequest, ChatResponse, DeltaSink, LlmError, LlmEvent, StopReason, StreamDelta,
-    SystemBlock, ToolChoice, ToolSpec,
+    CallOptions, ChatRequest, ChatResponse, DeltaSink, FellBack, LlmError, LlmEvent, StopReason,
+    StreamDelta, SystemBlock, ToolChoice, ToolSpec,
 };
 use crate::message::{Message, ToolCall, ToolResult, Usage};
 use crate::monitor::{LoopState, TurnRecord};
@@ -111,6 +111,8 @@ struct Answer {
     sent: usize,
     cost: f64,
     started: Instant,
+    /// A fallback model answered for the model asked for (SPEC §18.3).
+    fell_back: Option<FellBack>,
 }
 
 impl Agent {
@@ -132,6 +134,7 @@ impl Agent {
             self.check_budget(self.ledger.message_spent(billed)).await?;
             let req = self.request(run, state, last_turn).await?;
             let answer = self.call(run, state, req, turn).await?;
+            let fallback = answer.fell_back.clone();
             tally.spent += answer.cost;
             tally.usage.add(&answer.resp.usage);
             let (resp, refused, spec) = self
@@ -144,6 +147,7 @@ impl Agent {
                     text: resp.text,
                     usage: tally.usage,
                     cost_usd: tally.spent,
+                    fallback,
                 });
             }
             if let Some(d) = run.deltas {
@@ -276,10 +280,16 @@ impl Agent {
         })?;
         let (billed, call_type) = run.billing();
         let usage = outcome.response.usage;
-        let cost = self
-            .ledger
-            .record(billed, &outcome.model, call_type, usage)
+        let fell_back = outcome.fell_back;
+        let from = fell_back.as_ref().map(|f| f.from.as_str());
+        let cost = (self.ledger)
+            .record_call(billed, &outcome.model, call_type, usage, from)
             .await;
+        if let Some(h) = handle {
+            let why = fell_back.as_ref().map(|f| f.reason.as_str());
+            let shown = from.zip(why);
+            self.monitor.set_fallback(h, &outcome.model.name, shown);
+        }
         self.metrics
             .llm_call(&outcome.model.model, &usage, cost, started.elapsed());
         Ok(Answer {
@@ -288,6 +298,7 @@ impl Agent {
             sent,
             cost,
             started,
+            fell_back,
         })
     }
 
@@ -308,6 +319,7 @@ impl Agent {
             sent,
             cost,
             started,
+            fell_back,
         } = answer;
         if last_turn && !resp.tool_calls.is_empty() {
             tracing::warn!(session = %run.session_id(), "model called tools on the last turn; calls dropped");
@@ -330,6 +342,10 @@ impl Agent {
         ev.turn = Some(turn);
         ev.sent_messages = Some(sent);
         ev.cost_usd = Some(cost);
+        if let Some(f) = fell_back {
+            ev.fallback_from = Some(f.from);
+            ev.fallback_reason = Some(f.reason);
+        }
         if let (true, Caller::Message { reply_to, .. }) = (is_final, &run.caller) {
             ev.is_final = true;
             ev.silent = self.is_silent(run, &resp.text);

@@ -615,7 +615,14 @@ impl Dispatcher {
         log_finish(&session.id, &finish);
         let finished = finish != Finish::Cancelled;
         (self.after)
-            .reply_out(&session, &work, target.as_ref(), finish, started)
+            .reply_out(
+                &session,
+                &work,
+                target.as_ref(),
+                finish,
+                started,
+                self.cfg.get().behavior.show_fallback,
+            )
             .await;
         // Check compaction last, once the reply is out (SPEC §5.5), also after silent replies
         // and failures. A shutdown deadline interrupts it; nothing is recorded then.
@@ -778,6 +785,7 @@ mod tests {
                         usage: Default::default(),
                         cost_usd: 0.0,
                         truncated: false,
+                        fallback: None,
                     }
                 };
                 self.running.fetch_sub(1, Ordering::SeqCst);

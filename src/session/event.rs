@@ -193,6 +193,13 @@ pub struct MessageEvent {
     pub sent_messages: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
+    /// Assistant only: the config name of the model asked for, when `model` answered as its
+    /// fallback (SPEC §18.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_from: Option<String>,
+    /// Assistant only, with `fallback_from`: why that model did not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
 }
 
 impl MessageEvent {
@@ -209,6 +216,8 @@ impl MessageEvent {
             turn: None,
             sent_messages: None,
             cost_usd: None,
+            fallback_from: None,
+            fallback_reason: None,
         }
     }
 }
@@ -311,6 +320,9 @@ mod tests {
         m.is_final = true;
         m.reply_to = vec!["i1".into()];
         m.sent_messages = Some(3);
+        m.model = Some("local".into());
+        m.fallback_from = Some("primary".into());
+        m.fallback_reason = Some("provider returned 529: overloaded".into());
         roundtrip(Event::Message(m));
         roundtrip(Event::Message(MessageEvent::new(Message::user_text(
             "hello",

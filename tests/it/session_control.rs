@@ -258,3 +258,96 @@ fn http_and_agent_send_pin_models_and_turn_skills_off_per_session() {
     assert_eq!(fifo[1]["name"], "weather");
     assert!(d.sigterm().success());
 }
+
+/// `primary` falls back to `backup`; `primary` answers 529 throughout.
+fn with_fallback(base_url: &str) -> String {
+    format!(
+        r#"
+type = "openai"
+base_url = "{base_url}"
+
+[models.primary]
+model = "fake-model"
+max_tokens = 1024
+fallback = ["backup"]
+
+[models.backup]
+model = "backup-model"
+max_tokens = 1024
+"#
+    )
+}
+
+#[test]
+fn a_fallback_answer_is_named_in_the_trail_costs_monitor_and_telegram() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.set_responder(|body| {
+        (body["model"] == "fake-model")
+            .then(|| crate::support::fake_llm::Reply::error(529, "Overloaded"))
+    });
+    let tg = FakeTelegram::spawn(TOKEN);
+    let toml = agentd_toml("fake").replace(
+        "[behavior]",
+        &format!(
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE} }}\n\n[behavior]\napi_retries = 1\nmessage_retries = 0",
+            tg.api_url()
+        ),
+    );
+    let mut d = TestDaemon::new(&toml, &[("fake", &with_fallback(&llm.base_url()))]);
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.start();
+
+    tg.push_text(ALICE, ALICE, "are you there?");
+    let reply = nth_answer(&tg, 1);
+    assert!(
+        reply.contains("answered by backup (primary was unavailable)"),
+        "{reply}"
+    );
+    let models: Vec<String> = llm
+        .requests()
+        .iter()
+        .map(|r| r["model"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        models,
+        ["fake-model", "fake-model", "backup-model"],
+        "a try, a retry, the fallback"
+    );
+
+    // The trail's final message.
+    let trail = d.trail("Alice");
+    let fin = trail.iter().find(|l| l["final"] == true).expect("a reply");
+    assert_eq!(fin["model"], "backup");
+    assert_eq!(fin["fallback_from"], "primary");
+    let why = fin["fallback_reason"].as_str().unwrap();
+    assert!(why.contains("529"), "{why}");
+    assert!(
+        !fin["text"].as_str().unwrap().contains("answered by"),
+        "the line is not part of the reply"
+    );
+
+    // The costs row.
+    let db = rusqlite::Connection::open(d.state_dir.join("agentd.db")).unwrap();
+    let (model, from): (String, Option<String>) = db
+        .query_row("SELECT model, fallback_from FROM costs", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(
+        (model.as_str(), from.as_deref()),
+        ("backup-model", Some("primary"))
+    );
+
+    // The monitor, idle, describes the finished message.
+    let mon: Value = wait_until(WAIT, "the idle monitor", || {
+        let bytes = std::fs::read(d.state_dir.join("monitor.json")).ok()?;
+        serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .filter(|m| m["state"] == "idle" && m["fallback_from"] == "primary")
+    });
+    assert_eq!(mon["model"], "backup");
+    let shown = d.agent_send(&["--monitor"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("fallback:   answering for primary"), "{text}");
+    assert!(d.sigterm().success());
+}
