@@ -19,7 +19,9 @@ use super::workers::Dispatcher;
 use crate::channels::telegram::client::{
     FileKind as TgFileKind, HTTP_TIMEOUT_SLACK, SendFault, TelegramClient, TgError,
 };
-use crate::channels::telegram::inbound::{TgCommand, TgInbound, TgMediaKind};
+use crate::channels::telegram::inbound::{
+    MAX_CALLBACK_DATA, TgCallback, TgCommand, TgInbound, TgMediaKind,
+};
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
 use crate::session::{Intake, Route};
@@ -107,6 +109,7 @@ impl Sink {
         let (dispatcher, out) = (self.dispatcher.clone(), self.outbound.clone());
         let policy = self.dispatcher.delivery_retry();
         let (key, chat_id) = (msg.session_key.clone(), msg.chat_id);
+        let client = self.client.clone();
         self.tracker.spawn(async move {
             let changed = change.is_some();
             let request = Request {
@@ -114,7 +117,16 @@ impl Sink {
                 channel: "telegram".into(),
                 id: None,
             };
-            let text = match dispatcher.session_control(&key, request).await {
+            let answer = dispatcher.session_control(&key, request).await;
+            // `/model` alone: the choices as inline buttons (one try; plain text otherwise).
+            if let (Ok(s), Listing::Models, false) = (&answer, listing, changed) {
+                let buttons = model_buttons(&s.models);
+                match client.send_with_buttons(chat_id, &model_text(s), &buttons).await {
+                    Ok(_) => return,
+                    Err(e) => tracing::warn!(error = %e, "cannot send the /model buttons; answering in text"),
+                }
+            }
+            let text = match answer {
                 Ok(s) => match (listing, changed) {
                     (Listing::Models, true) => match &s.model {
                         Some(m) => format!("This chat now uses {m}."),
@@ -126,6 +138,41 @@ impl Sink {
                 Err(e) => e.to_string(),
             };
             let to = Target::Telegram { chat_id };
+            let sent =
+                crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
+                    .await;
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, "cannot send a Telegram answer");
+            }
+        });
+    }
+
+    /// A `model:NAME` button of `/model` (SPEC §18.2): pinned through the session's queue in
+    /// the background (the poller does not wait for a message in flight), then the press is
+    /// answered and the chat told what changed.
+    fn model_button(&self, cb: TgCallback, name: String) {
+        use super::session_control::{Change, Request};
+        let (dispatcher, client) = (self.dispatcher.clone(), self.client.clone());
+        let (out, policy) = (self.outbound.clone(), self.dispatcher.delivery_retry());
+        self.tracker.spawn(async move {
+            let request = Request {
+                change: Some(Change::Model(Some(name))),
+                channel: "telegram".into(),
+                id: None,
+            };
+            let text = match dispatcher.session_control(&cb.session_key, request).await {
+                Ok(s) => match &s.model {
+                    Some(m) => format!("This chat now uses {m}."),
+                    None => "This chat's model follows routing again (default).".into(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if let Err(e) = client.answer_callback(&cb.query_id, &text).await {
+                tracing::debug!(error = %e, "cannot answer a button press");
+            }
+            let to = Target::Telegram {
+                chat_id: cb.chat_id,
+            };
             let sent =
                 crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
                     .await;
@@ -171,7 +218,31 @@ impl Sink {
     }
 }
 
+/// The `/model` buttons: one per loaded model and `default`, data `model:NAME` (names too long
+/// for Telegram's 64-byte callback data are left out: `/model NAME` still sets them).
+fn model_buttons(models: &[String]) -> Vec<(String, String)> {
+    models
+        .iter()
+        .map(String::as_str)
+        .chain(["default"])
+        .map(|m| (m.to_string(), format!("{MODEL_BUTTON}{m}")))
+        .filter(|(_, data)| data.len() <= MAX_CALLBACK_DATA)
+        .collect()
+}
+
+/// The callback-data prefix of the `/model` buttons.
+const MODEL_BUTTON: &str = "model:";
+
 impl TgSink for Sink {
+    fn callback(&self, cb: TgCallback) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(name) = cb.data.strip_prefix(MODEL_BUTTON) {
+                let name = name.to_string();
+                self.model_button(cb, name);
+            }
+        })
+    }
+
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             if let Some(cmd) = msg.is_command.clone() {

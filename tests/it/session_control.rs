@@ -88,8 +88,29 @@ fn telegram_model_switches_the_next_call_survives_kill9_and_default_routes_again
         refused.contains("unknown model") && refused.contains("cheap, primary"),
         "{refused}"
     );
-    tg.push_text(ALICE, ALICE, "/model cheap");
+    // The listing carries one button per loaded model and `default`.
+    let markup = tg
+        .requests()
+        .into_iter()
+        .filter(|(m, _)| m == "sendmessage")
+        .find_map(|(_, p)| {
+            let text = serde_json::to_string(&p).unwrap();
+            text.contains("inline_keyboard").then_some(text)
+        })
+        .expect("a message with inline buttons");
+    for data in ["model:cheap", "model:primary", "model:default"] {
+        assert!(markup.contains(data), "{data} in {markup}");
+    }
+    // A press by someone not in allow_from changes nothing; Alice's press pins `cheap`.
+    press(&tg, 666, "model:primary");
+    press(&tg, ALICE, "model:cheap");
     assert!(nth_answer(&tg, 3).contains("now uses cheap"));
+    wait_until(WAIT, "the press answered", || {
+        tg.requests()
+            .iter()
+            .any(|(m, p)| m == "answercallbackquery" && p.to_string().contains("now uses cheap"))
+            .then_some(())
+    });
     tg.push_text(ALICE, ALICE, "first");
     nth_answer(&tg, 4);
     assert_eq!(model_of(&llm, 0), "cheap-model");
@@ -114,6 +135,24 @@ fn telegram_model_switches_the_next_call_survives_kill9_and_default_routes_again
     tg.push_text(ALICE, ALICE, "back to routing");
     nth_answer(&tg, 7);
     assert_eq!(model_of(&llm, 2), "fake-model");
+}
+
+/// A press of the inline button with `data` under a message of the bot in the user's chat.
+fn press(tg: &FakeTelegram, from: i64, data: &str) {
+    let user = json!({"id": from, "is_bot": false, "first_name": "U"});
+    tg.push_update(
+        "callback_query",
+        json!({
+            "id": format!("q-{from}"),
+            "from": user,
+            "chat_instance": "ci",
+            "data": data,
+            "message": {
+                "message_id": 1, "date": 1_700_000_000, "text": "Loaded models",
+                "chat": {"id": from, "type": "private", "first_name": "U"},
+            },
+        }),
+    );
 }
 
 fn free_port() -> u16 {

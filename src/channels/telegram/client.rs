@@ -294,7 +294,7 @@ impl TelegramClient {
     }
 
     /// One long poll: `getUpdates` with `offset` (confirming everything below it), `timeout`
-    /// (whole seconds) and `allowed_updates = ["message"]`.
+    /// (whole seconds) and `allowed_updates = ["message", "callback_query"]`.
     pub async fn get_updates(
         &self,
         offset: i64,
@@ -303,7 +303,7 @@ impl TelegramClient {
         let body = serde_json::json!({
             "offset": offset.clamp(0, i64::from(i32::MAX)),
             "timeout": timeout.as_secs().min(u64::from(u32::MAX)),
-            "allowed_updates": ["message"],
+            "allowed_updates": ["message", "callback_query"],
         });
         let result = self.call_raw("getUpdates", RawBody::json(&body)).await?;
         // From text, not from the `Value`: teloxide's `Update` reads a message only from a
@@ -343,6 +343,35 @@ impl TelegramClient {
     }
 
     /// One `sendMessage` (see [`Self::call_raw`]); returns the message id.
+    /// One plain-text message with one row of inline buttons per `(label, data)` (SPEC §18).
+    pub async fn send_with_buttons(
+        &self,
+        chat_id: i64,
+        text: &str,
+        buttons: &[(String, String)],
+    ) -> Result<i32, TgError> {
+        let rows: Vec<serde_json::Value> = buttons
+            .iter()
+            .map(|(label, data)| serde_json::json!([{"text": label, "callback_data": data}]))
+            .collect();
+        let body = serde_json::json!({
+            "chat_id": chat_id,
+            "text": text,
+            "reply_markup": {"inline_keyboard": rows},
+        });
+        let sent = self.call_raw("sendMessage", RawBody::json(&body)).await?;
+        message_id(&sent, "sendMessage")
+    }
+
+    /// `answerCallbackQuery`: stops the button's spinner, with a short notice.
+    pub async fn answer_callback(&self, query_id: &str, text: &str) -> Result<(), TgError> {
+        let notice: String = text.chars().take(200).collect();
+        let body = serde_json::json!({"callback_query_id": query_id, "text": notice});
+        self.call_raw("answerCallbackQuery", RawBody::json(&body))
+            .await
+            .map(|_| ())
+    }
+
     async fn send_message_raw(&self, chat_id: i64, text: &str, html: bool) -> Result<i32, TgError> {
         let mut body = serde_json::json!({ "chat_id": chat_id, "text": text });
         if html {

@@ -137,6 +137,60 @@ pub fn from_update(
     }
 }
 
+/// A press of an inline button (`callback_query`) under a message of the bot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TgCallback {
+    pub update_id: i64,
+    /// For `answerCallbackQuery`.
+    pub query_id: String,
+    pub user_id: i64,
+    /// The chat of the message the button is under.
+    pub chat_id: i64,
+    /// That chat's session key, as for a message ([`TgInbound::session_key`]).
+    pub session_key: String,
+    /// The button's data (Telegram allows 1-64 bytes).
+    pub data: String,
+}
+
+/// Longest callback data Telegram sends (and agentd accepts).
+pub const MAX_CALLBACK_DATA: usize = 64;
+
+/// The button press carried by `update`, or `None` for anything else, a press by a bot, one
+/// without data or with more than [`MAX_CALLBACK_DATA`] bytes, or one whose message is not
+/// known. `allow_from` is NOT checked here.
+pub fn callback_from_update(
+    update: &Update,
+    bot_id: Option<i64>,
+    cfg: &TelegramConfig,
+) -> Option<TgCallback> {
+    let UpdateKind::CallbackQuery(q) = &update.kind else {
+        return None;
+    };
+    let user_id = i64::try_from(q.from.id.0).ok()?;
+    if q.from.is_bot || Some(user_id) == bot_id {
+        return None;
+    }
+    let data = q
+        .data
+        .clone()
+        .filter(|d| (1..=MAX_CALLBACK_DATA).contains(&d.len()))?;
+    let chat = q.message.as_ref()?.chat();
+    let from_name = contact_name(user_id, cfg);
+    let session_key = if chat.is_private() {
+        from_name
+    } else {
+        group_key(chat.id.0)
+    };
+    Some(TgCallback {
+        update_id: i64::from(update.id.0),
+        query_id: q.id.0.clone(),
+        user_id,
+        chat_id: chat.id.0,
+        session_key,
+        data,
+    })
+}
+
 /// See [`from_update`].
 pub fn from_message(
     update_id: i64,
@@ -274,6 +328,41 @@ mod tests {
         u.insert(kind.into(), payload);
         // From text, as teloxide parses it: `UpdateKind` needs borrowed keys.
         serde_json::from_str(&Value::Object(u).to_string()).expect("valid Update")
+    }
+
+    /// A button press becomes a `TgCallback` for the chat's session; a bot's press, one
+    /// without data or with data over 64 bytes is none (SPEC §18.2).
+    #[test]
+    fn button_presses_become_callbacks() {
+        let press = |from: Value, data: Value, chat: i64| {
+            update(
+                "callback_query",
+                json!({"id": "q7", "from": from, "chat_instance": "c", "data": data,
+                       "message": {"message_id": 3, "date": 0, "text": "pick",
+                                   "chat": {"id": chat, "type": "private", "first_name": "A"}}}),
+            )
+        };
+        let got = callback_from_update(&press(user(42), json!("model:cheap"), 42), None, &cfg())
+            .expect("a press");
+        assert_eq!(
+            (
+                got.query_id.as_str(),
+                got.user_id,
+                got.chat_id,
+                got.data.as_str()
+            ),
+            ("q7", 42, 42, "model:cheap")
+        );
+        assert_eq!(got.session_key, contact_name(42, &cfg()));
+        let bot = json!({"id": 42, "is_bot": true, "first_name": "B"});
+        assert!(callback_from_update(&press(bot, json!("model:x"), 42), None, &cfg()).is_none());
+        let long = json!("m".repeat(MAX_CALLBACK_DATA + 1));
+        assert!(callback_from_update(&press(user(42), long, 42), None, &cfg()).is_none());
+        let msg = update(
+            "message",
+            serde_json::to_value(message(user(42), json!({"text": "hi"}))).unwrap(),
+        );
+        assert!(callback_from_update(&msg, None, &cfg()).is_none());
     }
 
     #[test]

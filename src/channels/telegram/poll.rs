@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{TelegramClient, TgError};
-use super::inbound::{TgInbound, allowed, from_update};
+use super::inbound::{TgCallback, TgInbound, allowed, callback_from_update, from_update};
 use crate::config::TelegramConfig;
 
 /// Where the poller keeps its offset (the next update id to ask for).
@@ -35,6 +35,12 @@ pub trait TgSink: Send + Sync {
     /// offset only after Ok; on Err it stops the batch, backs off and asks again (the update is
     /// delivered again).
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>>;
+    /// A button press of an allowed user. Not recorded: a press lost to a crash is pressed
+    /// again, so the offset moves on whatever this answers.
+    fn callback(&self, cb: TgCallback) -> BoxFuture<'_, ()> {
+        let _ = cb;
+        Box::pin(async {})
+    }
 }
 
 /// Where the poller stands.
@@ -280,6 +286,15 @@ pub async fn run_with(
             if id < offset {
                 continue; // already confirmed; a misbehaving server sent it again
             }
+            if let Some(cb) = callback_from_update(&update, client.bot_id(), &cfg) {
+                press(sink.as_ref(), cb, &cfg, &cancel).await;
+                offset = id + 1;
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = offsets.save(offset) => {}
+                }
+                continue;
+            }
             match from_update(&update, client.bot_id(), &cfg) {
                 None => tracing::debug!(update_id = id, "telegram: update ignored"),
                 Some(msg) if !allowed(msg.user_id, &cfg) => {
@@ -313,6 +328,27 @@ pub async fn run_with(
         if sink_failed && !sleep_or_cancel(backoff.next_delay(), &cancel).await {
             return Ok(());
         }
+    }
+}
+
+/// A button press: an allowed user's goes to the sink, anyone else's is logged and dropped.
+async fn press(
+    sink: &dyn TgSink,
+    cb: TgCallback,
+    cfg: &crate::config::TelegramConfig,
+    cancel: &CancellationToken,
+) {
+    if !allowed(cb.user_id, cfg) {
+        let user_id = cb.user_id;
+        tracing::info!(
+            user_id,
+            "telegram: button press from user {user_id} rejected; add it to allow_from to allow"
+        );
+        return;
+    }
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = sink.callback(cb) => {}
     }
 }
 

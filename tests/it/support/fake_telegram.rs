@@ -912,6 +912,7 @@ async fn handle(
             send_file(&shared, &api_method, &params)
         }
         "getfile" => get_file(&shared, &params),
+        "answercallbackquery" => Ok(json!(true)),
         "deletewebhook" | "close" | "logout" => Ok(json!(true)),
         "getwebhookinfo" => Ok(json!({
             "url": "", "has_custom_certificate": false,
