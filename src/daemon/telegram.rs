@@ -119,11 +119,18 @@ impl Sink {
             };
             let answer = dispatcher.session_control(&key, request).await;
             // `/model` alone: the choices as inline buttons (one try; plain text otherwise).
-            if let (Ok(s), Listing::Models, false) = (&answer, listing, changed) {
-                let buttons = model_buttons(&s.models);
-                match client.send_with_buttons(chat_id, &model_text(s), &buttons).await {
+            // `/skills`: one button per skill that turns it the other way.
+            let with_buttons = match (&answer, listing, changed) {
+                (Ok(s), Listing::Models, false) => Some((model_text(s), model_buttons(&s.models))),
+                (Ok(s), Listing::Skills, false) => Some((skills_text(s), skill_buttons(s))),
+                _ => None,
+            };
+            if let Some((text, buttons)) = with_buttons {
+                match client.send_with_buttons(chat_id, &text, &buttons).await {
                     Ok(_) => return,
-                    Err(e) => tracing::warn!(error = %e, "cannot send the /model buttons; answering in text"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot send the buttons; answering in text")
+                    }
                 }
             }
             let text = match answer {
@@ -147,20 +154,22 @@ impl Sink {
         });
     }
 
-    /// A `model:NAME` button of `/model` (SPEC §18.2): pinned through the session's queue in
-    /// the background (the poller does not wait for a message in flight), then the press is
-    /// answered and the chat told what changed.
-    fn model_button(&self, cb: TgCallback, name: String) {
-        use super::session_control::{Change, Request};
+    /// A `model:NAME` button of `/model` or a `skill:on|off:NAME` button of `/skills` (SPEC
+    /// §18.2): changed through the session's queue in the background (the poller does not wait
+    /// for a message in flight), then the press is answered and the chat told what changed.
+    fn settings_button(&self, cb: TgCallback, change: super::session_control::Change) {
+        use super::session_control::{Change, Request, skills_text};
         let (dispatcher, client) = (self.dispatcher.clone(), self.client.clone());
         let (out, policy) = (self.outbound.clone(), self.dispatcher.delivery_retry());
         self.tracker.spawn(async move {
+            let is_model = matches!(change, Change::Model(_));
             let request = Request {
-                change: Some(Change::Model(Some(name))),
+                change: Some(change),
                 channel: "telegram".into(),
                 id: None,
             };
             let text = match dispatcher.session_control(&cb.session_key, request).await {
+                Ok(s) if !is_model => skills_text(&s),
                 Ok(s) => match &s.model {
                     Some(m) => format!("This chat now uses {m}."),
                     None => "This chat's model follows routing again (default).".into(),
@@ -233,12 +242,49 @@ fn model_buttons(models: &[String]) -> Vec<(String, String)> {
 /// The callback-data prefix of the `/model` buttons.
 const MODEL_BUTTON: &str = "model:";
 
+/// The callback-data prefix of the `/skills` buttons: `skill:on:NAME`, `skill:off:NAME`.
+const SKILL_BUTTON: &str = "skill:";
+
+/// The `/skills` buttons: per skill, the switch to the other state (names too long for the
+/// callback data are left out: `/skill on|off NAME` still works).
+fn skill_buttons(s: &super::session_control::Settings) -> Vec<(String, String)> {
+    s.skills
+        .iter()
+        .map(|k| {
+            let (label, to) = if k.enabled {
+                ("turn off", "off")
+            } else {
+                ("turn on", "on")
+            };
+            (
+                format!("{label} {}", k.name),
+                format!("{SKILL_BUTTON}{to}:{}", k.name),
+            )
+        })
+        .filter(|(_, data)| data.len() <= MAX_CALLBACK_DATA)
+        .collect()
+}
+
 impl TgSink for Sink {
     fn callback(&self, cb: TgCallback) -> BoxFuture<'_, ()> {
         Box::pin(async move {
+            use super::session_control::Change;
             if let Some(name) = cb.data.strip_prefix(MODEL_BUTTON) {
-                let name = name.to_string();
-                self.model_button(cb, name);
+                let change = Change::Model(Some(name.to_string()));
+                self.settings_button(cb, change);
+            } else if let Some(rest) = cb.data.strip_prefix(SKILL_BUTTON) {
+                let change = match rest.split_once(':') {
+                    Some(("on", name)) => Change::Skill {
+                        name: name.to_string(),
+                        enabled: true,
+                    },
+                    Some(("off", name)) => Change::Skill {
+                        name: name.to_string(),
+                        enabled: false,
+                    },
+                    _ => return,
+                };
+                self.settings_button(cb, change);
             }
         })
     }

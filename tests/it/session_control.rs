@@ -65,6 +65,7 @@ fn tg_daemon(llm: &FakeLlm, tg: &FakeTelegram, behavior: &str) -> TestDaemon {
         ),
     );
     let mut d = TestDaemon::new(&toml, &[("fake", &two_models(&llm.base_url()))]);
+    write_skill(&d, "weather", "forecast", "WEATHER-BODY-7");
     d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
     d.start();
     d
@@ -135,6 +136,26 @@ fn telegram_model_switches_the_next_call_survives_kill9_and_default_routes_again
     tg.push_text(ALICE, ALICE, "back to routing");
     nth_answer(&tg, 7);
     assert_eq!(model_of(&llm, 2), "fake-model");
+    assert!(sent(&llm.requests()[2]).contains("- weather:"));
+
+    // `/skills` lists the skill with a button that turns it off; the press does.
+    tg.push_text(ALICE, ALICE, "/skills");
+    assert!(nth_answer(&tg, 8).contains("on  weather"));
+    let buttons = tg
+        .requests()
+        .into_iter()
+        .filter(|(m, p)| m == "sendmessage" && p.to_string().contains("skill:off:weather"))
+        .count();
+    assert_eq!(buttons, 1);
+    press(&tg, ALICE, "skill:off:weather");
+    assert!(nth_answer(&tg, 9).contains("off weather"));
+    tg.push_text(ALICE, ALICE, "the forecast?");
+    nth_answer(&tg, 10);
+    let last = sent(&llm.requests()[3]);
+    assert!(
+        !last.contains("- weather:") && !last.contains("WEATHER-BODY-7"),
+        "{last}"
+    );
 }
 
 /// A press of the inline button with `data` under a message of the bot in the user's chat.
