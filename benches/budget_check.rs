@@ -59,6 +59,7 @@ fn row(timestamp: i64) -> CostRow {
             cache_write_tokens: 100,
         },
         cost_usd: 0.0123,
+        fallback_from: None,
     }
 }
 

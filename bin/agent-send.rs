@@ -21,13 +21,14 @@ use clap::{ArgGroup, Parser};
     about = "Send a message to agentd through its control FIFO, or query its state",
     group(ArgGroup::new("action").required(true).multiple(false)
         .args(["message", "system", "reset", "cost", "sessions", "monitor", "history", "status",
-               "approvals", "approve", "deny"])),
+               "approvals", "approve", "deny", "model", "skill"])),
     group(ArgGroup::new("text_action").multiple(false).args(["message", "system"])),
     // `requires` naming a single arg of the required "action" group is not enforced by clap;
     // naming a group is.
     group(ArgGroup::new("message_action").args(["message"])),
     group(ArgGroup::new("history_action").args(["history"])),
     group(ArgGroup::new("approve_action").args(["approve"])),
+    group(ArgGroup::new("setting_action").args(["model", "skill"])),
     group(ArgGroup::new("waitable").multiple(false).args(["message", "system", "reset"])),
 )]
 struct Args {
@@ -59,6 +60,15 @@ struct Args {
     /// Reset a session by key or id; without TARGET, all sessions.
     #[arg(long, value_name = "TARGET", num_args = 0..=1, default_missing_value = "all")]
     reset: Option<String>,
+    /// The session key whose settings --model or --skill change (SPEC §18.2).
+    #[arg(long, value_name = "KEY", requires = "setting_action")]
+    session: Option<String>,
+    /// Pin the session's model (a loaded model's name), or `default` for routing.
+    #[arg(long, value_name = "NAME|default", requires = "session")]
+    model: Option<String>,
+    /// Turn a skill on or off for the session: --skill NAME on|off.
+    #[arg(long, num_args = 2, value_names = ["NAME", "on|off"], requires = "session")]
+    skill: Option<Vec<String>>,
     /// After intake, wait up to SECONDS (default 60) for the reply and print it.
     #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "60",
           requires = "waitable")]
@@ -137,6 +147,31 @@ fn action(args: &Args) -> Result<Action, CliError> {
     if let Some(target) = &args.reset {
         let out = Outgoing::Reset {
             target: target.clone(),
+        };
+        return Ok(Action::Send { out, opts });
+    }
+    if let (Some(key), Some(model)) = (&args.session, &args.model) {
+        let model = Some(model.trim().to_string()).filter(|m| !m.eq_ignore_ascii_case("default"));
+        let out = Outgoing::SessionModel {
+            key: key.clone(),
+            model,
+        };
+        return Ok(Action::Send { out, opts });
+    }
+    if let (Some(key), Some(skill)) = (&args.session, &args.skill) {
+        let enabled = match skill.get(1).map(|s| s.to_ascii_lowercase()).as_deref() {
+            Some("on") => true,
+            Some("off") => false,
+            _ => {
+                return Err(CliError::Usage(
+                    "--skill takes a name and on or off: --skill NAME on|off".into(),
+                ));
+            }
+        };
+        let out = Outgoing::SessionSkill {
+            key: key.clone(),
+            name: skill[0].clone(),
+            enabled,
         };
         return Ok(Action::Send { out, opts });
     }

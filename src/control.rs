@@ -139,6 +139,22 @@ pub enum ControlLine {
         approval: String,
         decision: String,
     },
+    /// Pin session `key`'s model; `null` or `"default"` returns to routing (SPEC §18.2).
+    SessionModel {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        key: String,
+        #[serde(default)]
+        model: Option<String>,
+    },
+    /// Turn skill `name` on or off for session `key` (SPEC §18.2).
+    SessionSkill {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        key: String,
+        name: String,
+        enabled: bool,
+    },
 }
 
 fn all() -> String {
@@ -181,7 +197,9 @@ impl ControlLine {
             | ControlLine::System { id, .. }
             | ControlLine::Notify { id, .. }
             | ControlLine::Reset { id, .. }
-            | ControlLine::Approval { id, .. } => id.as_deref(),
+            | ControlLine::Approval { id, .. }
+            | ControlLine::SessionModel { id, .. }
+            | ControlLine::SessionSkill { id, .. } => id.as_deref(),
         }
     }
 
@@ -191,7 +209,9 @@ impl ControlLine {
             | ControlLine::System { id, .. }
             | ControlLine::Notify { id, .. }
             | ControlLine::Reset { id, .. }
-            | ControlLine::Approval { id, .. } => *id = Some(new),
+            | ControlLine::Approval { id, .. }
+            | ControlLine::SessionModel { id, .. }
+            | ControlLine::SessionSkill { id, .. } => *id = Some(new),
         }
     }
 
@@ -202,6 +222,8 @@ impl ControlLine {
             ControlLine::Notify { .. } => "notify",
             ControlLine::Reset { .. } => "reset",
             ControlLine::Approval { .. } => "approval",
+            ControlLine::SessionModel { .. } => "session_model",
+            ControlLine::SessionSkill { .. } => "session_skill",
         }
     }
 

@@ -316,6 +316,20 @@ impl Ledger {
         call_type: CallType,
         usage: Usage,
     ) -> f64 {
+        self.record_call(session_id, spec, call_type, usage, None)
+            .await
+    }
+
+    /// [`Ledger::record`] of a call that `spec` answered as a fallback for the model
+    /// `fallback_from` (SPEC §18.3): the row's `fallback_from` column names it.
+    pub async fn record_call(
+        &self,
+        session_id: &str,
+        spec: &ModelSpec,
+        call_type: CallType,
+        usage: Usage,
+        fallback_from: Option<&str>,
+    ) -> f64 {
         let cost = cost_usd(&spec.pricing, &usage);
         let row = CostRow {
             timestamp: Utc::now().timestamp(),
@@ -325,6 +339,7 @@ impl Ledger {
             call_type,
             usage,
             cost_usd: cost,
+            fallback_from: fallback_from.map(str::to_string),
         };
         if let Some((_, spent)) = self.lock_messages().get_mut(session_id) {
             *spent += cost;
@@ -589,6 +604,7 @@ mod tests {
             call_type: CallType::Chat,
             usage: Usage::default(),
             cost_usd: usd,
+            fallback_from: None,
         })
         .await
         .unwrap();
@@ -725,6 +741,7 @@ mod tests {
                 call_type: CallType::Subagent,
                 usage: Usage::default(),
                 cost_usd: usd,
+                fallback_from: None,
             });
         }
         // The two rows reach the daily limit once written.

@@ -96,6 +96,8 @@ struct Msg {
     updated_at: DateTime<Utc>,
     /// Update counter value of the last change: orders updates within the same instant.
     seq: u64,
+    /// The model asked for and its error, when a fallback model answers (SPEC §18.3).
+    fallback: Option<(String, String)>,
 }
 
 #[derive(Debug)]
@@ -155,6 +157,12 @@ struct MsgView<'a> {
     tools_in_flight: &'a [String],
     turns: &'a VecDeque<TurnRecord>,
     updated_at: String,
+    /// The model asked for, when `model` answers as its fallback (SPEC §18.3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback_from: Option<&'a str>,
+    /// Why the model asked for did not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback_reason: Option<&'a str>,
 }
 
 impl<'a> MsgView<'a> {
@@ -170,6 +178,8 @@ impl<'a> MsgView<'a> {
             tools_in_flight: &m.tools_in_flight,
             turns: &m.turns,
             updated_at: rfc3339(m.updated_at),
+            fallback_from: m.fallback.as_ref().map(|(from, _)| from.as_str()),
+            fallback_reason: m.fallback.as_ref().map(|(_, why)| why.as_str()),
         }
     }
 }
@@ -215,6 +225,8 @@ impl Inner {
                 tools_in_flight: &[],
                 turns: &NO_TURNS,
                 updated_at: rfc3339(self.created_at),
+                fallback_from: None,
+                fallback_reason: None,
             },
         };
         View {
@@ -342,6 +354,7 @@ impl Monitor {
             turns: VecDeque::new(),
             updated_at: now,
             seq: inner.seq,
+            fallback: None,
         };
         if inner.active.len() >= MAX_ACTIVE
             && let Some((old, _)) = inner.active.pop_first()
@@ -376,6 +389,15 @@ impl Monitor {
     /// Message `h` switched model (fallback).
     pub fn set_model(&self, h: u64, model: &str) {
         self.update(h, |m| model.clone_into(&mut m.model));
+    }
+
+    /// Message `h` is answered by model `model` as the fallback of `from`, which failed with
+    /// `reason` (SPEC §18.3); shown until the message's next call on `from` answers itself.
+    pub fn set_fallback(&self, h: u64, model: &str, fallback: Option<(&str, &str)>) {
+        self.update(h, |m| {
+            model.clone_into(&mut m.model);
+            m.fallback = fallback.map(|(from, why)| (from.to_string(), why.to_string()));
+        });
     }
 
     /// An LLM call of message `h` finished. Keeps the last 50 turns.
@@ -552,6 +574,10 @@ pub fn format_monitor(v: &Value, now: DateTime<Utc>) -> String {
         let _ = writeln!(out, "{label} {session} (contact {contact})");
         if let Some(model) = str_field(v, "model") {
             let _ = writeln!(out, "model:      {model}");
+        }
+        if let Some(from) = str_field(v, "fallback_from") {
+            let why = str_field(v, "fallback_reason").unwrap_or("?");
+            let _ = writeln!(out, "fallback:   answering for {from} ({why})");
         }
         if let Some(a) = ago(v, "message_started_at", now) {
             let _ = writeln!(out, "message:    started {a}");

@@ -4,6 +4,7 @@
 //! appears in a message go into that message's dynamic context; `load_skill` returns a body.
 //! Rescanned on SIGHUP and SIGUSR1.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -151,6 +152,11 @@ impl SkillSet {
         n
     }
 
+    /// Whether `[agent.skills] always_on` names `name`.
+    pub fn is_always_on(&self, name: &str) -> bool {
+        self.always_on.iter().any(|n| n == name)
+    }
+
     pub fn all(&self) -> Arc<Vec<Skill>> {
         self.current
             .read()
@@ -158,9 +164,11 @@ impl SkillSet {
             .clone()
     }
 
-    /// Text for the semi_stable tier: `always_on` bodies and the index of the others.
-    pub fn semi_stable_text(&self) -> String {
-        let skills = self.all();
+    /// Text for the semi_stable tier: `always_on` bodies and the index of the others, without
+    /// the skills a session turned `off` (SPEC §18.2).
+    pub fn semi_stable_text(&self, off: &BTreeSet<String>) -> String {
+        let all = self.all();
+        let skills: Vec<&Skill> = all.iter().filter(|s| !off.contains(&s.name)).collect();
         if skills.is_empty() {
             return String::new();
         }
@@ -179,12 +187,12 @@ impl SkillSet {
     }
 
     /// Bodies of skills whose trigger appears in `text` (case-insensitive), excluding
-    /// `always_on` ones (already in the prompt).
-    pub fn triggered(&self, text: &str) -> Vec<Skill> {
+    /// `always_on` ones (already in the prompt) and those the session turned `off`.
+    pub fn triggered(&self, text: &str, off: &BTreeSet<String>) -> Vec<Skill> {
         let lower = text.to_lowercase();
         self.all()
             .iter()
-            .filter(|s| !self.always_on.contains(&s.name))
+            .filter(|s| !self.always_on.contains(&s.name) && !off.contains(&s.name))
             .filter(|s| s.triggers.iter().any(|t| lower.contains(t.as_str())))
             .cloned()
             .collect()
@@ -278,11 +286,25 @@ mod tests {
         write_skill(d.path(), "c", "not a skill");
         let set = SkillSet::load(d.path(), &["alpha".to_string()]);
         assert_eq!(set.all().len(), 2);
-        let text = set.semi_stable_text();
+        let none = BTreeSet::new();
+        let text = set.semi_stable_text(&none);
         assert!(text.starts_with("--- SKILL alpha ---\nalpha body"));
         assert!(text.contains("- alpha: A skill\n- beta: B skill"));
-        assert_eq!(set.triggered("What's the WEATHER like?")[0].name, "beta");
-        assert!(set.triggered("hello").is_empty());
+        assert_eq!(
+            set.triggered("What's the WEATHER like?", &none)[0].name,
+            "beta"
+        );
+        assert!(set.triggered("hello", &none).is_empty());
+        // A session that turned both off: no body, no index line, no trigger (SPEC §18.2).
+        let off = BTreeSet::from(["alpha".to_string(), "beta".to_string()]);
+        assert_eq!(set.semi_stable_text(&off), "");
+        assert!(set.triggered("weather", &off).is_empty());
+        let beta_off = BTreeSet::from(["beta".to_string()]);
+        let text = set.semi_stable_text(&beta_off);
+        assert!(
+            text.contains("alpha body") && !text.contains("beta"),
+            "{text}"
+        );
         write_skill(d.path(), "g", "---\nname: gamma\ndescription: G\n---\ng");
         assert_eq!(set.rescan(), 3);
     }

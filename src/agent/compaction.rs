@@ -359,15 +359,22 @@ impl Agent {
     async fn estimate(&self, state: &SessionState, tier: &str) -> u64 {
         match measured_estimate(state) {
             Some(n) => n,
-            None => self.fixed_estimate(tier).await + messages_tokens(&state.messages),
+            None => {
+                self.fixed_estimate(tier, &state.skills_off).await
+                    + messages_tokens(&state.messages)
+            }
         }
     }
 
     /// System blocks and tool definitions of `tier` (the fixed part of a request), estimated.
-    async fn fixed_estimate(&self, tier: &str) -> u64 {
+    async fn fixed_estimate(
+        &self,
+        tier: &str,
+        skills_off: &std::collections::BTreeSet<String>,
+    ) -> u64 {
         let workspace = self.cfg.agent.workspace.clone();
         let files = self.cfg.agent.context.files_for(tier);
-        let skills_text = self.skills.semi_stable_text();
+        let skills_text = self.skills.semi_stable_text(skills_off);
         let system = tokio::task::spawn_blocking(move || {
             prompt::system_blocks(&workspace, &files, &skills_text)
         })

@@ -55,7 +55,7 @@ pub struct Agent {
 
 /// One unit of work for a session: the intakes merged into one user turn, or (after a
 /// restart) a turn whose user message is already in the trail and only needs finishing.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Work {
     pub intakes: Vec<Intake>,
     pub resume: bool,
@@ -109,6 +109,8 @@ pub enum Finish {
         cost_usd: f64,
         /// The final answer was cut at the output limit (`max_tokens`).
         truncated: bool,
+        /// Set when a fallback model gave the final answer (SPEC §18.3).
+        fallback: Option<crate::llm::FellBack>,
     },
     Failed {
         /// What the sender is told.
@@ -211,6 +213,11 @@ impl Agent {
         &self.monitor
     }
 
+    /// The loaded skills.
+    pub fn skills(&self) -> &Arc<SkillSet> {
+        &self.skills
+    }
+
     /// The metrics the loop counts into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
@@ -226,15 +233,23 @@ impl Agent {
         route_source(&self.cfg, source)
     }
 
-    /// Model for a unit of work: `vision` when the message carries an image and that model is
-    /// loaded, else the source's route.
-    pub fn route_work(&self, work: &Work) -> String {
+    /// Model for a unit of work: the `agentd:<name>` of a compatible request, else the
+    /// session's `pinned` model (SPEC §18.2), else `vision` when the message carries an image
+    /// and that model is loaded, else the source's route. A name no longer loaded (the config
+    /// changed since) is passed over.
+    pub fn route_work(&self, work: &Work, pinned: Option<&str>) -> String {
         // `agentd:<name>` of a compatible request (checked when it arrived; a model unloaded
         // since falls back to the route).
         if let Some(name) = work.api().and_then(|a| a.model.as_deref())
             && self.cfg.models.get(name).is_some()
         {
             return name.to_string();
+        }
+        if let Some(name) = pinned {
+            if self.cfg.models.get(name).is_some() {
+                return name.to_string();
+            }
+            tracing::warn!(model = %name, "the session's pinned model is not loaded; routing instead");
         }
         let has_image = work
             .intakes
@@ -354,6 +369,7 @@ impl Agent {
             usage: Usage::default(),
             cost_usd: 0.0,
             truncated: false,
+            fallback: None,
         }
     }
 
@@ -426,7 +442,13 @@ impl Agent {
             Some(memory) => memory.recall(&work.text(), &session.id).await,
             None => None,
         };
-        let msg = self.user_turn(work, images, compaction_near, recall.as_deref());
+        let msg = self.user_turn(
+            work,
+            images,
+            compaction_near,
+            recall.as_deref(),
+            &state.skills_off,
+        );
         // Images are never persisted: the trail gets the placeholders.
         let mut ev = MessageEvent::new(msg.without_images());
         ev.reply_to = work.ids();
@@ -478,11 +500,12 @@ impl Agent {
         images: Vec<UserBlock>,
         compaction_near: bool,
         recall: Option<&str>,
+        skills_off: &std::collections::BTreeSet<String>,
     ) -> Message {
         let cfg = &self.cfg;
         let now = Utc::now();
         let tz = cfg.agent.timezone;
-        let triggered = self.skills.triggered(&work.text());
+        let triggered = self.skills.triggered(&work.text(), skills_off);
         let context = prompt::DynamicContext {
             now,
             tz,

@@ -17,8 +17,8 @@ use super::{Agent, Fail, FailCause, Finish, append, prompt};
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
 use crate::llm::{
-    CallOptions, ChatRequest, ChatResponse, DeltaSink, LlmError, LlmEvent, StopReason, StreamDelta,
-    SystemBlock, ToolChoice, ToolSpec,
+    CallOptions, ChatRequest, ChatResponse, DeltaSink, FellBack, LlmError, LlmEvent, StopReason,
+    StreamDelta, SystemBlock, ToolChoice, ToolSpec,
 };
 use crate::message::{Message, ToolCall, ToolResult, Usage};
 use crate::monitor::{LoopState, TurnRecord};
@@ -112,6 +112,8 @@ struct Answer {
     sent: usize,
     cost: f64,
     started: Instant,
+    /// A fallback model answered for the model asked for (SPEC §18.3).
+    fell_back: Option<FellBack>,
 }
 
 impl Agent {
@@ -136,6 +138,7 @@ impl Agent {
             self.check_budget(self.ledger.message_spent(billed)).await?;
             let req = self.request(run, state, last_turn).await?;
             let answer = self.call(run, state, req, turn).await?;
+            let fallback = answer.fell_back.clone();
             tally.spent += answer.cost;
             tally.usage.add(&answer.resp.usage);
             let (resp, refused, spec) = self
@@ -148,6 +151,7 @@ impl Agent {
                     text: resp.text,
                     usage: tally.usage,
                     cost_usd: tally.spent,
+                    fallback,
                 });
             }
             if let Some(d) = run.deltas {
@@ -173,7 +177,7 @@ impl Agent {
     ) -> Result<ChatRequest, Option<Fail>> {
         let (system, tools) = match &run.caller {
             Caller::Message { session, tier, .. } => {
-                let system = self.system_blocks(tier).await?;
+                let system = self.system_blocks(tier, &state.skills_off).await?;
                 let tools = self.tools.specs();
                 self.fit_context(session, state, run.model, &system, &tools)
                     .await?;
@@ -212,11 +216,16 @@ impl Agent {
         })
     }
 
-    /// The stable and semi-stable system blocks of `tier`, read off the async workers.
-    async fn system_blocks(&self, tier: &str) -> Result<Vec<SystemBlock>, Option<Fail>> {
+    /// The stable and semi-stable system blocks of `tier`, without the skills the session
+    /// turned off, read off the async workers.
+    async fn system_blocks(
+        &self,
+        tier: &str,
+        skills_off: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<SystemBlock>, Option<Fail>> {
         let workspace = self.cfg.agent.workspace.clone();
         let files = self.cfg.agent.context.files_for(tier);
-        let skills_text = self.skills.semi_stable_text();
+        let skills_text = self.skills.semi_stable_text(skills_off);
         tokio::task::spawn_blocking(move || prompt::system_blocks(&workspace, &files, &skills_text))
             .await
             .map_err(|e| {
@@ -275,10 +284,16 @@ impl Agent {
         })?;
         let (billed, call_type) = run.billing();
         let usage = outcome.response.usage;
-        let cost = self
-            .ledger
-            .record(billed, &outcome.model, call_type, usage)
+        let fell_back = outcome.fell_back;
+        let from = fell_back.as_ref().map(|f| f.from.as_str());
+        let cost = (self.ledger)
+            .record_call(billed, &outcome.model, call_type, usage, from)
             .await;
+        if let Some(h) = handle {
+            let why = fell_back.as_ref().map(|f| f.reason.as_str());
+            let shown = from.zip(why);
+            self.monitor.set_fallback(h, &outcome.model.name, shown);
+        }
         self.metrics
             .llm_call(&outcome.model.model, &usage, cost, started.elapsed());
         Ok(Answer {
@@ -287,6 +302,7 @@ impl Agent {
             sent,
             cost,
             started,
+            fell_back,
         })
     }
 
@@ -307,6 +323,7 @@ impl Agent {
             sent,
             cost,
             started,
+            fell_back,
         } = answer;
         if last_turn && !resp.tool_calls.is_empty() {
             tracing::warn!(session = %run.session_id(), "model called tools on the last turn; calls dropped");
@@ -329,6 +346,10 @@ impl Agent {
         ev.turn = Some(turn);
         ev.sent_messages = Some(sent);
         ev.cost_usd = Some(cost);
+        if let Some(f) = fell_back {
+            ev.fallback_from = Some(f.from);
+            ev.fallback_reason = Some(f.reason);
+        }
         if let (true, Caller::Message { reply_to, .. }) = (is_final, &run.caller) {
             ev.is_final = true;
             ev.silent = self.is_silent(run, &resp.text);

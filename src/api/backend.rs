@@ -97,6 +97,15 @@ pub struct CompatTicket {
     pub deltas: Option<tokio::sync::mpsc::UnboundedReceiver<crate::llm::StreamDelta>>,
 }
 
+/// A change of `POST /api/v1/sessions/{key}/model` or `/skills` (SPEC §18.2).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionChange {
+    /// `{model: NAME | null}`; `null` or `"default"` returns to routing.
+    Model(Option<String>),
+    /// `{name, enabled}`.
+    Skill { name: String, enabled: bool },
+}
+
 /// How a compatible request ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CompatOutcome {
@@ -180,6 +189,21 @@ pub trait ApiBackend: Send + Sync + 'static {
     /// The config names of the loaded models (`GET /v1/models` lists `agentd:<name>`).
     fn models(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// Change a session's settings (SPEC §18.2) and answer with them: `{key, session_id,
+    /// model, models, skills:[{name, enabled, always_on}]}`. An unknown model or skill is a
+    /// `BadRequest` naming the loaded ones.
+    fn session_settings(
+        &self,
+        key: String,
+        change: SessionChange,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let _ = (key, change);
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "session settings are not served by this backend".into(),
+            ))
+        })
     }
     /// Durably accept a compatible request (source `api`): the session, the model, the
     /// intake (its id the `Idempotency-Key` when given: a duplicate is answered from the same

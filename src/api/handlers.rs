@@ -12,7 +12,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::backend::{ChatIn, ChatOutcome, NotifyIn};
+use super::backend::{ChatIn, ChatOutcome, NotifyIn, SessionChange};
 use super::reply::{Reply, too_large_message};
 use super::server::ApiState;
 use super::webhook::TokenCounts;
@@ -109,6 +109,65 @@ pub(crate) async fn reset(
     let count = state.backend().reset(target.clone()).await?;
     Ok(Reply::ok(
         json!({ "reset": true, "target": target, "count": count }),
+    ))
+}
+
+/// `POST /api/v1/sessions/{key}/model` body (SPEC §18.2).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionModelIn {
+    /// A loaded model's name; `null` or `"default"` returns to routing.
+    model: Option<String>,
+}
+
+/// `POST /api/v1/sessions/{key}/skills` body (SPEC §18.2).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionSkillIn {
+    name: String,
+    enabled: bool,
+}
+
+/// The session key of a settings route: what intake accepts as a key.
+fn session_key(key: Result<Path<String>, PathRejection>) -> Result<String, Reply> {
+    let Path(key) = key.map_err(|e| Reply::error(StatusCode::BAD_REQUEST, e.body_text()))?;
+    if key.trim().is_empty()
+        || key.chars().count() > 64
+        || key.chars().any(|c| c.is_control() || c == '/' || c == '\\')
+    {
+        return Err(Reply::error(
+            StatusCode::BAD_REQUEST,
+            "invalid session key: 1-64 characters, no control characters, no '/' or '\\'",
+        ));
+    }
+    Ok(key)
+}
+
+/// `POST /api/v1/sessions/{key}/model`: pin the session's model, or `null` for routing.
+pub(crate) async fn session_model(
+    State(state): Shared,
+    key: Result<Path<String>, PathRejection>,
+    body: Result<Json<SessionModelIn>, JsonRejection>,
+) -> Answer {
+    let key = session_key(key)?;
+    let Json(SessionModelIn { model }) = json_body(&state, body)?;
+    let change = SessionChange::Model(model);
+    Ok(Reply::ok(
+        state.backend().session_settings(key, change).await?,
+    ))
+}
+
+/// `POST /api/v1/sessions/{key}/skills`: turn a skill on or off for the session.
+pub(crate) async fn session_skill(
+    State(state): Shared,
+    key: Result<Path<String>, PathRejection>,
+    body: Result<Json<SessionSkillIn>, JsonRejection>,
+) -> Answer {
+    let key = session_key(key)?;
+    let Json(SessionSkillIn { name, enabled }) = json_body(&state, body)?;
+    let change = SessionChange::Skill { name, enabled };
+    Ok(Reply::ok(
+        state.backend().session_settings(key, change).await?,
     ))
 }
 

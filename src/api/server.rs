@@ -168,6 +168,14 @@ pub fn router(
         .route("/api/v1/sessions/reset", post(handlers::reset))
         .route("/api/v1/approvals/{id}", post(super::approvals::decide))
         .route(
+            "/api/v1/sessions/{key}/model",
+            post(handlers::session_model),
+        )
+        .route(
+            "/api/v1/sessions/{key}/skills",
+            post(handlers::session_skill),
+        )
+        .route(
             openai::CHAT_COMPLETIONS_PATH,
             post(compat::chat_completions),
         )

@@ -121,6 +121,7 @@ mod tests {
                 usage: Default::default(),
                 cost_usd: 0.0,
                 truncated: false,
+                fallback: None,
             })
         };
         assert_eq!(

@@ -30,6 +30,8 @@ pub struct Context {
     pub context_windows: BTreeMap<String, u32>,
     /// Why the config did not load, when the state directory came from elsewhere.
     pub config_error: Option<String>,
+    /// `[agent.skills] dir` when the config loaded (`--skill` checks names there).
+    pub skills_dir: Option<PathBuf>,
 }
 
 impl Context {
@@ -41,6 +43,7 @@ impl Context {
             timezone: config::system_timezone(),
             context_windows: BTreeMap::new(),
             config_error: None,
+            skills_dir: None,
         }
     }
 
@@ -104,6 +107,7 @@ fn from_config(cfg: &Config, state_dir: Option<PathBuf>) -> Context {
             .map(|(name, spec)| (name.clone(), spec.context_window))
             .collect(),
         config_error: None,
+        skills_dir: Some(cfg.agent.skills.dir.clone()),
     }
 }
 

@@ -164,6 +164,27 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
                 d.channel
             ),
         ),
+        Event::SessionModel(m) => entry(
+            out,
+            &t,
+            "model",
+            &format!(
+                "{} (through {})",
+                m.model.as_deref().unwrap_or("default (routing)"),
+                m.channel
+            ),
+        ),
+        Event::SessionSkill(k) => entry(
+            out,
+            &t,
+            "skill",
+            &format!(
+                "{} {} (through {})",
+                k.name,
+                if k.enabled { "on" } else { "off" },
+                k.channel
+            ),
+        ),
     }
 }
 

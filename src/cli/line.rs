@@ -27,6 +27,14 @@ pub enum Outgoing {
     System { text: String, tier: Option<String> },
     /// `--reset`: `all`, a session key or a session id.
     Reset { target: String },
+    /// `--session KEY --model NAME|default` (SPEC §18.2); `None` = `default`.
+    SessionModel { key: String, model: Option<String> },
+    /// `--session KEY --skill NAME on|off` (SPEC §18.2).
+    SessionSkill {
+        key: String,
+        name: String,
+        enabled: bool,
+    },
 }
 
 impl Outgoing {
@@ -36,13 +44,16 @@ impl Outgoing {
             Outgoing::User { sender, .. } => Some(sender),
             Outgoing::System { .. } => Some("system"),
             Outgoing::Reset { .. } => None,
+            Outgoing::SessionModel { key, .. } | Outgoing::SessionSkill { key, .. } => Some(key),
         }
     }
 
     fn text(&self) -> Option<&str> {
         match self {
             Outgoing::User { text, .. } | Outgoing::System { text, .. } => Some(text),
-            Outgoing::Reset { .. } => None,
+            Outgoing::Reset { .. }
+            | Outgoing::SessionModel { .. }
+            | Outgoing::SessionSkill { .. } => None,
         }
     }
 }
@@ -123,6 +134,17 @@ fn control_line_with(
         Outgoing::Reset { target } => ControlLine::Reset {
             id,
             target: target.clone(),
+        },
+        Outgoing::SessionModel { key, model } => ControlLine::SessionModel {
+            id,
+            key: key.clone(),
+            model: model.clone(),
+        },
+        Outgoing::SessionSkill { key, name, enabled } => ControlLine::SessionSkill {
+            id,
+            key: key.clone(),
+            name: name.clone(),
+            enabled: *enabled,
         },
     }
 }

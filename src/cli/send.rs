@@ -45,6 +45,7 @@ pub enum SendResult {
 pub fn send(ctx: &Context, out: &Outgoing, opts: SendOptions) -> Result<SendResult, CliError> {
     let id = uuid::Uuid::new_v4().to_string();
     let sessions_dir = ctx.sessions_dir();
+    check_setting(ctx, out)?;
     let reset_before = match (out, opts.wait) {
         (Outgoing::Reset { target }, Some(_)) => {
             Some(wait::sessions_before_reset(&sessions_dir, target)?)
@@ -88,6 +89,47 @@ pub fn send(ctx: &Context, out: &Outgoing, opts: SendOptions) -> Result<SendResu
                 outcome,
             })
         }
+    }
+}
+
+/// A `--model` or `--skill` name checked against what the config loads, before anything is
+/// written (the daemon checks again and logs a refusal). Without a config nothing is checked.
+fn check_setting(ctx: &Context, out: &Outgoing) -> Result<(), CliError> {
+    match out {
+        Outgoing::SessionModel {
+            model: Some(name), ..
+        } if !ctx.context_windows.is_empty() && !ctx.context_windows.contains_key(name) => {
+            Err(CliError::Usage(format!(
+                "unknown model {name:?}: the loaded models are {}; or `default` to go back to routing",
+                ctx.context_windows
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )))
+        }
+        Outgoing::SessionSkill { name, .. } => {
+            let Some(dir) = &ctx.skills_dir else {
+                return Ok(());
+            };
+            let loaded: Vec<String> = crate::skills::scan(dir)
+                .into_iter()
+                .map(|s| s.name)
+                .collect();
+            if loaded.contains(name) {
+                return Ok(());
+            }
+            Err(CliError::Usage(format!(
+                "unknown skill {name:?}: the loaded skills are {} ({})",
+                if loaded.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    loaded.join(", ")
+                },
+                dir.display()
+            )))
+        }
+        _ => Ok(()),
     }
 }
 

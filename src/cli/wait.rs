@@ -101,11 +101,15 @@ impl TrailWatcher {
     }
 }
 
-/// Whether `lines` hold the intake record of client id `id`.
+/// Whether `lines` hold the record of client id `id`: its intake, or the `session_model` /
+/// `session_skill` event of a settings line (SPEC §18.2).
 pub fn has_intake(lines: &[TrailLine], id: &str) -> bool {
-    lines
-        .iter()
-        .any(|l| matches!(&l.event, Event::Intake(i) if i.id == id))
+    lines.iter().any(|l| match &l.event {
+        Event::Intake(i) => i.id == id,
+        Event::SessionModel(m) => m.id.as_deref() == Some(id),
+        Event::SessionSkill(k) => k.id.as_deref() == Some(id),
+        _ => false,
+    })
 }
 
 /// Follows `sessions.json` and the trail of one session key until the intake of `id` shows.

@@ -119,6 +119,7 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("max_queued_total", b.max_queued_total.to_string());
     r.kv("silent_tokens", list(&b.silent_tokens));
     r.kv("typing_indicators", b.typing_indicators.to_string());
+    r.kv("show_fallback", b.show_fallback.to_string());
     r.kv("error_message", q(&b.error_message));
     r.kv("max_turns_per_message", b.max_turns_per_message.to_string());
     r.kv("call_timeout_seconds", secs(b.call_timeout));

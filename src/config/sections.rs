@@ -150,6 +150,7 @@ pub fn behavior(root: &mut Section<'_>) -> BehaviorConfig {
             .get("silent_tokens")
             .unwrap_or_else(|| strings(&["HEARTBEAT_OK", "NO_REPLY"])),
         typing_indicators: s.get("typing_indicators").unwrap_or(true),
+        show_fallback: s.get("show_fallback").unwrap_or(true),
         error_message: s
             .non_empty("error_message")
             .unwrap_or_else(|| DEFAULT_ERROR_MESSAGE.into()),

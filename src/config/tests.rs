@@ -161,6 +161,7 @@ fn minimal_config_gets_every_default() {
     assert_eq!(b.max_queued_total, 1024);
     assert_eq!(b.silent_tokens, ["HEARTBEAT_OK", "NO_REPLY"]);
     assert!(b.typing_indicators);
+    assert!(b.show_fallback);
     assert!(!b.error_message.is_empty());
     assert_eq!(b.max_turns_per_message, 50);
     assert_eq!(b.call_timeout, Duration::from_secs(600));

@@ -248,6 +248,8 @@ pub struct BehaviorConfig {
     pub max_queued_total: usize,
     pub silent_tokens: Vec<String>,
     pub typing_indicators: bool,
+    /// Telegram replies that a fallback model answered carry one line saying so (SPEC §18.3).
+    pub show_fallback: bool,
     pub error_message: String,
     pub max_turns_per_message: u32,
     /// Inactivity timeout while streaming.

@@ -202,6 +202,8 @@ impl Lanes {
 
 impl AfterMessage {
     /// Deliver, count, call the webhook, complete the waiters — in that order.
+    /// `show_fallback` (`[behavior] show_fallback`): a reply a fallback model gave ends with
+    /// [`fallback_line`] (SPEC §18.3).
     pub async fn reply_out(
         &self,
         session: &Arc<SessionHandle>,
@@ -209,18 +211,15 @@ impl AfterMessage {
         target: Option<&Target>,
         finish: Finish,
         started: Instant,
+        show_fallback: bool,
     ) {
         if let (Some(target), Some(text)) = (target, reply_text(&finish)) {
             let window = self.retry.window_from(Instant::now());
-            self.deliver(
-                session,
-                target,
-                work.ids(),
-                text.to_string(),
-                None,
-                window,
-                None,
-            );
+            let text = match fallback_line(&finish).filter(|_| show_fallback) {
+                Some(line) => format!("{text}\n\n{line}"),
+                None => text.to_string(),
+            };
+            self.deliver(session, target, work.ids(), text, None, window, None);
         }
         let source = work.intakes.first().map_or("", |i| i.source.as_str());
         self.metrics
@@ -452,9 +451,54 @@ fn webhook_payload(
     }
 }
 
+/// The one short line that ends a channel reply a fallback model gave (SPEC §18.3): which
+/// model answered, and for which.
+pub fn fallback_line(finish: &Finish) -> Option<String> {
+    match finish {
+        Finish::Reply {
+            fallback: Some(f),
+            silent: false,
+            ..
+        } => Some(format!(
+            "— answered by {} ({} was unavailable)",
+            f.to, f.from
+        )),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Telegram line of a fallback answer names both models; a silent reply, a failure or
+    /// an answer by the model asked for has none (SPEC §18.3).
+    #[test]
+    fn only_a_fallback_reply_gets_the_line() {
+        let reply = |fallback| Finish::Reply {
+            text: "hi".into(),
+            silent: false,
+            usage: Default::default(),
+            cost_usd: 0.0,
+            truncated: false,
+            fallback,
+        };
+        let fell = crate::llm::FellBack {
+            from: "primary".into(),
+            to: "backup".into(),
+            reason: "provider returned 529".into(),
+        };
+        assert_eq!(
+            fallback_line(&reply(Some(fell.clone()))).as_deref(),
+            Some("— answered by backup (primary was unavailable)")
+        );
+        assert_eq!(fallback_line(&reply(None)), None);
+        let mut silent = reply(Some(fell));
+        if let Finish::Reply { silent: s, .. } = &mut silent {
+            *s = true;
+        }
+        assert_eq!(fallback_line(&silent), None);
+    }
 
     fn w(policy: &RetryPolicy) -> Window {
         policy.window_from(Instant::now())

@@ -185,6 +185,11 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
                         usage,
                         cost_usd: cost,
                         truncated: m.stop_reason.as_deref() == Some("max_tokens"),
+                        fallback: m.fallback_from.as_ref().map(|from| crate::llm::FellBack {
+                            from: from.clone(),
+                            to: m.model.clone().unwrap_or_default(),
+                            reason: m.fallback_reason.clone().unwrap_or_default(),
+                        }),
                     });
                 }
             }

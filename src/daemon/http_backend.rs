@@ -15,7 +15,8 @@ use super::intake::{AcceptError, IntakeHandler, notify_meta, notify_text, valid_
 use super::workers::Dispatcher;
 use crate::agent::Finish;
 use crate::api::backend::{
-    ApiBackend, BackendError, ChatIn, ChatOutcome, CompatIn, CompatTicket, NotifyAccepted, NotifyIn,
+    ApiBackend, BackendError, ChatIn, ChatOutcome, CompatIn, CompatTicket, NotifyAccepted,
+    NotifyIn, SessionChange,
 };
 use crate::channels::intake::{IntakeSink, reply_text};
 use crate::config::Config;
@@ -233,6 +234,34 @@ impl ApiBackend for DaemonBackend {
                 accepted: true,
                 queued_at: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
             })
+        })
+    }
+
+    fn session_settings(
+        &self,
+        key: String,
+        change: SessionChange,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
+        use super::session_control::{Change, ControlError, Request};
+        Box::pin(async move {
+            let change = match change {
+                SessionChange::Model(m) => Change::Model(m),
+                SessionChange::Skill { name, enabled } => Change::Skill { name, enabled },
+            };
+            let request = Request {
+                change: Some(change),
+                channel: "http".into(),
+                id: None,
+            };
+            match self.dispatcher.session_control(&key, request).await {
+                Ok(settings) => serde_json::to_value(&settings)
+                    .map_err(|e| BackendError::Internal(e.to_string())),
+                Err(
+                    e @ (ControlError::UnknownModel { .. } | ControlError::UnknownSkill { .. }),
+                ) => Err(BackendError::BadRequest(e.to_string())),
+                Err(e @ ControlError::Stopping) => Err(BackendError::Unavailable(e.to_string())),
+                Err(e @ ControlError::Failed(_)) => Err(BackendError::Internal(e.to_string())),
+            }
         })
     }
 

@@ -196,6 +196,18 @@ impl IntakeHandler {
                     },
                 )
             }
+            ControlLine::SessionModel { key, model, .. } => {
+                let change = super::session_control::Change::Model(model);
+                self.session_setting(key, change, id).await;
+                return;
+            }
+            ControlLine::SessionSkill {
+                key, name, enabled, ..
+            } => {
+                let change = super::session_control::Change::Skill { name, enabled };
+                self.session_setting(key, change, id).await;
+                return;
+            }
             ControlLine::Reset { target, .. } => {
                 self.reset(&target, "control FIFO reset").await;
                 return;
@@ -205,6 +217,38 @@ impl IntakeHandler {
         };
         // Errors are logged by `accept`; the FIFO writer sees no intake record and times out.
         let _ = self.accept(&key, intake).await;
+    }
+
+    /// A FIFO `session_model` / `session_skill` line (SPEC §18.2): queued on the session's
+    /// queue (so later lines of the FIFO come after it) without waiting for it; `agent-send`
+    /// sees the event with its id in the trail, a refusal is logged.
+    async fn session_setting(
+        &self,
+        key: String,
+        change: super::session_control::Change,
+        id: String,
+    ) {
+        if !valid_key(&key) {
+            tracing::warn!(id = %id, "FIFO line skipped: invalid session key (1-64 characters, no control characters or slashes)");
+            return;
+        }
+        let request = super::session_control::Request {
+            change: Some(change),
+            channel: "fifo".into(),
+            id: Some(id.clone()).filter(|i| !i.is_empty()),
+        };
+        let answer = self.dispatcher.queue_session_control(&key, request).await;
+        tokio::spawn(async move {
+            match answer.await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(id = %id, session_key = %key, error = %e, "FIFO session setting refused")
+                }
+                Err(_) => {
+                    tracing::warn!(id = %id, session_key = %key, "FIFO session setting not made: agentd is stopping")
+                }
+            }
+        });
     }
 
     /// `accept`, for a message of `key` (session queues: SPEC §16.9). A full queue is refused

@@ -16,6 +16,7 @@ pub mod queue;
 pub mod reload;
 pub mod retention;
 pub mod services;
+pub mod session_control;
 pub mod signals;
 pub mod sources;
 pub mod telegram;

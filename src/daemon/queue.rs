@@ -39,6 +39,8 @@ pub enum Job {
     Settle {
         session_id: String,
     },
+    /// Change or read the session's settings (SPEC §18.2), in order with its messages.
+    Control(super::session_control::Control),
 }
 
 /// Session states kept in memory for sessions whose worker has exited (the most recently

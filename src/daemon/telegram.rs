@@ -20,7 +20,8 @@ use crate::channels::telegram::client::{
     FileKind as TgFileKind, HTTP_TIMEOUT_SLACK, SendFault, TelegramClient, TgError,
 };
 use crate::channels::telegram::inbound::{
-    TgCallback, TgCommand, TgInbound, TgMediaKind, allowed, approval_button,
+    APPROVAL_BUTTON, MAX_CALLBACK_DATA, TgCallback, TgCommand, TgInbound, TgMediaKind, allowed,
+    approval_button,
 };
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
@@ -132,10 +133,119 @@ impl Sink {
         });
     }
 
+    /// `/model`, `/skills`, `/skill` (SPEC §18.2): through the session's queue, answered in
+    /// the background once the change is recorded (the poller does not wait for a message in
+    /// flight).
+    fn session_command(&self, msg: &TgInbound, cmd: TgCommand) {
+        use super::session_control::{Change, Request, model_text, skills_text};
+        let (change, listing) = match cmd {
+            TgCommand::Model(None) => (None, Listing::Models),
+            TgCommand::Model(Some(name)) => (Some(Change::Model(Some(name))), Listing::Models),
+            TgCommand::Skills => (None, Listing::Skills),
+            TgCommand::Skill {
+                enabled: Some(enabled),
+                name,
+            } => (Some(Change::Skill { name, enabled }), Listing::Skills),
+            TgCommand::Skill { enabled: None, .. } => {
+                let usage = "Use /skill on NAME or /skill off NAME; /skills lists them.";
+                self.answer(msg.chat_id, usage.to_string(), "command answer");
+                return;
+            }
+            _ => return,
+        };
+        let (dispatcher, out) = (self.dispatcher.clone(), self.outbound.clone());
+        let policy = self.dispatcher.delivery_retry();
+        let (key, chat_id) = (msg.session_key.clone(), msg.chat_id);
+        let client = self.client.clone();
+        self.tracker.spawn(async move {
+            let changed = change.is_some();
+            let request = Request {
+                change,
+                channel: "telegram".into(),
+                id: None,
+            };
+            let answer = dispatcher.session_control(&key, request).await;
+            // `/model` alone: the choices as inline buttons (one try; plain text otherwise).
+            // `/skills`: one button per skill that turns it the other way.
+            let with_buttons = match (&answer, listing, changed) {
+                (Ok(s), Listing::Models, false) => Some((model_text(s), model_buttons(&s.models))),
+                (Ok(s), Listing::Skills, false) => Some((skills_text(s), skill_buttons(s))),
+                _ => None,
+            };
+            if let Some((text, buttons)) = with_buttons {
+                match client.send_with_buttons(chat_id, &text, &buttons).await {
+                    Ok(_) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot send the buttons; answering in text")
+                    }
+                }
+            }
+            let text = match answer {
+                Ok(s) => match (listing, changed) {
+                    (Listing::Models, true) => match &s.model {
+                        Some(m) => format!("This chat now uses {m}."),
+                        None => "This chat's model follows routing again (default).".into(),
+                    },
+                    (Listing::Models, false) => model_text(&s),
+                    (Listing::Skills, _) => skills_text(&s),
+                },
+                Err(e) => e.to_string(),
+            };
+            let to = Target::Telegram { chat_id };
+            let sent =
+                crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
+                    .await;
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, "cannot send a Telegram answer");
+            }
+        });
+    }
+
+    /// A `model:NAME` button of `/model` or a `skill:on|off:NAME` button of `/skills` (SPEC
+    /// §18.2): changed through the session's queue in the background (the poller does not wait
+    /// for a message in flight), then the press is answered and the chat told what changed.
+    fn settings_button(&self, cb: TgCallback, change: super::session_control::Change) {
+        use super::session_control::{Change, Request, skills_text};
+        let (dispatcher, client) = (self.dispatcher.clone(), self.client.clone());
+        let (out, policy) = (self.outbound.clone(), self.dispatcher.delivery_retry());
+        self.tracker.spawn(async move {
+            let is_model = matches!(change, Change::Model(_));
+            let request = Request {
+                change: Some(change),
+                channel: "telegram".into(),
+                id: None,
+            };
+            let text = match dispatcher.session_control(&cb.session_key, request).await {
+                Ok(s) if !is_model => skills_text(&s),
+                Ok(s) => match &s.model {
+                    Some(m) => format!("This chat now uses {m}."),
+                    None => "This chat's model follows routing again (default).".into(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if let Err(e) = client.answer_callback(&cb.query_id, &text).await {
+                tracing::debug!(error = %e, "cannot answer a button press");
+            }
+            let to = Target::Telegram {
+                chat_id: cb.chat_id,
+            };
+            let sent =
+                crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
+                    .await;
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, "cannot send a Telegram answer");
+            }
+        });
+    }
+
     async fn command(&self, msg: &TgInbound, cmd: TgCommand) -> Result<(), String> {
         // This chat's session: the contact's in a private chat, the group's in a group.
         let key = &msg.session_key;
         let reply = match cmd {
+            TgCommand::Model(_) | TgCommand::Skills | TgCommand::Skill { .. } => {
+                self.session_command(msg, cmd);
+                return Ok(());
+            }
             TgCommand::Reset => {
                 let n = self.intake.reset(key, "telegram /reset").await;
                 if n > 0 {
@@ -164,14 +274,82 @@ impl Sink {
     }
 }
 
+/// The `/model` buttons: one per loaded model and `default`, data `model:NAME` (names too long
+/// for Telegram's 64-byte callback data are left out: `/model NAME` still sets them).
+fn model_buttons(models: &[String]) -> Vec<(String, String)> {
+    models
+        .iter()
+        .map(String::as_str)
+        .chain(["default"])
+        .map(|m| (m.to_string(), format!("{MODEL_BUTTON}{m}")))
+        .filter(|(_, data)| data.len() <= MAX_CALLBACK_DATA)
+        .collect()
+}
+
+/// The callback-data prefix of the `/model` buttons.
+const MODEL_BUTTON: &str = "model:";
+
+/// The callback-data prefix of the `/skills` buttons: `skill:on:NAME`, `skill:off:NAME`.
+const SKILL_BUTTON: &str = "skill:";
+
+/// The `/skills` buttons: per skill, the switch to the other state (names too long for the
+/// callback data are left out: `/skill on|off NAME` still works).
+fn skill_buttons(s: &super::session_control::Settings) -> Vec<(String, String)> {
+    s.skills
+        .iter()
+        .map(|k| {
+            let (label, to) = if k.enabled {
+                ("turn off", "off")
+            } else {
+                ("turn on", "on")
+            };
+            (
+                format!("{label} {}", k.name),
+                format!("{SKILL_BUTTON}{to}:{}", k.name),
+            )
+        })
+        .filter(|(_, data)| data.len() <= MAX_CALLBACK_DATA)
+        .collect()
+}
+
 impl TgSink for Sink {
     fn callback(&self, cb: TgCallback) -> BoxFuture<'_, ()> {
-        Box::pin(async move { self.approval_button(&cb).await })
+        Box::pin(async move {
+            use super::session_control::Change;
+            if cb.data.starts_with(APPROVAL_BUTTON) {
+                return self.approval_button(&cb).await;
+            }
+            if !allowed(cb.user_id, &self.live.get().telegram) {
+                let user_id = cb.user_id;
+                tracing::info!(
+                    user_id,
+                    "telegram: button press from user {user_id} rejected; add it to allow_from to allow"
+                );
+                return;
+            }
+            if let Some(name) = cb.data.strip_prefix(MODEL_BUTTON) {
+                let change = Change::Model(Some(name.to_string()));
+                self.settings_button(cb, change);
+            } else if let Some(rest) = cb.data.strip_prefix(SKILL_BUTTON) {
+                let change = match rest.split_once(':') {
+                    Some(("on", name)) => Change::Skill {
+                        name: name.to_string(),
+                        enabled: true,
+                    },
+                    Some(("off", name)) => Change::Skill {
+                        name: name.to_string(),
+                        enabled: false,
+                    },
+                    _ => return,
+                };
+                self.settings_button(cb, change);
+            }
+        })
     }
 
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
-            if let Some(cmd) = msg.is_command {
+            if let Some(cmd) = msg.is_command.clone() {
                 return self.command(&msg, cmd).await;
             }
             let mut text = msg.text.clone();
@@ -229,6 +407,13 @@ impl TgSink for Sink {
             }
         })
     }
+}
+
+/// Which settings a session command answers with.
+#[derive(Clone, Copy)]
+enum Listing {
+    Models,
+    Skills,
 }
 
 /// What a failed Telegram call means for the outbox (SPEC §16.1).

@@ -18,6 +18,7 @@ use super::after::{AfterMessage, Waiters, log_finish};
 use super::delivery::{Outbound, Target, target_for};
 use super::queue::Queue;
 pub use super::queue::{Job, QueueSlot};
+use super::session_control::{self, Control, ControlError, Request, Settings, SkillInfo};
 use crate::agent::{Agent, Finish, Work};
 pub use crate::channels::intake::{Completion, QueueFull};
 use crate::memory::consolidate::Consolidator;
@@ -26,10 +27,10 @@ use crate::monitor::Monitor;
 use crate::session::{Event, SessionHandle, SessionState, SessionStore};
 
 /// What the dispatcher asks of the agent: the model for a unit of work (decided once per
-/// message, here), running it on that model, and the after-message check (compaction).
-/// Implemented by [`Agent`]; the tests use a fake.
+/// message, here, with the session's pinned model), running it on that model, and the
+/// after-message check (compaction). Implemented by [`Agent`]; the tests use a fake.
 pub trait Runner: Send + Sync {
-    fn route(&self, work: &Work) -> String;
+    fn route(&self, work: &Work, pinned: Option<&str>) -> String;
     fn process<'a>(
         &'a self,
         session: &'a Arc<SessionHandle>,
@@ -44,11 +45,15 @@ pub trait Runner: Send + Sync {
         state: &'a mut SessionState,
         work: &'a Work,
     ) -> BoxFuture<'a, ()>;
+    /// The loaded skills a session can turn on and off (SPEC §18.2).
+    fn skills(&self) -> Vec<SkillInfo> {
+        Vec::new()
+    }
 }
 
 impl Runner for Agent {
-    fn route(&self, work: &Work) -> String {
-        self.route_work(work)
+    fn route(&self, work: &Work, pinned: Option<&str>) -> String {
+        self.route_work(work, pinned)
     }
     fn process<'a>(
         &'a self,
@@ -67,6 +72,16 @@ impl Runner for Agent {
         work: &'a Work,
     ) -> BoxFuture<'a, ()> {
         Box::pin(Agent::after_message(self, session, state, work))
+    }
+    fn skills(&self) -> Vec<SkillInfo> {
+        let set = Agent::skills(self);
+        set.all()
+            .iter()
+            .map(|s| SkillInfo {
+                name: s.name.clone(),
+                always_on: set.is_always_on(&s.name),
+            })
+            .collect()
     }
 }
 
@@ -213,6 +228,30 @@ impl Dispatcher {
         }
     }
 
+    /// Change (or read) the settings of `key`'s session (SPEC §18.2) through its queue: the
+    /// answer comes once the change is in the trail, after any message queued before it.
+    pub async fn session_control(
+        self: &Arc<Self>,
+        key: &str,
+        request: Request,
+    ) -> Result<Settings, ControlError> {
+        let answer = self.queue_session_control(key, request).await;
+        answer.await.unwrap_or(Err(ControlError::Stopping))
+    }
+
+    /// [`Self::session_control`] queued now (in order with what is queued after it), the
+    /// answer to wait for.
+    pub async fn queue_session_control(
+        self: &Arc<Self>,
+        key: &str,
+        request: Request,
+    ) -> oneshot::Receiver<Result<Settings, ControlError>> {
+        let (done, answer) = oneshot::channel();
+        self.submit(key, Job::Control(Control { request, done }))
+            .await;
+        answer
+    }
+
     fn running_tokens(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CancellationToken>> {
@@ -334,6 +373,10 @@ impl Dispatcher {
                     Job::Reset { reason } => {
                         self.reset(&key, reason).await;
                         state = None;
+                    }
+                    Job::Control(Control { request, done }) => {
+                        let answer = self.control(&key, &mut state, request).await;
+                        let _ = done.send(answer);
                     }
                     Job::Settle { session_id } => {
                         if held.is_empty() {
@@ -470,6 +513,75 @@ impl Dispatcher {
         self.mark_settled(key, &session).await;
     }
 
+    /// `Job::Control`: check the request, record its event and fold it into the state. A
+    /// look (no change) at a key without a session creates none.
+    async fn control(
+        &self,
+        key: &str,
+        state: &mut Option<SessionState>,
+        request: Request,
+    ) -> Result<Settings, ControlError> {
+        let cfg = self.cfg.get();
+        let models: Vec<String> = cfg.models.loaded.keys().cloned().collect();
+        let skills = self.runner.skills();
+        let event = match &request.change {
+            Some(change) => Some(session_control::event_for(
+                &models,
+                &skills,
+                change,
+                &request.channel,
+                request.id.clone(),
+            )?),
+            None => None,
+        };
+        let failed = |e: std::io::Error| ControlError::Failed(e.to_string());
+        let store = self.store.clone();
+        let k = key.to_string();
+        let session = match &event {
+            Some(_) => {
+                let routed = self.runner.route(&Work::default(), None);
+                let s = tokio::task::spawn_blocking(move || store.get_or_create(&k, &routed))
+                    .await
+                    .map_err(std::io::Error::other)
+                    .and_then(|r| r)
+                    .map_err(failed)?;
+                Some(s)
+            }
+            None => tokio::task::spawn_blocking(move || store.get(&k))
+                .await
+                .map_err(std::io::Error::other)
+                .and_then(|r| r)
+                .map_err(failed)?,
+        };
+        let Some(session) = session else {
+            return Ok(session_control::settings(key, None, &models, &skills));
+        };
+        if state.as_ref().is_none_or(|s| s.id != session.id) {
+            let s = session.clone();
+            let routed = self.runner.route(&Work::default(), None);
+            *state = Some(
+                tokio::task::spawn_blocking(move || s.load_state(&routed))
+                    .await
+                    .map_err(std::io::Error::other)
+                    .and_then(|r| r)
+                    .map_err(failed)?,
+            );
+        }
+        let st = state.as_mut().expect("loaded above");
+        if let Some(event) = event {
+            let line = crate::agent::append(&session, event)
+                .await
+                .map_err(failed)?;
+            st.apply(&line);
+            tracing::info!(session = %session.id, session_key = %key, channel = %request.channel, "session settings changed");
+            if st.snapshot_due() {
+                st.mark_saved();
+                session.queue_snapshot(st.clone());
+            }
+        }
+        Ok(session_control::settings(key, Some(st), &models, &skills))
+    }
+
     /// One message: route it, open its session and state, run it, hand the reply out, then
     /// the compaction check and the snapshot. Returns the session when the message finished
     /// (answered or failed for good), `None` when a shutdown interrupted it.
@@ -479,10 +591,10 @@ impl Dispatcher {
         state: &mut Option<SessionState>,
         work: Work,
     ) -> std::io::Result<Option<Arc<SessionHandle>>> {
-        let model = self.runner.route(&work);
-        let session = self.open_session(key, &model, &work).await?;
+        let routed = self.runner.route(&work, None);
+        let session = self.open_session(key, &routed, &work).await?;
         if state.as_ref().is_none_or(|s| s.id != session.id) {
-            let (s, m) = (session.clone(), model.clone());
+            let (s, m) = (session.clone(), routed.clone());
             *state = Some(
                 tokio::task::spawn_blocking(move || s.load_state(&m))
                     .await
@@ -490,6 +602,11 @@ impl Dispatcher {
             );
         }
         let st = state.as_mut().expect("loaded above");
+        // A model pinned for the session (SPEC §18.2) is in its state, known only now.
+        let model = match st.pinned_model.as_deref() {
+            Some(pinned) => self.runner.route(&work, Some(pinned)),
+            None => routed,
+        };
         let target = target_for(&work, &self.cfg.get());
         let started = std::time::Instant::now();
         let finish = self
@@ -498,7 +615,14 @@ impl Dispatcher {
         log_finish(&session.id, &finish);
         let finished = finish != Finish::Cancelled;
         (self.after)
-            .reply_out(&session, &work, target.as_ref(), finish, started)
+            .reply_out(
+                &session,
+                &work,
+                target.as_ref(),
+                finish,
+                started,
+                self.cfg.get().behavior.show_fallback,
+            )
             .await;
         // Check compaction last, once the reply is out (SPEC §5.5), also after silent replies
         // and failures. A shutdown deadline interrupts it; nothing is recorded then.
@@ -630,7 +754,7 @@ mod tests {
     }
 
     impl Runner for FakeRunner {
-        fn route(&self, _work: &Work) -> String {
+        fn route(&self, _work: &Work, _pinned: Option<&str>) -> String {
             "primary".into()
         }
         fn process<'a>(
@@ -661,6 +785,7 @@ mod tests {
                         usage: Default::default(),
                         cost_usd: 0.0,
                         truncated: false,
+                        fallback: None,
                     }
                 };
                 self.running.fetch_sub(1, Ordering::SeqCst);

@@ -26,7 +26,7 @@ pub mod transcript;
 pub mod types;
 
 pub use error::LlmError;
-pub use router::{ChatOutcome, EmbedOutcome, Llm, LlmEvent};
+pub use router::{ChatOutcome, EmbedOutcome, FellBack, Llm, LlmEvent};
 
 pub use types::*;
 

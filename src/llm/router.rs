@@ -79,6 +79,37 @@ pub struct ChatOutcome {
     pub response: ChatResponse,
     /// The model that answered (maybe a fallback).
     pub model: Arc<ModelSpec>,
+    /// Set when a fallback model answered (SPEC §18.3).
+    pub fell_back: Option<FellBack>,
+}
+
+/// A model of the `fallback` list answered: the model asked for, and why it did not.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FellBack {
+    /// The config name of the model asked for.
+    pub from: String,
+    /// The config name of the model that answered.
+    pub to: String,
+    /// Its error, at most [`MAX_FALLBACK_REASON`] characters.
+    pub reason: String,
+}
+
+/// The longest fallback reason kept (the trail, the Telegram line).
+pub const MAX_FALLBACK_REASON: usize = 200;
+
+impl FellBack {
+    fn new(from: &str, to: &str, error: &str) -> FellBack {
+        let text = error;
+        let mut reason: String = text.chars().take(MAX_FALLBACK_REASON).collect();
+        if text.chars().nth(MAX_FALLBACK_REASON).is_some() {
+            reason.push('…');
+        }
+        FellBack {
+            from: from.to_string(),
+            to: to.to_string(),
+            reason,
+        }
+    }
 }
 
 /// An embeddings answer and the model that gave it.
@@ -164,10 +195,12 @@ impl Llm {
                 return Ok(ChatOutcome {
                     response,
                     model: spec.clone(),
+                    fell_back: None,
                 });
             }
             Err(e) => e,
         };
+        let asked_for_failed = error.to_string();
 
         let mut tried = vec![spec.name.as_str()];
         let mut from = spec.name.clone();
@@ -200,6 +233,7 @@ impl Llm {
                     return Ok(ChatOutcome {
                         response,
                         model: next_spec.clone(),
+                        fell_back: Some(FellBack::new(&spec.name, next, &asked_for_failed)),
                     });
                 }
                 Err(e) => {
@@ -499,6 +533,10 @@ mod tests {
 
         assert_eq!(count(&seen, "flaky"), 2);
         assert_eq!(out.model.name, "primary");
+        assert!(
+            out.fell_back.is_none(),
+            "a retry of the same model is no fallback"
+        );
         assert_eq!(out.response.text, "hi there");
         assert_eq!(out.response.stop_reason, StopReason::EndTurn);
         assert_eq!(out.response.model, "claude-e2e");
@@ -603,6 +641,10 @@ mod tests {
         assert_eq!(out.response.model, "gpt-e2e");
         assert_eq!(out.response.usage.input_tokens, 5);
         assert_eq!(out.response.usage.cache_read_tokens, 4);
+        // The answer says which model was asked for and why it did not answer (SPEC §18.3).
+        let fell = out.fell_back.expect("answered by a fallback");
+        assert_eq!((fell.from.as_str(), fell.to.as_str()), ("primary", "local"));
+        assert!(fell.reason.contains("503"), "{}", fell.reason);
 
         let events = events.lock().unwrap().clone();
         let retries = events

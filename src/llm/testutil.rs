@@ -43,6 +43,7 @@ pub(crate) fn behavior(retries: u32, call_timeout: Duration) -> BehaviorConfig {
         max_queued_total: 1024,
         silent_tokens: vec![],
         typing_indicators: false,
+        show_fallback: true,
         error_message: "error".into(),
         max_turns_per_message: 10,
         call_timeout,

@@ -69,6 +69,7 @@ mod tests {
                 cache_write_tokens: 4,
             },
             cost_usd: cost,
+            fallback_from: None,
         }
     }
 

@@ -73,6 +73,34 @@ pub enum Event {
     Approval(super::approval::ApprovalRequest),
     /// The decision on an `approval`, who gave it and through which channel.
     ApprovalDecision(super::approval::ApprovalDecided),
+    /// The session's model was pinned (`model`), or given back to routing (`None`) (SPEC
+    /// §18.2).
+    SessionModel(SessionModelEvent),
+    /// A skill was turned on or off for this session (SPEC §18.2).
+    SessionSkill(SessionSkillEvent),
+}
+
+/// `session_model`: who pinned which model, through which channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionModelEvent {
+    /// The model config name; none = `default`, routing decides again.
+    pub model: Option<String>,
+    /// Where the change came from: `telegram`, `http`, `fifo`.
+    pub channel: String,
+    /// The request's id (agent-send's line id), when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// `session_skill`: a skill turned on or off for the session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionSkillEvent {
+    pub name: String,
+    pub enabled: bool,
+    /// Where the change came from: `telegram`, `http`, `fifo`.
+    pub channel: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -169,6 +197,13 @@ pub struct MessageEvent {
     pub sent_messages: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
+    /// Assistant only: the config name of the model asked for, when `model` answered as its
+    /// fallback (SPEC §18.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_from: Option<String>,
+    /// Assistant only, with `fallback_from`: why that model did not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<String>,
 }
 
 impl MessageEvent {
@@ -185,6 +220,8 @@ impl MessageEvent {
             turn: None,
             sent_messages: None,
             cost_usd: None,
+            fallback_from: None,
+            fallback_reason: None,
         }
     }
 }
@@ -287,6 +324,9 @@ mod tests {
         m.is_final = true;
         m.reply_to = vec!["i1".into()];
         m.sent_messages = Some(3);
+        m.model = Some("local".into());
+        m.fallback_from = Some("primary".into());
+        m.fallback_reason = Some("provider returned 529: overloaded".into());
         roundtrip(Event::Message(m));
         roundtrip(Event::Message(MessageEvent::new(Message::user_text(
             "hello",
@@ -327,6 +367,22 @@ mod tests {
         roundtrip(Event::Reset {
             reason: "agent-send".into(),
         });
+        roundtrip(Event::SessionModel(SessionModelEvent {
+            model: Some("cheap".into()),
+            channel: "telegram".into(),
+            id: None,
+        }));
+        roundtrip(Event::SessionModel(SessionModelEvent {
+            model: None,
+            channel: "fifo".into(),
+            id: Some("u-1".into()),
+        }));
+        roundtrip(Event::SessionSkill(SessionSkillEvent {
+            name: "weather".into(),
+            enabled: false,
+            channel: "http".into(),
+            id: None,
+        }));
     }
 
     #[test]

@@ -42,6 +42,12 @@ pub struct SessionState {
     /// Approvals: tools approved for the session, calls waiting (SPEC §18.1).
     #[serde(default, skip_serializing_if = "is_default_approvals")]
     pub approvals: super::approval::ApprovalState,
+    /// The model pinned for this session (`session_model`, SPEC §18.2); none = routing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_model: Option<String>,
+    /// Skills turned off for this session (`session_skill`, SPEC §18.2), sorted.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub skills_off: std::collections::BTreeSet<String>,
     /// The messages as the provider's wire format last rendered them, reused by the next call
     /// (SPEC §16.6). Memory only; compaction, the image swap and a repair of stored calls
     /// invalidate it here; a clone starts empty (`message::rendered`).
@@ -130,6 +136,8 @@ impl SessionState {
             context_tokens: 0,
             flags: Flags::default(),
             approvals: Default::default(),
+            pinned_model: None,
+            skills_off: Default::default(),
             rendered: RenderCache::new(),
             snapshot: SnapshotMark::default(),
             images_from: ImagesFrom::default(),
@@ -211,6 +219,14 @@ impl SessionState {
                 self.compaction_count += 1;
                 self.previous_messages = None;
                 self.flags.compaction_warned = false;
+            }
+            Event::SessionModel(m) => self.pinned_model = m.model.clone(),
+            Event::SessionSkill(k) => {
+                if k.enabled {
+                    self.skills_off.remove(&k.name);
+                } else {
+                    self.skills_off.insert(k.name.clone());
+                }
             }
             Event::Intake(_)
             | Event::Delivery { .. }
@@ -434,6 +450,51 @@ mod tests {
                 s.apply(l); // lines <= last_seq are skipped
             }
             assert_eq!(s, rebuild("s", "alice", &lines), "cut at {cut}");
+        }
+    }
+
+    /// `session_model` and `session_skill` fold into the state, and a snapshot taken at any
+    /// line plus the lines after it gives the same settings (SPEC §18.2).
+    #[test]
+    fn session_settings_fold_at_every_cut() {
+        use crate::session::event::{SessionModelEvent, SessionSkillEvent};
+        let model = |m: Option<&str>| {
+            Event::SessionModel(SessionModelEvent {
+                model: m.map(str::to_string),
+                channel: "telegram".into(),
+                id: None,
+            })
+        };
+        let skill = |n: &str, on: bool| {
+            Event::SessionSkill(SessionSkillEvent {
+                name: n.into(),
+                enabled: on,
+                channel: "http".into(),
+                id: None,
+            })
+        };
+        let lines: Vec<TrailLine> = [
+            model(Some("cheap")),
+            skill("a", false),
+            skill("b", false),
+            skill("a", true),
+            model(None),
+            model(Some("primary")),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| line(i as u64 + 1, e))
+        .collect();
+        let full = rebuild("s", "alice", &lines);
+        assert_eq!(full.pinned_model.as_deref(), Some("primary"));
+        assert_eq!(full.skills_off, ["b".to_string()].into());
+        for cut in 0..lines.len() {
+            let json = serde_json::to_vec(&rebuild("s", "alice", &lines[..cut])).unwrap();
+            let mut s: SessionState = serde_json::from_slice(&json).unwrap();
+            for l in &lines {
+                s.apply(l);
+            }
+            assert_eq!(s, full, "cut at {cut}");
         }
     }
 

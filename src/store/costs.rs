@@ -52,6 +52,8 @@ pub struct CostRow {
     pub call_type: CallType,
     pub usage: Usage,
     pub cost_usd: f64,
+    /// The config name of the model asked for, when a fallback model answered (SPEC §18.3).
+    pub fallback_from: Option<String>,
 }
 
 /// Spend over a period: the total and one entry per model, most expensive first. This is the
@@ -170,8 +172,9 @@ impl Db {
             .call(move |conn| {
                 conn.prepare_cached(
                     "INSERT INTO costs (timestamp, session_id, model, provider, call_type, \
-                     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, \
+                     fallback_from) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 )?
                 .execute(rusqlite::params![
                     row.timestamp,
@@ -184,6 +187,7 @@ impl Db {
                     to_sql_count(row.usage.cache_read_tokens),
                     to_sql_count(row.usage.cache_write_tokens),
                     row.cost_usd,
+                    row.fallback_from,
                 ])?;
                 Ok(())
             })
@@ -314,6 +318,7 @@ mod tests {
             call_type: CallType::Chat,
             usage,
             cost_usd,
+            fallback_from: None,
         }
     }
 

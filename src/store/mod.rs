@@ -53,6 +53,7 @@ pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> = LazyLock::new(|| {
     Migrations::new(vec![
         M::up(include_str!("migrations/0001_init.sql")),
         M::up(include_str!("migrations/0002_scheduled.sql")),
+        M::up(include_str!("migrations/0003_fallback.sql")),
     ])
 });
 

@@ -755,6 +755,7 @@ async fn poller_delivers_in_order_persists_offset_and_resumes_without_redelivery
     let calls = fake.get_updates_calls();
     assert_eq!(calls[0].offset, Some(0));
     assert_eq!(calls[0].timeout, Some(1));
+    // Messages, and button presses (SPEC §18: inline buttons).
     assert_eq!(
         calls[0].allowed_updates,
         Some(vec!["message".to_string(), "callback_query".to_string()])

@@ -26,6 +26,7 @@ mod process_hardening;
 mod provider_limits;
 mod reload;
 mod retention;
+mod session_control;
 mod session_index;
 mod snapshots;
 mod ssrf;

@@ -344,6 +344,35 @@ impl TelegramClient {
     }
 
     /// One `sendMessage` (see [`Self::call_raw`]); returns the message id.
+    /// One plain-text message with one row of inline buttons per `(label, data)` (SPEC §18).
+    pub async fn send_with_buttons(
+        &self,
+        chat_id: i64,
+        text: &str,
+        buttons: &[(String, String)],
+    ) -> Result<i32, TgError> {
+        let rows: Vec<serde_json::Value> = buttons
+            .iter()
+            .map(|(label, data)| serde_json::json!([{"text": label, "callback_data": data}]))
+            .collect();
+        let body = serde_json::json!({
+            "chat_id": chat_id,
+            "text": text,
+            "reply_markup": {"inline_keyboard": rows},
+        });
+        let sent = self.call_raw("sendMessage", RawBody::json(&body)).await?;
+        message_id(&sent, "sendMessage")
+    }
+
+    /// `answerCallbackQuery`: stops the button's spinner, with a short notice.
+    pub async fn answer_callback(&self, query_id: &str, text: &str) -> Result<(), TgError> {
+        let notice: String = text.chars().take(200).collect();
+        let body = serde_json::json!({"callback_query_id": query_id, "text": notice});
+        self.call_raw("answerCallbackQuery", RawBody::json(&body))
+            .await
+            .map(|_| ())
+    }
+
     async fn send_message_raw(&self, chat_id: i64, text: &str, html: bool) -> Result<i32, TgError> {
         let mut body = serde_json::json!({ "chat_id": chat_id, "text": text });
         if html {
@@ -567,14 +596,6 @@ impl TelegramClient {
             "reply_markup": { "inline_keyboard": [] },
         });
         self.call_raw("editMessageText", RawBody::json(&body))
-            .await
-            .map(|_| ())
-    }
-
-    /// Answers a callback query (the button press stops spinning), with a short notice.
-    pub async fn answer_callback(&self, query_id: &str, text: &str) -> Result<(), TgError> {
-        let body = serde_json::json!({ "callback_query_id": query_id, "text": text });
-        self.call_raw("answerCallbackQuery", RawBody::json(&body))
             .await
             .map(|_| ())
     }

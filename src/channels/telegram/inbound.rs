@@ -26,7 +26,8 @@ pub struct TgInbound {
     pub text: String,
     /// An attachment to download (photos: the largest size).
     pub media: Option<TgMedia>,
-    /// `/reset`, `/stop` or `/status` (also `/reset@bot_name`, arguments ignored).
+    /// `/reset`, `/stop`, `/status` (also `/reset@bot_name`, arguments ignored), `/model`,
+    /// `/skills`, `/skill` (with their arguments).
     pub is_command: Option<TgCommand>,
 }
 
@@ -52,8 +53,8 @@ pub enum TgMediaKind {
     Document,
 }
 
-/// Chat commands of allowed users (SPEC §10.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Chat commands of allowed users (SPEC §10.3, §18.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TgCommand {
     /// Archive this chat's session.
     Reset,
@@ -61,6 +62,12 @@ pub enum TgCommand {
     Stop,
     /// Report status.
     Status,
+    /// `/model` (show the choices) or `/model NAME|default`.
+    Model(Option<String>),
+    /// `/skills`: the skills with their state in this chat.
+    Skills,
+    /// `/skill on|off NAME`; `enabled` is none when the arguments are not that.
+    Skill { enabled: Option<bool>, name: String },
 }
 
 /// Whether `user_id` may talk to the bot: listed in `allow_from` (empty = nobody).
@@ -83,15 +90,29 @@ pub fn group_key(chat_id: i64) -> String {
 }
 
 /// The command at the start of `text`, if it is one of ours: `/reset`, `/stop`, `/status`,
-/// optionally addressed (`/stop@my_bot`) and followed by arguments.
+/// `/model`, `/skills`, `/skill`, optionally addressed (`/stop@my_bot`) and followed by
+/// arguments.
 pub fn parse_command(text: &str) -> Option<TgCommand> {
-    let first = text.split_whitespace().next()?;
+    let mut words = text.split_whitespace();
+    let first = words.next()?;
     let name = first.strip_prefix('/')?;
     let name = name.split_once('@').map_or(name, |(n, _)| n);
     match name.to_ascii_lowercase().as_str() {
         "reset" => Some(TgCommand::Reset),
         "stop" => Some(TgCommand::Stop),
         "status" => Some(TgCommand::Status),
+        "model" => Some(TgCommand::Model(words.next().map(str::to_string))),
+        "skills" => Some(TgCommand::Skills),
+        "skill" => {
+            let enabled = match words.next().map(str::to_ascii_lowercase).as_deref() {
+                Some("on") => Some(true),
+                Some("off") => Some(false),
+                _ => None,
+            };
+            let name = words.next().unwrap_or_default().to_string();
+            let enabled = enabled.filter(|_| !name.is_empty());
+            Some(TgCommand::Skill { enabled, name })
+        }
         _ => None,
     }
 }
@@ -101,37 +122,13 @@ pub fn bot_id_from_token(token: &str) -> Option<i64> {
     token.split_once(':')?.0.parse().ok()
 }
 
-/// A button press on one of our inline keyboards (an approval prompt, SPEC §18.1).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TgCallback {
-    pub update_id: i64,
-    /// For `answerCallbackQuery`.
-    pub query_id: String,
-    /// Who pressed: what `allow_from` matches.
-    pub user_id: i64,
-    /// The button's data as sent (outside input: checked by whoever reads it).
-    pub data: String,
-}
-
-/// The callback query carried by `update`, if it is one with data (at most 64 bytes, as
-/// Telegram sends; longer data is not ours).
-pub fn callback_of(update: &Update) -> Option<TgCallback> {
-    let UpdateKind::CallbackQuery(q) = &update.kind else {
-        return None;
-    };
-    let data = q.data.as_ref().filter(|d| d.len() <= 64)?;
-    Some(TgCallback {
-        update_id: i64::from(update.id.0),
-        query_id: q.id.0.clone(),
-        user_id: i64::try_from(q.from.id.0).ok()?,
-        data: data.clone(),
-    })
-}
+/// The data prefix of an approval button (`ap:<id>:a|s|d`).
+pub const APPROVAL_BUTTON: &str = "ap:";
 
 /// An approval button's data `ap:<id>:a|s|d` → the approval id and `a` (approve), `s`
 /// (always in this session) or `d` (deny).
 pub fn approval_button(data: &str) -> Option<(&str, char)> {
-    let rest = data.strip_prefix("ap:")?;
+    let rest = data.strip_prefix(APPROVAL_BUTTON)?;
     let (id, what) = rest.rsplit_once(':')?;
     let what = match what {
         "a" => 'a',
@@ -155,6 +152,60 @@ pub fn from_update(
         UpdateKind::Message(msg) => from_message(i64::from(update.id.0), msg, bot_id, cfg),
         _ => None,
     }
+}
+
+/// A press of an inline button (`callback_query`) under a message of the bot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TgCallback {
+    pub update_id: i64,
+    /// For `answerCallbackQuery`.
+    pub query_id: String,
+    pub user_id: i64,
+    /// The chat of the message the button is under.
+    pub chat_id: i64,
+    /// That chat's session key, as for a message ([`TgInbound::session_key`]).
+    pub session_key: String,
+    /// The button's data (Telegram allows 1-64 bytes).
+    pub data: String,
+}
+
+/// Longest callback data Telegram sends (and agentd accepts).
+pub const MAX_CALLBACK_DATA: usize = 64;
+
+/// The button press carried by `update`, or `None` for anything else, a press by a bot, one
+/// without data or with more than [`MAX_CALLBACK_DATA`] bytes, or one whose message is not
+/// known. `allow_from` is NOT checked here.
+pub fn callback_from_update(
+    update: &Update,
+    bot_id: Option<i64>,
+    cfg: &TelegramConfig,
+) -> Option<TgCallback> {
+    let UpdateKind::CallbackQuery(q) = &update.kind else {
+        return None;
+    };
+    let user_id = i64::try_from(q.from.id.0).ok()?;
+    if q.from.is_bot || Some(user_id) == bot_id {
+        return None;
+    }
+    let data = q
+        .data
+        .clone()
+        .filter(|d| (1..=MAX_CALLBACK_DATA).contains(&d.len()))?;
+    let chat = q.message.as_ref()?.chat();
+    let from_name = contact_name(user_id, cfg);
+    let session_key = if chat.is_private() {
+        from_name
+    } else {
+        group_key(chat.id.0)
+    };
+    Some(TgCallback {
+        update_id: i64::from(update.id.0),
+        query_id: q.id.0.clone(),
+        user_id,
+        chat_id: chat.id.0,
+        session_key,
+        data,
+    })
 }
 
 /// See [`from_update`].
@@ -255,10 +306,13 @@ mod callback_tests {
         let update: Update = serde_json::from_str(
             r#"{"update_id": 9, "callback_query": {"id": "cb1", "chat_instance": "x",
                 "from": {"id": 42, "is_bot": false, "first_name": "A"},
+                "message": {"message_id": 5, "date": 0,
+                    "chat": {"id": 42, "type": "private", "first_name": "A"},
+                    "from": {"id": 1, "is_bot": true, "first_name": "bot"}, "text": "?"},
                 "data": "ap:ap-abc:s"}}"#,
         )
         .unwrap();
-        let cb = callback_of(&update).unwrap();
+        let cb = callback_from_update(&update, None, &super::tests::cfg()).unwrap();
         assert_eq!((cb.update_id, cb.user_id), (9, 42));
         assert_eq!(cb.query_id, "cb1");
         assert_eq!(approval_button(&cb.data), Some(("ap-abc", 's')));
@@ -316,6 +370,41 @@ mod tests {
         u.insert(kind.into(), payload);
         // From text, as teloxide parses it: `UpdateKind` needs borrowed keys.
         serde_json::from_str(&Value::Object(u).to_string()).expect("valid Update")
+    }
+
+    /// A button press becomes a `TgCallback` for the chat's session; a bot's press, one
+    /// without data or with data over 64 bytes is none (SPEC §18.2).
+    #[test]
+    fn button_presses_become_callbacks() {
+        let press = |from: Value, data: Value, chat: i64| {
+            update(
+                "callback_query",
+                json!({"id": "q7", "from": from, "chat_instance": "c", "data": data,
+                       "message": {"message_id": 3, "date": 0, "text": "pick",
+                                   "chat": {"id": chat, "type": "private", "first_name": "A"}}}),
+            )
+        };
+        let got = callback_from_update(&press(user(42), json!("model:cheap"), 42), None, &cfg())
+            .expect("a press");
+        assert_eq!(
+            (
+                got.query_id.as_str(),
+                got.user_id,
+                got.chat_id,
+                got.data.as_str()
+            ),
+            ("q7", 42, 42, "model:cheap")
+        );
+        assert_eq!(got.session_key, contact_name(42, &cfg()));
+        let bot = json!({"id": 42, "is_bot": true, "first_name": "B"});
+        assert!(callback_from_update(&press(bot, json!("model:x"), 42), None, &cfg()).is_none());
+        let long = json!("m".repeat(MAX_CALLBACK_DATA + 1));
+        assert!(callback_from_update(&press(user(42), long, 42), None, &cfg()).is_none());
+        let msg = update(
+            "message",
+            serde_json::to_value(message(user(42), json!({"text": "hi"}))).unwrap(),
+        );
+        assert!(callback_from_update(&msg, None, &cfg()).is_none());
     }
 
     #[test]
@@ -501,6 +590,30 @@ mod tests {
         assert_eq!(parse_command("/start"), None);
         assert_eq!(parse_command("reset"), None);
         assert_eq!(parse_command("please /reset"), None);
+        assert_eq!(parse_command("/model"), Some(TgCommand::Model(None)));
+        assert_eq!(
+            parse_command("/model@agentd_bot cheap"),
+            Some(TgCommand::Model(Some("cheap".into())))
+        );
+        assert_eq!(parse_command("/skills"), Some(TgCommand::Skills));
+        assert_eq!(
+            parse_command("/skill OFF weather"),
+            Some(TgCommand::Skill {
+                enabled: Some(false),
+                name: "weather".into()
+            })
+        );
+        assert_eq!(
+            parse_command("/skill weather"),
+            Some(TgCommand::Skill {
+                enabled: None,
+                name: String::new()
+            })
+        );
+        assert!(matches!(
+            parse_command("/skill on"),
+            Some(TgCommand::Skill { enabled: None, .. })
+        ));
         assert_eq!(parse_command(""), None);
         let m = message(user(42), json!({"text": "/reset"}));
         assert_eq!(

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{TelegramClient, TgError};
-use super::inbound::{TgInbound, allowed, from_update};
+use super::inbound::{TgCallback, TgInbound, allowed, callback_from_update, from_update};
 use crate::config::TelegramConfig;
 
 /// Where the poller keeps its offset (the next update id to ask for).
@@ -35,10 +35,10 @@ pub trait TgSink: Send + Sync {
     /// offset only after Ok; on Err it stops the batch, backs off and asks again (the update is
     /// delivered again).
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>>;
-    /// A button press (an approval, SPEC §18.1). Not durable: a press lost to a crash is
-    /// pressed again (the approval is asked again after a restart anyway). The sink checks
-    /// `allow_from` itself, so that a refused user is told.
-    fn callback(&self, cb: super::inbound::TgCallback) -> BoxFuture<'_, ()> {
+    /// A button press (an approval, SPEC §18.1; a `/model` or `/skills` button, §18.2). Not
+    /// durable: a press lost to a crash is pressed again (an approval is asked again after a
+    /// restart anyway). The sink checks `allow_from` itself, so that a refused user is told.
+    fn callback(&self, cb: TgCallback) -> BoxFuture<'_, ()> {
         let _ = cb;
         Box::pin(async {})
     }
@@ -287,7 +287,7 @@ pub async fn run_with(
             if id < offset {
                 continue; // already confirmed; a misbehaving server sent it again
             }
-            if let Some(cb) = super::inbound::callback_of(&update) {
+            if let Some(cb) = callback_from_update(&update, client.bot_id(), &cfg) {
                 tokio::select! {
                     _ = cancel.cancelled() => return Ok(()),
                     _ = sink.callback(cb) => {}
