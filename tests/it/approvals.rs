@@ -11,17 +11,9 @@ use crate::http_daemon::reqwest;
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{WAIT, agentd_toml, fifo_write, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
-use crate::support::wait_until;
+use crate::support::{free_port, wait_until};
 
 const TOKEN: &str = "approvals-token-1";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A daemon with `[approvals] extra` and the HTTP API on `port`.
 fn daemon(fake: &FakeLlm, approvals: &str, port: u16) -> TestDaemon {

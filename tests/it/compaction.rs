@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire, last_user_text};
-use crate::support::wait_until;
+use crate::support::{free_port, wait_until};
 
 const MESSAGES: usize = 200;
 /// Messages from which the summary calls fail (until one failure was seen and two more
@@ -23,14 +23,6 @@ const MESSAGES: usize = 200;
 const FAIL_FROM: usize = 110;
 const PROMPT_MARK: &str = "COMPACTION-INSTRUCTIONS";
 const SCHEMA: &str = include_str!("../fixtures/specs/anthropic-messages-request.schema.json");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn is_summary_request(body: &Value) -> bool {
     body["system"][0]["text"]

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::support::daemon::{TestDaemon, read_trail_files};
 use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire, last_user_text};
-use crate::support::wait_until;
+use crate::support::{free_port, wait_until};
 
 const TOKEN: &str = "compat-token-123";
 
@@ -36,14 +36,6 @@ fn sdk_dir() -> PathBuf {
         dest.join("sdk")
     })
     .clone()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A started daemon with the HTTP API on a free port and `extra` appended to its config.

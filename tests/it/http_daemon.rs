@@ -9,15 +9,7 @@ use serde_json::{Value, json};
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{agentd_toml, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
-use crate::support::wait_until;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::support::{free_port, wait_until};
 
 #[test]
 fn http_chat_notify_status_metrics_against_the_real_daemon() {

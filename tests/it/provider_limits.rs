@@ -12,18 +12,10 @@ use serde_json::Value;
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{agentd_toml, provider_toml, wait_outcome};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
-use crate::support::wait_until;
+use crate::support::{free_port, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "limits-token";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `GET path` on 127.0.0.1:`port` over a fresh connection (`Connection: close`), with the
 /// test token: `(status, body)`, or `None` when the connection or the read failed.

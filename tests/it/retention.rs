@@ -13,19 +13,11 @@ use crate::http_daemon::reqwest;
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Wire};
-use crate::support::wait_until;
+use crate::support::{free_port, wait_until};
 
 /// How long a test waits for a retention pass to have done its work (passes run every second
 /// with these ages).
 const WAIT: Duration = Duration::from_secs(60);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Keys of `sessions.json` that start with `prefix`.
 fn index_keys(d: &TestDaemon, prefix: &str) -> usize {

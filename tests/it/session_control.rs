@@ -13,7 +13,7 @@ use crate::support::daemon::TestDaemon;
 use crate::support::e2e::agentd_toml;
 use crate::support::fake_llm::{FakeLlm, Wire};
 use crate::support::fake_telegram::FakeTelegram;
-use crate::support::wait_until;
+use crate::support::{free_port, wait_until};
 
 const TOKEN: &str = "123456:TEST-secret-token";
 const ALICE: i64 = 1001;
@@ -174,14 +174,6 @@ fn press(tg: &FakeTelegram, from: i64, data: &str) {
             },
         }),
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn write_skill(d: &TestDaemon, name: &str, trigger: &str, body: &str) {

@@ -32,14 +32,7 @@ pub fn seed(test: &str) -> u64 {
     seed
 }
 
-/// A free port on 127.0.0.1 (bound and released; the daemon binds it right after).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("cannot bind 127.0.0.1:0")
-        .local_addr()
-        .expect("listener has no address")
-        .port()
-}
+pub use crate::support::free_port;
 
 /// One HTTP/1.1 request to 127.0.0.1 (`Connection: close`), without a client library so that
 /// plain threads can fire it: returns the status and the body, or the transport error (the

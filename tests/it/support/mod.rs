@@ -13,6 +13,16 @@ pub mod provider_spec;
 
 use std::time::{Duration, Instant};
 
+/// A loopback port that was free a moment ago (bound, read, released): for a daemon's HTTP
+/// listener in a test.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("cannot bind 127.0.0.1:0")
+        .local_addr()
+        .expect("listener has no address")
+        .port()
+}
+
 /// Polls `f` every 20 ms until it returns `Some`, for at most `timeout`; panics naming `what`.
 /// Blocking: call it from `#[test]` functions or multi-threaded tokio tests.
 pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
