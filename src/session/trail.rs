@@ -182,7 +182,14 @@ pub fn read_trail_after(dir: &Path, id: &str, after: u64) -> io::Result<Vec<Trai
 /// The `seq` of the first non-blank line of `path`; `None` for an empty file or an unreadable
 /// first line (the caller then reads further back).
 fn first_seq(path: &Path) -> io::Result<Option<u64>> {
-    let mut reader = BufReader::new(File::open(path)?);
+    Ok(first_nonblank(path, u64::MAX)?
+        .and_then(|line| serde_json::from_slice::<Probe>(&line).ok())
+        .map(|p| p.seq))
+}
+
+/// The first non-blank line of `path` within its first `max` bytes (`None`: none there).
+fn first_nonblank(path: &Path, max: u64) -> io::Result<Option<Vec<u8>>> {
+    let mut reader = BufReader::new(File::open(path)?.take(max));
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -190,7 +197,7 @@ fn first_seq(path: &Path) -> io::Result<Option<u64>> {
             return Ok(None);
         }
         if !line.iter().all(u8::is_ascii_whitespace) {
-            return Ok(serde_json::from_slice::<Probe>(&line).ok().map(|p| p.seq));
+            return Ok(Some(line));
         }
     }
 }
@@ -348,17 +355,8 @@ const FIRST_LINE_MAX: u64 = 64 * 1024;
 /// long: the `session` event of a session's first trail file. `None` otherwise (an empty file,
 /// damage, an overlong line): the caller cannot tell whose trail this is.
 pub(super) fn first_line(path: &Path) -> io::Result<Option<TrailLine>> {
-    let mut reader = BufReader::new(File::open(path)?.take(FIRST_LINE_MAX));
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            return Ok(None);
-        }
-        if !line.iter().all(u8::is_ascii_whitespace) {
-            return Ok(serde_json::from_slice::<TrailLine>(&line).ok());
-        }
-    }
+    Ok(first_nonblank(path, FIRST_LINE_MAX)?
+        .and_then(|line| serde_json::from_slice::<TrailLine>(&line).ok()))
 }
 
 /// If the file does not end with a newline, cut it back to the last newline: that tail is a
