@@ -568,17 +568,14 @@ impl TelegramClient {
         text: &str,
         id: &str,
     ) -> Result<i32, TgError> {
-        let body = serde_json::json!({
-            "chat_id": chat_id,
-            "text": text,
-            "reply_markup": { "inline_keyboard": [
-                [{ "text": "Approve", "callback_data": format!("ap:{id}:a") }],
-                [{ "text": "Always in this session", "callback_data": format!("ap:{id}:s") }],
-                [{ "text": "Deny", "callback_data": format!("ap:{id}:d") }],
-            ]},
-        });
-        let sent = self.call_raw("sendMessage", RawBody::json(&body)).await?;
-        message_id(&sent, "sendMessage")
+        use super::inbound::APPROVAL_BUTTON;
+        let buttons = [
+            ("Approve", 'a'),
+            ("Always in this session", 's'),
+            ("Deny", 'd'),
+        ]
+        .map(|(label, what)| (label.to_string(), format!("{APPROVAL_BUTTON}{id}:{what}")));
+        self.send_with_buttons(chat_id, text, &buttons).await
     }
 
     /// Replaces the text of message `message_id` and removes its inline keyboard (an
