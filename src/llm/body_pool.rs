@@ -21,67 +21,107 @@ pub const MAX_KEPT: usize = 4;
 /// A buffer larger than this is not kept (the one long call it served may never recur).
 pub const MAX_KEPT_BYTES: usize = 8 * 1024 * 1024;
 
-static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
-
-fn pool() -> std::sync::MutexGuard<'static, Vec<Vec<u8>>> {
-    POOL.lock().unwrap_or_else(|p| p.into_inner())
+/// A set of kept buffers. The daemon uses one, [`POOL`], through the free functions below; a
+/// test uses its own.
+pub struct BodyPool {
+    bufs: Mutex<Vec<Vec<u8>>>,
 }
 
-/// An empty buffer with room for at least `size` bytes: the largest kept one if any.
-pub fn take(size: usize) -> Vec<u8> {
-    let kept = pool().pop();
-    match kept {
-        Some(mut buf) => {
-            buf.clear();
-            buf.reserve(size);
-            buf
+/// The daemon's pool.
+pub static POOL: BodyPool = BodyPool::new();
+
+impl BodyPool {
+    pub const fn new() -> BodyPool {
+        BodyPool {
+            bufs: Mutex::new(Vec::new()),
         }
-        None => Vec::with_capacity(size),
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.bufs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An empty buffer with room for at least `size` bytes: the largest kept one if any.
+    pub fn take(&self, size: usize) -> Vec<u8> {
+        let kept = self.lock().pop();
+        match kept {
+            Some(mut buf) => {
+                buf.clear();
+                buf.reserve(size);
+                buf
+            }
+            None => Vec::with_capacity(size),
+        }
+    }
+
+    /// Give `buf` back for a later call (dropped instead when the pool is full or it is too
+    /// big).
+    pub fn give_back(&self, mut buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > MAX_KEPT_BYTES {
+            return;
+        }
+        buf.clear();
+        let mut bufs = self.lock();
+        if bufs.len() < MAX_KEPT {
+            bufs.push(buf);
+            // Largest last, so `take` hands out the one most likely to need no growth.
+            bufs.sort_unstable_by_key(Vec::capacity);
+        }
+    }
+
+    /// Free every kept buffer.
+    pub fn release(&self) {
+        let freed = std::mem::take(&mut *self.lock());
+        drop(freed);
+    }
+
+    /// Bytes held by kept buffers.
+    pub fn kept_bytes(&self) -> usize {
+        self.lock().iter().map(Vec::capacity).sum()
+    }
+
+    /// A rendered body as the HTTP client's bytes, without a copy; the buffer comes back to
+    /// this pool when the last reference to the bytes is dropped.
+    pub fn into_body(&'static self, buf: Vec<u8>) -> Bytes {
+        Bytes::from_owner(Pooled { buf, pool: self })
     }
 }
 
-/// Give `buf` back for a later call (dropped instead when the pool is full or it is too big).
-pub fn give_back(mut buf: Vec<u8>) {
-    if buf.capacity() == 0 || buf.capacity() > MAX_KEPT_BYTES {
-        return;
-    }
-    buf.clear();
-    let mut pool = pool();
-    if pool.len() < MAX_KEPT {
-        pool.push(buf);
-        // Largest last, so `take` hands out the one most likely to need no growth.
-        pool.sort_unstable_by_key(Vec::capacity);
+impl Default for BodyPool {
+    fn default() -> BodyPool {
+        BodyPool::new()
     }
 }
 
-/// Free every kept buffer (the daemon turned idle).
+/// [`BodyPool::take`] of the daemon's pool.
+pub fn take(size: usize) -> Vec<u8> {
+    POOL.take(size)
+}
+
+/// [`BodyPool::release`] of the daemon's pool (the daemon turned idle).
 pub fn release() {
-    let freed = std::mem::take(&mut *pool());
-    drop(freed);
+    POOL.release();
 }
 
-/// Bytes held by kept buffers.
-pub fn kept_bytes() -> usize {
-    pool().iter().map(Vec::capacity).sum()
-}
-
-/// A rendered body as the HTTP client's bytes, without a copy; the buffer comes back to the
-/// pool when the last reference to the bytes is dropped.
+/// [`BodyPool::into_body`] of the daemon's pool.
 pub fn into_body(buf: Vec<u8>) -> Bytes {
-    Bytes::from_owner(Pooled(buf))
+    POOL.into_body(buf)
 }
 
-struct Pooled(Vec<u8>);
+struct Pooled {
+    buf: Vec<u8>,
+    pool: &'static BodyPool,
+}
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        &self.buf
     }
 }
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        give_back(std::mem::take(&mut self.0));
+        self.pool.give_back(std::mem::take(&mut self.buf));
     }
 }
 
@@ -89,35 +129,37 @@ impl Drop for Pooled {
 mod tests {
     use super::*;
 
-    /// The pool is global: the tests that look at it run as one.
+    /// Its own pool: the daemon's is shared by every test that renders a request.
+    static TEST_POOL: BodyPool = BodyPool::new();
+
     #[test]
     fn buffers_come_back_bounded_and_are_released() {
-        release();
+        let pool = &TEST_POOL;
         // A body's buffer comes back when its bytes are dropped, with its capacity.
-        let mut buf = take(300_000);
+        let mut buf = pool.take(300_000);
         buf.extend_from_slice(b"{\"messages\":[]}");
         let ptr = buf.as_ptr();
-        let body = into_body(buf);
+        let body = pool.into_body(buf);
         assert_eq!(&body[..], b"{\"messages\":[]}");
         let clone = body.clone();
         drop(body);
-        assert_eq!(kept_bytes(), 0, "still referenced by a clone");
+        assert_eq!(pool.kept_bytes(), 0, "still referenced by a clone");
         drop(clone);
-        assert!(kept_bytes() >= 300_000);
-        let again = take(1000);
+        assert!(pool.kept_bytes() >= 300_000);
+        let again = pool.take(1000);
         assert_eq!(again.as_ptr(), ptr, "the same allocation is reused");
         assert!(again.is_empty());
-        give_back(again);
+        pool.give_back(again);
 
         // At most MAX_KEPT buffers, none above MAX_KEPT_BYTES.
         for _ in 0..MAX_KEPT + 3 {
-            give_back(Vec::with_capacity(1024));
+            pool.give_back(Vec::with_capacity(1024));
         }
-        give_back(Vec::with_capacity(MAX_KEPT_BYTES + 1));
-        assert_eq!(pool().len(), MAX_KEPT);
-        assert!(kept_bytes() <= MAX_KEPT * MAX_KEPT_BYTES);
+        pool.give_back(Vec::with_capacity(MAX_KEPT_BYTES + 1));
+        assert_eq!(pool.lock().len(), MAX_KEPT);
+        assert!(pool.kept_bytes() <= MAX_KEPT * MAX_KEPT_BYTES);
 
-        release();
-        assert_eq!(kept_bytes(), 0);
+        pool.release();
+        assert_eq!(pool.kept_bytes(), 0);
     }
 }
