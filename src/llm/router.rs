@@ -19,7 +19,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 static PREWARMED: Mutex<Option<JoinHandle<Result<reqwest::Client, String>>>> = Mutex::new(None);
 
 fn build_http_client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
+    crate::net::tls::client_builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .build()
         .map_err(crate::net::scrub::reqwest_error_text)

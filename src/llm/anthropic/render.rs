@@ -234,7 +234,7 @@ impl<'a> Head<'a> {
             }
         }
 
-        for t in &req.tools {
+        for t in req.tools.iter() {
             size_hint += t.name.len() + t.description.len() + 256;
         }
         Head {
@@ -830,7 +830,7 @@ mod tests {
         );
 
         s.thinking = Thinking::Off;
-        req.tools.clear();
+        req.tools = Default::default();
         let body = render_request(&s, &req);
         assert!(body.get("thinking").is_none());
         assert!(body.get("tools").is_none());
@@ -865,7 +865,7 @@ mod tests {
                 },
                 Message::user_text("three"),
             ],
-            tools: vec![],
+            tools: Default::default(),
             tool_choice: ToolChoice::Auto,
             previous_messages: None,
             rendered: Default::default(),
@@ -927,7 +927,7 @@ mod tests {
                 },
                 Message::user_text("next"),
             ],
-            tools: vec![],
+            tools: Default::default(),
             tool_choice: ToolChoice::Auto,
             previous_messages: Some(3),
             rendered: Default::default(),
@@ -982,7 +982,7 @@ mod tests {
                     content: vec![text("")],
                 },
             ],
-            tools: vec![],
+            tools: Default::default(),
             tool_choice: ToolChoice::Auto,
             previous_messages: None,
             rendered: Default::default(),
