@@ -21,6 +21,7 @@ mod intake_limits;
 mod mcp;
 mod mcp_live;
 mod memory;
+mod metrics;
 mod outbox;
 mod process_hardening;
 mod provider_limits;
