@@ -20,6 +20,7 @@ mod http_daemon;
 mod intake_limits;
 mod mcp;
 mod mcp_live;
+mod markdown_corpus;
 mod memory;
 mod metrics;
 mod outbox;
