@@ -80,5 +80,8 @@ fn the_corpus_keeps_its_formatting() {
     assert!(table.contains("| <code>gpt-4o</code> | 128k |"), "{table}");
     assert!(table.contains("<s>Use </s>"), "{table}");
     let anyhow = html("readme-anyhow-1.0.104.md");
-    assert!(anyhow.contains("<pre><code class=\"language-rust\">"), "{anyhow}");
+    assert!(
+        anyhow.contains("<pre><code class=\"language-rust\">"),
+        "{anyhow}"
+    );
 }

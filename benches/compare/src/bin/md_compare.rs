@@ -18,7 +18,8 @@ use pulldown_cmark::{CodeBlockKind, Event, LinkType, Options, Parser, Tag, TagEn
 const LIMIT: usize = 4096;
 
 fn main() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/markdown");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/markdown");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -39,12 +40,21 @@ fn main() {
         let input = split::utf16_len(&md);
         let (vt, vp) = (visible_all(&today), visible_all(&pulled));
         let ok = |htmls: &[String]| {
-            htmls.iter().zip(&chunks).all(|(h, c)| {
-                check(h).is_ok_and(|v| split::utf16_len(&v) <= split::utf16_len(c))
-            })
+            htmls
+                .iter()
+                .zip(&chunks)
+                .all(|(h, c)| check(h).is_ok_and(|v| split::utf16_len(&v) <= split::utf16_len(c)))
         };
-        let lines_t: Vec<&str> = vt.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-        let lines_p: Vec<&str> = vp.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        let lines_t: Vec<&str> = vt
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let lines_p: Vec<&str> = vp
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
         let only_t: Vec<&&str> = lines_t.iter().filter(|l| !lines_p.contains(l)).collect();
         let only_p: Vec<&&str> = lines_p.iter().filter(|l| !lines_t.contains(l)).collect();
         println!(
@@ -95,7 +105,10 @@ fn tags(htmls: &[String]) -> String {
             if part.starts_with('/') {
                 continue;
             }
-            let name: String = part.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+            let name: String = part
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
             *counts.entry(name).or_default() += 1;
         }
     }
@@ -141,7 +154,10 @@ fn check(html: &str) -> Result<String, String> {
                     return Err(format!("unexpected </{name}>"));
                 }
             } else {
-                let name: String = tag.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
+                let name: String = tag
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric())
+                    .collect();
                 if !ALLOWED.contains(&name.as_str()) {
                     return Err(format!("tag <{name}> not allowed"));
                 }
@@ -286,8 +302,15 @@ fn pulldown_html(md: &str) -> String {
                     out.push_str("<s>");
                     inline.push("s");
                 }
-                Tag::Link { link_type, dest_url, .. } => {
-                    if allowed_url(&dest_url) && !inline.contains(&"a") && link_type != LinkType::Email {
+                Tag::Link {
+                    link_type,
+                    dest_url,
+                    ..
+                } => {
+                    if allowed_url(&dest_url)
+                        && !inline.contains(&"a")
+                        && link_type != LinkType::Email
+                    {
                         out.push_str("<a href=\"");
                         escape(&mut out, &dest_url.replace('"', "&quot;"));
                         out.push_str("\">");
