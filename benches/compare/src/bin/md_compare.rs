@@ -329,14 +329,10 @@ fn pulldown_html(md: &str) -> String {
                 | TagEnd::Strong
                 | TagEnd::Strikethrough
                 | TagEnd::Link => {
-                    if let Some(t) = inline.pop() {
-                        if !t.is_empty() {
-                            out.push_str(&format!("</{t}>"));
-                        }
+                    if let Some(t) = inline.pop().filter(|t| !t.is_empty()) {
+                        out.push_str(&format!("</{t}>"));
                     }
-                    if end == TagEnd::Heading(pulldown_cmark::HeadingLevel::H1)
-                        || matches!(end, TagEnd::Heading(_))
-                    {
+                    if matches!(end, TagEnd::Heading(_)) {
                         out.push('\n');
                     }
                 }
