@@ -167,7 +167,7 @@ pub trait ApiBackend: Send + Sync + 'static {
         session_id: String,
         full: bool,
     ) -> BoxFuture<'_, Result<Option<Value>, BackendError>>;
-    /// Prometheus text exposition.
+    /// The OpenMetrics text of `/metrics` (`crate::metrics::Metrics::render`).
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>>;
     /// `GET /api/v1/approvals` (SPEC §18.1): `{approvals: [...]}`.
     fn approvals(&self) -> BoxFuture<'_, Result<Value, BackendError>> {

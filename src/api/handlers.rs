@@ -240,14 +240,14 @@ pub(crate) async fn history(
     }
 }
 
-/// `GET /metrics`: Prometheus text format 0.0.4.
+/// `GET /metrics`: OpenMetrics text ([`crate::metrics::CONTENT_TYPE`]).
 pub(crate) async fn metrics(State(state): Shared) -> Result<Response, Reply> {
     let backend = state.backend();
     let text = read(&state, backend.metrics()).await?;
     let mut response = text.into_response();
     response.headers_mut().insert(
         CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     Ok(response)
 }
