@@ -1,5 +1,6 @@
 //! Retrieval quality of memory search (issue #5): index a workspace and print recall@k per
-//! query class, full text only and hybrid (FTS5 + vectors, reciprocal-rank fusion).
+//! query class, full text only and hybrid (FTS5 + vectors, merged as `memory::Fusion` says;
+//! other fusions with `--fusion`).
 //!
 //! ```sh
 //! cargo bench --bench retrieval                                   # full text only

@@ -58,6 +58,9 @@ pub fn is_natural_language(text: &str) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueryTerms {
     stems: Vec<String>,
+    /// The first two letters of each term and of each stem: a word of a chunk that starts with
+    /// none of them cannot share a stem with the query, and is not stemmed.
+    heads: Vec<String>,
 }
 
 /// Words longer than this (bytes) are neither query terms of the coverage nor matched.
@@ -81,13 +84,19 @@ impl QueryTerms {
         }
         let stemmer = stemmer();
         let mut stems: Vec<String> = Vec::with_capacity(terms.len());
+        let mut heads: Vec<String> = Vec::with_capacity(terms.len());
         for t in terms.iter().filter(|t| t.len() <= MAX_STEM_WORD) {
             let s = stemmer.stem(t).into_owned();
+            for h in [head2(t), head2(&s)] {
+                if !heads.iter().any(|x| x == h) {
+                    heads.push(h.to_string());
+                }
+            }
             if !stems.contains(&s) {
                 stems.push(s);
             }
         }
-        QueryTerms { stems }
+        QueryTerms { stems, heads }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -102,7 +111,6 @@ impl QueryTerms {
             return 0.0;
         }
         let stemmer = stemmer();
-        let heads: Vec<&str> = self.stems.iter().map(|s| head2(s)).collect();
         let mut found = vec![false; self.stems.len()];
         let mut left = self.stems.len();
         'texts: for text in texts {
@@ -111,9 +119,9 @@ impl QueryTerms {
                     continue;
                 }
                 let lower = word.to_lowercase();
-                // A word can only share a stem with a term whose first two letters it shares
-                // (stems are prefixes of their words but for a final y -> i).
-                if !heads.iter().any(|h| lower.starts_with(h)) {
+                // Stems are prefixes of their words, but for a final y -> i and a few
+                // irregular words ("dying" -> "die"): the heads of both cover these.
+                if !self.heads.iter().any(|h| lower.starts_with(h.as_str())) {
                     continue;
                 }
                 let stem = stemmer.stem(&lower);
@@ -205,8 +213,17 @@ mod tests {
         // Paths count (FTS5 indexes them too), case does not, a repeated term counts once.
         let q = QueryTerms::new("Anna ANNA birthday");
         assert_eq!(q.coverage(&["people/anna.md", "born 3 May"]), 0.5);
+        // Irregular stems: the word's own first letters still let it through.
+        assert_eq!(
+            QueryTerms::new("dying").coverage(&["the plant is dying"]),
+            1.0
+        );
+        assert_eq!(QueryTerms::new("dying").coverage(&["plants die"]), 1.0);
         // Only stop words: they are the terms, as in `sanitize`.
-        assert_eq!(QueryTerms::new("what is it").coverage(&["it is"]), 2.0 / 3.0);
+        assert_eq!(
+            QueryTerms::new("what is it").coverage(&["it is"]),
+            2.0 / 3.0
+        );
         assert!(QueryTerms::new("?!").is_empty());
         assert_eq!(QueryTerms::new("?!").coverage(&["anything"]), 0.0);
     }

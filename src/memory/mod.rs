@@ -111,7 +111,7 @@ pub enum FusionMethod {
 impl Default for Fusion {
     fn default() -> Self {
         Fusion {
-            method: FusionMethod::Rrf,
+            method: FusionMethod::Convex,
             fts_weight: 1.0,
             vector_weight: 1.0,
             coverage: true,

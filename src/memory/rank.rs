@@ -109,8 +109,7 @@ pub fn rrf_scaled(lists: &[(&[(i64, f64)], f64)]) -> Vec<(i64, f64)> {
 /// Convex combination of scores (higher is better in every list): each list is [`min_max`]
 /// normalised, then [`weighted_sum`]med.
 pub fn convex(lists: &[(&[(i64, f64)], f64)]) -> Vec<(i64, f64)> {
-    let normed: Vec<(Vec<(i64, f64)>, f64)> =
-        lists.iter().map(|(l, w)| (min_max(l), *w)).collect();
+    let normed: Vec<(Vec<(i64, f64)>, f64)> = lists.iter().map(|(l, w)| (min_max(l), *w)).collect();
     let refs: Vec<(&[(i64, f64)], f64)> = normed.iter().map(|(l, w)| (l.as_slice(), *w)).collect();
     weighted_sum(&refs)
 }

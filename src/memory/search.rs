@@ -1,8 +1,8 @@
 //! Search (SPEC §13): chunks by FTS5 and by vector similarity, merged as [`super::Fusion`]
-//! says: by default reciprocal-rank fusion in which each full-text hit counts in proportion to
-//! the share of the query's terms it contains (FTS5 only without an embeddings model, or when
-//! the query cannot be embedded right now; then the full-text order is kept as it is); current
-//! facts (of the entities the query names, through aliases, and by FTS5); live
+//! says: by default a convex combination of min-max scaled scores in which each full-text hit
+//! counts in proportion to the share of the query's terms it contains (FTS5 only without an
+//! embeddings model, or when the query cannot be embedded right now; then in bm25 order, as
+//! before issue 20); current facts (of the entities the query names, through aliases, and by FTS5); live
 //! episodes by FTS5.
 
 use std::collections::HashSet;
@@ -237,7 +237,7 @@ impl Memory {
     }
 }
 
-/// Merge the full-text hits (with their bm25 rank, lower is better) and the vector hits (with
+/// Merge the full-text hits (with their bm25 score, lower is better) and the vector hits (with
 /// their cosine) as `fusion` says; best first.
 fn fuse(
     fusion: Fusion,
@@ -299,6 +299,46 @@ fn find_word(hay: &str, needle: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(id: i64, text: &str) -> ChunkRow {
+        ChunkRow {
+            id,
+            path: format!("notes/{id}.md"),
+            start_line: 1,
+            end_line: 1,
+            text: text.into(),
+        }
+    }
+
+    /// Issue 20: full-text hits that share a word or two with a paraphrase do not push the
+    /// vectors' best hits down; a hit that holds every term of the query stays first.
+    #[test]
+    fn weak_full_text_hits_weigh_little() {
+        let query = "purchased a used bicycle";
+        let fts = vec![
+            (row(1, "Someone used the lift."), -10.0),
+            (row(2, "A used car."), -5.0),
+        ];
+        let vectors = vec![(3, 0.62), (4, 0.60), (1, 0.20)];
+        let ids = |f: Vec<(i64, f64)>| f.into_iter().map(|(id, _)| id).collect::<Vec<_>>();
+
+        let chosen = fuse(Fusion::default(), query, &fts, &vectors);
+        assert_eq!(ids(chosen), vec![3, 4, 1, 2]);
+        // Plain RRF puts the weak match found by both lists first.
+        let rrf = Fusion {
+            method: FusionMethod::Rrf,
+            coverage: false,
+            ..Fusion::default()
+        };
+        assert_eq!(ids(fuse(rrf, query, &fts, &vectors))[0], 1);
+
+        let mut fts = fts;
+        fts.insert(0, (row(5, "We purchased a used bicycle."), -12.0));
+        let mut vectors = vectors;
+        vectors.push((5, 0.5));
+        let chosen = fuse(Fusion::default(), query, &fts, &vectors);
+        assert_eq!(ids(chosen)[0], 5);
+    }
 
     #[test]
     fn whole_words_only() {
