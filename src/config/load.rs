@@ -157,6 +157,7 @@ fn walk(
     let memory = sections::memory(&mut root);
     let logging = sections::logging(&mut root);
     let retention = sections::retention(&mut root);
+    let voice = super::voice::voice(&mut root, &models);
     drop(root);
     // Explicitly chosen helper models must exist; the defaults may be undefined (they fall back
     // to `primary`).
@@ -198,6 +199,7 @@ fn walk(
         retention,
         mcp_servers,
         schedules,
+        voice,
     };
     (config, provider_problems)
 }

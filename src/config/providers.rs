@@ -38,6 +38,8 @@ struct ModelFields {
     output: Option<f64>,
     cache_read: Option<f64>,
     cache_write: Option<f64>,
+    per_minute: Option<f64>,
+    per_1k_chars: Option<f64>,
     cache: Option<bool>,
     cache_ttl: Option<CacheTtl>,
     thinking: Option<Thinking>,
@@ -93,6 +95,8 @@ impl ModelFields {
             );
             f.api_key_env = None;
         }
+        f.per_minute = s.number("cost_per_minute", 0.0, f64::MAX);
+        f.per_1k_chars = s.number("cost_per_1k_chars", 0.0, f64::MAX);
         let mut cost = s.section("cost_per_mtok");
         f.input = cost.number("input", 0.0, f64::MAX);
         f.output = cost.number("output", 0.0, f64::MAX);
@@ -115,6 +119,8 @@ impl ModelFields {
             output: self.output.or(t.output),
             cache_read: self.cache_read.or(t.cache_read),
             cache_write: self.cache_write.or(t.cache_write),
+            per_minute: self.per_minute.or(t.per_minute),
+            per_1k_chars: self.per_1k_chars.or(t.per_1k_chars),
             cache: self.cache.or(t.cache),
             cache_ttl: self.cache_ttl.or(t.cache_ttl),
             thinking: self.thinking.or(t.thinking),
@@ -359,6 +365,8 @@ impl<'e> ModelCollector<'e> {
                 output: f.output.unwrap_or(0.0),
                 cache_read: f.cache_read.unwrap_or(0.0),
                 cache_write: f.cache_write.unwrap_or(0.0),
+                per_minute: f.per_minute.unwrap_or(0.0),
+                per_1k_chars: f.per_1k_chars.unwrap_or(0.0),
             },
             cache: f.cache.unwrap_or(kind == ProviderKind::Anthropic),
             cache_ttl: f.cache_ttl.unwrap_or(CacheTtl::FiveMinutes),

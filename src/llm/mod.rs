@@ -5,6 +5,7 @@
 //! knows a provider's JSON.
 
 pub mod anthropic;
+pub mod audio;
 pub mod body_pool;
 pub mod compat;
 #[cfg(test)]

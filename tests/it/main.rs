@@ -37,3 +37,4 @@ mod tool_schemas;
 mod toolcalls;
 mod untested;
 mod untrusted;
+mod voice;
