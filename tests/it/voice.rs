@@ -392,3 +392,57 @@ fn kill9_during_a_transcription_transcribes_once_after_restart() {
         "{rows:?}"
     );
 }
+
+/// Outside Telegram the speech stays in `inbox/`, the tool's result is its path, and the HTTP
+/// `/chat` answer lists it in `attachments`.
+#[test]
+fn over_http_the_speech_file_is_listed_in_the_answer() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::tool_calls(vec![(
+        "t1",
+        "tts",
+        json!({"text": "Good morning.", "voice": "nova"}),
+    )]));
+    llm.push(Reply::text("Here it is."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let port = free_port();
+    let http = format!("[http]\nenabled = true\nport = {port}\n");
+    let mut d = daemon(&llm, &audio, r#"tts_model = "speech""#, &http, AUDIO_KEY);
+    d.set_env("AGENTD_HTTP_TOKEN", "http-token");
+    d.start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(WAIT, "HTTP up", || {
+        rt.block_on(client.get(format!("{base}/api/v1/status")).send())
+            .ok()
+    });
+    let r = rt
+        .block_on(
+            client
+                .post(format!("{base}/api/v1/chat"))
+                .bearer_auth("http-token")
+                .json(&json!({"message": "say good morning", "sender": "svc"}))
+                .send(),
+        )
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = rt.block_on(r.json()).unwrap();
+    assert_eq!(body["reply"], "Here it is.");
+    let listed = body["attachments"].as_array().expect("attachments listed");
+    assert_eq!(listed.len(), 1, "{body}");
+    assert_eq!(listed[0]["content_type"], "audio/ogg");
+    let path = listed[0]["path"].as_str().unwrap();
+    assert!(
+        Path::new(path).starts_with(d.state_dir.join("inbox")),
+        "{path}"
+    );
+    assert_eq!(std::fs::read(path).unwrap(), FIXTURE);
+    assert_eq!(audio.speeches()[0].body["voice"], "nova");
+    // The model read the path as the tool's result.
+    let results = llm.requests()[1]["messages"].to_string();
+    assert!(results.contains(path), "{results}");
+}

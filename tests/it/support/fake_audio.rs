@@ -305,7 +305,7 @@ fn speech(inner: &Mutex<Inner>, body: &[u8]) -> Result<(), Refusal> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| (400, format!("We could not parse the JSON body: {e}"), None))?;
     for (key, param) in [("model", "model"), ("input", "input"), ("voice", "voice")] {
-        if !v[key].as_str().is_some_and(|s| !s.is_empty()) {
+        if v[key].as_str().is_none_or(str::is_empty) {
             return Err((
                 400,
                 format!("Missing required parameter: '{key}'."),
