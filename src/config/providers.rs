@@ -20,6 +20,8 @@ const THINKING_EFFORTS: &[&str] = &["low", "medium", "high", "xhigh", "max"];
 pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 /// Default OpenAI API root (the client appends `/chat/completions`).
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+/// Default ElevenLabs API root (the client appends `/text-to-speech/<voice id>`).
+pub const ELEVENLABS_BASE_URL: &str = "https://api.elevenlabs.io/v1";
 
 /// The `provider` label of models defined inline in agentd.toml.
 pub const INLINE_PROVIDER: &str = "inline";
@@ -59,6 +61,7 @@ impl ModelFields {
                 &[
                     ("anthropic", ProviderKind::Anthropic),
                     ("openai", ProviderKind::OpenAi),
+                    ("elevenlabs", ProviderKind::ElevenLabs),
                 ],
             ),
             api_key_env: s.non_empty("api_key_env"),
@@ -311,6 +314,7 @@ impl<'e> ModelCollector<'e> {
         let default_url = match kind {
             ProviderKind::Anthropic => ANTHROPIC_BASE_URL,
             ProviderKind::OpenAi => OPENAI_BASE_URL,
+            ProviderKind::ElevenLabs => ELEVENLABS_BASE_URL,
         };
         let base_url = f
             .base_url
@@ -394,6 +398,11 @@ impl<'e> ModelCollector<'e> {
         let fallback = f.fallback.clone().unwrap_or_default();
         self.invalid
             .insert(name.to_string(), (w.file().to_path_buf(), fallback));
+    }
+
+    /// The provider type of a defined model (loaded or skipped).
+    pub fn kind_of(&self, name: &str) -> Option<ProviderKind> {
+        self.defined.get(name).map(|d| d.spec.kind)
     }
 
     /// Whether a model of this name is defined (loaded, skipped, or invalid and already

@@ -528,7 +528,7 @@ fn model_validation_problems() {
         "models.primary.thinking_budget: must be below max_tokens (4096)",
         "models.nomodel.model: required",
         "models.x.cache_ttl: only valid for type = \"anthropic\"",
-        "models.y.type: expected one of \"anthropic\", \"openai\", got \"claude\"",
+        "models.y.type: expected one of \"anthropic\", \"openai\", \"elevenlabs\", got \"claude\"",
         "providers.load[2]: provider file",
         // An invalid model's fallback list is still checked.
         "models.primary.fallback[0]: no model named \"ghost\" is defined",
@@ -1435,6 +1435,53 @@ fn voice_section_defaults_prices_and_problems() {
         has(
             &p,
             "voice.reply: expected one of \"off\", \"mirror\", \"always\", got \"loud\""
+        ),
+        "{p:?}"
+    );
+}
+
+/// ElevenLabs (SPEC §19) is a speech-only provider type: a `tts_model`, never `primary` or an
+/// `stt_model`.
+#[test]
+fn elevenlabs_is_for_speech_only() {
+    let eleven = "type = \"elevenlabs\"\napi_key_env = \"EL_KEY\"\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\n";
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.provider("eleven", eleven);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    f.set("EL_KEY", "e");
+    let c = f.ok();
+    let spec = c.models.get("eleven").unwrap();
+    assert_eq!(spec.kind, ProviderKind::ElevenLabs);
+    assert_eq!(spec.base_url, "https://api.elevenlabs.io/v1");
+    assert!(render_effective(&c).contains("type = \"elevenlabs\""));
+
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\nstt_model = \"eleven\"\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.provider("eleven", eleven);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    f.set("EL_KEY", "e");
+    let p = f.problems();
+    assert!(
+        has(&p, "voice.stt_model: \"eleven\" is an ElevenLabs model"),
+        "{p:?}"
+    );
+
+    let mut f = Fixture::new(&format!("{MINIMAL}load = [\"eleven\"]\n"));
+    f.provider(
+        "eleven",
+        &eleven.replace("[models.eleven]", "[models.primary]"),
+    );
+    f.set("EL_KEY", "e");
+    let p = f.problems();
+    assert!(
+        has(
+            &p,
+            "models: model \"primary\" has type = \"elevenlabs\", a speech-only provider"
         ),
         "{p:?}"
     );

@@ -163,6 +163,8 @@ pub struct ProvidersConfig {
 pub enum ProviderKind {
     Anthropic,
     OpenAi,
+    /// ElevenLabs text to speech (SPEC §19): a `[voice] tts_model` only, never a chat model.
+    ElevenLabs,
 }
 
 impl ProviderKind {
@@ -170,6 +172,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::OpenAi => "openai",
+            ProviderKind::ElevenLabs => "elevenlabs",
         }
     }
 }

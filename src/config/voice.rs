@@ -2,7 +2,7 @@
 //! bounds on audio from outside.
 
 use super::providers::ModelCollector;
-use super::types::{VoiceConfig, VoiceReply};
+use super::types::{ProviderKind, VoiceConfig, VoiceReply};
 use super::walker::Section;
 
 /// Largest `max_audio_bytes`: OpenAI's transcription endpoint takes at most 25 MB, and the file
@@ -29,6 +29,17 @@ pub fn voice(root: &mut Section<'_>, models: &ModelCollector<'_>) -> VoiceConfig
                 ),
             );
         }
+    }
+    // ElevenLabs is wired for speech only; a transcription model must be OpenAI-compatible.
+    if let Some(name) = &stt_model
+        && models.kind_of(name) == Some(ProviderKind::ElevenLabs)
+    {
+        s.problem(
+            "stt_model",
+            format!(
+                "{name:?} is an ElevenLabs model, which agentd uses for speech only; name a model of an OpenAI-compatible /audio/transcriptions server"
+            ),
+        );
     }
     let reply = s
         .choice(

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::http::{self, CallCtx};
 use super::{CallLimits, LlmError};
-use crate::config::ModelSpec;
+use crate::config::{ModelSpec, ProviderKind};
 
 /// Most bytes of a transcription answer read (the text of a long recording fits easily).
 pub const MAX_TRANSCRIPT_ANSWER: usize = 1 << 20;
@@ -119,24 +119,67 @@ pub async fn speak(
 ) -> Result<Speech, LlmError> {
     let label = http::label(spec);
     let ctx = ctx(spec, &label, limits);
-    let body = serde_json::json!({
-        "model": spec.model,
-        "input": text,
-        "voice": voice,
-        "response_format": "opus",
-    });
-    let request = http_client
-        .post(format!("{}/audio/speech", spec.base_url))
-        .header(CONTENT_TYPE, "application/json")
-        .header(ACCEPT, "audio/ogg, audio/opus, */*")
-        .body(body.to_string());
-    let request = authorised(spec, request)?;
+    let request = match spec.kind {
+        ProviderKind::ElevenLabs => elevenlabs_request(http_client, spec, &label, text, voice)?,
+        _ => {
+            let body = serde_json::json!({
+                "model": spec.model,
+                "input": text,
+                "voice": voice,
+                "response_format": "opus",
+            });
+            let request = http_client
+                .post(format!("{}/audio/speech", spec.base_url))
+                .header(CONTENT_TYPE, "application/json")
+                .header(ACCEPT, "audio/ogg, audio/opus, */*")
+                .body(body.to_string());
+            authorised(spec, request)?
+        }
+    };
     let bytes = bounded_call(request, &ctx, max_bytes, "speech").await?;
     check_ogg(&bytes).map_err(|message| LlmError::Decode {
         provider: label.clone(),
         message,
     })?;
     Ok(Speech { bytes })
+}
+
+/// ElevenLabs' OGG/Opus output format (48 kHz, 64 kbit/s), asked for in the query.
+pub const ELEVENLABS_OUTPUT_FORMAT: &str = "opus_48000_64";
+
+/// `POST {base_url}/text-to-speech/{voice id}?output_format=opus_48000_64` with the key in
+/// `xi-api-key` and `{text, model_id}`: ElevenLabs' own API (SPEC §19). The voice is a path
+/// segment (escaped by the URL builder).
+fn elevenlabs_request(
+    http_client: &reqwest::Client,
+    spec: &ModelSpec,
+    label: &str,
+    text: &str,
+    voice: &str,
+) -> Result<reqwest::RequestBuilder, LlmError> {
+    let mut url = reqwest::Url::parse(&spec.base_url).map_err(|e| LlmError::Decode {
+        provider: label.to_string(),
+        message: format!("base_url is not a URL: {e}"),
+    })?;
+    url.path_segments_mut()
+        .map_err(|_| LlmError::Decode {
+            provider: label.to_string(),
+            message: "base_url cannot take a path".into(),
+        })?
+        .pop_if_empty()
+        .extend(["text-to-speech", voice]);
+    url.query_pairs_mut()
+        .append_pair("output_format", ELEVENLABS_OUTPUT_FORMAT);
+    let body = serde_json::json!({ "text": text, "model_id": spec.model });
+    let mut request = http_client
+        .post(url)
+        .header(CONTENT_TYPE, "application/json")
+        .header(ACCEPT, "audio/ogg, audio/opus, */*")
+        .body(body.to_string());
+    if let Some(key) = &spec.api_key {
+        request = request.header("xi-api-key", http::secret_header(spec, "", key)?);
+    }
+    Ok(request)
 }
 
 /// Whether `bytes` are an OGG stream (what Telegram plays as a voice note); the error names

@@ -185,35 +185,140 @@ pub fn spoken_files(lines: &[TrailLine], id: &str, inbox: &Path) -> Vec<PathBuf>
     let mut calls = std::collections::HashSet::new();
     let mut out = Vec::new();
     for l in &lines[start..] {
-        let Event::Message(m) = &l.event else {
-            continue;
-        };
-        match &m.message {
-            Message::Assistant { tool_calls, .. } => {
-                calls.extend(
-                    tool_calls
-                        .iter()
-                        .filter(|c| c.name == "tts")
-                        .map(|c| c.id.clone()),
-                );
-            }
-            Message::ToolResults { results, .. } => {
-                for r in results.iter().filter(|r| !r.is_error) {
-                    if !calls.contains(&r.tool_call_id) {
-                        continue;
-                    }
-                    let Some(rest) = r.content.strip_prefix(SAVED_AS) else {
-                        continue;
-                    };
-                    let end = rest.find([';', ' ', '\n']).unwrap_or(rest.len());
-                    let path = PathBuf::from(&rest[..end]);
-                    if path.starts_with(inbox) && path.is_file() && !out.contains(&path) {
-                        out.push(path);
-                    }
+        let results = match &l.event {
+            Event::Message(m) => match &m.message {
+                Message::Assistant { tool_calls, .. } => {
+                    let tts = tool_calls.iter().filter(|c| c.name == "tts");
+                    calls.extend(tts.map(|c| c.id.clone()));
+                    continue;
                 }
+                Message::ToolResults { results, .. } => results,
+                Message::User { .. } => continue,
+            },
+            Event::ToolResult { results, .. } => results,
+            _ => continue,
+        };
+        for r in results.iter().filter(|r| !r.is_error) {
+            if !calls.contains(&r.tool_call_id) {
+                continue;
             }
-            _ => {}
+            let Some(rest) = r.content.strip_prefix(SAVED_AS) else {
+                continue;
+            };
+            let end = rest.find([';', ' ', '\n']).unwrap_or(rest.len());
+            let path = PathBuf::from(&rest[..end]);
+            if path.starts_with(inbox) && path.is_file() && !out.contains(&path) {
+                out.push(path);
+            }
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{ToolCall, ToolResult};
+    use crate::session::{Intake, MessageEvent};
+
+    fn line(seq: u64, event: Event) -> TrailLine {
+        TrailLine {
+            v: 1,
+            seq,
+            ts: "2026-11-28T00:00:00Z".into(),
+            event,
+        }
+    }
+
+    fn intake(id: &str) -> Event {
+        Event::Intake(Intake {
+            id: id.into(),
+            source: crate::control::Source::Http,
+            from: "svc".into(),
+            text: "say it".into(),
+            tier: None,
+            attachments: vec![],
+            route: None,
+            notify_meta: None,
+        })
+    }
+
+    fn calls(names: &[(&str, &str)]) -> Event {
+        Event::Message(MessageEvent::new(Message::Assistant {
+            text: String::new(),
+            tool_calls: names
+                .iter()
+                .map(|(id, name)| ToolCall {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                    arguments: serde_json::json!({}),
+                })
+                .collect(),
+            thinking: vec![],
+            usage: None,
+        }))
+    }
+
+    fn results(r: &[(&str, &str, bool)]) -> Event {
+        Event::ToolResult {
+            results: r
+                .iter()
+                .map(|(id, content, is_error)| ToolResult {
+                    tool_call_id: id.to_string(),
+                    content: content.to_string(),
+                    is_error: *is_error,
+                })
+                .collect(),
+            notice: None,
+        }
+    }
+
+    /// Only this turn's successful `tts` results naming an existing file in the inbox count.
+    #[test]
+    fn spoken_files_are_read_back_from_the_turn() {
+        let d = tempfile::tempdir().unwrap();
+        let inbox = d.path().join("inbox");
+        std::fs::create_dir_all(&inbox).unwrap();
+        let (a, b, old) = (
+            inbox.join("tts-a.ogg"),
+            inbox.join("tts-b.ogg"),
+            inbox.join("tts-0.ogg"),
+        );
+        for f in [&a, &b, &old] {
+            std::fs::write(f, b"OggS").unwrap();
+        }
+        let outside = d.path().join("tts-x.ogg");
+        std::fs::write(&outside, b"OggS").unwrap();
+        let saved = |p: &Path| format!("{SAVED_AS}{}", p.display());
+        let lines = vec![
+            line(1, intake("earlier")),
+            line(2, calls(&[("c0", "tts")])),
+            line(3, results(&[("c0", &saved(&old), false)])),
+            line(4, intake("now")),
+            line(
+                5,
+                calls(&[("c1", "tts"), ("c2", "read"), ("c3", "tts"), ("c4", "tts")]),
+            ),
+            line(
+                6,
+                results(&[
+                    (
+                        "c1",
+                        &format!("{}; message: done (1 of 1 to chat 5)", saved(&a)),
+                        false,
+                    ),
+                    ("c2", &saved(&b), false),
+                    ("c3", &saved(&outside), false),
+                    ("c4", "speech failed: HTTP 400", true),
+                ]),
+            ),
+            line(7, calls(&[("c5", "tts")])),
+            line(8, results(&[("c5", &saved(&b), false)])),
+        ];
+        assert_eq!(spoken_files(&lines, "now", &inbox), vec![a, b]);
+        assert_eq!(
+            spoken_files(&lines, "missing", &inbox),
+            Vec::<PathBuf>::new()
+        );
+    }
 }

@@ -446,3 +446,85 @@ fn over_http_the_speech_file_is_listed_in_the_answer() {
     let results = llm.requests()[1]["messages"].to_string();
     assert!(results.contains(path), "{results}");
 }
+
+/// ElevenLabs as a provider type: the `tts` tool asks its own API for OGG/Opus with the key in
+/// `xi-api-key`, and the voice note reaches the chat.
+#[test]
+fn elevenlabs_speaks_through_its_own_api() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::tool_calls(vec![(
+        "t1",
+        "tts",
+        json!({"text": "Bonjour."}),
+    )]));
+    llm.push(Reply::text("Voilà."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let toml = agentd_toml("fake")
+        .replace(r#"load = ["fake"]"#, r#"load = ["fake", "eleven"]"#)
+        .replace(
+            "[behavior]",
+            &format!(
+                "[voice]\ntts_model = \"eleven\"\nvoice = \"JBFqnCBsd6RMkjVDRZzb\"\n\n{}\n[behavior]",
+                telegram(&tg)
+            ),
+        );
+    let eleven = format!(
+        "type = \"elevenlabs\"\nbase_url = \"{}\"\napi_key_env = \"AGENTD_ELEVENLABS_KEY\"\n\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\ncost_per_1k_chars = 0.3\n",
+        audio.base_url()
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[
+            ("fake", &provider_toml("openai", &llm.base_url())),
+            ("eleven", &eleven),
+        ],
+    );
+    d.set_env("AGENTD_ELEVENLABS_KEY", AUDIO_KEY);
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.start();
+    tg.push_text(ALICE, ALICE, "say hello in French");
+    let voice = wait_until(WAIT, "the voice note", || {
+        tg.sent_files()
+            .into_iter()
+            .find(|f| f.method == "sendvoice")
+    });
+    assert_eq!((voice.chat_id, voice.bytes.as_slice()), (ALICE, FIXTURE));
+    assert_eq!(
+        audio.speeches()[0].body,
+        json!({"text": "Bonjour.", "model_id": "eleven_multilingual_v2",
+               "voice_id": "JBFqnCBsd6RMkjVDRZzb", "output_format": "opus_48000_64"})
+    );
+    assert!(audio.rejected().is_empty(), "{:?}", audio.rejected());
+    let rows: Vec<_> = costs(&d.state_dir)
+        .into_iter()
+        .filter(|r| r.0 == "tts")
+        .collect();
+    assert_eq!(rows.len(), 1);
+    assert!((rows[0].2 - 0.3 * 8.0 / 1000.0).abs() < 1e-9, "{rows:?}");
+}
+
+/// The FIFO's audio attachments are transcribed too (SPEC §19).
+#[test]
+fn a_fifo_audio_attachment_is_transcribed() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Noted."));
+    let audio = FakeAudio::spawn(None, SAID);
+    let mut d = daemon(&llm, &audio, r#"stt_model = "whisper""#, "", "unused");
+    d.start();
+    let inbox = d.state_dir.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let file = inbox.join("memo.ogg");
+    std::fs::write(&file, FIXTURE).unwrap();
+    let line = json!({"id": "f1", "type": "user", "text": "a memo", "sender": "ops",
+                      "attachments": [file]});
+    crate::support::e2e::fifo_write(&d, &line.to_string());
+    let outcome = crate::support::e2e::wait_outcome(&d, "ops", "f1");
+    assert_eq!(outcome["text"], "Noted.");
+    assert_eq!(audio.transcriptions()[0].bytes, FIXTURE);
+    let asked = last_user_text(&llm.requests()[0]);
+    assert!(
+        asked.contains(&format!("a memo\n{LABEL} {SAID}")),
+        "{asked}"
+    );
+}

@@ -2,7 +2,8 @@
 //! API: `POST /v1/audio/transcriptions` needs a multipart body with a `file` part (with a file
 //! name) and a `model` field (400 `invalid_request_error` naming the missing one otherwise);
 //! `POST /v1/audio/speech` needs JSON `model`, `input` and `voice` and answers real OGG/Opus
-//! bytes (the committed fixture). With a key set, any other bearer token is a 401 in OpenAI's
+//! bytes (the committed fixture); ElevenLabs' `POST /v1/text-to-speech/{voice id}` (key in
+//! `xi-api-key`, JSON `text`, 422 without) answers the same. With a key set, any other bearer token is a 401 in OpenAI's
 //! error shape. Tests script failures ([`FakeAudio::fail_next`]) and hold requests
 //! ([`FakeAudio::hang_next`]); every request is recorded.
 
@@ -187,19 +188,25 @@ async fn handle(
             .push((status, message.clone()));
         error(status, &message, param)
     };
-    let key = inner.lock().unwrap_or_else(|p| p.into_inner()).key.clone();
-    if let Some(key) = key
-        && header("authorization") != Some(format!("Bearer {key}"))
-    {
-        return reject(401, "Incorrect API key provided".into(), None);
-    }
     let endpoint = match uri.path() {
         "/v1/audio/transcriptions" => "transcriptions",
         "/v1/audio/speech" => "speech",
+        p if p.starts_with("/v1/text-to-speech/") => "elevenlabs",
         other => return reject(404, format!("no route {other}"), None),
     };
+    let key = inner.lock().unwrap_or_else(|p| p.into_inner()).key.clone();
+    if let Some(key) = key {
+        let ok = match endpoint {
+            "elevenlabs" => header("xi-api-key") == Some(key),
+            _ => header("authorization") == Some(format!("Bearer {key}")),
+        };
+        if !ok {
+            return reject(401, "Incorrect API key provided".into(), None);
+        }
+    }
     let checked = match endpoint {
         "transcriptions" => transcription(&inner, &headers, &body),
+        "elevenlabs" => elevenlabs(&inner, &uri, &body),
         _ => speech(&inner, &body),
     };
     if let Err((status, message, param)) = checked {
@@ -297,6 +304,39 @@ fn transcription(inner: &Mutex<Inner>, headers: &HeaderMap, body: &[u8]) -> Resu
             bytes: file.bytes.clone(),
             authorization,
         });
+    Ok(())
+}
+
+/// Validate and record an ElevenLabs text-to-speech request: the voice id in the path, the
+/// `output_format` query, JSON `text` (422 without, as ElevenLabs answers). Recorded as a
+/// speech request whose body also has `voice_id` and `output_format`.
+fn elevenlabs(inner: &Mutex<Inner>, uri: &Uri, body: &[u8]) -> Result<(), Refusal> {
+    let voice = uri
+        .path()
+        .trim_start_matches("/v1/text-to-speech/")
+        .to_string();
+    let format = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("output_format="))
+        .unwrap_or("mp3_44100_128")
+        .to_string();
+    let mut v: Value =
+        serde_json::from_slice(body).map_err(|e| (422, format!("body is not JSON: {e}"), None))?;
+    if v["text"].as_str().is_none_or(str::is_empty) {
+        return Err((422, "field required: text".into(), Some("text")));
+    }
+    if voice.is_empty() || voice.contains('/') {
+        return Err((404, format!("voice {voice:?} not found"), None));
+    }
+    v["voice_id"] = json!(voice);
+    v["output_format"] = json!(format);
+    inner
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .speeches
+        .push(SpeechRequest { body: v });
     Ok(())
 }
 
