@@ -145,6 +145,8 @@ const PRICING: Pricing = Pricing {
     output: 10.0,
     cache_read: 0.0,
     cache_write: 0.0,
+    per_minute: 0.0,
+    per_1k_chars: 0.0,
 };
 const CALL_USD: f64 = 0.002;
 

@@ -45,11 +45,20 @@ pub enum ChatOutcome {
         /// Token totals over the whole loop.
         tokens: Usage,
         cost_usd: f64,
+        /// Files the answer made for the client, e.g. speech of the `tts` tool (SPEC §19).
+        attachments: Vec<ReplyAttachment>,
     },
     Failed {
         error: String,
         session_id: String,
     },
+}
+
+/// A file a `/chat` answer lists: where it is kept (`inbox/`) and what it is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplyAttachment {
+    pub content_type: String,
+    pub path: String,
 }
 
 /// `POST /api/v1/notify` body.

@@ -58,13 +58,21 @@ pub(crate) async fn chat(
             silent,
             tokens,
             cost_usd,
-        } => Ok(Reply::ok(json!({
-            "reply": reply,
-            "session_id": session_id,
-            "silent": silent,
-            "tokens": TokenCounts::from(&tokens),
-            "cost_usd": cost_usd,
-        }))),
+            attachments,
+        } => {
+            let mut body = json!({
+                "reply": reply,
+                "session_id": session_id,
+                "silent": silent,
+                "tokens": TokenCounts::from(&tokens),
+                "cost_usd": cost_usd,
+            });
+            // Listed only when there are some (SPEC §19), so answers stay as they were.
+            if !attachments.is_empty() {
+                body["attachments"] = json!(attachments);
+            }
+            Ok(Reply::ok(body))
+        }
         ChatOutcome::Failed { error, session_id } => Err(Reply::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({ "error": error, "session_id": session_id }),

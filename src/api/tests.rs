@@ -60,6 +60,7 @@ impl ApiBackend for Fake {
                     cache_write_tokens: 4,
                 },
                 cost_usd: 0.5,
+                attachments: vec![],
             })
         }
         .boxed()

@@ -125,6 +125,17 @@ fn walk(
             "no model named \"primary\" is defined; define [models.primary] in a provider file listed in [providers] load, or inline in this file",
         );
     }
+    // ElevenLabs models speak (`[voice] tts_model`); they cannot answer a message.
+    for name in ["primary"] {
+        if models.kind_of(name) == Some(super::types::ProviderKind::ElevenLabs) {
+            w.problem(
+                "models",
+                format!(
+                    "model {name:?} has type = \"elevenlabs\", a speech-only provider; give {name:?} an anthropic or openai type and use the ElevenLabs model as [voice] tts_model"
+                ),
+            );
+        }
+    }
     let routing = routing(&mut root, &models);
 
     let telegram = channels::telegram(&mut root);
@@ -157,6 +168,7 @@ fn walk(
     let memory = sections::memory(&mut root);
     let logging = sections::logging(&mut root);
     let retention = sections::retention(&mut root);
+    let voice = super::voice::voice(&mut root, &models);
     drop(root);
     // Explicitly chosen helper models must exist; the defaults may be undefined (they fall back
     // to `primary`).
@@ -198,6 +210,7 @@ fn walk(
         retention,
         mcp_servers,
         schedules,
+        voice,
     };
     (config, provider_problems)
 }

@@ -27,6 +27,7 @@ mod schedule;
 mod sections;
 mod tools;
 mod types;
+mod voice;
 mod walker;
 
 #[cfg(test)]

@@ -20,6 +20,8 @@ const THINKING_EFFORTS: &[&str] = &["low", "medium", "high", "xhigh", "max"];
 pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 /// Default OpenAI API root (the client appends `/chat/completions`).
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+/// Default ElevenLabs API root (the client appends `/text-to-speech/<voice id>`).
+pub const ELEVENLABS_BASE_URL: &str = "https://api.elevenlabs.io/v1";
 
 /// The `provider` label of models defined inline in agentd.toml.
 pub const INLINE_PROVIDER: &str = "inline";
@@ -38,6 +40,8 @@ struct ModelFields {
     output: Option<f64>,
     cache_read: Option<f64>,
     cache_write: Option<f64>,
+    per_minute: Option<f64>,
+    per_1k_chars: Option<f64>,
     cache: Option<bool>,
     cache_ttl: Option<CacheTtl>,
     thinking: Option<Thinking>,
@@ -57,6 +61,7 @@ impl ModelFields {
                 &[
                     ("anthropic", ProviderKind::Anthropic),
                     ("openai", ProviderKind::OpenAi),
+                    ("elevenlabs", ProviderKind::ElevenLabs),
                 ],
             ),
             api_key_env: s.non_empty("api_key_env"),
@@ -93,6 +98,8 @@ impl ModelFields {
             );
             f.api_key_env = None;
         }
+        f.per_minute = s.number("cost_per_minute", 0.0, f64::MAX);
+        f.per_1k_chars = s.number("cost_per_1k_chars", 0.0, f64::MAX);
         let mut cost = s.section("cost_per_mtok");
         f.input = cost.number("input", 0.0, f64::MAX);
         f.output = cost.number("output", 0.0, f64::MAX);
@@ -115,6 +122,8 @@ impl ModelFields {
             output: self.output.or(t.output),
             cache_read: self.cache_read.or(t.cache_read),
             cache_write: self.cache_write.or(t.cache_write),
+            per_minute: self.per_minute.or(t.per_minute),
+            per_1k_chars: self.per_1k_chars.or(t.per_1k_chars),
             cache: self.cache.or(t.cache),
             cache_ttl: self.cache_ttl.or(t.cache_ttl),
             thinking: self.thinking.or(t.thinking),
@@ -305,6 +314,7 @@ impl<'e> ModelCollector<'e> {
         let default_url = match kind {
             ProviderKind::Anthropic => ANTHROPIC_BASE_URL,
             ProviderKind::OpenAi => OPENAI_BASE_URL,
+            ProviderKind::ElevenLabs => ELEVENLABS_BASE_URL,
         };
         let base_url = f
             .base_url
@@ -359,6 +369,8 @@ impl<'e> ModelCollector<'e> {
                 output: f.output.unwrap_or(0.0),
                 cache_read: f.cache_read.unwrap_or(0.0),
                 cache_write: f.cache_write.unwrap_or(0.0),
+                per_minute: f.per_minute.unwrap_or(0.0),
+                per_1k_chars: f.per_1k_chars.unwrap_or(0.0),
             },
             cache: f.cache.unwrap_or(kind == ProviderKind::Anthropic),
             cache_ttl: f.cache_ttl.unwrap_or(CacheTtl::FiveMinutes),
@@ -386,6 +398,11 @@ impl<'e> ModelCollector<'e> {
         let fallback = f.fallback.clone().unwrap_or_default();
         self.invalid
             .insert(name.to_string(), (w.file().to_path_buf(), fallback));
+    }
+
+    /// The provider type of a defined model (loaded or skipped).
+    pub fn kind_of(&self, name: &str) -> Option<ProviderKind> {
+        self.defined.get(name).map(|d| d.spec.kind)
     }
 
     /// Whether a model of this name is defined (loaded, skipped, or invalid and already

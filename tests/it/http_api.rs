@@ -83,6 +83,7 @@ impl ApiBackend for Fake {
                     cache_write_tokens: 20,
                 },
                 cost_usd: 0.0123,
+                attachments: vec![],
             })
         }
         .boxed()

@@ -39,3 +39,4 @@ mod tool_schemas;
 mod toolcalls;
 mod untested;
 mod untrusted;
+mod voice;
