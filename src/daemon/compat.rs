@@ -263,7 +263,7 @@ impl DaemonBackend {
                 inbox: self.cfg.paths.state_dir.join("inbox"),
             };
             let list: Vec<AttachmentIn> = r
-                .images
+                .attachments
                 .iter()
                 .map(|i| AttachmentIn {
                     content_type: i.media_type.clone(),

@@ -15,6 +15,8 @@ pub const MAX_MESSAGES: usize = 1000;
 
 /// The most images the last user message may carry.
 pub const MAX_IMAGES: usize = 8;
+/// Audio parts (OpenAI `input_audio`) accepted in one message.
+pub const MAX_AUDIO: usize = 2;
 
 /// Which API a request came in as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,10 +25,12 @@ pub enum Api {
     Anthropic,
 }
 
-/// One image of the new user message (becomes an attachment).
+/// One image or sound of the new user message (becomes an attachment: an image the model sees,
+/// audio the intake transcribes, SPEC §19).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CompatImage {
-    /// `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+pub struct CompatAttachment {
+    /// `image/png`, `image/jpeg`, `image/gif` or `image/webp`; `audio/wav` or `audio/mpeg`
+    /// (OpenAI `input_audio`).
     pub media_type: String,
     /// Standard base64, checked.
     pub data: String,
@@ -47,8 +51,8 @@ pub struct CompatRequest {
     pub history: Vec<Message>,
     /// The text of the last user message: the new input.
     pub text: String,
-    /// The images of the last user message.
-    pub images: Vec<CompatImage>,
+    /// The images and sounds of the last user message.
+    pub attachments: Vec<CompatAttachment>,
     pub options: CallOptions,
     pub stream: bool,
     /// OpenAI `stream_options.include_usage`.

@@ -528,3 +528,80 @@ fn a_fifo_audio_attachment_is_transcribed() {
         "{asked}"
     );
 }
+
+/// A WAV file of `ms` milliseconds of silence (16 kHz, 16-bit mono): what an OpenAI client
+/// sends as `input_audio` with `format: "wav"`.
+fn silent_wav(ms: u32) -> Vec<u8> {
+    let samples = 16 * ms;
+    let data_len = samples * 2;
+    let mut w = Vec::new();
+    w.extend_from_slice(b"RIFF");
+    w.extend_from_slice(&(36 + data_len).to_le_bytes());
+    w.extend_from_slice(b"WAVEfmt ");
+    w.extend_from_slice(&16u32.to_le_bytes());
+    w.extend_from_slice(&1u16.to_le_bytes()); // PCM
+    w.extend_from_slice(&1u16.to_le_bytes()); // mono
+    w.extend_from_slice(&16_000u32.to_le_bytes());
+    w.extend_from_slice(&32_000u32.to_le_bytes());
+    w.extend_from_slice(&2u16.to_le_bytes());
+    w.extend_from_slice(&16u16.to_le_bytes());
+    w.extend_from_slice(b"data");
+    w.extend_from_slice(&data_len.to_le_bytes());
+    w.resize(w.len() + data_len as usize, 0);
+    w
+}
+
+/// The OpenAI-compatible endpoint (SPEC §17): an `input_audio` part is saved as an attachment
+/// and transcribed by the intake like any other audio, the transcript after the text parts.
+#[test]
+fn an_openai_compatible_input_audio_part_is_transcribed() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Heard you."));
+    let audio = FakeAudio::spawn(None, SAID);
+    audio.set_duration(Some(1.0));
+    let port = free_port();
+    let http = format!("[http]\nenabled = true\nport = {port}\n");
+    let mut d = daemon(&llm, &audio, r#"stt_model = "whisper""#, &http, "unused");
+    d.set_env("AGENTD_HTTP_TOKEN", "http-token");
+    d.start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(WAIT, "HTTP up", || {
+        rt.block_on(client.get(format!("{base}/api/v1/status")).send())
+            .ok()
+    });
+    let wav = silent_wav(1000);
+    let data = base64::engine::general_purpose::STANDARD.encode(&wav);
+    let r = rt
+        .block_on(
+            client
+                .post(format!("{base}/v1/chat/completions"))
+                .bearer_auth("http-token")
+                .json(
+                    &json!({"model": "agentd", "messages": [{"role": "user", "content": [
+                        {"type": "text", "text": "Please answer this"},
+                        {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+                    ]}]}),
+                )
+                .send(),
+        )
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = rt.block_on(r.json()).unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "Heard you.",
+        "{body}"
+    );
+    let sent = audio.transcriptions();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].bytes, wav, "exactly the client's bytes");
+    let asked = last_user_text(&llm.requests()[0]);
+    assert!(
+        asked.contains(&format!("Please answer this\n[voice note 0:01] {SAID}")),
+        "{asked}"
+    );
+}

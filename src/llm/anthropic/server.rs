@@ -7,7 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::llm::compat::{
-    self, CompatImage, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid, short,
+    self, CompatAttachment, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid, short,
 };
 use crate::message::call::{CallOptions, ClientThinking, EFFORTS};
 use crate::message::{Message, Usage, UserBlock};
@@ -91,7 +91,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
             ),
         ));
     }
-    let mut turns: Vec<(Message, Vec<CompatImage>)> = Vec::new();
+    let mut turns: Vec<(Message, Vec<CompatAttachment>)> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Value::Object(m) = m else {
@@ -142,7 +142,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         system: system.filter(|s| !s.trim().is_empty()),
         history: compat::normalise_history(turns.into_iter().map(|(m, _)| m).collect()),
         text,
-        images,
+        attachments: images,
         options: CallOptions {
             max_tokens,
             temperature: compat::temperature(o.get("temperature"), 1.0)?,
@@ -221,7 +221,7 @@ fn content(
     m: &Map<String, Value>,
     at: &str,
     user: bool,
-) -> Result<(String, Vec<CompatImage>), Invalid> {
+) -> Result<(String, Vec<CompatAttachment>), Invalid> {
     let blocks = match m.get("content") {
         Some(Value::String(s)) => return Ok((s.clone(), Vec::new())),
         Some(Value::Array(blocks)) => blocks,
@@ -276,7 +276,7 @@ fn content(
 }
 
 /// An image block with a base64 source (agentd fetches nothing a client names).
-fn image(b: &Value) -> Result<CompatImage, String> {
+fn image(b: &Value) -> Result<CompatAttachment, String> {
     let source = b.get("source").ok_or("an image block needs a `source`")?;
     if source.get("type").and_then(Value::as_str) != Some("base64") {
         return Err(
@@ -298,7 +298,7 @@ fn image(b: &Value) -> Result<CompatImage, String> {
     if !compat::is_base64(data) {
         return Err("the image data is not valid base64".into());
     }
-    Ok(CompatImage {
+    Ok(CompatAttachment {
         media_type: media_type.to_string(),
         data: data.to_string(),
     })
@@ -492,7 +492,7 @@ mod tests {
         assert_eq!(r.session.as_deref(), Some("bob"));
         assert_eq!(r.history.len(), 2);
         assert_eq!(r.text, "and this?");
-        assert_eq!(r.images[0].media_type, "image/jpeg");
+        assert_eq!(r.attachments[0].media_type, "image/jpeg");
         assert_eq!(r.options.max_tokens, Some(2000));
         assert_eq!(
             r.options.thinking,

@@ -7,8 +7,8 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::llm::compat::{
-    self, CompatImage, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid, OpenAiUsage,
-    short,
+    self, CompatAttachment, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid,
+    OpenAiUsage, short,
 };
 use crate::message::call::{CallOptions, EFFORTS};
 use crate::message::{Message, UserBlock};
@@ -90,7 +90,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         ));
     }
     let mut system = Vec::new();
-    let mut turns: Vec<(Message, Vec<CompatImage>)> = Vec::new();
+    let mut turns: Vec<(Message, Vec<CompatAttachment>)> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Value::Object(m) = m else {
@@ -100,8 +100,8 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         match role {
             "system" | "developer" => system.push(text_of(m.get("content"), &at)?),
             "user" => {
-                let (text, images) = user_content(m.get("content"), &at)?;
-                turns.push((user_message(text, images.len()), images));
+                let (text, files) = user_content(m.get("content"), &at)?;
+                turns.push((user_message(text, &files), files));
             }
             "assistant" => {
                 if m.get("tool_calls")
@@ -136,7 +136,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
             }
         }
     }
-    let Some((last, images)) = turns.pop() else {
+    let Some((last, attachments)) = turns.pop() else {
         return Err(Invalid::new("messages", "no user message"));
     };
     let Message::User { content } = last else {
@@ -145,12 +145,12 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
             "the last message must be a user message: it is the new input",
         ));
     };
-    // The first block is the text; the rest are the images' placeholders.
+    // The first block is the text; the rest are the attachments' placeholders.
     let text = match content.into_iter().next() {
         Some(UserBlock::Text { text }) => text,
         _ => String::new(),
     };
-    if text.trim().is_empty() && images.is_empty() {
+    if text.trim().is_empty() && attachments.is_empty() {
         return Err(Invalid::new(
             format!("messages[{}].content", messages.len() - 1),
             "the last user message is empty",
@@ -163,19 +163,24 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         system: (!system.trim().is_empty()).then_some(system),
         history: compat::normalise_history(turns.into_iter().map(|(m, _)| m).collect()),
         text,
-        images,
+        attachments,
         options,
         stream,
         include_usage,
     })
 }
 
-/// A user turn of the history: its text, and a placeholder for each image it had.
-fn user_message(text: String, images: usize) -> Message {
+/// A user turn of the history: its text, and a placeholder for each image or sound it had.
+fn user_message(text: String, files: &[CompatAttachment]) -> Message {
     let mut content = vec![UserBlock::Text { text }];
-    for _ in 0..images {
+    for f in files {
+        let what = if f.media_type.starts_with("audio/") {
+            "audio"
+        } else {
+            "image"
+        };
         content.push(UserBlock::Text {
-            text: "[image sent by the client]".into(),
+            text: format!("[{what} sent by the client]"),
         });
     }
     Message::User { content }
@@ -208,9 +213,13 @@ fn text_of(content: Option<&Value>, at: &str) -> Result<String, Invalid> {
     }
 }
 
-/// A user message's text parts (joined by newlines) and images (`data:` URLs only: agentd
-/// fetches nothing a client names).
-fn user_content(content: Option<&Value>, at: &str) -> Result<(String, Vec<CompatImage>), Invalid> {
+/// A user message's text parts (joined by newlines), images (`data:` URLs only: agentd
+/// fetches nothing a client names) and sounds (`input_audio`, base64 WAV or MP3: transcribed
+/// by the intake when `[voice] stt_model` is set, SPEC §19).
+fn user_content(
+    content: Option<&Value>,
+    at: &str,
+) -> Result<(String, Vec<CompatAttachment>), Invalid> {
     let parts = match content {
         Some(Value::String(s)) => return Ok((s.clone(), Vec::new())),
         Some(Value::Array(parts)) => parts,
@@ -246,11 +255,24 @@ fn user_content(content: Option<&Value>, at: &str) -> Result<(String, Vec<Compat
                     ));
                 }
             }
+            Some("input_audio") => {
+                images.push(input_audio(p.get("input_audio")).map_err(|m| Invalid::new(&here, m))?);
+                let sounds = images
+                    .iter()
+                    .filter(|a| a.media_type.starts_with("audio/"))
+                    .count();
+                if sounds > compat::MAX_AUDIO {
+                    return Err(Invalid::new(
+                        here,
+                        format!("at most {} audio parts per message", compat::MAX_AUDIO),
+                    ));
+                }
+            }
             Some(other) => {
                 return Err(Invalid::new(
                     here,
                     format!(
-                        "content parts of type {:?} are not supported: send text and images",
+                        "content parts of type {:?} are not supported: send text, images and input_audio",
                         short(other)
                     ),
                 ));
@@ -261,8 +283,38 @@ fn user_content(content: Option<&Value>, at: &str) -> Result<(String, Vec<Compat
     Ok((text.join("\n"), images))
 }
 
+/// `{"data": "<base64>", "format": "wav" | "mp3"}` → the sound.
+fn input_audio(part: Option<&Value>) -> Result<CompatAttachment, String> {
+    let media_type = match part.and_then(|a| a.get("format")).and_then(Value::as_str) {
+        Some("wav") => "audio/wav",
+        Some("mp3") => "audio/mpeg",
+        Some(other) => {
+            return Err(format!(
+                "input_audio.format {:?} is not supported: use \"wav\" or \"mp3\"",
+                short(other)
+            ));
+        }
+        None => {
+            return Err(
+                "an input_audio part needs `input_audio.format` (\"wav\" or \"mp3\")".into(),
+            );
+        }
+    };
+    let data = part
+        .and_then(|a| a.get("data"))
+        .and_then(Value::as_str)
+        .ok_or("an input_audio part needs `input_audio.data` (base64)")?;
+    if !compat::is_base64(data) {
+        return Err("the input_audio data is not valid base64".into());
+    }
+    Ok(CompatAttachment {
+        media_type: media_type.to_string(),
+        data: data.to_string(),
+    })
+}
+
 /// `data:image/png;base64,<data>` → the image.
-fn data_url(url: &str) -> Result<CompatImage, String> {
+fn data_url(url: &str) -> Result<CompatAttachment, String> {
     let Some(rest) = url.strip_prefix("data:") else {
         return Err(
             "only data: URLs are accepted for images (agentd does not fetch URLs for a client); send data:image/png;base64,…"
@@ -281,7 +333,7 @@ fn data_url(url: &str) -> Result<CompatImage, String> {
     if !compat::is_base64(data) {
         return Err("the image data is not valid base64".into());
     }
-    Ok(CompatImage {
+    Ok(CompatAttachment {
         media_type: media_type.to_string(),
         data: data.to_string(),
     })
@@ -531,13 +583,58 @@ mod tests {
         assert_eq!(r.system.as_deref(), Some("Be brief.\n\nNo emojis."));
         assert_eq!(r.history.len(), 2);
         assert_eq!(r.text, "what is this?");
-        assert_eq!(r.images.len(), 1);
-        assert_eq!(r.images[0].media_type, "image/png");
+        assert_eq!(r.attachments.len(), 1);
+        assert_eq!(r.attachments[0].media_type, "image/png");
         assert_eq!(r.session.as_deref(), Some("alice"));
         assert_eq!(r.options.max_tokens, Some(300));
         assert_eq!(r.options.temperature, Some(0.2));
         assert_eq!(r.options.effort.as_deref(), Some("low"));
         assert!(r.stream && r.include_usage);
+    }
+
+    #[test]
+    fn input_audio_becomes_an_attachment_and_a_placeholder_in_the_history() {
+        let r = parse(json!({
+            "model": "agentd",
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "mp3"}}
+                ]},
+                {"role": "assistant", "content": "heard"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "and this?"},
+                    {"type": "input_audio", "input_audio": {"data": "d29ybGQ=", "format": "wav"}}
+                ]}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(r.text, "and this?");
+        assert_eq!(
+            r.attachments,
+            vec![CompatAttachment {
+                media_type: "audio/wav".into(),
+                data: "d29ybGQ=".into()
+            }]
+        );
+        assert_eq!(
+            r.history[0],
+            Message::User {
+                content: vec![
+                    UserBlock::Text {
+                        text: String::new()
+                    },
+                    UserBlock::Text {
+                        text: "[audio sent by the client]".into()
+                    }
+                ]
+            }
+        );
+        // A sound alone is a message (the intake turns it into text).
+        let alone = parse(
+            json!({"model": "agentd", "messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "wav"}}]}]}),
+        );
+        assert_eq!(alone.unwrap().attachments.len(), 1);
     }
 
     #[test]
@@ -602,6 +699,23 @@ mod tests {
                 json!({"model": "agentd", "messages": [{"role": "user", "content": [
                 {"type": "input_audio", "input_audio": {}}]}]}),
                 "messages[0].content[0]",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "flac"}}]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": "not base64!", "format": "wav"}}]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "wav"}},
+                {"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "wav"}},
+                {"type": "input_audio", "input_audio": {"data": "aGVsbG8=", "format": "mp3"}}]}]}),
+                "messages[0].content[2]",
             ),
         ];
         for (body, param) in cases {
