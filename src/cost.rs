@@ -14,10 +14,13 @@ use crate::store::{CallType, CostRow, Db, StoreError};
 /// Cost in USD of one call: input·r_in + output·r_out + cache_read·r_cache_read +
 /// cache_write·r_cache_write, with rates in USD per million tokens.
 pub fn cost_usd(p: &Pricing, u: &Usage) -> f64 {
+    let long = u.cache_write_1h_tokens.min(u.cache_write_tokens);
+    let short = u.cache_write_tokens - long;
     (u.input_tokens as f64 * p.input
         + u.output_tokens as f64 * p.output
         + u.cache_read_tokens as f64 * p.cache_read
-        + u.cache_write_tokens as f64 * p.cache_write)
+        + short as f64 * p.cache_write
+        + long as f64 * p.cache_write_1h)
         / 1_000_000.0
 }
 
@@ -392,6 +395,7 @@ mod tests {
         output: 15.0,
         cache_read: 0.30,
         cache_write: 3.75,
+        cache_write_1h: 6.0,
     };
 
     fn utc(s: &str) -> DateTime<Utc> {
@@ -409,15 +413,29 @@ mod tests {
             output_tokens: 500,
             cache_read_tokens: 2000,
             cache_write_tokens: 100,
+            cache_write_1h_tokens: 0,
         };
         // 1000·3 + 500·15 + 2000·0.30 + 100·3.75 = 3000 + 7500 + 600 + 375 = 11475 per million.
         assert!((cost_usd(&SONNET, &u) - 0.011475).abs() < 1e-12);
+        // SPEC §20: of the 100 written, 40 with the 1-hour TTL at 6.0: 60·3.75 + 40·6 = 465.
+        let long = Usage {
+            cache_write_1h_tokens: 40,
+            ..u
+        };
+        assert!((cost_usd(&SONNET, &long) - 0.011565).abs() < 1e-12);
+        // A figure above the writes (a malformed answer) never prices more than the writes.
+        let over = Usage {
+            cache_write_1h_tokens: 1000,
+            ..u
+        };
+        assert!((cost_usd(&SONNET, &over) - (0.011475 - 0.000375 + 0.0006)).abs() < 1e-12);
         // Each rate applies to its own count only.
         let only = |i, o, cr, cw| Usage {
             input_tokens: i,
             output_tokens: o,
             cache_read_tokens: cr,
             cache_write_tokens: cw,
+            cache_write_1h_tokens: 0,
         };
         assert_eq!(cost_usd(&SONNET, &only(1_000_000, 0, 0, 0)), 3.0);
         assert_eq!(cost_usd(&SONNET, &only(0, 1_000_000, 0, 0)), 15.0);

@@ -58,6 +58,7 @@ impl ApiBackend for Fake {
                     output_tokens: 2,
                     cache_read_tokens: 3,
                     cache_write_tokens: 4,
+                    cache_write_1h_tokens: 0,
                 },
                 cost_usd: 0.5,
             })
@@ -145,6 +146,7 @@ impl ApiBackend for Fake {
                     output_tokens: 5,
                     cache_read_tokens: 100,
                     cache_write_tokens: 20,
+                    cache_write_1h_tokens: 0,
                 },
             };
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

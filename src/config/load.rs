@@ -157,6 +157,8 @@ fn walk(
     let memory = sections::memory(&mut root);
     let logging = sections::logging(&mut root);
     let retention = sections::retention(&mut root);
+    let caching = super::autopilot::caching(&mut root);
+    let alerts = super::autopilot::alerts(&mut root);
     drop(root);
     // Explicitly chosen helper models must exist; the defaults may be undefined (they fall back
     // to `primary`).
@@ -198,6 +200,8 @@ fn walk(
         retention,
         mcp_servers,
         schedules,
+        caching,
+        alerts,
     };
     (config, provider_problems)
 }

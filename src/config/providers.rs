@@ -38,6 +38,7 @@ struct ModelFields {
     output: Option<f64>,
     cache_read: Option<f64>,
     cache_write: Option<f64>,
+    cache_write_1h: Option<f64>,
     cache: Option<bool>,
     cache_ttl: Option<CacheTtl>,
     thinking: Option<Thinking>,
@@ -98,6 +99,7 @@ impl ModelFields {
         f.output = cost.number("output", 0.0, f64::MAX);
         f.cache_read = cost.number("cache_read", 0.0, f64::MAX);
         f.cache_write = cost.number("cache_write", 0.0, f64::MAX);
+        f.cache_write_1h = cost.number("cache_write_1h", 0.0, f64::MAX);
         f
     }
 
@@ -115,6 +117,7 @@ impl ModelFields {
             output: self.output.or(t.output),
             cache_read: self.cache_read.or(t.cache_read),
             cache_write: self.cache_write.or(t.cache_write),
+            cache_write_1h: self.cache_write_1h.or(t.cache_write_1h),
             cache: self.cache.or(t.cache),
             cache_ttl: self.cache_ttl.or(t.cache_ttl),
             thinking: self.thinking.or(t.thinking),
@@ -359,6 +362,8 @@ impl<'e> ModelCollector<'e> {
                 output: f.output.unwrap_or(0.0),
                 cache_read: f.cache_read.unwrap_or(0.0),
                 cache_write: f.cache_write.unwrap_or(0.0),
+                // Anthropic's published rate: a 1-hour write costs twice the base input.
+                cache_write_1h: f.cache_write_1h.unwrap_or(f.input.unwrap_or(0.0) * 2.0),
             },
             cache: f.cache.unwrap_or(kind == ProviderKind::Anthropic),
             cache_ttl: f.cache_ttl.unwrap_or(CacheTtl::FiveMinutes),

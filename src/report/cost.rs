@@ -67,6 +67,7 @@ mod tests {
                 output_tokens: 2,
                 cache_read_tokens: 3,
                 cache_write_tokens: 4,
+                cache_write_1h_tokens: 0,
             },
             cost_usd: cost,
             fallback_from: None,

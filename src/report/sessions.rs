@@ -113,6 +113,7 @@ mod tests {
                 output_tokens: output,
                 cache_read_tokens: 0,
                 cache_write_tokens: 0,
+                cache_write_1h_tokens: 0,
             }),
         });
         m.cost_usd = Some(cost);

@@ -173,8 +173,8 @@ impl Db {
                 conn.prepare_cached(
                     "INSERT INTO costs (timestamp, session_id, model, provider, call_type, \
                      input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, \
-                     fallback_from) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                     fallback_from, cache_write_1h_tokens) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )?
                 .execute(rusqlite::params![
                     row.timestamp,
@@ -188,8 +188,47 @@ impl Db {
                     to_sql_count(row.usage.cache_write_tokens),
                     row.cost_usd,
                     row.fallback_from,
+                    to_sql_count(row.usage.cache_write_1h_tokens),
                 ])?;
                 Ok(())
+            })
+            .await
+    }
+
+    /// Record a `[[schedule]]` run its precheck skipped (SPEC §20), with the estimated saving.
+    pub async fn insert_skipped_run(
+        &self,
+        timestamp: i64,
+        schedule: &str,
+        session_id: &str,
+        saved_usd: Option<f64>,
+    ) -> Result<(), StoreError> {
+        let (schedule, session_id) = (schedule.to_string(), session_id.to_string());
+        let saved = saved_usd.filter(|s| s.is_finite() && *s >= 0.0);
+        self.actor
+            .call(move |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO skipped_runs (timestamp, schedule, session_id, saved_usd) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(rusqlite::params![timestamp, schedule, session_id, saved])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Skipped runs with `timestamp >= since` (`None`: all): how many, and their estimated
+    /// saving in USD.
+    pub async fn skipped_since(&self, since: Option<i64>) -> Result<(u64, f64), StoreError> {
+        let since = since.unwrap_or(i64::MIN);
+        self.actor
+            .call(move |conn| {
+                conn.prepare_cached(
+                    "SELECT COUNT(*), TOTAL(saved_usd) FROM skipped_runs WHERE timestamp >= ?1",
+                )?
+                .query_row([since], |r| {
+                    Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get(1)?))
+                })
             })
             .await
     }
@@ -287,6 +326,7 @@ impl Db {
                         output_tokens: from_sql_total(row.get(1)?),
                         cache_read_tokens: from_sql_total(row.get(2)?),
                         cache_write_tokens: from_sql_total(row.get(3)?),
+                        cache_write_1h_tokens: 0,
                     };
                     Ok((usage, row.get(4)?))
                 })
@@ -306,6 +346,7 @@ mod tests {
             output_tokens: o,
             cache_read_tokens: cr,
             cache_write_tokens: cw,
+            cache_write_1h_tokens: 0,
         }
     }
 
