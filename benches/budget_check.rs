@@ -61,6 +61,7 @@ fn row(timestamp: i64) -> CostRow {
         },
         cost_usd: 0.0123,
         fallback_from: None,
+        source: None,
     }
 }
 

@@ -217,7 +217,13 @@ pub struct Ledger {
     pending: Arc<Mutex<Vec<CostRow>>>,
     /// Session id → (message number, spend) of the message in flight in that session.
     messages: Arc<Mutex<HashMap<String, (u64, f64)>>>,
+    /// Session id → the source of its latest message, for the rows' `source` column (at most
+    /// `MAX_SOURCES` sessions).
+    sources: Arc<Mutex<HashMap<String, String>>>,
 }
+
+/// Sessions whose source the ledger remembers (it starts over beyond this).
+const MAX_SOURCES: usize = 4096;
 
 /// The spend of one message in flight; the message ends when this is dropped.
 #[derive(Debug)]
@@ -254,7 +260,21 @@ impl Ledger {
             tz: cfg.agent.timezone,
             pending: Arc::default(),
             messages: Arc::default(),
+            sources: Arc::default(),
         }
+    }
+
+    /// The rows billed to `session_id` from now on come from a message of `source`
+    /// (`control::Source` as a string), for `--cost --by source` (SPEC §20).
+    pub fn set_source(&self, session_id: &str, source: &str) {
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        if sources.get(session_id).map(String::as_str) == Some(source) {
+            return;
+        }
+        if sources.len() >= MAX_SOURCES {
+            sources.clear();
+        }
+        sources.insert(session_id.to_string(), source.to_string());
     }
 
     /// A message of `session_id` starts: from now until the returned guard is dropped, every
@@ -343,6 +363,12 @@ impl Ledger {
             usage,
             cost_usd: cost,
             fallback_from: fallback_from.map(str::to_string),
+            source: self
+                .sources
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(session_id)
+                .cloned(),
         };
         if let Some((_, spent)) = self.lock_messages().get_mut(session_id) {
             *spent += cost;
@@ -623,6 +649,7 @@ mod tests {
             usage: Usage::default(),
             cost_usd: usd,
             fallback_from: None,
+            source: None,
         })
         .await
         .unwrap();
@@ -701,6 +728,7 @@ mod tests {
             tz: chrono_tz::UTC,
             pending: Arc::default(),
             messages: Arc::default(),
+            sources: Arc::default(),
         }
     }
 
@@ -760,6 +788,7 @@ mod tests {
                 usage: Usage::default(),
                 cost_usd: usd,
                 fallback_from: None,
+                source: None,
             });
         }
         // The two rows reach the daily limit once written.

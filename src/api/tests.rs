@@ -32,6 +32,7 @@ struct Fake {
     chat_finished: AtomicBool,
     history_ids: Mutex<Vec<(String, bool)>>,
     periods: Mutex<Vec<Period>>,
+    groupings: Mutex<Vec<Option<crate::store::GroupBy>>>,
     panic_on_status: bool,
     compats: Mutex<Vec<CompatIn>>,
 }
@@ -94,9 +95,14 @@ impl ApiBackend for Fake {
     fn sessions(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
         async { Ok(json!({"sessions": []})) }.boxed()
     }
-    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>> {
+    fn cost(
+        &self,
+        period: Period,
+        by: Option<crate::store::GroupBy>,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
         async move {
             self.periods.lock().unwrap().push(period);
+            self.groupings.lock().unwrap().push(by);
             Ok(json!({"period": period.as_str(), "total_cost": 0.0, "models": []}))
         }
         .boxed()
@@ -445,6 +451,20 @@ async fn cost_period_defaults_to_today_and_bad_ones_are_400() {
             .contains("today, week, month, all")
     );
     assert_eq!(*fake.periods.lock().unwrap(), [Period::Today, Period::Week]);
+    send(&app, req("GET", "/api/v1/cost?period=all&by=Source", None)).await;
+    let (status, v, _) = send(&app, req("GET", "/api/v1/cost?by=contact", None)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("by: unknown grouping \"contact\": expected session, source or model"),
+        "{v}"
+    );
+    assert_eq!(
+        *fake.groupings.lock().unwrap(),
+        [None, None, Some(crate::store::GroupBy::Source)]
+    );
 }
 
 #[tokio::test]

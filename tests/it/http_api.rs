@@ -121,7 +121,11 @@ impl ApiBackend for Fake {
             .boxed()
     }
 
-    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>> {
+    fn cost(
+        &self,
+        period: Period,
+        _by: Option<agentd::store::GroupBy>,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
         async move { Ok(json!({"period": period.as_str(), "total_cost": 0.5, "models": []})) }
             .boxed()
     }
