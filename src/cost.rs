@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
+pub mod alarm;
+
 use crate::config::{BudgetConfig, Config, ModelSpec, Pricing};
 use crate::message::Usage;
 use crate::store::{CallType, CostRow, Db, StoreError};
@@ -220,6 +222,9 @@ pub struct Ledger {
     /// Session id → the source of its latest message, for the rows' `source` column (at most
     /// `MAX_SOURCES` sessions).
     sources: Arc<Mutex<HashMap<String, String>>>,
+    /// The cache alarm, checked after each recorded model call (SPEC §20); none in tools
+    /// outside the daemon.
+    cache_watch: Option<Arc<alarm::CacheWatch>>,
 }
 
 /// Sessions whose source the ledger remembers (it starts over beyond this).
@@ -261,7 +266,14 @@ impl Ledger {
             pending: Arc::default(),
             messages: Arc::default(),
             sources: Arc::default(),
+            cache_watch: None,
         }
+    }
+
+    /// Run the cache alarm after each recorded model call (SPEC §20).
+    pub fn with_cache_watch(mut self, watch: alarm::CacheWatch) -> Ledger {
+        self.cache_watch = Some(Arc::new(watch));
+        self
     }
 
     /// The rows billed to `session_id` from now on come from a message of `source`
@@ -373,9 +385,14 @@ impl Ledger {
         if let Some((_, spent)) = self.lock_messages().get_mut(session_id) {
             *spent += cost;
         }
+        let timestamp = row.timestamp;
         if let Err(e) = self.db.insert_cost(row.clone()).await {
             tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row; kept until it can be written");
             self.lock_pending().push(row);
+        } else if call_type != CallType::Embedding
+            && let Some(watch) = &self.cache_watch
+        {
+            watch.check(&self.db, timestamp).await;
         }
         cost
     }
@@ -729,6 +746,7 @@ mod tests {
             pending: Arc::default(),
             messages: Arc::default(),
             sources: Arc::default(),
+            cache_watch: None,
         }
     }
 

@@ -155,3 +155,103 @@ fn precheck_exit_2_runs_the_job_with_a_warning() {
         (m["prechecks"]["beat"]["outcome"] == "warn").then_some(true)
     }));
 }
+
+/// The cache alarm (SPEC §20): the fake provider stops reporting cache reads; once 20 calls
+/// went without them, the monitor shows the alert and the `[alerts] telegram_chat` gets one
+/// notice. When the reads come back, the episode ends (no second notice).
+#[test]
+fn cache_alarm_starts_once_and_ends_when_reads_return() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::support::e2e::{fifo_write, telegram_daemon};
+    use crate::support::fake_llm::Usage;
+    use crate::support::fake_telegram::FakeTelegram;
+
+    const CHAT: i64 = 4242;
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let reads = Arc::new(AtomicBool::new(true));
+    let r = reads.clone();
+    fake.set_responder(move |_| {
+        let usage = if r.load(Ordering::SeqCst) {
+            Usage::new(100, 5, 900, 0)
+        } else {
+            Usage::new(1000, 5, 0, 0)
+        };
+        Some(Reply::Text {
+            text: "ok".into(),
+            usage,
+        })
+    });
+    let tg = FakeTelegram::spawn("123:alarm");
+    let d = telegram_daemon(
+        &fake,
+        &tg,
+        "123:alarm",
+        CHAT,
+        "",
+        &format!("[alerts]\ntelegram_chat = {CHAT}\n\n"),
+        "",
+    );
+    let mut n = 0;
+    let mut call = |d: &TestDaemon| {
+        n += 1;
+        let id = format!("alarm-{n}");
+        fifo_write(
+            d,
+            &format!(r#"{{"type":"user","id":"{id}","sender":"cli","text":"hi {n}"}}"#),
+        );
+        wait_outcome(d, "cli", &id);
+    };
+    for _ in 0..10 {
+        call(&d);
+    }
+    // monitor.json is written in the background: wait for the view of the last call.
+    let m = wait_until(WAIT, "the cache section", || {
+        let m = monitor(&d);
+        (m["cache"]["recent_calls"] == 10).then_some(m)
+    });
+    assert!(
+        m["cache"]["hit_ratio_recent"].as_f64().unwrap() > 0.8,
+        "{m}"
+    );
+    assert_eq!(m["alerts"], serde_json::json!([]), "{m}");
+    reads.store(false, Ordering::SeqCst);
+    let notices = || {
+        tg.sent_to(CHAT)
+            .into_iter()
+            .filter(|t| t.contains("cache hit ratio"))
+            .count()
+    };
+    for _ in 0..20 {
+        call(&d);
+    }
+    let m = wait_until(WAIT, "the alert in monitor.json", || {
+        let m = monitor(&d);
+        (m["alerts"][0]["kind"] == "cache").then_some(m)
+    });
+    assert!(
+        m["cache"]["hit_ratio_recent"].as_f64().unwrap() < 0.01,
+        "{m}"
+    );
+    d.wait_log("cache alarm: prompt cache hit ratio fell");
+    wait_until(WAIT, "one alert notice", || (notices() == 1).then_some(()));
+    reads.store(true, Ordering::SeqCst);
+    let mut ended_after = None;
+    for i in 1..=20 {
+        call(&d);
+        if d.log().contains("cache alarm over") {
+            ended_after = Some(i);
+            break;
+        }
+    }
+    assert!(
+        ended_after.is_some(),
+        "the episode never ended: {}",
+        monitor(&d)
+    );
+    wait_until(WAIT, "no alert in monitor.json", || {
+        (monitor(&d)["alerts"] == serde_json::json!([])).then_some(())
+    });
+    assert_eq!(notices(), 1, "one notice per episode");
+}
