@@ -255,3 +255,71 @@ fn cache_alarm_starts_once_and_ends_when_reads_return() {
     });
     assert_eq!(notices(), 1, "one notice per episode");
 }
+
+/// The `ttl` of every `cache_control` in body order (tools, system, messages).
+fn ttls(body: &Value) -> (Vec<String>, Vec<String>) {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                if let Some(cc) = o.get("cache_control") {
+                    out.push(cc["ttl"].as_str().unwrap_or("5m").to_string());
+                }
+                o.values().for_each(|v| walk(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let (mut system, mut messages) = (Vec::new(), Vec::new());
+    walk(&body["tools"], &mut system);
+    walk(&body["system"], &mut system);
+    walk(&body["messages"], &mut messages);
+    (system, messages)
+}
+
+/// TTL on the wire (SPEC §20): with `[caching] ttl = "1h"` the daemon's requests carry
+/// `ttl: "1h"` on the system breakpoints only, before every 5-minute message breakpoint, and
+/// are valid against the published request schema; with `"5m"` none carries a TTL.
+#[test]
+fn cache_ttl_on_the_wire() {
+    for (setting, system_ttl) in [("1h", "1h"), ("5m", "5m")] {
+        let fake = FakeLlm::spawn(Wire::Anthropic);
+        fake.set_responder(|_| Some(Reply::text("fine")));
+        let toml = agentd_toml("fake").replace(
+            "[behavior]",
+            &format!("[caching]\nttl = \"{setting}\"\n\n[behavior]"),
+        );
+        let mut d = TestDaemon::new(
+            &toml,
+            &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+        );
+        d.start();
+        for n in 1..=2 {
+            let id = format!("ttl-{setting}-{n}");
+            crate::support::e2e::fifo_write(
+                &d,
+                &format!(r#"{{"type":"user","id":"{id}","sender":"cli","text":"hello {n}"}}"#),
+            );
+            wait_outcome(&d, "cli", &id);
+        }
+        let requests = fake.requests();
+        assert_eq!(requests.len(), 2);
+        for body in &requests {
+            crate::support::provider_spec::assert_valid(Wire::Anthropic, body);
+            let (system, messages) = ttls(body);
+            assert!(!system.is_empty() && !messages.is_empty(), "{body}");
+            assert!(
+                system.iter().all(|t| t == system_ttl),
+                "{setting}: {system:?}"
+            );
+            assert!(
+                messages.iter().all(|t| t == "5m"),
+                "{setting}: {messages:?}"
+            );
+            let raw = body.to_string();
+            if setting == "5m" {
+                assert!(!raw.contains("\"ttl\""), "no ttl key with 5m: {raw}");
+            }
+        }
+    }
+}
