@@ -197,7 +197,7 @@ impl Session {
             session_id: "bench".into(),
             system: self.system.clone(),
             messages: self.messages.clone(),
-            tools: self.tools.clone(),
+            tools: self.tools.clone().into(),
             tool_choice: ToolChoice::Auto,
             previous_messages: self.previous,
             rendered: Default::default(),

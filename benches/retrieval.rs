@@ -1,5 +1,6 @@
 //! Retrieval quality of memory search (issue #5): index a workspace and print recall@k per
-//! query class, full text only and hybrid (FTS5 + vectors, reciprocal-rank fusion).
+//! query class, full text only and hybrid (FTS5 + vectors, merged as `memory::Fusion` says;
+//! other fusions with `--fusion`).
 //!
 //! ```sh
 //! cargo bench --bench retrieval                                   # full text only
@@ -9,7 +10,9 @@
 //!
 //! Options: `--workspace DIR` and `--queries FILE` (default: tests/fixtures/retrieval), `--k N`
 //! (5), `--chunk-chars N` / `--overlap-chars N` (the config defaults), `--misses` (list what
-//! each miss found instead), `--json`.
+//! each miss found instead), `--json`, `--weights "A,B ..."` (the default fusion with full-text
+//! weight A and vector weight B), `--fusion "SPEC ..."` (other fusions, each
+//! `METHOD[+coverage][+adaptive]:A,B` with METHOD `rrf` or `convex`; `vector` = vectors alone).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +20,7 @@ use std::time::Instant;
 
 use agentd::memory::eval::{EvalReport, load_queries};
 use agentd::memory::index::NoProgress;
-use agentd::memory::{Memory, SearchMode};
+use agentd::memory::{Fusion, FusionMethod, Memory, SearchMode};
 use anyhow::{Context, bail};
 
 struct Args {
@@ -30,8 +33,48 @@ struct Args {
     overlap_chars: Option<usize>,
     misses: bool,
     json: bool,
-    /// Weight pairs (fts, vector) to compare, e.g. `--weights 1,1 0.5,1`.
+    /// Weight pairs (fts, vector) of the default fusion to compare, e.g. `--weights "1,1 0.5,1"`.
     weights: Vec<(f64, f64)>,
+    /// Other fusions to compare, with their labels.
+    fusions: Vec<(String, Fusion)>,
+}
+
+/// `METHOD[+coverage][+adaptive]:A,B`, or `vector` (RRF with full-text weight 0).
+fn parse_fusion(spec: &str) -> anyhow::Result<Fusion> {
+    if spec == "vector" {
+        return Ok(Fusion {
+            method: FusionMethod::Rrf,
+            fts_weight: 0.0,
+            vector_weight: 1.0,
+            coverage: false,
+            adaptive: false,
+        });
+    }
+    let (name, weights) = spec.split_once(':').unwrap_or((spec, "1,1"));
+    let (a, b) = weights
+        .split_once(',')
+        .with_context(|| format!("--fusion {spec:?}: weights are A,B"))?;
+    let mut parts = name.split('+');
+    let method = match parts.next() {
+        Some("rrf") => FusionMethod::Rrf,
+        Some("convex") => FusionMethod::Convex,
+        _ => bail!("--fusion {spec:?}: the method is rrf or convex"),
+    };
+    let mut f = Fusion {
+        method,
+        fts_weight: a.parse()?,
+        vector_weight: b.parse()?,
+        coverage: false,
+        adaptive: false,
+    };
+    for p in parts {
+        match p {
+            "coverage" => f.coverage = true,
+            "adaptive" => f.adaptive = true,
+            other => bail!("--fusion {spec:?}: unknown option {other:?} (coverage, adaptive)"),
+        }
+    }
+    Ok(f)
 }
 
 fn parse() -> anyhow::Result<Args> {
@@ -47,6 +90,7 @@ fn parse() -> anyhow::Result<Args> {
         misses: false,
         json: false,
         weights: Vec::new(),
+        fusions: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -69,6 +113,11 @@ fn parse() -> anyhow::Result<Args> {
                     a.weights.push((f.parse()?, v.parse()?));
                 }
             }
+            "--fusion" => {
+                for spec in value()?.split_whitespace() {
+                    a.fusions.push((spec.to_string(), parse_fusion(spec)?));
+                }
+            }
             // cargo bench passes --bench to harness-less benches.
             "--bench" => {}
             other => bail!("unknown argument {other:?} (see the top of benches/retrieval.rs)"),
@@ -83,7 +132,7 @@ fn print_table(reports: &[(String, EvalReport)]) {
         "class",
         reports
             .iter()
-            .map(|(l, _)| format!("{l:>16}"))
+            .map(|(l, _)| format!("{l:>24}"))
             .collect::<String>()
     );
     let classes: Vec<&String> = reports[0].1.classes.keys().collect();
@@ -93,7 +142,7 @@ fn print_table(reports: &[(String, EvalReport)]) {
             .map(|(_, r)| {
                 let s = &r.classes[c];
                 format!(
-                    "{:>16}",
+                    "{:>24}",
                     format!("{}/{} {:.2}", s.hits, s.total, s.recall())
                 )
             })
@@ -105,7 +154,7 @@ fn print_table(reports: &[(String, EvalReport)]) {
         .map(|(_, r)| {
             let o = &r.overall;
             format!(
-                "{:>16}",
+                "{:>24}",
                 format!("{}/{} {:.2}", o.hits, o.total, o.recall())
             )
         })
@@ -164,13 +213,20 @@ fn main() -> anyhow::Result<()> {
         let mut reports = vec![("full text".to_string(), fts)];
         if a.url.is_some() {
             let default = memory.fusion();
-            let mut weights = vec![(default.fts_weight, default.vector_weight)];
-            weights.extend(a.weights.iter().copied());
-            for (fts_weight, vector_weight) in weights {
-                let m = memory.clone().with_fusion(agentd::memory::Fusion {
-                    fts_weight,
-                    vector_weight,
-                });
+            let mut fusions = vec![("hybrid".to_string(), default)];
+            for (fts_weight, vector_weight) in &a.weights {
+                fusions.push((
+                    format!("hybrid {fts_weight}/{vector_weight}"),
+                    Fusion {
+                        fts_weight: *fts_weight,
+                        vector_weight: *vector_weight,
+                        ..default
+                    },
+                ));
+            }
+            fusions.extend(a.fusions.iter().cloned());
+            for (label, fusion) in fusions {
+                let m = memory.clone().with_fusion(fusion);
                 let hybrid = m.evaluate(&queries, a.k, SearchMode::Hybrid).await?;
                 if hybrid.fell_back > 0 {
                     bail!(
@@ -178,7 +234,7 @@ fn main() -> anyhow::Result<()> {
                         hybrid.fell_back
                     );
                 }
-                reports.push((format!("hybrid {fts_weight}/{vector_weight}"), hybrid));
+                reports.push((label, hybrid));
             }
         }
         if a.json {
@@ -190,7 +246,7 @@ fn main() -> anyhow::Result<()> {
         } else {
             println!("recall@{} (hits/queries), {} notes", a.k, index.files_seen);
             println!(
-                "(hybrid a/b: reciprocal-rank fusion with full-text weight a, vector weight b)"
+                "(hybrid: the default fusion; a/b: with full-text weight a, vector weight b; others: --fusion)"
             );
             print_table(&reports);
         }

@@ -454,7 +454,7 @@ fn count_files(dir: &Path) -> usize {
     })
 }
 
-/// A gauge without labels from the Prometheus text of `/metrics`.
+/// A gauge without labels from the OpenMetrics text of `/metrics`.
 fn gauge(metrics: &str, name: &str) -> u64 {
     metrics
         .lines()

@@ -110,6 +110,15 @@ fn local_start_of_day(tz: Tz, day: NaiveDate) -> i64 {
     midnight.and_utc().timestamp()
 }
 
+/// An audio call to price (SPEC §19): see [`Ledger::record_audio`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AudioCall {
+    /// Seconds of audio transcribed.
+    Transcription { seconds: f64 },
+    /// Characters synthesised.
+    Speech { chars: usize },
+}
+
 /// Format dollars for messages: two decimals, more for sub-dollar amounts that need them
 /// (`$5.00`, `$0.0123`).
 fn usd(v: f64) -> String {
@@ -276,6 +285,15 @@ impl Ledger {
         self
     }
 
+    /// The source of `session_id`'s latest message, if known.
+    fn source_of(&self, session_id: &str) -> Option<String> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session_id)
+            .cloned()
+    }
+
     /// The rows billed to `session_id` from now on come from a message of `source`
     /// (`control::Source` as a string), for `--cost --by source` (SPEC §20).
     pub fn set_source(&self, session_id: &str, source: &str) {
@@ -375,12 +393,7 @@ impl Ledger {
             usage,
             cost_usd: cost,
             fallback_from: fallback_from.map(str::to_string),
-            source: self
-                .sources
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(session_id)
-                .cloned(),
+            source: self.source_of(session_id),
         };
         if let Some((_, spent)) = self.lock_messages().get_mut(session_id) {
             *spent += cost;
@@ -393,6 +406,51 @@ impl Ledger {
             && let Some(watch) = &self.cache_watch
         {
             watch.check(&self.db, timestamp).await;
+        }
+        cost
+    }
+
+    /// Record an audio call of `spec` (SPEC §19) whose price is not in tokens: a
+    /// transcription of `seconds` of audio at `cost_per_minute`, or a synthesis of `chars`
+    /// characters at `cost_per_1k_chars`. Returns its cost.
+    pub async fn record_audio(&self, session_id: &str, spec: &ModelSpec, call: AudioCall) -> f64 {
+        let (call_type, cost) = match call {
+            AudioCall::Transcription { seconds } => (
+                CallType::Transcription,
+                spec.pricing.per_minute * seconds.max(0.0) / 60.0,
+            ),
+            AudioCall::Speech { chars } => (
+                CallType::Tts,
+                spec.pricing.per_1k_chars * chars as f64 / 1000.0,
+            ),
+        };
+        let cost = if cost.is_finite() { cost } else { 0.0 };
+        let source = self.source_of(session_id);
+        self.write_row(CostRow {
+            timestamp: Utc::now().timestamp(),
+            session_id: session_id.to_string(),
+            model: spec.model.clone(),
+            provider: spec.provider.clone(),
+            call_type,
+            usage: Usage::default(),
+            cost_usd: cost,
+            fallback_from: None,
+            source,
+        })
+        .await
+    }
+
+    /// Count `row` towards its session's message in flight and insert it (kept for later
+    /// when the insert fails).
+    async fn write_row(&self, row: CostRow) -> f64 {
+        let cost = row.cost_usd;
+        if let Some((_, spent)) = self.lock_messages().get_mut(&row.session_id) {
+            *spent += cost;
+        }
+        let call_type = row.call_type;
+        if let Err(e) = self.db.insert_cost(row.clone()).await {
+            tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row; kept until it can be written");
+            self.lock_pending().push(row);
         }
         cost
     }
@@ -439,6 +497,8 @@ mod tests {
         cache_read: 0.30,
         cache_write: 3.75,
         cache_write_1h: 6.0,
+        per_minute: 0.0,
+        per_1k_chars: 0.0,
     };
 
     fn utc(s: &str) -> DateTime<Utc> {

@@ -63,6 +63,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
     for (name, spec) in &cfg.models.loaded {
         out.push(reachable(&format!("model {name}"), &spec.base_url).await);
     }
+    out.extend(voice(cfg).await);
     if cfg.telegram.enabled {
         out.push(telegram(cfg).await);
     }
@@ -90,6 +91,35 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
             format!("{} is not a directory; fix [agent] workspace", ws.display()),
         )
     });
+    out
+}
+
+/// `[voice]` (SPEC §19): the speech-to-text and text-to-speech endpoints accept a connection
+/// (no request: it would need audio, the key, and cost money).
+async fn voice(cfg: &Config) -> Vec<Check> {
+    let mut out = Vec::new();
+    let v = &cfg.voice;
+    for (what, model, path) in [
+        ("voice stt", &v.stt_model, "audio/transcriptions"),
+        ("voice tts", &v.tts_model, "audio/speech"),
+    ] {
+        let Some(name) = model else { continue };
+        let label = format!("{what} ({name})");
+        match cfg.models.get(name) {
+            Some(spec) => {
+                let url = format!("{}/{path}", spec.base_url);
+                let mut c = reachable(&label, &url).await;
+                c.detail = format!("{}; {url}", c.detail);
+                out.push(c);
+            }
+            None => {
+                let reason = cfg.models.skipped.get(name).cloned().unwrap_or_else(|| {
+                    format!("model {name:?} is not defined; define [models.{name}]")
+                });
+                out.push(check(label, Status::Fail, reason));
+            }
+        }
+    }
     out
 }
 

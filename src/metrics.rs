@@ -1,26 +1,40 @@
-//! Process metrics for `GET /metrics` (SPEC §10.2): counters, gauges and histograms kept in
-//! atomics and small locked maps, rendered as Prometheus text format 0.0.4.
+//! Process metrics for `GET /metrics` (SPEC §10.2), on `prometheus-client` (the Prometheus
+//! project's Rust client), rendered as OpenMetrics text ([`CONTENT_TYPE`]).
 //!
-//! Create one [`Metrics`] and share it through an `Arc`. Label sets stay small: outcomes are an
-//! enum, and every free-form label (source, model, tool, error kind) keeps at most
-//! [`MAX_LABEL_VALUES`] distinct values — later ones are counted as `"other"`.
+//! Create one [`Metrics`] and share it through an `Arc`. Counter families are registered
+//! without their `_total` suffix, which the encoder adds to each sample (`agentd_messages` is
+//! sampled as `agentd_messages_total`). A labelled family appears once it has a series: the
+//! known label values (token kinds, delivery statuses) are there from the start at zero, the
+//! free-form ones (`agentd_errors_total`, ...) from their first count. Label sets stay small: outcomes are an enum, and every
+//! free-form label (source, model, tool, error kind) keeps at most [`MAX_LABEL_VALUES`]
+//! distinct values — later ones are counted as `"other"`.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
 use crate::message::Usage;
 
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// Distinct values one label keeps before new ones become `"other"`.
 pub const MAX_LABEL_VALUES: usize = 200;
 /// Label values are cut to this many characters.
 const MAX_LABEL_CHARS: usize = 64;
-/// Bucket upper bounds (seconds) of both latency histograms.
+/// Bucket upper bounds (seconds) of the latency histograms.
 const DURATION_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
+/// The kinds of `agentd_tokens_total`, in [`Usage`] order.
+const TOKEN_KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
 
 /// How a message ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,26 +61,34 @@ impl Outcome {
     }
 }
 
+/// A label set: `(name, value)` pairs in the order the family declares its names.
+type Labels = Vec<(&'static str, String)>;
+/// A gauge read as a count (never negative).
+type Count = Gauge<u64, AtomicU64>;
+
 /// All metrics of the daemon. `Send + Sync`; every method takes `&self`.
 #[derive(Debug)]
 pub struct Metrics {
-    messages: Family,
-    llm_calls: Family,
-    /// input, output, cache_read, cache_write
-    tokens: [AtomicU64; 4],
-    cost_usd: AtomicF64,
-    tool_calls: Family,
-    errors: Family,
-    queue_depth: AtomicU64,
-    active_sessions: AtomicU64,
-    session_workers: AtomicU64,
-    open_sessions: AtomicU64,
+    /// Holds a handle to every metric below (they share their state with it).
+    registry: Registry,
+    messages: Bounded,
+    llm_calls: Bounded,
+    tokens: [Counter; 4],
+    cost_usd: Counter<f64, AtomicU64>,
+    tool_calls: Bounded,
+    errors: Bounded,
+    queue_depth: Count,
+    active_sessions: Count,
+    session_workers: Count,
+    open_sessions: Count,
     /// Closed deliveries (SPEC §16.1), by status: done, failed, unknown.
-    deliveries: Family,
-    deliveries_pending: AtomicU64,
+    deliveries: Bounded,
+    deliveries_pending: Count,
     /// Tool calls waiting for a person's yes (SPEC §18.1).
-    approvals_pending: AtomicU64,
+    approvals_pending: Count,
     message_duration: Histogram,
+    /// The count of `message_duration` (the client keeps its histograms' counts to itself).
+    messages_finished: AtomicU64,
     llm_call_duration: Histogram,
     /// How long a message waited for one of `max_concurrent_sessions` slots.
     slot_wait: Histogram,
@@ -79,46 +101,140 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Everything at zero.
+    /// Everything at zero, registered under the `agentd_` prefix.
     pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("agentd");
+        let messages = Bounded::new(&["source", "outcome"]);
+        registry.register(
+            "messages",
+            "Messages processed, by source and outcome",
+            messages.family.clone(),
+        );
+        let llm_calls = Bounded::new(&["model"]);
+        registry.register("llm_calls", "LLM calls, by model", llm_calls.family.clone());
+        let token_family = Family::<Labels, Counter>::default();
+        let tokens = TOKEN_KINDS.map(|kind| {
+            token_family
+                .get_or_create(&vec![("kind", kind.to_owned())])
+                .clone()
+        });
+        registry.register("tokens", "Tokens of LLM calls, by kind", token_family);
+        let cost_usd = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "cost_usd",
+            "Cost of LLM calls in US dollars",
+            cost_usd.clone(),
+        );
+        let tool_calls = Bounded::new(&["tool", "outcome"]);
+        registry.register(
+            "tool_calls",
+            "Tool calls, by tool and outcome",
+            tool_calls.family.clone(),
+        );
+        let errors = Bounded::new(&["kind"]);
+        registry.register("errors", "Errors, by kind", errors.family.clone());
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let g = Count::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let approvals_pending = gauge(
+            &mut registry,
+            "approvals_pending",
+            "Tool calls waiting for a person's approval",
+        );
+        let queue_depth = gauge(
+            &mut registry,
+            "queue_depth",
+            "Items waiting in the intake queue",
+        );
+        let active_sessions = gauge(
+            &mut registry,
+            "active_sessions",
+            "Sessions processing a message",
+        );
+        let session_workers = gauge(
+            &mut registry,
+            "session_workers",
+            "Per-session worker tasks alive (they exit when their queue is empty)",
+        );
+        let open_sessions = gauge(
+            &mut registry,
+            "open_sessions",
+            "Session handles holding their trail file open",
+        );
+        let deliveries_pending = gauge(
+            &mut registry,
+            "deliveries_pending",
+            "Outbox deliveries queued, in flight or waiting to retry",
+        );
+        let deliveries = Bounded::new(&["status"]);
+        // The statuses are known: each is sampled from the start, at zero until it happens.
+        for status in ["done", "failed", "unknown"] {
+            deliveries.add(&[status], 0);
+        }
+        registry.register(
+            "deliveries",
+            "Outbox deliveries closed, by status (done, failed, unknown)",
+            deliveries.family.clone(),
+        );
+        let histogram = |registry: &mut Registry, name: &str, help: &str| {
+            let h = Histogram::new(DURATION_BUCKETS.iter().copied());
+            registry.register_with_unit(name, help, Unit::Seconds, h.clone());
+            h
+        };
+        let message_duration = histogram(
+            &mut registry,
+            "message_duration",
+            "Time from intake to the end of a message",
+        );
+        let slot_wait = histogram(
+            &mut registry,
+            "session_slot_wait",
+            "Time a message waited for one of [behavior] max_concurrent_sessions slots",
+        );
+        let llm_call_duration = histogram(
+            &mut registry,
+            "llm_call_duration",
+            "Duration of one LLM call",
+        );
         Metrics {
-            messages: Family::new(&["source", "outcome"]),
-            llm_calls: Family::new(&["model"]),
-            tokens: Default::default(),
-            cost_usd: AtomicF64::default(),
-            tool_calls: Family::new(&["tool", "outcome"]),
-            errors: Family::new(&["kind"]),
-            queue_depth: AtomicU64::new(0),
-            active_sessions: AtomicU64::new(0),
-            session_workers: AtomicU64::new(0),
-            open_sessions: AtomicU64::new(0),
-            deliveries: Family::new(&["status"]),
-            deliveries_pending: AtomicU64::new(0),
-            approvals_pending: AtomicU64::new(0),
-            message_duration: Histogram::new(DURATION_BUCKETS),
-            llm_call_duration: Histogram::new(DURATION_BUCKETS),
-            slot_wait: Histogram::new(DURATION_BUCKETS),
+            registry,
+            messages,
+            llm_calls,
+            tokens,
+            cost_usd,
+            tool_calls,
+            errors,
+            queue_depth,
+            active_sessions,
+            session_workers,
+            open_sessions,
+            deliveries,
+            deliveries_pending,
+            approvals_pending,
+            message_duration,
+            messages_finished: AtomicU64::new(0),
+            llm_call_duration,
+            slot_wait,
         }
     }
 
     /// One message of `source` finished with `outcome` after `duration`.
     pub fn message_done(&self, source: &str, outcome: Outcome, duration: Duration) {
         self.messages.inc(&[source, outcome.as_str()]);
-        self.message_duration.observe(duration);
+        self.message_duration.observe(duration.as_secs_f64());
+        self.messages_finished.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A message waited `wait` for a session slot (`[behavior] max_concurrent_sessions`).
     pub fn slot_wait(&self, wait: Duration) {
-        self.slot_wait.observe(wait);
+        self.slot_wait.observe(wait.as_secs_f64());
     }
 
     /// Messages finished since the start (every outcome).
     pub fn messages_finished(&self) -> u64 {
-        self.message_duration
-            .counts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .sum()
+        self.messages_finished.load(Ordering::Relaxed)
     }
 
     /// One LLM call to `model`: its usage, its cost and how long it took.
@@ -131,10 +247,13 @@ impl Metrics {
             usage.cache_write_tokens,
         ];
         for (counter, n) in self.tokens.iter().zip(kinds) {
-            counter.fetch_add(n, Ordering::Relaxed);
+            counter.inc_by(n);
         }
-        self.cost_usd.add(cost_usd);
-        self.llm_call_duration.observe(duration);
+        // A cost never goes down: NaN, infinities and negatives are not counted.
+        if cost_usd.is_finite() && cost_usd > 0.0 {
+            self.cost_usd.inc_by(cost_usd);
+        }
+        self.llm_call_duration.observe(duration.as_secs_f64());
     }
 
     /// One tool call of `name`; `ok` = no error.
@@ -150,40 +269,39 @@ impl Metrics {
 
     /// Tool calls waiting for approval.
     pub fn set_approvals_pending(&self, n: usize) {
-        self.approvals_pending.store(n as u64, Ordering::Relaxed);
+        self.approvals_pending.set(n as u64);
     }
 
     /// Items waiting in the intake queue.
     pub fn set_queue_depth(&self, n: usize) {
-        self.queue_depth.store(n as u64, Ordering::Relaxed);
+        self.queue_depth.set(n as u64);
     }
 
     /// Sessions processing a message right now.
     pub fn set_active(&self, n: usize) {
-        self.active_sessions.store(n as u64, Ordering::Relaxed);
+        self.active_sessions.set(n as u64);
     }
 
     /// Per-session workers alive, and session handles (trail files) held open: both bounded
     /// however many sessions were ever seen.
     pub fn set_session_resources(&self, workers: usize, open: usize) {
-        self.session_workers
-            .store(workers as u64, Ordering::Relaxed);
-        self.open_sessions.store(open as u64, Ordering::Relaxed);
+        self.session_workers.set(workers as u64);
+        self.open_sessions.set(open as u64);
     }
 
     /// A delivery was queued in the outbox.
     pub fn delivery_queued(&self) {
-        self.deliveries_pending.fetch_add(1, Ordering::Relaxed);
+        self.deliveries_pending.inc();
     }
 
     /// A queued delivery is over: closed with `status` (`done`, `failed`, `unknown`), or left
     /// open by a shutdown (`None`).
     pub fn delivery_over(&self, status: Option<&str>) {
-        let _ = self
-            .deliveries_pending
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
+        let _ = self.deliveries_pending.inner().fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |n| Some(n.saturating_sub(1)),
+        );
         if let Some(s) = status {
             self.deliveries.inc(&[s]);
         }
@@ -191,303 +309,80 @@ impl Metrics {
 
     /// Deliveries queued or in flight.
     pub fn deliveries_pending(&self) -> u64 {
-        self.deliveries_pending.load(Ordering::Relaxed)
+        self.deliveries_pending.get()
     }
 
-    /// Prometheus text format 0.0.4, every name prefixed `agentd_`.
+    /// OpenMetrics text (serve it as [`CONTENT_TYPE`]), every name prefixed `agentd_`, ending
+    /// with `# EOF`.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        header(
-            &mut out,
-            "agentd_messages_total",
-            "counter",
-            "Messages processed, by source and outcome.",
-        );
-        self.messages.render(&mut out, "agentd_messages_total");
-        header(
-            &mut out,
-            "agentd_llm_calls_total",
-            "counter",
-            "LLM calls, by model.",
-        );
-        self.llm_calls.render(&mut out, "agentd_llm_calls_total");
-        header(
-            &mut out,
-            "agentd_tokens_total",
-            "counter",
-            "Tokens of LLM calls, by kind.",
-        );
-        for (kind, counter) in ["input", "output", "cache_read", "cache_write"]
-            .iter()
-            .zip(&self.tokens)
-        {
-            let _ = writeln!(
-                out,
-                "agentd_tokens_total{{kind=\"{kind}\"}} {}",
-                counter.load(Ordering::Relaxed)
-            );
-        }
-        header(
-            &mut out,
-            "agentd_cost_usd_total",
-            "counter",
-            "Cost of LLM calls in US dollars.",
-        );
-        let _ = writeln!(out, "agentd_cost_usd_total {}", float(self.cost_usd.get()));
-        header(
-            &mut out,
-            "agentd_tool_calls_total",
-            "counter",
-            "Tool calls, by tool and outcome.",
-        );
-        self.tool_calls.render(&mut out, "agentd_tool_calls_total");
-        header(
-            &mut out,
-            "agentd_errors_total",
-            "counter",
-            "Errors, by kind.",
-        );
-        self.errors.render(&mut out, "agentd_errors_total");
-        gauge(
-            &mut out,
-            "agentd_approvals_pending",
-            "Tool calls waiting for a person's approval.",
-            self.approvals_pending.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "agentd_queue_depth",
-            "Items waiting in the intake queue.",
-            self.queue_depth.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "agentd_active_sessions",
-            "Sessions processing a message.",
-            self.active_sessions.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "agentd_session_workers",
-            "Per-session worker tasks alive (they exit when their queue is empty).",
-            self.session_workers.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "agentd_open_sessions",
-            "Session handles holding their trail file open.",
-            self.open_sessions.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "agentd_deliveries_pending",
-            "Outbox deliveries queued, in flight or waiting to retry.",
-            self.deliveries_pending.load(Ordering::Relaxed),
-        );
-        header(
-            &mut out,
-            "agentd_deliveries_total",
-            "counter",
-            "Outbox deliveries closed, by status (done, failed, unknown).",
-        );
-        self.deliveries.render(&mut out, "agentd_deliveries_total");
-        header(
-            &mut out,
-            "agentd_message_duration_seconds",
-            "histogram",
-            "Time from intake to the end of a message.",
-        );
-        self.message_duration
-            .render(&mut out, "agentd_message_duration_seconds");
-        header(
-            &mut out,
-            "agentd_session_slot_wait_seconds",
-            "histogram",
-            "Time a message waited for one of [behavior] max_concurrent_sessions slots.",
-        );
-        self.slot_wait
-            .render(&mut out, "agentd_session_slot_wait_seconds");
-        header(
-            &mut out,
-            "agentd_llm_call_duration_seconds",
-            "histogram",
-            "Duration of one LLM call.",
-        );
-        self.llm_call_duration
-            .render(&mut out, "agentd_llm_call_duration_seconds");
+        // Writing to a String cannot fail; the encoder's only errors are the writer's.
+        let _ = encode(&mut out, &self.registry);
         out
     }
 }
 
-/// A gauge without labels: its header and its one sample.
-fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
-    header(out, name, "gauge", help);
-    let _ = writeln!(out, "{name} {value}");
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-/// A float as Prometheus reads it (`+Inf`, `-Inf`, `NaN`, else decimal).
-fn float(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
-    } else {
-        format!("{v}")
-    }
-}
-
-/// A label value, escaped for the text format.
-fn escape(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// An f64 accumulated in an `AtomicU64` (bit pattern).
-#[derive(Debug, Default)]
-struct AtomicF64(AtomicU64);
-
-impl AtomicF64 {
-    /// Adds `v` when it is finite and positive (a cost never goes down).
-    fn add(&self, v: f64) {
-        if !(v.is_finite() && v > 0.0) {
-            return;
-        }
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                Some((f64::from_bits(bits) + v).to_bits())
-            });
-    }
-
-    fn get(&self) -> f64 {
-        f64::from_bits(self.0.load(Ordering::Relaxed))
-    }
-}
-
-/// A counter with labels; each label keeps at most [`MAX_LABEL_VALUES`] distinct values.
+/// A counter family whose free-form labels are bounded: each label keeps at most
+/// [`MAX_LABEL_VALUES`] distinct values of at most `MAX_LABEL_CHARS` characters, an empty or
+/// missing value is `"unknown"`, and a value beyond the bound is counted as `"other"`.
 #[derive(Debug)]
-struct Family {
-    labels: &'static [&'static str],
-    inner: Mutex<FamilyInner>,
-}
-
-#[derive(Debug)]
-struct FamilyInner {
-    series: BTreeMap<Vec<String>, u64>,
+struct Bounded {
+    names: &'static [&'static str],
+    family: Family<Labels, Counter>,
     /// Distinct values seen, per label position.
-    seen: Vec<BTreeSet<String>>,
+    seen: Mutex<Vec<BTreeSet<String>>>,
 }
 
-impl Family {
-    fn new(labels: &'static [&'static str]) -> Family {
-        Family {
-            labels,
-            inner: Mutex::new(FamilyInner {
-                series: BTreeMap::new(),
-                seen: vec![BTreeSet::new(); labels.len()],
-            }),
+impl Bounded {
+    fn new(names: &'static [&'static str]) -> Bounded {
+        Bounded {
+            names,
+            family: Family::default(),
+            seen: Mutex::new(vec![BTreeSet::new(); names.len()]),
         }
     }
 
     fn inc(&self, values: &[&str]) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let key: Vec<String> = (0..self.labels.len())
-            .map(|i| {
-                let value: String = values
-                    .get(i)
-                    .copied()
-                    .filter(|v| !v.is_empty())
-                    .unwrap_or("unknown")
-                    .chars()
-                    .take(MAX_LABEL_CHARS)
-                    .collect();
-                let seen = &mut inner.seen[i];
-                if seen.contains(&value) {
-                    value
-                } else if seen.len() < MAX_LABEL_VALUES {
-                    seen.insert(value.clone());
-                    value
-                } else {
-                    "other".to_owned()
-                }
-            })
-            .collect();
-        *inner.series.entry(key).or_default() += 1;
+        self.add(values, 1);
     }
 
-    fn render(&self, out: &mut String, name: &str) {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        for (values, count) in &inner.series {
-            let labels: Vec<String> = self
-                .labels
+    /// Adds `n` to the series of `values` (0 only creates it).
+    fn add(&self, values: &[&str], n: u64) {
+        let labels: Labels = {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            self.names
                 .iter()
-                .zip(values)
-                .map(|(l, v)| format!("{l}=\"{}\"", escape(v)))
-                .collect();
-            let _ = writeln!(out, "{name}{{{}}} {count}", labels.join(","));
-        }
-    }
-}
-
-/// A histogram with fixed buckets.
-#[derive(Debug)]
-struct Histogram {
-    bounds: &'static [f64],
-    /// Per bucket (not cumulative); the last one is above every bound.
-    counts: Vec<AtomicU64>,
-    sum: AtomicF64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum: AtomicF64::default(),
-        }
-    }
-
-    fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let i = self
-            .bounds
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(self.bounds.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum.add(secs);
-    }
-
-    /// Cumulative buckets; `+Inf` and `_count` are the same total by construction.
-    fn render(&self, out: &mut String, name: &str) {
-        let mut total = 0u64;
-        for (i, count) in self.counts.iter().enumerate() {
-            total += count.load(Ordering::Relaxed);
-            let le = self.bounds.get(i).map_or("+Inf".to_owned(), |b| float(*b));
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {total}");
-        }
-        let _ = writeln!(out, "{name}_sum {}", float(self.sum.get()));
-        let _ = writeln!(out, "{name}_count {total}");
+                .enumerate()
+                .map(|(i, name)| {
+                    let value: String = values
+                        .get(i)
+                        .copied()
+                        .filter(|v| !v.is_empty())
+                        .unwrap_or("unknown")
+                        .chars()
+                        .take(MAX_LABEL_CHARS)
+                        .collect();
+                    let seen = &mut seen[i];
+                    let value = if seen.contains(&value) {
+                        value
+                    } else if seen.len() < MAX_LABEL_VALUES {
+                        seen.insert(value.clone());
+                        value
+                    } else {
+                        "other".to_owned()
+                    };
+                    (*name, value)
+                })
+                .collect()
+        };
+        self.family.get_or_create(&labels).inc_by(n);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::{BTreeMap, HashMap};
 
     /// One sample line: name, labels, value.
     #[derive(Debug, Clone, PartialEq)]
@@ -497,13 +392,19 @@ mod tests {
         pub value: f64,
     }
 
-    /// A tiny text-format parser: every non-comment line is `name{labels} value` with a float
-    /// value; every sample's family has HELP and TYPE lines before it. Panics naming the line.
+    /// A tiny OpenMetrics parser: every non-comment line is `name{labels} value` with a float
+    /// value; every sample's family has HELP and TYPE lines before it (counters are sampled as
+    /// `<family>_total`, histograms as `_bucket`, `_sum`, `_count`); a `# UNIT` is a suffix of
+    /// its family's name; the text ends with `# EOF`. Panics naming the line. (The suite also
+    /// parses `/metrics` with the Prometheus project's Python parser: tests/it/metrics.rs.)
     pub(crate) fn parse(text: &str) -> Vec<Sample> {
         let mut help = BTreeSet::new();
         let mut types: HashMap<String, String> = HashMap::new();
         let mut samples = Vec::new();
-        for line in text.lines() {
+        let body = text
+            .strip_suffix("# EOF\n")
+            .unwrap_or_else(|| panic!("no final # EOF in {text:?}"));
+        for line in body.lines() {
             if let Some(rest) = line.strip_prefix("# HELP ") {
                 let (name, text) = rest.split_once(' ').expect("HELP has text");
                 assert!(!text.is_empty(), "{line}");
@@ -514,6 +415,11 @@ mod tests {
                 let (name, kind) = rest.split_once(' ').expect("TYPE has a kind");
                 assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
                 types.insert(name.to_owned(), kind.to_owned());
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# UNIT ") {
+                let (name, unit) = rest.split_once(' ').expect("UNIT has a unit");
+                assert!(name.ends_with(&format!("_{unit}")), "{line}");
                 continue;
             }
             assert!(!line.starts_with('#'), "unknown comment {line:?}");
@@ -537,16 +443,25 @@ mod tests {
                     && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
                 "{line}"
             );
-            let family = ["_bucket", "_sum", "_count"]
+            let suffixes: &[(&str, &str)] = &[
+                ("_total", "counter"),
+                ("_bucket", "histogram"),
+                ("_sum", "histogram"),
+                ("_count", "histogram"),
+            ];
+            let family = suffixes
                 .iter()
-                .find_map(|s| {
-                    name.strip_suffix(s)
-                        .filter(|f| types.get(*f).is_some_and(|t| t == "histogram"))
+                .find_map(|(suffix, kind)| {
+                    name.strip_suffix(suffix)
+                        .filter(|f| types.get(*f).is_some_and(|t| t == kind))
                 })
                 .unwrap_or(&name)
                 .to_owned();
             assert!(help.contains(&family), "no HELP for {family}");
             assert!(types.contains_key(&family), "no TYPE for {family}");
+            if types[&family] == "counter" {
+                assert_eq!(name, format!("{family}_total"), "{line}");
+            }
             samples.push(Sample {
                 name,
                 labels,
@@ -751,9 +666,9 @@ mod tests {
         let le = |b: &str| value(&s, "agentd_message_duration_seconds_bucket", &[("le", b)]);
         assert_eq!(le("0.1"), Some(2.0)); // 0.05 and the bound itself
         assert_eq!(le("0.25"), Some(3.0));
-        assert_eq!(le("1"), Some(4.0));
-        assert_eq!(le("5"), Some(6.0));
-        assert_eq!(le("600"), Some(6.0));
+        assert_eq!(le("1.0"), Some(4.0));
+        assert_eq!(le("5.0"), Some(6.0));
+        assert_eq!(le("600.0"), Some(6.0));
         let last = buckets.last().unwrap();
         assert_eq!(last.labels["le"], "+Inf");
         assert_eq!(last.value, 7.0);

@@ -130,11 +130,21 @@ pub fn messages_tokens(messages: &[Message]) -> u64 {
 /// Estimated tokens of the part of a request that is not the conversation: the system blocks
 /// and the tool definitions.
 pub fn fixed_tokens(system: &[SystemBlock], tools: &[ToolSpec]) -> u64 {
-    let system: u64 = system
+    system_tokens(system) + tools_tokens(tools)
+}
+
+/// Estimated tokens of the system blocks.
+pub fn system_tokens(system: &[SystemBlock]) -> u64 {
+    system
         .iter()
         .map(|b| BLOCK_OVERHEAD + text_tokens(&b.text))
-        .sum();
-    let tools: u64 = tools
+        .sum()
+}
+
+/// Estimated tokens of the tool definitions (the registry keeps it per set of tools:
+/// `ToolRegistry::offered`).
+pub fn tools_tokens(tools: &[ToolSpec]) -> u64 {
+    tools
         .iter()
         .map(|t| {
             BLOCK_OVERHEAD
@@ -142,8 +152,7 @@ pub fn fixed_tokens(system: &[SystemBlock], tools: &[ToolSpec]) -> u64 {
                 + text_tokens(&t.description)
                 + text_tokens(&t.input_schema.to_string())
         })
-        .sum();
-    system + tools
+        .sum()
 }
 
 /// Estimated tokens of a whole request.
@@ -249,7 +258,7 @@ pub fn summary_request(session_id: &str, instructions: &str, transcript: &str) -
             "<conversation>\n{}</conversation>\n\nSummarise the conversation above as instructed. Reply with the summary only.",
             transcript
         ))],
-        tools: Vec::new(),
+        tools: Arc::from([]),
         tool_choice: ToolChoice::None,
         previous_messages: None,
         rendered: Default::default(),
@@ -381,7 +390,7 @@ impl Agent {
         })
         .await
         .unwrap_or_default();
-        fixed_tokens(&system, &self.tools.specs())
+        system_tokens(&system) + self.tools.offered().tokens
     }
 
     /// Whether the next user turn should carry the "compaction is near" notice (once per
@@ -438,7 +447,7 @@ impl Agent {
         state: &mut SessionState,
         model: &str,
         system: &[SystemBlock],
-        tools: &[ToolSpec],
+        tool_tokens: u64,
     ) -> Result<(), Option<Fail>> {
         let Some(spec) = self.cfg.models.get(model) else {
             return Ok(());
@@ -447,7 +456,7 @@ impl Agent {
         if limit == 0 {
             return Ok(());
         }
-        let fixed = fixed_tokens(system, tools);
+        let fixed = system_tokens(system) + tool_tokens;
         let estimate = context_estimate(state, fixed);
         if estimate <= limit {
             return Ok(());
@@ -830,7 +839,7 @@ mod tests {
                 session_id: "s".into(),
                 system: vec![],
                 messages: after,
-                tools: vec![],
+                tools: Default::default(),
                 tool_choice: ToolChoice::Auto,
                 previous_messages: None,
                 rendered: Default::default(),

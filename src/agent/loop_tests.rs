@@ -147,6 +147,8 @@ const PRICING: Pricing = Pricing {
     cache_read: 0.0,
     cache_write: 0.0,
     cache_write_1h: 0.0,
+    per_minute: 0.0,
+    per_1k_chars: 0.0,
 };
 const CALL_USD: f64 = 0.002;
 

@@ -178,18 +178,19 @@ impl Agent {
         let (system, tools) = match &run.caller {
             Caller::Message { session, tier, .. } => {
                 let system = self.system_blocks(tier, &state.skills_off).await?;
-                let tools = self.tools.specs();
-                self.fit_context(session, state, run.model, &system, &tools)
+                let offered = self.tools.offered();
+                self.fit_context(session, state, run.model, &system, offered.tokens)
                     .await?;
-                (system, tools)
+                (system, offered.specs)
             }
             Caller::SubAgent { scope, system, .. } => {
                 // Hidden from the sub-agent, and refused again at execution.
-                let tools: Vec<ToolSpec> = self
+                let tools: Arc<[ToolSpec]> = self
                     .tools
                     .specs()
-                    .into_iter()
+                    .iter()
                     .filter(|s| scope.permits(&s.name))
+                    .cloned()
                     .collect();
                 (system.clone(), tools)
             }

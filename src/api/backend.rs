@@ -45,11 +45,20 @@ pub enum ChatOutcome {
         /// Token totals over the whole loop.
         tokens: Usage,
         cost_usd: f64,
+        /// Files the answer made for the client, e.g. speech of the `tts` tool (SPEC §19).
+        attachments: Vec<ReplyAttachment>,
     },
     Failed {
         error: String,
         session_id: String,
     },
+}
+
+/// A file a `/chat` answer lists: where it is kept (`inbox/`) and what it is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplyAttachment {
+    pub content_type: String,
+    pub path: String,
 }
 
 /// `POST /api/v1/notify` body.
@@ -172,7 +181,7 @@ pub trait ApiBackend: Send + Sync + 'static {
         session_id: String,
         full: bool,
     ) -> BoxFuture<'_, Result<Option<Value>, BackendError>>;
-    /// Prometheus text exposition.
+    /// The OpenMetrics text of `/metrics` (`crate::metrics::Metrics::render`).
     fn metrics(&self) -> BoxFuture<'_, Result<String, BackendError>>;
     /// `GET /api/v1/approvals` (SPEC §18.1): `{approvals: [...]}`.
     fn approvals(&self) -> BoxFuture<'_, Result<Value, BackendError>> {

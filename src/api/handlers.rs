@@ -58,13 +58,21 @@ pub(crate) async fn chat(
             silent,
             tokens,
             cost_usd,
-        } => Ok(Reply::ok(json!({
-            "reply": reply,
-            "session_id": session_id,
-            "silent": silent,
-            "tokens": TokenCounts::from(&tokens),
-            "cost_usd": cost_usd,
-        }))),
+            attachments,
+        } => {
+            let mut body = json!({
+                "reply": reply,
+                "session_id": session_id,
+                "silent": silent,
+                "tokens": TokenCounts::from(&tokens),
+                "cost_usd": cost_usd,
+            });
+            // Listed only when there are some (SPEC §19), so answers stay as they were.
+            if !attachments.is_empty() {
+                body["attachments"] = json!(attachments);
+            }
+            Ok(Reply::ok(body))
+        }
         ChatOutcome::Failed { error, session_id } => Err(Reply::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({ "error": error, "session_id": session_id }),
@@ -249,14 +257,14 @@ pub(crate) async fn history(
     }
 }
 
-/// `GET /metrics`: Prometheus text format 0.0.4.
+/// `GET /metrics`: OpenMetrics text ([`crate::metrics::CONTENT_TYPE`]).
 pub(crate) async fn metrics(State(state): Shared) -> Result<Response, Reply> {
     let backend = state.backend();
     let text = read(&state, backend.metrics()).await?;
     let mut response = text.into_response();
     response.headers_mut().insert(
         CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     Ok(response)
 }

@@ -62,6 +62,7 @@ impl ApiBackend for Fake {
                     cache_write_1h_tokens: 0,
                 },
                 cost_usd: 0.5,
+                attachments: vec![],
             })
         }
         .boxed()
@@ -507,13 +508,13 @@ async fn history_ids_are_checked_before_the_backend() {
 }
 
 #[tokio::test]
-async fn metrics_is_prometheus_text_with_the_agent_header() {
+async fn metrics_is_openmetrics_text_with_the_agent_header() {
     let (_, app) = app();
     let (status, v, head) = send(&app, req("GET", "/metrics", None)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         head.headers()["content-type"],
-        "text/plain; version=0.0.4; charset=utf-8"
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
     );
     assert_eq!(head.headers()["x-agentd-agent"], "kira");
     assert!(v.as_str().unwrap().contains("agentd_x 1"));

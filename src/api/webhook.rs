@@ -119,7 +119,7 @@ impl Webhook {
         let target = if cfg.callback_url.trim().is_empty() {
             None
         } else {
-            let client = reqwest::Client::builder()
+            let client = crate::net::tls::client_builder()
                 .timeout(cfg.callback_timeout)
                 .connect_timeout(cfg.callback_timeout)
                 .build()

@@ -125,6 +125,17 @@ fn walk(
             "no model named \"primary\" is defined; define [models.primary] in a provider file listed in [providers] load, or inline in this file",
         );
     }
+    // ElevenLabs models speak (`[voice] tts_model`); they cannot answer a message.
+    for name in ["primary"] {
+        if models.kind_of(name) == Some(super::types::ProviderKind::ElevenLabs) {
+            w.problem(
+                "models",
+                format!(
+                    "model {name:?} has type = \"elevenlabs\", a speech-only provider; give {name:?} an anthropic or openai type and use the ElevenLabs model as [voice] tts_model"
+                ),
+            );
+        }
+    }
     let routing = routing(&mut root, &models);
 
     let telegram = channels::telegram(&mut root);
@@ -159,6 +170,7 @@ fn walk(
     let retention = sections::retention(&mut root);
     let caching = super::autopilot::caching(&mut root);
     let alerts = super::autopilot::alerts(&mut root);
+    let voice = super::voice::voice(&mut root, &models);
     drop(root);
     // Explicitly chosen helper models must exist; the defaults may be undefined (they fall back
     // to `primary`).
@@ -202,6 +214,7 @@ fn walk(
         schedules,
         caching,
         alerts,
+        voice,
     };
     (config, provider_problems)
 }

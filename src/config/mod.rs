@@ -28,6 +28,7 @@ mod schedule;
 mod sections;
 mod tools;
 mod types;
+mod voice;
 mod walker;
 
 #[cfg(test)]

@@ -20,6 +20,8 @@ const THINKING_EFFORTS: &[&str] = &["low", "medium", "high", "xhigh", "max"];
 pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
 /// Default OpenAI API root (the client appends `/chat/completions`).
 pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+/// Default ElevenLabs API root (the client appends `/text-to-speech/<voice id>`).
+pub const ELEVENLABS_BASE_URL: &str = "https://api.elevenlabs.io/v1";
 
 /// The `provider` label of models defined inline in agentd.toml.
 pub const INLINE_PROVIDER: &str = "inline";
@@ -39,6 +41,8 @@ struct ModelFields {
     cache_read: Option<f64>,
     cache_write: Option<f64>,
     cache_write_1h: Option<f64>,
+    per_minute: Option<f64>,
+    per_1k_chars: Option<f64>,
     cache: Option<bool>,
     cache_ttl: Option<CacheTtl>,
     thinking: Option<Thinking>,
@@ -58,6 +62,7 @@ impl ModelFields {
                 &[
                     ("anthropic", ProviderKind::Anthropic),
                     ("openai", ProviderKind::OpenAi),
+                    ("elevenlabs", ProviderKind::ElevenLabs),
                 ],
             ),
             api_key_env: s.non_empty("api_key_env"),
@@ -94,6 +99,8 @@ impl ModelFields {
             );
             f.api_key_env = None;
         }
+        f.per_minute = s.number("cost_per_minute", 0.0, f64::MAX);
+        f.per_1k_chars = s.number("cost_per_1k_chars", 0.0, f64::MAX);
         let mut cost = s.section("cost_per_mtok");
         f.input = cost.number("input", 0.0, f64::MAX);
         f.output = cost.number("output", 0.0, f64::MAX);
@@ -118,6 +125,8 @@ impl ModelFields {
             cache_read: self.cache_read.or(t.cache_read),
             cache_write: self.cache_write.or(t.cache_write),
             cache_write_1h: self.cache_write_1h.or(t.cache_write_1h),
+            per_minute: self.per_minute.or(t.per_minute),
+            per_1k_chars: self.per_1k_chars.or(t.per_1k_chars),
             cache: self.cache.or(t.cache),
             cache_ttl: self.cache_ttl.or(t.cache_ttl),
             thinking: self.thinking.or(t.thinking),
@@ -308,6 +317,7 @@ impl<'e> ModelCollector<'e> {
         let default_url = match kind {
             ProviderKind::Anthropic => ANTHROPIC_BASE_URL,
             ProviderKind::OpenAi => OPENAI_BASE_URL,
+            ProviderKind::ElevenLabs => ELEVENLABS_BASE_URL,
         };
         let base_url = f
             .base_url
@@ -364,6 +374,8 @@ impl<'e> ModelCollector<'e> {
                 cache_write: f.cache_write.unwrap_or(0.0),
                 // Anthropic's published rate: a 1-hour write costs twice the base input.
                 cache_write_1h: f.cache_write_1h.unwrap_or(f.input.unwrap_or(0.0) * 2.0),
+                per_minute: f.per_minute.unwrap_or(0.0),
+                per_1k_chars: f.per_1k_chars.unwrap_or(0.0),
             },
             cache: f.cache.unwrap_or(kind == ProviderKind::Anthropic),
             cache_ttl: f.cache_ttl.unwrap_or(CacheTtl::FiveMinutes),
@@ -391,6 +403,11 @@ impl<'e> ModelCollector<'e> {
         let fallback = f.fallback.clone().unwrap_or_default();
         self.invalid
             .insert(name.to_string(), (w.file().to_path_buf(), fallback));
+    }
+
+    /// The provider type of a defined model (loaded or skipped).
+    pub fn kind_of(&self, name: &str) -> Option<ProviderKind> {
+        self.defined.get(name).map(|d| d.spec.kind)
     }
 
     /// Whether a model of this name is defined (loaded, skipped, or invalid and already

@@ -284,6 +284,23 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("idle_session_after", age(rt.idle_session_after));
     r.kv("archive_max_age", age(rt.archive_max_age));
 
+    let v = &cfg.voice;
+    r.table("voice");
+    match &v.stt_model {
+        Some(m) => r.kv("stt_model", q(m)),
+        None => r.comment("stt_model = (none: audio is not transcribed)"),
+    }
+    match &v.tts_model {
+        Some(m) => r.kv("tts_model", q(m)),
+        None => r.comment("tts_model = (none: no speech)"),
+    }
+    r.kv("reply", q(v.reply.as_str()));
+    r.kv("echo_transcript", v.echo_transcript.to_string());
+    r.kv("voice", q(&v.voice));
+    r.kv("max_audio_bytes", v.max_audio_bytes.to_string());
+    r.kv("max_audio_seconds", v.max_audio_seconds.to_string());
+    r.kv("max_tts_chars", v.max_tts_chars.to_string());
+
     r.table("models");
     r.comment("loaded");
     for spec in cfg.models.loaded.values() {
@@ -318,6 +335,15 @@ fn model_line(m: &ModelSpec) -> String {
         num(m.pricing.cache_read),
         num(m.pricing.cache_write)
     ));
+    if m.pricing.per_minute > 0.0 {
+        parts.push(format!("cost_per_minute = {}", num(m.pricing.per_minute)));
+    }
+    if m.pricing.per_1k_chars > 0.0 {
+        parts.push(format!(
+            "cost_per_1k_chars = {}",
+            num(m.pricing.per_1k_chars)
+        ));
+    }
     parts.push(format!("cache = {}", m.cache));
     if m.kind == super::types::ProviderKind::Anthropic {
         parts.push(format!(

@@ -528,7 +528,7 @@ fn model_validation_problems() {
         "models.primary.thinking_budget: must be below max_tokens (4096)",
         "models.nomodel.model: required",
         "models.x.cache_ttl: only valid for type = \"anthropic\"",
-        "models.y.type: expected one of \"anthropic\", \"openai\", got \"claude\"",
+        "models.y.type: expected one of \"anthropic\", \"openai\", \"elevenlabs\", got \"claude\"",
         "providers.load[2]: provider file",
         // An invalid model's fallback list is still checked.
         "models.primary.fallback[0]: no model named \"ghost\" is defined",
@@ -1486,4 +1486,128 @@ fn approvals_defaults_and_problems() {
     assert!(has(&p, "approvals.timeout_seconds"), "{p:#?}");
     assert!(has(&p, "approvals.telegram_chat"), "{p:#?}");
     assert!(has(&p, "did you mean \"system_allow\""), "{p:#?}");
+}
+
+/// `[voice]` (SPEC §19): defaults, the audio prices of a model, and every validation message
+/// naming the key, the value and the fix.
+#[test]
+fn voice_section_defaults_prices_and_problems() {
+    let f = minimal_with_key();
+    let v = f.ok().voice;
+    assert_eq!(v, VoiceConfig::default());
+    assert_eq!(
+        (v.reply, v.echo_transcript, v.voice.as_str()),
+        (VoiceReply::Off, true, "alloy")
+    );
+
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}load = [\"anthropic\", \"audio\"]\n[voice]\nstt_model = \"whisper\"\ntts_model = \"speech\"\nreply = \"mirror\"\necho_transcript = false\nvoice = \"nova\"\nmax_audio_seconds = 120\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    f.provider(
+        "audio",
+        "type = \"openai\"\nbase_url = \"http://127.0.0.1:8080/v1\"\n[models.whisper]\nmodel = \"whisper-1\"\ncost_per_minute = 0.006\n[models.speech]\nmodel = \"tts-1\"\ncost_per_1k_chars = 0.015\n",
+    );
+    let c = f.ok();
+    assert_eq!(c.voice.stt_model.as_deref(), Some("whisper"));
+    assert_eq!(c.voice.reply, VoiceReply::Mirror);
+    assert!(!c.voice.echo_transcript);
+    assert_eq!(
+        (c.voice.voice.as_str(), c.voice.max_audio_seconds),
+        ("nova", 120)
+    );
+    assert_eq!(c.models.get("whisper").unwrap().pricing.per_minute, 0.006);
+    assert_eq!(c.models.get("speech").unwrap().pricing.per_1k_chars, 0.015);
+    let shown = render_effective(&c);
+    assert!(
+        shown.contains("[voice]\nstt_model = \"whisper\""),
+        "{shown}"
+    );
+    assert!(shown.contains("cost_per_minute = 0.006"), "{shown}");
+
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}[voice]\nstt_model = \"whispr\"\nreply = \"always\"\nmax_audio_bytes = 1000000000\nmax_tts_chars = 0\nrepy = \"off\"\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    let p = f.problems();
+    assert!(
+        has(
+            &p,
+            "voice.stt_model: no model named \"whispr\" is defined; define [models.whispr]"
+        ),
+        "{p:?}"
+    );
+    assert!(
+        has(
+            &p,
+            "voice.reply: \"always\" needs tts_model; set [voice] tts_model"
+        ),
+        "{p:?}"
+    );
+    assert!(
+        has(&p, "voice.max_audio_bytes: 1000000000 is above the ceiling"),
+        "{p:?}"
+    );
+    assert!(has(&p, "voice.max_tts_chars"), "{p:?}");
+    assert!(has(&p, "voice.repy"), "{p:?}");
+    let mut f = Fixture::new(&format!("{MINIMAL}[voice]\nreply = \"loud\"\n"));
+    f.provider("anthropic", ANTHROPIC);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    let p = f.problems();
+    assert!(
+        has(
+            &p,
+            "voice.reply: expected one of \"off\", \"mirror\", \"always\", got \"loud\""
+        ),
+        "{p:?}"
+    );
+}
+
+/// ElevenLabs (SPEC §19) is a speech-only provider type: a `tts_model`, never `primary` or an
+/// `stt_model`.
+#[test]
+fn elevenlabs_is_for_speech_only() {
+    let eleven = "type = \"elevenlabs\"\napi_key_env = \"EL_KEY\"\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\n";
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.provider("eleven", eleven);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    f.set("EL_KEY", "e");
+    let c = f.ok();
+    let spec = c.models.get("eleven").unwrap();
+    assert_eq!(spec.kind, ProviderKind::ElevenLabs);
+    assert_eq!(spec.base_url, "https://api.elevenlabs.io/v1");
+    assert!(render_effective(&c).contains("type = \"elevenlabs\""));
+
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\nstt_model = \"eleven\"\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.provider("eleven", eleven);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    f.set("EL_KEY", "e");
+    let p = f.problems();
+    assert!(
+        has(&p, "voice.stt_model: \"eleven\" is an ElevenLabs model"),
+        "{p:?}"
+    );
+
+    let mut f = Fixture::new(&format!("{MINIMAL}load = [\"eleven\"]\n"));
+    f.provider(
+        "eleven",
+        &eleven.replace("[models.eleven]", "[models.primary]"),
+    );
+    f.set("EL_KEY", "e");
+    let p = f.problems();
+    assert!(
+        has(
+            &p,
+            "models: model \"primary\" has type = \"elevenlabs\", a speech-only provider"
+        ),
+        "{p:?}"
+    );
 }

@@ -32,6 +32,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "memory_write",
     "memory_forget",
     "commitment_update",
+    "tts",
 ];
 
 /// Default `web_search.base_url` for the Brave provider.

@@ -42,6 +42,8 @@ pub struct Config {
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// `[[schedule]]` entries in file order (§14).
     pub schedules: Vec<ScheduleEntry>,
+    /// `[voice]` (SPEC §19).
+    pub voice: VoiceConfig,
     /// `[caching]` (SPEC §20).
     pub caching: CachingConfig,
     /// `[alerts]` (SPEC §20).
@@ -81,6 +83,66 @@ impl CachingTtl {
 pub struct AlertsConfig {
     /// The Telegram chat alert notices go to (one per episode); none: log and monitor only.
     pub telegram_chat: Option<i64>,
+}
+
+/// `[voice]` (SPEC §19): speech to text for inbound audio, text to speech for replies and the
+/// `tts` tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VoiceConfig {
+    /// A model of an OpenAI-compatible provider serving `/audio/transcriptions`; `None`: audio
+    /// is not transcribed (the placeholder names the saved file).
+    pub stt_model: Option<String>,
+    /// A model serving `/audio/speech` (OpenAI-compatible); `None`: no `tts` tool, no spoken
+    /// replies.
+    pub tts_model: Option<String>,
+    pub reply: VoiceReply,
+    /// Quote the transcript back in Telegram (default true).
+    pub echo_transcript: bool,
+    /// The voice the `tts` tool and spoken replies use unless the model names one.
+    pub voice: String,
+    /// Largest audio file sent for transcription (and largest speech answer accepted).
+    pub max_audio_bytes: u64,
+    /// Longest audio transcribed, when its duration can be read from the file.
+    pub max_audio_seconds: u64,
+    /// Most characters synthesised in one request (longer text is refused by the tool, cut
+    /// at a sentence for a spoken reply).
+    pub max_tts_chars: usize,
+}
+
+impl Default for VoiceConfig {
+    fn default() -> Self {
+        VoiceConfig {
+            stt_model: None,
+            tts_model: None,
+            reply: VoiceReply::Off,
+            echo_transcript: true,
+            voice: "alloy".into(),
+            max_audio_bytes: 20 << 20,
+            max_audio_seconds: 600,
+            max_tts_chars: 4096,
+        }
+    }
+}
+
+/// `[voice] reply`: when a reply is also spoken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VoiceReply {
+    /// Never (the `tts` tool still works).
+    Off,
+    /// A voice note is answered with a voice note, and the text too.
+    Mirror,
+    /// Every Telegram reply is also spoken.
+    Always,
+}
+
+impl VoiceReply {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VoiceReply::Off => "off",
+            VoiceReply::Mirror => "mirror",
+            VoiceReply::Always => "always",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -140,6 +202,8 @@ pub struct ProvidersConfig {
 pub enum ProviderKind {
     Anthropic,
     OpenAi,
+    /// ElevenLabs text to speech (SPEC §19): a `[voice] tts_model` only, never a chat model.
+    ElevenLabs,
 }
 
 impl ProviderKind {
@@ -147,6 +211,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::OpenAi => "openai",
+            ProviderKind::ElevenLabs => "elevenlabs",
         }
     }
 }
@@ -162,6 +227,10 @@ pub struct Pricing {
     /// Cache writes with the 1-hour TTL (`cost_per_mtok.cache_write_1h`; default twice
     /// `input`, Anthropic's published rate) (SPEC §20).
     pub cache_write_1h: f64,
+    /// USD per minute of audio transcribed (`cost_per_minute`, SPEC §19).
+    pub per_minute: f64,
+    /// USD per 1000 characters synthesised (`cost_per_1k_chars`, SPEC §19).
+    pub per_1k_chars: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -96,6 +96,8 @@ pub struct AfterMessage {
     pub tracker: TaskTracker,
     pub lanes: Arc<Lanes>,
     pub stats: Arc<DeliveryStats>,
+    /// Spoken replies (SPEC §19, `[voice] reply`): the speaker, when `tts_model` is set.
+    pub speaker: Option<Arc<crate::tools::tts::Speaker>>,
 }
 
 /// Outbox counts in the monitor and `/metrics` (SPEC §16.1): pending now, failed and unknown
@@ -221,6 +223,19 @@ impl AfterMessage {
             };
             self.deliver(session, target, work.ids(), text, None, window, None);
         }
+        if let (
+            Some(target),
+            Finish::Reply {
+                text,
+                silent: false,
+                ..
+            },
+        ) = (target, &finish)
+            && self.speaks(work)
+        {
+            let window = self.retry.window_from(Instant::now());
+            self.deliver_voice(session, target, work.ids(), text.clone(), window);
+        }
         let source = work.intakes.first().map_or("", |i| i.source.as_str());
         self.metrics
             .message_done(source, outcome(&finish), started.elapsed());
@@ -294,12 +309,104 @@ impl AfterMessage {
         });
     }
 
+    /// Whether the reply to `work` is also spoken (SPEC §19): `reply = "always"`, or
+    /// `"mirror"` and the message was a transcribed voice note.
+    fn speaks(&self, work: &Work) -> bool {
+        use crate::config::VoiceReply;
+        let Some(speaker) = &self.speaker else {
+            return false;
+        };
+        match speaker.cfg.reply {
+            VoiceReply::Off => false,
+            VoiceReply::Always => true,
+            VoiceReply::Mirror => work.intakes.iter().any(|i| is_voice_note(&i.text)),
+        }
+    }
+
+    /// Speak `text` and send it as a voice note to `target`, on the session's lane after the
+    /// text (which has gone or is going out whatever happens here). Recorded in the outbox
+    /// under `<first id>:voice`; a failed synthesis is logged and nothing more is sent.
+    fn deliver_voice(
+        &self,
+        session: &Arc<SessionHandle>,
+        target: &Target,
+        ids: Vec<String>,
+        text: String,
+        window: Window,
+    ) {
+        let (Some(d), Some(speaker)) = (self.outbound.clone(), self.speaker.clone()) else {
+            return;
+        };
+        let (prev, n, done) = self.lanes.join(&session.id);
+        let (session, target, retry) = (session.clone(), target.clone(), self.retry.clone());
+        let (lanes, stats) = (self.lanes.clone(), self.stats.clone());
+        stats.queued();
+        self.tracker.spawn(async move {
+            if let Some(prev) = prev {
+                let _ = prev.await;
+            }
+            let spoken = speakable(&text, speaker.cfg.max_tts_chars);
+            let made = tokio::select! {
+                made = speaker.speak(&session.id, &spoken, None) => Some(made),
+                _ = retry.abort.cancelled() => None,
+            };
+            let status = match made {
+                Some(Ok(path)) => {
+                    let ids = vec![format!("{}:voice", ids.first().map_or("", String::as_str))];
+                    let outbox = Outbox {
+                        session: &session,
+                        out: d.as_ref(),
+                        target: &target,
+                        ids: &ids,
+                        window,
+                        abort: &retry.abort,
+                    };
+                    let piece = Piece::File {
+                        path,
+                        kind: crate::tools::outbound::FileKind::Voice,
+                    };
+                    outbox.deliver(&[piece], None, None).await.status
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(session = %session.id, error = %e, "the spoken reply was not made; the text was sent");
+                    Some(DeliveryStatus::Failed)
+                }
+                None => None,
+            };
+            stats.over(status);
+            lanes.leave(&session.id, n);
+            let _ = done.send(());
+        });
+    }
+
     /// "typing…" on `target` until the returned token is cancelled (when enabled).
     pub fn typing(&self, target: Option<&Target>, enabled: bool) -> Option<CancellationToken> {
         match (target, &self.outbound) {
             (Some(t), Some(d)) if enabled => Some(spawn_typing(d.clone(), t.clone())),
             _ => None,
         }
+    }
+}
+
+/// Whether a message text carries a transcribed voice note (`[voice note m:ss] …`, SPEC §19).
+pub fn is_voice_note(text: &str) -> bool {
+    text.lines().any(|l| {
+        l.strip_prefix("[voice note ")
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            || l.starts_with("[voice note] ")
+    })
+}
+
+/// `text` cut to at most `max` characters for speech, at the last sentence end within the
+/// limit when there is one.
+fn speakable(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let cut: String = text.chars().take(max).collect();
+    match cut.rfind(['.', '!', '?', '\n']) {
+        Some(at) if at > 0 => cut[..=at].to_string(),
+        _ => cut,
     }
 }
 
@@ -831,6 +938,7 @@ mod tests {
                 monitor: Arc::new(crate::monitor::Monitor::new(d.path().join("monitor.json"))),
                 counts: Default::default(),
             }),
+            speaker: None,
         };
         let to = Target::Telegram { chat_id: 1 };
         let gate = CancellationToken::new();

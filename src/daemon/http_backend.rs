@@ -44,6 +44,42 @@ impl DaemonBackend {
     fn state_dir(&self) -> PathBuf {
         self.cfg.paths.state_dir.clone()
     }
+
+    /// The speech files the `tts` tool made while answering intake `id` (SPEC §19), read from
+    /// the session's trail.
+    async fn spoken(
+        &self,
+        key: &str,
+        session_id: &str,
+        id: &str,
+    ) -> Vec<crate::api::backend::ReplyAttachment> {
+        let (store, key, sid, id) = (
+            self.intake.store.clone(),
+            key.to_string(),
+            session_id.to_string(),
+            id.to_string(),
+        );
+        let inbox = self.state_dir().join("inbox");
+        let files = tokio::task::spawn_blocking(move || {
+            let h = store.get(&key).ok()??;
+            if h.id != sid {
+                return None;
+            }
+            let lines = h.read_trail().ok()?;
+            Some(crate::tools::tts::spoken_files(&lines, &id, &inbox))
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+        files
+            .into_iter()
+            .map(|p| crate::api::backend::ReplyAttachment {
+                content_type: "audio/ogg".into(),
+                path: p.display().to_string(),
+            })
+            .collect()
+    }
 }
 
 /// Writes `/chat` attachments into `inbox/` (blocking: decode + fsync).
@@ -91,6 +127,13 @@ fn extension_for(content_type: &str) -> Option<&'static str> {
         "image/webp" => "webp",
         "application/pdf" => "pdf",
         "text/plain" => "txt",
+        // Audio is transcribed by its extension (SPEC §19, `daemon::voice::audio_mime`).
+        "audio/ogg" | "audio/opus" => "ogg",
+        "audio/mpeg" | "audio/mp3" => "mp3",
+        "audio/mp4" | "audio/m4a" | "audio/x-m4a" => "m4a",
+        "audio/wav" | "audio/x-wav" | "audio/wave" => "wav",
+        "audio/webm" => "webm",
+        "audio/flac" => "flac",
         _ => return None,
     })
 }
@@ -156,6 +199,7 @@ impl ApiBackend for DaemonBackend {
                     .await
                     .map_err(|e| BackendError::Internal(e.to_string()))??
             };
+            let id_for_files = id.clone();
             let intake = Intake {
                 id,
                 source: Source::Http,
@@ -171,6 +215,7 @@ impl ApiBackend for DaemonBackend {
                 .map_err(backend_error)?
                 .ok_or_else(|| BackendError::Unavailable("agentd is shutting down".into()))?;
             let reply = reply_text(&c.finish).unwrap_or_default().to_string();
+            let attachments = self.spoken(&key, &c.session_id, &id_for_files).await;
             Ok(match c.finish {
                 Finish::Reply {
                     silent,
@@ -183,6 +228,7 @@ impl ApiBackend for DaemonBackend {
                     silent,
                     tokens: usage,
                     cost_usd,
+                    attachments,
                 },
                 Finish::Failed { reply, error, .. } => ChatOutcome::Failed {
                     error: if reply == error {

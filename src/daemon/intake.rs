@@ -61,6 +61,9 @@ pub struct IntakeHandler {
     pub cfg: crate::config::Live,
     pub store: Arc<SessionStore>,
     pub dispatcher: Arc<Dispatcher>,
+    /// Transcribes audio attachments before the intake is recorded (SPEC §19); `None` in
+    /// set-ups without voice (audio then stays an attachment as sent).
+    pub voice: Option<Arc<super::voice::Transcriber>>,
 }
 
 /// A session key from outside input: non-empty, at most 64 characters, no control characters
@@ -270,7 +273,49 @@ impl IntakeHandler {
     /// [`Self::accept`], telling whether the intake was new (`false`: its id was already in
     /// the session's trail, and it was not queued again).
     pub async fn accept_new(&self, key: &str, intake: Intake) -> Result<bool, AcceptError> {
+        self.accept_heard(key, intake).await.map(|(new, _)| new)
+    }
+
+    /// [`Self::accept_new`], also returning what was transcribed of the intake's audio
+    /// (SPEC §19; Telegram echoes it).
+    pub async fn accept_heard(
+        &self,
+        key: &str,
+        mut intake: Intake,
+    ) -> Result<(bool, Vec<super::voice::Heard>), AcceptError> {
         let slot = self.reserve(key, &intake.id)?;
+        let heard = self.hear(key, &mut intake).await;
+        self.record(key, intake, slot)
+            .await
+            .map(|new| (new, if new { heard } else { Vec::new() }))
+    }
+
+    /// Transcribe `intake`'s audio into its text, unless it is already recorded (offered
+    /// again after a crash: the recorded text already has its transcript).
+    async fn hear(&self, key: &str, intake: &mut Intake) -> Vec<super::voice::Heard> {
+        let Some(voice) = &self.voice else {
+            return Vec::new();
+        };
+        let audio = |a: &String| super::voice::audio_mime(std::path::Path::new(a)).is_some();
+        if !intake.attachments.iter().any(audio) {
+            return Vec::new();
+        }
+        let (store, k, id) = (self.store.clone(), key.to_string(), intake.id.clone());
+        let known = tokio::task::spawn_blocking(move || store.has_intake(&k, &id)).await;
+        if matches!(known, Ok(Ok(true))) {
+            return Vec::new();
+        }
+        let session_id =
+            (self.store.index().get(key)).map_or_else(|| key.to_string(), |e| e.session_id.clone());
+        voice.apply(&session_id, intake).await
+    }
+
+    async fn record(
+        &self,
+        key: &str,
+        intake: Intake,
+        slot: super::workers::QueueSlot,
+    ) -> Result<bool, AcceptError> {
         let store = self.store.clone();
         let k = key.to_string();
         // The model a new session is created with (the worker routes each message itself).

@@ -20,6 +20,7 @@ pub mod session_control;
 pub mod signals;
 pub mod sources;
 pub mod telegram;
+pub mod voice;
 pub mod workers;
 
 use std::path::PathBuf;

@@ -103,7 +103,11 @@ fn open_state(cfg: &Config) -> Result<State, DaemonError> {
 }
 
 /// The dispatcher (queues and workers) and durable intake in front of it.
-fn queues(deps: DispatcherDeps, tasks: &Tasks) -> (Arc<Dispatcher>, Arc<IntakeHandler>) {
+fn queues(
+    deps: DispatcherDeps,
+    tasks: &Tasks,
+    voice: Arc<super::voice::Transcriber>,
+) -> (Arc<Dispatcher>, Arc<IntakeHandler>) {
     let (cfg, store) = (deps.cfg.clone(), deps.store.clone());
     let dispatcher = Dispatcher::new(
         deps,
@@ -115,6 +119,7 @@ fn queues(deps: DispatcherDeps, tasks: &Tasks) -> (Arc<Dispatcher>, Arc<IntakeHa
         cfg,
         store,
         dispatcher: dispatcher.clone(),
+        voice: Some(voice),
     });
     (dispatcher, intake)
 }
@@ -251,6 +256,15 @@ impl Services {
             mcp_cancel.clone(),
         );
         let schedule_wake = Arc::new(Notify::new());
+        // Text to speech (SPEC §19): the `tts` tool and spoken replies.
+        let speaker = cfg.voice.tts_model.is_some().then(|| {
+            Arc::new(crate::tools::tts::Speaker {
+                llm: llm.clone(),
+                ledger: ledger.clone(),
+                cfg: cfg.voice.clone(),
+                inbox: paths.inbox(),
+            })
+        });
         let live = crate::config::Live::new(cfg.clone());
         let deps = crate::tools::ToolDeps {
             live: live.clone(),
@@ -263,6 +277,7 @@ impl Services {
             extra: vec![Arc::new(crate::skills::LoadSkillTool {
                 skills: skills.clone(),
             })],
+            speaker: speaker.clone(),
         };
         let crate::tools::Assembled {
             registry: tools,
@@ -279,7 +294,7 @@ impl Services {
         );
         let agent = Agent::new(
             cfg.clone(),
-            llm,
+            llm.clone(),
             ledger.clone(),
             tools,
             skills.clone(),
@@ -302,8 +317,14 @@ impl Services {
             consolidator: consolidator.clone(),
             webhook: webhook.is_enabled().then_some(webhook),
             outbound,
+            speaker,
         };
-        let (dispatcher, intake) = queues(deps, tasks);
+        let transcriber = Arc::new(super::voice::Transcriber {
+            llm: llm.clone(),
+            ledger: ledger.clone(),
+            cfg: cfg.voice.clone(),
+        });
+        let (dispatcher, intake) = queues(deps, tasks, transcriber);
         Ok(Services {
             live,
             cfg,

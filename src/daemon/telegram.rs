@@ -20,8 +20,7 @@ use crate::channels::telegram::client::{
     FileKind as TgFileKind, HTTP_TIMEOUT_SLACK, SendFault, TelegramClient, TgError,
 };
 use crate::channels::telegram::inbound::{
-    APPROVAL_BUTTON, MAX_CALLBACK_DATA, TgCallback, TgCommand, TgInbound, TgMediaKind, allowed,
-    approval_button,
+    APPROVAL_BUTTON, MAX_CALLBACK_DATA, TgCallback, TgCommand, TgInbound, allowed, approval_button,
 };
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
@@ -361,15 +360,9 @@ impl TgSink for Sink {
                     .download(&media.file_id, &inbox, self.cfg.telegram.max_download_bytes)
                     .await
                 {
-                    Ok(path) => {
-                        let shown = path.display().to_string();
-                        if media.kind == TgMediaKind::Voice && text.is_empty() {
-                            text = format!(
-                                "[voice note saved as {shown}; no transcription is configured]"
-                            );
-                        }
-                        attachments.push(shown);
-                    }
+                    // Audio is transcribed (or given its placeholder) at intake
+                    // (`daemon::voice`), before the message is recorded.
+                    Ok(path) => attachments.push(path.display().to_string()),
                     Err(e) => {
                         tracing::warn!(error = %e, "Telegram download failed");
                         text.push_str(&format!("\n[attachment could not be downloaded: {e}]"));
@@ -395,8 +388,16 @@ impl TgSink for Sink {
                 }),
                 notify_meta: None,
             };
-            match self.intake.accept(&msg.session_key, intake).await {
-                Ok(()) => Ok(()),
+            match self.intake.accept_heard(&msg.session_key, intake).await {
+                Ok((_, heard)) => {
+                    if self.cfg.voice.echo_transcript {
+                        for h in heard {
+                            let echo = format!("🎙 “{}”", h.transcript);
+                            self.answer(msg.chat_id, echo, "transcript echo");
+                        }
+                    }
+                    Ok(())
+                }
                 // Refused before intake: tell the sender and move on (the update is consumed,
                 // so the message is not answered later; the sender knows to send it again).
                 Err(AcceptError::Busy(_)) => {

@@ -98,6 +98,8 @@ pub struct DispatcherDeps {
     pub webhook: Option<crate::api::webhook::Webhook>,
     /// Where replies go (Telegram), when a channel is configured.
     pub outbound: Option<Arc<dyn Outbound>>,
+    /// Spoken replies (SPEC §19), when `[voice] tts_model` is set.
+    pub speaker: Option<Arc<crate::tools::tts::Speaker>>,
 }
 
 /// Routes jobs to per-session workers.
@@ -134,6 +136,7 @@ impl Dispatcher {
             consolidator,
             webhook,
             outbound,
+            speaker,
         } = deps;
         let (live, cfg) = (cfg.clone(), cfg.get());
         Arc::new(Dispatcher {
@@ -154,6 +157,7 @@ impl Dispatcher {
                     monitor: monitor.clone(),
                     counts: Default::default(),
                 }),
+                speaker,
             },
             cfg: live,
             runner,
@@ -843,6 +847,7 @@ mod tests {
                 consolidator: None,
                 webhook: None,
                 outbound: None,
+                speaker: None,
             },
             tracker.clone(),
             CancellationToken::new(),

@@ -264,7 +264,7 @@ fn request(messages: Vec<Message>) -> ChatRequest {
         session_id: "sess-42".into(),
         system: vec![],
         messages,
-        tools: vec![],
+        tools: Default::default(),
         tool_choice: ToolChoice::Auto,
         previous_messages: None,
         rendered: Default::default(),
@@ -319,7 +319,7 @@ fn tools() -> Vec<ToolSpec> {
 
 fn with_tools(choice: ToolChoice) -> ChatRequest {
     let mut req = with_system();
-    req.tools = tools();
+    req.tools = tools().into();
     req.tool_choice = choice;
     req
 }
@@ -356,7 +356,7 @@ fn tool_calls_without_text() -> ChatRequest {
         },
         Message::user_text("thanks"),
     ]);
-    req.tools = tools();
+    req.tools = tools().into();
     req.previous_messages = Some(4);
     req
 }
@@ -411,7 +411,7 @@ fn empty_texts() -> ChatRequest {
             text: String::new(),
         },
     ];
-    req.tools = tools();
+    req.tools = tools().into();
     req.previous_messages = Some(3);
     req
 }

@@ -5,6 +5,7 @@
 //! knows a provider's JSON.
 
 pub mod anthropic;
+pub mod audio;
 pub mod body_pool;
 pub mod compat;
 #[cfg(test)]
@@ -88,6 +89,23 @@ pub fn provider_for(
     match spec.kind {
         ProviderKind::Anthropic => Arc::new(anthropic::AnthropicClient::new(spec, http, limits)),
         ProviderKind::OpenAi => Arc::new(openai::OpenAiClient::new(spec, http, limits)),
+        ProviderKind::ElevenLabs => Arc::new(SpeechOnly(spec.name.clone())),
+    }
+}
+
+/// The chat side of a speech-only provider (ElevenLabs, SPEC §19): every call is refused
+/// naming the fix (config validation keeps it from being `primary`; routing or a fallback
+/// to it ends here).
+struct SpeechOnly(String);
+
+impl Provider for SpeechOnly {
+    fn chat<'a>(&'a self, _req: &'a ChatRequest) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        let name = self.0.clone();
+        Box::pin(async move {
+            Err(LlmError::Unsupported(format!(
+                "model {name:?} has type = \"elevenlabs\" and can only speak ([voice] tts_model); route messages to an anthropic or openai model"
+            )))
+        })
     }
 }
 

@@ -127,7 +127,8 @@ fn render(
             name: "read".into(),
             description: "Read".into(),
             input_schema: serde_json::json!({"type": "object"}),
-        }],
+        }]
+        .into(),
         tool_choice: ToolChoice::Auto,
         previous_messages: previous.unwrap_or(state.previous_messages),
         rendered: std::mem::take(&mut state.rendered),

@@ -19,7 +19,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 static PREWARMED: Mutex<Option<JoinHandle<Result<reqwest::Client, String>>>> = Mutex::new(None);
 
 fn build_http_client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
+    crate::net::tls::client_builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .build()
         .map_err(crate::net::scrub::reqwest_error_text)
@@ -125,6 +125,9 @@ pub struct Llm {
     providers: BTreeMap<String, Arc<dyn Provider>>,
     retries: u32,
     base_delay: Duration,
+    /// The shared client and the call bounds, for the audio endpoints ([`super::audio`]).
+    http: reqwest::Client,
+    limits: super::CallLimits,
 }
 
 impl Llm {
@@ -153,6 +156,8 @@ impl Llm {
             providers,
             retries: behavior.api_retries,
             base_delay: behavior.api_retry_base_delay,
+            http,
+            limits: super::CallLimits::from_behavior(behavior),
         }
     }
 
@@ -167,6 +172,12 @@ impl Llm {
             providers,
             retries: 0,
             base_delay: Duration::from_millis(1),
+            http: reqwest::Client::new(),
+            limits: super::CallLimits {
+                inactivity: Duration::from_secs(30),
+                deadline: Duration::from_secs(60),
+                max_reply_bytes: 1 << 20,
+            },
         }
     }
 
@@ -280,6 +291,48 @@ impl Llm {
             embeddings,
             model: spec.clone(),
         })
+    }
+
+    /// A defined model's spec, for calls that need no chat client (audio).
+    fn spec_of(&self, name: &str) -> Result<&Arc<ModelSpec>, LlmError> {
+        if let Some(spec) = self.models.get(name) {
+            return Ok(spec);
+        }
+        match self.models.skipped.get(name) {
+            Some(reason) => Err(LlmError::NotLoaded {
+                model: name.to_string(),
+                reason: reason.clone(),
+            }),
+            None => Err(LlmError::UnknownModel(name.to_string())),
+        }
+    }
+
+    /// Transcribe `audio` with `model` (SPEC §19), retried like a chat call (SPEC §6: 429,
+    /// 5xx, 529 and connection errors with backoff; other 4xx never), no fallback.
+    pub async fn transcribe(
+        &self,
+        model: &str,
+        audio: &super::audio::AudioFile,
+    ) -> Result<(super::audio::Transcript, Arc<ModelSpec>), LlmError> {
+        let spec = self.spec_of(model)?;
+        let call = || super::audio::transcribe(&self.http, spec, self.limits, audio);
+        let t = self.with_retries(spec, call, &|_| {}).await?;
+        Ok((t, spec.clone()))
+    }
+
+    /// Synthesise `text` in `voice` with `model` as OGG/Opus of at most `max_bytes`, retried
+    /// like [`Self::transcribe`].
+    pub async fn speak(
+        &self,
+        model: &str,
+        text: &str,
+        voice: &str,
+        max_bytes: usize,
+    ) -> Result<(super::audio::Speech, Arc<ModelSpec>), LlmError> {
+        let spec = self.spec_of(model)?;
+        let call = || super::audio::speak(&self.http, spec, self.limits, text, voice, max_bytes);
+        let s = self.with_retries(spec, call, &|_| {}).await?;
+        Ok((s, spec.clone()))
     }
 
     async fn with_retries<T, F, Fut>(

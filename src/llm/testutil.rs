@@ -154,7 +154,8 @@ pub(crate) fn sample_request() -> ChatRequest {
                 description: "Run".into(),
                 input_schema: json!({ "type": "object", "properties": {} }),
             },
-        ],
+        ]
+        .into(),
         tool_choice: ToolChoice::Auto,
         previous_messages: Some(3),
         rendered: Default::default(),

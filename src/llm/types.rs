@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::sync::Arc;
 
 pub use crate::message::call::{CallOptions, ClientThinking};
 use crate::message::rendered::RenderCache;
@@ -74,7 +75,9 @@ pub struct ChatRequest {
     /// System blocks in order: all stable blocks, then all semi_stable blocks.
     pub system: Vec<SystemBlock>,
     pub messages: Vec<Message>,
-    pub tools: Vec<ToolSpec>,
+    /// The tools offered, shared with the registry's current set (`ToolRegistry::offered`)
+    /// rather than copied for each call.
+    pub tools: Arc<[ToolSpec]>,
     pub tool_choice: ToolChoice,
     /// Number of messages the previous call of this session sent (`None` for the first call or
     /// after compaction). Anthropic puts a cache breakpoint on the last block of message

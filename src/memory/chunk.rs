@@ -69,6 +69,30 @@ pub fn embed_text(path: &str, text: &str) -> String {
     format!("{title}\n{text}")
 }
 
+/// Longest text (characters) sent to the embeddings model as one input. Small sentence models
+/// such as all-MiniLM-L6-v2 read 256 word pieces and drop the rest: about 1,000 characters of
+/// English prose, fewer of numbers, codes or German compounds; 800 leaves room for those.
+/// `migrations/0002_embedding_windows.sql` uses this figure: change both together.
+pub const WINDOW_CHARS: usize = 800;
+
+/// The texts embedded for a chunk: its [`embed_text`] when that fits in [`WINDOW_CHARS`],
+/// otherwise windows of whole lines (a longer line is a window of its own), each with the title
+/// line, that together hold every line of the chunk once. The chunk's vector is the normalised
+/// mean of the windows' vectors, so all of a long chunk counts, not only its first 256 tokens.
+pub fn embed_windows(path: &str, text: &str) -> Vec<String> {
+    let whole = embed_text(path, text);
+    if whole.chars().count() <= WINDOW_CHARS {
+        return vec![whole];
+    }
+    let title_chars = whole.chars().count() - text.chars().count();
+    let room = WINDOW_CHARS.saturating_sub(title_chars).max(1);
+    chunk_lines(text, room, 0)
+        .into_iter()
+        .filter(|w| !w.text.trim().is_empty())
+        .map(|w| embed_text(path, &w.text))
+        .collect()
+}
+
 /// sha256 hex of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {
     let digest = Sha256::digest(data);
@@ -124,7 +148,45 @@ mod tests {
         assert_eq!(embed_text("people/anna.md", "x"), "people/anna\nx");
     }
 
+    #[test]
+    fn a_long_chunk_is_embedded_in_windows_with_its_title() {
+        assert_eq!(embed_windows("a.md", "short"), vec!["a\nshort".to_string()]);
+        let line = "word ".repeat(30); // 150 characters
+        let text = [line.trim_end(); 12].join("\n"); // 12 lines, 1,799 characters
+        let windows = embed_windows("notes/long.md", &text);
+        assert_eq!(windows.len(), 3, "{windows:?}");
+        for w in &windows {
+            assert!(w.starts_with("notes/long\n"));
+            assert!(w.chars().count() <= WINDOW_CHARS, "{}", w.chars().count());
+        }
+        let lines: usize = windows.iter().map(|w| w.lines().count() - 1).sum();
+        assert_eq!(lines, 12, "every line once");
+    }
+
     proptest! {
+        /// Windows hold every non-blank line of the chunk exactly once, in order.
+        #[test]
+        fn windows_cover_the_chunk(
+            lines in proptest::collection::vec("[a-z ]{0,300}", 1..30),
+        ) {
+            let text = lines.join("\n");
+            let windows = embed_windows("p.md", &text);
+            let mut got: Vec<String> = Vec::new();
+            for w in &windows {
+                let mut it = w.lines();
+                prop_assert_eq!(it.next(), Some("p"));
+                got.extend(it.map(str::to_string));
+            }
+            let got: Vec<&str> =
+                got.iter().map(String::as_str).filter(|l| !l.trim().is_empty()).collect();
+            let want: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            prop_assert_eq!(got, want);
+            for w in &windows {
+                // Only a single line longer than the room may exceed the limit.
+                prop_assert!(w.chars().count() <= WINDOW_CHARS || w.lines().count() <= 2);
+            }
+        }
+
         /// Must-show (issue #5): every line is covered, and outside the overlaps exactly once.
         #[test]
         fn every_line_is_covered_once_outside_overlaps(

@@ -445,7 +445,7 @@ impl Consolidator {
                 text: PROMPT.to_string(),
             }],
             messages: vec![Message::user_text(body)],
-            tools: Vec::new(),
+            tools: Arc::from([]),
             tool_choice: ToolChoice::None,
             previous_messages: None,
             rendered: Default::default(),

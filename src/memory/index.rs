@@ -8,8 +8,10 @@
 //!    is chunked and stored (`store::memory::MemoryDb::replace_file` keeps unchanged chunks).
 //!    Files gone from the workspace leave the index.
 //! 4. With an embeddings model: embed every chunk text that has no vector yet, in batches of
-//!    [`super::embed::BATCH`]. An unchanged text is never embedded twice (the cache is keyed by
-//!    the text's hash). A failed batch stops this phase; the next run goes on from there.
+//!    [`super::embed::BATCH`]. A chunk longer than the model reads is embedded in windows
+//!    (`chunk::embed_windows`) and gets the normalised mean of their vectors. An unchanged text
+//!    is never embedded twice (the cache is keyed by the text's hash). A failed batch stops
+//!    this phase; the next run goes on from there.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{File, OpenOptions};
@@ -21,7 +23,8 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use serde::Serialize;
 
-use super::chunk::{chunk_lines, embed_text, sha256_hex};
+use super::chunk::{chunk_lines, embed_text, embed_windows, sha256_hex};
+use super::rank::normalize;
 use super::{Memory, MemoryError};
 use crate::store::memory::{FileMeta, NewChunk};
 
@@ -334,14 +337,17 @@ impl Memory {
                     if todo.is_empty() {
                         break;
                     }
-                    let texts: Vec<String> =
-                        todo.iter().map(|c| embed_text(&c.path, &c.text)).collect();
-                    match embedder.embed(&texts, "").await {
+                    let windows: Vec<Vec<String>> = todo
+                        .iter()
+                        .map(|c| embed_windows(&c.path, &c.text))
+                        .collect();
+                    match embed_chunks(embedder, &windows).await {
                         Ok(vectors) => {
+                            let n = vectors.len();
                             let rows = todo.into_iter().map(|c| c.hash).zip(vectors).collect();
                             self.db().put_embeddings(&model, rows, true).await?;
-                            report.embedded += texts.len();
-                            progress.advance(texts.len() as u64);
+                            report.embedded += n;
+                            progress.advance(n as u64);
                         }
                         Err(e) => {
                             report.embed_error = Some(e.to_string());
@@ -360,6 +366,47 @@ impl Memory {
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         Ok(report)
     }
+}
+
+/// One vector per chunk from its windows ([`embed_windows`]): the windows of all chunks go in
+/// requests of at most [`super::embed::BATCH`] texts, and a chunk's vector is the normalised
+/// mean of its windows' vectors.
+async fn embed_chunks(
+    embedder: &super::Embedder,
+    windows: &[Vec<String>],
+) -> Result<Vec<Vec<f32>>, MemoryError> {
+    let flat: Vec<String> = windows.iter().flatten().cloned().collect();
+    let mut vectors: Vec<Vec<f32>> = Vec::with_capacity(flat.len());
+    for batch in flat.chunks(super::embed::BATCH) {
+        let got = embedder.embed(batch, "").await?;
+        if got.len() != batch.len() {
+            return Err(MemoryError::Embed(format!(
+                "the server returned {} vectors for {} texts",
+                got.len(),
+                batch.len()
+            )));
+        }
+        vectors.extend(got);
+    }
+    let mut it = vectors.into_iter();
+    Ok(windows
+        .iter()
+        .map(|w| mean(it.by_ref().take(w.len()).collect()))
+        .collect())
+}
+
+/// The normalised mean of `vectors` (one vector: itself).
+fn mean(mut vectors: Vec<Vec<f32>>) -> Vec<f32> {
+    if vectors.len() == 1 {
+        return vectors.pop().unwrap_or_default();
+    }
+    let dims = vectors.first().map_or(0, Vec::len);
+    let mut sum = vec![0f32; dims];
+    for v in vectors.iter().filter(|v| v.len() == dims) {
+        sum.iter_mut().zip(v).for_each(|(s, x)| *s += x);
+    }
+    normalize(&mut sum);
+    sum
 }
 
 /// The query-embedding cache, pruned on the retention schedule (SPEC §16.3) as well as by
@@ -422,6 +469,15 @@ mod tests {
         assert!(matches!(err, MemoryError::Busy(_)), "{err}");
         drop(held);
         IndexLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn the_mean_of_window_vectors_is_normalised() {
+        assert_eq!(mean(vec![vec![0.6, 0.8]]), vec![0.6, 0.8]);
+        let m = mean(vec![vec![1.0, 0.0], vec![0.0, 1.0]]);
+        let h = std::f32::consts::FRAC_1_SQRT_2;
+        assert!(m.iter().all(|x| (x - h).abs() < 1e-6), "{m:?}");
+        assert!(mean(Vec::new()).is_empty());
     }
 
     #[test]

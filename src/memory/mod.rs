@@ -84,19 +84,38 @@ struct Inner {
     vectors: tokio::sync::Mutex<Option<Arc<VectorSet>>>,
 }
 
-/// The weights of the two ranked lists in hybrid search (reciprocal-rank fusion). The defaults
-/// were chosen on the retrieval test set (docs/memory.md, "Retrieval quality").
+/// How hybrid search merges the full-text and the vector list. The default was chosen on the
+/// retrieval test set and checked on a held-out one (docs/memory.md, "Retrieval quality");
+/// the other settings exist to measure them (`cargo bench --bench retrieval -- --fusion ...`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fusion {
+    pub method: FusionMethod,
     pub fts_weight: f64,
     pub vector_weight: f64,
+    /// Scale each full-text hit by the share of the query's terms it contains: a chunk that
+    /// shares one word of four with the query is weak evidence, whatever its rank.
+    pub coverage: bool,
+    /// Halve the full-text weight for a query that reads as a sentence (it has a stop word).
+    pub adaptive: bool,
+}
+
+/// The fusion function of [`Fusion`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusionMethod {
+    /// Weighted reciprocal-rank fusion (`rank::rrf_scaled`).
+    Rrf,
+    /// Convex combination of min-max normalised scores (`rank::convex`): bm25 and cosine.
+    Convex,
 }
 
 impl Default for Fusion {
     fn default() -> Self {
         Fusion {
+            method: FusionMethod::Convex,
             fts_weight: 1.0,
             vector_weight: 1.0,
+            coverage: true,
+            adaptive: false,
         }
     }
 }

@@ -1,4 +1,6 @@
-//! Ranking (pure): vector similarity over a [`VectorSet`] and reciprocal-rank fusion.
+//! Ranking (pure): vector similarity over a [`VectorSet`], and the fusion of ranked lists:
+//! reciprocal-rank fusion (each item optionally scaled by a factor of its own) and a convex
+//! combination of min-max normalised scores.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -85,15 +87,72 @@ pub fn top_k(set: &VectorSet, query: &[f32], k: usize) -> Vec<(i64, f32)> {
 /// gets `w / (RRF_K + r)`; the sums are sorted best first, ties by first appearance across
 /// the lists.
 pub fn rrf(lists: &[(&[i64], f64)]) -> Vec<(i64, f64)> {
+    let scaled: Vec<(Vec<(i64, f64)>, f64)> = lists
+        .iter()
+        .map(|(list, w)| (list.iter().map(|&id| (id, 1.0)).collect(), *w))
+        .collect();
+    let refs: Vec<(&[(i64, f64)], f64)> = scaled.iter().map(|(l, w)| (l.as_slice(), *w)).collect();
+    rrf_scaled(&refs)
+}
+
+/// [`rrf`] where each item carries a factor of its own (0–1, e.g. how much of the query a
+/// full-text hit contains): an item at rank `r` with factor `f` in a list of weight `w` gets
+/// `w * f / (RRF_K + r)`. The ranks are the lists' own.
+pub fn rrf_scaled(lists: &[(&[(i64, f64)], f64)]) -> Vec<(i64, f64)> {
+    sum_sorted(lists.iter().map(|(list, weight)| {
+        list.iter()
+            .enumerate()
+            .map(move |(rank, &(id, f))| (id, weight * f / (RRF_K + rank as f64 + 1.0)))
+    }))
+}
+
+/// Convex combination of scores (higher is better in every list): each list is [`min_max`]
+/// normalised, then [`weighted_sum`]med.
+pub fn convex(lists: &[(&[(i64, f64)], f64)]) -> Vec<(i64, f64)> {
+    let normed: Vec<(Vec<(i64, f64)>, f64)> = lists.iter().map(|(l, w)| (min_max(l), *w)).collect();
+    let refs: Vec<(&[(i64, f64)], f64)> = normed.iter().map(|(l, w)| (l.as_slice(), *w)).collect();
+    weighted_sum(&refs)
+}
+
+/// Scores (higher is better) scaled to 0–1 over the list's own items: the best gets 1, the
+/// worst 0; all get 1 when they are equal. Order kept.
+pub fn min_max(list: &[(i64, f64)]) -> Vec<(i64, f64)> {
+    let (lo, hi) = list
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &(_, s)| {
+            (lo.min(s), hi.max(s))
+        });
+    let span = hi - lo;
+    list.iter()
+        .map(|&(id, s)| (id, if span > 0.0 { (s - lo) / span } else { 1.0 }))
+        .collect()
+}
+
+/// Each item's scores times its list's weight, summed (an item absent from a list gets 0 from
+/// it); best first, ties by first appearance across the lists.
+pub fn weighted_sum(lists: &[(&[(i64, f64)], f64)]) -> Vec<(i64, f64)> {
+    sum_sorted(
+        lists
+            .iter()
+            .map(|(list, weight)| list.iter().map(move |&(id, s)| (id, weight * s))),
+    )
+}
+
+/// Sum the contributions per id; best first, ties by first appearance.
+fn sum_sorted<I, L>(lists: I) -> Vec<(i64, f64)>
+where
+    I: Iterator<Item = L>,
+    L: Iterator<Item = (i64, f64)>,
+{
     let mut scores: HashMap<i64, (f64, usize)> = HashMap::new();
     let mut order = 0;
-    for (list, weight) in lists {
-        for (rank, &id) in list.iter().enumerate() {
+    for list in lists {
+        for (id, add) in list {
             let e = scores.entry(id).or_insert_with(|| {
                 order += 1;
                 (0.0, order)
             });
-            e.0 += weight / (RRF_K + rank as f64 + 1.0);
+            e.0 += add;
         }
     }
     let mut out: Vec<(i64, f64, usize)> =
@@ -141,6 +200,34 @@ mod tests {
         // A heavier list wins a tie of ranks.
         let fused = rrf(&[(&[1], 0.5), (&[2], 1.0)]);
         assert_eq!(fused[0].0, 2);
+    }
+
+    #[test]
+    fn scaled_rrf_weighs_each_item() {
+        // A full-text hit that holds a third of the query counts a third of a rank.
+        let fused = rrf_scaled(&[(&[(1, 1.0 / 3.0), (2, 1.0)], 1.0), (&[(3, 1.0)], 1.0)]);
+        assert_eq!(fused.iter().map(|f| f.0).collect::<Vec<_>>(), vec![3, 2, 1]);
+        // Factors of 1 are plain RRF.
+        assert_eq!(
+            rrf_scaled(&[(&[(1, 1.0), (7, 1.0)], 1.0), (&[(7, 1.0)], 0.5)]),
+            rrf(&[(&[1, 7], 1.0), (&[7], 0.5)])
+        );
+    }
+
+    #[test]
+    fn convex_normalises_each_list() {
+        // bm25-like scores far apart and cosines close together weigh the same after min-max.
+        let fts = [(1, 30.0), (2, 10.0), (3, 0.0)];
+        let vec = [(3, 0.61), (4, 0.60), (1, 0.31)];
+        let fused = convex(&[(&fts, 1.0), (&vec, 1.0)]);
+        assert_eq!(fused[0], (1, 1.0));
+        assert_eq!(fused[1].0, 3);
+        assert!((fused[1].1 - 1.0).abs() < 1e-9);
+        assert_eq!(fused[2].0, 4);
+        assert!((fused[2].1 - 29.0 / 30.0).abs() < 1e-9);
+        // One item, or all equal: each counts fully.
+        assert_eq!(convex(&[(&[(5, 0.2)], 0.5)]), vec![(5, 0.5)]);
+        assert!(convex(&[]).is_empty());
     }
 
     #[test]

@@ -1,13 +1,15 @@
-//! Search (SPEC §13): chunks by FTS5 and by vector similarity, merged by reciprocal-rank
-//! fusion (FTS5 only without an embeddings model, or when the query cannot be embedded right
-//! now); current facts (of the entities the query names, through aliases, and by FTS5); live
+//! Search (SPEC §13): chunks by FTS5 and by vector similarity, merged as [`super::Fusion`]
+//! says: by default a convex combination of min-max scaled scores in which each full-text hit
+//! counts in proportion to the share of the query's terms it contains (FTS5 only without an
+//! embeddings model, or when the query cannot be embedded right now; then in bm25 order, as
+//! before issue 20); current facts (of the entities the query names, through aliases, and by FTS5); live
 //! episodes by FTS5.
 
 use std::collections::HashSet;
 
 use serde::Serialize;
 
-use super::{Memory, MemoryError, fts, rank};
+use super::{Fusion, FusionMethod, Memory, MemoryError, fts, rank};
 use crate::store::memory::{ChunkRow, Episode, Fact};
 
 /// Candidates taken from each ranked list before fusion (at least; more for a large `k`).
@@ -102,19 +104,13 @@ impl Memory {
         session_id: &str,
     ) -> Result<ChunkResults, MemoryError> {
         let candidates = MIN_CANDIDATES.max(k * 4);
-        let fts_rows: Vec<ChunkRow> = match fts::sanitize(query) {
-            Some(expr) => self
-                .db()
-                .fts_chunks(expr, candidates)
-                .await?
-                .into_iter()
-                .map(|(row, _)| row)
-                .collect(),
+        let fts_scored: Vec<(ChunkRow, f64)> = match fts::sanitize(query) {
+            Some(expr) => self.db().fts_chunks(expr, candidates).await?,
             None => Vec::new(),
         };
-        let fts_ids: Vec<i64> = fts_rows.iter().map(|r| r.id).collect();
+        let fts_ids: Vec<i64> = fts_scored.iter().map(|(r, _)| r.id).collect();
 
-        let (vector_ids, used, warning) = match (mode, self.embedder()) {
+        let (vector_hits, used, warning) = match (mode, self.embedder()) {
             (SearchMode::FullText, _) => (Vec::new(), SearchMode::FullText, None),
             (SearchMode::Hybrid, None) => (
                 Vec::new(),
@@ -126,7 +122,7 @@ impl Memory {
                     .vector_candidates(embedder, query, candidates, session_id)
                     .await
                 {
-                    Ok(ids) => (ids, SearchMode::Hybrid, None),
+                    Ok(hits) => (hits, SearchMode::Hybrid, None),
                     Err(e) => {
                         tracing::warn!(error = %e, "query embedding failed; searching full text only");
                         (Vec::new(), SearchMode::FullText, Some(e.to_string()))
@@ -134,12 +130,15 @@ impl Memory {
                 }
             }
         };
+        let vector_ids: Vec<i64> = vector_hits.iter().map(|(id, _)| *id).collect();
 
-        let fusion = self.fusion();
-        let fused: Vec<(i64, f64)> = rank::rrf(&[
-            (&fts_ids, fusion.fts_weight),
-            (&vector_ids, fusion.vector_weight),
-        ]);
+        let fused = if used == SearchMode::FullText {
+            // Full text alone keeps its own (bm25) order, as before hybrid search existed.
+            rank::rrf(&[(&fts_ids, 1.0)])
+        } else {
+            fuse(self.fusion(), query, &fts_scored, &vector_hits)
+        };
+        let mut rows: Vec<ChunkRow> = fts_scored.into_iter().map(|(row, _)| row).collect();
         let known: HashSet<i64> = fts_ids.iter().copied().collect();
         let missing: Vec<i64> = fused
             .iter()
@@ -147,7 +146,6 @@ impl Memory {
             .filter(|id| !known.contains(id))
             .take(candidates)
             .collect();
-        let mut rows = fts_rows;
         rows.extend(self.db().chunks_by_id(missing).await?);
 
         let mut hits: Vec<ChunkHit> = Vec::with_capacity(k);
@@ -182,14 +180,14 @@ impl Memory {
         })
     }
 
-    /// Chunk ids by vector similarity to the query.
+    /// Chunk ids by vector similarity to the query, with their cosine, best first.
     async fn vector_candidates(
         &self,
         embedder: &super::Embedder,
         query: &str,
         n: usize,
         session_id: &str,
-    ) -> Result<Vec<i64>, MemoryError> {
+    ) -> Result<Vec<(i64, f32)>, MemoryError> {
         let q = embedder.embed_query(self.db(), query, session_id).await?;
         let set = self.vectors(embedder.model_id()).await?;
         let top = if set.len() <= INLINE_SCAN {
@@ -199,7 +197,7 @@ impl Memory {
                 .await
                 .map_err(|e| MemoryError::Io(format!("vector scan failed: {e}")))?
         };
-        Ok(top.into_iter().map(|(id, _)| id).collect())
+        Ok(top)
     }
 
     /// Current facts: every fact of each entity `text` names (by name or alias), then facts
@@ -239,6 +237,45 @@ impl Memory {
     }
 }
 
+/// Merge the full-text hits (with their bm25 score, lower is better) and the vector hits (with
+/// their cosine) as `fusion` says; best first.
+fn fuse(
+    fusion: Fusion,
+    query: &str,
+    fts: &[(ChunkRow, f64)],
+    vectors: &[(i64, f32)],
+) -> Vec<(i64, f64)> {
+    let mut fts_weight = fusion.fts_weight;
+    if fusion.adaptive && fts::is_natural_language(query) {
+        fts_weight /= 2.0;
+    }
+    let terms = fusion.coverage.then(|| fts::QueryTerms::new(query));
+    let factor = |row: &ChunkRow| {
+        terms
+            .as_ref()
+            .map_or(1.0, |t| t.coverage(&[&row.path, &row.text]))
+    };
+    match fusion.method {
+        FusionMethod::Rrf => {
+            let f: Vec<(i64, f64)> = fts.iter().map(|(r, _)| (r.id, factor(r))).collect();
+            let v: Vec<(i64, f64)> = vectors.iter().map(|(id, _)| (*id, 1.0)).collect();
+            rank::rrf_scaled(&[(&f, fts_weight), (&v, fusion.vector_weight)])
+        }
+        FusionMethod::Convex => {
+            // bm25 is lower-is-better; the coverage scales the normalised score.
+            let f: Vec<(i64, f64)> = fts.iter().map(|(r, s)| (r.id, -s)).collect();
+            let f: Vec<(i64, f64)> = rank::min_max(&f)
+                .into_iter()
+                .zip(fts)
+                .map(|((id, s), (row, _))| (id, s * factor(row)))
+                .collect();
+            let v: Vec<(i64, f64)> = vectors.iter().map(|(id, s)| (*id, f64::from(*s))).collect();
+            let v = rank::min_max(&v);
+            rank::weighted_sum(&[(&f, fts_weight), (&v, fusion.vector_weight)])
+        }
+    }
+}
+
 /// Byte offset of the first occurrence of `needle` in `hay` as whole words (not inside a longer
 /// alphanumeric run). Needles shorter than two characters never match.
 fn find_word(hay: &str, needle: &str) -> Option<usize> {
@@ -262,6 +299,46 @@ fn find_word(hay: &str, needle: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(id: i64, text: &str) -> ChunkRow {
+        ChunkRow {
+            id,
+            path: format!("notes/{id}.md"),
+            start_line: 1,
+            end_line: 1,
+            text: text.into(),
+        }
+    }
+
+    /// Issue 20: full-text hits that share a word or two with a paraphrase do not push the
+    /// vectors' best hits down; a hit that holds every term of the query stays first.
+    #[test]
+    fn weak_full_text_hits_weigh_little() {
+        let query = "purchased a used bicycle";
+        let fts = vec![
+            (row(1, "Someone used the lift."), -10.0),
+            (row(2, "A used car."), -5.0),
+        ];
+        let vectors = vec![(3, 0.62), (4, 0.60), (1, 0.20)];
+        let ids = |f: Vec<(i64, f64)>| f.into_iter().map(|(id, _)| id).collect::<Vec<_>>();
+
+        let chosen = fuse(Fusion::default(), query, &fts, &vectors);
+        assert_eq!(ids(chosen), vec![3, 4, 1, 2]);
+        // Plain RRF puts the weak match found by both lists first.
+        let rrf = Fusion {
+            method: FusionMethod::Rrf,
+            coverage: false,
+            ..Fusion::default()
+        };
+        assert_eq!(ids(fuse(rrf, query, &fts, &vectors))[0], 1);
+
+        let mut fts = fts;
+        fts.insert(0, (row(5, "We purchased a used bicycle."), -12.0));
+        let mut vectors = vectors;
+        vectors.push((5, 0.5));
+        let chosen = fuse(Fusion::default(), query, &fts, &vectors);
+        assert_eq!(ids(chosen)[0], 5);
+    }
 
     #[test]
     fn whole_words_only() {

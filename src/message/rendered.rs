@@ -8,8 +8,10 @@
 //! from that message on: compaction (`clear`), the image placeholder swap and a repair of
 //! stored tool calls (`invalidate_from`); `SessionState` does it where it makes those changes.
 //! As a second line, every entry keeps a fingerprint of the message's shape (kinds, lengths
-//! and a few bytes of every string, [`shape`]), checked before the bytes are reused: a change
-//! that forgot to invalidate and alters any length or either end of a string is still caught.
+//! and a few bytes of every string, [`shape`]): at each call the last few entries and a few
+//! more in turn are checked before the bytes are reused, so a change that forgot to invalidate
+//! and alters any length or either end of a string is caught at once near the end of the
+//! history and within a bounded number of calls elsewhere, at a constant cost per call.
 //! Debug builds compare every cached render with a full one.
 //!
 //! **Breakpoints.** The bytes are those of the message *without* a cache breakpoint; the
@@ -52,7 +54,33 @@ pub struct Rendered {
     pub last: usize,
 }
 
-type Formats = [Vec<Rendered>; 2];
+/// The entries per format, and where the next rotating shape check starts.
+#[derive(Default)]
+struct Formats {
+    entries: [Vec<Rendered>; 2],
+    cursor: usize,
+}
+
+/// Entries whose shape is checked at every call: the last ones (where appends, the image swap
+/// and repairs happen) ...
+const CHECK_TAIL: usize = 8;
+/// ... and this many more, taken in turn from the rest, so every entry is checked again within
+/// `len / CHECK_TURN` calls at a constant cost per call (checking all of them was 3% of the
+/// daemon's instructions at 1,000 messages, and grew with the history).
+const CHECK_TURN: usize = 8;
+
+/// The index of the first entry found to disagree with its message's shape among those checked
+/// this call (the tail and the next window of the rotation), or `entries.len()`.
+fn first_changed(entries: &[Rendered], messages: &[Message], cursor: &mut usize) -> usize {
+    let n = entries.len();
+    let tail = n.saturating_sub(CHECK_TAIL);
+    let start = if tail == 0 { 0 } else { *cursor % tail };
+    *cursor = start + CHECK_TURN;
+    let turn = start..(start + CHECK_TURN).min(tail);
+    turn.chain(tail..n)
+        .find(|&i| entries[i].shape != shape(&messages[i]))
+        .unwrap_or(n)
+}
 
 /// The per-session cache. `RenderCache::default()` is disabled (renderers neither read nor
 /// fill it): for one-off requests such as a compaction summary.
@@ -71,8 +99,12 @@ impl RenderCache {
         }
     }
 
-    fn formats_mut(&mut self) -> &mut Formats {
-        self.formats.get_mut().unwrap_or_else(|p| p.into_inner())
+    fn formats_mut(&mut self) -> &mut [Vec<Rendered>; 2] {
+        &mut self
+            .formats
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .entries
     }
 
     /// Drop every entry (the history was replaced, e.g. compacted).
@@ -91,17 +123,18 @@ impl RenderCache {
 
     /// Messages with an entry in `format`.
     pub fn len(&self, format: WireFormat) -> usize {
-        self.lock()[format.index()].len()
+        self.lock().entries[format.index()].len()
     }
 
     /// Whether no format holds an entry.
     pub fn is_empty(&self) -> bool {
-        self.lock().iter().all(Vec::is_empty)
+        self.lock().entries.iter().all(Vec::is_empty)
     }
 
     /// Bytes held, over every format.
     pub fn bytes(&self) -> usize {
         self.lock()
+            .entries
             .iter()
             .flatten()
             .map(|r| r.bytes.capacity())
@@ -126,15 +159,10 @@ impl RenderCache {
             return None;
         }
         let mut guard = self.lock();
-        let entries = &mut guard[format.index()];
+        let formats = &mut *guard;
+        let entries = &mut formats.entries[format.index()];
         entries.truncate(messages.len());
-        let mut valid = entries.len();
-        for (i, (entry, message)) in entries.iter().zip(messages).enumerate() {
-            if entry.shape != shape(message) {
-                valid = i;
-                break;
-            }
-        }
+        let valid = first_changed(entries, messages, &mut formats.cursor);
         entries.truncate(valid);
         for message in &messages[valid..] {
             let mut r = Rendered {
@@ -164,7 +192,7 @@ impl std::ops::Deref for Synced<'_> {
     type Target = [Rendered];
 
     fn deref(&self) -> &[Rendered] {
-        &self.guard[self.format]
+        &self.guard.entries[self.format]
     }
 }
 
@@ -194,8 +222,8 @@ impl std::fmt::Debug for RenderCache {
         d.field("enabled", &self.enabled);
         match self.formats.try_lock() {
             Ok(formats) => d
-                .field("anthropic", &formats[0].len())
-                .field("openai", &formats[1].len()),
+                .field("anthropic", &formats.entries[0].len())
+                .field("openai", &formats.entries[1].len()),
             Err(_) => d.field("entries", &"(in use)"),
         };
         d.finish()
@@ -381,6 +409,38 @@ mod tests {
         assert_eq!(s.len(), 1);
         drop(s);
         assert_eq!(rendered.get(), 5);
+    }
+
+    #[test]
+    fn a_change_deep_in_a_long_history_is_caught_by_the_rotation() {
+        let c = RenderCache::new();
+        let mut msgs: Vec<Message> = (0..100)
+            .map(|i| Message::user_text(format!("m{i}")))
+            .collect();
+        drop(c.sync(WireFormat::Anthropic, &msgs, |m, r| push(r, m)));
+        // Message 40 changes without an invalidation: each later call checks the tail and
+        // CHECK_TURN more entries, so within (100 - CHECK_TAIL) / CHECK_TURN + 1 calls the
+        // entry is dropped and rendered again, and never before its message changed.
+        msgs[40] = Message::user_text("changed, longer");
+        let bound = (100 - CHECK_TAIL) / CHECK_TURN + 1;
+        let rendered = std::cell::Cell::new(0);
+        let count = |m: &Message, r: &mut Rendered| {
+            rendered.set(rendered.get() + 1);
+            push(r, m)
+        };
+        let mut calls = 0;
+        while rendered.get() == 0 {
+            calls += 1;
+            assert!(calls <= bound, "not caught within {bound} calls");
+            drop(c.sync(WireFormat::Anthropic, &msgs, count));
+        }
+        assert_eq!(rendered.get(), 60, "rendered again from message 40 on");
+        let s = c
+            .sync(WireFormat::Anthropic, &msgs, count)
+            .unwrap()
+            .unwrap();
+        assert_eq!(s[40].bytes, format!("{:?}", msgs[40]).into_bytes());
+        assert_eq!(s.len(), 100);
     }
 
     #[test]

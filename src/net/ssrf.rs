@@ -383,7 +383,7 @@ async fn fetch_inner(
             host: host.clone(),
             reason: describe(&e),
         };
-        let client = reqwest::Client::builder()
+        let client = crate::net::tls::client_builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .connect_timeout(CONNECT_TIMEOUT)

@@ -1,11 +1,20 @@
-//! The one TLS crypto provider (issue 14: one provider linked into the binary). reqwest 0.13
-//! is built with `rustls-no-provider` and rmcp with `reqwest-tls-no-provider`, so the binary
-//! does not carry aws-lc-rs beside the ring that teloxide's reqwest 0.12 needs; ring is
-//! installed as rustls's process-wide default instead. Every entry point that may build an
-//! HTTPS client calls [`install`] first (`bin/agentd.rs`, `bin/bench.rs`); building a reqwest
-//! client before it panics, which no test can miss.
+//! TLS for every outbound HTTPS client.
+//!
+//! **One crypto provider** (issue 14: one provider linked into the binary). reqwest 0.13 is
+//! built with `rustls-no-provider` and rmcp with `reqwest-tls-no-provider`, so the binary does
+//! not carry aws-lc-rs; ring is installed as rustls's process-wide default instead. Every entry
+//! point that may build an HTTPS client calls [`install`] first (`bin/agentd.rs`,
+//! `bin/bench.rs`); building a reqwest client before it panics, which no test can miss.
+//!
+//! **One root store.** Left to itself, reqwest builds a platform verifier for every client, and
+//! on Linux that reads and parses every certificate of the system's store (the bundle and the
+//! hashed directory: about 300 files here) each time — at start for each of the daemon's
+//! clients, and for every hop of every `web_fetch`, since the SSRF guard pins each hop's
+//! addresses in a client of its own. [`client_builder`] hands out builders that share one
+//! verifier, built on first use (the start-up's TLS thread, `llm::router::prewarm_http_client`)
+//! and kept for the life of the process.
 
-use std::sync::Once;
+use std::sync::{Arc, Once, OnceLock};
 
 /// Install ring as the process's rustls provider (once; later calls do nothing).
 pub fn install() {
@@ -14,4 +23,83 @@ pub fn install() {
         // Err only when a provider is installed already, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
+}
+
+/// The shared client configuration: `None` when it cannot be built (no provider installed,
+/// no system certificates), in which case builders are reqwest's own and report the problem
+/// when they are built, as before.
+fn shared() -> Option<&'static Shared> {
+    static SHARED: OnceLock<Option<Shared>> = OnceLock::new();
+    // Before `install` there is nothing to share yet (test builds, whose reqwest brings its
+    // own provider): not remembered, so a later call after `install` still builds it.
+    let provider = rustls::crypto::CryptoProvider::get_default()?;
+    SHARED.get_or_init(|| build(provider.clone())).as_ref()
+}
+
+struct Shared {
+    config: rustls::ClientConfig,
+    /// The verifier inside `config` (rustls does not hand it out again).
+    #[cfg_attr(not(test), allow(dead_code))]
+    verifier: Arc<rustls_platform_verifier::Verifier>,
+}
+
+fn build(provider: Arc<rustls::crypto::CryptoProvider>) -> Option<Shared> {
+    let verifier = match rustls_platform_verifier::Verifier::new(provider.clone()) {
+        Ok(v) => Arc::new(v),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot load the system's root certificates once for all clients");
+            return None;
+        }
+    };
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier.clone())
+        .with_no_client_auth();
+    // What reqwest offers when it builds the configuration itself (HTTP/2 and HTTP/1.1): a
+    // preconfigured one is used as it is.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Some(Shared { config, verifier })
+}
+
+/// A reqwest client builder whose TLS uses the process's one root store; reqwest's own
+/// builder when that store cannot be built. Every HTTPS client of the daemon starts here.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    let builder = reqwest::Client::builder();
+    match shared() {
+        Some(shared) => builder.tls_backend_preconfigured(shared.config.clone()),
+        None => builder,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+
+    #[test]
+    fn builders_share_one_verifier_that_still_verifies() {
+        install();
+        let a = shared().expect("the test machine has system certificates");
+        let b = shared().unwrap();
+        assert!(std::ptr::eq(a, b), "one configuration per process");
+        assert_eq!(
+            a.config.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        // The shared verifier is the platform's, not a permissive one: a certificate that no
+        // system root signed is refused.
+        let junk = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00]);
+        let name = ServerName::try_from("example.com").unwrap();
+        let verdict = a
+            .verifier
+            .verify_server_cert(&junk, &[], &name, &[], UnixTime::now());
+        assert!(verdict.is_err());
+        // And reqwest accepts it as its TLS backend.
+        client_builder()
+            .build()
+            .expect("a client on the shared TLS configuration");
+    }
 }

@@ -319,6 +319,22 @@ impl SessionStore {
         Ok((h, true))
     }
 
+    /// Whether the intake `id` is already in `key`'s trail (among the recent ids the
+    /// duplicate check keeps): work done before recording it (a transcription) need not be
+    /// done again for a message taken before a crash and offered again.
+    pub fn has_intake(&self, key: &str, id: &str) -> io::Result<bool> {
+        let Some(h) = self.get(key)? else {
+            return Ok(false);
+        };
+        let mut ids = h.intake_ids.lock().unwrap_or_else(|p| p.into_inner());
+        if ids.is_none() {
+            *ids = Some(RecentIds::new(trail::recent_intake_ids(
+                &self.dir, &h.id, DEDUP_IDS,
+            )?));
+        }
+        Ok(ids.as_ref().is_some_and(|set| set.contains(id)))
+    }
+
     /// The session for `key` if it exists.
     pub fn get(&self, key: &str) -> io::Result<Option<Arc<SessionHandle>>> {
         let mut inner = self.lock();

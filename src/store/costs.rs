@@ -17,11 +17,15 @@ pub enum CallType {
     Compaction,
     Consolidation,
     Embedding,
+    /// Speech to text of an inbound audio file (SPEC §19), priced per minute.
+    Transcription,
+    /// Text to speech (SPEC §19), priced per 1000 characters.
+    Tts,
 }
 
 impl CallType {
     /// The `call_type` column value: `"chat"`, `"subagent"`, `"compaction"`,
-    /// `"consolidation"` or `"embedding"`.
+    /// `"consolidation"`, `"embedding"`, `"transcription"` or `"tts"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             CallType::Chat => "chat",
@@ -29,6 +33,8 @@ impl CallType {
             CallType::Compaction => "compaction",
             CallType::Consolidation => "consolidation",
             CallType::Embedding => "embedding",
+            CallType::Transcription => "transcription",
+            CallType::Tts => "tts",
         }
     }
 }

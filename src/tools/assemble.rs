@@ -31,6 +31,8 @@ pub struct ToolDeps<'a> {
     pub live: crate::config::Live,
     /// Tools other modules provide (`load_skill`), filtered like the built-in ones.
     pub extra: Vec<Arc<dyn Tool>>,
+    /// Text to speech (SPEC §19): the `tts` tool exists only with `[voice] tts_model`.
+    pub speaker: Option<Arc<super::tts::Speaker>>,
 }
 
 /// The assembled tool set: the registry, and the `sessions_spawn` tool, which the daemon
@@ -54,13 +56,16 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
     // Sandboxed shell: never the state or config directory (see docs/security.md).
     list.push(Arc::new(super::exec::ExecTool::from_config(cfg)));
     list.extend(deps.extra);
-    if let Some(outbound) = deps.outbound {
-        let m = super::messaging::Messaging {
-            cfg: deps.live.clone(),
-            outbound,
-            sessions: deps.sessions,
-        };
+    let messaging = deps.outbound.map(|outbound| super::messaging::Messaging {
+        cfg: deps.live.clone(),
+        outbound,
+        sessions: deps.sessions,
+    });
+    if let Some(m) = &messaging {
         list.extend(m.tools());
+    }
+    if let Some(speaker) = deps.speaker {
+        list.push(Arc::new(super::tts::TtsTool { speaker, messaging }));
     }
     let schedule = super::schedule::ScheduleTools {
         db: deps.db.clone(),

@@ -53,13 +53,13 @@ impl Messaging {
     }
 
     /// The tools' own timeout: the retry window, one more send in flight, and some slack.
-    fn timeout(&self) -> Duration {
+    pub(super) fn timeout(&self) -> Duration {
         self.window() + self.outbound.attempt_timeout() + Duration::from_secs(10)
     }
 
     /// Send `pieces` to `to` through the outbox, recorded under a key made of `what` and
     /// `material` (see the module doc), and say how it went in words for the model.
-    async fn send(
+    pub(super) async fn send(
         &self,
         ctx: &ToolContext,
         to: &Target,
@@ -151,7 +151,10 @@ impl Messaging {
     }
 
     /// The session of this turn and its trail.
-    async fn trail_of(&self, ctx: &ToolContext) -> Option<(Arc<SessionHandle>, Vec<TrailLine>)> {
+    pub(super) async fn trail_of(
+        &self,
+        ctx: &ToolContext,
+    ) -> Option<(Arc<SessionHandle>, Vec<TrailLine>)> {
         let (sessions, key, id) = (
             self.sessions.clone(),
             ctx.session_key.clone(),

@@ -17,6 +17,7 @@ pub mod registry;
 pub mod schedule;
 pub mod session_status;
 pub mod spawn;
+pub mod tts;
 pub mod untrusted;
 pub mod web;
 pub mod web_search;

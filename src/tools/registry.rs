@@ -58,14 +58,46 @@ pub struct Refused {
 pub struct ToolRegistry {
     /// The built-in tools, fixed at construction.
     builtin: ToolMap,
-    /// The built-in tools plus the accepted dynamic ones. Replaced whole by `set_dynamic`;
-    /// readers clone the `Arc` (a snapshot) and never hold the lock across an await.
-    all: RwLock<Arc<ToolMap>>,
+    /// The built-in tools plus the accepted dynamic ones, and what the model is offered of
+    /// them. Replaced whole by `set_dynamic`; readers clone the `Arc`s (a snapshot) and never
+    /// hold the lock across an await.
+    all: RwLock<Current>,
     default_timeout: Duration,
     output_truncation: usize,
     /// At most this many calls of one answer run at the same time (`[tools]
     /// max_parallel_calls`).
     max_parallel: usize,
+}
+
+/// The tools as the model is offered them: their specs in name order, shared by every request
+/// (a request holds the list, not a copy of its schemas), and their estimated tokens, counted
+/// once per change of the set instead of for every call (compaction's context estimate).
+#[derive(Debug, Clone)]
+pub struct Offered {
+    pub specs: Arc<[ToolSpec]>,
+    pub tokens: u64,
+}
+
+impl Offered {
+    fn of(map: &ToolMap) -> Offered {
+        let specs: Arc<[ToolSpec]> = map.values().map(|e| e.spec.clone()).collect();
+        let tokens = crate::agent::compaction::tools_tokens(&specs);
+        Offered { specs, tokens }
+    }
+}
+
+struct Current {
+    map: Arc<ToolMap>,
+    offered: Offered,
+}
+
+impl Current {
+    fn new(map: ToolMap) -> Current {
+        Current {
+            offered: Offered::of(&map),
+            map: Arc::new(map),
+        }
+    }
 }
 
 impl fmt::Debug for ToolRegistry {
@@ -104,7 +136,7 @@ impl ToolRegistry {
             map.insert(entry.spec.name.clone(), Arc::new(entry));
         }
         Ok(ToolRegistry {
-            all: RwLock::new(Arc::new(map.clone())),
+            all: RwLock::new(Current::new(map.clone())),
             builtin: map,
             default_timeout,
             output_truncation,
@@ -155,13 +187,17 @@ impl ToolRegistry {
             };
             map.insert(name, Arc::new(entry));
         }
-        *self.all.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(map);
+        *self.all.write().unwrap_or_else(|p| p.into_inner()) = Current::new(map);
         refused
     }
 
     /// The current tools (built-in and dynamic), for one read or one call.
     fn snapshot(&self) -> Arc<ToolMap> {
-        self.all.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.all
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .clone()
     }
 
     /// This registry running at most `n` (at least 1) calls of one answer at a time.
@@ -174,7 +210,7 @@ impl ToolRegistry {
     pub fn empty() -> ToolRegistry {
         ToolRegistry {
             builtin: BTreeMap::new(),
-            all: RwLock::new(Arc::new(BTreeMap::new())),
+            all: RwLock::new(Current::new(BTreeMap::new())),
             default_timeout: Duration::from_secs(60),
             output_truncation: 30_000,
             max_parallel: DEFAULT_MAX_PARALLEL,
@@ -182,8 +218,17 @@ impl ToolRegistry {
     }
 
     /// Specs sorted by name (a stable order: the tool list is the head of the prompt cache).
-    pub fn specs(&self) -> Vec<ToolSpec> {
-        self.snapshot().values().map(|e| e.spec.clone()).collect()
+    pub fn specs(&self) -> Arc<[ToolSpec]> {
+        self.offered().specs
+    }
+
+    /// The specs and their estimated tokens, as of the last change of the set.
+    pub fn offered(&self) -> Offered {
+        self.all
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .offered
+            .clone()
     }
 
     /// Tool names, sorted.
@@ -596,7 +641,7 @@ mod tests {
             TestTool::new("alpha", Behavior::Echo),
             TestTool::new("mid-dle_1", Behavior::Echo),
         ]);
-        let names: Vec<_> = reg.specs().into_iter().map(|s| s.name).collect();
+        let names: Vec<_> = reg.specs().iter().map(|s| s.name.clone()).collect();
         assert_eq!(names, ["alpha", "mid-dle_1", "zeta"]);
         assert_eq!(reg.names(), names);
         assert!(ToolRegistry::empty().specs().is_empty());
@@ -655,7 +700,7 @@ mod tests {
         ]));
         assert!(refused.is_empty(), "{refused:?}");
         assert_eq!(reg.names(), ["read", "srv__a", "srv__b", "zz_last"]);
-        let specs: Vec<_> = reg.specs().into_iter().map(|s| s.name).collect();
+        let specs: Vec<_> = reg.specs().iter().map(|s| s.name.clone()).collect();
         assert_eq!(specs, reg.names());
         assert_eq!(reg.len(), 4);
         assert!(reg.contains("srv__a"));

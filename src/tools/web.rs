@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::ToolSpec;
-use crate::net::html::html_to_text;
+use crate::net::html::{decode_body, html_to_text};
 use crate::net::ssrf::{self, Guard, SsrfError};
 
 /// Characters returned when `max_chars` is not given (below the default output truncation).
@@ -180,11 +180,14 @@ fn render(fetched: ssrf::Fetched, max_chars: usize) -> Result<String, ToolError>
              page was not read"
         )));
     }
-    let raw = String::from_utf8_lossy(&fetched.body);
-    let text = if is_html || looks_like_html(&raw) {
+    // Decoded in the page's charset (header, else <meta>), so a Latin-1 page keeps its accents.
+    let head = &fetched.body[..fetched.body.len().min(256)];
+    let sniffed_html = is_html || looks_like_html(&String::from_utf8_lossy(head));
+    let raw = decode_body(&fetched.body, fetched.content_type.as_deref(), sniffed_html);
+    let text = if sniffed_html {
         html_to_text(&raw)
     } else {
-        raw.into_owned()
+        raw
     };
     let total = text.chars().count();
     let body: String = text.chars().take(max_chars).collect();
@@ -284,6 +287,19 @@ mod tests {
         // Not wrapped here: the registry does that for every untrusted tool.
         assert_eq!(out, "[fetched from https://example.com/page]\nHi & bye");
         assert!(WebFetchTool::new(1, vec![]).untrusted_output());
+    }
+
+    #[test]
+    fn a_latin1_page_is_read_in_its_charset() {
+        let page = b"<html><head><meta charset=\"iso-8859-1\"></head><p>Caf\xe9 \xa9</p></html>";
+        let out = render(fetched_bytes(Some("text/html"), None, page), 100).unwrap();
+        assert!(out.ends_with("Caf\u{e9} \u{a9}"), "{out}");
+        let out = render(
+            fetched_bytes(Some("text/plain; charset=latin1"), None, b"na\xefve"),
+            100,
+        )
+        .unwrap();
+        assert!(out.ends_with("na\u{ef}ve"), "{out}");
     }
 
     #[test]

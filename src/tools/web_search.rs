@@ -20,7 +20,7 @@ pub struct WebSearchTool {
 
 impl WebSearchTool {
     pub fn new(base_url: &str, key: SecretString) -> WebSearchTool {
-        let http = reqwest::Client::builder()
+        let http = crate::net::tls::client_builder()
             .timeout(Duration::from_secs(20))
             .build()
             .unwrap_or_default();

@@ -85,6 +85,7 @@ impl ApiBackend for Fake {
                     cache_write_1h_tokens: 0,
                 },
                 cost_usd: 0.0123,
+                attachments: vec![],
             })
         }
         .boxed()
@@ -398,7 +399,7 @@ async fn every_endpoint_answers_its_contract() {
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(
         a.headers["content-type"],
-        "text/plain; version=0.0.4; charset=utf-8"
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
     );
     let samples = parse_prometheus(&a.text);
     assert_eq!(
@@ -749,16 +750,21 @@ async fn webhook_retries_until_the_receiver_accepts() {
     );
 }
 
-/// Prometheus text → `series → value`, checking each line: comments are HELP/TYPE, every
-/// sample is `name{labels} value` with a float value and a family announced by HELP and TYPE.
-/// Labels are put in sorted order in the key.
+/// OpenMetrics text → `series → value`, checking each line: comments are HELP/TYPE/UNIT and a
+/// final EOF, every sample is `name{labels} value` with a float value and a family announced by
+/// HELP and TYPE (a counter's samples are `<family>_total`). Labels are put in sorted order in
+/// the key. (tests/it/metrics.rs parses the real daemon's text with the Prometheus parser.)
 fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
     let mut help = BTreeSet::new();
     let mut types = BTreeMap::new();
     let mut samples = BTreeMap::new();
-    for line in text.lines() {
+    let body = text.strip_suffix("# EOF\n").expect("ends with # EOF");
+    for line in body.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             help.insert(rest.split(' ').next().unwrap().to_owned());
+            continue;
+        }
+        if line.starts_with("# UNIT ") {
             continue;
         }
         if let Some(rest) = line.strip_prefix("# TYPE ") {
@@ -791,13 +797,18 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
                 (name, format!("{name}{{{}}}", pairs.join(",")))
             }
         };
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|suffix| {
-                name.strip_suffix(suffix)
-                    .filter(|f| types.get(*f).is_some_and(|t| t == "histogram"))
-            })
-            .unwrap_or(name);
+        let family = [
+            ("_total", "counter"),
+            ("_bucket", "histogram"),
+            ("_sum", "histogram"),
+            ("_count", "histogram"),
+        ]
+        .iter()
+        .find_map(|(suffix, kind)| {
+            name.strip_suffix(suffix)
+                .filter(|f| types.get(*f).is_some_and(|t| t == kind))
+        })
+        .unwrap_or(name);
         assert!(
             help.contains(family) && types.contains_key(family),
             "{line}"

@@ -128,7 +128,7 @@ fn http_chat_notify_status_metrics_against_the_real_daemon() {
     assert!(d.sigterm().success());
 }
 
-/// The value of an unlabelled gauge in Prometheus text.
+/// The value of an unlabelled gauge in the OpenMetrics text of `/metrics`.
 fn gauge(metrics: &str, name: &str) -> Option<f64> {
     metrics
         .lines()
@@ -343,6 +343,9 @@ pub(crate) mod reqwest {
     impl Resp<'_> {
         pub fn status(&self) -> u16 {
             self.r.status().as_u16()
+        }
+        pub fn headers(&self) -> &header::HeaderMap {
+            self.r.headers()
         }
         pub fn json<T: serde::de::DeserializeOwned>(self) -> Result<T> {
             self.rt.block_on(self.r.json())

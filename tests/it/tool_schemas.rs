@@ -133,7 +133,7 @@ fn reference_mcp_server_schemas_compile_and_check_arguments() {
 }
 
 /// The daemon with every built-in tool (Telegram for `message`/`react`, a search key, a skill,
-/// memory): each offered schema compiles, and calls with bad arguments are answered with the
+/// memory, a speech model for `tts`): each offered schema compiles, and calls with bad arguments are answered with the
 /// registry's error naming each path, without running the tool.
 #[test]
 fn every_builtin_schema_compiles_and_bad_arguments_are_answered() {
@@ -152,7 +152,9 @@ fn every_builtin_schema_compiles_and_bad_arguments_are_answered() {
         "[behavior]",
         &format!(
             "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [1001]\n\
-             poll_timeout_seconds = 1\ncontacts = {{ Alice = 1001 }}\n\n[behavior]",
+             poll_timeout_seconds = 1\ncontacts = {{ Alice = 1001 }}\n\n\
+             [models.speech]\ntype = \"openai\"\nmodel = \"tts-1\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\n\
+             [voice]\ntts_model = \"speech\"\n\n[behavior]",
             tg.api_url()
         ),
     );

@@ -224,7 +224,7 @@ impl TelegramClient {
             ))
         })?;
         let raw = token.expose_secret();
-        let http = reqwest::Client::builder()
+        let http = crate::net::tls::client_builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(cfg.poll_timeout + HTTP_TIMEOUT_SLACK)
             .tcp_nodelay(true)

@@ -238,7 +238,7 @@ impl<'a> Head<'a> {
             }
         }
 
-        for t in &req.tools {
+        for t in req.tools.iter() {
             size_hint += t.name.len() + t.description.len() + 256;
         }
         let system_marker = marker.map(|ttl| match req.stable_ttl {
@@ -839,7 +839,7 @@ mod tests {
         );
 
         s.thinking = Thinking::Off;
-        req.tools.clear();
+        req.tools = Default::default();
         let body = render_request(&s, &req);
         assert!(body.get("thinking").is_none());
         assert!(body.get("tools").is_none());
@@ -875,7 +875,7 @@ mod tests {
                 },
                 Message::user_text("three"),
             ],
-            tools: vec![],
+            tools: Default::default(),
             tool_choice: ToolChoice::Auto,
             previous_messages: None,
             rendered: Default::default(),
@@ -938,7 +938,7 @@ mod tests {
                 },
                 Message::user_text("next"),
             ],
-            tools: vec![],
+            tools: Default::default(),
             tool_choice: ToolChoice::Auto,
             previous_messages: Some(3),
             rendered: Default::default(),
@@ -994,7 +994,7 @@ mod tests {
                     content: vec![text("")],
                 },
             ],
-            tools: vec![],
+            tools: Default::default(),
             tool_choice: ToolChoice::Auto,
             previous_messages: None,
             rendered: Default::default(),

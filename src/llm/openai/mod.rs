@@ -10,6 +10,7 @@ mod stream;
 pub use render::render_body;
 #[cfg(test)]
 pub use render::render_request;
+pub(crate) use stream::parse_error_body;
 
 use std::sync::Arc;
 

@@ -522,7 +522,7 @@ mod tests {
         let mut spec = model_spec("primary", ProviderKind::OpenAi, "https://api.openai.com/v1");
         spec.prompt_cache_key = true;
         let mut req = sample_request();
-        req.tools.clear();
+        req.tools = Default::default();
         let body = render_request(&spec, &req);
         assert_eq!(body["max_completion_tokens"], json!(1000));
         assert!(body.get("max_tokens").is_none());

@@ -39,8 +39,12 @@ const THREAD_NAME: &str = "agentd-memdb";
 
 /// Schema migrations of `memory.db` (version in `PRAGMA user_version`). Append, never edit a
 /// shipped one.
-pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> =
-    LazyLock::new(|| Migrations::new(vec![M::up(include_str!("migrations/0001_memory.sql"))]));
+pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> = LazyLock::new(|| {
+    Migrations::new(vec![
+        M::up(include_str!("migrations/0001_memory.sql")),
+        M::up(include_str!("migrations/0002_embedding_windows.sql")),
+    ])
+});
 
 /// Handle to `memory.db`. Clone freely; all clones share one connection and one thread.
 #[derive(Clone)]
@@ -105,6 +109,63 @@ pub(crate) mod tests {
     #[test]
     fn migrations_are_valid() {
         MIGRATIONS.validate().expect("memory migrations validate");
+    }
+
+    /// Version 2 drops the vectors of chunks longer than one embedding window (made from their
+    /// beginning only) and keeps every other cached embedding.
+    #[test]
+    fn migration_2_drops_only_vectors_of_long_chunks() {
+        let mut c = rusqlite::Connection::open_in_memory().unwrap();
+        MIGRATIONS.to_version(&mut c, 1).unwrap();
+        let short = "s".repeat(700);
+        let line = "l".repeat(99);
+        let long = [line.as_str(); 9].join("\n");
+        c.execute_batch(
+            "INSERT INTO files (path, hash, size, mtime, indexed_at) VALUES ('notes/a.md', 'f', 1, 0, 0);",
+        )
+        .unwrap();
+        for (id, hash, text) in [(1, "hs", &short), (2, "hl", &long)] {
+            c.execute(
+                "INSERT INTO chunks (id, path, start_line, end_line, hash, text) \
+                 VALUES (?1, 'notes/a.md', 1, 1, ?2, ?3)",
+                rusqlite::params![id, hash, text],
+            )
+            .unwrap();
+        }
+        for hash in ["hs", "hl", "query"] {
+            c.execute(
+                "INSERT INTO embedding_cache (model, hash, dims, embedding, created_at) \
+                 VALUES ('m', ?1, 1, x'00000000', 0)",
+                [hash],
+            )
+            .unwrap();
+        }
+        let generation = |c: &rusqlite::Connection| -> i64 {
+            c.query_row(
+                "SELECT CAST(value AS INTEGER) FROM meta WHERE key = 'index_generation'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let before = generation(&c);
+        MIGRATIONS.to_latest(&mut c).unwrap();
+        let mut st = c
+            .prepare("SELECT hash FROM embedding_cache ORDER BY hash")
+            .unwrap();
+        let left: Vec<String> = st
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(left, vec!["hs", "query"]);
+        assert!(generation(&c) > before);
+        // The long chunk is one window no more: the code agrees with the migration.
+        assert!(crate::memory::chunk::embed_windows("notes/a.md", &long).len() > 1);
+        assert_eq!(
+            crate::memory::chunk::embed_windows("notes/a.md", &short).len(),
+            1
+        );
     }
 
     #[tokio::test]

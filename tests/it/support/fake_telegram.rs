@@ -1622,10 +1622,10 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-struct Part {
-    name: String,
-    file_name: Option<String>,
-    bytes: Vec<u8>,
+pub struct Part {
+    pub name: String,
+    pub file_name: Option<String>,
+    pub bytes: Vec<u8>,
 }
 
 fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
@@ -1639,7 +1639,7 @@ fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
 }
 
 /// A small RFC 7578 parser: parts between `--boundary` lines, headers, then content.
-fn parse_multipart(body: &[u8], boundary: &str) -> Result<Vec<Part>, String> {
+pub fn parse_multipart(body: &[u8], boundary: &str) -> Result<Vec<Part>, String> {
     let delim = format!("--{boundary}");
     let delim = delim.as_bytes();
     let mut parts = Vec::new();

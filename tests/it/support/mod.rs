@@ -6,6 +6,7 @@
 
 pub mod daemon;
 pub mod e2e;
+pub mod fake_audio;
 pub mod fake_embed;
 pub mod fake_llm;
 pub mod fake_telegram;

@@ -1,0 +1,180 @@
+//! Speech to text for inbound audio (SPEC §19): every audio attachment of a message, from
+//! Telegram, HTTP or the FIFO, is transcribed before the message is recorded, so the
+//! transcript is part of the intake record (the acknowledgement, SPEC §5.2). A crash during
+//! the transcription leaves nothing recorded: the source offers the message again (Telegram's
+//! offset was not confirmed) and it is transcribed then, once. A message already recorded is
+//! never transcribed again (`SessionStore::has_intake`).
+//!
+//! Failure, or no `[voice] stt_model`, keeps the placeholder naming the saved file, so the
+//! message still goes through.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::VoiceConfig;
+use crate::cost::{AudioCall, Ledger};
+use crate::llm::Llm;
+use crate::llm::audio::{AudioFile, duration_label, ogg_opus_seconds};
+use crate::session::Intake;
+
+/// The MIME type of an audio file, by its extension (what the transcription endpoints accept).
+pub fn audio_mime(path: &Path) -> Option<&'static str> {
+    let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+    Some(match ext.as_str() {
+        "ogg" | "oga" | "opus" => "audio/ogg",
+        "mp3" | "mpga" | "mpeg" => "audio/mpeg",
+        "m4a" | "mp4" => "audio/mp4",
+        "wav" => "audio/wav",
+        "webm" => "audio/webm",
+        "flac" => "audio/flac",
+        _ => return None,
+    })
+}
+
+/// An audio file transcribed: what the message text shows, and the transcript alone (echoed in
+/// Telegram).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Heard {
+    pub line: String,
+    pub transcript: String,
+}
+
+/// Transcribes inbound audio with `[voice] stt_model`.
+pub struct Transcriber {
+    pub llm: Arc<Llm>,
+    pub ledger: Ledger,
+    pub cfg: VoiceConfig,
+}
+
+impl Transcriber {
+    /// Transcribe every audio attachment of `intake` and put the result into its text: the
+    /// text sent along first, then one `[voice note m:ss] transcript` line per file. An audio
+    /// file that is not transcribed leaves a placeholder naming it when the message has no
+    /// other text. Returns the transcripts. `session_id`: what the cost rows are billed to.
+    pub async fn apply(&self, session_id: &str, intake: &mut Intake) -> Vec<Heard> {
+        let mut heard = Vec::new();
+        let mut lines = Vec::new();
+        for shown in &intake.attachments {
+            let path = Path::new(shown);
+            let Some(mime) = audio_mime(path) else {
+                continue;
+            };
+            match self.transcribe_file(session_id, path, mime).await {
+                Ok(h) => {
+                    lines.push(h.line.clone());
+                    heard.push(h);
+                }
+                Err(why) => {
+                    tracing::warn!(id = %intake.id, file = %shown, error = %why, "audio not transcribed; the message keeps its placeholder");
+                    if intake.text.trim().is_empty() {
+                        lines.push(format!("[voice note saved as {shown}; {why}]"));
+                    }
+                }
+            }
+        }
+        if !lines.is_empty() {
+            let user = intake.text.trim_end();
+            let mut text = String::new();
+            if !user.is_empty() {
+                text.push_str(user);
+                text.push('\n');
+            }
+            text.push_str(&lines.join("\n"));
+            intake.text = text;
+        }
+        heard
+    }
+
+    async fn transcribe_file(
+        &self,
+        session_id: &str,
+        path: &Path,
+        mime: &str,
+    ) -> Result<Heard, String> {
+        let Some(model) = &self.cfg.stt_model else {
+            return Err("no transcription is configured".into());
+        };
+        let max = self.cfg.max_audio_bytes;
+        let bytes = read_bounded(path, max).await?;
+        let from_file = ogg_opus_seconds(&bytes);
+        if let Some(s) = from_file
+            && s > self.cfg.max_audio_seconds as f64
+        {
+            return Err(format!(
+                "not transcribed: {s:.0} s is longer than [voice] max_audio_seconds ({})",
+                self.cfg.max_audio_seconds
+            ));
+        }
+        let file_name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("audio.ogg")
+            .to_string();
+        let audio = AudioFile {
+            bytes: bytes.into(),
+            file_name,
+            mime: mime.to_string(),
+        };
+        let (t, spec) = self
+            .llm
+            .transcribe(model, &audio)
+            .await
+            .map_err(|e| format!("transcription failed: {e}"))?;
+        let seconds = from_file.or(t.seconds);
+        self.ledger
+            .record_audio(
+                session_id,
+                &spec,
+                AudioCall::Transcription {
+                    seconds: seconds.unwrap_or(0.0),
+                },
+            )
+            .await;
+        let label = match seconds {
+            Some(s) => duration_label(s),
+            None => "[voice note]".to_string(),
+        };
+        let transcript = if t.text.is_empty() {
+            "(no speech recognised)".to_string()
+        } else {
+            t.text
+        };
+        Ok(Heard {
+            line: format!("{label} {transcript}"),
+            transcript,
+        })
+    }
+}
+
+/// The file at `path`, at most `max` bytes (larger is refused, naming the key).
+async fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    use tokio::io::AsyncReadExt;
+    let file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| format!("cannot read the audio file: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| format!("cannot read the audio file: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(format!(
+            "not transcribed: the file is larger than [voice] max_audio_bytes ({max})"
+        ));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn audio_is_recognised_by_extension() {
+        assert_eq!(audio_mime(Path::new("/x/1-a.oga")), Some("audio/ogg"));
+        assert_eq!(audio_mime(Path::new("n.MP3")), Some("audio/mpeg"));
+        assert_eq!(audio_mime(Path::new("n.wav")), Some("audio/wav"));
+        assert_eq!(audio_mime(Path::new("n.png")), None);
+        assert_eq!(audio_mime(Path::new("noext")), None);
+    }
+}

@@ -1,0 +1,530 @@
+//! Voice in and out (SPEC §19, issue 17) against the real binary: a Telegram voice note and an
+//! HTTP audio attachment carrying the committed OGG/Opus fixture are transcribed (the fake
+//! checks the request carries exactly its bytes) and the transcript is the user turn; the
+//! `tts` tool's speech goes out as `sendVoice` through the outbox; mirror mode answers a voice
+//! note with text and a voice note; a failing speech endpoint still delivers the text; a
+//! kill -9 during a transcription transcribes once after the restart; §6 retries and refusals.
+
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, provider_toml};
+use crate::support::fake_audio::{FIXTURE, FakeAudio};
+use crate::support::fake_llm::{FakeLlm, Reply, Wire, last_user_text};
+use crate::support::fake_telegram::FakeTelegram;
+use crate::support::{free_port, wait_until};
+
+const TOKEN: &str = "123456:TEST-voice-token";
+const ALICE: i64 = 1001;
+const WAIT: Duration = Duration::from_secs(40);
+const AUDIO_KEY: &str = "sk-audio-test";
+/// What the fake transcribes the fixture as (what espeak-ng said when it was made).
+const SAID: &str = "Hello agent, what is the weather tomorrow?";
+/// The fixture plays 2.822 s (opusinfo), shown rounded.
+const LABEL: &str = "[voice note 0:03]";
+
+/// The provider file of the audio models on `audio`.
+fn audio_provider(audio: &FakeAudio) -> String {
+    format!(
+        r#"
+type = "openai"
+base_url = "{}"
+api_key_env = "AGENTD_AUDIO_KEY"
+
+[models.whisper]
+model = "whisper-1"
+cost_per_minute = 0.006
+
+[models.speech]
+model = "gpt-4o-mini-tts"
+cost_per_1k_chars = 0.015
+"#,
+        audio.base_url()
+    )
+}
+
+/// A daemon with `primary` on `llm`, the audio models on `audio`, `[voice]` lines `voice`,
+/// and `extra` sections (Telegram, HTTP).
+fn daemon(llm: &FakeLlm, audio: &FakeAudio, voice: &str, extra: &str, key: &str) -> TestDaemon {
+    let toml = agentd_toml("fake")
+        .replace(r#"load = ["fake"]"#, r#"load = ["fake", "audio"]"#)
+        .replace(
+            "[behavior]",
+            &format!("[voice]\n{voice}\n\n{extra}\n[behavior]\ndebounce_ms = 50"),
+        );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[
+            ("fake", &provider_toml("openai", &llm.base_url())),
+            ("audio", &audio_provider(audio)),
+        ],
+    );
+    d.set_env("AGENTD_AUDIO_KEY", key);
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d
+}
+
+fn telegram(tg: &FakeTelegram) -> String {
+    format!(
+        "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE} }}\n",
+        tg.api_url()
+    )
+}
+
+/// `(call_type, model, cost_usd)` of every cost row.
+fn costs(state_dir: &Path) -> Vec<(String, String, f64)> {
+    let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
+    let mut st = conn
+        .prepare("SELECT call_type, model, cost_usd FROM costs ORDER BY id")
+        .unwrap();
+    st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn intakes(d: &TestDaemon, key: &str) -> Vec<Value> {
+    d.trail(key)
+        .into_iter()
+        .filter(|l| l["type"] == "intake")
+        .collect()
+}
+
+#[test]
+fn a_telegram_voice_note_is_transcribed_answered_echoed_and_billed() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Sunny tomorrow."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    // §6: a 429 and a 503 are retried with backoff, then the answer comes.
+    audio.fail_next("transcriptions", &[429, 503]);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let mut d = daemon(
+        &llm,
+        &audio,
+        r#"stt_model = "whisper""#,
+        &telegram(&tg),
+        AUDIO_KEY,
+    );
+    d.start();
+    tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    wait_until(WAIT, "the reply", || {
+        tg.sent_to(ALICE)
+            .iter()
+            .any(|m| m.contains("Sunny tomorrow."))
+            .then_some(())
+    });
+    let sent = audio.transcriptions();
+    assert_eq!(sent.len(), 3, "two refusals retried, then the answer");
+    for t in &sent {
+        assert_eq!(
+            t.bytes, FIXTURE,
+            "the request carries exactly the voice note's bytes"
+        );
+        assert_eq!(t.model, "whisper-1");
+        assert!(t.file_name.ends_with(".oga"), "{}", t.file_name);
+        assert_eq!(t.authorization.as_deref(), Some("Bearer sk-audio-test"));
+    }
+    assert!(audio.rejected().is_empty(), "{:?}", audio.rejected());
+    // The transcript is the user turn, with the duration read from the OGG stream.
+    let asked = last_user_text(&llm.requests()[0]);
+    assert!(asked.contains(&format!("{LABEL} {SAID}")), "{asked}");
+    // Echoed in the chat.
+    wait_until(WAIT, "the echo", || {
+        tg.sent_to(ALICE)
+            .iter()
+            .any(|m| m.contains(SAID))
+            .then_some(())
+    });
+    // The audio stays in inbox/, named in the intake.
+    let intake = &intakes(&d, "Alice")[0];
+    let file = intake["attachments"][0].as_str().unwrap();
+    assert_eq!(std::fs::read(file).unwrap(), FIXTURE);
+    // One transcription row, priced per minute (2.822 s at $0.006/min).
+    let rows: Vec<_> = costs(&d.state_dir)
+        .into_iter()
+        .filter(|r| r.0 == "transcription")
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].1, "whisper-1");
+    assert!((rows[0].2 - 0.006 * 2.822 / 60.0).abs() < 1e-6, "{rows:?}");
+}
+
+/// A bad key is a 401, not retried (§6), and the message still goes through with the
+/// placeholder naming the saved file.
+#[test]
+fn a_refused_transcription_keeps_the_placeholder() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("I got a voice note."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let mut d = daemon(
+        &llm,
+        &audio,
+        r#"stt_model = "whisper""#,
+        &telegram(&tg),
+        "sk-wrong",
+    );
+    d.start();
+    tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    wait_until(WAIT, "the reply", || {
+        (!tg.sent_to(ALICE).is_empty()).then_some(())
+    });
+    assert_eq!(audio.rejected().len(), 1, "a 401 is not retried");
+    assert_eq!(audio.rejected()[0].0, 401);
+    let asked = last_user_text(&llm.requests()[0]);
+    assert!(
+        asked.contains("[voice note saved as ") && asked.contains("HTTP 401"),
+        "{asked}"
+    );
+    assert!(!d.log().contains("sk-wrong"), "the key is never logged");
+}
+
+#[test]
+fn an_http_audio_attachment_is_transcribed_after_the_message_text() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("It will rain."));
+    let audio = FakeAudio::spawn(None, SAID);
+    audio.set_duration(Some(2.822));
+    let port = free_port();
+    let http = format!("[http]\nenabled = true\nport = {port}\n");
+    let mut d = daemon(&llm, &audio, r#"stt_model = "whisper""#, &http, "unused");
+    d.set_env("AGENTD_HTTP_TOKEN", "http-token");
+    d.start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(WAIT, "HTTP up", || {
+        rt.block_on(client.get(format!("{base}/api/v1/status")).send())
+            .ok()
+    });
+    let data = base64::engine::general_purpose::STANDARD.encode(FIXTURE);
+    let r = rt
+        .block_on(
+            client
+                .post(format!("{base}/api/v1/chat"))
+                .bearer_auth("http-token")
+                .json(&json!({"message": "Please answer this", "sender": "svc",
+                    "attachments": [{"content_type": "audio/ogg", "data": data, "filename": "q.ogg"}]}))
+                .send(),
+        )
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = rt.block_on(r.json()).unwrap();
+    assert_eq!(body["reply"], "It will rain.");
+    assert!(
+        body.get("attachments").is_none(),
+        "no speech was made: {body}"
+    );
+    let sent = audio.transcriptions();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].bytes, FIXTURE);
+    let asked = last_user_text(&llm.requests()[0]);
+    assert!(
+        asked.contains(&format!("Please answer this\n{LABEL} {SAID}")),
+        "{asked}"
+    );
+}
+
+/// The model calls `tts`: one speech request (model, input, voice, opus), the fixture goes to
+/// Alice's chat as `sendVoice`, a `tts` cost row is written.
+#[test]
+fn the_tts_tool_sends_a_voice_note_to_the_chat() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::tool_calls(vec![(
+        "t1",
+        "tts",
+        json!({"text": "It will be sunny."}),
+    )]));
+    llm.push(Reply::text("Sent you a voice note."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let mut d = daemon(
+        &llm,
+        &audio,
+        r#"tts_model = "speech""#,
+        &telegram(&tg),
+        AUDIO_KEY,
+    );
+    d.start();
+    tg.push_text(ALICE, ALICE, "say the forecast");
+    let voice = wait_until(WAIT, "the voice note", || {
+        tg.sent_files()
+            .into_iter()
+            .find(|f| f.method == "sendvoice")
+    });
+    assert_eq!(voice.chat_id, ALICE);
+    assert_eq!(voice.bytes, FIXTURE);
+    let speech = audio.speeches();
+    assert_eq!(speech.len(), 1);
+    assert_eq!(
+        speech[0].body,
+        json!({"model": "gpt-4o-mini-tts", "input": "It will be sunny.", "voice": "alloy",
+               "response_format": "opus"})
+    );
+    wait_until(WAIT, "the text reply", || {
+        tg.sent_to(ALICE)
+            .iter()
+            .any(|m| m.contains("Sent you a voice note."))
+            .then_some(())
+    });
+    let rows: Vec<_> = costs(&d.state_dir)
+        .into_iter()
+        .filter(|r| r.0 == "tts")
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!((rows[0].2 - 0.015 * 17.0 / 1000.0).abs() < 1e-9, "{rows:?}");
+    // The send is in the outbox's records.
+    assert!(d.trail("Alice").iter().any(|l| {
+        l["type"] == "delivery"
+            && l["status"] == "done"
+            && l["reply_to"][0]
+                .as_str()
+                .is_some_and(|r| r.starts_with("tool-"))
+    }));
+}
+
+/// Mirror: a voice note is answered with the text and a voice note of it.
+#[test]
+fn mirror_mode_answers_a_voice_note_with_text_and_voice() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Sunny and warm."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let voice = "stt_model = \"whisper\"\ntts_model = \"speech\"\nreply = \"mirror\"\necho_transcript = false";
+    let mut d = daemon(&llm, &audio, voice, &telegram(&tg), AUDIO_KEY);
+    d.start();
+    tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    let sent = wait_until(WAIT, "the spoken reply", || {
+        tg.sent_files()
+            .into_iter()
+            .find(|f| f.method == "sendvoice")
+    });
+    assert_eq!((sent.chat_id, sent.bytes.as_slice()), (ALICE, FIXTURE));
+    assert_eq!(
+        tg.sent_to(ALICE),
+        vec!["Sunny and warm.".to_string()],
+        "text too, no echo"
+    );
+    assert_eq!(audio.speeches()[0].body["input"], "Sunny and warm.");
+    wait_until(WAIT, "the voice delivery record", || {
+        d.trail("Alice")
+            .iter()
+            .any(|l| {
+                l["type"] == "delivery"
+                    && l["status"] == "done"
+                    && l["reply_to"][0]
+                        .as_str()
+                        .is_some_and(|r| r.ends_with(":voice"))
+            })
+            .then_some(())
+    });
+}
+
+/// A speech endpoint that refuses still lets the text through.
+#[test]
+fn a_failing_speech_endpoint_still_delivers_the_text() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Here is the text anyway."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    audio.fail_next("speech", &[400]);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let voice = "stt_model = \"whisper\"\ntts_model = \"speech\"\nreply = \"always\"";
+    let mut d = daemon(&llm, &audio, voice, &telegram(&tg), AUDIO_KEY);
+    d.start();
+    tg.push_text(ALICE, ALICE, "hi");
+    wait_until(WAIT, "the text reply", || {
+        tg.sent_to(ALICE)
+            .iter()
+            .any(|m| m.contains("Here is the text anyway."))
+            .then_some(())
+    });
+    d.wait_log("the spoken reply was not made");
+    assert_eq!(audio.speeches().len(), 1, "a 400 is not retried");
+    assert!(tg.sent_files().is_empty());
+}
+
+/// kill -9 while the transcription is in flight: nothing was recorded, Telegram offers the
+/// update again, it is transcribed once more and answered once; one cost row.
+#[test]
+fn kill9_during_a_transcription_transcribes_once_after_restart() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Answered after the restart."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    audio.hang_next("transcriptions", 1);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let mut d = daemon(
+        &llm,
+        &audio,
+        r#"stt_model = "whisper""#,
+        &telegram(&tg),
+        AUDIO_KEY,
+    );
+    d.start();
+    tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    wait_until(WAIT, "the transcription in flight", || {
+        (audio.transcriptions().len() == 1).then_some(())
+    });
+    d.kill9();
+    assert!(intakes(&d, "Alice").is_empty(), "nothing was acknowledged");
+    d.start();
+    wait_until(WAIT, "the reply", || {
+        tg.sent_to(ALICE)
+            .iter()
+            .any(|m| m.contains("Answered after the restart."))
+            .then_some(())
+    });
+    assert_eq!(audio.transcriptions().len(), 2);
+    let all = intakes(&d, "Alice");
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert!(all[0]["text"].as_str().unwrap().contains(SAID));
+    assert_eq!(llm.requests().len(), 1, "answered once");
+    let rows = costs(&d.state_dir);
+    assert_eq!(
+        rows.iter().filter(|r| r.0 == "transcription").count(),
+        1,
+        "{rows:?}"
+    );
+}
+
+/// Outside Telegram the speech stays in `inbox/`, the tool's result is its path, and the HTTP
+/// `/chat` answer lists it in `attachments`.
+#[test]
+fn over_http_the_speech_file_is_listed_in_the_answer() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::tool_calls(vec![(
+        "t1",
+        "tts",
+        json!({"text": "Good morning.", "voice": "nova"}),
+    )]));
+    llm.push(Reply::text("Here it is."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let port = free_port();
+    let http = format!("[http]\nenabled = true\nport = {port}\n");
+    let mut d = daemon(&llm, &audio, r#"tts_model = "speech""#, &http, AUDIO_KEY);
+    d.set_env("AGENTD_HTTP_TOKEN", "http-token");
+    d.start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until(WAIT, "HTTP up", || {
+        rt.block_on(client.get(format!("{base}/api/v1/status")).send())
+            .ok()
+    });
+    let r = rt
+        .block_on(
+            client
+                .post(format!("{base}/api/v1/chat"))
+                .bearer_auth("http-token")
+                .json(&json!({"message": "say good morning", "sender": "svc"}))
+                .send(),
+        )
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = rt.block_on(r.json()).unwrap();
+    assert_eq!(body["reply"], "Here it is.");
+    let listed = body["attachments"].as_array().expect("attachments listed");
+    assert_eq!(listed.len(), 1, "{body}");
+    assert_eq!(listed[0]["content_type"], "audio/ogg");
+    let path = listed[0]["path"].as_str().unwrap();
+    assert!(
+        Path::new(path).starts_with(d.state_dir.join("inbox")),
+        "{path}"
+    );
+    assert_eq!(std::fs::read(path).unwrap(), FIXTURE);
+    assert_eq!(audio.speeches()[0].body["voice"], "nova");
+    // The model read the path as the tool's result.
+    let results = llm.requests()[1]["messages"].to_string();
+    assert!(results.contains(path), "{results}");
+}
+
+/// ElevenLabs as a provider type: the `tts` tool asks its own API for OGG/Opus with the key in
+/// `xi-api-key`, and the voice note reaches the chat.
+#[test]
+fn elevenlabs_speaks_through_its_own_api() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::tool_calls(vec![(
+        "t1",
+        "tts",
+        json!({"text": "Bonjour."}),
+    )]));
+    llm.push(Reply::text("Voilà."));
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let toml = agentd_toml("fake")
+        .replace(r#"load = ["fake"]"#, r#"load = ["fake", "eleven"]"#)
+        .replace(
+            "[behavior]",
+            &format!(
+                "[voice]\ntts_model = \"eleven\"\nvoice = \"JBFqnCBsd6RMkjVDRZzb\"\n\n{}\n[behavior]",
+                telegram(&tg)
+            ),
+        );
+    let eleven = format!(
+        "type = \"elevenlabs\"\nbase_url = \"{}\"\napi_key_env = \"AGENTD_ELEVENLABS_KEY\"\n\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\ncost_per_1k_chars = 0.3\n",
+        audio.base_url()
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[
+            ("fake", &provider_toml("openai", &llm.base_url())),
+            ("eleven", &eleven),
+        ],
+    );
+    d.set_env("AGENTD_ELEVENLABS_KEY", AUDIO_KEY);
+    d.set_env("AGENTD_TELEGRAM_TOKEN", TOKEN);
+    d.start();
+    tg.push_text(ALICE, ALICE, "say hello in French");
+    let voice = wait_until(WAIT, "the voice note", || {
+        tg.sent_files()
+            .into_iter()
+            .find(|f| f.method == "sendvoice")
+    });
+    assert_eq!((voice.chat_id, voice.bytes.as_slice()), (ALICE, FIXTURE));
+    assert_eq!(
+        audio.speeches()[0].body,
+        json!({"text": "Bonjour.", "model_id": "eleven_multilingual_v2",
+               "voice_id": "JBFqnCBsd6RMkjVDRZzb", "output_format": "opus_48000_64"})
+    );
+    assert!(audio.rejected().is_empty(), "{:?}", audio.rejected());
+    let rows: Vec<_> = costs(&d.state_dir)
+        .into_iter()
+        .filter(|r| r.0 == "tts")
+        .collect();
+    assert_eq!(rows.len(), 1);
+    assert!((rows[0].2 - 0.3 * 8.0 / 1000.0).abs() < 1e-9, "{rows:?}");
+}
+
+/// The FIFO's audio attachments are transcribed too (SPEC §19).
+#[test]
+fn a_fifo_audio_attachment_is_transcribed() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Noted."));
+    let audio = FakeAudio::spawn(None, SAID);
+    let mut d = daemon(&llm, &audio, r#"stt_model = "whisper""#, "", "unused");
+    d.start();
+    let inbox = d.state_dir.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let file = inbox.join("memo.ogg");
+    std::fs::write(&file, FIXTURE).unwrap();
+    let line = json!({"id": "f1", "type": "user", "text": "a memo", "sender": "ops",
+                      "attachments": [file]});
+    crate::support::e2e::fifo_write(&d, &line.to_string());
+    let outcome = crate::support::e2e::wait_outcome(&d, "ops", "f1");
+    assert_eq!(outcome["text"], "Noted.");
+    assert_eq!(audio.transcriptions()[0].bytes, FIXTURE);
+    let asked = last_user_text(&llm.requests()[0]);
+    assert!(
+        asked.contains(&format!("a memo\n{LABEL} {SAID}")),
+        "{asked}"
+    );
+}
