@@ -141,8 +141,7 @@ pub fn system_tokens(system: &[SystemBlock]) -> u64 {
         .sum()
 }
 
-/// Estimated tokens of the tool definitions (the registry keeps it per set of tools:
-/// `ToolRegistry::offered`).
+/// Estimated tokens of the tool definitions ([`ToolTokens`] keeps it per set of tools).
 pub fn tools_tokens(tools: &[ToolSpec]) -> u64 {
     tools
         .iter()
@@ -153,6 +152,28 @@ pub fn tools_tokens(tools: &[ToolSpec]) -> u64 {
                 + text_tokens(&t.input_schema.to_string())
         })
         .sum()
+}
+
+/// [`tools_tokens`] of the registry's current list, made again only when the list changes
+/// (`ToolRegistry::specs` hands out the same `Arc` until then): serialising every schema for
+/// each estimate was 9% of the daemon's instructions (docs/BENCHMARKS.md, issue 14).
+#[derive(Default)]
+pub struct ToolTokens(std::sync::Mutex<Option<(std::sync::Weak<[ToolSpec]>, u64)>>);
+
+impl ToolTokens {
+    /// The estimate for `specs`. Its identity is the key: the `Weak` keeps the list's
+    /// allocation, so no other list can take its address while it is remembered.
+    pub fn of(&self, specs: &Arc<[ToolSpec]>) -> u64 {
+        let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((list, tokens)) = memo.as_ref()
+            && std::sync::Weak::ptr_eq(list, &Arc::downgrade(specs))
+        {
+            return *tokens;
+        }
+        let tokens = tools_tokens(specs);
+        *memo = Some((Arc::downgrade(specs), tokens));
+        tokens
+    }
 }
 
 /// Estimated tokens of a whole request.
@@ -390,7 +411,7 @@ impl Agent {
         })
         .await
         .unwrap_or_default();
-        system_tokens(&system) + self.tools.offered().tokens
+        system_tokens(&system) + self.tool_tokens.of(&self.tools.specs())
     }
 
     /// Whether the next user turn should carry the "compaction is near" notice (once per
@@ -537,6 +558,28 @@ mod tests {
                 .collect(),
             notice: None,
         }
+    }
+
+    #[test]
+    fn tool_tokens_are_counted_again_only_for_a_new_list() {
+        let spec = |name: &str, description: &str| ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema: serde_json::json!({"type": "object"}),
+        };
+        let memo = ToolTokens::default();
+        let a: Arc<[ToolSpec]> = vec![spec("read", "Read a file")].into();
+        assert_eq!(memo.of(&a), tools_tokens(&a));
+        assert_eq!(memo.of(&a.clone()), tools_tokens(&a));
+        // A new list (the set changed) is counted anew, even at the same length.
+        let b: Arc<[ToolSpec]> =
+            vec![spec("read", &"a much longer description ".repeat(20))].into();
+        assert!(tools_tokens(&b) > tools_tokens(&a));
+        assert_eq!(memo.of(&b), tools_tokens(&b));
+        // A list that is gone is never mistaken for a new one at its address.
+        drop(b);
+        let c: Arc<[ToolSpec]> = vec![spec("x", "")].into();
+        assert_eq!(memo.of(&c), tools_tokens(&c));
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub struct Agent {
     started: Instant,
     /// The approvals broker (SPEC §18.1); without one, gated calls are denied.
     approvals: Option<Arc<crate::tools::approval::Approvals>>,
+    /// The token estimate of the registry's current set of tools (`compaction::ToolTokens`).
+    tool_tokens: Arc<compaction::ToolTokens>,
 }
 
 /// One unit of work for a session: the intakes merged into one user turn, or (after a
@@ -177,6 +179,7 @@ impl Agent {
             consolidator: None,
             started: Instant::now(),
             approvals: None,
+            tool_tokens: Arc::default(),
         }
     }
 

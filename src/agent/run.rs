@@ -178,10 +178,11 @@ impl Agent {
         let (system, tools) = match &run.caller {
             Caller::Message { session, tier, .. } => {
                 let system = self.system_blocks(tier, &state.skills_off).await?;
-                let offered = self.tools.offered();
-                self.fit_context(session, state, run.model, &system, offered.tokens)
+                let tools = self.tools.specs();
+                let tool_tokens = self.tool_tokens.of(&tools);
+                self.fit_context(session, state, run.model, &system, tool_tokens)
                     .await?;
-                (system, offered.specs)
+                (system, tools)
             }
             Caller::SubAgent { scope, system, .. } => {
                 // Hidden from the sub-agent, and refused again at execution.

@@ -69,32 +69,18 @@ pub struct ToolRegistry {
     max_parallel: usize,
 }
 
-/// The tools as the model is offered them: their specs in name order, shared by every request
-/// (a request holds the list, not a copy of its schemas), and their estimated tokens, counted
-/// once per change of the set instead of for every call (compaction's context estimate).
-#[derive(Debug, Clone)]
-pub struct Offered {
-    pub specs: Arc<[ToolSpec]>,
-    pub tokens: u64,
-}
-
-impl Offered {
-    fn of(map: &ToolMap) -> Offered {
-        let specs: Arc<[ToolSpec]> = map.values().map(|e| e.spec.clone()).collect();
-        let tokens = crate::agent::compaction::tools_tokens(&specs);
-        Offered { specs, tokens }
-    }
-}
-
+/// The current set: the tools by name, and their specs in name order as one list that every
+/// request shares (a request holds the list, not a copy of its schemas); a new list for each
+/// change of the set, so its identity says whether the set changed.
 struct Current {
     map: Arc<ToolMap>,
-    offered: Offered,
+    specs: Arc<[ToolSpec]>,
 }
 
 impl Current {
     fn new(map: ToolMap) -> Current {
         Current {
-            offered: Offered::of(&map),
+            specs: map.values().map(|e| e.spec.clone()).collect(),
             map: Arc::new(map),
         }
     }
@@ -218,16 +204,12 @@ impl ToolRegistry {
     }
 
     /// Specs sorted by name (a stable order: the tool list is the head of the prompt cache).
+    /// The list is the same `Arc` until the set changes.
     pub fn specs(&self) -> Arc<[ToolSpec]> {
-        self.offered().specs
-    }
-
-    /// The specs and their estimated tokens, as of the last change of the set.
-    pub fn offered(&self) -> Offered {
         self.all
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .offered
+            .specs
             .clone()
     }
 

@@ -280,7 +280,10 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
         "no compaction after the failure stretch ended at message {recovered_at}"
     );
     let failed = failed.load(Ordering::SeqCst);
-    let stretch = recovered_at + 1 - FAIL_FROM;
+    // A message's compaction runs after its reply has gone out, so the compaction of the
+    // message just before the stretch may start after the switch too: one more message's
+    // attempts count.
+    let stretch = recovered_at + 1 - FAIL_FROM + 1;
     assert!(
         failed >= 3 && failed <= 3 * stretch,
         "{failed} failed summary calls over {stretch} messages"
