@@ -57,9 +57,11 @@ fn row(timestamp: i64) -> CostRow {
             output_tokens: 200,
             cache_read_tokens: 5_000,
             cache_write_tokens: 100,
+            cache_write_1h_tokens: 0,
         },
         cost_usd: 0.0123,
         fallback_from: None,
+        source: None,
     }
 }
 

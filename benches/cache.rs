@@ -152,6 +152,9 @@ pub struct CallUsage {
     pub write: u64,
     pub input: u64,
     pub ideal_read: u64,
+    /// The part of `write` up to the last cacheable 1-hour breakpoint (priced as a 1-hour
+    /// write; `bench cost`).
+    pub write_1h: u64,
 }
 
 /// The cache state of the fake and of the ideal client.
@@ -206,6 +209,12 @@ impl Sim {
             }
         }
         let write = last_cacheable.map_or(0, |b| blocks[b].cum.saturating_sub(read));
+        let write_1h = bps
+            .iter()
+            .rev()
+            .find(|&&b| blocks[b].breakpoint == Some(TTL_1H) && blocks[b].cum >= MIN_CACHEABLE)
+            .map_or(0, |&b| blocks[b].cum.saturating_sub(read))
+            .min(write);
 
         // Ideal: the longest live prefix at any boundary; every boundary cached.
         let ideal_read = (0..blocks.len())
@@ -223,6 +232,7 @@ impl Sim {
             write,
             input: total - read - write,
             ideal_read,
+            write_1h,
         }
     }
 }

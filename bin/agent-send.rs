@@ -12,6 +12,7 @@ use std::time::Duration;
 use agentd::cli::{self, Action, CliError, Outgoing, SendOptions};
 use agentd::cost::Period;
 use agentd::session::approval::Decision;
+use agentd::store::GroupBy;
 use clap::{ArgGroup, Parser};
 
 #[derive(Parser, Debug)]
@@ -27,6 +28,7 @@ use clap::{ArgGroup, Parser};
     // naming a group is.
     group(ArgGroup::new("message_action").args(["message"])),
     group(ArgGroup::new("history_action").args(["history"])),
+    group(ArgGroup::new("cost_action").args(["cost"])),
     group(ArgGroup::new("approve_action").args(["approve"])),
     group(ArgGroup::new("setting_action").args(["model", "skill"])),
     group(ArgGroup::new("waitable").multiple(false).args(["message", "system", "reset"])),
@@ -80,6 +82,9 @@ struct Args {
     #[arg(long, value_name = "PERIOD", num_args = 0..=1, default_missing_value = "today",
           value_parser = parse_period)]
     cost: Option<Period>,
+    /// With --cost: totals and the cache hit ratio per session, source or model.
+    #[arg(long, value_name = "GROUP", requires = "cost_action", value_parser = parse_by)]
+    by: Option<GroupBy>,
     /// List the open sessions.
     #[arg(long)]
     sessions: bool,
@@ -116,6 +121,11 @@ struct Args {
     /// Config file (default: $AGENTD_CONFIG, else ./config/agentd.toml).
     #[arg(short = 'c', long, value_name = "PATH")]
     config: Option<PathBuf>,
+}
+
+/// A `--by` grouping; the error lists the valid values (clap exits 2).
+fn parse_by(s: &str) -> Result<GroupBy, String> {
+    s.parse::<GroupBy>()
 }
 
 /// A `--cost` period; the error lists the valid values (clap exits 2).
@@ -176,7 +186,7 @@ fn action(args: &Args) -> Result<Action, CliError> {
         return Ok(Action::Send { out, opts });
     }
     if let Some(period) = args.cost {
-        return Ok(Action::Cost(period));
+        return Ok(Action::Cost(period, args.by));
     }
     if let Some(target) = &args.history {
         return Ok(Action::History {

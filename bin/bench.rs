@@ -10,6 +10,8 @@
 mod cache;
 #[path = "../benches/client.rs"]
 mod client;
+#[path = "../benches/cost.rs"]
+mod cost;
 #[path = "../benches/disk.rs"]
 mod disk;
 #[path = "../benches/fake_provider.rs"]
@@ -35,6 +37,8 @@ enum Name {
     Startup,
     Overhead,
     Cache,
+    /// What the cost autopilot saves (prechecks, cache TTL), in simulated time.
+    Cost,
     Soak,
     /// Many distinct HTTP senders with idle sessions archived after 2 s.
     Senders,
@@ -114,6 +118,7 @@ fn main() -> Result<()> {
         Name::Startup => runs::startup(&o)?,
         Name::Overhead => runs::overhead(&o)?,
         Name::Cache => cache::cache(&o)?,
+        Name::Cost => cost::cost()?,
         Name::Soak => {
             o.messages = cli.messages.unwrap_or(20_000);
             runs::soak(&o)?
@@ -124,6 +129,7 @@ fn main() -> Result<()> {
             runs::startup(&o)?;
             runs::overhead(&o)?;
             cache::cache(&o)?;
+            cost::cost()?;
         }
     }
     Ok(())

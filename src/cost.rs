@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 
+pub mod alarm;
+
 use crate::config::{BudgetConfig, Config, ModelSpec, Pricing};
 use crate::message::Usage;
 use crate::store::{CallType, CostRow, Db, StoreError};
@@ -14,10 +16,13 @@ use crate::store::{CallType, CostRow, Db, StoreError};
 /// Cost in USD of one call: input·r_in + output·r_out + cache_read·r_cache_read +
 /// cache_write·r_cache_write, with rates in USD per million tokens.
 pub fn cost_usd(p: &Pricing, u: &Usage) -> f64 {
+    let long = u.cache_write_1h_tokens.min(u.cache_write_tokens);
+    let short = u.cache_write_tokens - long;
     (u.input_tokens as f64 * p.input
         + u.output_tokens as f64 * p.output
         + u.cache_read_tokens as f64 * p.cache_read
-        + u.cache_write_tokens as f64 * p.cache_write)
+        + short as f64 * p.cache_write
+        + long as f64 * p.cache_write_1h)
         / 1_000_000.0
 }
 
@@ -223,7 +228,16 @@ pub struct Ledger {
     pending: Arc<Mutex<Vec<CostRow>>>,
     /// Session id → (message number, spend) of the message in flight in that session.
     messages: Arc<Mutex<HashMap<String, (u64, f64)>>>,
+    /// Session id → the source of its latest message, for the rows' `source` column (at most
+    /// `MAX_SOURCES` sessions).
+    sources: Arc<Mutex<HashMap<String, String>>>,
+    /// The cache alarm, checked after each recorded model call (SPEC §20); none in tools
+    /// outside the daemon.
+    cache_watch: Option<Arc<alarm::CacheWatch>>,
 }
+
+/// Sessions whose source the ledger remembers (it starts over beyond this).
+const MAX_SOURCES: usize = 4096;
 
 /// The spend of one message in flight; the message ends when this is dropped.
 #[derive(Debug)]
@@ -260,7 +274,37 @@ impl Ledger {
             tz: cfg.agent.timezone,
             pending: Arc::default(),
             messages: Arc::default(),
+            sources: Arc::default(),
+            cache_watch: None,
         }
+    }
+
+    /// Run the cache alarm after each recorded model call (SPEC §20).
+    pub fn with_cache_watch(mut self, watch: alarm::CacheWatch) -> Ledger {
+        self.cache_watch = Some(Arc::new(watch));
+        self
+    }
+
+    /// The source of `session_id`'s latest message, if known.
+    fn source_of(&self, session_id: &str) -> Option<String> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session_id)
+            .cloned()
+    }
+
+    /// The rows billed to `session_id` from now on come from a message of `source`
+    /// (`control::Source` as a string), for `--cost --by source` (SPEC §20).
+    pub fn set_source(&self, session_id: &str, source: &str) {
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        if sources.get(session_id).map(String::as_str) == Some(source) {
+            return;
+        }
+        if sources.len() >= MAX_SOURCES {
+            sources.clear();
+        }
+        sources.insert(session_id.to_string(), source.to_string());
     }
 
     /// A message of `session_id` starts: from now until the returned guard is dropped, every
@@ -349,13 +393,19 @@ impl Ledger {
             usage,
             cost_usd: cost,
             fallback_from: fallback_from.map(str::to_string),
+            source: self.source_of(session_id),
         };
         if let Some((_, spent)) = self.lock_messages().get_mut(session_id) {
             *spent += cost;
         }
+        let timestamp = row.timestamp;
         if let Err(e) = self.db.insert_cost(row.clone()).await {
             tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row; kept until it can be written");
             self.lock_pending().push(row);
+        } else if call_type != CallType::Embedding
+            && let Some(watch) = &self.cache_watch
+        {
+            watch.check(&self.db, timestamp).await;
         }
         cost
     }
@@ -375,6 +425,7 @@ impl Ledger {
             ),
         };
         let cost = if cost.is_finite() { cost } else { 0.0 };
+        let source = self.source_of(session_id);
         self.write_row(CostRow {
             timestamp: Utc::now().timestamp(),
             session_id: session_id.to_string(),
@@ -384,6 +435,7 @@ impl Ledger {
             usage: Usage::default(),
             cost_usd: cost,
             fallback_from: None,
+            source,
         })
         .await
     }
@@ -444,6 +496,7 @@ mod tests {
         output: 15.0,
         cache_read: 0.30,
         cache_write: 3.75,
+        cache_write_1h: 6.0,
         per_minute: 0.0,
         per_1k_chars: 0.0,
     };
@@ -463,15 +516,29 @@ mod tests {
             output_tokens: 500,
             cache_read_tokens: 2000,
             cache_write_tokens: 100,
+            cache_write_1h_tokens: 0,
         };
         // 1000·3 + 500·15 + 2000·0.30 + 100·3.75 = 3000 + 7500 + 600 + 375 = 11475 per million.
         assert!((cost_usd(&SONNET, &u) - 0.011475).abs() < 1e-12);
+        // SPEC §20: of the 100 written, 40 with the 1-hour TTL at 6.0: 60·3.75 + 40·6 = 465.
+        let long = Usage {
+            cache_write_1h_tokens: 40,
+            ..u
+        };
+        assert!((cost_usd(&SONNET, &long) - 0.011565).abs() < 1e-12);
+        // A figure above the writes (a malformed answer) never prices more than the writes.
+        let over = Usage {
+            cache_write_1h_tokens: 1000,
+            ..u
+        };
+        assert!((cost_usd(&SONNET, &over) - (0.011475 - 0.000375 + 0.0006)).abs() < 1e-12);
         // Each rate applies to its own count only.
         let only = |i, o, cr, cw| Usage {
             input_tokens: i,
             output_tokens: o,
             cache_read_tokens: cr,
             cache_write_tokens: cw,
+            cache_write_1h_tokens: 0,
         };
         assert_eq!(cost_usd(&SONNET, &only(1_000_000, 0, 0, 0)), 3.0);
         assert_eq!(cost_usd(&SONNET, &only(0, 1_000_000, 0, 0)), 15.0);
@@ -659,6 +726,7 @@ mod tests {
             usage: Usage::default(),
             cost_usd: usd,
             fallback_from: None,
+            source: None,
         })
         .await
         .unwrap();
@@ -737,6 +805,8 @@ mod tests {
             tz: chrono_tz::UTC,
             pending: Arc::default(),
             messages: Arc::default(),
+            sources: Arc::default(),
+            cache_watch: None,
         }
     }
 
@@ -796,6 +866,7 @@ mod tests {
                 usage: Usage::default(),
                 cost_usd: usd,
                 fallback_from: None,
+                source: None,
             });
         }
         // The two rows reach the daily limit once written.

@@ -517,6 +517,7 @@ mod tests {
             output_tokens: o,
             cache_read_tokens: r,
             cache_write_tokens: w,
+            cache_write_1h_tokens: 0,
         }
     }
 

@@ -111,6 +111,13 @@ struct Inner {
     deliveries: DeliveryCounts,
     /// The last SIGHUP reload: `{"at", "ok", "applied", "needs_restart", "error"}`.
     reload: Option<Value>,
+    /// The last precheck of each `[[schedule]]` entry (SPEC §20): `{at, outcome, exit_code,
+    /// ms, saved_usd}`.
+    prechecks: BTreeMap<String, Value>,
+    /// The prompt cache's hit ratio (SPEC §20): `{hit_ratio_recent, hit_ratio_baseline}`.
+    cache: Option<Value>,
+    /// Open alert episodes, e.g. the cache alarm (SPEC §20).
+    alerts: Vec<Value>,
     /// When the monitor started: the `updated_at` of the idle state before any message.
     created_at: DateTime<Utc>,
 }
@@ -195,6 +202,11 @@ struct View<'a> {
     deliveries: DeliveryCounts,
     #[serde(skip_serializing_if = "Option::is_none")]
     reload: Option<&'a Value>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    prechecks: &'a BTreeMap<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache: Option<&'a Value>,
+    alerts: &'a [Value],
 }
 
 /// Outbox deliveries (SPEC §16.1): queued or retrying now, and closed unsuccessfully since
@@ -241,6 +253,9 @@ impl Inner {
             channels: &self.channels,
             deliveries: self.deliveries,
             reload: self.reload.as_ref(),
+            prechecks: &self.prechecks,
+            cache: self.cache.as_ref(),
+            alerts: &self.alerts,
         }
     }
 
@@ -296,6 +311,9 @@ impl Monitor {
                 channels: BTreeMap::new(),
                 deliveries: DeliveryCounts::default(),
                 reload: None,
+                prechecks: BTreeMap::new(),
+                cache: None,
+                alerts: Vec::new(),
                 created_at: Utc::now(),
             }),
             writer,
@@ -460,6 +478,31 @@ impl Monitor {
         self.publish(&mut inner);
     }
 
+    /// The last precheck of `[[schedule]]` entry `name` (SPEC §20).
+    pub fn set_precheck(&self, name: &str, outcome: Value) {
+        let mut inner = self.lock();
+        inner.prechecks.insert(name.to_owned(), outcome);
+        self.publish(&mut inner);
+    }
+
+    /// The prompt cache's hit ratios (SPEC §20), when they changed.
+    pub fn set_cache(&self, cache: Value) {
+        let mut inner = self.lock();
+        if inner.cache.as_ref() != Some(&cache) {
+            inner.cache = Some(cache);
+            self.publish(&mut inner);
+        }
+    }
+
+    /// The open alert episodes (SPEC §20), when they changed.
+    pub fn set_alerts(&self, alerts: Vec<Value>) {
+        let mut inner = self.lock();
+        if inner.alerts != alerts {
+            inner.alerts = alerts;
+            self.publish(&mut inner);
+        }
+    }
+
     /// The current monitor document (what the file holds), e.g. for `GET /api/v1/monitor`.
     pub fn snapshot(&self) -> Value {
         self.lock().snapshot()
@@ -613,6 +656,45 @@ pub fn format_monitor(v: &Value, now: DateTime<Utc>) -> String {
     }
     let queue = v.get("queue_depth").and_then(Value::as_u64).unwrap_or(0);
     let _ = writeln!(out, "queue:      {queue}");
+    if let Some(cache) = v.get("cache").filter(|c| c.is_object()) {
+        let ratio = |k: &str| {
+            cache
+                .get(k)
+                .and_then(Value::as_f64)
+                .map_or("-".to_owned(), |r| format!("{:.0}%", r * 100.0))
+        };
+        let _ = writeln!(
+            out,
+            "cache:      hit ratio {} recent, {} baseline",
+            ratio("hit_ratio_recent"),
+            ratio("hit_ratio_baseline")
+        );
+    }
+    for alert in v
+        .get("alerts")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice)
+    {
+        let _ = writeln!(
+            out,
+            "ALERT:      {}",
+            str_field(alert, "message").unwrap_or("?")
+        );
+    }
+    if let Some(prechecks) = v.get("prechecks").and_then(Value::as_object)
+        && !prechecks.is_empty()
+    {
+        let _ = writeln!(out, "prechecks:");
+        for (name, p) in prechecks {
+            let when = ago(p, "at", now).unwrap_or_else(|| "?".to_owned());
+            let _ = writeln!(
+                out,
+                "  {name}: {} {when} ({} ms)",
+                str_field(p, "outcome").unwrap_or("?"),
+                p.get("ms").and_then(Value::as_u64).unwrap_or(0)
+            );
+        }
+    }
     if let Some(channels) = v.get("channels").and_then(Value::as_object)
         && !channels.is_empty()
     {
@@ -697,6 +779,7 @@ mod tests {
                 output_tokens: 20,
                 cache_read_tokens: 30,
                 cache_write_tokens: 40,
+                cache_write_1h_tokens: 0,
             },
             stop_reason: stop.into(),
             tools: tools.iter().map(|s| s.to_string()).collect(),

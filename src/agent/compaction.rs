@@ -269,6 +269,7 @@ pub fn summary_request(session_id: &str, instructions: &str, transcript: &str) -
     ChatRequest {
         options: Default::default(),
         deltas: None,
+        stable_ttl: None,
         session_id: session_id.to_string(),
         system: vec![SystemBlock {
             tier: SystemTier::Stable,
@@ -877,6 +878,7 @@ mod tests {
             let req = ChatRequest {
                 options: Default::default(),
                 deltas: None,
+            stable_ttl: None,
                 session_id: "s".into(),
                 system: vec![],
                 messages: after,

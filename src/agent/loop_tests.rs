@@ -68,6 +68,7 @@ impl Provider for Scripted {
             output_tokens: 100,
             cache_read_tokens: 0,
             cache_write_tokens: 0,
+            cache_write_1h_tokens: 0,
         };
         let resp = match say {
             Say::Text(t) => ChatResponse {
@@ -145,6 +146,7 @@ const PRICING: Pricing = Pricing {
     output: 10.0,
     cache_read: 0.0,
     cache_write: 0.0,
+    cache_write_1h: 0.0,
     per_minute: 0.0,
     per_1k_chars: 0.0,
 };

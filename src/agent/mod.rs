@@ -287,6 +287,7 @@ impl Agent {
         let handle = self.monitor.begin(&session.id, &session.key, model);
         // Every call billed to the session from here on counts towards the message's budget.
         let _spend = self.ledger.begin_message(&session.id);
+        self.ledger.set_source(&session.id, work.source());
         let result = self
             .run_message(session, state, work, model, handle, cancel)
             .await;

@@ -278,3 +278,86 @@ mod tests {
         assert!(c.ends_with("</agentd-context>"));
     }
 }
+
+/// Gaps between turns that decide the cache TTL in `auto` (SPEC §20): more than this …
+pub const AUTO_1H_ABOVE_SECS: i64 = 5 * 60;
+/// … and less than this.
+pub const AUTO_1H_BELOW_SECS: i64 = 60 * 60;
+
+/// The TTL of a session's stable and semi_stable cache breakpoints (SPEC §20): `[caching] ttl`,
+/// and in `auto` the session's cadence: 1 hour when the median gap between its last user turns
+/// (`recent_turns`, Unix seconds, oldest first, the current turn last) is more than 5 minutes
+/// and less than an hour; 5 minutes otherwise, and for a session's first turn.
+pub fn stable_ttl(
+    mode: crate::config::CachingTtl,
+    recent_turns: &[i64],
+) -> crate::config::CacheTtl {
+    use crate::config::{CacheTtl, CachingTtl};
+    match mode {
+        CachingTtl::FiveMinutes => CacheTtl::FiveMinutes,
+        CachingTtl::OneHour => CacheTtl::OneHour,
+        CachingTtl::Auto => {
+            let mut gaps: Vec<i64> = recent_turns
+                .windows(2)
+                .map(|w| w[1].saturating_sub(w[0]))
+                .collect();
+            if gaps.is_empty() {
+                return CacheTtl::FiveMinutes;
+            }
+            gaps.sort_unstable();
+            let median = gaps[gaps.len() / 2];
+            if median > AUTO_1H_ABOVE_SECS && median < AUTO_1H_BELOW_SECS {
+                CacheTtl::OneHour
+            } else {
+                CacheTtl::FiveMinutes
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod ttl_tests {
+    use super::*;
+    use crate::config::{CacheTtl, CachingTtl};
+
+    #[test]
+    fn auto_follows_the_cadence() {
+        let at = |gaps: &[i64]| {
+            let mut t = vec![1_000_000];
+            for g in gaps {
+                t.push(t.last().unwrap() + g);
+            }
+            stable_ttl(CachingTtl::Auto, &t)
+        };
+        assert_eq!(stable_ttl(CachingTtl::Auto, &[]), CacheTtl::FiveMinutes);
+        assert_eq!(at(&[]), CacheTtl::FiveMinutes, "first turn");
+        assert_eq!(at(&[30, 30, 30]), CacheTtl::FiveMinutes, "a live chat");
+        assert_eq!(at(&[600, 1200, 900]), CacheTtl::OneHour, "10-20 min apart");
+        assert_eq!(at(&[1800, 1800]), CacheTtl::OneHour, "a 30-min heartbeat");
+        assert_eq!(
+            at(&[7200, 7200]),
+            CacheTtl::FiveMinutes,
+            "hours apart: nothing survives"
+        );
+        assert_eq!(
+            at(&[300]),
+            CacheTtl::FiveMinutes,
+            "exactly 5 min is not more"
+        );
+        assert_eq!(
+            at(&[3600]),
+            CacheTtl::FiveMinutes,
+            "exactly 1 h is not less"
+        );
+        assert_eq!(
+            at(&[30, 900, 900]),
+            CacheTtl::OneHour,
+            "the median, not one gap"
+        );
+        assert_eq!(stable_ttl(CachingTtl::OneHour, &[]), CacheTtl::OneHour);
+        assert_eq!(
+            stable_ttl(CachingTtl::FiveMinutes, &[0, 900, 1800]),
+            CacheTtl::FiveMinutes
+        );
+    }
+}

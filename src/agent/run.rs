@@ -196,7 +196,15 @@ impl Agent {
                 (system.clone(), tools)
             }
         };
+        let stable_ttl = match &run.caller {
+            Caller::Message { .. } => Some(prompt::stable_ttl(
+                self.cfg.caching.ttl,
+                &state.recent_turns,
+            )),
+            Caller::SubAgent { .. } => None,
+        };
         Ok(ChatRequest {
+            stable_ttl,
             options: run.options.clone(),
             deltas: run.deltas.cloned(),
             session_id: run.session_id(),

@@ -166,7 +166,12 @@ pub trait ApiBackend: Send + Sync + 'static {
     /// `{sessions:[…]}`
     fn sessions(&self) -> BoxFuture<'_, Result<Value, BackendError>>;
     /// `{period, total_cost, models:[…]}`
-    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>>;
+    /// `by`: also totals and the cache hit ratio per group (SPEC §20).
+    fn cost(
+        &self,
+        period: Period,
+        by: Option<crate::store::GroupBy>,
+    ) -> BoxFuture<'_, Result<Value, BackendError>>;
     /// Contents of monitor.json.
     fn monitor(&self) -> BoxFuture<'_, Result<Value, BackendError>>;
     /// `{session_id, events:[…]}` for a session id of the index or archive; `Ok(None)` = 404.

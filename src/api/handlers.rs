@@ -200,9 +200,11 @@ pub(crate) async fn monitor(State(state): Shared) -> Answer {
 #[derive(Debug, Deserialize)]
 pub(crate) struct CostQuery {
     period: Option<String>,
+    by: Option<String>,
 }
 
-/// `GET /api/v1/cost?period=today|week|month|all` (default `today`).
+/// `GET /api/v1/cost?period=today|week|month|all` (default `today`), `&by=session|source|model`
+/// for totals and the cache hit ratio per group (SPEC §20).
 pub(crate) async fn cost(
     State(state): Shared,
     query: Result<Query<CostQuery>, QueryRejection>,
@@ -214,8 +216,15 @@ pub(crate) async fn cost(
             .parse::<Period>()
             .map_err(|e| Reply::error(StatusCode::BAD_REQUEST, e.to_string()))?,
     };
+    let by = match q.by.as_deref() {
+        None => None,
+        Some(b) => Some(
+            b.parse::<crate::store::GroupBy>()
+                .map_err(|e| Reply::error(StatusCode::BAD_REQUEST, format!("by: {e}")))?,
+        ),
+    };
     let backend = state.backend();
-    Ok(Reply::ok(read(&state, backend.cost(period)).await?))
+    Ok(Reply::ok(read(&state, backend.cost(period, by)).await?))
 }
 
 #[derive(Debug, Deserialize)]

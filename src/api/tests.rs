@@ -32,6 +32,7 @@ struct Fake {
     chat_finished: AtomicBool,
     history_ids: Mutex<Vec<(String, bool)>>,
     periods: Mutex<Vec<Period>>,
+    groupings: Mutex<Vec<Option<crate::store::GroupBy>>>,
     panic_on_status: bool,
     compats: Mutex<Vec<CompatIn>>,
 }
@@ -58,6 +59,7 @@ impl ApiBackend for Fake {
                     output_tokens: 2,
                     cache_read_tokens: 3,
                     cache_write_tokens: 4,
+                    cache_write_1h_tokens: 0,
                 },
                 cost_usd: 0.5,
                 attachments: vec![],
@@ -94,9 +96,14 @@ impl ApiBackend for Fake {
     fn sessions(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
         async { Ok(json!({"sessions": []})) }.boxed()
     }
-    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>> {
+    fn cost(
+        &self,
+        period: Period,
+        by: Option<crate::store::GroupBy>,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
         async move {
             self.periods.lock().unwrap().push(period);
+            self.groupings.lock().unwrap().push(by);
             Ok(json!({"period": period.as_str(), "total_cost": 0.0, "models": []}))
         }
         .boxed()
@@ -146,6 +153,7 @@ impl ApiBackend for Fake {
                     output_tokens: 5,
                     cache_read_tokens: 100,
                     cache_write_tokens: 20,
+                    cache_write_1h_tokens: 0,
                 },
             };
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -444,6 +452,20 @@ async fn cost_period_defaults_to_today_and_bad_ones_are_400() {
             .contains("today, week, month, all")
     );
     assert_eq!(*fake.periods.lock().unwrap(), [Period::Today, Period::Week]);
+    send(&app, req("GET", "/api/v1/cost?period=all&by=Source", None)).await;
+    let (status, v, _) = send(&app, req("GET", "/api/v1/cost?by=contact", None)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("by: unknown grouping \"contact\": expected session, source or model"),
+        "{v}"
+    );
+    assert_eq!(
+        *fake.groupings.lock().unwrap(),
+        [None, None, Some(crate::store::GroupBy::Source)]
+    );
 }
 
 #[tokio::test]

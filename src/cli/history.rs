@@ -185,7 +185,34 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
                 k.channel
             ),
         ),
+        Event::Skipped(p) | Event::Precheck(p) => entry(
+            out,
+            &t,
+            if matches!(l.event, Event::Skipped(_)) {
+                "skipped"
+            } else {
+                "precheck"
+            },
+            &precheck_text(p),
+        ),
     }
+}
+
+/// `heartbeat: skip (exit 1, 12 ms, saved ~$0.0123)`.
+fn precheck_text(p: &crate::session::event::PrecheckEvent) -> String {
+    let code = p
+        .exit_code
+        .map_or("no exit code".to_string(), |c| format!("exit {c}"));
+    let saved = p
+        .saved_usd
+        .map(|s| format!(", saved ~${s:.4}"))
+        .unwrap_or_default();
+    format!(
+        "{}: {} ({code}, {} ms{saved})",
+        p.schedule,
+        p.outcome.as_str(),
+        p.ms
+    )
 }
 
 fn tool_results(

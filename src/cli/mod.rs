@@ -46,7 +46,8 @@ pub enum Action {
     /// `-m`, `-s` or `--reset`.
     Send { out: Outgoing, opts: SendOptions },
     /// `--cost [period]`.
-    Cost(Period),
+    /// `--cost PERIOD [--by GROUP]`.
+    Cost(Period, Option<crate::store::GroupBy>),
     /// `--sessions`.
     Sessions,
     /// `--monitor`.
@@ -71,8 +72,8 @@ pub fn run(ctx: &Context, action: &Action, as_json: bool) -> Result<Output, CliE
     let now = chrono::Utc::now();
     match action {
         Action::Send { out, opts } => Ok(send::render(&send::send(ctx, out, *opts)?, as_json)),
-        Action::Cost(period) => Ok(cost::render(
-            &report::cost::cost_report(&ctx.state_dir, *period, ctx.timezone, now)?,
+        Action::Cost(period, by) => Ok(cost::render(
+            &report::cost::cost_report(&ctx.state_dir, *period, *by, ctx.timezone, now)?,
             as_json,
         )),
         Action::Sessions => Ok(sessions::render(

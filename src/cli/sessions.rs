@@ -42,6 +42,24 @@ pub fn render(report: &SessionsReport, tz: Tz, as_json: bool) -> Output {
             s.log_files,
             s.log_bytes
         );
+        if let Some(p) = &s.last_precheck {
+            let at = tz
+                .timestamp_opt(p.at, 0)
+                .single()
+                .map(|t| t.format("%Y-%m-%d %H:%M:%S %Z").to_string())
+                .unwrap_or_else(|| p.at.to_string());
+            let code = p
+                .event
+                .exit_code
+                .map_or("no exit code".to_string(), |c| format!("exit {c}"));
+            let _ = writeln!(
+                out,
+                "  precheck {} at {at}: {} ({code}, {} ms)",
+                p.event.schedule,
+                p.event.outcome.as_str(),
+                p.event.ms
+            );
+        }
     }
     Output::stdout(out)
 }
@@ -66,12 +84,26 @@ mod tests {
                 cost_usd: 0.25,
                 log_files: 1,
                 log_bytes: 321,
+                last_precheck: Some(crate::report::sessions::PrecheckInfo {
+                    at: 1_764_000_060,
+                    event: crate::session::event::PrecheckEvent {
+                        schedule: "heartbeat".into(),
+                        outcome: crate::session::event::PrecheckOutcome::Skip,
+                        exit_code: Some(1),
+                        ms: 12,
+                        saved_usd: Some(0.01),
+                    },
+                }),
             }],
         };
         let text = render(&r, Tz::UTC, false).stdout;
         assert!(text.contains("alice  0192f0c4-aaaa-7bbb"), "{text}");
         assert!(text.contains("2000 tokens (1.0%)"), "{text}");
         assert!(text.contains("UTC"), "{text}");
+        assert!(
+            text.contains("precheck heartbeat at 2025-11-24 16:01:00 UTC: skip (exit 1, 12 ms)"),
+            "{text}"
+        );
         assert!(
             text.contains("cost $0.2500, 1 log file(s), 321 bytes"),
             "{text}"

@@ -168,6 +168,8 @@ fn walk(
     let memory = sections::memory(&mut root);
     let logging = sections::logging(&mut root);
     let retention = sections::retention(&mut root);
+    let caching = super::autopilot::caching(&mut root);
+    let alerts = super::autopilot::alerts(&mut root);
     let voice = super::voice::voice(&mut root, &models);
     drop(root);
     // Explicitly chosen helper models must exist; the defaults may be undefined (they fall back
@@ -210,6 +212,8 @@ fn walk(
         retention,
         mcp_servers,
         schedules,
+        caching,
+        alerts,
         voice,
     };
     (config, provider_problems)

@@ -13,6 +13,7 @@
 //!   applies (`agentd check-config --diff`).
 
 mod approvals;
+mod autopilot;
 mod channels;
 pub mod diff;
 mod env;

@@ -40,6 +40,7 @@ struct ModelFields {
     output: Option<f64>,
     cache_read: Option<f64>,
     cache_write: Option<f64>,
+    cache_write_1h: Option<f64>,
     per_minute: Option<f64>,
     per_1k_chars: Option<f64>,
     cache: Option<bool>,
@@ -105,6 +106,7 @@ impl ModelFields {
         f.output = cost.number("output", 0.0, f64::MAX);
         f.cache_read = cost.number("cache_read", 0.0, f64::MAX);
         f.cache_write = cost.number("cache_write", 0.0, f64::MAX);
+        f.cache_write_1h = cost.number("cache_write_1h", 0.0, f64::MAX);
         f
     }
 
@@ -122,6 +124,7 @@ impl ModelFields {
             output: self.output.or(t.output),
             cache_read: self.cache_read.or(t.cache_read),
             cache_write: self.cache_write.or(t.cache_write),
+            cache_write_1h: self.cache_write_1h.or(t.cache_write_1h),
             per_minute: self.per_minute.or(t.per_minute),
             per_1k_chars: self.per_1k_chars.or(t.per_1k_chars),
             cache: self.cache.or(t.cache),
@@ -369,6 +372,8 @@ impl<'e> ModelCollector<'e> {
                 output: f.output.unwrap_or(0.0),
                 cache_read: f.cache_read.unwrap_or(0.0),
                 cache_write: f.cache_write.unwrap_or(0.0),
+                // Anthropic's published rate: a 1-hour write costs twice the base input.
+                cache_write_1h: f.cache_write_1h.unwrap_or(f.input.unwrap_or(0.0) * 2.0),
                 per_minute: f.per_minute.unwrap_or(0.0),
                 per_1k_chars: f.per_1k_chars.unwrap_or(0.0),
             },

@@ -238,6 +238,18 @@ pub fn render_effective(cfg: &Config) -> String {
             }
             ScheduleAction::Job(j) => r.kv("job", q(j.as_str())),
         }
+        if let Some(p) = &s.precheck {
+            r.kv("precheck", q(&p.command));
+            r.kv("precheck_timeout", q(&format!("{}s", p.timeout.as_secs())));
+        }
+    }
+
+    r.table("caching");
+    r.kv("ttl", q(cfg.caching.ttl.as_str()));
+    r.table("alerts");
+    match cfg.alerts.telegram_chat {
+        Some(c) => r.kv("telegram_chat", c.to_string()),
+        None => r.comment("telegram_chat = (none)"),
     }
 
     let m = &cfg.memory;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::types::{ScheduleAction, ScheduleEntry, ScheduleJob, ScheduleWhen};
+use super::types::{Precheck, ScheduleAction, ScheduleEntry, ScheduleJob, ScheduleWhen};
 use super::walker::Section;
 
 /// All `[[schedule]]` entries. `contacts` are the Telegram contact names `to` may use.
@@ -29,8 +29,16 @@ pub fn schedules(root: &mut Section<'_>, contacts: &BTreeMap<String, i64>) -> Ve
         }
         let when = when(&mut s);
         let action = action(&mut s, contacts);
-        if let (Some(name), Some(when), Some(action)) = (name, when, action) {
-            out.push(ScheduleEntry { name, when, action });
+        let precheck = precheck(&mut s, action.as_ref());
+        if let (Some(name), Some(when), Some(action), Some(precheck)) =
+            (name, when, action, precheck)
+        {
+            out.push(ScheduleEntry {
+                name,
+                when,
+                action,
+                precheck,
+            });
         }
     }
     out
@@ -120,6 +128,65 @@ fn action(s: &mut Section<'_>, contacts: &BTreeMap<String, i64>) -> Option<Sched
         return None;
     }
     Some(ScheduleAction::Message { text, to })
+}
+
+/// `precheck` and `precheck_timeout` (SPEC §20). `None`: a problem was reported;
+/// `Some(None)`: no precheck.
+fn precheck(s: &mut Section<'_>, action: Option<&ScheduleAction>) -> Option<Option<Precheck>> {
+    let command: Option<String> = s.get("precheck");
+    let timeout: Option<String> = s.get("precheck_timeout");
+    let Some(command) = command else {
+        if timeout.is_some() {
+            s.problem("precheck_timeout", "only valid with precheck; remove it");
+            return None;
+        }
+        return Some(None);
+    };
+    if command.trim().is_empty() {
+        s.problem(
+            "precheck",
+            "must not be empty; give a shell command, e.g. \"test -s inbox/todo.txt\"",
+        );
+        return None;
+    }
+    if command.len() > Precheck::MAX_COMMAND || command.contains('\0') {
+        s.problem(
+            "precheck",
+            format!(
+                "must be at most {} bytes without NUL characters; put a longer check in a script in the workspace",
+                Precheck::MAX_COMMAND
+            ),
+        );
+        return None;
+    }
+    if action.is_some_and(|a| !matches!(a, ScheduleAction::System(_))) {
+        s.problem(
+            "precheck",
+            "only valid with system = \"text\" (the only action that calls the model); remove it",
+        );
+        return None;
+    }
+    let timeout = match timeout {
+        None => Precheck::DEFAULT_TIMEOUT,
+        Some(t) => match parse_every(&t) {
+            Ok(d) if d <= Precheck::MAX_TIMEOUT => d,
+            Ok(_) => {
+                s.problem(
+                    "precheck_timeout",
+                    format!(
+                        "{t:?} is too long: at most {}s, a precheck holds up the scheduler",
+                        Precheck::MAX_TIMEOUT.as_secs()
+                    ),
+                );
+                return None;
+            }
+            Err(msg) => {
+                s.problem("precheck_timeout", msg);
+                return None;
+            }
+        },
+    };
+    Some(Some(Precheck { command, timeout }))
 }
 
 /// Parse an interval such as `"30s"`, `"15m"`, `"1h"`, `"1d"` or `"1h30m"`; at least 1 s.

@@ -751,6 +751,92 @@ to = "Bob"
 }
 
 #[test]
+fn schedule_precheck_is_typed_and_validated() {
+    let f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            r#"{MINIMAL}
+[[schedule]]
+name = "heartbeat"
+every = "30m"
+system = "Execute HEARTBEAT.md"
+precheck = "test -s inbox/todo.txt"
+[[schedule]]
+name = "slow"
+every = "1h"
+system = "x"
+precheck = "true"
+precheck_timeout = "2m"
+[[schedule]]
+name = "plain"
+every = "1h"
+system = "x"
+"#
+        ),
+    );
+    let c = f.ok();
+    assert_eq!(
+        c.schedules[0].precheck,
+        Some(Precheck {
+            command: "test -s inbox/todo.txt".into(),
+            timeout: Precheck::DEFAULT_TIMEOUT
+        })
+    );
+    assert_eq!(
+        c.schedules[1].precheck.as_ref().map(|p| p.timeout),
+        Some(Duration::from_secs(120))
+    );
+    assert_eq!(c.schedules[2].precheck, None);
+    let rendered = crate::config::render_effective(&c);
+    assert!(
+        rendered.contains("precheck = \"test -s inbox/todo.txt\""),
+        "{rendered}"
+    );
+
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            r#"{MINIMAL}
+[[schedule]]
+name = "a"
+every = "1h"
+job = "index"
+precheck = "true"
+[[schedule]]
+name = "b"
+every = "1h"
+system = "x"
+precheck = "  "
+[[schedule]]
+name = "c"
+every = "1h"
+system = "x"
+precheck = "true"
+precheck_timeout = "1h"
+[[schedule]]
+name = "d"
+every = "1h"
+system = "x"
+precheck_timeout = "10s"
+"#
+        ),
+    );
+    let problems = f.problems();
+    for expected in [
+        "schedule[0].precheck: only valid with system",
+        "schedule[1].precheck: must not be empty",
+        "schedule[2].precheck_timeout: \"1h\" is too long: at most 300s",
+        "schedule[3].precheck_timeout: only valid with precheck",
+    ] {
+        assert!(
+            has(&problems, expected),
+            "missing {expected:?} in {problems:?}"
+        );
+    }
+}
+
+#[test]
 fn unknown_tool_names_are_rejected() {
     let f = minimal_with_key();
     f.write(
@@ -972,6 +1058,45 @@ fn shipped_provider_files_are_valid() {
     let sub = c.models.get("subagent").unwrap();
     assert_eq!(sub.model, "gpt-4.1-mini");
     assert!(c.models.skipped.contains_key("compaction"));
+}
+
+/// SPEC §20: the shipped Anthropic prices carry the published cache rates: a 5-minute write
+/// is 1.25× the input rate, a 1-hour write 2×.
+#[test]
+fn shipped_anthropic_prices_have_both_cache_write_rates() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("providers.d/anthropic.toml")).unwrap();
+    let file: toml::Table = text.parse().unwrap();
+    let models = file["models"].as_table().unwrap();
+    assert!(!models.is_empty());
+    for (name, m) in models {
+        let cost = m["cost_per_mtok"].as_table().unwrap();
+        let rate = |k: &str| cost[k].as_float().unwrap();
+        assert!(
+            (rate("cache_write") - 1.25 * rate("input")).abs() < 1e-9,
+            "{name}"
+        );
+        assert!(
+            (rate("cache_write_1h") - 2.0 * rate("input")).abs() < 1e-9,
+            "{name}"
+        );
+    }
+}
+
+/// `cache_write_1h` is read, inherited, and defaults to twice the input rate.
+#[test]
+fn cache_write_1h_is_read_and_defaults_to_twice_input() {
+    let f = minimal_with_key();
+    f.provider(
+        "anthropic",
+        "type = \"anthropic\"\napi_key_env = \"AGENTD_ANTHROPIC_KEY\"\n[models.primary]\nmodel = \"m\"\ncost_per_mtok = { input = 3.0, cache_write_1h = 5.5 }\n[models.subagent]\nmodel = \"s\"\ncost_per_mtok = { input = 1.0 }\n",
+    );
+    let c = f.ok();
+    assert_eq!(c.models.get("primary").unwrap().pricing.cache_write_1h, 5.5);
+    assert_eq!(
+        c.models.get("subagent").unwrap().pricing.cache_write_1h,
+        2.0
+    );
 }
 
 #[test]

@@ -44,6 +44,45 @@ pub struct Config {
     pub schedules: Vec<ScheduleEntry>,
     /// `[voice]` (SPEC §19).
     pub voice: VoiceConfig,
+    /// `[caching]` (SPEC §20).
+    pub caching: CachingConfig,
+    /// `[alerts]` (SPEC §20).
+    pub alerts: AlertsConfig,
+}
+
+/// `[caching]` (SPEC §20).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachingConfig {
+    pub ttl: CachingTtl,
+}
+
+/// `[caching] ttl`: the TTL of the stable and semi_stable breakpoints of Anthropic models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachingTtl {
+    /// Always 5 minutes (or the model's `cache_ttl`).
+    FiveMinutes,
+    /// Always 1 hour.
+    OneHour,
+    /// By the session's cadence: 1 hour when its recent messages arrive more than 5 minutes
+    /// but less than an hour apart, else 5 minutes.
+    Auto,
+}
+
+impl CachingTtl {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CachingTtl::FiveMinutes => "5m",
+            CachingTtl::OneHour => "1h",
+            CachingTtl::Auto => "auto",
+        }
+    }
+}
+
+/// `[alerts]` (SPEC §20).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AlertsConfig {
+    /// The Telegram chat alert notices go to (one per episode); none: log and monitor only.
+    pub telegram_chat: Option<i64>,
 }
 
 /// `[voice]` (SPEC §19): speech to text for inbound audio, text to speech for replies and the
@@ -183,7 +222,11 @@ pub struct Pricing {
     pub input: f64,
     pub output: f64,
     pub cache_read: f64,
+    /// Cache writes with the 5-minute TTL.
     pub cache_write: f64,
+    /// Cache writes with the 1-hour TTL (`cost_per_mtok.cache_write_1h`; default twice
+    /// `input`, Anthropic's published rate) (SPEC §20).
+    pub cache_write_1h: f64,
     /// USD per minute of audio transcribed (`cost_per_minute`, SPEC §19).
     pub per_minute: f64,
     /// USD per 1000 characters synthesised (`cost_per_1k_chars`, SPEC §19).
@@ -548,6 +591,29 @@ pub struct ScheduleEntry {
     pub name: String,
     pub when: ScheduleWhen,
     pub action: ScheduleAction,
+    /// `precheck = "command"` (SPEC §20): run in the exec sandbox before a `system` action.
+    pub precheck: Option<Precheck>,
+}
+
+/// A schedule entry's zero-token precheck (SPEC §20): a shell command run in the exec sandbox
+/// (the `exec` tool's rules, no secrets in its environment) before the job. Exit 0: the job
+/// runs with its stdout appended; exit 1: skipped, no provider call; other: the job runs and a
+/// warning is logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Precheck {
+    pub command: String,
+    /// Wall-clock limit (`precheck_timeout`, default [`Precheck::DEFAULT_TIMEOUT`]).
+    pub timeout: Duration,
+}
+
+impl Precheck {
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The longest `precheck_timeout` accepted: a precheck holds up the scheduler.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(300);
+    /// Bytes of stdout appended to the job's text.
+    pub const MAX_STDOUT: usize = 2048;
+    /// Longest command accepted.
+    pub const MAX_COMMAND: usize = 4096;
 }
 
 /// When a schedule fires.

@@ -437,6 +437,7 @@ mod tests {
             output_tokens: o,
             cache_read_tokens: 0,
             cache_write_tokens: 0,
+            cache_write_1h_tokens: 0,
         };
         let mut user = MessageEvent::new(Message::user_text("hi"));
         user.reply_to = vec!["i1".into()];

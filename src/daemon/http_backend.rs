@@ -359,11 +359,15 @@ impl ApiBackend for DaemonBackend {
         })
     }
 
-    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>> {
+    fn cost(
+        &self,
+        period: Period,
+        by: Option<crate::store::GroupBy>,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
         let dir = self.state_dir();
         let tz = self.cfg.agent.timezone;
         blocking(move || {
-            let r = crate::report::cost::cost_report(&dir, period, tz, Utc::now())
+            let r = crate::report::cost::cost_report(&dir, period, by, tz, Utc::now())
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
             serde_json::to_value(r).map_err(|e| BackendError::Internal(e.to_string()))
         })

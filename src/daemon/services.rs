@@ -162,6 +162,40 @@ fn open_memory(
     (Some(memory), Some(consolidator))
 }
 
+/// How the cache alarm's one notice per episode (SPEC §20) reaches `[alerts] telegram_chat`:
+/// through the outbox's retry loop, in the background. `None` without a chat or Telegram.
+fn alert_notice(
+    cfg: &Config,
+    outbound: Option<Arc<dyn Outbound>>,
+    tasks: &Tasks,
+) -> Option<crate::cost::alarm::Notify> {
+    let chat_id = cfg.alerts.telegram_chat?;
+    let Some(outbound) = outbound else {
+        tracing::warn!(
+            chat_id,
+            "[alerts] telegram_chat is set but Telegram is off: alerts go to the log and the monitor only (enable [channel.telegram])"
+        );
+        return None;
+    };
+    let policy = crate::tools::outbound::RetryPolicy {
+        within: cfg.delivery.retry,
+        abort: tasks.abort.clone(),
+    };
+    let tracker = tasks.tracker.clone();
+    Some(Arc::new(move |text: String| {
+        let (outbound, policy) = (outbound.clone(), policy.clone());
+        tracker.spawn(async move {
+            let to = crate::tools::outbound::Target::Telegram { chat_id };
+            match crate::tools::outbound::send_text_with_retry(&*outbound, &to, &text, &policy)
+                .await
+            {
+                Ok(_) => tracing::info!(chat_id, "alert notice sent"),
+                Err(e) => tracing::warn!(chat_id, error = %e, "alert notice not sent"),
+            }
+        });
+    }))
+}
+
 fn log_models(cfg: &Config) {
     for (name, reason) in &cfg.models.skipped {
         tracing::warn!(model = %name, %reason, "model not loaded");
@@ -186,17 +220,6 @@ impl Services {
         } = open_state(&cfg)?;
         log_models(&cfg);
         let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
-        let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
-        let (memory, consolidator) = open_memory(&cfg, &llm, &ledger);
-        let skills = Arc::new(crate::skills::SkillSet::load(
-            &cfg.agent.skills.dir,
-            &cfg.agent.skills.always_on,
-        ));
-        // Which sandbox path exec takes here, logged once (a probe in the background).
-        crate::sandbox::probe::log_at_start(
-            crate::tools::exec::sandbox_mode(cfg.tools.exec_sandbox),
-            cfg.tools.exec_network,
-        );
         let telegram = match cfg.telegram.enabled {
             true => Some(
                 TelegramClient::new(&cfg.telegram)
@@ -208,6 +231,22 @@ impl Services {
         let outbound = telegram.as_ref().map(|c| {
             Arc::new(telegram::TgOutbound::new(cfg.clone(), c.clone())) as Arc<dyn Outbound>
         });
+        let ledger = crate::cost::Ledger::new(db.clone(), &cfg).with_cache_watch(
+            crate::cost::alarm::CacheWatch::new(
+                monitor.clone(),
+                alert_notice(&cfg, outbound.clone(), tasks),
+            ),
+        );
+        let (memory, consolidator) = open_memory(&cfg, &llm, &ledger);
+        let skills = Arc::new(crate::skills::SkillSet::load(
+            &cfg.agent.skills.dir,
+            &cfg.agent.skills.always_on,
+        ));
+        // Which sandbox path exec takes here, logged once (a probe in the background).
+        crate::sandbox::probe::log_at_start(
+            crate::tools::exec::sandbox_mode(cfg.tools.exec_sandbox),
+            cfg.tools.exec_network,
+        );
         // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
         // logged and retried by each server's supervisor, never fatal.
         let mcp_cancel = CancellationToken::new();

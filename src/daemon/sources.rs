@@ -128,6 +128,10 @@ fn start_scheduler(s: &Services, tasks: &Tasks) {
                 },
             ),
             unrecorded: Default::default(),
+            prechecks: Some(crate::scheduler::PrecheckRecorder {
+                store: s.store.clone(),
+                monitor: s.monitor.clone(),
+            }),
         });
     let stop = tasks.stop.clone();
     tasks

@@ -89,6 +89,7 @@ fn reply(finish: FinishReason) -> CompatReply {
             output_tokens: 9,
             cache_read_tokens: 2710,
             cache_write_tokens: 60,
+            cache_write_1h_tokens: 0,
         },
     }
 }

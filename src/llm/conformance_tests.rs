@@ -260,6 +260,7 @@ fn request(messages: Vec<Message>) -> ChatRequest {
     ChatRequest {
         options: Default::default(),
         deltas: None,
+        stable_ttl: None,
         session_id: "sess-42".into(),
         system: vec![],
         messages,
@@ -470,6 +471,78 @@ fn anthropic_full_conversation_with_both_ttls() {
     check_anthropic("full, no cache", &anthropic_spec(), &req);
     check_anthropic("full, cache 5m", &cached(CacheTtl::FiveMinutes), &req);
     check_anthropic("full, cache 1h", &cached(CacheTtl::OneHour), &req);
+}
+
+/// The `ttl` of every `cache_control` in body order (tools, system, messages; Anthropic reads
+/// the prefix in that order).
+fn ttls_in_order(body: &Value) -> Vec<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                if let Some(cc) = o.get("cache_control") {
+                    out.push(
+                        cc.get("ttl")
+                            .and_then(Value::as_str)
+                            .unwrap_or("5m")
+                            .to_string(),
+                    );
+                }
+                for v in o.values() {
+                    walk(v, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for key in ["tools", "system", "messages"] {
+        if let Some(v) = body.get(key) {
+            walk(v, &mut out);
+        }
+    }
+    out
+}
+
+/// SPEC §20: a session whose cadence calls for it gets `ttl: "1h"` on its stable and
+/// semi_stable system breakpoints only; the message breakpoints keep 5 minutes, so every 1h
+/// breakpoint comes before every 5m one (Anthropic's rule), and the body is valid against the
+/// published request schema.
+#[test]
+fn anthropic_one_hour_stable_breakpoints_come_first() {
+    let mut req = sample_request();
+    for ttl in [None, Some(CacheTtl::FiveMinutes), Some(CacheTtl::OneHour)] {
+        req.stable_ttl = ttl;
+        for model_ttl in [CacheTtl::FiveMinutes, CacheTtl::OneHour] {
+            let spec = cached(model_ttl);
+            let body = anthropic::render_request(&spec, &req);
+            assert_anthropic("stable ttl", &body);
+            let ttls = ttls_in_order(&body);
+            assert_eq!(ttls.len(), 4, "{ttls:?}");
+            let system = &ttls[..2];
+            let messages = &ttls[2..];
+            let long_system = ttl == Some(CacheTtl::OneHour) || model_ttl == CacheTtl::OneHour;
+            assert!(
+                system.iter().all(|t| (t == "1h") == long_system),
+                "{ttl:?}/{model_ttl:?}: {ttls:?}"
+            );
+            assert!(
+                messages
+                    .iter()
+                    .all(|t| (t == "1h") == (model_ttl == CacheTtl::OneHour)),
+                "{ttl:?}/{model_ttl:?}: {ttls:?}"
+            );
+            let first_short = ttls.iter().position(|t| t == "5m").unwrap_or(ttls.len());
+            assert!(
+                ttls[first_short..].iter().all(|t| t == "5m"),
+                "a 1h breakpoint after a 5m one: {ttls:?}"
+            );
+        }
+    }
+    // A provider without 1-hour caching (OpenAI) is unaffected.
+    req.stable_ttl = Some(CacheTtl::OneHour);
+    let body = openai::render_request(&openai_spec("https://api.openai.com/v1"), &req);
+    assert!(!body.to_string().contains("\"1h\""));
 }
 
 #[test]

@@ -109,6 +109,7 @@ fn render(
     let req = ChatRequest {
         options: Default::default(),
         deltas: None,
+        stable_ttl: None,
         session_id: "s".into(),
         system: system
             .iter()

@@ -599,7 +599,8 @@ mod tests {
                 input_tokens: 10,
                 output_tokens: 5,
                 cache_read_tokens: 20,
-                cache_write_tokens: 0
+                cache_write_tokens: 0,
+                cache_write_1h_tokens: 0,
             }
         );
         let events = events.lock().unwrap().clone();

@@ -69,6 +69,7 @@ pub(crate) fn sample_request() -> ChatRequest {
     ChatRequest {
         options: Default::default(),
         deltas: None,
+        stable_ttl: None,
         session_id: "sess-1".into(),
         system: vec![
             SystemBlock {
@@ -276,6 +277,7 @@ pub(crate) mod arb {
                 |(system, messages, tools, auto, previous, session)| ChatRequest {
                     options: Default::default(),
                     deltas: None,
+                    stable_ttl: None,
                     session_id: session,
                     system: system
                         .into_iter()

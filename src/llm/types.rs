@@ -93,6 +93,11 @@ pub struct ChatRequest {
     /// Where the text of the answer goes as it arrives, for a streamed answer of a compatible
     /// endpoint (SPEC §17). Unbounded: a call's text is bounded by `max_reply_bytes`.
     pub deltas: Option<DeltaSink>,
+    /// `Some(OneHour)`: the stable and semi_stable system breakpoints get the 1-hour cache TTL
+    /// (SPEC §20, `[caching] ttl`); the message breakpoints keep the model's `cache_ttl`, so
+    /// 1-hour breakpoints always come before 5-minute ones, as Anthropic requires. `None`:
+    /// the model's `cache_ttl` everywhere. Providers without 1-hour caching ignore it.
+    pub stable_ttl: Option<crate::config::CacheTtl>,
 }
 
 /// What a streamed answer of a compatible endpoint (SPEC §17) hears while the agent works.

@@ -438,6 +438,7 @@ impl Consolidator {
         let req = ChatRequest {
             options: Default::default(),
             deltas: None,
+            stable_ttl: None,
             session_id: origin.session_id.unwrap_or_default().to_string(),
             system: vec![SystemBlock {
                 tier: SystemTier::Stable,

@@ -137,6 +137,14 @@ pub struct Usage {
     pub cache_read_tokens: u64,
     #[serde(default)]
     pub cache_write_tokens: u64,
+    /// The part of `cache_write_tokens` written with the 1-hour TTL (SPEC §20), priced at
+    /// `cache_write_1h`; never more than `cache_write_tokens`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_1h_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The most tokens one provider call may report in any one usage field (input, output, cache
@@ -160,6 +168,9 @@ impl Usage {
         self.cache_write_tokens = self
             .cache_write_tokens
             .saturating_add(other.cache_write_tokens);
+        self.cache_write_1h_tokens = self
+            .cache_write_1h_tokens
+            .saturating_add(other.cache_write_1h_tokens);
     }
 
     /// Tokens of the prompt as the provider saw it (input + cache reads + cache writes),
@@ -179,6 +190,7 @@ impl Usage {
             ("output_tokens", self.output_tokens),
             ("cache_read_tokens", self.cache_read_tokens),
             ("cache_write_tokens", self.cache_write_tokens),
+            ("cache_write_1h_tokens", self.cache_write_1h_tokens),
         ];
         match fields.iter().find(|(_, v)| *v > MAX_TOKENS_PER_CALL) {
             Some((name, v)) => Err(format!(
@@ -200,6 +212,7 @@ mod usage_tests {
             output_tokens: o,
             cache_read_tokens: cr,
             cache_write_tokens: cw,
+            cache_write_1h_tokens: 0,
         }
     }
 

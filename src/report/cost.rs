@@ -8,17 +8,32 @@ use serde::Serialize;
 
 use super::ReportError;
 use crate::cost::Period;
-use crate::store::{CostSummary, Db};
+use crate::store::{CostSummary, Db, GroupBy, GroupCost};
 
 /// The cost database in the state directory.
 pub const DB_FILE: &str = "agentd.db";
 
-/// `{period, total_cost, models:[…]}`.
+/// `{period, total_cost, models:[…], skipped:{runs, saved_usd}}`, with `by` and `groups`
+/// when asked for a grouping.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CostReport {
     pub period: &'static str,
     #[serde(flatten)]
     pub summary: CostSummary,
+    /// Scheduled runs a precheck skipped, and their estimated saving (SPEC §20).
+    pub skipped: Skipped,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<GroupBy>,
+    /// Totals and the cache hit ratio per group, with `by`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<GroupCost>>,
+}
+
+/// Skipped runs over the period: how many, and the sum of their jobs' last costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Skipped {
+    pub runs: u64,
+    pub saved_usd: f64,
 }
 
 /// Spend over `period` (calendar periods in `tz`). A missing or empty database is zero spend.
@@ -26,25 +41,44 @@ pub struct CostReport {
 pub fn cost_report(
     state_dir: &Path,
     period: Period,
+    by: Option<GroupBy>,
     tz: Tz,
     now: DateTime<Utc>,
 ) -> Result<CostReport, ReportError> {
-    let summary = match Db::open_read_only(&state_dir.join(DB_FILE))? {
-        None => CostSummary {
-            total_cost: 0.0,
-            models: Vec::new(),
-        },
-        Some(db) => futures::executor::block_on(db.cost_summary(period.start(tz, now)))?,
+    let since = period.start(tz, now);
+    let Some(db) = Db::open_read_only(&state_dir.join(DB_FILE))? else {
+        return Ok(CostReport {
+            period: period.as_str(),
+            summary: CostSummary {
+                total_cost: 0.0,
+                models: Vec::new(),
+            },
+            skipped: Skipped::default(),
+            by,
+            groups: by.map(|_| Vec::new()),
+        });
+    };
+    let summary = futures::executor::block_on(db.cost_summary(since))?;
+    // A database from before the cost autopilot (no `skipped_runs`) has none.
+    let skipped = futures::executor::block_on(db.skipped_since(since))
+        .map(|(runs, saved_usd)| Skipped { runs, saved_usd })
+        .unwrap_or_default();
+    let groups = match by {
+        Some(by) => Some(futures::executor::block_on(db.cost_groups(since, by))?),
+        None => None,
     };
     Ok(CostReport {
         period: period.as_str(),
         summary,
+        skipped,
+        by,
+        groups,
     })
 }
 
 /// Spend since local midnight in `tz` (for `--status` and `GET /api/v1/status`). Blocking.
 pub fn today_cost(state_dir: &Path, tz: Tz, now: DateTime<Utc>) -> Result<f64, ReportError> {
-    Ok(cost_report(state_dir, Period::Today, tz, now)?
+    Ok(cost_report(state_dir, Period::Today, None, tz, now)?
         .summary
         .total_cost)
 }
@@ -67,21 +101,24 @@ mod tests {
                 output_tokens: 2,
                 cache_read_tokens: 3,
                 cache_write_tokens: 4,
+                cache_write_1h_tokens: 0,
             },
             cost_usd: cost,
             fallback_from: None,
+            source: None,
         }
     }
 
     #[test]
     fn missing_db_is_zero() {
         let d = tempfile::tempdir().unwrap();
-        let r = cost_report(d.path(), Period::Today, Tz::UTC, Utc::now()).unwrap();
+        let r = cost_report(d.path(), Period::Today, None, Tz::UTC, Utc::now()).unwrap();
         assert_eq!(r.summary.total_cost, 0.0);
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"period": "today", "total_cost": 0.0, "models": []})
+            serde_json::json!({"period": "today", "total_cost": 0.0, "models": [],
+                               "skipped": {"runs": 0, "saved_usd": 0.0}})
         );
         assert!(!d.path().join(DB_FILE).exists());
     }
@@ -109,7 +146,7 @@ mod tests {
                     .unwrap();
             });
         }
-        let r = cost_report(d.path(), Period::Today, Tz::UTC, now).unwrap();
+        let r = cost_report(d.path(), Period::Today, None, Tz::UTC, now).unwrap();
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["period"], "today");
         assert!((v["total_cost"].as_f64().unwrap() - 0.76).abs() < 1e-9);
@@ -125,12 +162,64 @@ mod tests {
         let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
         assert_eq!(
             keys.len(),
-            3,
-            "exactly period, total_cost, models: {keys:?}"
+            4,
+            "exactly period, total_cost, models, skipped: {keys:?}"
         );
 
-        let all = cost_report(d.path(), Period::All, Tz::UTC, now).unwrap();
+        let all = cost_report(d.path(), Period::All, None, Tz::UTC, now).unwrap();
         assert!((all.summary.total_cost - 9.76).abs() < 1e-9);
         assert!((today_cost(d.path(), Tz::UTC, now).unwrap() - 0.76).abs() < 1e-9);
+    }
+
+    /// SPEC §20: `by` adds totals and the cache hit ratio (reads / all prompt tokens) per
+    /// group; skipped runs and their saving are counted within the period.
+    #[test]
+    fn groups_carry_hit_ratios_and_skipped_runs_their_saving() {
+        let d = tempfile::tempdir().unwrap();
+        let now: DateTime<Utc> = "2026-11-03T12:00:00Z".parse().unwrap();
+        let t = now.timestamp() - 60;
+        {
+            let db = Db::open(&d.path().join(DB_FILE)).unwrap();
+            futures::executor::block_on(async {
+                let mut a = row(t, "sonnet", 100, 0.5);
+                a.source = Some("telegram".into());
+                a.usage.cache_read_tokens = 700;
+                a.usage.cache_write_tokens = 200;
+                let mut b = row(t, "sonnet", 1000, 0.25);
+                b.source = Some("system".into());
+                b.usage.cache_read_tokens = 0;
+                b.usage.cache_write_tokens = 0;
+                db.insert_cost(a).await.unwrap();
+                db.insert_cost(b).await.unwrap();
+                let mut c = row(t, "haiku", 0, 0.0);
+                c.usage = Usage::default();
+                db.insert_cost(c).await.unwrap();
+                db.insert_skipped_run(t, "beat", "s1", Some(0.02))
+                    .await
+                    .unwrap();
+                db.insert_skipped_run(t, "beat", "s1", None).await.unwrap();
+                db.insert_skipped_run(t - 30 * 86_400, "beat", "s1", Some(9.0))
+                    .await
+                    .unwrap();
+            });
+        }
+        let r = cost_report(d.path(), Period::Today, Some(GroupBy::Source), Tz::UTC, now).unwrap();
+        assert_eq!(r.skipped.runs, 2);
+        assert!((r.skipped.saved_usd - 0.02).abs() < 1e-12);
+        let groups = r.groups.unwrap();
+        let by_key = |k: &str| groups.iter().find(|g| g.key == k).unwrap().clone();
+        assert_eq!(by_key("telegram").hit_ratio, Some(0.7));
+        assert_eq!(by_key("system").hit_ratio, Some(0.0));
+        assert_eq!(by_key("(unknown)").hit_ratio, None, "no prompt tokens");
+        assert_eq!(groups[0].key, "telegram", "most expensive first");
+        let v = serde_json::to_value(
+            cost_report(d.path(), Period::Today, Some(GroupBy::Model), Tz::UTC, now).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["by"], "model");
+        assert_eq!(v["groups"][0]["key"], "sonnet");
+        assert_eq!(v["groups"][0]["calls"], 2);
+        let ratio = v["groups"][0]["hit_ratio"].as_f64().unwrap();
+        assert!((ratio - 700.0 / 2000.0).abs() < 1e-12, "{ratio}");
     }
 }

@@ -29,6 +29,18 @@ pub struct SessionInfo {
     /// Trail files (`<id>.<date>.jsonl`) and their total size.
     pub log_files: usize,
     pub log_bytes: u64,
+    /// The last `[[schedule]]` precheck run for this session (SPEC §20).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_precheck: Option<PrecheckInfo>,
+}
+
+/// A precheck's time and outcome, for `--sessions`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrecheckInfo {
+    /// Unix seconds.
+    pub at: i64,
+    #[serde(flatten)]
+    pub event: crate::session::event::PrecheckEvent,
 }
 
 /// `{sessions:[…]}`.
@@ -92,6 +104,9 @@ fn session_info(
         cost_usd: st.cost_usd,
         log_files: files.len(),
         log_bytes,
+        last_precheck: st
+            .last_precheck
+            .map(|(at, event)| PrecheckInfo { at, event }),
     })
 }
 
@@ -113,6 +128,7 @@ mod tests {
                 output_tokens: output,
                 cache_read_tokens: 0,
                 cache_write_tokens: 0,
+                cache_write_1h_tokens: 0,
             }),
         });
         m.cost_usd = Some(cost);

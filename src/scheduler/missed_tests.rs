@@ -70,6 +70,7 @@ fn fixture() -> Fixture {
         wake: Arc::new(Notify::new()),
         memory_jobs: None,
         unrecorded: Default::default(),
+        prechecks: None,
     };
     Fixture {
         _dir: dir,
@@ -83,6 +84,7 @@ fn entry(name: &str, when: ScheduleWhen) -> ScheduleEntry {
         name: name.into(),
         when,
         action: ScheduleAction::System("Execute HEARTBEAT.md".into()),
+        precheck: None,
     }
 }
 

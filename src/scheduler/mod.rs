@@ -13,9 +13,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::channels::intake::IntakeSink;
-use crate::config::{Live, ScheduleAction, ScheduleEntry, ScheduleWhen};
+use crate::config::{Live, Precheck, ScheduleAction, ScheduleEntry, ScheduleWhen};
 use crate::session::Intake;
+use crate::session::event::{PrecheckEvent, PrecheckOutcome};
 use crate::store::Db;
+
+mod precheck;
+pub use precheck::PrecheckRecorder;
 
 /// Longest sleep between checks (config changes and clock jumps are picked up within it).
 const MAX_SLEEP: Duration = Duration::from_secs(60);
@@ -35,6 +39,9 @@ pub struct Scheduler {
     /// alone does not hold them off, as it remembers the last ids of a session only, and none
     /// across a reset. Holds only ids whose record is failing.
     pub unrecorded: FiredIds,
+    /// Where the outcome of a `precheck` goes (SPEC §20): the session's trail and the
+    /// monitor. `None` (unit tests): prechecks run, nothing is recorded.
+    pub prechecks: Option<PrecheckRecorder>,
 }
 
 /// See [`Scheduler::unrecorded`].
@@ -140,11 +147,18 @@ impl Scheduler {
         tracing::info!(schedule = %entry.name, due, "schedule fired");
         match &entry.action {
             ScheduleAction::System(text) => {
+                let mut text = text.clone();
+                if let Some(p) = &entry.precheck {
+                    match self.precheck(entry, p, now).await {
+                        Some(stdout) => text = precheck::with_output(&text, &stdout),
+                        None => return self.ran(entry, &id, now, tz).await,
+                    }
+                }
                 let intake = Intake {
                     id: id.clone(),
                     source: crate::control::Source::System,
                     from: format!("schedule:{}", entry.name),
-                    text: text.clone(),
+                    text,
                     tier: None,
                     attachments: vec![],
                     route: None,
@@ -170,12 +184,67 @@ impl Scheduler {
                 }
             },
         }
+        self.ran(entry, &id, now, tz).await
+    }
+
+    /// Record that `entry` ran (or was skipped) at `now`; its next time.
+    async fn ran(
+        &self,
+        entry: &ScheduleEntry,
+        id: &str,
+        now: i64,
+        tz: chrono_tz::Tz,
+    ) -> Option<i64> {
         if let Err(e) = self.db.schedule_set_run(&entry.name, now).await {
             tracing::error!(schedule = %entry.name, error = %e, "scheduler: cannot record the run; it will not fire again for this slot");
-            self.unrecorded_lock().insert(id);
+            self.unrecorded_lock().insert(id.to_string());
             return Some(now + 30);
         }
         next_after(entry, now, tz)
+    }
+
+    /// Run `entry`'s precheck in the exec sandbox (SPEC §20) and record what it did.
+    /// `Some(stdout)`: the job runs (exit 0: with that output; another outcome: with none, and
+    /// a warning); `None`: exit 1, skipped.
+    async fn precheck(&self, entry: &ScheduleEntry, p: &Precheck, now: i64) -> Option<String> {
+        let cfg = self.cfg.get();
+        let started = std::time::Instant::now();
+        let result = precheck::run(&cfg, p).await;
+        let ms = started.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+        let (exit_code, stdout) = match result {
+            Ok(out) => (out.exit_code, out.stdout),
+            Err(e) => {
+                tracing::warn!(schedule = %entry.name, error = %e, "precheck could not run; the job runs without it (check [[schedule]] precheck and [tools] exec_sandbox)");
+                (None, String::new())
+            }
+        };
+        let outcome = PrecheckOutcome::of_exit(exit_code);
+        match outcome {
+            PrecheckOutcome::Skip => {
+                tracing::info!(schedule = %entry.name, ms, "precheck found nothing to do; job skipped, no provider call")
+            }
+            PrecheckOutcome::Run => {
+                tracing::info!(schedule = %entry.name, ms, "precheck passed; job runs")
+            }
+            PrecheckOutcome::Warn => {
+                tracing::warn!(schedule = %entry.name, ms, exit_code = ?exit_code, "precheck exited neither 0 nor 1 (or timed out); the job runs anyway (fix the precheck: exit 0 = run, 1 = skip)")
+            }
+        }
+        let event = PrecheckEvent {
+            schedule: entry.name.clone(),
+            outcome,
+            exit_code,
+            ms,
+            saved_usd: None,
+        };
+        if let Some(rec) = &self.prechecks {
+            rec.record(&cfg, "system", event, now, &self.db).await;
+        }
+        match outcome {
+            PrecheckOutcome::Skip => None,
+            PrecheckOutcome::Run => Some(stdout),
+            PrecheckOutcome::Warn => Some(String::new()),
+        }
     }
 
     /// Hand a scheduled message to the target's session (source `scheduler`: delivered as
@@ -241,6 +310,7 @@ mod tests {
             name: "e".into(),
             when,
             action: ScheduleAction::System("x".into()),
+            precheck: None,
         }
     }
 

@@ -78,6 +78,57 @@ pub enum Event {
     SessionModel(SessionModelEvent),
     /// A skill was turned on or off for this session (SPEC §18.2).
     SessionSkill(SessionSkillEvent),
+    /// A schedule entry's precheck exited 1: the job was skipped, no provider call (SPEC §20).
+    Skipped(PrecheckEvent),
+    /// A schedule entry's precheck let the job run (exit 0, or another outcome with a
+    /// warning); written before the job's intake.
+    Precheck(PrecheckEvent),
+}
+
+/// What a `[[schedule]]` precheck did (SPEC §20): the `skipped` and `precheck` events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrecheckEvent {
+    /// The `[[schedule]]` entry's name.
+    pub schedule: String,
+    pub outcome: PrecheckOutcome,
+    /// The command's exit code; none when it timed out or could not start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// How long it ran.
+    pub ms: u64,
+    /// `skipped` only: the estimated saving, the job's last cost in USD (none before it ever
+    /// ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved_usd: Option<f64>,
+}
+
+/// A precheck's outcome: exit 0 `run`, exit 1 `skip`, anything else `warn` (the job runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecheckOutcome {
+    Run,
+    Skip,
+    Warn,
+}
+
+impl PrecheckOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrecheckOutcome::Run => "run",
+            PrecheckOutcome::Skip => "skip",
+            PrecheckOutcome::Warn => "warn",
+        }
+    }
+
+    /// Exit 0 runs the job, exit 1 skips it, anything else (another code, a timeout, a
+    /// sandbox that could not start: `None`) runs it with a warning.
+    pub fn of_exit(code: Option<i32>) -> PrecheckOutcome {
+        match code {
+            Some(0) => PrecheckOutcome::Run,
+            Some(1) => PrecheckOutcome::Skip,
+            _ => PrecheckOutcome::Warn,
+        }
+    }
 }
 
 /// `session_model`: who pinned which model, through which channel.
@@ -319,6 +370,7 @@ mod tests {
                 output_tokens: 2,
                 cache_read_tokens: 3,
                 cache_write_tokens: 4,
+                cache_write_1h_tokens: 0,
             }),
         });
         m.is_final = true;

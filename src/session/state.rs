@@ -48,6 +48,20 @@ pub struct SessionState {
     /// Skills turned off for this session (`session_skill`, SPEC §18.2), sorted.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub skills_off: std::collections::BTreeSet<String>,
+    /// The last `[[schedule]]` precheck that ran for this session, with its time (Unix
+    /// seconds) (SPEC §20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_precheck: Option<(i64, super::event::PrecheckEvent)>,
+    /// The cost of each schedule entry's last run (USD): the estimated saving of a skip.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub job_costs: std::collections::BTreeMap<String, f64>,
+    /// The schedule entry whose run the current turn is, with its cost so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_running: Option<(String, f64)>,
+    /// Unix seconds of the last few user turns (newest last, at most [`RECENT_TURNS`]): the
+    /// session's cadence, which picks the cache TTL (SPEC §20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_turns: Vec<i64>,
     /// The messages as the provider's wire format last rendered them, reused by the next call
     /// (SPEC §16.6). Memory only; compaction, the image swap and a repair of stored calls
     /// invalidate it here; a clone starts empty (`message::rendered`).
@@ -95,6 +109,12 @@ impl PartialEq for ImagesFrom {
 /// state that lags at all.
 pub const SNAPSHOT_EVERY_LINES: u64 = 64;
 
+/// User turns remembered in `recent_turns`.
+pub const RECENT_TURNS: usize = 4;
+
+/// Schedule entries whose last cost a session remembers.
+const MAX_JOB_COSTS: usize = 64;
+
 /// The `last_seq` of a state's newest snapshot (0: none known). Kept in memory only; equal to
 /// every other mark, so two states compare by what they fold, not by what was saved of them.
 #[derive(Debug, Clone, Copy, Default)]
@@ -138,6 +158,10 @@ impl SessionState {
             approvals: Default::default(),
             pinned_model: None,
             skills_off: Default::default(),
+            last_precheck: None,
+            job_costs: Default::default(),
+            job_running: None,
+            recent_turns: Vec::new(),
             rendered: RenderCache::new(),
             snapshot: SnapshotMark::default(),
             images_from: ImagesFrom::default(),
@@ -187,6 +211,16 @@ impl SessionState {
                 }
             }
             Event::Message(m) => {
+                self.track_job(m);
+                if matches!(m.message, Message::User { .. }) {
+                    let ts = chrono::DateTime::parse_from_rfc3339(&line.ts)
+                        .map(|t| t.timestamp())
+                        .unwrap_or(self.updated_at);
+                    if self.recent_turns.len() >= RECENT_TURNS {
+                        self.recent_turns.remove(0);
+                    }
+                    self.recent_turns.push(ts);
+                }
                 let mut msg = m.message.clone();
                 strip_images(&mut msg);
                 if let Message::Assistant { usage: Some(u), .. } = &msg {
@@ -228,10 +262,43 @@ impl SessionState {
                     self.skills_off.insert(k.name.clone());
                 }
             }
+            Event::Skipped(p) | Event::Precheck(p) => {
+                self.last_precheck = Some((self.updated_at, p.clone()));
+            }
             Event::Intake(_)
             | Event::Delivery { .. }
             | Event::Failure { .. }
             | Event::Reset { .. } => {}
+        }
+    }
+
+    /// Follow the cost of a scheduled job's turn: a user turn answering `schedule-<name>-<slot>`
+    /// starts it, each assistant message adds its cost, the final one records it in
+    /// `job_costs`.
+    fn track_job(&mut self, m: &super::event::MessageEvent) {
+        match &m.message {
+            Message::User { .. } => {
+                self.job_running = m.reply_to.iter().find_map(|id| {
+                    let rest = id.strip_prefix("schedule-")?;
+                    let (name, _slot) = rest.rsplit_once('-')?;
+                    Some((name.to_string(), 0.0))
+                });
+            }
+            Message::Assistant { .. } => {
+                if let Some((_, cost)) = &mut self.job_running {
+                    *cost += m.cost_usd.unwrap_or(0.0);
+                }
+                if m.is_final
+                    && let Some((name, cost)) = self.job_running.take()
+                {
+                    if self.job_costs.len() >= MAX_JOB_COSTS && !self.job_costs.contains_key(&name)
+                    {
+                        self.job_costs.pop_first();
+                    }
+                    self.job_costs.insert(name, cost);
+                }
+            }
+            Message::ToolResults { .. } => {}
         }
     }
 
@@ -350,6 +417,7 @@ mod tests {
                 output_tokens: 5,
                 cache_read_tokens: 100,
                 cache_write_tokens: 20,
+                cache_write_1h_tokens: 0,
             }),
         });
         a1.sent_messages = Some(1);
@@ -363,6 +431,7 @@ mod tests {
                 output_tokens: 2,
                 cache_read_tokens: 130,
                 cache_write_tokens: 0,
+                cache_write_1h_tokens: 0,
             }),
         });
         a2.sent_messages = Some(3);

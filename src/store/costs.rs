@@ -60,6 +60,8 @@ pub struct CostRow {
     pub cost_usd: f64,
     /// The config name of the model asked for, when a fallback model answered (SPEC §18.3).
     pub fallback_from: Option<String>,
+    /// Where the message that made the call came from (`control::Source`), when known.
+    pub source: Option<String>,
 }
 
 /// Spend over a period: the total and one entry per model, most expensive first. This is the
@@ -80,6 +82,85 @@ pub struct ModelCost {
     pub cache_write_tokens: u64,
     pub cost_usd: f64,
 }
+
+/// What `--cost --by` groups rows by (SPEC §20).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupBy {
+    Session,
+    Source,
+    Model,
+}
+
+impl GroupBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupBy::Session => "session",
+            GroupBy::Source => "source",
+            GroupBy::Model => "model",
+        }
+    }
+
+    /// The column: a fixed name, never text from outside.
+    fn column(self) -> &'static str {
+        match self {
+            GroupBy::Session => "session_id",
+            GroupBy::Source => "source",
+            GroupBy::Model => "model",
+        }
+    }
+}
+
+impl std::str::FromStr for GroupBy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "session" => Ok(GroupBy::Session),
+            "source" => Ok(GroupBy::Source),
+            "model" => Ok(GroupBy::Model),
+            _ => Err(format!(
+                "unknown grouping {:?}: expected session, source or model",
+                crate::control::escaped_preview(s)
+            )),
+        }
+    }
+}
+
+/// Token and cost totals of one group, with its cache hit ratio.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupCost {
+    /// The session id, source or model; `"(unknown)"` for rows without one.
+    pub key: String,
+    pub calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub cache_write_1h_tokens: u64,
+    pub cost_usd: f64,
+    /// Cache reads / all prompt tokens (input + cache reads + cache writes); `None` without
+    /// prompt tokens.
+    pub hit_ratio: Option<f64>,
+}
+
+/// Cache reads / all prompt tokens; `None` when there were none.
+pub fn hit_ratio(input: u64, cache_read: u64, cache_write: u64) -> Option<f64> {
+    let all = input.saturating_add(cache_read).saturating_add(cache_write);
+    (all > 0).then(|| cache_read as f64 / all as f64)
+}
+
+/// The prompt cache's hit ratio (SPEC §20): over the last `RECENT_CALLS` calls with prompt
+/// tokens, and over the baseline period; each `None` without such calls.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CacheRatios {
+    pub recent_calls: u64,
+    pub hit_ratio_recent: Option<f64>,
+    pub hit_ratio_baseline: Option<f64>,
+}
+
+/// The calls the recent hit ratio is taken over (SPEC §20).
+pub const RECENT_CALLS: u32 = 20;
 
 /// Running sums for [`Db::spend_since`], one per period start asked for (the budget asks for
 /// today's and this month's): the total of the rows with `timestamp >= since` among those with
@@ -179,8 +260,8 @@ impl Db {
                 conn.prepare_cached(
                     "INSERT INTO costs (timestamp, session_id, model, provider, call_type, \
                      input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, \
-                     fallback_from) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                     fallback_from, cache_write_1h_tokens, source) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 )?
                 .execute(rusqlite::params![
                     row.timestamp,
@@ -194,8 +275,141 @@ impl Db {
                     to_sql_count(row.usage.cache_write_tokens),
                     row.cost_usd,
                     row.fallback_from,
+                    to_sql_count(row.usage.cache_write_1h_tokens),
+                    row.source,
                 ])?;
                 Ok(())
+            })
+            .await
+    }
+
+    /// Totals per group (most expensive first, then by key) over rows with `timestamp >=
+    /// since` (`None`: all), with each group's cache hit ratio (SPEC §20).
+    pub async fn cost_groups(
+        &self,
+        since: Option<i64>,
+        by: GroupBy,
+    ) -> Result<Vec<GroupCost>, StoreError> {
+        let since = since.unwrap_or(i64::MIN);
+        let sql = format!(
+            concat!(
+                "SELECT {col}, COUNT(*), TOTAL(input_tokens), TOTAL(output_tokens), \
+                 TOTAL(cache_read_tokens), TOTAL(cache_write_tokens), \
+                 TOTAL(cache_write_1h_tokens), TOTAL(cost_usd) AS cost \
+                 FROM costs WHERE timestamp >= ?1 AND ",
+                plausible!(),
+                " GROUP BY {col} ORDER BY cost DESC, {col} ASC"
+            ),
+            col = by.column()
+        );
+        self.actor
+            .call(move |conn| {
+                let mut stmt = conn.prepare_cached(&sql)?;
+                let rows = stmt
+                    .query_map([since], |row| {
+                        let (input, read, write) = (
+                            from_sql_total(row.get(2)?),
+                            from_sql_total(row.get(4)?),
+                            from_sql_total(row.get(5)?),
+                        );
+                        Ok(GroupCost {
+                            key: row
+                                .get::<_, Option<String>>(0)?
+                                .unwrap_or_else(|| "(unknown)".to_string()),
+                            calls: row.get::<_, i64>(1)?.max(0) as u64,
+                            input_tokens: input,
+                            output_tokens: from_sql_total(row.get(3)?),
+                            cache_read_tokens: read,
+                            cache_write_tokens: write,
+                            cache_write_1h_tokens: from_sql_total(row.get(6)?),
+                            cost_usd: row.get(7)?,
+                            hit_ratio: hit_ratio(input, read, write),
+                        })
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// The cache hit ratio of the last [`RECENT_CALLS`] model calls with prompt tokens, and of
+    /// those since `baseline_since` (SPEC §20). Embeddings do not count.
+    pub async fn cache_ratios(&self, baseline_since: i64) -> Result<CacheRatios, StoreError> {
+        self.actor
+            .call(move |conn| {
+                let (calls, input, read, write): (i64, f64, f64, f64) = conn
+                    .prepare_cached(concat!(
+                        "SELECT COUNT(*), TOTAL(input_tokens), TOTAL(cache_read_tokens), \
+                         TOTAL(cache_write_tokens) FROM (SELECT input_tokens, cache_read_tokens, \
+                         cache_write_tokens FROM costs WHERE call_type != 'embedding' AND \
+                         COALESCE(input_tokens, 0) + COALESCE(cache_read_tokens, 0) \
+                         + COALESCE(cache_write_tokens, 0) > 0 AND ",
+                        plausible!(),
+                        " ORDER BY id DESC LIMIT ?1)"
+                    ))?
+                    .query_row([RECENT_CALLS], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })?;
+                let recent = hit_ratio(
+                    from_sql_total(input),
+                    from_sql_total(read),
+                    from_sql_total(write),
+                );
+                let (b_input, b_read, b_write): (f64, f64, f64) = conn
+                    .prepare_cached(concat!(
+                        "SELECT TOTAL(input_tokens), TOTAL(cache_read_tokens), \
+                         TOTAL(cache_write_tokens) FROM costs WHERE call_type != 'embedding' \
+                         AND timestamp >= ?1 AND ",
+                        plausible!()
+                    ))?
+                    .query_row([baseline_since], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                Ok(CacheRatios {
+                    recent_calls: calls.max(0) as u64,
+                    hit_ratio_recent: recent,
+                    hit_ratio_baseline: hit_ratio(
+                        from_sql_total(b_input),
+                        from_sql_total(b_read),
+                        from_sql_total(b_write),
+                    ),
+                })
+            })
+            .await
+    }
+
+    /// Record a `[[schedule]]` run its precheck skipped (SPEC §20), with the estimated saving.
+    pub async fn insert_skipped_run(
+        &self,
+        timestamp: i64,
+        schedule: &str,
+        session_id: &str,
+        saved_usd: Option<f64>,
+    ) -> Result<(), StoreError> {
+        let (schedule, session_id) = (schedule.to_string(), session_id.to_string());
+        let saved = saved_usd.filter(|s| s.is_finite() && *s >= 0.0);
+        self.actor
+            .call(move |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO skipped_runs (timestamp, schedule, session_id, saved_usd) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(rusqlite::params![timestamp, schedule, session_id, saved])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Skipped runs with `timestamp >= since` (`None`: all): how many, and their estimated
+    /// saving in USD.
+    pub async fn skipped_since(&self, since: Option<i64>) -> Result<(u64, f64), StoreError> {
+        let since = since.unwrap_or(i64::MIN);
+        self.actor
+            .call(move |conn| {
+                conn.prepare_cached(
+                    "SELECT COUNT(*), TOTAL(saved_usd) FROM skipped_runs WHERE timestamp >= ?1",
+                )?
+                .query_row([since], |r| {
+                    Ok((r.get::<_, i64>(0)?.max(0) as u64, r.get(1)?))
+                })
             })
             .await
     }
@@ -293,6 +507,7 @@ impl Db {
                         output_tokens: from_sql_total(row.get(1)?),
                         cache_read_tokens: from_sql_total(row.get(2)?),
                         cache_write_tokens: from_sql_total(row.get(3)?),
+                        cache_write_1h_tokens: 0,
                     };
                     Ok((usage, row.get(4)?))
                 })
@@ -312,6 +527,7 @@ mod tests {
             output_tokens: o,
             cache_read_tokens: cr,
             cache_write_tokens: cw,
+            cache_write_1h_tokens: 0,
         }
     }
 
@@ -325,6 +541,7 @@ mod tests {
             usage,
             cost_usd,
             fallback_from: None,
+            source: None,
         }
     }
 

@@ -29,7 +29,10 @@ use rusqlite_migration::{M, MigrationDefinitionError, Migrations};
 
 use actor::Actor;
 
-pub use costs::{CallType, CostRow, CostSummary, ModelCost};
+pub use costs::{
+    CacheRatios, CallType, CostRow, CostSummary, GroupBy, GroupCost, ModelCost, RECENT_CALLS,
+    hit_ratio,
+};
 
 /// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.
 pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -54,6 +57,7 @@ pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> = LazyLock::new(|| {
         M::up(include_str!("migrations/0001_init.sql")),
         M::up(include_str!("migrations/0002_scheduled.sql")),
         M::up(include_str!("migrations/0003_fallback.sql")),
+        M::up(include_str!("migrations/0004_cost_autopilot.sql")),
     ])
 });
 

@@ -89,10 +89,38 @@ impl ExecTool {
 
     async fn run(&self, args: ExecArgs, ctx: &ToolContext) -> Result<String, ToolError> {
         let timeout = self.timeout_for(args.timeout_seconds);
+        let out = self
+            .run_command(
+                &args.command,
+                timeout,
+                &ctx.allowed_paths,
+                &ctx.workspace,
+                OUTPUT_CAP_BYTES,
+            )
+            .await?;
+        let text = render(&out, timeout);
+        if out.timed_out {
+            Err(ToolError::Failed(text))
+        } else {
+            Ok(text)
+        }
+    }
+
+    /// Run `command` under the exec tool's rules (the sandbox, `allowed_paths`, the protected
+    /// directories, a clean environment without secrets) for at most `timeout`, keeping at most
+    /// `output_cap` bytes of each stream. The scheduler's prechecks (SPEC §20) run through this.
+    pub async fn run_command(
+        &self,
+        command: &str,
+        timeout: Duration,
+        allowed_paths: &[PathBuf],
+        workspace: &std::path::Path,
+        output_cap: usize,
+    ) -> Result<ExecOutput, ToolError> {
         let mut policy = Policy::build(
             self.mode,
             self.network,
-            &ctx.allowed_paths,
+            allowed_paths,
             &self.protected,
             timeout,
         )
@@ -113,24 +141,12 @@ impl ExecTool {
                 ToolError::Failed(format!("cannot find the agentd executable: {e}"))
             })?,
         };
-        let out = run_sandboxed(
-            &exe,
-            &policy,
-            &ctx.workspace,
-            &args.command,
-            OUTPUT_CAP_BYTES,
-        )
-        .await
-        .map_err(|e| match e {
-            SandboxError::Setup(_) => ToolError::Denied(e.to_string()),
-            other => ToolError::Failed(other.to_string()),
-        })?;
-        let text = render(&out, timeout);
-        if out.timed_out {
-            Err(ToolError::Failed(text))
-        } else {
-            Ok(text)
-        }
+        run_sandboxed(&exe, &policy, workspace, command, output_cap)
+            .await
+            .map_err(|e| match e {
+                SandboxError::Setup(_) => ToolError::Denied(e.to_string()),
+                other => ToolError::Failed(other.to_string()),
+            })
     }
 }
 

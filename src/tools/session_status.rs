@@ -154,6 +154,7 @@ mod tests {
                 output_tokens: 2_000,
                 cache_read_tokens: 300_000,
                 cache_write_tokens: 40_000,
+                cache_write_1h_tokens: 0,
             },
         }
     }

@@ -49,6 +49,7 @@ impl Fake {
                 output_tokens: 5,
                 cache_read_tokens: 100,
                 cache_write_tokens: 0,
+                cache_write_1h_tokens: 0,
             },
             0.01,
             Duration::from_millis(900),
@@ -81,6 +82,7 @@ impl ApiBackend for Fake {
                     output_tokens: 3,
                     cache_read_tokens: 50,
                     cache_write_tokens: 20,
+                    cache_write_1h_tokens: 0,
                 },
                 cost_usd: 0.0123,
                 attachments: vec![],
@@ -120,7 +122,11 @@ impl ApiBackend for Fake {
             .boxed()
     }
 
-    fn cost(&self, period: Period) -> BoxFuture<'_, Result<Value, BackendError>> {
+    fn cost(
+        &self,
+        period: Period,
+        _by: Option<agentd::store::GroupBy>,
+    ) -> BoxFuture<'_, Result<Value, BackendError>> {
         async move { Ok(json!({"period": period.as_str(), "total_cost": 0.5, "models": []})) }
             .boxed()
     }

@@ -5,6 +5,7 @@ mod support;
 
 mod approvals;
 mod architecture;
+mod autopilot;
 mod battery;
 mod compaction;
 mod compat;

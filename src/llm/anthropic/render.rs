@@ -166,6 +166,10 @@ struct Head<'a> {
     spec: &'a ModelSpec,
     req: &'a ChatRequest,
     marker: Option<CacheTtl>,
+    /// The marker of the system breakpoints: 1 hour when the request asks for it
+    /// (`stable_ttl`), else `marker`. The system comes before the messages, so a 1-hour
+    /// marker here never follows a 5-minute one.
+    system_marker: Option<CacheTtl>,
     /// Non-empty system blocks: (text, carries a breakpoint).
     system: Vec<(&'a str, bool)>,
     /// Rough length of its output.
@@ -237,10 +241,15 @@ impl<'a> Head<'a> {
         for t in req.tools.iter() {
             size_hint += t.name.len() + t.description.len() + 256;
         }
+        let system_marker = marker.map(|ttl| match req.stable_ttl {
+            Some(CacheTtl::OneHour) => CacheTtl::OneHour,
+            _ => ttl,
+        });
         Head {
             spec,
             req,
             marker,
+            system_marker,
             system,
             size_hint,
         }
@@ -520,7 +529,7 @@ impl Serialize for System<'_> {
         for (text, marked) in &self.0.system {
             seq.serialize_element(&BlockOut {
                 kind: &Kind::Text(text),
-                marker: self.0.marker.filter(|_| *marked),
+                marker: self.0.system_marker.filter(|_| *marked),
             })?;
         }
         seq.end()
@@ -844,6 +853,7 @@ mod tests {
         let req = ChatRequest {
             options: Default::default(),
             deltas: None,
+            stable_ttl: None,
             session_id: "s".into(),
             system: vec![],
             messages: vec![
@@ -896,6 +906,7 @@ mod tests {
         let req = ChatRequest {
             options: Default::default(),
             deltas: None,
+            stable_ttl: None,
             session_id: "s".into(),
             system: vec![SystemBlock {
                 tier: SystemTier::Stable,
@@ -955,6 +966,7 @@ mod tests {
         let mut req = ChatRequest {
             options: Default::default(),
             deltas: None,
+            stable_ttl: None,
             session_id: "s".into(),
             system: vec![
                 SystemBlock {

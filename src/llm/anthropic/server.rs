@@ -565,6 +565,7 @@ mod tests {
                 output_tokens: 5,
                 cache_read_tokens: 100,
                 cache_write_tokens: 20,
+                cache_write_1h_tokens: 0,
             },
         }
     }

@@ -113,6 +113,16 @@ pub(crate) struct WireUsage {
     cache_creation_input_tokens: Option<u64>,
     #[serde(default)]
     cache_read_input_tokens: Option<u64>,
+    /// The cache writes by TTL (SPEC §20): `ephemeral_1h_input_tokens` are priced at
+    /// `cache_write_1h`.
+    #[serde(default)]
+    cache_creation: Option<WireCacheCreation>,
+}
+
+#[derive(Deserialize, Default, Debug, Clone, Copy, PartialEq)]
+pub(crate) struct WireCacheCreation {
+    #[serde(default)]
+    ephemeral_1h_input_tokens: Option<u64>,
 }
 
 impl WireUsage {
@@ -130,6 +140,12 @@ impl WireUsage {
         }
         if let Some(v) = self.cache_read_input_tokens {
             usage.cache_read_tokens = v;
+        }
+        if let Some(v) = self
+            .cache_creation
+            .and_then(|c| c.ephemeral_1h_input_tokens)
+        {
+            usage.cache_write_1h_tokens = v;
         }
     }
 }
@@ -543,6 +559,7 @@ mod tests {
                 output_tokens: 87,
                 cache_read_tokens: 4000,
                 cache_write_tokens: 300,
+                cache_write_1h_tokens: 0,
             },
             model: "claude-x".into(),
         }
@@ -628,7 +645,7 @@ mod tests {
             "event: message_start\n",
             "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"cache_creation_input_tokens\":null,\"cache_read_input_tokens\":7,\"output_tokens\":1}}}\n\n",
             "event: message_delta\n",
-            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":6,\"cache_creation_input_tokens\":2,\"cache_read_input_tokens\":null,\"output_tokens\":40}}\n\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":6,\"cache_creation_input_tokens\":2,\"cache_read_input_tokens\":null,\"output_tokens\":40,\"cache_creation\":{\"ephemeral_5m_input_tokens\":1,\"ephemeral_1h_input_tokens\":1}}}\n\n",
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
         );
         let r = parse(t.as_bytes(), &[]).await.unwrap();
@@ -639,6 +656,7 @@ mod tests {
                 output_tokens: 40,
                 cache_read_tokens: 7,
                 cache_write_tokens: 2,
+                cache_write_1h_tokens: 1,
             }
         );
         assert_eq!(r.stop_reason, StopReason::EndTurn);

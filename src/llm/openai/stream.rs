@@ -95,6 +95,7 @@ impl WireUsage {
             output_tokens: self.completion_tokens.unwrap_or(0),
             cache_read_tokens: cached,
             cache_write_tokens: 0,
+            cache_write_1h_tokens: 0,
         }
     }
 }
@@ -409,6 +410,7 @@ mod tests {
                 output_tokens: 30,
                 cache_read_tokens: 1024,
                 cache_write_tokens: 0,
+                cache_write_1h_tokens: 0,
             },
             model: "gpt-x".into(),
         }
@@ -502,7 +504,8 @@ mod tests {
                 input_tokens: 40,
                 output_tokens: 7,
                 cache_read_tokens: 60,
-                cache_write_tokens: 0
+                cache_write_tokens: 0,
+                cache_write_1h_tokens: 0,
             }
         );
         // No details (local servers), null details, DeepSeek naming.
