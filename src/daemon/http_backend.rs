@@ -45,14 +45,37 @@ impl DaemonBackend {
         self.cfg.paths.state_dir.clone()
     }
 
+    /// Where the trail of session `key` ends now (`Some(0)` for a session not yet created),
+    /// when a `tts` tool exists (`[voice] tts_model`): the answer then reads only the lines
+    /// written after it ([`Self::spoken`]). `None`: no speech model, nothing to look for.
+    async fn trail_end(&self, key: &str) -> Option<u64> {
+        self.cfg.voice.tts_model.as_ref()?;
+        let (store, key) = (self.intake.store.clone(), key.to_string());
+        tokio::task::spawn_blocking(move || match store.get(&key) {
+            Ok(Some(h)) => crate::session::trail::last_seq(h.dir(), &h.id)
+                .ok()
+                .map(|s| s.unwrap_or(0)),
+            Ok(None) => Some(0),
+            Err(_) => None,
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
     /// The speech files the `tts` tool made while answering intake `id` (SPEC §19), read from
-    /// the session's trail.
+    /// the lines of the session's trail after `after` ([`Self::trail_end`] before the intake):
+    /// this turn's lines, not the whole history, so an answer costs the same at any length.
     async fn spoken(
         &self,
         key: &str,
         session_id: &str,
         id: &str,
+        after: Option<u64>,
     ) -> Vec<crate::api::backend::ReplyAttachment> {
+        let Some(after) = after else {
+            return Vec::new();
+        };
         let (store, key, sid, id) = (
             self.intake.store.clone(),
             key.to_string(),
@@ -65,7 +88,7 @@ impl DaemonBackend {
             if h.id != sid {
                 return None;
             }
-            let lines = h.read_trail().ok()?;
+            let lines = crate::session::trail::read_trail_after(h.dir(), &h.id, after).ok()?;
             Some(crate::tools::tts::spoken_files(&lines, &id, &inbox))
         })
         .await
@@ -210,12 +233,15 @@ impl ApiBackend for DaemonBackend {
                 route: None,
                 notify_meta: None,
             };
+            let trail_end = self.trail_end(&key).await;
             let c = IntakeSink::ask(self.intake.as_ref(), &key, intake)
                 .await
                 .map_err(backend_error)?
                 .ok_or_else(|| BackendError::Unavailable("agentd is shutting down".into()))?;
             let reply = reply_text(&c.finish).unwrap_or_default().to_string();
-            let attachments = self.spoken(&key, &c.session_id, &id_for_files).await;
+            let attachments = self
+                .spoken(&key, &c.session_id, &id_for_files, trail_end)
+                .await;
             Ok(match c.finish {
                 Finish::Reply {
                     silent,
