@@ -13,6 +13,11 @@ use crate::store::{CacheRatios, Db, RECENT_CALLS};
 
 /// The baseline period: the last 7 days.
 pub const BASELINE_SECS: i64 = 7 * 86_400;
+/// Once the baseline has [`RECENT_CALLS`] calls behind it, it is read again at most this often:
+/// it sums every call of the week (a scan that grows with the daemon's use, after every call),
+/// and a minute does not move a 7-day ratio. Before that, after every call, so an early
+/// baseline of a call or two (a first call only writes the cache) is not kept for a minute.
+pub const BASELINE_REFRESH_SECS: i64 = 60;
 /// An episode starts below this share of the baseline …
 pub const START_BELOW: f64 = 0.5;
 /// … and ends above this one.
@@ -57,6 +62,8 @@ pub type Notify = Arc<dyn Fn(String) + Send + Sync>;
 /// The alarm the ledger runs after each recorded model call.
 pub struct CacheWatch {
     episode: Mutex<Episode>,
+    /// The last baseline read and when (Unix seconds).
+    baseline: Mutex<Option<(i64, Option<f64>)>>,
     monitor: Arc<Monitor>,
     notify: Option<Notify>,
 }
@@ -73,6 +80,7 @@ impl CacheWatch {
     pub fn new(monitor: Arc<Monitor>, notify: Option<Notify>) -> CacheWatch {
         CacheWatch {
             episode: Mutex::new(Episode::default()),
+            baseline: Mutex::new(None),
             monitor,
             notify,
         }
@@ -81,13 +89,25 @@ impl CacheWatch {
     /// Read the ratios as of `now` (Unix seconds), publish them to the monitor, and act on a
     /// transition. Errors are logged: the alarm never fails a call.
     pub async fn check(&self, db: &Db, now: i64) {
-        let ratios = match db.cache_ratios(now - BASELINE_SECS).await {
+        let kept = *self.baseline.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = kept.filter(|(at, _)| (0..BASELINE_REFRESH_SECS).contains(&(now - at)));
+        let since = kept.is_none().then_some(now - BASELINE_SECS);
+        let mut ratios = match db.cache_ratios(since).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(error = %e, "cache alarm: cannot read the hit ratios");
                 return;
             }
         };
+        match kept {
+            Some((_, baseline)) => ratios.hit_ratio_baseline = baseline,
+            // Kept only once the recent window is full: the week then holds at least as many.
+            None if ratios.recent_calls >= u64::from(RECENT_CALLS) => {
+                *self.baseline.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((now, ratios.hit_ratio_baseline));
+            }
+            None => {}
+        }
         self.monitor.set_cache(json!({
             "hit_ratio_recent": ratios.hit_ratio_recent,
             "hit_ratio_baseline": ratios.hit_ratio_baseline,
@@ -136,6 +156,68 @@ mod tests {
             hit_ratio_recent: Some(recent),
             hit_ratio_baseline: Some(baseline),
         }
+    }
+
+    #[tokio::test]
+    async fn the_baseline_is_read_after_every_call_until_the_window_is_full_then_each_minute() {
+        use crate::message::Usage;
+        use crate::store::{CallType, CostRow};
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("agentd.db")).unwrap();
+        let monitor = Arc::new(Monitor::new(dir.path().join("monitor.json")));
+        let watch = CacheWatch::new(monitor.clone(), None);
+        let call = |t: i64, read: u64| CostRow {
+            timestamp: t,
+            session_id: "s".into(),
+            model: "m".into(),
+            provider: "anthropic".into(),
+            call_type: CallType::Chat,
+            usage: Usage {
+                input_tokens: 100 - read,
+                cache_read_tokens: read,
+                ..Usage::default()
+            },
+            cost_usd: 0.0,
+            fallback_from: None,
+            source: None,
+        };
+        let baseline = || monitor.snapshot()["cache"]["hit_ratio_baseline"].as_f64();
+        // A first call only writes: the baseline is 0, and is not kept.
+        db.insert_cost(call(1_000, 0)).await.unwrap();
+        watch.check(&db, 1_000).await;
+        assert_eq!(baseline(), Some(0.0));
+        for t in 1_001..1_020 {
+            db.insert_cost(call(t, 100)).await.unwrap();
+            watch.check(&db, t).await;
+        }
+        // Read after each call: 19 of 20 calls read everything.
+        assert!(
+            (baseline().unwrap() - 0.95).abs() < 1e-9,
+            "{:?}",
+            baseline()
+        );
+        // Full window: kept for a minute, so calls without reads move only the recent ratio …
+        for t in 1_020..1_040 {
+            db.insert_cost(call(t, 0)).await.unwrap();
+            watch.check(&db, t).await;
+        }
+        assert!(
+            (baseline().unwrap() - 0.95).abs() < 1e-9,
+            "{:?}",
+            baseline()
+        );
+        assert_eq!(
+            monitor.snapshot()["cache"]["hit_ratio_recent"].as_f64(),
+            Some(0.0)
+        );
+        // … and read again after it: 19 of 40 calls read.
+        db.insert_cost(call(1_100, 0)).await.unwrap();
+        watch.check(&db, 1_100).await;
+        assert!(
+            (baseline().unwrap() - 1900.0 / 4100.0).abs() < 1e-9,
+            "{:?}",
+            baseline()
+        );
     }
 
     #[test]

@@ -333,8 +333,12 @@ impl Db {
     }
 
     /// The cache hit ratio of the last [`RECENT_CALLS`] model calls with prompt tokens, and of
-    /// those since `baseline_since` (SPEC §20). Embeddings do not count.
-    pub async fn cache_ratios(&self, baseline_since: i64) -> Result<CacheRatios, StoreError> {
+    /// those since `baseline_since` (SPEC §20; `None`: the baseline is not read and comes back
+    /// `None`, for a caller that keeps it). Embeddings do not count.
+    pub async fn cache_ratios(
+        &self,
+        baseline_since: Option<i64>,
+    ) -> Result<CacheRatios, StoreError> {
         self.actor
             .call(move |conn| {
                 let (calls, input, read, write): (i64, f64, f64, f64) = conn
@@ -355,22 +359,28 @@ impl Db {
                     from_sql_total(read),
                     from_sql_total(write),
                 );
-                let (b_input, b_read, b_write): (f64, f64, f64) = conn
-                    .prepare_cached(concat!(
-                        "SELECT TOTAL(input_tokens), TOTAL(cache_read_tokens), \
-                         TOTAL(cache_write_tokens) FROM costs WHERE call_type != 'embedding' \
-                         AND timestamp >= ?1 AND ",
-                        plausible!()
-                    ))?
-                    .query_row([baseline_since], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                let baseline = match baseline_since {
+                    Some(since) => {
+                        let (b_input, b_read, b_write): (f64, f64, f64) = conn
+                            .prepare_cached(concat!(
+                                "SELECT TOTAL(input_tokens), TOTAL(cache_read_tokens), \
+                                 TOTAL(cache_write_tokens) FROM costs WHERE call_type != 'embedding' \
+                                 AND timestamp >= ?1 AND ",
+                                plausible!()
+                            ))?
+                            .query_row([since], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+                        hit_ratio(
+                            from_sql_total(b_input),
+                            from_sql_total(b_read),
+                            from_sql_total(b_write),
+                        )
+                    }
+                    None => None,
+                };
                 Ok(CacheRatios {
                     recent_calls: calls.max(0) as u64,
                     hit_ratio_recent: recent,
-                    hit_ratio_baseline: hit_ratio(
-                        from_sql_total(b_input),
-                        from_sql_total(b_read),
-                        from_sql_total(b_write),
-                    ),
+                    hit_ratio_baseline: baseline,
                 })
             })
             .await
