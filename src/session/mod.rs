@@ -110,6 +110,11 @@ pub struct SessionHandle {
     intake_ids: Mutex<Option<RecentIds>>,
     snapshots: Arc<LatestWriter<SessionState>>,
     unsettled: Unsettled,
+    /// The last `precheck` or `skipped` line appended through this handle. The scheduler
+    /// appends them beside the session's worker, whose state folds only its own lines and
+    /// jumps its `seq` over these: each snapshot folds it in ([`Self::with_foreign_lines`]),
+    /// so the snapshot stays the fold of the trail.
+    foreign: Mutex<Option<TrailLine>>,
 }
 
 /// `<id>.settled` in the sessions directory: the `seq` of the trail's last line at a moment
@@ -216,9 +221,19 @@ impl SessionStore {
         if !state.is_dirty() {
             return false;
         }
-        let current = (self.lock().index.get(&state.key)).is_some_and(|e| e.session_id == state.id);
+        let (current, handle) = {
+            let inner = self.lock();
+            let current = inner
+                .index
+                .get(&state.key)
+                .is_some_and(|e| e.session_id == state.id);
+            (current, inner.open.get(&state.id).cloned())
+        };
         if !current {
             return false;
+        }
+        if let Some(h) = handle {
+            state = h.with_foreign_lines(state);
         }
         state.mark_saved();
         self.snapshots
@@ -364,6 +379,7 @@ impl SessionStore {
             intake_ids: Mutex::new(None),
             snapshots: self.snapshots.clone(),
             unsettled: self.unsettled.clone(),
+            foreign: Mutex::new(None),
         });
         inner.open.insert(id.to_string(), h.clone());
         Ok(h)
@@ -568,10 +584,31 @@ impl SessionHandle {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .append(event);
-        if line.is_err() {
-            self.unsettle();
+        match &line {
+            Ok(l) if matches!(l.event, Event::Precheck(_) | Event::Skipped(_)) => {
+                *self.foreign.lock().unwrap_or_else(|p| p.into_inner()) = Some(l.clone());
+            }
+            Ok(_) => {}
+            Err(_) => self.unsettle(),
         }
         line
+    }
+
+    /// `state` with the foreign line this handle remembers folded in, when `state` has passed
+    /// it (a later line of its own); a line beyond `state` is folded by whoever reads the
+    /// snapshot and the trail after it.
+    fn with_foreign_lines(&self, mut state: SessionState) -> SessionState {
+        let line = self
+            .foreign
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(l) = line
+            && l.seq <= state.last_seq
+        {
+            state.fold_precheck(&l);
+        }
+        state
     }
 
     /// A line of this trail was refused: the trail may lack a completion, so recovery must read
@@ -608,6 +645,7 @@ impl SessionHandle {
     /// Hand the snapshot to the writer thread and return at once. Call only once every trail
     /// line folded into `state` is durable; a failed write is logged (the trail rebuilds it).
     pub fn queue_snapshot(&self, state: SessionState) {
+        let state = self.with_foreign_lines(state);
         self.snapshots.submit(self.state_path(), state);
     }
 
@@ -956,6 +994,50 @@ mod tests {
         store.flush_index();
         assert_eq!(index::read_index(d.path()).unwrap(), store.index());
         assert_eq!(store.index().len(), 1);
+    }
+
+    /// The scheduler appends a precheck beside the worker, whose state then folds a later
+    /// line of its own and jumps over it: the snapshot still carries the precheck, so a reader
+    /// of the snapshot and the trail after it sees what a fold of the whole trail gives.
+    #[test]
+    fn a_precheck_appended_beside_the_worker_reaches_its_snapshot() {
+        let d = tempfile::tempdir().unwrap();
+        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let h = store.get_or_create("cron", "primary").unwrap();
+        let mut worker = h.load_state("primary").unwrap();
+        let precheck = event::PrecheckEvent {
+            schedule: "heartbeat".into(),
+            outcome: event::PrecheckOutcome::Run,
+            exit_code: Some(0),
+            ms: 12,
+            saved_usd: None,
+        };
+        h.append(Event::Precheck(precheck.clone())).unwrap();
+        let own = h.append(intake("i1")).unwrap();
+        worker.apply(&own);
+        assert!(
+            worker.last_precheck.is_none(),
+            "the worker's fold jumped over it"
+        );
+        h.queue_snapshot(worker.clone());
+        store.flush_snapshots();
+        let read = current_state(d.path(), &h.id, "cron").unwrap();
+        assert_eq!(read.last_precheck.map(|(_, p)| p), Some(precheck.clone()));
+        let full = {
+            let mut st = SessionState::new(&h.id, "cron", "", 0);
+            for l in h.read_trail().unwrap() {
+                st.apply(&l);
+            }
+            st
+        };
+        assert_eq!(full.last_precheck.map(|(_, p)| p), Some(precheck));
+        // The same at a graceful stop, through the store.
+        let mut later = worker;
+        later.apply(&h.append(intake("i2")).unwrap());
+        assert!(store.snapshot_if_dirty(later));
+        store.flush_snapshots();
+        let read = current_state(d.path(), &h.id, "cron").unwrap();
+        assert!(read.last_precheck.is_some());
     }
 
     #[test]

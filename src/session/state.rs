@@ -272,6 +272,21 @@ impl SessionState {
         }
     }
 
+    /// The effect of a `precheck` or `skipped` line at or below `last_seq`, which the scheduler
+    /// appended beside this state's worker (`SessionHandle::queue_snapshot`): the session's
+    /// last precheck, unless a later one is already folded.
+    pub fn fold_precheck(&mut self, line: &TrailLine) {
+        let (Event::Skipped(p) | Event::Precheck(p)) = &line.event else {
+            return;
+        };
+        let at = chrono::DateTime::parse_from_rfc3339(&line.ts)
+            .map(|t| t.timestamp())
+            .unwrap_or(self.updated_at);
+        if self.last_precheck.as_ref().is_none_or(|(t, _)| *t <= at) {
+            self.last_precheck = Some((at, p.clone()));
+        }
+    }
+
     /// Follow the cost of a scheduled job's turn: a user turn answering `schedule-<name>-<slot>`
     /// starts it, each assistant message adds its cost, the final one records it in
     /// `job_costs`.
