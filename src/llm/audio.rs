@@ -215,7 +215,10 @@ async fn bounded_call(
     what: &str,
 ) -> Result<Vec<u8>, LlmError> {
     let deadline = ctx.limits.deadline;
-    tokio::time::timeout(deadline, read_answer(request, ctx, max, what))
+    let too_large = |max| {
+        format!("the {what} answer is larger than {max} bytes; refused ([voice] max_audio_bytes)")
+    };
+    tokio::time::timeout(deadline, http::read_whole(request, ctx, max, &too_large))
         .await
         .unwrap_or_else(|_| {
             Err(LlmError::Deadline {
@@ -224,48 +227,6 @@ async fn bounded_call(
                 after_content: false,
             })
         })
-}
-
-async fn read_answer(
-    request: reqwest::RequestBuilder,
-    ctx: &CallCtx<'_>,
-    max: usize,
-    what: &str,
-) -> Result<Vec<u8>, LlmError> {
-    let inactivity = ctx.limits.inactivity;
-    let timeout = || LlmError::Timeout {
-        provider: ctx.label.to_string(),
-        seconds: inactivity.as_secs(),
-        after_content: false,
-    };
-    let connect = |e| LlmError::Connect {
-        provider: ctx.label.to_string(),
-        message: crate::net::scrub::reqwest_error_text(e),
-    };
-    let mut response = tokio::time::timeout(inactivity, request.send())
-        .await
-        .map_err(|_| timeout())?
-        .map_err(connect)?;
-    if !response.status().is_success() {
-        return Err(http::error_response(response, ctx).await);
-    }
-    let mut bytes = Vec::new();
-    while let Some(chunk) = tokio::time::timeout(inactivity, response.chunk())
-        .await
-        .map_err(|_| timeout())?
-        .map_err(connect)?
-    {
-        if bytes.len().saturating_add(chunk.len()) > max {
-            return Err(LlmError::Decode {
-                provider: ctx.label.to_string(),
-                message: format!(
-                    "the {what} answer is larger than {max} bytes; refused ([voice] max_audio_bytes)"
-                ),
-            });
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok(bytes)
 }
 
 /// The playing time of an OGG/Opus stream in seconds, read from its last page's granule

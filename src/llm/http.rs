@@ -105,6 +105,49 @@ async fn send_and_stream<H: SseHandler>(
         .map_err(|e| redact_error(e, ctx.secret))
 }
 
+/// Send `request` (not streamed) and read its whole answer: the head and each chunk within
+/// the inactivity timeout, at most `max` bytes (`too_large(max)` is the error's message);
+/// an error status becomes the provider's error. The embeddings and audio endpoints.
+pub(crate) async fn read_whole(
+    request: reqwest::RequestBuilder,
+    ctx: &CallCtx<'_>,
+    max: usize,
+    too_large: &(dyn Fn(usize) -> String + Sync),
+) -> Result<Vec<u8>, LlmError> {
+    let inactivity = ctx.limits.inactivity;
+    let timeout = || LlmError::Timeout {
+        provider: ctx.label.to_string(),
+        seconds: inactivity.as_secs(),
+        after_content: false,
+    };
+    let connect = |e| LlmError::Connect {
+        provider: ctx.label.to_string(),
+        message: reqwest_error_text(e),
+    };
+    let mut response = tokio::time::timeout(inactivity, request.send())
+        .await
+        .map_err(|_| timeout())?
+        .map_err(connect)?;
+    if !response.status().is_success() {
+        return Err(error_response(response, ctx).await);
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(inactivity, response.chunk())
+        .await
+        .map_err(|_| timeout())?
+        .map_err(connect)?
+    {
+        if bytes.len().saturating_add(chunk.len()) > max {
+            return Err(LlmError::Decode {
+                provider: ctx.label.to_string(),
+                message: too_large(max),
+            });
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes)
+}
+
 /// Build `LlmError::Http` from a non-2xx response.
 pub(crate) async fn error_response(mut response: reqwest::Response, ctx: &CallCtx<'_>) -> LlmError {
     let status = response.status();

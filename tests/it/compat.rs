@@ -17,25 +17,7 @@ const TOKEN: &str = "compat-token-123";
 
 /// The SDKs, installed once per target dir.
 fn sdk_dir() -> PathBuf {
-    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| {
-        let dest = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-peers");
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-test-peers.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg(&dest)
-            .arg("sdk")
-            .output()
-            .expect("run scripts/install-test-peers.sh");
-        assert!(
-            out.status.success(),
-            "installing the openai and anthropic SDKs failed (needs python3/pip with registry access):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dest.join("sdk")
-    })
-    .clone()
+    crate::support::test_peers("sdk", "python3/pip with registry access").join("sdk")
 }
 
 /// A started daemon with the HTTP API on a free port and `extra` appended to its config.

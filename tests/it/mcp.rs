@@ -302,25 +302,7 @@ fn daemon_offers_mcp_tools_to_the_model() {
 /// Installs the real peers once per target dir (scripts/install-test-peers.sh) and returns
 /// their directory.
 fn real_peers() -> std::path::PathBuf {
-    static ONCE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| {
-        let dest = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-peers");
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-test-peers.sh");
-        let out = std::process::Command::new("bash")
-            .arg(&script)
-            .arg(&dest)
-            .arg("mcp")
-            .output()
-            .expect("run scripts/install-test-peers.sh");
-        assert!(
-            out.status.success(),
-            "installing the MCP test peers failed (needs python3/pip and node/npm with registry access):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dest
-    })
-    .clone()
+    crate::support::test_peers("mcp", "python3/pip and node/npm with registry access")
 }
 
 /// Pids of our direct children whose command line contains `needle`.

@@ -21,25 +21,7 @@ const TOKEN: &str = "metrics-token-123";
 
 /// `prometheus_client`, installed once per target dir.
 fn prometheus_client_dir() -> PathBuf {
-    static ONCE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    ONCE.get_or_init(|| {
-        let dest = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-peers");
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-test-peers.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg(&dest)
-            .arg("metrics")
-            .output()
-            .expect("run scripts/install-test-peers.sh");
-        assert!(
-            out.status.success(),
-            "installing prometheus_client failed (needs python3/pip with registry access):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dest.join("prom")
-    })
-    .clone()
+    crate::support::test_peers("metrics", "python3/pip with registry access").join("prom")
 }
 
 /// The families `prometheus_client`'s OpenMetrics parser reads from `text`, by name; panics

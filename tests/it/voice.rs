@@ -68,6 +68,56 @@ fn daemon(llm: &FakeLlm, audio: &FakeAudio, voice: &str, extra: &str, key: &str)
     d
 }
 
+/// A started daemon (see [`daemon`]) with HTTP on and its token set, once its API answers.
+struct HttpDaemon {
+    d: TestDaemon,
+    rt: tokio::runtime::Runtime,
+    client: reqwest::Client,
+    base: String,
+}
+
+impl HttpDaemon {
+    fn start(llm: &FakeLlm, audio: &FakeAudio, voice: &str, key: &str) -> HttpDaemon {
+        let port = free_port();
+        let http = format!("[http]\nenabled = true\nport = {port}\n");
+        let mut d = daemon(llm, audio, voice, &http, key);
+        d.set_env("AGENTD_HTTP_TOKEN", "http-token");
+        d.start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}");
+        wait_until(WAIT, "HTTP up", || {
+            rt.block_on(client.get(format!("{base}/api/v1/status")).send())
+                .ok()
+        });
+        HttpDaemon {
+            d,
+            rt,
+            client,
+            base,
+        }
+    }
+
+    /// POST `body` to `path` with the token; the answer must be 200, its JSON is returned.
+    fn post(&self, path: &str, body: Value) -> Value {
+        let r = self
+            .rt
+            .block_on(
+                self.client
+                    .post(format!("{}{path}", self.base))
+                    .bearer_auth("http-token")
+                    .json(&body)
+                    .send(),
+            )
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        self.rt.block_on(r.json()).unwrap()
+    }
+}
+
 fn telegram(tg: &FakeTelegram) -> String {
     format!(
         "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}]\npoll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE} }}\n",
@@ -189,34 +239,13 @@ fn an_http_audio_attachment_is_transcribed_after_the_message_text() {
     llm.push(Reply::text("It will rain."));
     let audio = FakeAudio::spawn(None, SAID);
     audio.set_duration(Some(2.822));
-    let port = free_port();
-    let http = format!("[http]\nenabled = true\nport = {port}\n");
-    let mut d = daemon(&llm, &audio, r#"stt_model = "whisper""#, &http, "unused");
-    d.set_env("AGENTD_HTTP_TOKEN", "http-token");
-    d.start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    wait_until(WAIT, "HTTP up", || {
-        rt.block_on(client.get(format!("{base}/api/v1/status")).send())
-            .ok()
-    });
+    let http = HttpDaemon::start(&llm, &audio, r#"stt_model = "whisper""#, "unused");
     let data = base64::engine::general_purpose::STANDARD.encode(FIXTURE);
-    let r = rt
-        .block_on(
-            client
-                .post(format!("{base}/api/v1/chat"))
-                .bearer_auth("http-token")
-                .json(&json!({"message": "Please answer this", "sender": "svc",
-                    "attachments": [{"content_type": "audio/ogg", "data": data, "filename": "q.ogg"}]}))
-                .send(),
-        )
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let body: Value = rt.block_on(r.json()).unwrap();
+    let body = http.post(
+        "/api/v1/chat",
+        json!({"message": "Please answer this", "sender": "svc",
+            "attachments": [{"content_type": "audio/ogg", "data": data, "filename": "q.ogg"}]}),
+    );
     assert_eq!(body["reply"], "It will rain.");
     assert!(
         body.get("attachments").is_none(),
@@ -405,39 +434,18 @@ fn over_http_the_speech_file_is_listed_in_the_answer() {
     )]));
     llm.push(Reply::text("Here it is."));
     let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
-    let port = free_port();
-    let http = format!("[http]\nenabled = true\nport = {port}\n");
-    let mut d = daemon(&llm, &audio, r#"tts_model = "speech""#, &http, AUDIO_KEY);
-    d.set_env("AGENTD_HTTP_TOKEN", "http-token");
-    d.start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    wait_until(WAIT, "HTTP up", || {
-        rt.block_on(client.get(format!("{base}/api/v1/status")).send())
-            .ok()
-    });
-    let r = rt
-        .block_on(
-            client
-                .post(format!("{base}/api/v1/chat"))
-                .bearer_auth("http-token")
-                .json(&json!({"message": "say good morning", "sender": "svc"}))
-                .send(),
-        )
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let body: Value = rt.block_on(r.json()).unwrap();
+    let http = HttpDaemon::start(&llm, &audio, r#"tts_model = "speech""#, AUDIO_KEY);
+    let body = http.post(
+        "/api/v1/chat",
+        json!({"message": "say good morning", "sender": "svc"}),
+    );
     assert_eq!(body["reply"], "Here it is.");
     let listed = body["attachments"].as_array().expect("attachments listed");
     assert_eq!(listed.len(), 1, "{body}");
     assert_eq!(listed[0]["content_type"], "audio/ogg");
     let path = listed[0]["path"].as_str().unwrap();
     assert!(
-        Path::new(path).starts_with(d.state_dir.join("inbox")),
+        Path::new(path).starts_with(http.d.state_dir.join("inbox")),
         "{path}"
     );
     assert_eq!(std::fs::read(path).unwrap(), FIXTURE);
@@ -559,39 +567,16 @@ fn an_openai_compatible_input_audio_part_is_transcribed() {
     llm.push(Reply::text("Heard you."));
     let audio = FakeAudio::spawn(None, SAID);
     audio.set_duration(Some(1.0));
-    let port = free_port();
-    let http = format!("[http]\nenabled = true\nport = {port}\n");
-    let mut d = daemon(&llm, &audio, r#"stt_model = "whisper""#, &http, "unused");
-    d.set_env("AGENTD_HTTP_TOKEN", "http-token");
-    d.start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    wait_until(WAIT, "HTTP up", || {
-        rt.block_on(client.get(format!("{base}/api/v1/status")).send())
-            .ok()
-    });
+    let http = HttpDaemon::start(&llm, &audio, r#"stt_model = "whisper""#, "unused");
     let wav = silent_wav(1000);
     let data = base64::engine::general_purpose::STANDARD.encode(&wav);
-    let r = rt
-        .block_on(
-            client
-                .post(format!("{base}/v1/chat/completions"))
-                .bearer_auth("http-token")
-                .json(
-                    &json!({"model": "agentd", "messages": [{"role": "user", "content": [
-                        {"type": "text", "text": "Please answer this"},
-                        {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
-                    ]}]}),
-                )
-                .send(),
-        )
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let body: Value = rt.block_on(r.json()).unwrap();
+    let body = http.post(
+        "/v1/chat/completions",
+        json!({"model": "agentd", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "Please answer this"},
+            {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+        ]}]}),
+    );
     assert_eq!(
         body["choices"][0]["message"]["content"], "Heard you.",
         "{body}"

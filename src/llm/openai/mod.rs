@@ -108,42 +108,15 @@ impl OpenAiClient {
             serde_json::to_vec(&embeddings::render(&self.spec.model, texts)),
             "application/json",
         )?;
-        let inactivity = self.limits.inactivity;
-        let timeout = || LlmError::Timeout {
-            provider: self.label.clone(),
-            seconds: inactivity.as_secs(),
-            after_content: false,
-        };
-        let connect = |e| LlmError::Connect {
-            provider: self.label.clone(),
-            message: crate::net::scrub::reqwest_error_text(e),
-        };
-        let mut response = tokio::time::timeout(inactivity, request.send())
-            .await
-            .map_err(|_| timeout())?
-            .map_err(connect)?;
-        if !response.status().is_success() {
-            return Err(http::error_response(response, &ctx).await);
-        }
         let max = self.limits.max_reply_bytes;
         let cap = max.saturating_mul(super::sse::RAW_STREAM_FACTOR);
-        let mut bytes = Vec::new();
-        while let Some(chunk) = tokio::time::timeout(inactivity, response.chunk())
-            .await
-            .map_err(|_| timeout())?
-            .map_err(connect)?
-        {
-            if bytes.len().saturating_add(chunk.len()) > cap {
-                return Err(LlmError::Decode {
-                    provider: self.label.clone(),
-                    message: format!(
-                        "the embeddings answer is larger than {cap} bytes; raise [behavior] \
-                         max_reply_bytes ({max}) if such answers are expected"
-                    ),
-                });
-            }
-            bytes.extend_from_slice(&chunk);
-        }
+        let too_large = |cap| {
+            format!(
+                "the embeddings answer is larger than {cap} bytes; raise [behavior] \
+                 max_reply_bytes ({max}) if such answers are expected"
+            )
+        };
+        let bytes = http::read_whole(request, &ctx, cap, &too_large).await?;
         embeddings::parse(&bytes, texts.len(), &self.label)
     }
 }

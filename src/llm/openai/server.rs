@@ -248,25 +248,11 @@ fn user_content(
                         Invalid::new(&here, "an image_url part needs `image_url.url`")
                     })?;
                 images.push(data_url(url).map_err(|m| Invalid::new(&here, m))?);
-                if images.len() > compat::MAX_IMAGES {
-                    return Err(Invalid::new(
-                        here,
-                        format!("at most {} images per message", compat::MAX_IMAGES),
-                    ));
-                }
+                at_most(&images, "image/", compat::MAX_IMAGES, "images", &here)?;
             }
             Some("input_audio") => {
                 images.push(input_audio(p.get("input_audio")).map_err(|m| Invalid::new(&here, m))?);
-                let sounds = images
-                    .iter()
-                    .filter(|a| a.media_type.starts_with("audio/"))
-                    .count();
-                if sounds > compat::MAX_AUDIO {
-                    return Err(Invalid::new(
-                        here,
-                        format!("at most {} audio parts per message", compat::MAX_AUDIO),
-                    ));
-                }
+                at_most(&images, "audio/", compat::MAX_AUDIO, "audio parts", &here)?;
             }
             Some(other) => {
                 return Err(Invalid::new(
@@ -281,6 +267,27 @@ fn user_content(
         }
     }
     Ok((text.join("\n"), images))
+}
+
+/// Refuses a message with more than `max` attachments whose type starts with `kind`.
+fn at_most(
+    files: &[CompatAttachment],
+    kind: &str,
+    max: usize,
+    what: &str,
+    here: &str,
+) -> Result<(), Invalid> {
+    let n = files
+        .iter()
+        .filter(|f| f.media_type.starts_with(kind))
+        .count();
+    if n > max {
+        return Err(Invalid::new(
+            here,
+            format!("at most {max} {what} per message"),
+        ));
+    }
+    Ok(())
 }
 
 /// `{"data": "<base64>", "format": "wav" | "mp3"}` → the sound.

@@ -38,3 +38,30 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Installs `part` of the real test peers (`scripts/install-test-peers.sh`: `mcp`, `sdk`,
+/// `metrics`) once per target dir and returns the peers' directory; panics naming `needs`
+/// (what the install needs) when it fails. Installs run one at a time: they share the
+/// directory.
+pub fn test_peers(part: &str, needs: &str) -> std::path::PathBuf {
+    static DONE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let dest = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-peers");
+    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    if !done.iter().any(|p| p == part) {
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/install-test-peers.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg(&dest)
+            .arg(part)
+            .output()
+            .expect("run scripts/install-test-peers.sh");
+        assert!(
+            out.status.success(),
+            "installing the test peers' part {part} failed (needs {needs}):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        done.push(part.to_string());
+    }
+    dest
+}
