@@ -6,18 +6,20 @@
 //! since sessions run concurrently. Writing never fails the daemon: errors are logged once per
 //! failure streak.
 //!
-//! Updates take a `std::sync::Mutex` (never held across an `.await`), render the view and hand
-//! the bytes to a [`LatestWriter`] (thread `agentd-monitor`), which writes the newest rendering
-//! it has been given. No async worker waits on the filesystem (a rename on a busy ext4 journal
-//! can take milliseconds: docs/BENCHMARKS.md, overhead), a burst of events costs one write, and
-//! the file is only ever written by that thread, in update order. `flush` waits until the
-//! newest rendering is on disk; dropping the monitor flushes and stops the thread.
+//! Updates take a `std::sync::Mutex` (never held across an `.await`), change the state and
+//! tell a [`LatestWriter`] (thread `agentd-monitor`) that it changed; that thread takes the
+//! lock, renders the newest state and writes it. No async worker renders JSON or waits on the
+//! filesystem (a rename on a busy ext4 journal can take milliseconds: docs/BENCHMARKS.md,
+//! overhead; rendering was 7% of the daemon's instructions per message), a burst of events
+//! costs one rendering and one write, and the file is only ever written by that thread, each
+//! write newer than the last. `flush` waits until the state of every update made so far is
+//! on disk; dropping the monitor flushes and stops the thread.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -127,8 +129,9 @@ struct Inner {
 #[derive(Debug)]
 pub struct Monitor {
     path: PathBuf,
-    inner: Mutex<Inner>,
-    writer: LatestWriter<Vec<u8>>,
+    inner: Arc<Mutex<Inner>>,
+    /// Told "the state changed"; renders it on its own thread.
+    writer: LatestWriter<()>,
 }
 
 /// How long `flush` waits for the writer.
@@ -263,6 +266,13 @@ impl Inner {
         serde_json::to_value(self.view()).unwrap_or(Value::Null)
     }
 
+    /// What the file holds: the view, pretty-printed, with a final newline.
+    fn render(&self) -> Option<Vec<u8>> {
+        let mut bytes = serde_json::to_vec_pretty(&self.view()).ok()?;
+        bytes.push(b'\n');
+        Some(bytes)
+    }
+
     /// Apply `f` to the message `h` and stamp it; `false` for an unknown (ended) handle.
     fn touch(&mut self, h: u64, f: impl FnOnce(&mut Msg)) -> bool {
         self.seq += 1;
@@ -285,6 +295,10 @@ impl Inner {
     }
 }
 
+fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    inner.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Monitor {
     /// A monitor writing to `path` (normally `state_dir/monitor.json`). Writes the idle state
     /// immediately; a failed write is logged, never returned.
@@ -297,46 +311,46 @@ impl Monitor {
             tracing::warn!(error = %e, "cannot remove stale temp files");
         }
         let failing = AtomicBool::new(false);
-        let writer = LatestWriter::new("agentd-monitor", move |path, bytes: &Vec<u8>| {
-            write_file(path, bytes, &failing)
+        let inner = Arc::new(Mutex::new(Inner {
+            next_handle: 1,
+            seq: 0,
+            active: BTreeMap::new(),
+            last_finished: None,
+            queue_depth: 0,
+            channels: BTreeMap::new(),
+            deliveries: DeliveryCounts::default(),
+            reload: None,
+            prechecks: BTreeMap::new(),
+            cache: None,
+            alerts: Vec::new(),
+            created_at: Utc::now(),
+        }));
+        let state = inner.clone();
+        let writer = LatestWriter::new("agentd-monitor", move |path, _: &()| {
+            // Rendered under the update lock: the newest state, whole.
+            if let Some(bytes) = lock(&state).render() {
+                write_file(path, &bytes, &failing);
+            }
         });
         let monitor = Monitor {
             path,
-            inner: Mutex::new(Inner {
-                next_handle: 1,
-                seq: 0,
-                active: BTreeMap::new(),
-                last_finished: None,
-                queue_depth: 0,
-                channels: BTreeMap::new(),
-                deliveries: DeliveryCounts::default(),
-                reload: None,
-                prechecks: BTreeMap::new(),
-                cache: None,
-                alerts: Vec::new(),
-                created_at: Utc::now(),
-            }),
+            inner,
             writer,
         };
-        let mut inner = monitor.lock();
-        monitor.publish(&mut inner);
-        drop(inner);
+        monitor.publish(monitor.lock());
         monitor.flush();
         monitor
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
     }
 
-    /// Renders the view (under the update lock, so renderings are in update order) and hands
-    /// it to the writer.
-    fn publish(&self, inner: &mut Inner) {
-        let Ok(mut bytes) = serde_json::to_vec_pretty(&inner.view()) else {
-            return;
-        };
-        bytes.push(b'\n');
-        self.writer.submit(self.path.clone(), bytes);
+    /// Releases the update lock and tells the writer the state changed: it renders the state
+    /// it finds then (this update's or a later one's).
+    fn publish(&self, inner: MutexGuard<'_, Inner>) {
+        drop(inner);
+        self.writer.submit(self.path.clone(), ());
     }
 
     /// Waits (up to 5 s) until everything published so far is on disk. For tests and for
@@ -348,7 +362,7 @@ impl Monitor {
     fn update(&self, h: u64, f: impl FnOnce(&mut Msg)) {
         let mut inner = self.lock();
         if inner.touch(h, f) {
-            self.publish(&mut inner);
+            self.publish(inner);
         }
     }
 
@@ -380,7 +394,7 @@ impl Monitor {
             tracing::warn!(handle = old, "monitor: dropped a message never ended");
         }
         inner.active.insert(h, msg);
-        self.publish(&mut inner);
+        self.publish(inner);
         h
     }
 
@@ -440,7 +454,7 @@ impl Monitor {
             m.updated_at = Utc::now();
             m.seq = seq;
             inner.last_finished = Some(m);
-            self.publish(&mut inner);
+            self.publish(inner);
         }
     }
 
@@ -449,7 +463,7 @@ impl Monitor {
         let mut inner = self.lock();
         if inner.queue_depth != n {
             inner.queue_depth = n;
-            self.publish(&mut inner);
+            self.publish(inner);
         }
     }
 
@@ -458,7 +472,7 @@ impl Monitor {
         let mut inner = self.lock();
         if inner.deliveries != d {
             inner.deliveries = d;
-            self.publish(&mut inner);
+            self.publish(inner);
         }
     }
 
@@ -467,7 +481,7 @@ impl Monitor {
         let mut inner = self.lock();
         if inner.channels.get(name) != Some(&health) {
             inner.channels.insert(name.to_owned(), health);
-            self.publish(&mut inner);
+            self.publish(inner);
         }
     }
 
@@ -475,14 +489,14 @@ impl Monitor {
     pub fn set_reload(&self, outcome: Value) {
         let mut inner = self.lock();
         inner.reload = Some(outcome);
-        self.publish(&mut inner);
+        self.publish(inner);
     }
 
     /// The last precheck of `[[schedule]]` entry `name` (SPEC §20).
     pub fn set_precheck(&self, name: &str, outcome: Value) {
         let mut inner = self.lock();
         inner.prechecks.insert(name.to_owned(), outcome);
-        self.publish(&mut inner);
+        self.publish(inner);
     }
 
     /// The prompt cache's hit ratios (SPEC §20), when they changed.
@@ -490,7 +504,7 @@ impl Monitor {
         let mut inner = self.lock();
         if inner.cache.as_ref() != Some(&cache) {
             inner.cache = Some(cache);
-            self.publish(&mut inner);
+            self.publish(inner);
         }
     }
 
@@ -499,7 +513,7 @@ impl Monitor {
         let mut inner = self.lock();
         if inner.alerts != alerts {
             inner.alerts = alerts;
-            self.publish(&mut inner);
+            self.publish(inner);
         }
     }
 

@@ -158,21 +158,12 @@ pub fn tools_tokens(tools: &[ToolSpec]) -> u64 {
 /// (`ToolRegistry::specs` hands out the same `Arc` until then): serialising every schema for
 /// each estimate was 9% of the daemon's instructions (docs/BENCHMARKS.md, issue 14).
 #[derive(Default)]
-pub struct ToolTokens(std::sync::Mutex<Option<(std::sync::Weak<[ToolSpec]>, u64)>>);
+pub struct ToolTokens(crate::llm::tool_memo::ToolListMemo<u64>);
 
 impl ToolTokens {
-    /// The estimate for `specs`. Its identity is the key: the `Weak` keeps the list's
-    /// allocation, so no other list can take its address while it is remembered.
+    /// The estimate for `specs`.
     pub fn of(&self, specs: &Arc<[ToolSpec]>) -> u64 {
-        let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((list, tokens)) = memo.as_ref()
-            && std::sync::Weak::ptr_eq(list, &Arc::downgrade(specs))
-        {
-            return *tokens;
-        }
-        let tokens = tools_tokens(specs);
-        *memo = Some((Arc::downgrade(specs), tokens));
-        tokens
+        self.0.get(specs, tools_tokens)
     }
 }
 

@@ -23,6 +23,7 @@ pub mod router;
 mod sse;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod tool_memo;
 pub mod transcript;
 pub mod types;
 

@@ -99,6 +99,22 @@ fn record(state: &mut SessionState, event: Event) {
     state.apply(&line);
 }
 
+/// Tool lists a session's calls may carry: none, one, two with an escaped description.
+static TOOL_LISTS: std::sync::LazyLock<[std::sync::Arc<[ToolSpec]>; 3]> = std::sync::LazyLock::new(
+    || {
+        let spec = |name: &str, description: &str| ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema: serde_json::json!({"type": "object", "properties": {"p": {"type": "string"}}}),
+        };
+        [
+            Vec::new().into(),
+            vec![spec("read", "Read")].into(),
+            vec![spec("read", "Read"), spec("write", "Write \"x\"\n\u{e9}")].into(),
+        ]
+    },
+);
+
 /// One call as `agent::run` makes it: history and cache lent to the request, given back after.
 fn render(
     state: &mut SessionState,
@@ -106,6 +122,7 @@ fn render(
     specs: (&ModelSpec, &ModelSpec),
     system: &[(bool, String)],
 ) -> Result<(), TestCaseError> {
+    let n = state.messages.len();
     let req = ChatRequest {
         options: Default::default(),
         deltas: None,
@@ -123,13 +140,14 @@ fn render(
             })
             .collect(),
         messages: std::mem::take(&mut state.messages),
-        tools: vec![ToolSpec {
-            name: "read".into(),
-            description: "Read".into(),
-            input_schema: serde_json::json!({"type": "object"}),
-        }]
-        .into(),
-        tool_choice: ToolChoice::Auto,
+        // The same few lists in turn, as the registry hands them out (one `Arc` per set), so
+        // the renderers' per-list JSON (`tool_memo`) is both reused and replaced.
+        tools: TOOL_LISTS[(n / 4) % TOOL_LISTS.len()].clone(),
+        tool_choice: if n % 5 == 4 {
+            ToolChoice::None
+        } else {
+            ToolChoice::Auto
+        },
         previous_messages: previous.unwrap_or(state.previous_messages),
         rendered: std::mem::take(&mut state.rendered),
     };

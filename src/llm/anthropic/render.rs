@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
 use crate::llm::each::Each;
+use crate::llm::tool_memo::{ToolListMemo, finish_body};
 use crate::llm::{ChatRequest, ClientThinking, SystemTier, ToolChoice, ToolSpec};
 use crate::message::rendered::{Rendered, WireFormat};
 use crate::message::{Message, UserBlock};
@@ -107,11 +108,18 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
             close_wire_message(&mut out, r);
         }
         out.push(b']');
-        // The keys after "messages", as an object of their own without its opening brace.
-        let rest = serde_json::to_vec(&Rest(&head))?;
-        out.push(b',');
-        out.extend_from_slice(&rest[1..]);
-        Ok(())
+        let choice: &[u8] = match req.tool_choice {
+            ToolChoice::Auto => br#"{"type":"auto"}"#,
+            ToolChoice::None => br#"{"type":"none"}"#,
+        };
+        finish_body(
+            &mut out,
+            |out| serde_json::to_writer(out, &Rest(&head)),
+            &req.tools,
+            choice,
+            &TOOLS_JSON,
+            |tools| serde_json::to_vec(&Each(tools, tool)),
+        )
     })();
     Some(result.map(|()| out))
 }
@@ -425,25 +433,29 @@ impl Serialize for Body<'_> {
         let effective = Effective::of(self.head.spec, self.head.req);
         m.serialize_entry("max_tokens", &effective.max_tokens)?;
         m.serialize_entry("messages", &Messages(self))?;
-        self.head.serialize_rest(&mut m)?;
+        self.head.serialize_rest(&mut m, true)?;
         m.end()
     }
 }
 
-/// The keys of the body after "messages", as an object of their own.
+/// The keys of the body after "messages" but the tool keys, as an object of their own.
 struct Rest<'a>(&'a Head<'a>);
 
 impl Serialize for Rest<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(None)?;
-        self.0.serialize_rest(&mut m)?;
+        self.0.serialize_rest(&mut m, false)?;
         m.end()
     }
 }
 
+/// The `"tools"` array of the most recent tool list (`tool_memo`).
+static TOOLS_JSON: ToolListMemo<std::sync::Arc<[u8]>> = ToolListMemo::new();
+
 impl Head<'_> {
-    /// The body's entries after "messages" (the keys sort after it), into `m`.
-    fn serialize_rest<M: SerializeMap>(&self, m: &mut M) -> Result<(), M::Error> {
+    /// The body's entries after "messages" (the keys sort after it), into `m`; the tool keys
+    /// (the last ones) only `with_tools`.
+    fn serialize_rest<M: SerializeMap>(&self, m: &mut M, with_tools: bool) -> Result<(), M::Error> {
         let spec = self.spec;
         let effective = Effective::of(spec, self.req);
         m.serialize_entry("model", &spec.model)?;
@@ -464,7 +476,7 @@ impl Head<'_> {
                 m.serialize_entry("thinking", &ThinkingConfig(Some(effective.budget)))?
             }
         }
-        if !self.req.tools.is_empty() {
+        if with_tools && !self.req.tools.is_empty() {
             let choice = match self.req.tool_choice {
                 ToolChoice::Auto => "auto",
                 ToolChoice::None => "none",

@@ -15,6 +15,7 @@ use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 
 use crate::config::ModelSpec;
 use crate::llm::each::Each;
+use crate::llm::tool_memo::{ToolListMemo, finish_body};
 use crate::llm::{ChatRequest, ToolChoice, ToolSpec};
 use crate::message::rendered::{Rendered, WireFormat};
 use crate::message::{Message, ToolCall, ToolResult, UserBlock};
@@ -91,11 +92,18 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
             first = false;
         }
         out.push(b']');
-        // The keys after "messages", as an object of their own without its opening brace.
-        let rest = serde_json::to_vec(&Rest(Body { spec, req }))?;
-        out.push(b',');
-        out.extend_from_slice(&rest[1..]);
-        Ok(())
+        let choice: &[u8] = match req.tool_choice {
+            ToolChoice::Auto => b"\"auto\"",
+            ToolChoice::None => b"\"none\"",
+        };
+        finish_body(
+            &mut out,
+            |out| serde_json::to_writer(out, &Rest(Body { spec, req })),
+            &req.tools,
+            choice,
+            &TOOLS_JSON,
+            |tools| serde_json::to_vec(&Each(tools, tool)),
+        )
     })();
     Some(result.map(|()| out))
 }
@@ -216,7 +224,7 @@ impl Serialize for Body<'_> {
         let mut m = s.serialize_map(None)?;
         m.serialize_entry(max_tokens_key(self.spec), &max_tokens(self.spec, self.req))?;
         m.serialize_entry("messages", &Messages(self.req))?;
-        self.serialize_rest(&mut m)?;
+        self.serialize_rest(&mut m, true)?;
         m.end()
     }
 }
@@ -225,16 +233,21 @@ impl Serialize for Body<'_> {
 struct Rest<'a>(Body<'a>);
 
 impl Serialize for Rest<'_> {
+    /// The keys after "messages" but the tool keys.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(None)?;
-        self.0.serialize_rest(&mut m)?;
+        self.0.serialize_rest(&mut m, false)?;
         m.end()
     }
 }
 
+/// The `"tools"` array of the most recent tool list (`tool_memo`).
+static TOOLS_JSON: ToolListMemo<std::sync::Arc<[u8]>> = ToolListMemo::new();
+
 impl Body<'_> {
-    /// The body's entries after "messages" (the keys sort after it), into `m`.
-    fn serialize_rest<M: SerializeMap>(&self, m: &mut M) -> Result<(), M::Error> {
+    /// The body's entries after "messages" (the keys sort after it), into `m`; the tool keys
+    /// (the last ones) only `with_tools`.
+    fn serialize_rest<M: SerializeMap>(&self, m: &mut M, with_tools: bool) -> Result<(), M::Error> {
         let (spec, req) = (self.spec, self.req);
         m.serialize_entry("model", &spec.model)?;
         if spec.prompt_cache_key {
@@ -253,7 +266,7 @@ impl Body<'_> {
         if let Some(t) = req.options.temperature {
             m.serialize_entry("temperature", &t)?;
         }
-        if !req.tools.is_empty() {
+        if with_tools && !req.tools.is_empty() {
             let choice = match req.tool_choice {
                 ToolChoice::Auto => "auto",
                 ToolChoice::None => "none",
