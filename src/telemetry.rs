@@ -5,9 +5,9 @@ use std::fmt::{self, Write as _};
 
 use tracing::field::{Field, Visit};
 use tracing_appender::non_blocking::WorkerGuard;
-use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 use tracing_subscriber::field::RecordFields;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::layer::SubscriberExt;
@@ -136,8 +136,12 @@ pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, Str
         .ok()
         .filter(|v| !v.trim().is_empty())
         .unwrap_or_else(|| cfg.logging.level.clone());
-    let filter = EnvFilter::try_new(&filter).map_err(|e| {
-        format!("invalid log filter {filter:?} (AGENTD_LOG or [logging] level): {e}")
+    let filter = parse_filter(&filter).map_err(|e| {
+        format!(
+            "invalid log filter {filter:?} (AGENTD_LOG or [logging] level): {e}; \
+             write a level (error, warn, info, debug, trace) or target=level pairs, \
+             e.g. \"info,agentd::llm=debug\""
+        )
     })?;
     // Under systemd the journal adds timestamps.
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
@@ -194,15 +198,36 @@ pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, Str
 pub fn init_cli() {
     let filter = std::env::var("AGENTD_LOG")
         .ok()
-        .and_then(|v| EnvFilter::try_new(v.trim()).ok())
-        .unwrap_or_else(|| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
+        .and_then(|v| parse_filter(&v).ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::WARN));
+    let layer = tracing_subscriber::fmt::layer()
         .fmt_fields(fields())
-        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .with_target(false)
+        .with_target(false);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
         .try_init();
+}
+
+/// A log filter: a default level and `target=level` directives, comma-separated (empty ones
+/// skipped), e.g. `info,agentd::llm=debug`. `tracing_subscriber`'s `Targets`, not its
+/// `EnvFilter`: span and field filters are not accepted, and the regex engines `EnvFilter`
+/// needs are not linked (issue 14, binary size: docs/BENCHMARKS.md).
+fn parse_filter(s: &str) -> Result<Targets, String> {
+    let directives: Vec<&str> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    if directives.is_empty() {
+        return Err("no level given".into());
+    }
+    if let Some(d) = directives.iter().find(|d| d.contains(['[', '{', '"', ' '])) {
+        return Err(format!("{d:?}: span and field filters are not supported"));
+    }
+    directives.join(",").parse().map_err(|e| format!("{e}"))
 }
 
 /// An error and its causes, as `error: cause: cause` (a cause whose text the chain already
@@ -229,6 +254,28 @@ mod tests {
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
+
+    #[test]
+    fn log_filters_as_documented() {
+        use tracing::Level;
+        use tracing_subscriber::filter::LevelFilter;
+        let f = parse_filter("info,agentd::llm=debug").unwrap();
+        assert!(f.would_enable("agentd::llm::anthropic", &Level::DEBUG));
+        assert!(!f.would_enable("agentd::session", &Level::DEBUG));
+        assert!(f.would_enable("agentd::session", &Level::INFO));
+        let f = parse_filter(" warn , agentd=trace, ").unwrap();
+        assert_eq!(f.default_level(), Some(LevelFilter::WARN));
+        assert!(f.would_enable("agentd::x", &Level::TRACE));
+        assert!(!f.would_enable("hyper", &Level::INFO));
+        assert!(
+            parse_filter("DEBUG")
+                .unwrap()
+                .would_enable("h2", &Level::DEBUG)
+        );
+        for bad in ["", " , ", "info,agentd=loud", "agentd[span]=debug"] {
+            assert!(parse_filter(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 
     /// Everything written, shared with the test.
     #[derive(Clone, Default)]

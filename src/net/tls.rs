@@ -57,9 +57,11 @@ fn build(provider: Arc<rustls::crypto::CryptoProvider>) -> Option<Shared> {
         .dangerous()
         .with_custom_certificate_verifier(verifier.clone())
         .with_no_client_auth();
-    // What reqwest offers when it builds the configuration itself (HTTP/2 and HTTP/1.1): a
-    // preconfigured one is used as it is.
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // What reqwest offers when it builds the configuration itself (a preconfigured one is
+    // used as it is): HTTP/1.1 only, since reqwest is built without its `http2` feature (issue
+    // 14, binary size: `h2` is not linked). Offering h2 would let a server pick a protocol
+    // reqwest cannot speak.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Some(Shared { config, verifier })
 }
 
@@ -85,10 +87,7 @@ mod tests {
         let a = shared().expect("the test machine has system certificates");
         let b = shared().unwrap();
         assert!(std::ptr::eq(a, b), "one configuration per process");
-        assert_eq!(
-            a.config.alpn_protocols,
-            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
-        );
+        assert_eq!(a.config.alpn_protocols, vec![b"http/1.1".to_vec()]);
         // The shared verifier is the platform's, not a permissive one: a certificate that no
         // system root signed is refused.
         let junk = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00]);
