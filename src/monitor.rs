@@ -327,8 +327,10 @@ impl Monitor {
         }));
         let state = inner.clone();
         let writer = LatestWriter::new("agentd-monitor", move |path, _: &()| {
-            // Rendered under the update lock: the newest state, whole.
-            if let Some(bytes) = lock(&state).render() {
+            // Rendered under the update lock (the newest state, whole), written without it:
+            // a guard in the `if let` itself would be held across the write.
+            let bytes = lock(&state).render();
+            if let Some(bytes) = bytes {
                 write_file(path, &bytes, &failing);
             }
         });
