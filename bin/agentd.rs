@@ -173,8 +173,6 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
         nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 128 * 1024);
         nix::libc::mallopt(nix::libc::M_TRIM_THRESHOLD, 256 * 1024);
     }
-    // The root certificates load while logging, the runtime and the stores start.
-    agentd::llm::router::prewarm_http_client();
     let _guard = match agentd::telemetry::init(&cfg, opts.terminal) {
         Ok(g) => g,
         Err(e) => {

@@ -2,8 +2,7 @@
 //! the model's `fallback` list (SPEC §6).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
@@ -15,9 +14,6 @@ use crate::config::{BehaviorConfig, ModelSet, ModelSpec};
 /// How long establishing a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The client being built by [`prewarm_http_client`], for the first `Llm::new` to take.
-static PREWARMED: Mutex<Option<JoinHandle<Result<reqwest::Client, String>>>> = Mutex::new(None);
-
 fn build_http_client() -> Result<reqwest::Client, String> {
     crate::net::tls::client_builder()
         .connect_timeout(CONNECT_TIMEOUT)
@@ -25,30 +21,11 @@ fn build_http_client() -> Result<reqwest::Client, String> {
         .map_err(crate::net::scrub::reqwest_error_text)
 }
 
-/// Start building the providers' HTTP client on a thread of its own. Building it loads and
-/// parses the system's root certificates, a few milliseconds that the daemon's start-up
-/// otherwise spends before it listens (docs/BENCHMARKS.md, start-up). The first `Llm::new`
-/// takes the result (waiting for the thread if it has not finished); the client is not shared
-/// beyond that, because a reqwest client's pooled connections belong to the runtime that made
-/// them.
-pub fn prewarm_http_client() {
-    if let Ok(handle) = std::thread::Builder::new()
-        .name("agentd-tls-init".into())
-        .spawn(build_http_client)
-    {
-        *PREWARMED.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
-    }
-}
-
-/// The prewarmed client if there is one, else one built now. A client that cannot be built as
-/// configured falls back to reqwest's defaults, with an error in the log.
+/// The providers' client. One that cannot be built as configured falls back to reqwest's
+/// defaults, with an error in the log. Cheap: the root certificates are read at the first
+/// HTTPS handshake (`net::tls`).
 fn http_client() -> reqwest::Client {
-    let prewarmed = PREWARMED.lock().unwrap_or_else(|p| p.into_inner()).take();
-    let built = match prewarmed.map(JoinHandle::join) {
-        Some(Ok(result)) => result,
-        _ => build_http_client(),
-    };
-    built.unwrap_or_else(|e| {
+    build_http_client().unwrap_or_else(|e| {
         tracing::error!(error = %e, "could not build the configured HTTP client; using defaults");
         reqwest::Client::new()
     })
@@ -133,8 +110,7 @@ pub struct Llm {
 impl Llm {
     /// The providers' reqwest client (connect timeout 10 s; no timeout of its own: each call
     /// is bounded by `behavior.call_timeout` for inactivity and `behavior.call_deadline` in
-    /// total, see [`super::CallLimits`]), prewarmed by the daemon (see
-    /// [`prewarm_http_client`]).
+    /// total, see [`super::CallLimits`]).
     pub fn new(models: ModelSet, behavior: &BehaviorConfig) -> Llm {
         let http = http_client();
         let providers = models

@@ -11,10 +11,16 @@
 //! hashed directory: about 300 files here) each time — at start for each of the daemon's
 //! clients, and for every hop of every `web_fetch`, since the SSRF guard pins each hop's
 //! addresses in a client of its own. [`client_builder`] hands out builders that share one
-//! verifier, built on first use (the start-up's TLS thread, `llm::router::prewarm_http_client`)
-//! and kept for the life of the process.
+//! verifier, kept for the life of the process; it reads the store when it checks its first
+//! certificate, not at start-up (`LazyVerifier`).
 
 use std::sync::{Arc, Once, OnceLock};
+
+use rustls::DigitallySignedStruct;
+use rustls::SignatureScheme;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 
 /// Install ring as the process's rustls provider (once; later calls do nothing).
 pub fn install() {
@@ -32,7 +38,7 @@ fn shared() -> Option<&'static Shared> {
     static SHARED: OnceLock<Option<Shared>> = OnceLock::new();
     // Before `install` there is nothing to share yet (test builds, whose reqwest brings its
     // own provider): not remembered, so a later call after `install` still builds it.
-    let provider = rustls::crypto::CryptoProvider::get_default()?;
+    let provider = CryptoProvider::get_default()?;
     SHARED.get_or_init(|| build(provider.clone())).as_ref()
 }
 
@@ -40,17 +46,93 @@ struct Shared {
     config: rustls::ClientConfig,
     /// The verifier inside `config` (rustls does not hand it out again).
     #[cfg_attr(not(test), allow(dead_code))]
-    verifier: Arc<rustls_platform_verifier::Verifier>,
+    verifier: Arc<LazyVerifier>,
 }
 
-fn build(provider: Arc<rustls::crypto::CryptoProvider>) -> Option<Shared> {
-    let verifier = match rustls_platform_verifier::Verifier::new(provider.clone()) {
-        Ok(v) => Arc::new(v),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot load the system's root certificates once for all clients");
-            return None;
-        }
-    };
+/// The platform's verifier, built when the first certificate is to be checked: reading and
+/// parsing the system's root store (on Linux every file of `/etc/ssl/certs`, a few
+/// milliseconds of CPU) is not part of the start-up, and a daemon that only talks to
+/// `http://` endpoints (a local model, the benches' fakes) never does it. Handshake signatures
+/// are checked with the provider's algorithms directly, as the platform verifier does.
+#[derive(Debug)]
+struct LazyVerifier {
+    provider: Arc<CryptoProvider>,
+    platform: OnceLock<Result<rustls_platform_verifier::Verifier, rustls::Error>>,
+}
+
+impl LazyVerifier {
+    fn platform(&self) -> Result<&rustls_platform_verifier::Verifier, rustls::Error> {
+        self.platform
+            .get_or_init(|| {
+                rustls_platform_verifier::Verifier::new(self.provider.clone()).inspect_err(|e| {
+                    tracing::error!(error = %e, "cannot load the system's root certificates: \
+                        every HTTPS connection fails until the daemon restarts with a store \
+                        (install ca-certificates)");
+                })
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+impl ServerCertVerifier for LazyVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.platform()?.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+fn build(provider: Arc<CryptoProvider>) -> Option<Shared> {
+    let verifier = Arc::new(LazyVerifier {
+        provider: provider.clone(),
+        platform: OnceLock::new(),
+    });
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .ok()?
@@ -78,8 +160,29 @@ pub fn client_builder() -> reqwest::ClientBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rustls::client::danger::ServerCertVerifier;
-    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+
+    #[test]
+    fn the_store_is_read_at_the_first_certificate() {
+        let v = LazyVerifier {
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            platform: OnceLock::new(),
+        };
+        assert!(!v.supported_verify_schemes().is_empty());
+        assert!(
+            v.platform.get().is_none(),
+            "nothing read before a certificate comes"
+        );
+        let junk = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00]);
+        let name = ServerName::try_from("example.com").unwrap();
+        assert!(
+            v.verify_server_cert(&junk, &[], &name, &[], UnixTime::now())
+                .is_err()
+        );
+        assert!(
+            matches!(v.platform.get(), Some(Ok(_))),
+            "the store, read once"
+        );
+    }
 
     #[test]
     fn builders_share_one_verifier_that_still_verifies() {
