@@ -277,11 +277,19 @@ pub async fn probe(
     Ok(caps)
 }
 
-/// Probe in the background and log the result once (info on the preferred path, a warning on
-/// a weaker one, an error when exec would refuse every command).
+/// How long after the start [`log_at_start`] probes.
+const PROBE_AFTER_START: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Probe in the background, [`PROBE_AFTER_START`] after the start, and log the result once
+/// (info on the preferred path, a warning on a weaker one, an error when exec would refuse
+/// every command).
 pub fn log_at_start(mode: SandboxMode, network: bool) {
     let force = fallback_forced();
     tokio::spawn(async move {
+        // Once the daemon serves: the probe runs the agentd executable again and creates
+        // namespaces, a few milliseconds of CPU that competed with the start-up itself on 2
+        // cores (docs/BENCHMARKS.md, start-up). Its line is a report, nothing waits for it.
+        tokio::time::sleep(PROBE_AFTER_START).await;
         let exe = match std::env::current_exe() {
             Ok(exe) => exe,
             Err(e) => {
