@@ -95,6 +95,9 @@ pub enum StoreError {
     Panicked { path: PathBuf },
 }
 
+/// `PRAGMA cache_size` of `agentd.db`'s writer: 512 KiB (negative: KiB, not pages).
+const WRITER_CACHE_KIB: i64 = -512;
+
 /// Handle to `agentd.db`. Clone it freely; all clones share one connection and one thread.
 #[derive(Clone)]
 pub struct Db {
@@ -117,6 +120,11 @@ impl Db {
     /// Blocking (file I/O and migrations): call it at start-up or from `spawn_blocking`.
     pub fn open(path: &Path) -> Result<Db, StoreError> {
         let conn = open_writer(path, &MIGRATIONS)?;
+        // The writer appends rows and reads the newest ones back: SQLite's default page cache
+        // (2 MB) only filled up with old pages as the file grew, which the soak measured as
+        // growth (docs/BENCHMARKS.md, soak). Reports read through their own connections.
+        conn.pragma_update(None, "cache_size", WRITER_CACHE_KIB)
+            .map_err(|source| open_err(path, source))?;
         let (actor, _detached) = Actor::spawn(conn, path, THREAD_NAME)?;
         Ok(Db {
             actor,
