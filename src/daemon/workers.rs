@@ -3,7 +3,8 @@
 //! `max_concurrent_sessions`. The queues and the debounce are in [`super::queue`]; the steps
 //! after a message (delivery, metrics, webhook, waiters) in [`super::after`]. A worker routes
 //! each message once, runs it through the [`Runner`] (the agent), hands the reply out, then
-//! checks compaction and, every `SNAPSHOT_EVERY_LINES` trail lines, queues the snapshot.
+//! checks compaction and, when `SessionState::snapshot_due` (every 64 trail lines, or half the
+//! history's length in lines when longer), queues the snapshot.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -402,7 +403,7 @@ impl Dispatcher {
                 }
             }
             // Left the loop other than by an empty queue (which parks the state): a shutdown.
-            // The snapshot lags the state by up to `SNAPSHOT_EVERY_LINES`; save it now (SPEC §7:
+            // The snapshot lags the state (`snapshot_due`); save it now (SPEC §7:
             // always on a graceful stop).
             if let Some(s) = state.take() {
                 self.store.snapshot_if_dirty(s);
@@ -637,7 +638,7 @@ impl Dispatcher {
             }
         }
         // The snapshot too waits until the reply is out, and is written by the snapshot thread,
-        // only every `SNAPSHOT_EVERY_LINES` trail lines: it is a cache of the trail (a load
+        // only when `snapshot_due` (every 64 trail lines or more): it is a cache of the trail (a load
         // folds the lines after it; rebuilt when missing), not part of the acknowledgement, and
         // copying, serialising and syncing a long history after every message was the largest
         // per-message cost after the reply (docs/BENCHMARKS.md, overhead). A graceful stop and

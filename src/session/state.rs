@@ -107,6 +107,13 @@ impl PartialEq for ImagesFrom {
 /// instead of every one (docs/BENCHMARKS.md, overhead), while a start after a kill -9 reads
 /// and folds at most these lines plus the message in flight. A graceful stop writes every
 /// state that lags at all.
+///
+/// A long history waits longer: a snapshot is due after `max(64, messages / 2)` lines, so
+/// its cost (serialising and syncing every message) is spread over as many lines as it
+/// grows with, and the cost per message stays flat over a session's life (SPEC §16.6;
+/// at 2,000 messages a 300 KB snapshot was written and synced every twenty messages, beside
+/// the trail's own syncs). A start folds at most that many lines after it, about a third of
+/// what the snapshot itself holds.
 pub const SNAPSHOT_EVERY_LINES: u64 = 64;
 
 /// User turns remembered in `recent_turns`.
@@ -179,9 +186,10 @@ impl SessionState {
     }
 
     /// Whether the worker should queue a snapshot now: [`SNAPSHOT_EVERY_LINES`] or more lines
-    /// folded since the last one.
+    /// folded since the last one, and at least half as many as the history has messages.
     pub fn snapshot_due(&self) -> bool {
-        self.unsaved_lines() >= SNAPSHOT_EVERY_LINES
+        let spread = u64::try_from(self.messages.len() / 2).unwrap_or(u64::MAX);
+        self.unsaved_lines() >= SNAPSHOT_EVERY_LINES.max(spread)
     }
 
     /// Record that a snapshot of the state as it is now was written or queued.
@@ -659,6 +667,13 @@ mod tests {
         assert!(!s.is_dirty() && !s.snapshot_due());
         s.last_seq += 3;
         assert_eq!(s.unsaved_lines(), 3);
+        // A long history: due after half as many lines as it has messages.
+        let mut long = SessionState::new("s", "alice", "primary", 0);
+        long.messages = vec![Message::user_text("m"); 1000];
+        long.last_seq = 499;
+        assert!(!long.snapshot_due());
+        long.last_seq = 500;
+        assert!(long.snapshot_due());
         // The mark is memory only, is not compared, and a read snapshot is saved as read.
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("s.state.json");
