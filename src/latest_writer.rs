@@ -17,6 +17,8 @@ type WriteFn<T> = dyn Fn(&Path, &T) + Send + Sync;
 
 pub struct LatestWriter<T> {
     name: &'static str,
+    /// Rest after each write, so the values handed over meanwhile cost one write.
+    pause: Duration,
     write: Arc<WriteFn<T>>,
     shared: Arc<Shared<T>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -63,6 +65,7 @@ impl<T: Send + 'static> LatestWriter<T> {
     pub fn new(name: &'static str, write: impl Fn(&Path, &T) + Send + Sync + 'static) -> Self {
         LatestWriter {
             name,
+            pause: Duration::ZERO,
             write: Arc::new(write),
             shared: Arc::new(Shared {
                 state: Mutex::new(Queue {
@@ -75,6 +78,13 @@ impl<T: Send + 'static> LatestWriter<T> {
             }),
             thread: Mutex::new(None),
         }
+    }
+
+    /// The same writer, resting `pause` after each write: everything handed over meanwhile is
+    /// written once, after it (a stop or a `flush` still gets every value written).
+    pub fn with_pause(mut self, pause: Duration) -> Self {
+        self.pause = pause;
+        self
     }
 
     /// Hand `value` over as the next content of `path`, replacing a value for `path` the
@@ -127,10 +137,10 @@ impl<T: Send + 'static> LatestWriter<T> {
         if thread.is_some() || self.shared.lock().inline {
             return;
         }
-        let (shared, write) = (self.shared.clone(), self.write.clone());
+        let (shared, write, pause) = (self.shared.clone(), self.write.clone(), self.pause);
         match std::thread::Builder::new()
             .name(self.name.into())
-            .spawn(move || write_loop(&shared, &*write))
+            .spawn(move || write_loop(&shared, &*write, pause))
         {
             Ok(t) => *thread = Some(t),
             Err(e) => {
@@ -157,8 +167,9 @@ impl<T> Drop for LatestWriter<T> {
     }
 }
 
-/// Writes the oldest queued value until told to stop with an empty queue.
-fn write_loop<T>(shared: &Shared<T>, write: &WriteFn<T>) {
+/// Writes the oldest queued value until told to stop with an empty queue, resting `pause`
+/// after each write (cut short by a stop).
+fn write_loop<T>(shared: &Shared<T>, write: &WriteFn<T>, pause: Duration) {
     loop {
         let (path, value) = {
             let mut q = shared.lock();
@@ -173,8 +184,17 @@ fn write_loop<T>(shared: &Shared<T>, write: &WriteFn<T>) {
             (path, value)
         };
         write(&path, &value);
-        shared.lock().writing = None;
+        let mut q = shared.lock();
+        q.writing = None;
         shared.changed.notify_all();
+        let until = Instant::now() + pause;
+        while !q.stop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            q = shared.wait(q, left);
+        }
     }
 }
 
@@ -186,6 +206,37 @@ mod tests {
         LatestWriter::new("test-writer", |path, n: &u64| {
             crate::fsutil::atomic_write(path, n.to_string().as_bytes()).unwrap()
         })
+    }
+
+    #[test]
+    fn a_pause_after_a_write_gathers_what_comes_meanwhile_into_one_write() {
+        let d = tempfile::tempdir().unwrap();
+        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = writes.clone();
+        let w = LatestWriter::new("test-writer", move |path, n: &u64| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            crate::fsutil::atomic_write(path, n.to_string().as_bytes()).unwrap()
+        })
+        .with_pause(Duration::from_secs(2));
+        let a = d.path().join("a");
+        w.submit(a.clone(), 1);
+        w.flush(Duration::from_secs(10));
+        assert_eq!(on_disk(&a), 1);
+        for n in 2..=50u64 {
+            w.submit(a.clone(), n);
+        }
+        w.flush(Duration::from_secs(10));
+        assert_eq!(on_disk(&a), 50);
+        assert_eq!(writes.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // A stop cuts the pause short and still writes what is queued.
+        w.submit(a.clone(), 51);
+        let t = Instant::now();
+        drop(w);
+        assert_eq!(on_disk(&a), 51);
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the pause was not cut short"
+        );
     }
 
     fn on_disk(path: &Path) -> u64 {

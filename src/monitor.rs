@@ -134,6 +134,12 @@ pub struct Monitor {
     writer: LatestWriter<()>,
 }
 
+/// The writer's rest after each write: the events of a message (begin, each state, each turn,
+/// end) come within a few milliseconds of each other, and each write is a create, a write and
+/// a rename on the file system that also carries the trail's syncs. Everything that changed
+/// meanwhile is in the next write; a reader sees a state at most this much older.
+const WRITE_PAUSE: Duration = Duration::from_millis(25);
+
 /// How long `flush` waits for the writer.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -333,7 +339,8 @@ impl Monitor {
             if let Some(bytes) = bytes {
                 write_file(path, &bytes, &failing);
             }
-        });
+        })
+        .with_pause(WRITE_PAUSE);
         let monitor = Monitor {
             path,
             inner,
