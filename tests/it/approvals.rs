@@ -110,8 +110,12 @@ fn http_approve_runs_once_then_409_and_404() {
         "{pending}"
     );
     assert!(pending["expires_at"].is_string() && pending["created_at"].is_string());
-    let monitor = std::fs::read_to_string(d.state_dir.join("monitor.json")).unwrap();
-    assert!(monitor.contains("waiting_approval"), "{monitor}");
+    // monitor.json is written in the background (at most 25 ms after a change).
+    wait_until(WAIT, "waiting_approval in monitor.json", || {
+        std::fs::read_to_string(d.state_dir.join("monitor.json"))
+            .ok()
+            .filter(|m| m.contains("waiting_approval"))
+    });
     assert!(!marker.exists(), "the command ran before the yes");
     let id = pending["id"].as_str().unwrap().to_string();
 
