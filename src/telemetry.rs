@@ -224,8 +224,13 @@ fn parse_filter(s: &str) -> Result<Targets, String> {
     if directives.is_empty() {
         return Err("no level given".into());
     }
-    if let Some(d) = directives.iter().find(|d| d.contains(['[', '{', '"', ' '])) {
-        return Err(format!("{d:?}: span and field filters are not supported"));
+    for d in &directives {
+        if d.contains(['[', '{']) {
+            return Err(format!("{d:?}: span and field filters are not supported"));
+        }
+        if d.contains(['"', ' ', '\t']) {
+            return Err(format!("{d:?}: no spaces or quotes inside a directive"));
+        }
     }
     directives.join(",").parse().map_err(|e| format!("{e}"))
 }
@@ -272,9 +277,25 @@ mod tests {
                 .unwrap()
                 .would_enable("h2", &Level::DEBUG)
         );
-        for bad in ["", " , ", "info,agentd=loud", "agentd[span]=debug"] {
+        for bad in [
+            "",
+            " , ",
+            "info,agentd=loud",
+            "agentd[span]=debug",
+            "agentd = debug",
+        ] {
             assert!(parse_filter(bad).is_err(), "{bad:?} accepted");
         }
+        assert!(
+            parse_filter("a[{x}]=info")
+                .unwrap_err()
+                .contains("span and field")
+        );
+        assert!(
+            parse_filter("agentd = debug")
+                .unwrap_err()
+                .contains("no spaces")
+        );
     }
 
     /// Everything written, shared with the test.

@@ -111,9 +111,9 @@ impl PartialEq for ImagesFrom {
 /// A long history waits longer: a snapshot is due after `max(64, messages / 2)` lines, so
 /// its cost (serialising and syncing every message) is spread over as many lines as it
 /// grows with, and the cost per message stays flat over a session's life (SPEC §16.6;
-/// at 2,000 messages a 300 KB snapshot was written and synced every twenty messages, beside
-/// the trail's own syncs). A start folds at most that many lines after it, about a third of
-/// what the snapshot itself holds.
+/// a 2,000-message snapshot was written and synced about every twenty messages, beside the
+/// trail's own syncs). A start folds at most that many lines after it, about a third of what
+/// the snapshot itself holds.
 pub const SNAPSHOT_EVERY_LINES: u64 = 64;
 
 /// User turns remembered in `recent_turns`.
