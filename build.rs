@@ -1,12 +1,26 @@
-//! Release binaries on Linux with glibc: pack the relative relocations (`DT_RELR`).
+//! Release binaries on Linux with glibc: how the linker lays out and trims the executable.
 //!
-//! A position-independent executable carries one 24-byte `.rela.dyn` entry per pointer in its
-//! read-only data (vtables, string tables): 1.2 MB of agentd's 15.6 MB file, all of it read and
-//! applied by the dynamic loader at every start, so resident too. `-z pack-relative-relocs`
-//! (binutils ≥ 2.38, glibc ≥ 2.36) stores them as a bitmap of a few kilobytes and keeps the
-//! executable position-independent (ASLR unchanged). The linker is asked first on a tiny
-//! program, so a toolchain without the option builds as before (docs/BENCHMARKS.md,
-//! footprint).
+//! - **Packed relative relocations (`DT_RELR`).** A position-independent executable carries one
+//!   24-byte `.rela.dyn` entry per pointer in its read-only data (vtables, string tables):
+//!   1.2 MB of agentd's 15.6 MB file, all of it read and applied by the dynamic loader at every
+//!   start, so resident too. `-z pack-relative-relocs` (binutils ≥ 2.38, glibc ≥ 2.36) stores
+//!   them as a bitmap of a few kilobytes and keeps the executable position-independent (ASLR
+//!   unchanged). The linker is asked first on a tiny program, so a toolchain without the
+//!   option builds as before (docs/BENCHMARKS.md, footprint).
+//! - **Code that runs, together (`build/symbol-order.txt`).** The kernel maps a binary's pages
+//!   in 64 KiB windows around each page a program touches, so code spread over the whole
+//!   `.text` made most of its 9.8 MB resident. The file lists the functions a start, an idle
+//!   daemon and its messages execute (3 MB, written by `scripts/symbol-order.sh` under
+//!   callgrind); the linker puts them first, in one run of pages. Names it does not find (the
+//!   code changed since the list was written, another compiler) are skipped: the binary is
+//!   the same code either way, only its resident memory differs (docs/BENCHMARKS.md, issue 14
+//!   fifth sitting). Only for `agentd`, and only when the linker is LLD (Rust's default on
+//!   this target), the one linker here that reads the file.
+//! - **No symbol table** (3.4 MB of the file, never loaded: a panic still prints its message
+//!   and source location; a backtrace shows addresses instead of names), stripped by the
+//!   linker here rather than by the profile's `strip`: `strip` is part of the hash in every
+//!   symbol's name, so a build with names (`AGENTD_KEEP_SYMBOLS=1`, for `perf`, `cargo bloat`
+//!   and the script above) must differ from the shipped one in nothing else.
 
 use std::env;
 use std::path::PathBuf;
@@ -14,6 +28,8 @@ use std::process::{Command, Stdio};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed={ORDER_FILE}");
+    println!("cargo:rerun-if-env-changed=AGENTD_KEEP_SYMBOLS");
     let var = |k: &str| env::var(k).unwrap_or_default();
     if var("PROFILE") != "release"
         || var("CARGO_CFG_TARGET_OS") != "linux"
@@ -29,6 +45,32 @@ fn main() {
             "cargo:warning=the linker cannot pack relative relocations (binutils < 2.38 or glibc < 2.36): the binary keeps its full relocation table"
         );
     }
+    let order = PathBuf::from(var("CARGO_MANIFEST_DIR")).join(ORDER_FILE);
+    if order.is_file() && linker_is_lld() {
+        println!(
+            "cargo:rustc-link-arg-bin=agentd=-Wl,--symbol-ordering-file={}",
+            order.display()
+        );
+        println!("cargo:rustc-link-arg-bin=agentd=-Wl,--no-warn-symbol-ordering");
+    }
+    if env::var_os("AGENTD_KEEP_SYMBOLS").is_none() {
+        println!("cargo:rustc-link-arg-bins=-Wl,--strip-all");
+    }
+}
+
+/// The functions to place first in `agentd`'s `.text`, one mangled name per line.
+const ORDER_FILE: &str = "build/symbol-order.txt";
+
+/// Whether rustc links with LLD: its default for x86_64 Linux since Rust 1.90, unless the
+/// build names another linker (`RUSTC_LINKER` from the target's `linker`, or `-C linker`,
+/// `-C link-self-contained=-linker` or `-fuse-ld` in the flags), which may refuse
+/// `--symbol-ordering-file`.
+fn linker_is_lld() -> bool {
+    let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|a| a == "x86_64")
+        && env::var_os("RUSTC_LINKER").is_none()
+        && !flags.contains("linker")
+        && !flags.contains("fuse-ld")
 }
 
 /// Whether `cc` links a position-independent program with the option and without a warning

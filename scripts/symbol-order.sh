@@ -1,0 +1,41 @@
+#!/bin/sh
+# Write build/symbol-order.txt: the functions agentd executes while it starts, idles and answers
+# messages, which build.rs asks the linker to place first in the release binary's code, so the
+# pages a running daemon touches are few and together (docs/BENCHMARKS.md, issue 14, fifth
+# sitting). Run it after changes that move much code or after a compiler or dependency update,
+# then check `bench footprint` before and after.
+#
+# Needs valgrind and a release build: the build here is the shipped one with its symbol table
+# kept (AGENTD_KEEP_SYMBOLS=1 changes nothing else, so the names match), linked again at the end
+# without it. Takes about 10 minutes on 2 cores.
+set -eu
+export LC_ALL=C
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "symbol-order.sh: valgrind is needed" >&2; exit 1; }
+target=${CARGO_TARGET_DIR:-target}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+AGENTD_KEEP_SYMBOLS=1 cargo build --release --locked --bins
+cp "$target/release/agentd" "$work/agentd"
+cp "$target/release/bench" "$work/bench"
+
+cat > "$work/cg.sh" <<EOS
+#!/bin/sh
+exec valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file=$work/cg.%p $work/agentd "\$@"
+EOS
+chmod +x "$work/cg.sh"
+# A start with FIFO, HTTP and Telegram, 3 s idle, 200 HTTP and 20 Telegram messages; then a
+# session of 100 messages one after the other.
+"$work/bench" footprint --agentd "$work/cg.sh"
+"$work/bench" overhead --sequential-only --messages 100 --agentd "$work/cg.sh"
+
+# Every function callgrind saw run (fn= and cfn= lines name them, the first time with their
+# name), kept if the binary defines it as code.
+cat "$work"/cg.* | sed -n 's/^c\{0,1\}fn=([0-9]*) //p' | sort -u > "$work/ran"
+nm --defined-only "$work/agentd" | awk '$2 ~ /^[tTwW]$/ { print $3 }' | sort -u > "$work/defined"
+comm -12 "$work/ran" "$work/defined" > build/symbol-order.txt
+echo "symbol-order.sh: $(wc -l < build/symbol-order.txt) functions in build/symbol-order.txt"
+
+# The shipped build again: stripped, with the new order.
+cargo build --release --locked --bins
