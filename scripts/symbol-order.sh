@@ -7,7 +7,7 @@
 #
 # Needs valgrind and a release build: the build here is the shipped one with its symbol table
 # kept (AGENTD_KEEP_SYMBOLS=1 changes nothing else, so the names match), linked again at the end
-# without it. Takes about 10 minutes on 2 cores.
+# without it. Takes about 15 minutes on 2 cores.
 set -eu
 export LC_ALL=C
 cd "$(dirname "$0")/.."
@@ -22,20 +22,31 @@ cp "$target/release/bench" "$work/bench"
 
 cat > "$work/cg.sh" <<EOS
 #!/bin/sh
-exec valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file=$work/cg.%p $work/agentd "\$@"
+exec valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file=$work/\${CG_PHASE}.%p $work/agentd "\$@"
 EOS
 chmod +x "$work/cg.sh"
-# A start with FIFO, HTTP and Telegram, 3 s idle, 200 HTTP and 20 Telegram messages; then a
-# session of 100 messages one after the other.
-"$work/bench" footprint --agentd "$work/cg.sh"
-"$work/bench" overhead --sequential-only --messages 100 --agentd "$work/cg.sh"
+# Two phases, each a set of callgrind outputs: a start (to the first `/api/v1/status` 200, and
+# the stop), then a start with FIFO, HTTP and Telegram, 3 s idle, 200 HTTP and 20 Telegram
+# messages; a session of 100 messages one after the other; 300 messages over 3 sessions that
+# compact every ~30 messages (code a long-running daemon runs, but only after a while).
+CG_PHASE=start "$work/bench" startup --runs 1 --agentd "$work/cg.sh"
+CG_PHASE=run "$work/bench" footprint --agentd "$work/cg.sh"
+CG_PHASE=run "$work/bench" overhead --sequential-only --messages 100 --agentd "$work/cg.sh"
+CG_PHASE=run "$work/bench" soak --messages 300 --sessions 3 --concurrency 3 \
+    --compaction-tokens 8000 --agentd "$work/cg.sh"
 
 # Every function callgrind saw run (fn= and cfn= lines name them, the first time with their
-# name), kept if the binary defines it as code.
-cat "$work"/cg.* | sed -n 's/^c\{0,1\}fn=([0-9]*) //p' | sort -u > "$work/ran"
+# name), kept if the binary defines it as code. What a start runs comes first, so an idle
+# daemon's code is one run of pages; then what only messages run.
+ran() { cat "$@" | sed -n 's/^c\{0,1\}fn=([0-9]*) //p' | sort -u; }
 nm --defined-only "$work/agentd" | awk '$2 ~ /^[tTwW]$/ { print $3 }' | sort -u > "$work/defined"
-comm -12 "$work/ran" "$work/defined" > build/symbol-order.txt
-echo "symbol-order.sh: $(wc -l < build/symbol-order.txt) functions in build/symbol-order.txt"
+ran "$work"/start.* | comm -12 - "$work/defined" > "$work/start"
+ran "$work"/run.* | comm -12 - "$work/defined" | comm -23 - "$work/start" > "$work/later"
+mkdir -p build
+cat "$work/start" "$work/later" > build/symbol-order.txt
+echo "symbol-order.sh: $(wc -l < "$work/start") functions at the start, $(wc -l < "$work/later") more for messages, in build/symbol-order.txt"
 
-# The shipped build again: stripped, with the new order.
+# The shipped build again: stripped, with the new order (build.rs watches the file only once
+# it exists).
+touch build.rs
 cargo build --release --locked --bins
