@@ -56,6 +56,7 @@ fn main() {
             order.display()
         );
         println!("cargo:rustc-link-arg-bin=agentd=-Wl,--no-warn-symbol-ordering");
+        warn_if_written_for_another_compiler();
     }
     if env::var_os("AGENTD_KEEP_SYMBOLS").is_none() {
         println!("cargo:rustc-link-arg-bins=-Wl,--strip-all");
@@ -64,6 +65,28 @@ fn main() {
 
 /// The functions to place first in `agentd`'s `.text`, one mangled name per line.
 const ORDER_FILE: &str = "build/symbol-order.txt";
+
+/// The compiler that wrote the list (`rustc -V`, saved beside it by the script).
+const ORDER_RUSTC_FILE: &str = "build/symbol-order.rustc";
+
+/// Every name in the list carries a hash of the compiler's version: another compiler finds
+/// none of them, and the binary keeps the linker's default order (about 4 MB more resident
+/// code). Say so once per build, with the fix; the build goes on.
+fn warn_if_written_for_another_compiler() {
+    println!("cargo:rerun-if-changed={ORDER_RUSTC_FILE}");
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let Ok(out) = Command::new(&rustc).arg("-V").output() else {
+        return;
+    };
+    let now = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let written = std::fs::read_to_string(ORDER_RUSTC_FILE).unwrap_or_default();
+    if written.trim() != now {
+        println!(
+            "cargo:warning={ORDER_FILE} was written for `{}`, this build uses `{now}`: its names will not match and agentd keeps the default code order (more resident memory). Run scripts/symbol-order.sh to write it for this compiler.",
+            written.trim()
+        );
+    }
+}
 
 /// Whether rustc links with LLD: its default for x86_64 Linux since Rust 1.90, unless the
 /// build names another linker (`RUSTC_LINKER` from the target's `linker`, or `-C linker`,

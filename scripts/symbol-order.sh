@@ -44,6 +44,8 @@ ran "$work"/start.* | comm -12 - "$work/defined" > "$work/start"
 ran "$work"/run.* | comm -12 - "$work/defined" | comm -23 - "$work/start" > "$work/later"
 mkdir -p build
 cat "$work/start" "$work/later" > build/symbol-order.txt
+# The names hold a hash of the compiler's version: build.rs warns when another one builds.
+"${RUSTC:-rustc}" -V > build/symbol-order.rustc
 echo "symbol-order.sh: $(wc -l < "$work/start") functions at the start, $(wc -l < "$work/later") more for messages, in build/symbol-order.txt"
 
 # The shipped build again: stripped, with the new order (build.rs watches the file only once
