@@ -14,8 +14,8 @@
 //!   callgrind); the linker puts them first, in one run of pages. Names it does not find (the
 //!   code changed since the list was written, another compiler) are skipped: the binary is
 //!   the same code either way, only its resident memory differs (docs/BENCHMARKS.md, issue 14
-//!   fifth sitting). Only for `agentd`, and only when the linker is LLD (Rust's default on
-//!   this target), the one linker here that reads the file.
+//!   fifth sitting). Only for `agentd`, and only when a probe link shows the linker reads the file
+//!   (LLD, Rust's default on this target, does; GNU ld does not).
 //! - **No symbol table** (3.4 MB of the file, never loaded: a panic still prints its message
 //!   and source location; a backtrace shows addresses instead of names), stripped by the
 //!   linker here rather than by the profile's `strip`: `strip` is part of the hash in every
@@ -28,12 +28,6 @@ use std::process::{Command, Stdio};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    // Only a file that exists: a missing one would make cargo run this script (and build the
-    // crate again) on every build. scripts/symbol-order.sh touches this file after writing it.
-    if std::path::Path::new(ORDER_FILE).is_file() {
-        println!("cargo:rerun-if-changed={ORDER_FILE}");
-    }
-    println!("cargo:rerun-if-env-changed=AGENTD_KEEP_SYMBOLS");
     let var = |k: &str| env::var(k).unwrap_or_default();
     if var("PROFILE") != "release"
         || var("CARGO_CFG_TARGET_OS") != "linux"
@@ -42,6 +36,14 @@ fn main() {
     {
         return;
     }
+    // Only files that exist: a missing one would make cargo run this script (and build the
+    // crate again) on every build. scripts/symbol-order.sh touches build.rs after writing them.
+    for f in [ORDER_FILE, ORDER_RUSTC_FILE] {
+        if std::path::Path::new(f).is_file() {
+            println!("cargo:rerun-if-changed={f}");
+        }
+    }
+    println!("cargo:rerun-if-env-changed=AGENTD_KEEP_SYMBOLS");
     if linker_packs_relocations() {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     } else {
@@ -50,7 +52,7 @@ fn main() {
         );
     }
     let order = PathBuf::from(var("CARGO_MANIFEST_DIR")).join(ORDER_FILE);
-    if order.is_file() && linker_is_lld() {
+    if order.is_file() && linker_orders_symbols() {
         println!(
             "cargo:rustc-link-arg-bin=agentd=-Wl,--symbol-ordering-file={}",
             order.display()
@@ -73,31 +75,56 @@ const ORDER_RUSTC_FILE: &str = "build/symbol-order.rustc";
 /// none of them, and the binary keeps the linker's default order (about 4 MB more resident
 /// code). Say so once per build, with the fix; the build goes on.
 fn warn_if_written_for_another_compiler() {
-    println!("cargo:rerun-if-changed={ORDER_RUSTC_FILE}");
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let Ok(out) = Command::new(&rustc).arg("-V").output() else {
         return;
     };
     let now = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let written = std::fs::read_to_string(ORDER_RUSTC_FILE).unwrap_or_default();
-    if written.trim() != now {
+    let written = written.trim();
+    if written != now {
+        let by = if written.is_empty() {
+            format!("an unknown compiler ({ORDER_RUSTC_FILE} is missing)")
+        } else {
+            format!("`{written}`")
+        };
         println!(
-            "cargo:warning={ORDER_FILE} was written for `{}`, this build uses `{now}`: its names will not match and agentd keeps the default code order (more resident memory). Run scripts/symbol-order.sh to write it for this compiler.",
-            written.trim()
+            "cargo:warning={ORDER_FILE} was written for {by}, this build uses `{now}`: its names will not match and agentd keeps the default code order (more resident memory). Run scripts/symbol-order.sh to write it for this compiler."
         );
     }
 }
 
-/// Whether rustc links with LLD: its default for x86_64 Linux since Rust 1.90, unless the
-/// build names another linker (`RUSTC_LINKER` from the target's `linker`, or `-C linker`,
-/// `-C link-self-contained=-linker` or `-fuse-ld` in the flags), which may refuse
-/// `--symbol-ordering-file`.
-fn linker_is_lld() -> bool {
+/// Whether this build's linker takes `--symbol-ordering-file` (LLD, rustc's default for
+/// x86_64 Linux since 1.90, and mold do; GNU ld and gold refuse it, and a toolchain may be
+/// built to link with them): a tiny program is linked the way this build links, with the
+/// target's linker (`RUSTC_LINKER`) and flags, and an empty list.
+fn linker_orders_symbols() -> bool {
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap_or_default());
+    let (src, list, bin) = (
+        out.join("order_probe.rs"),
+        out.join("order_probe.txt"),
+        out.join("order_probe"),
+    );
+    if std::fs::write(&src, "fn main() {}\n").is_err() || std::fs::write(&list, "").is_err() {
+        return false;
+    }
+    let mut c = Command::new(env::var("RUSTC").unwrap_or_else(|_| "rustc".into()));
+    c.arg("--edition=2021").arg("-o").arg(&bin).arg(&src);
+    c.arg(format!(
+        "-Clink-arg=-Wl,--symbol-ordering-file={}",
+        list.display()
+    ));
+    c.arg("-Clink-arg=-Wl,--no-warn-symbol-ordering");
+    if let Some(linker) = env::var_os("RUSTC_LINKER") {
+        c.arg("-C")
+            .arg(format!("linker={}", linker.to_string_lossy()));
+    }
     let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
-    env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|a| a == "x86_64")
-        && env::var_os("RUSTC_LINKER").is_none()
-        && !flags.contains("linker")
-        && !flags.contains("fuse-ld")
+    c.args(flags.split('\x1f').filter(|f| !f.is_empty()));
+    c.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Whether `cc` links a position-independent program with the option and without a warning

@@ -15,6 +15,7 @@ command -v valgrind >/dev/null || { echo "symbol-order.sh: valgrind is needed" >
 target=${CARGO_TARGET_DIR:-target}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM HUP
 
 AGENTD_KEEP_SYMBOLS=1 cargo build --release --locked --bins
 cp "$target/release/agentd" "$work/agentd"
@@ -22,7 +23,7 @@ cp "$target/release/bench" "$work/bench"
 
 cat > "$work/cg.sh" <<EOS
 #!/bin/sh
-exec valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file=$work/\${CG_PHASE}.%p $work/agentd "\$@"
+exec valgrind --tool=callgrind --demangle=no --dump-instr=no --callgrind-out-file="$work/\${CG_PHASE}.%p" "$work/agentd" "\$@"
 EOS
 chmod +x "$work/cg.sh"
 # Two phases, each a set of callgrind outputs: a start (to the first `/api/v1/status` 200, and
@@ -42,6 +43,11 @@ ran() { cat "$@" | sed -n 's/^c\{0,1\}fn=([0-9]*) //p' | sort -u; }
 nm --defined-only "$work/agentd" | awk '$2 ~ /^[tTwW]$/ { print $3 }' | sort -u > "$work/defined"
 ran "$work"/start.* | comm -12 - "$work/defined" > "$work/start"
 ran "$work"/run.* | comm -12 - "$work/defined" | comm -23 - "$work/start" > "$work/later"
+# An empty list (valgrind wrote nothing) must not replace the committed one.
+[ -s "$work/start" ] && [ -s "$work/later" ] || {
+    echo "symbol-order.sh: callgrind recorded no functions; build/symbol-order.txt left as it was" >&2
+    exit 1
+}
 mkdir -p build
 cat "$work/start" "$work/later" > build/symbol-order.txt
 # The names hold a hash of the compiler's version: build.rs warns when another one builds.
@@ -51,4 +57,4 @@ echo "symbol-order.sh: $(wc -l < "$work/start") functions at the start, $(wc -l 
 # The shipped build again: stripped, with the new order (build.rs watches the file only once
 # it exists).
 touch build.rs
-cargo build --release --locked --bins
+env -u AGENTD_KEEP_SYMBOLS cargo build --release --locked --bins

@@ -47,7 +47,7 @@ pub const DEDUP_IDS: usize = 256;
 /// (with a hash set's overhead: up to ~50 KiB, times [`MAX_OPEN_SESSIONS`]; the soak's live
 /// heap grew by 0.6 MB over 15,000 messages from these alone, docs/BENCHMARKS.md). Ids come
 /// from clients and Telegram: a digest no one can steer into another message's (a collision
-/// would drop a message as a duplicate) and 256 compares per intake are cheaper than hashing.
+/// would drop a message as a duplicate); a lookup compares at most 256 digests.
 #[derive(Default)]
 struct RecentIds {
     order: std::collections::VecDeque<IdDigest>,
