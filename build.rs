@@ -75,8 +75,7 @@ const ORDER_RUSTC_FILE: &str = "build/symbol-order.rustc";
 /// none of them, and the binary keeps the linker's default order (about 4 MB more resident
 /// code). Say so once per build, with the fix; the build goes on.
 fn warn_if_written_for_another_compiler() {
-    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let Ok(out) = Command::new(&rustc).arg("-V").output() else {
+    let Ok(out) = rustc().arg("-V").output() else {
         return;
     };
     let now = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -94,8 +93,13 @@ fn warn_if_written_for_another_compiler() {
     }
 }
 
+/// The compiler cargo builds with.
+fn rustc() -> Command {
+    Command::new(env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
+}
+
 /// Whether this build's linker takes `--symbol-ordering-file` (LLD, rustc's default for
-/// x86_64 Linux since 1.90, and mold do; GNU ld and gold refuse it, and a toolchain may be
+/// x86_64 Linux since 1.90, does; GNU ld refuses it, and a toolchain may be
 /// built to link with them): a tiny program is linked the way this build links, with the
 /// target's linker (`RUSTC_LINKER`) and flags, and an empty list.
 fn linker_orders_symbols() -> bool {
@@ -108,7 +112,7 @@ fn linker_orders_symbols() -> bool {
     if std::fs::write(&src, "fn main() {}\n").is_err() || std::fs::write(&list, "").is_err() {
         return false;
     }
-    let mut c = Command::new(env::var("RUSTC").unwrap_or_else(|_| "rustc".into()));
+    let mut c = rustc();
     c.arg("--edition=2021").arg("-o").arg(&bin).arg(&src);
     c.arg(format!(
         "-Clink-arg=-Wl,--symbol-ordering-file={}",

@@ -225,18 +225,14 @@ mod tests {
         for n in 2..=50u64 {
             w.submit(a.clone(), n);
         }
-        w.flush(Duration::from_secs(10));
+        // Gathered into one value while the writer rests.
+        assert_eq!(w.queued(), 1);
+        assert_eq!(writes.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A stop cuts the pause short (or this test would not end) and writes what is queued,
+        // once.
+        drop(w);
         assert_eq!(on_disk(&a), 50);
         assert_eq!(writes.load(std::sync::atomic::Ordering::SeqCst), 2);
-        // A stop cuts the pause short and still writes what is queued.
-        w.submit(a.clone(), 51);
-        let t = Instant::now();
-        drop(w);
-        assert_eq!(on_disk(&a), 51);
-        assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "the pause was not cut short"
-        );
     }
 
     fn on_disk(path: &Path) -> u64 {
