@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::zone::Zone;
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
-use chrono_tz::Tz;
 
 pub mod alarm;
 
@@ -80,8 +80,8 @@ impl Period {
     /// month = the first of the local month, 00:00; all = `None`. When local midnight does not
     /// exist (a DST gap at 00:00) the first valid local time after it is used; when it exists
     /// twice, the earlier one.
-    pub fn start(&self, tz: Tz, now: DateTime<Utc>) -> Option<i64> {
-        let local_today = now.with_timezone(&tz).date_naive();
+    pub fn start(&self, tz: &Zone, now: DateTime<Utc>) -> Option<i64> {
+        let local_today = now.with_timezone(tz).date_naive();
         match self {
             Period::Today => Some(local_start_of_day(tz, local_today)),
             Period::Week => Some((now - Duration::days(7)).timestamp()),
@@ -96,7 +96,7 @@ impl Period {
 
 /// The earliest instant whose local date in `tz` is `day`: midnight if it exists, otherwise the
 /// end of the DST gap that swallowed it.
-fn local_start_of_day(tz: Tz, day: NaiveDate) -> i64 {
+fn local_start_of_day(tz: &Zone, day: NaiveDate) -> i64 {
     let midnight: NaiveDateTime = day.and_time(chrono::NaiveTime::MIN);
     // Gaps are at most a couple of hours and transitions fall on whole minutes; a day is the
     // hard upper bound of the search.
@@ -193,7 +193,7 @@ pub enum BudgetError {
 pub async fn budget_gate(
     db: &Db,
     cfg: &BudgetConfig,
-    tz: Tz,
+    tz: &Zone,
     now: DateTime<Utc>,
     spent_message: f64,
 ) -> Result<(), BudgetError> {
@@ -223,7 +223,7 @@ pub struct Ledger {
     db: Db,
     /// `[budget]`, shared by every clone and replaced by a SIGHUP reload ([`Ledger::set_budget`]).
     budget: Arc<Mutex<BudgetConfig>>,
-    tz: Tz,
+    tz: Zone,
     /// Rows whose insert failed, oldest first.
     pending: Arc<Mutex<Vec<CostRow>>>,
     /// Session id → (message number, spend) of the message in flight in that session.
@@ -271,7 +271,7 @@ impl Ledger {
         Ledger {
             db,
             budget: Arc::new(Mutex::new(cfg.budget)),
-            tz: cfg.agent.timezone,
+            tz: cfg.agent.timezone.clone(),
             pending: Arc::default(),
             messages: Arc::default(),
             sources: Arc::default(),
@@ -342,7 +342,7 @@ impl Ledger {
     pub async fn check(&self, spent_message: f64) -> Result<(), BudgetError> {
         self.flush().await?;
         let budget = self.budget();
-        budget_gate(&self.db, &budget, self.tz, Utc::now(), spent_message).await
+        budget_gate(&self.db, &budget, &self.tz, Utc::now(), spent_message).await
     }
 
     /// The limits in force.
@@ -588,57 +588,57 @@ mod tests {
 
     #[test]
     fn period_starts_in_berlin_on_spring_forward_day() {
-        let tz = chrono_tz::Europe::Berlin;
+        let tz = crate::zone::Zone::get("Europe/Berlin").unwrap();
         // 2026-03-29: clocks jump 02:00 CET → 03:00 CEST. Noon UTC is 14:00 CEST.
         let now = utc("2026-03-29T12:00:00Z");
         // Midnight was still CET (+01:00).
         assert_eq!(
-            Period::Today.start(tz, now),
+            Period::Today.start(&tz, now),
             Some(ts("2026-03-28T23:00:00Z"))
         );
         assert_eq!(
-            Period::Week.start(tz, now),
+            Period::Week.start(&tz, now),
             Some(ts("2026-03-22T12:00:00Z"))
         );
         assert_eq!(
-            Period::Month.start(tz, now),
+            Period::Month.start(&tz, now),
             Some(ts("2026-02-28T23:00:00Z"))
         );
-        assert_eq!(Period::All.start(tz, now), None);
+        assert_eq!(Period::All.start(&tz, now), None);
         // 23:30 UTC on the 28th is already the 29th in Berlin.
         assert_eq!(
-            Period::Today.start(tz, utc("2026-03-28T23:30:00Z")),
+            Period::Today.start(&tz, utc("2026-03-28T23:30:00Z")),
             Some(ts("2026-03-28T23:00:00Z"))
         );
         // And 22:59 UTC is still the 28th.
         assert_eq!(
-            Period::Today.start(tz, utc("2026-03-28T22:59:59Z")),
+            Period::Today.start(&tz, utc("2026-03-28T22:59:59Z")),
             Some(ts("2026-03-27T23:00:00Z"))
         );
     }
 
     #[test]
     fn period_starts_in_berlin_after_dst_changes() {
-        let tz = chrono_tz::Europe::Berlin;
+        let tz = crate::zone::Zone::get("Europe/Berlin").unwrap();
         // April: the month began in CEST (+02:00) although March 1 was CET.
         let april = utc("2026-04-10T08:00:00Z");
         assert_eq!(
-            Period::Month.start(tz, april),
+            Period::Month.start(&tz, april),
             Some(ts("2026-03-31T22:00:00Z"))
         );
         // 2026-10-25: clocks fall back 03:00 CEST → 02:00 CET; midnight was CEST.
         let fall = utc("2026-10-25T12:00:00Z");
         assert_eq!(
-            Period::Today.start(tz, fall),
+            Period::Today.start(&tz, fall),
             Some(ts("2026-10-24T22:00:00Z"))
         );
         // The local day is 25 h long, "week" stays exactly 7×24 h.
         assert_eq!(
-            Period::Week.start(tz, fall),
+            Period::Week.start(&tz, fall),
             Some(ts("2026-10-18T12:00:00Z"))
         );
         assert_eq!(
-            Period::Month.start(tz, fall),
+            Period::Month.start(&tz, fall),
             Some(ts("2026-09-30T22:00:00Z"))
         );
     }
@@ -646,10 +646,10 @@ mod tests {
     #[test]
     fn missing_local_midnight_uses_the_first_valid_time() {
         // Chile springs forward at 24:00 → 01:00: 2024-09-08 00:00 never happened in Santiago.
-        let tz = chrono_tz::America::Santiago;
+        let tz = crate::zone::Zone::get("America/Santiago").unwrap();
         let now = utc("2024-09-08T15:00:00Z"); // 12:00 -03
         assert_eq!(
-            Period::Today.start(tz, now),
+            Period::Today.start(&tz, now),
             Some(ts("2024-09-08T04:00:00Z")) // 01:00 -03
         );
     }
@@ -735,7 +735,7 @@ mod tests {
     #[tokio::test]
     async fn gate_reads_today_and_month_from_the_ledger() {
         let (_d, db) = ledger().await;
-        let tz = chrono_tz::Europe::Berlin;
+        let tz = crate::zone::Zone::get("Europe/Berlin").unwrap();
         let now = utc("2026-03-29T12:00:00Z");
         spend(&db, "2026-03-28T22:59:59Z", 3.0).await; // yesterday in Berlin, this month
         spend(&db, "2026-03-28T23:00:00Z", 2.0).await; // today (local midnight)
@@ -743,11 +743,11 @@ mod tests {
 
         // Today: $2 < $2.5 ok; the $3 of yesterday does not count.
         assert!(
-            budget_gate(&db, &budget(0.0, 2.5, 0.0), tz, now, 0.0)
+            budget_gate(&db, &budget(0.0, 2.5, 0.0), &tz, now, 0.0)
                 .await
                 .is_ok()
         );
-        let err = budget_gate(&db, &budget(0.0, 2.0, 0.0), tz, now, 0.0)
+        let err = budget_gate(&db, &budget(0.0, 2.0, 0.0), &tz, now, 0.0)
             .await
             .unwrap_err();
         assert!(matches!(err, BudgetError::Exceeded(_)));
@@ -755,11 +755,11 @@ mod tests {
 
         // Month: $5 this month, last month's $100 excluded.
         assert!(
-            budget_gate(&db, &budget(0.0, 0.0, 5.01), tz, now, 0.0)
+            budget_gate(&db, &budget(0.0, 0.0, 5.01), &tz, now, 0.0)
                 .await
                 .is_ok()
         );
-        let err = budget_gate(&db, &budget(0.0, 0.0, 5.0), tz, now, 0.0)
+        let err = budget_gate(&db, &budget(0.0, 0.0, 5.0), &tz, now, 0.0)
             .await
             .unwrap_err();
         assert!(
@@ -768,7 +768,7 @@ mod tests {
         );
 
         // Per message needs no ledger.
-        let err = budget_gate(&db, &budget(1.0, 0.0, 0.0), tz, now, 1.5)
+        let err = budget_gate(&db, &budget(1.0, 0.0, 0.0), &tz, now, 1.5)
             .await
             .unwrap_err();
         assert!(err.to_string().starts_with("per-message budget"), "{err}");
@@ -779,20 +779,20 @@ mod tests {
         // A handle on which every ledger query fails: reaching the DB would be an error.
         let db = Db::without_schema_for_test();
         let now = utc("2026-03-29T12:00:00Z");
-        let tz = chrono_tz::Europe::Berlin;
+        let tz = crate::zone::Zone::get("Europe/Berlin").unwrap();
         assert!(db.spend_since(0).await.is_err(), "precondition");
         assert!(
-            budget_gate(&db, &budget(0.0, 0.0, 0.0), tz, now, 123.0)
+            budget_gate(&db, &budget(0.0, 0.0, 0.0), &tz, now, 123.0)
                 .await
                 .is_ok()
         );
         assert!(
-            budget_gate(&db, &budget(200.0, 0.0, 0.0), tz, now, 123.0)
+            budget_gate(&db, &budget(200.0, 0.0, 0.0), &tz, now, 123.0)
                 .await
                 .is_ok()
         );
         for cfg in [budget(0.0, 1.0, 0.0), budget(0.0, 0.0, 1.0)] {
-            let err = budget_gate(&db, &cfg, tz, now, 0.0).await.unwrap_err();
+            let err = budget_gate(&db, &cfg, &tz, now, 0.0).await.unwrap_err();
             assert!(matches!(err, BudgetError::Store(_)), "{err}");
             assert!(err.to_string().contains("no such table"), "{err}");
         }
@@ -802,7 +802,7 @@ mod tests {
         Ledger {
             db,
             budget: Arc::new(Mutex::new(cfg)),
-            tz: chrono_tz::UTC,
+            tz: crate::zone::Zone::utc(),
             pending: Arc::default(),
             messages: Arc::default(),
             sources: Arc::default(),

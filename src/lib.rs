@@ -31,6 +31,7 @@ pub mod skills;
 pub mod store;
 pub mod telemetry;
 pub mod tools;
+pub mod zone;
 
 #[cfg(test)]
 pub(crate) mod proptest_json;

@@ -229,7 +229,8 @@ fn fixture(
     )
     .started_at(Instant::now());
     spawn.connect(Arc::new(agent.clone()));
-    let store = SessionStore::open(&root.join("state/sessions"), cfg.agent.timezone).unwrap();
+    let store =
+        SessionStore::open(&root.join("state/sessions"), cfg.agent.timezone.clone()).unwrap();
     Fixture {
         _dir: dir,
         agent,

@@ -332,7 +332,7 @@ impl Agent {
             .join("\n");
         let note = format!(
             "{} [scheduler] A message scheduled earlier is being sent now; it follows as your reply.",
-            prompt::time_prefix(Utc::now(), self.cfg.agent.timezone)
+            prompt::time_prefix(Utc::now(), &self.cfg.agent.timezone)
         );
         let mut user = MessageEvent::new(Message::user_text(note));
         user.reply_to = work.ids();
@@ -508,11 +508,11 @@ impl Agent {
     ) -> Message {
         let cfg = &self.cfg;
         let now = Utc::now();
-        let tz = cfg.agent.timezone;
+        let tz = cfg.agent.timezone.clone();
         let triggered = self.skills.triggered(&work.text(), skills_off);
         let context = prompt::DynamicContext {
             now,
-            tz,
+            tz: tz.clone(),
             source: work.source(),
             from: work.from(),
             max_turns: cfg.behavior.max_turns_per_message,
@@ -523,7 +523,7 @@ impl Agent {
             instructions: work.api().and_then(|a| a.instructions.as_deref()),
         }
         .render();
-        let mut text = prompt::time_prefix(now, tz);
+        let mut text = prompt::time_prefix(now, &tz);
         text.push(' ');
         let joined: Vec<String> = work
             .intakes
@@ -560,7 +560,7 @@ impl Agent {
             ),
             status: Arc::new(status::LoopStatus {
                 db: self.ledger.db().clone(),
-                tz: self.cfg.agent.timezone,
+                tz: self.cfg.agent.timezone.clone(),
                 started: self.started,
                 session_id: session.id.clone(),
                 session_key: session.key.clone(),

@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
+use crate::zone::Zone;
 use chrono::{DateTime, Utc};
-use chrono_tz::Tz;
 
 use crate::config::TierFiles;
 use crate::llm::{SystemBlock, SystemTier};
@@ -49,10 +49,10 @@ fn render_files(workspace: &Path, names: &[String]) -> String {
 }
 
 /// `[Mon, 03. Nov 2026 - 14:05 CET]`
-pub fn time_prefix(now: DateTime<Utc>, tz: Tz) -> String {
+pub fn time_prefix(now: DateTime<Utc>, tz: &Zone) -> String {
     format!(
         "[{}]",
-        now.with_timezone(&tz).format("%a, %d. %b %Y - %H:%M %Z")
+        now.with_timezone(tz).format("%a, %d. %b %Y - %H:%M %Z")
     )
 }
 
@@ -60,7 +60,7 @@ pub fn time_prefix(now: DateTime<Utc>, tz: Tz) -> String {
 /// (never to the system prompt) so that everything before it stays byte-identical.
 pub struct DynamicContext<'a> {
     pub now: DateTime<Utc>,
-    pub tz: Tz,
+    pub tz: Zone,
     pub source: &'a str,
     pub from: &'a str,
     pub max_turns: u32,
@@ -184,8 +184,8 @@ mod tests {
     #[test]
     fn time_prefix_uses_zone_abbreviation() {
         let t: DateTime<Utc> = "2026-11-03T13:05:00Z".parse().unwrap();
-        let tz: Tz = "Europe/Berlin".parse().unwrap();
-        assert_eq!(time_prefix(t, tz), "[Tue, 03. Nov 2026 - 14:05 CET]");
+        let tz = Zone::get("Europe/Berlin").unwrap();
+        assert_eq!(time_prefix(t, &tz), "[Tue, 03. Nov 2026 - 14:05 CET]");
     }
 
     #[test]
@@ -215,7 +215,7 @@ mod tests {
     fn dynamic_context_names_source_sender_and_limits() {
         let c = DynamicContext {
             now: "2026-11-03T13:05:00Z".parse().unwrap(),
-            tz: Tz::UTC,
+            tz: Zone::utc(),
             source: "user",
             from: "alice",
             max_turns: 50,
@@ -237,7 +237,7 @@ mod tests {
     fn client_instructions_are_marked_as_the_clients() {
         let c = DynamicContext {
             now: "2026-11-03T13:05:00Z".parse().unwrap(),
-            tz: Tz::UTC,
+            tz: Zone::utc(),
             source: "api",
             from: "sdk",
             max_turns: 50,
@@ -262,7 +262,7 @@ mod tests {
     fn dynamic_context_carries_the_compaction_notice_when_near() {
         let c = DynamicContext {
             now: "2026-11-03T13:05:00Z".parse().unwrap(),
-            tz: Tz::UTC,
+            tz: Zone::utc(),
             source: "user",
             from: "alice",
             max_turns: 50,

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use chrono_tz::Tz;
+use crate::zone::Zone;
 use futures::future::BoxFuture;
 
 use crate::cost::Period;
@@ -12,7 +12,7 @@ use crate::tools::{SessionStatus, StatusSource};
 
 pub(crate) struct LoopStatus {
     pub db: Db,
-    pub tz: Tz,
+    pub tz: Zone,
     pub started: Instant,
     pub session_id: String,
     pub session_key: String,
@@ -27,7 +27,7 @@ impl StatusSource for LoopStatus {
     fn session_status(&self) -> BoxFuture<'_, Result<SessionStatus, String>> {
         Box::pin(async move {
             let since = Period::Today
-                .start(self.tz, chrono::Utc::now())
+                .start(&self.tz, chrono::Utc::now())
                 .unwrap_or(0);
             let (today_tokens, today_cost_usd) = self
                 .db

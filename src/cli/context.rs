@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use chrono_tz::Tz;
+use crate::zone::Zone;
 
 use super::CliError;
 use crate::config::{self, Config, ConfigError};
@@ -25,7 +25,7 @@ pub struct Context {
     /// The control FIFO.
     pub fifo: PathBuf,
     /// `agent.timezone` when the config loaded, else the system's zone (the config's default).
-    pub timezone: Tz,
+    pub timezone: Zone,
     /// Model config name → context window in tokens (empty without a config).
     pub context_windows: BTreeMap<String, u32>,
     /// Why the config did not load, when the state directory came from elsewhere.
@@ -99,7 +99,7 @@ fn from_config(cfg: &Config, state_dir: Option<PathBuf>) -> Context {
     Context {
         state_dir,
         fifo,
-        timezone: cfg.agent.timezone,
+        timezone: cfg.agent.timezone.clone(),
         context_windows: cfg
             .models
             .loaded
@@ -195,14 +195,20 @@ mod tests {
         let ctx = resolve(None, None, Ok(cfg.clone())).unwrap();
         assert_eq!(ctx.state_dir, state);
         assert_eq!(ctx.fifo, state.join("control.pipe"));
-        assert_eq!(ctx.timezone, chrono_tz::Europe::Berlin);
+        assert_eq!(
+            ctx.timezone,
+            crate::zone::Zone::get("Europe/Berlin").unwrap()
+        );
         assert_eq!(ctx.context_windows.get("primary"), Some(&100_000));
         assert_eq!(ctx.sessions_dir(), state.join("sessions"));
 
         // --state-dir moves a default FIFO along with it.
         let ctx = resolve(Some(Path::new("/other")), None, Ok(cfg)).unwrap();
         assert_eq!(ctx.fifo, Path::new("/other/control.pipe"));
-        assert_eq!(ctx.timezone, chrono_tz::Europe::Berlin);
+        assert_eq!(
+            ctx.timezone,
+            crate::zone::Zone::get("Europe/Berlin").unwrap()
+        );
     }
 
     #[test]

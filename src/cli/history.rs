@@ -242,12 +242,12 @@ mod tests {
     use crate::report::history::history;
     use crate::report::history::tests::sample;
     use crate::session::SessionStore;
-    use chrono_tz::Tz;
+    use crate::zone::Zone;
 
     #[test]
     fn text_abbreviated_and_full() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         sample(&store, "alice");
         store.flush_index();
         let h = history(d.path(), "alice").unwrap();
@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn archived_sessions_say_so() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let id = sample(&store, "bob");
         store.archive("bob", "reset").unwrap();
         let h = history(d.path(), &id).unwrap();

@@ -73,12 +73,12 @@ pub fn run(ctx: &Context, action: &Action, as_json: bool) -> Result<Output, CliE
     match action {
         Action::Send { out, opts } => Ok(send::render(&send::send(ctx, out, *opts)?, as_json)),
         Action::Cost(period, by) => Ok(cost::render(
-            &report::cost::cost_report(&ctx.state_dir, *period, *by, ctx.timezone, now)?,
+            &report::cost::cost_report(&ctx.state_dir, *period, *by, &ctx.timezone, now)?,
             as_json,
         )),
         Action::Sessions => Ok(sessions::render(
             &report::sessions::sessions_report(&ctx.sessions_dir(), &ctx.context_windows)?,
-            ctx.timezone,
+            &ctx.timezone,
             as_json,
         )),
         Action::Monitor => status::monitor(&ctx.state_dir, now, as_json),

@@ -236,7 +236,7 @@ mod tests {
     use super::*;
     use crate::session::SessionStore;
     use crate::session::event::{Event, Intake};
-    use chrono_tz::Tz;
+    use crate::zone::Zone;
     use nix::sys::stat::Mode;
     use std::fs::OpenOptions;
     use std::os::unix::fs::OpenOptionsExt;
@@ -384,7 +384,7 @@ mod tests {
             }
             let line = crate::control::parse_line(&buf[..buf.len() - 1], 4096).unwrap();
             let id = line.id().unwrap().to_string();
-            let store = SessionStore::open(&sessions, Tz::UTC).unwrap();
+            let store = SessionStore::open(&sessions, Zone::utc()).unwrap();
             let h = store.get_or_create("alice", "primary").unwrap();
             h.append(Event::Intake(Intake {
                 id,

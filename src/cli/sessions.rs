@@ -2,14 +2,14 @@
 
 use std::fmt::Write;
 
+use crate::zone::Zone;
 use chrono::TimeZone;
-use chrono_tz::Tz;
 
 use super::output::Output;
 use crate::report::sessions::SessionsReport;
 
 /// Text table (or JSON) for `--sessions`; times in `tz`.
-pub fn render(report: &SessionsReport, tz: Tz, as_json: bool) -> Output {
+pub fn render(report: &SessionsReport, tz: &Zone, as_json: bool) -> Output {
     if as_json {
         return Output::json(&serde_json::to_value(report).unwrap_or_default());
     }
@@ -96,7 +96,7 @@ mod tests {
                 }),
             }],
         };
-        let text = render(&r, Tz::UTC, false).stdout;
+        let text = render(&r, &Zone::utc(), false).stdout;
         assert!(text.contains("alice  0192f0c4-aaaa-7bbb"), "{text}");
         assert!(text.contains("2000 tokens (1.0%)"), "{text}");
         assert!(text.contains("UTC"), "{text}");
@@ -108,9 +108,10 @@ mod tests {
             text.contains("cost $0.2500, 1 log file(s), 321 bytes"),
             "{text}"
         );
-        let v: serde_json::Value = serde_json::from_str(&render(&r, Tz::UTC, true).stdout).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&render(&r, &Zone::utc(), true).stdout).unwrap();
         assert_eq!(v, serde_json::to_value(&r).unwrap());
         let none = SessionsReport { sessions: vec![] };
-        assert_eq!(render(&none, Tz::UTC, false).stdout, "no sessions\n");
+        assert_eq!(render(&none, &Zone::utc(), false).stdout, "no sessions\n");
     }
 }

@@ -145,7 +145,7 @@ pub fn status(ctx: &Context, now: DateTime<Utc>) -> Result<StatusReport, CliErro
         });
     // A damaged database must not hide whether the daemon runs.
     let (today_cost, cost_error) =
-        match crate::report::cost::today_cost(&ctx.state_dir, ctx.timezone, now) {
+        match crate::report::cost::today_cost(&ctx.state_dir, &ctx.timezone, now) {
             Ok(c) => (Some(c), None),
             Err(e) => (None, Some(e.to_string())),
         };

@@ -298,7 +298,7 @@ mod tests {
     use crate::message::Message;
     use crate::session::event::{Intake, MessageEvent};
     use crate::session::{IndexEntry, SessionStore};
-    use chrono_tz::Tz;
+    use crate::zone::Zone;
 
     const ID: &str = "4a7f0d6e-1111-4c2b-8f00-000000000001";
 
@@ -329,7 +329,7 @@ mod tests {
     }
 
     fn store(dir: &Path) -> SessionStore {
-        SessionStore::open(dir, Tz::UTC).unwrap()
+        SessionStore::open(dir, Zone::utc()).unwrap()
     }
 
     #[test]

@@ -2,7 +2,6 @@
 //! logging. One line per key; defaults live here.
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use super::paths::{expand_tilde, resolve};
@@ -54,14 +53,9 @@ pub fn agent(root: &mut Section<'_>, config_dir: &Path) -> AgentConfig {
     };
     let workspace = resolve(&workspace.unwrap_or_else(|| PathBuf::from(".")), config_dir);
     let timezone = match s.get::<String>("timezone") {
-        Some(tz) => chrono_tz::Tz::from_str(&tz).unwrap_or_else(|_| {
-            s.problem(
-                "timezone",
-                format!(
-                    "unknown time zone {tz:?}; use an IANA name such as \"Europe/Berlin\" or \"UTC\""
-                ),
-            );
-            chrono_tz::UTC
+        Some(tz) => crate::zone::Zone::get(&tz).unwrap_or_else(|e| {
+            s.problem("timezone", e.to_string());
+            crate::zone::Zone::utc()
         }),
         None => system_timezone(),
     };
@@ -111,12 +105,13 @@ pub fn agent(root: &mut Section<'_>, config_dir: &Path) -> AgentConfig {
     }
 }
 
-/// The system's time zone (iana-time-zone), UTC when it cannot be determined.
-pub fn system_timezone() -> chrono_tz::Tz {
+/// The system's time zone (its name from iana-time-zone, its rules from the system's database),
+/// UTC when it cannot be determined.
+pub fn system_timezone() -> crate::zone::Zone {
     iana_time_zone::get_timezone()
         .ok()
-        .and_then(|name| chrono_tz::Tz::from_str(&name).ok())
-        .unwrap_or(chrono_tz::UTC)
+        .and_then(|name| crate::zone::Zone::get(&name).ok())
+        .unwrap_or(crate::zone::Zone::utc())
 }
 
 /// `[behavior] call_deadline_seconds` default: ten minutes for one model call, from the request

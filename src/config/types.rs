@@ -150,7 +150,7 @@ pub struct AgentConfig {
     pub name: String,
     /// Absolute, canonical when it exists.
     pub workspace: PathBuf,
-    pub timezone: chrono_tz::Tz,
+    pub timezone: crate::zone::Zone,
     pub context: ContextConfig,
     pub skills: SkillsConfig,
 }

@@ -698,7 +698,7 @@ mod tests {
     #[tokio::test]
     async fn a_reply_that_splits_differently_now_is_not_resumed() {
         let d = tempfile::tempdir().unwrap();
-        let store = crate::session::SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
+        let store = crate::session::SessionStore::open(d.path(), crate::zone::Zone::utc()).unwrap();
         let h = store.get_or_create("k", "primary").unwrap();
         let to = Target::Telegram { chat_id: 1 };
         let policy = RetryPolicy {
@@ -747,7 +747,7 @@ mod tests {
     #[tokio::test]
     async fn an_absurd_retry_after_fails_the_delivery_without_panicking() {
         let d = tempfile::tempdir().unwrap();
-        let store = crate::session::SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
+        let store = crate::session::SessionStore::open(d.path(), crate::zone::Zone::utc()).unwrap();
         let h = store.get_or_create("k", "primary").unwrap();
         let policy = RetryPolicy {
             within: Duration::from_secs(60),
@@ -773,7 +773,7 @@ mod tests {
     }
 
     fn session(d: &tempfile::TempDir) -> Arc<SessionHandle> {
-        let store = crate::session::SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
+        let store = crate::session::SessionStore::open(d.path(), crate::zone::Zone::utc()).unwrap();
         store.get_or_create("k", "primary").unwrap()
     }
 

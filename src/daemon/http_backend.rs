@@ -343,7 +343,7 @@ impl ApiBackend for DaemonBackend {
 
     fn status(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
         let dir = self.state_dir();
-        let tz = self.cfg.agent.timezone;
+        let tz = self.cfg.agent.timezone.clone();
         let models = json!({
             "loaded": self.cfg.models.loaded.keys().collect::<Vec<_>>(),
             "skipped": self.cfg.models.skipped,
@@ -361,7 +361,7 @@ impl ApiBackend for DaemonBackend {
             "queue_depth": self.dispatcher.queue_depth(),
         });
         blocking(move || {
-            let today = crate::report::cost::today_cost(&dir, tz, Utc::now())
+            let today = crate::report::cost::today_cost(&dir, &tz, Utc::now())
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
             let mut v = base;
             v["today_cost"] = json!(today);
@@ -391,9 +391,9 @@ impl ApiBackend for DaemonBackend {
         by: Option<crate::store::GroupBy>,
     ) -> BoxFuture<'_, Result<Value, BackendError>> {
         let dir = self.state_dir();
-        let tz = self.cfg.agent.timezone;
+        let tz = self.cfg.agent.timezone.clone();
         blocking(move || {
-            let r = crate::report::cost::cost_report(&dir, period, by, tz, Utc::now())
+            let r = crate::report::cost::cost_report(&dir, period, by, &tz, Utc::now())
                 .map_err(|e| BackendError::Internal(e.to_string()))?;
             serde_json::to_value(r).map_err(|e| BackendError::Internal(e.to_string()))
         })

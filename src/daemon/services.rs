@@ -89,7 +89,7 @@ fn open_state(cfg: &Config) -> Result<State, DaemonError> {
     let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
     let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
     let store = Arc::new(
-        SessionStore::open(&paths.sessions(), cfg.agent.timezone)
+        SessionStore::open(&paths.sessions(), cfg.agent.timezone.clone())
             .map_err(|e| startup("cannot open the sessions directory", &e))?,
     );
     let monitor = Arc::new(Monitor::new(paths.monitor()));

@@ -835,7 +835,8 @@ mod tests {
         ]);
         let mut cfg = crate::config::load_with_env(&root.join("agentd.toml"), env).unwrap();
         tune(&mut cfg.behavior);
-        let store = Arc::new(SessionStore::open(&root.join("sessions"), chrono_tz::UTC).unwrap());
+        let store =
+            Arc::new(SessionStore::open(&root.join("sessions"), crate::zone::Zone::utc()).unwrap());
         let runner = Arc::new(FakeRunner::default());
         let tracker = TaskTracker::new();
         let dispatcher = Dispatcher::new(

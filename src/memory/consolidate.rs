@@ -19,8 +19,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::zone::Zone;
 use chrono::{NaiveDate, TimeZone};
-use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
 use super::chunk::{chunk_lines, sha256_hex};
@@ -124,7 +124,7 @@ fn field(s: &str) -> Option<String> {
 
 /// A date (`YYYY-MM-DD`, or the date part of a longer timestamp) at `hour`:00 in `tz`, as Unix
 /// seconds.
-fn date_at(s: &str, tz: Tz, hour: u32) -> Option<i64> {
+fn date_at(s: &str, tz: &Zone, hour: u32) -> Option<i64> {
     let day = NaiveDate::parse_from_str(s.trim().get(..10)?, "%Y-%m-%d").ok()?;
     let local = day.and_hms_opt(hour, 0, 0)?;
     tz.from_local_datetime(&local)
@@ -139,7 +139,7 @@ pub fn parse_extraction(
     answer: &str,
     threshold: f64,
     origin: Origin<'_>,
-    tz: Tz,
+    tz: Zone,
 ) -> Result<Extraction, MemoryError> {
     let (start, end) = match (answer.find('{'), answer.rfind('}')) {
         (Some(s), Some(e)) if s < e => (s, e),
@@ -187,7 +187,7 @@ pub fn parse_extraction(
             x.episodes.push(NewEpisode {
                 session_id: session_id.clone(),
                 summary,
-                occurred_at: e.date.as_deref().and_then(|d| date_at(d, tz, 12)),
+                occurred_at: e.date.as_deref().and_then(|d| date_at(d, &tz, 12)),
             });
         }
     }
@@ -196,7 +196,7 @@ pub fn parse_extraction(
             x.commitments.push(NewCommitment {
                 description,
                 owner: c.owner.as_deref().and_then(field),
-                due_at: c.due.as_deref().and_then(|d| date_at(d, tz, 23)),
+                due_at: c.due.as_deref().and_then(|d| date_at(d, &tz, 23)),
                 session_id: session_id.clone(),
             });
         }
@@ -629,7 +629,9 @@ pub fn session_ids(sessions_dir: &Path) -> Vec<(PathBuf, String)> {
 mod tests {
     use super::*;
 
-    const TZ: Tz = chrono_tz::Europe::Berlin;
+    fn tz() -> Zone {
+        crate::zone::Zone::get("Europe/Berlin").unwrap()
+    }
 
     #[test]
     fn answers_are_read_leniently() {
@@ -648,7 +650,7 @@ mod tests {
             Origin {
                 session_id: Some("s"),
             },
-            TZ,
+            tz(),
         )
         .unwrap();
         let facts: Vec<(&str, &str, &str)> = x
@@ -663,7 +665,7 @@ mod tests {
         assert_eq!(x.facts[1].confidence, 1.0, "no confidence = certain");
         assert_eq!(x.aliases, vec![("Mum".to_string(), "Anna".to_string())]);
         assert_eq!(x.episodes.len(), 1);
-        let noon = TZ
+        let noon = tz()
             .with_ymd_and_hms(2026, 11, 3, 12, 0, 0)
             .unwrap()
             .timestamp();
@@ -675,19 +677,21 @@ mod tests {
 
     #[test]
     fn no_json_is_an_error_and_empty_is_fine() {
-        assert!(parse_extraction("no idea", 0.5, Origin { session_id: None }, TZ).is_err());
-        assert!(parse_extraction("{\"facts\": 3}", 0.5, Origin { session_id: None }, TZ).is_err());
-        let x = parse_extraction("{}", 0.5, Origin { session_id: None }, TZ).unwrap();
+        assert!(parse_extraction("no idea", 0.5, Origin { session_id: None }, tz()).is_err());
+        assert!(
+            parse_extraction("{\"facts\": 3}", 0.5, Origin { session_id: None }, tz()).is_err()
+        );
+        let x = parse_extraction("{}", 0.5, Origin { session_id: None }, tz()).unwrap();
         assert_eq!(x, Extraction::default());
     }
 
     #[test]
     fn dates_and_fields() {
-        assert!(date_at("2026-02-30", TZ, 12).is_none());
-        assert!(date_at("soon", TZ, 12).is_none());
+        assert!(date_at("2026-02-30", &tz(), 12).is_none());
+        assert!(date_at("soon", &tz(), 12).is_none());
         assert_eq!(
-            date_at("2026-11-03T08:00:00Z", TZ, 12),
-            date_at("2026-11-03", TZ, 12)
+            date_at("2026-11-03T08:00:00Z", &tz(), 12),
+            date_at("2026-11-03", &tz(), 12)
         );
         assert_eq!(
             field(&"é".repeat(2000)).unwrap().chars().count(),
@@ -805,7 +809,9 @@ mod prop_tests {
 
     use super::*;
 
-    const TZ: Tz = chrono_tz::Europe::Berlin;
+    fn tz() -> Zone {
+        crate::zone::Zone::get("Europe/Berlin").unwrap()
+    }
 
     /// A field a model writes: not blank, no surrounding whitespace, possibly non-ASCII.
     fn text() -> impl Strategy<Value = String> {
@@ -862,7 +868,7 @@ mod prop_tests {
             after in "[^{}]{0,30}",
         ) {
             let text = format!("{before}\n```json\n{}\n```\n{after}", serde_json::to_string_pretty(&doc).unwrap());
-            let x = parse_extraction(&text, threshold, Origin { session_id: Some("s") }, TZ).unwrap();
+            let x = parse_extraction(&text, threshold, Origin { session_id: Some("s") }, tz()).unwrap();
             let want: Vec<_> = facts.iter().filter(|f| f.3 >= threshold).collect();
             prop_assert_eq!(x.facts.len(), want.len());
             for (got, (e, a, v, c)) in x.facts.iter().zip(want) {
@@ -894,7 +900,7 @@ mod prop_tests {
             threshold in 0.0f64..=1.0,
         ) {
             let broken = crate::proptest_json::mutate(&doc, &edits);
-            match parse_extraction(&broken.to_string(), threshold, Origin { session_id: None }, TZ) {
+            match parse_extraction(&broken.to_string(), threshold, Origin { session_id: None }, tz()) {
                 Ok(x) => {
                     prop_assert!(x.facts.len() <= MAX_FACTS && x.episodes.len() <= MAX_EPISODES && x.commitments.len() <= MAX_COMMITMENTS);
                     let ok = |s: &str| !s.trim().is_empty() && s.chars().count() <= MAX_FIELD_CHARS;
@@ -913,7 +919,7 @@ mod prop_tests {
         /// Any text at all: an extraction or `MemoryError::Consolidation`, never a panic.
         #[test]
         fn arbitrary_text_never_panics(text in "\\PC{0,200}", threshold in -1.0f64..2.0) {
-            if let Err(e) = parse_extraction(&text, threshold, Origin { session_id: None }, TZ) {
+            if let Err(e) = parse_extraction(&text, threshold, Origin { session_id: None }, tz()) {
                 prop_assert!(matches!(e, MemoryError::Consolidation(_)), "{e:?}");
             }
         }

@@ -28,7 +28,7 @@ pub mod search;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use chrono_tz::Tz;
+use crate::zone::Zone;
 
 use crate::config::{Config, MemoryConfig};
 use crate::cost::Ledger;
@@ -78,7 +78,7 @@ struct Inner {
     cfg: MemoryConfig,
     workspace: PathBuf,
     state_dir: PathBuf,
-    tz: Tz,
+    tz: Zone,
     embedder: Option<Embedder>,
     /// Chunk vectors of the embeddings model, reloaded when `meta.index_generation` moves.
     vectors: tokio::sync::Mutex<Option<Arc<VectorSet>>>,
@@ -139,7 +139,7 @@ impl Memory {
         cfg: MemoryConfig,
         workspace: PathBuf,
         state_dir: PathBuf,
-        tz: Tz,
+        tz: Zone,
         embedder: Option<Embedder>,
     ) -> Memory {
         Memory {
@@ -180,7 +180,7 @@ impl Memory {
             cfg.memory.clone(),
             cfg.agent.workspace.clone(),
             cfg.paths.state_dir.clone(),
-            cfg.agent.timezone,
+            cfg.agent.timezone.clone(),
             embedder,
         ))
     }
@@ -202,8 +202,8 @@ impl Memory {
         &self.inner.state_dir
     }
 
-    pub fn tz(&self) -> Tz {
-        self.inner.tz
+    pub fn tz(&self) -> Zone {
+        self.inner.tz.clone()
     }
 
     /// The embeddings model, when one is configured and loaded.

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
+use crate::zone::Zone;
 use chrono::{DateTime, Utc};
-use chrono_tz::Tz;
 use serde::Serialize;
 
 use super::ReportError;
@@ -42,7 +42,7 @@ pub fn cost_report(
     state_dir: &Path,
     period: Period,
     by: Option<GroupBy>,
-    tz: Tz,
+    tz: &Zone,
     now: DateTime<Utc>,
 ) -> Result<CostReport, ReportError> {
     let since = period.start(tz, now);
@@ -77,7 +77,7 @@ pub fn cost_report(
 }
 
 /// Spend since local midnight in `tz` (for `--status` and `GET /api/v1/status`). Blocking.
-pub fn today_cost(state_dir: &Path, tz: Tz, now: DateTime<Utc>) -> Result<f64, ReportError> {
+pub fn today_cost(state_dir: &Path, tz: &Zone, now: DateTime<Utc>) -> Result<f64, ReportError> {
     Ok(cost_report(state_dir, Period::Today, None, tz, now)?
         .summary
         .total_cost)
@@ -112,7 +112,7 @@ mod tests {
     #[test]
     fn missing_db_is_zero() {
         let d = tempfile::tempdir().unwrap();
-        let r = cost_report(d.path(), Period::Today, None, Tz::UTC, Utc::now()).unwrap();
+        let r = cost_report(d.path(), Period::Today, None, &Zone::utc(), Utc::now()).unwrap();
         assert_eq!(r.summary.total_cost, 0.0);
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(
@@ -146,7 +146,7 @@ mod tests {
                     .unwrap();
             });
         }
-        let r = cost_report(d.path(), Period::Today, None, Tz::UTC, now).unwrap();
+        let r = cost_report(d.path(), Period::Today, None, &Zone::utc(), now).unwrap();
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["period"], "today");
         assert!((v["total_cost"].as_f64().unwrap() - 0.76).abs() < 1e-9);
@@ -166,9 +166,9 @@ mod tests {
             "exactly period, total_cost, models, skipped: {keys:?}"
         );
 
-        let all = cost_report(d.path(), Period::All, None, Tz::UTC, now).unwrap();
+        let all = cost_report(d.path(), Period::All, None, &Zone::utc(), now).unwrap();
         assert!((all.summary.total_cost - 9.76).abs() < 1e-9);
-        assert!((today_cost(d.path(), Tz::UTC, now).unwrap() - 0.76).abs() < 1e-9);
+        assert!((today_cost(d.path(), &Zone::utc(), now).unwrap() - 0.76).abs() < 1e-9);
     }
 
     /// SPEC §20: `by` adds totals and the cache hit ratio (reads / all prompt tokens) per
@@ -203,7 +203,14 @@ mod tests {
                     .unwrap();
             });
         }
-        let r = cost_report(d.path(), Period::Today, Some(GroupBy::Source), Tz::UTC, now).unwrap();
+        let r = cost_report(
+            d.path(),
+            Period::Today,
+            Some(GroupBy::Source),
+            &Zone::utc(),
+            now,
+        )
+        .unwrap();
         assert_eq!(r.skipped.runs, 2);
         assert!((r.skipped.saved_usd - 0.02).abs() < 1e-12);
         let groups = r.groups.unwrap();
@@ -213,7 +220,14 @@ mod tests {
         assert_eq!(by_key("(unknown)").hit_ratio, None, "no prompt tokens");
         assert_eq!(groups[0].key, "telegram", "most expensive first");
         let v = serde_json::to_value(
-            cost_report(d.path(), Period::Today, Some(GroupBy::Model), Tz::UTC, now).unwrap(),
+            cost_report(
+                d.path(),
+                Period::Today,
+                Some(GroupBy::Model),
+                &Zone::utc(),
+                now,
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(v["by"], "model");

@@ -235,7 +235,7 @@ pub(crate) mod tests {
     #[test]
     fn history_by_key_and_id_and_json() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), crate::zone::Zone::utc()).unwrap();
         let id = sample(&store, "alice");
         // Found by id while the index (written in the background) may not name it yet.
         assert_eq!(locate(d.path(), &id).unwrap().session_id, id);
@@ -266,7 +266,7 @@ pub(crate) mod tests {
     #[test]
     fn archived_sessions_are_found_by_id_only() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), chrono_tz::Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), crate::zone::Zone::utc()).unwrap();
         let id = sample(&store, "bob");
         store.archive("bob", "reset").unwrap();
         let h = history(d.path(), &id).unwrap();

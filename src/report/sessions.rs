@@ -116,7 +116,7 @@ mod tests {
     use crate::message::{Message, Usage};
     use crate::session::SessionStore;
     use crate::session::event::{Event, MessageEvent};
-    use chrono_tz::Tz;
+    use crate::zone::Zone;
 
     fn assistant(input: u64, output: u64, cost: f64) -> Event {
         let mut m = MessageEvent::new(Message::Assistant {
@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn report_from_snapshot_and_from_trail() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         // alice: a snapshot exists ...
         let a = store.get_or_create("alice", "primary").unwrap();
         a.append(Event::Message(MessageEvent::new(Message::user_text("hi"))))

@@ -59,7 +59,7 @@ fn warn_invalid_cron(entries: &[ScheduleEntry]) {
 }
 
 /// The next time `entry` fires strictly after `after` (Unix seconds).
-pub fn next_after(entry: &ScheduleEntry, after: i64, tz: chrono_tz::Tz) -> Option<i64> {
+pub fn next_after(entry: &ScheduleEntry, after: i64, tz: &crate::zone::Zone) -> Option<i64> {
     match &entry.when {
         ScheduleWhen::Every(d) => Some(after + d.as_secs().max(1) as i64),
         ScheduleWhen::Cron(expr) => {
@@ -116,7 +116,7 @@ impl Scheduler {
 
     /// Fire `entry` if due (once, however many slots were missed); return its next time.
     async fn check_entry(&self, entry: &ScheduleEntry, now: i64) -> Option<i64> {
-        let tz = self.cfg.get().agent.timezone;
+        let tz = self.cfg.get().agent.timezone.clone();
         let last = match self.db.schedule_last_run(&entry.name).await {
             Ok(Some(t)) => t,
             Ok(None) => {
@@ -129,7 +129,7 @@ impl Scheduler {
                 return None;
             }
         };
-        let due = next_after(entry, last, tz)?;
+        let due = next_after(entry, last, &tz)?;
         if due > now {
             return Some(due);
         }
@@ -139,7 +139,7 @@ impl Scheduler {
             return match self.db.schedule_set_run(&entry.name, now).await {
                 Ok(()) => {
                     self.recorded(&id);
-                    next_after(entry, now, tz)
+                    next_after(entry, now, &tz)
                 }
                 Err(_) => Some(now + 30),
             };
@@ -193,14 +193,14 @@ impl Scheduler {
         entry: &ScheduleEntry,
         id: &str,
         now: i64,
-        tz: chrono_tz::Tz,
+        tz: crate::zone::Zone,
     ) -> Option<i64> {
         if let Err(e) = self.db.schedule_set_run(&entry.name, now).await {
             tracing::error!(schedule = %entry.name, error = %e, "scheduler: cannot record the run; it will not fire again for this slot");
             self.unrecorded_lock().insert(id.to_string());
             return Some(now + 30);
         }
-        next_after(entry, now, tz)
+        next_after(entry, now, &tz)
     }
 
     /// Run `entry`'s precheck in the exec sandbox (SPEC §20) and record what it did.
@@ -316,9 +316,9 @@ mod tests {
 
     #[test]
     fn next_fire_times() {
-        let tz: chrono_tz::Tz = "Europe/Berlin".parse().unwrap();
+        let tz: crate::zone::Zone = "Europe/Berlin".parse().unwrap();
         let every = entry(ScheduleWhen::Every(Duration::from_secs(900)));
-        assert_eq!(next_after(&every, 1000, tz), Some(1900));
+        assert_eq!(next_after(&every, 1000, &tz), Some(1900));
         // 09:00 Berlin on weekdays; from Sunday 2026-11-22 12:00 UTC → Monday 08:00 UTC.
         let cron = entry(ScheduleWhen::Cron("0 9 * * 1-5".into()));
         let sun = "2026-11-22T12:00:00Z"
@@ -329,9 +329,9 @@ mod tests {
             .parse::<DateTime<Utc>>()
             .unwrap()
             .timestamp();
-        assert_eq!(next_after(&cron, sun, tz), Some(mon));
+        assert_eq!(next_after(&cron, sun, &tz), Some(mon));
         assert_eq!(
-            next_after(&entry(ScheduleWhen::Cron("bad".into())), sun, tz),
+            next_after(&entry(ScheduleWhen::Cron("bad".into())), sun, &tz),
             None
         );
     }

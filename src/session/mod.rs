@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use chrono_tz::Tz;
+use crate::zone::Zone;
 
 pub use event::{DeliveryStatus, Event, Intake, MessageEvent, Route, TrailLine};
 pub use index::{Index, IndexEntry, IndexWriter};
@@ -90,7 +90,7 @@ impl RecentIds {
 /// The sessions directory and the open sessions.
 pub struct SessionStore {
     dir: PathBuf,
-    tz: Tz,
+    tz: Zone,
     inner: Mutex<Inner>,
     /// Writes the state snapshots off the session workers (thread `agentd-snapshot`).
     snapshots: Arc<LatestWriter<SessionState>>,
@@ -195,7 +195,7 @@ impl SessionStore {
     /// (`repair::repair_index`): the index is written in the background, so a crash may have
     /// kept a new session's entry from the disk, or stopped a reset between its index write
     /// and the file moves. A repaired index is written before anything reads it.
-    pub fn open(dir: &Path, tz: Tz) -> io::Result<SessionStore> {
+    pub fn open(dir: &Path, tz: Zone) -> io::Result<SessionStore> {
         fsutil::create_private_dir(dir)?;
         fsutil::create_private_dir(&dir.join(ARCHIVE_DIR))?;
         // Snapshot and index writes that a kill interrupted.
@@ -387,7 +387,7 @@ impl SessionStore {
             id: id.to_string(),
             key: key.to_string(),
             dir: self.dir.clone(),
-            trail: Mutex::new(TrailWriter::open(&self.dir, id, self.tz)?),
+            trail: Mutex::new(TrailWriter::open(&self.dir, id, self.tz.clone())?),
             intake_ids: Mutex::new(None),
             snapshots: self.snapshots.clone(),
             unsettled: self.unsettled.clone(),
@@ -797,7 +797,7 @@ mod tests {
     #[test]
     fn unused_handles_are_closed_beyond_the_bound_and_reopen_where_they_left_off() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         // One handle stays in use the whole time: it must survive every sweep.
         let kept = store.get_or_create("kept", "primary").unwrap();
         let first = store.get_or_create("s0", "primary").unwrap();
@@ -865,7 +865,7 @@ mod tests {
     #[test]
     fn idle_sessions_are_archived_only_while_idle_and_old_archives_deleted() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let idle = store.get_or_create("idle", "primary").unwrap().id.clone();
         let busy = store.get_or_create("busy", "primary").unwrap().id.clone();
         let hour = Duration::from_secs(3600);
@@ -903,7 +903,7 @@ mod tests {
     #[test]
     fn dedup_remembers_the_last_ids_only_and_reloads_them_from_the_trail() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let take = |id: &str| {
             let Event::Intake(i) = intake(id) else {
                 unreachable!()
@@ -923,7 +923,7 @@ mod tests {
         // Loaded again from the trail (a new store, as after a restart): the same window.
         drop(h);
         drop(store);
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let again = |id: &str| {
             let Event::Intake(i) = intake(id) else {
                 unreachable!()
@@ -947,7 +947,7 @@ mod tests {
     #[test]
     fn a_settled_mark_holds_only_while_it_names_the_last_line() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("k", "primary").unwrap();
         assert!(!is_settled(d.path(), &h.id), "no mark: unsure");
         h.append(intake("a")).unwrap();
@@ -967,7 +967,7 @@ mod tests {
     #[test]
     fn a_refused_line_keeps_the_session_unsettled_for_the_run() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("k", "primary").unwrap();
         h.append(intake("a")).unwrap();
         h.mark_settled(h.last_seq()).unwrap();
@@ -991,7 +991,7 @@ mod tests {
     #[test]
     fn a_new_session_is_on_disk_in_the_index_after_a_flush() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("alice", "primary").unwrap();
         assert_eq!(store.index()["alice"].session_id, h.id);
         store.flush_index();
@@ -1018,7 +1018,7 @@ mod tests {
     #[test]
     fn an_archive_is_durable_in_the_index_and_never_overwritten_by_an_older_one() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         for round in 0..20 {
             let key = format!("k{round}");
             let id = store.get_or_create(&key, "primary").unwrap().id.clone();
@@ -1039,7 +1039,7 @@ mod tests {
     #[test]
     fn a_precheck_appended_beside_the_worker_reaches_its_snapshot() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("cron", "primary").unwrap();
         let mut worker = h.load_state("primary").unwrap();
         let precheck = event::PrecheckEvent {
@@ -1080,7 +1080,7 @@ mod tests {
     #[test]
     fn create_append_reload_archive() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("alice", "primary").unwrap();
         h.append(intake("i1")).unwrap();
         let again = store.get_or_create("alice", "primary").unwrap();
@@ -1092,7 +1092,7 @@ mod tests {
 
         // A second store (a restart) sees the same session.
         drop(store);
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h2 = store.get("alice").unwrap().unwrap();
         assert_eq!(h2.id, h.id);
         h2.append(intake("i2")).unwrap();
@@ -1118,7 +1118,7 @@ mod tests {
     #[test]
     fn a_lagging_snapshot_plus_the_newer_lines_is_the_current_state() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("alice", "primary").unwrap();
         h.append(Event::Message(MessageEvent::new(Message::user_text("one"))))
             .unwrap();
@@ -1144,7 +1144,7 @@ mod tests {
     #[test]
     fn only_dirty_states_of_current_sessions_are_snapshotted() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("alice", "primary").unwrap();
         h.append(intake("i1")).unwrap();
         let st = h.load_state("primary").unwrap();
@@ -1176,7 +1176,7 @@ mod tests {
     #[test]
     fn corrupt_snapshot_is_rebuilt_from_trail() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("bob", "primary").unwrap();
         let mut m = MessageEvent::new(Message::user_text("hi"));
         m.reply_to = vec!["i1".into()];
@@ -1190,7 +1190,7 @@ mod tests {
     #[test]
     fn pending_and_outcomes() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let h = store.get_or_create("alice", "primary").unwrap();
         for id in ["a", "b", "c"] {
             h.append(intake(id)).unwrap();

@@ -196,7 +196,7 @@ fn session_event_of(line: &TrailLine, id: &str) -> Option<(String, i64)> {
 mod tests {
     use super::super::{SessionStore, TrailWriter, index};
     use super::*;
-    use chrono_tz::Tz;
+    use crate::zone::Zone;
 
     /// Session ids in creation order (UUIDv7 shape, fixed so the order is known).
     const OLDER: &str = "01900000-0000-7000-8000-000000000001";
@@ -218,7 +218,7 @@ mod tests {
     /// A trail for session `id` of `key` with a `session` event and one intake, written as the
     /// daemon writes it, but not indexed.
     fn unindexed_trail(dir: &Path, id: &str, key: &str) {
-        let mut w = TrailWriter::open(dir, id, Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(dir, id, Zone::utc()).unwrap();
         w.append(Event::Session {
             session_id: id.into(),
             key: key.into(),
@@ -246,7 +246,7 @@ mod tests {
     #[test]
     fn an_unindexed_trail_with_its_session_event_is_indexed_again() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let kept = store.get_or_create("bob", "primary").unwrap().id.clone();
         let lost = store.get_or_create("alice", "primary").unwrap().id.clone();
         drop(store);
@@ -255,7 +255,7 @@ mod tests {
         idx.remove("alice");
         index::write_index(d.path(), &idx).unwrap();
 
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         for i in [store.index(), on_disk(d.path())] {
             assert_eq!(i["alice"].session_id, lost);
             assert_eq!(i["bob"].session_id, kept);
@@ -271,7 +271,7 @@ mod tests {
     #[test]
     fn a_trail_ending_in_reset_is_moved_to_the_archive() {
         let d = tempfile::tempdir().unwrap();
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         let whole = store.get_or_create("alice", "primary").unwrap();
         whole.append(intake("a")).unwrap();
         whole
@@ -291,7 +291,7 @@ mod tests {
         let snap = format!("{half}.state.json");
         std::fs::rename(d.path().join(&snap), archive.join(&snap)).unwrap();
 
-        let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+        let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
         assert!(store.index().is_empty());
         assert_eq!(
             names(d.path()),
@@ -322,7 +322,7 @@ mod tests {
             );
             index::write_index(d.path(), &idx).unwrap();
 
-            let store = SessionStore::open(d.path(), Tz::UTC).unwrap();
+            let store = SessionStore::open(d.path(), Zone::utc()).unwrap();
             assert_eq!(
                 store.index()["alice"].session_id,
                 NEWER,

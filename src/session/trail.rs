@@ -7,8 +7,8 @@ use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use crate::zone::Zone;
 use chrono::{DateTime, SecondsFormat, Utc};
-use chrono_tz::Tz;
 
 use super::event::{Event, TRAIL_VERSION, TrailLine};
 use crate::fsutil;
@@ -19,7 +19,7 @@ use crate::fsutil;
 pub struct TrailWriter {
     dir: PathBuf,
     id: String,
-    tz: Tz,
+    tz: Zone,
     current: Option<(String, File)>,
     next_seq: u64,
 }
@@ -27,7 +27,7 @@ pub struct TrailWriter {
 impl TrailWriter {
     /// Open the trail of session `id` in `dir`: find the last sequence number and repair a torn
     /// tail of the newest file.
-    pub fn open(dir: &Path, id: &str, tz: Tz) -> io::Result<TrailWriter> {
+    pub fn open(dir: &Path, id: &str, tz: Zone) -> io::Result<TrailWriter> {
         let files = trail_files(dir, id)?;
         if let Some(last) = files.last() {
             truncate_torn_tail(last)?;
@@ -408,7 +408,7 @@ mod tests {
     #[test]
     fn scans_agree_with_a_full_read() {
         let d = tempfile::tempdir().unwrap();
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         for n in 0..6 {
             w.append(Event::Intake(crate::session::Intake {
                 id: format!("in-{n}"),
@@ -449,7 +449,7 @@ mod tests {
     #[test]
     fn reading_after_a_seq_skips_older_files_and_agrees_with_a_full_read() {
         let d = tempfile::tempdir().unwrap();
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         for (day, n) in [(1, 3), (2, 4), (4, 2)] {
             let at = chrono::DateTime::parse_from_rfc3339(&format!("2026-11-0{day}T10:00:00Z"))
                 .unwrap()
@@ -486,11 +486,11 @@ mod tests {
     #[test]
     fn appends_with_increasing_seq_and_reopens() {
         let d = tempfile::tempdir().unwrap();
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         w.append(ev("a")).unwrap();
         w.append(ev("b")).unwrap();
         drop(w);
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         assert_eq!(w.next_seq(), 3);
         w.append(ev("c")).unwrap();
         let lines = read_trail(d.path(), "s1").unwrap();
@@ -500,7 +500,7 @@ mod tests {
     #[test]
     fn daily_files_use_the_configured_zone() {
         let d = tempfile::tempdir().unwrap();
-        let tz: Tz = "Europe/Berlin".parse().unwrap();
+        let tz: Zone = "Europe/Berlin".parse().unwrap();
         let mut w = TrailWriter::open(d.path(), "s1", tz).unwrap();
         // 23:30 UTC on Nov 3 is 00:30 on Nov 4 in Berlin.
         let t = "2026-11-03T23:30:00Z".parse::<DateTime<Utc>>().unwrap();
@@ -521,7 +521,7 @@ mod tests {
     #[test]
     fn seq_continues_past_an_empty_newest_file() {
         let d = tempfile::tempdir().unwrap();
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         w.append_at(ev("a"), "2026-11-03T10:00:00Z".parse().unwrap())
             .unwrap();
         w.append_at(ev("b"), "2026-11-03T10:00:01Z".parse().unwrap())
@@ -529,7 +529,7 @@ mod tests {
         drop(w);
         // A crash during the first write of the next day leaves an empty file.
         fs::write(d.path().join("s1.2026-11-04.jsonl"), "").unwrap();
-        let w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         assert_eq!(w.next_seq(), 3);
     }
 
@@ -547,7 +547,7 @@ mod tests {
             terminated in proptest::prelude::any::<bool>(),
         ) {
             let d = tempfile::tempdir().unwrap();
-            let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+            let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
             let written: Vec<TrailLine> = (0..n).map(|i| w.append(ev(&format!("m{i}"))).unwrap()).collect();
             drop(w);
             let f = trail_files(d.path(), "s1").unwrap().pop().unwrap();
@@ -559,7 +559,7 @@ mod tests {
             drop(fh);
             let read = read_trail(d.path(), "s1").unwrap();
             proptest::prop_assert_eq!(&read[..n], &written[..]);
-            let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+            let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
             let after = w.append(ev("after")).unwrap();
             proptest::prop_assert_eq!(after.seq, n as u64 + 1);
             let read = read_trail(d.path(), "s1").unwrap();
@@ -608,7 +608,7 @@ mod tests {
     #[test]
     fn the_first_line_is_read_up_to_a_bound() {
         let d = tempfile::tempdir().unwrap();
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         let first = w.append(ev("a")).unwrap();
         w.append(ev("b")).unwrap();
         let f = trail_files(d.path(), "s1").unwrap().remove(0);
@@ -631,7 +631,7 @@ mod tests {
     #[test]
     fn reopening_after_a_failed_append_repairs_the_tail() {
         let d = tempfile::tempdir().unwrap();
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         w.append(ev("a")).unwrap();
         // A failed append whose cut-back failed too leaves half a line; the writer dropped its
         // handle, so the next append reopens the file and repairs it first.
@@ -654,7 +654,7 @@ mod tests {
     fn a_refused_first_line_leaves_no_empty_file() {
         let d = tempfile::tempdir().unwrap();
         let day1 = chrono::DateTime::parse_from_rfc3339("2026-11-01T10:00:00Z").unwrap();
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         w.append_at(ev("a"), day1.to_utc()).unwrap();
         drop(w);
         crate::fsutil::tests::run_in_child(
@@ -677,7 +677,7 @@ mod tests {
         };
         let dir = Path::new(&dir);
         let day2 = chrono::DateTime::parse_from_rfc3339("2026-11-02T10:00:00Z").unwrap();
-        let mut w = TrailWriter::open(dir, "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(dir, "s1", Zone::utc()).unwrap();
         crate::fsutil::tests::limit_file_size(10);
         w.append_at(ev("b"), day2.to_utc()).unwrap_err();
         assert_eq!(trail_files(dir, "s1").unwrap().len(), 1);
@@ -686,7 +686,7 @@ mod tests {
     #[test]
     fn torn_last_line_is_ignored_and_repaired() {
         let d = tempfile::tempdir().unwrap();
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         w.append(ev("a")).unwrap();
         drop(w);
         let f = trail_files(d.path(), "s1").unwrap().pop().unwrap();
@@ -695,7 +695,7 @@ mod tests {
             .unwrap();
         drop(fh);
         assert_eq!(read_trail(d.path(), "s1").unwrap().len(), 1);
-        let mut w = TrailWriter::open(d.path(), "s1", Tz::UTC).unwrap();
+        let mut w = TrailWriter::open(d.path(), "s1", Zone::utc()).unwrap();
         assert_eq!(w.next_seq(), 2);
         w.append(ev("b")).unwrap();
         let lines = read_trail(d.path(), "s1").unwrap();

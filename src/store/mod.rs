@@ -292,6 +292,42 @@ pub(crate) fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
 mod tests {
     use super::*;
 
+    /// SQLite is built as `.cargo/config.toml` says: FTS5 and JSON (which the stores use) in,
+    /// the extensions compiled out for size (issue 14) out. Fails if that file stops applying.
+    #[test]
+    fn sqlite_is_built_with_what_the_stores_use_and_without_the_rest() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let mut stmt = conn.prepare("PRAGMA compile_options").unwrap();
+        let options: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(options.iter().any(|o| o == "ENABLE_FTS5"), "{options:?}");
+        for gone in [
+            "ENABLE_FTS3",
+            "ENABLE_RTREE",
+            "ENABLE_DBSTAT_VTAB",
+            "SOUNDEX",
+        ] {
+            assert!(!options.iter().any(|o| o == gone), "{gone} in {options:?}");
+        }
+        for omitted in [
+            "OMIT_LOAD_EXTENSION",
+            "OMIT_DEPRECATED",
+            "OMIT_SHARED_CACHE",
+        ] {
+            assert!(
+                options.iter().any(|o| o == omitted),
+                "{omitted} not in {options:?}"
+            );
+        }
+        conn.execute_batch("CREATE VIRTUAL TABLE t USING fts5(x); SELECT json('{}');")
+            .unwrap();
+        let fts3 = conn.execute_batch("CREATE VIRTUAL TABLE u USING fts4(x)");
+        assert!(fts3.is_err());
+    }
+
     /// The SQL argument of every `prepare_cached(` call in `text`, whitespace and line
     /// continuations removed, so the same statement written at two places counts once.
     fn cached_sql(text: &str) -> Vec<String> {

@@ -72,7 +72,7 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
         wake: deps.schedule_wake,
         max_scheduled: cfg.tools.max_scheduled,
         max_delay: cfg.tools.max_delay,
-        tz: cfg.agent.timezone,
+        tz: cfg.agent.timezone.clone(),
     };
     list.extend(schedule.tools());
     // Sub-agents run through the agent's loop: the daemon connects it once the agent exists.

@@ -19,7 +19,7 @@ pub struct ScheduleTools {
     pub wake: Arc<Notify>,
     pub max_scheduled: u32,
     pub max_delay: Duration,
-    pub tz: chrono_tz::Tz,
+    pub tz: crate::zone::Zone,
 }
 
 impl ScheduleTools {
@@ -141,12 +141,12 @@ impl Tool for ListScheduled {
             if list.is_empty() {
                 return Ok("no scheduled messages".into());
             }
-            let tz = self.0.tz;
+            let tz = &self.0.tz;
             Ok(list
                 .iter()
                 .map(|s| {
                     let when = chrono::DateTime::from_timestamp(s.due_at, 0)
-                        .map(|d| d.with_timezone(&tz).to_rfc3339())
+                        .map(|d| d.with_timezone(tz).to_rfc3339())
                         .unwrap_or_default();
                     format!("{}  {}  to {}: {}", s.id, when, s.target, s.text)
                 })
