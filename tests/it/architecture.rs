@@ -515,6 +515,7 @@ const LAYERS: &[&[&str]] = &[
         "telemetry",
         "proptest_json",
         "message",
+        "zone",
     ],
     // 1
     &["store", "session"],
