@@ -105,13 +105,24 @@ pub fn agent(root: &mut Section<'_>, config_dir: &Path) -> AgentConfig {
     }
 }
 
-/// The system's time zone (its name from iana-time-zone, its rules from the system's database),
-/// UTC when it cannot be determined.
+/// The system's time zone: its name from iana-time-zone and its rules from the system's
+/// database, else the rules in `/etc/localtime` itself (a copied file, without the database),
+/// else UTC (said on stderr: the config is read before logging starts).
 pub fn system_timezone() -> crate::zone::Zone {
-    iana_time_zone::get_timezone()
-        .ok()
-        .and_then(|name| crate::zone::Zone::get(&name).ok())
-        .unwrap_or(crate::zone::Zone::utc())
+    use crate::zone::Zone;
+    let name = iana_time_zone::get_timezone().ok();
+    if let Some(zone) = name.as_deref().and_then(|n| Zone::get(n).ok()) {
+        return zone;
+    }
+    match Zone::local_file(name.as_deref().unwrap_or("localtime")) {
+        Ok(zone) => zone,
+        Err(e) => {
+            eprintln!(
+                "agentd: the system's time zone is not readable ({e}); using UTC (set [agent] timezone)"
+            );
+            Zone::utc()
+        }
+    }
 }
 
 /// `[behavior] call_deadline_seconds` default: ten minutes for one model call, from the request
