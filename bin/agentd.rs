@@ -180,6 +180,9 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
             return ExitCode::from(1);
         }
     };
+    if let Some(why) = &cfg.agent.timezone_fallback {
+        tracing::warn!(reason = %why, "the system's time zone is not readable; using UTC (set [agent] timezone)");
+    }
     // HTTP connections get a quarter of the fd limit at most; raise it first (SPEC §16.9).
     match agentd::api::raise_fd_limit() {
         Ok((soft, _)) => tracing::debug!(limit = soft, "open file limit (RLIMIT_NOFILE)"),

@@ -52,12 +52,17 @@ pub fn agent(root: &mut Section<'_>, config_dir: &Path) -> AgentConfig {
         None
     };
     let workspace = resolve(&workspace.unwrap_or_else(|| PathBuf::from(".")), config_dir);
+    let mut timezone_fallback = None;
     let timezone = match s.get::<String>("timezone") {
         Some(tz) => crate::zone::Zone::get(&tz).unwrap_or_else(|e| {
             s.problem("timezone", e.to_string());
             crate::zone::Zone::utc()
         }),
-        None => system_timezone(),
+        None => {
+            let (zone, why) = system_timezone_or_why();
+            timezone_fallback = why;
+            zone
+        }
     };
 
     let mut c = s.section("context");
@@ -100,6 +105,7 @@ pub fn agent(root: &mut Section<'_>, config_dir: &Path) -> AgentConfig {
         name,
         workspace,
         timezone,
+        timezone_fallback,
         context,
         skills,
     }
@@ -107,21 +113,22 @@ pub fn agent(root: &mut Section<'_>, config_dir: &Path) -> AgentConfig {
 
 /// The system's time zone: its name from iana-time-zone and its rules from the system's
 /// database, else the rules in `/etc/localtime` itself (a copied file, without the database),
-/// else UTC (said on stderr: the config is read before logging starts).
+/// else UTC.
 pub fn system_timezone() -> crate::zone::Zone {
+    system_timezone_or_why().0
+}
+
+/// [`system_timezone`], and why it is UTC when it fell back to UTC (the daemon logs it once
+/// logging has started: the config is read before).
+pub fn system_timezone_or_why() -> (crate::zone::Zone, Option<String>) {
     use crate::zone::Zone;
     let name = iana_time_zone::get_timezone().ok();
     if let Some(zone) = name.as_deref().and_then(|n| Zone::get(n).ok()) {
-        return zone;
+        return (zone, None);
     }
     match Zone::local_file(name.as_deref().unwrap_or("localtime")) {
-        Ok(zone) => zone,
-        Err(e) => {
-            eprintln!(
-                "agentd: the system's time zone is not readable ({e}); using UTC (set [agent] timezone)"
-            );
-            Zone::utc()
-        }
+        Ok(zone) => (zone, None),
+        Err(e) => (Zone::utc(), Some(e.to_string())),
     }
 }
 

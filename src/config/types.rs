@@ -151,6 +151,9 @@ pub struct AgentConfig {
     /// Absolute, canonical when it exists.
     pub workspace: PathBuf,
     pub timezone: crate::zone::Zone,
+    /// Why `timezone` is UTC when it was not set and the system's zone could not be read
+    /// (logged at start).
+    pub timezone_fallback: Option<String>,
     pub context: ContextConfig,
     pub skills: SkillsConfig,
 }
