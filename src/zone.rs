@@ -1,5 +1,6 @@
 //! The user's time zone (`agent.timezone`, SPEC §3) as a chrono [`TimeZone`]: the zone's file
-//! from the system's time zone database (`$TZDIR` or `/usr/share/zoneinfo`), read once and
+//! from the system's time zone database (`$TZDIR`, `/usr/share/zoneinfo`, `/etc/zoneinfo`; or
+//! `/etc/localtime` itself for the system's zone), read once and
 //! parsed by jiff (`TimeZone::tzif`). jiff's own database lookup is not used: it lists the
 //! whole directory and re-checks it every few minutes, for one zone.
 //!
@@ -61,15 +62,7 @@ impl Zone {
         for dir in database_dirs() {
             let path = dir.join(name);
             match read_bounded(&path) {
-                Ok(bytes) => {
-                    let tz = JiffZone::tzif(name, &bytes).map_err(|e| {
-                        err(&format!("{} is not a time zone file: {e}", path.display()))
-                    })?;
-                    return Ok(Zone {
-                        tz,
-                        name: Arc::from(name),
-                    });
-                }
+                Ok(bytes) => return Self::parse(name, &path, &bytes).map_err(|e| err(&e)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     tried.push(dir.display().to_string());
                 }
@@ -89,13 +82,19 @@ impl Zone {
     /// `name` (what iana-time-zone read, or "localtime").
     pub fn local_file(name: &str) -> Result<Self, ZoneError> {
         let path = Path::new("/etc/localtime");
-        let err = |reason: String| ZoneError {
-            name: name.chars().take(64).collect(),
-            reason,
-        };
-        let bytes = read_bounded(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
-        let tz = JiffZone::tzif(name, &bytes)
-            .map_err(|e| err(format!("{} is not a time zone file: {e}", path.display())))?;
+        read_bounded(path)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|bytes| Self::parse(name, path, &bytes))
+            .map_err(|reason| ZoneError {
+                name: name.chars().take(64).collect(),
+                reason,
+            })
+    }
+
+    /// The zone named `name` from the TZif bytes read from `path`.
+    fn parse(name: &str, path: &Path, bytes: &[u8]) -> Result<Self, String> {
+        let tz = JiffZone::tzif(name, bytes)
+            .map_err(|e| format!("{} is not a time zone file: {e}", path.display()))?;
         Ok(Zone {
             tz,
             name: Arc::from(name),

@@ -508,11 +508,11 @@ impl Agent {
     ) -> Message {
         let cfg = &self.cfg;
         let now = Utc::now();
-        let tz = cfg.agent.timezone.clone();
+        let tz = &cfg.agent.timezone;
         let triggered = self.skills.triggered(&work.text(), skills_off);
         let context = prompt::DynamicContext {
             now,
-            tz: tz.clone(),
+            tz,
             source: work.source(),
             from: work.from(),
             max_turns: cfg.behavior.max_turns_per_message,
@@ -523,7 +523,7 @@ impl Agent {
             instructions: work.api().and_then(|a| a.instructions.as_deref()),
         }
         .render();
-        let mut text = prompt::time_prefix(now, &tz);
+        let mut text = prompt::time_prefix(now, tz);
         text.push(' ');
         let joined: Vec<String> = work
             .intakes

@@ -60,7 +60,7 @@ pub fn time_prefix(now: DateTime<Utc>, tz: &Zone) -> String {
 /// (never to the system prompt) so that everything before it stays byte-identical.
 pub struct DynamicContext<'a> {
     pub now: DateTime<Utc>,
-    pub tz: Zone,
+    pub tz: &'a Zone,
     pub source: &'a str,
     pub from: &'a str,
     pub max_turns: u32,
@@ -130,7 +130,7 @@ impl DynamicContext<'_> {
         format!(
             "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{instructions}{near}{recall}{skills}</agentd-context>",
             self.now
-                .with_timezone(&self.tz)
+                .with_timezone(self.tz)
                 .format("%a, %d. %b %Y - %H:%M %Z"),
             self.tz.name(),
             self.source,
@@ -215,7 +215,7 @@ mod tests {
     fn dynamic_context_names_source_sender_and_limits() {
         let c = DynamicContext {
             now: "2026-11-03T13:05:00Z".parse().unwrap(),
-            tz: Zone::utc(),
+            tz: &Zone::utc(),
             source: "user",
             from: "alice",
             max_turns: 50,
@@ -237,7 +237,7 @@ mod tests {
     fn client_instructions_are_marked_as_the_clients() {
         let c = DynamicContext {
             now: "2026-11-03T13:05:00Z".parse().unwrap(),
-            tz: Zone::utc(),
+            tz: &Zone::utc(),
             source: "api",
             from: "sdk",
             max_turns: 50,
@@ -262,7 +262,7 @@ mod tests {
     fn dynamic_context_carries_the_compaction_notice_when_near() {
         let c = DynamicContext {
             now: "2026-11-03T13:05:00Z".parse().unwrap(),
-            tz: Zone::utc(),
+            tz: &Zone::utc(),
             source: "user",
             from: "alice",
             max_turns: 50,
