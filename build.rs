@@ -38,7 +38,7 @@ fn main() {
     }
     // Only files that exist: a missing one would make cargo run this script (and build the
     // crate again) on every build. scripts/symbol-order.sh touches build.rs after writing them.
-    for f in [ORDER_FILE, ORDER_RUSTC_FILE] {
+    for f in [ORDER_FILE, ORDER_RUSTC_FILE, "Cargo.lock"] {
         if std::path::Path::new(f).is_file() {
             println!("cargo:rerun-if-changed={f}");
         }
@@ -58,7 +58,7 @@ fn main() {
             order.display()
         );
         println!("cargo:rustc-link-arg-bin=agentd=-Wl,--no-warn-symbol-ordering");
-        warn_if_written_for_another_compiler();
+        warn_if_written_for_another_build();
     }
     if env::var_os("AGENTD_KEEP_SYMBOLS").is_none() {
         println!("cargo:rustc-link-arg-bins=-Wl,--strip-all");
@@ -68,19 +68,40 @@ fn main() {
 /// The functions to place first in `agentd`'s `.text`, one mangled name per line.
 const ORDER_FILE: &str = "build/symbol-order.txt";
 
-/// The compiler that wrote the list (`rustc -V`, saved beside it by the script).
+/// What the list was written for, saved beside it by the script: the compiler (`rustc -V`)
+/// and, on a second line, `Cargo.lock`'s checksum (`cksum < Cargo.lock`).
 const ORDER_RUSTC_FILE: &str = "build/symbol-order.rustc";
 
-/// Every name in the list carries a hash of the compiler's version: another compiler finds
-/// none of them, and the binary keeps the linker's default order (about 4 MB more resident
-/// code). Say so once per build, with the fix; the build goes on.
-fn warn_if_written_for_another_compiler() {
+/// Every name in the list carries a hash of the compiler's version and of agentd's
+/// dependencies: another compiler, or a changed dependency set, finds none of agentd's own
+/// functions (0 of 285 after the chrono-tz → jiff change, docs/BENCHMARKS.md), and the
+/// binary keeps the linker's default order for them (up to 4 MB more resident code). Say so
+/// once per build, with the fix; the build goes on.
+fn warn_if_written_for_another_build() {
     let Ok(out) = rustc().arg("-V").output() else {
         return;
     };
     let now = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let written = std::fs::read_to_string(ORDER_RUSTC_FILE).unwrap_or_default();
-    let written = written.trim();
+    let stamp = std::fs::read_to_string(ORDER_RUSTC_FILE).unwrap_or_default();
+    let mut lines = stamp.lines().map(str::trim);
+    let written = lines.next().unwrap_or_default();
+    let lock_then = lines.next().unwrap_or_default();
+    let lock_now = std::fs::File::open("Cargo.lock").ok().and_then(|lock| {
+        let out = Command::new("cksum").stdin(lock).output().ok()?;
+        out.status
+            .success()
+            .then(|| format!("Cargo.lock {}", String::from_utf8_lossy(&out.stdout).trim()))
+    });
+    // A dev-dependency change also changes the file: then the warning is a false alarm, and
+    // writing the list again costs nine minutes, not a wrong build.
+    if let Some(lock_now) = lock_now
+        && !written.is_empty()
+        && lock_then != lock_now
+    {
+        println!(
+            "cargo:warning={ORDER_FILE} was written for another Cargo.lock: if agentd's dependencies changed, its own function names will not match and keep the default code order (more resident memory). Run scripts/symbol-order.sh to write it again."
+        );
+    }
     if written != now {
         let by = if written.is_empty() {
             format!("an unknown compiler ({ORDER_RUSTC_FILE} is missing)")

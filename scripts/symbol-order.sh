@@ -50,8 +50,9 @@ ran "$work"/run.* | comm -12 - "$work/defined" | comm -23 - "$work/start" > "$wo
 }
 mkdir -p build
 cat "$work/start" "$work/later" > build/symbol-order.txt
-# The names hold a hash of the compiler's version: build.rs warns when another one builds.
-"${RUSTC:-rustc}" -V > build/symbol-order.rustc
+# The names hold a hash of the compiler's version and of the dependencies: build.rs warns when
+# another compiler builds or Cargo.lock changed.
+{ "${RUSTC:-rustc}" -V; echo "Cargo.lock $(cksum < Cargo.lock)"; } > build/symbol-order.rustc
 echo "symbol-order.sh: $(wc -l < "$work/start") functions at the start, $(wc -l < "$work/later") more for messages, in build/symbol-order.txt"
 
 # The shipped build again: stripped, with the new order (build.rs watches the file only once
