@@ -75,14 +75,18 @@ fn precheck_exit_1_skips_without_a_provider_call() {
     assert!(text.contains("precheck beat at "), "{text}");
     assert!(text.contains(": skip (exit 1, "), "{text}");
     let conn = rusqlite::Connection::open(d.state_dir.join("agentd.db")).unwrap();
-    let runs: i64 = conn
-        .query_row(
-            "SELECT COUNT(*) FROM skipped_runs WHERE schedule = 'beat'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert!(runs >= 2, "{runs}");
+    // The row is written after the trail event (scheduler::precheck): the second skip's may
+    // still be on its way when its event is seen.
+    wait_until(WAIT, "two skipped-run rows", || {
+        let runs: i64 = conn
+            .query_row(
+                "SELECT COUNT(*) FROM skipped_runs WHERE schedule = 'beat'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        (runs >= 2).then_some(())
+    });
     let costs: i64 = conn
         .query_row("SELECT COUNT(*) FROM costs", [], |r| r.get(0))
         .unwrap();
