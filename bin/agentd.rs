@@ -173,13 +173,14 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
         nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 128 * 1024);
         nix::libc::mallopt(nix::libc::M_TRIM_THRESHOLD, 256 * 1024);
     }
-    let _guard = match agentd::telemetry::init(&cfg, opts.terminal) {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("agentd: {e}");
-            return ExitCode::from(1);
-        }
-    };
+    let _guard =
+        match agentd::telemetry::init(&cfg, opts.terminal, agentd::tools::mcp::QUIET_LOG_TARGETS) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("agentd: {e}");
+                return ExitCode::from(1);
+            }
+        };
     if let Some(why) = &cfg.agent.timezone_fallback {
         tracing::warn!(reason = %why, "the system's time zone is not readable; using UTC (set [agent] timezone)");
     }

@@ -109,7 +109,7 @@ async fn voice(cfg: &Config) -> Vec<Check> {
             Some(spec) => {
                 let url = format!("{}/{path}", spec.base_url);
                 let mut c = reachable(&label, &url).await;
-                c.detail = format!("{}; {url}", c.detail);
+                c.detail = format!("{}; {}", c.detail, crate::redact::display_url(&url));
                 out.push(c);
             }
             None => {
@@ -174,7 +174,11 @@ async fn mcp(cfg: &Config) -> Vec<Check> {
 /// key and cost money.)
 async fn reachable(name: &str, url: &str) -> Check {
     let Some((host, port)) = host_port(url) else {
-        return check(name, Status::Fail, format!("cannot parse URL {url}"));
+        return check(
+            name,
+            Status::Fail,
+            format!("cannot parse URL {}", crate::redact::display_url(url)),
+        );
     };
     match tokio::time::timeout(
         Duration::from_secs(5),

@@ -23,6 +23,7 @@ pub mod message;
 pub mod metrics;
 pub mod monitor;
 pub mod net;
+pub mod redact;
 pub mod report;
 pub mod sandbox;
 pub mod scheduler;

@@ -24,7 +24,9 @@ fn fields() -> Fields {
 }
 
 /// Writes an event's fields as tracing-subscriber's default does (the message first, then
-/// `name=value`, `?`-recorded and string values in `Debug` form), except that every control
+/// `name=value`, `?`-recorded and string values in `Debug` form), except that the secrets the
+/// config holds are replaced by `[redacted]` (`redact::scrub_registered`: libraries such as
+/// rmcp and reqwest log URLs, which may carry keys) and every control
 /// character in the message and in every value, however it was recorded (`%`, `?`, a string,
 /// an error), is written escaped: C0 and C1 controls, DEL and the Unicode line and paragraph
 /// separators. Log lines quote outside strings (FIFO ids, provider errors, file names,
@@ -63,13 +65,16 @@ impl EscapingVisitor<'_> {
         }
         let separator = if self.first { "" } else { " " };
         self.first = false;
+        // Whole, so that a secret split across format pieces is still found.
+        let text = value.to_string();
+        let text = crate::redact::scrub_registered(&text);
         self.result = if name == "message" {
             write!(self.writer, "{separator}")
-                .and_then(|()| write!(Escaping(&mut self.writer), "{value}"))
+                .and_then(|()| Escaping(&mut self.writer).write_str(&text))
         } else {
             let name = name.strip_prefix("r#").unwrap_or(name);
             write!(self.writer, "{separator}{name}=")
-                .and_then(|()| write!(Escaping(&mut self.writer), "{value}"))
+                .and_then(|()| Escaping(&mut self.writer).write_str(&text))
         };
     }
 }
@@ -131,12 +136,20 @@ const LOG_BUFFER_LINES: usize = 8192;
 
 /// Keep the returned guard alive until exit: dropping it flushes the file writer. With
 /// `quiet_stderr` (the terminal channel of `agentd chat`) only warnings reach stderr.
-pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, String> {
+///
+/// `quiet_targets`: library targets logged at `error` only unless the filter names them
+/// (`tools::mcp::QUIET_LOG_TARGETS`).
+pub fn init(
+    cfg: &Config,
+    quiet_stderr: bool,
+    quiet_targets: &[&str],
+) -> Result<Option<WorkerGuard>, String> {
+    crate::redact::register(cfg.secrets_to_scrub());
     let filter = std::env::var("AGENTD_LOG")
         .ok()
         .filter(|v| !v.trim().is_empty())
         .unwrap_or_else(|| cfg.logging.level.clone());
-    let filter = parse_filter(&filter).map_err(|e| {
+    let filter = parse_filter(&with_quiet_targets(&filter, quiet_targets)).map_err(|e| {
         format!(
             "invalid log filter {filter:?} (AGENTD_LOG or [logging] level): {e}; \
              write a level (error, warn, info, debug, trace) or target=level pairs, \
@@ -161,14 +174,15 @@ pub fn init(cfg: &Config, quiet_stderr: bool) -> Result<Option<WorkerGuard>, Str
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let appender = tracing_appender::rolling::Builder::new()
             .rotation(tracing_appender::rolling::Rotation::DAILY)
-            .filename_prefix("agentd")
-            .filename_suffix("log")
+            .filename_prefix(LOG_PREFIX)
+            .filename_suffix(LOG_SUFFIX)
             .max_log_files(cfg.logging.keep_files.max(1))
             .build(&dir)
             .map_err(|e| format!("cannot open log files in {}: {e}", dir.display()))?;
+        let capped = CappedFiles::new(appender, dir, cfg.logging.max_total_bytes);
         let (nb, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
             .buffered_lines_limit(LOG_BUFFER_LINES)
-            .finish(appender);
+            .finish(capped);
         (
             Some(
                 tracing_subscriber::fmt::layer()
@@ -211,6 +225,122 @@ pub fn init_cli() {
         .try_init();
 }
 
+/// `filter` with each of `targets` at `error` unless the filter names it itself (a library
+/// that logs what a peer sends at `info` would let the peer fill the log; docs/security.md).
+fn with_quiet_targets(filter: &str, targets: &[&str]) -> String {
+    let mut out = filter.to_string();
+    for t in targets {
+        if !filter.contains(t) {
+            out.push_str(&format!(",{t}=error"));
+        }
+    }
+    out
+}
+
+/// The names of the log files: `agentd.<date>.log`.
+const LOG_PREFIX: &str = "agentd";
+const LOG_SUFFIX: &str = "log";
+
+/// The log files under a total size (`[logging] max_total_mb`): before a line would pass it,
+/// the oldest files are deleted; when today's file alone is that large, lines are dropped and
+/// counted until the next day's file, and the count is written when writing resumes. Runs on
+/// the log writer's own thread.
+struct CappedFiles<W> {
+    inner: W,
+    dir: std::path::PathBuf,
+    cap: u64,
+    /// The log files' total size as last listed, plus what was written since.
+    used: u64,
+    dropped: u64,
+    /// When the files were last listed: while lines are dropped, at most once a second.
+    listed_at: Option<std::time::Instant>,
+}
+
+impl<W: std::io::Write> CappedFiles<W> {
+    fn new(inner: W, dir: std::path::PathBuf, cap: u64) -> Self {
+        let mut files = CappedFiles {
+            inner,
+            dir,
+            cap,
+            used: 0,
+            dropped: 0,
+            listed_at: None,
+        };
+        files.used = files.listed().iter().map(|(_, len)| len).sum();
+        files
+    }
+
+    /// The log files, oldest first (their names end with the date), with their sizes.
+    fn listed(&self) -> Vec<(std::path::PathBuf, u64)> {
+        let mut files: Vec<(std::path::PathBuf, u64)> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with(LOG_PREFIX) && name.ends_with(LOG_SUFFIX)
+            })
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?.len())))
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Delete the oldest files (never the newest, which is being written) until `room` more
+    /// bytes fit; the total after.
+    fn make_room(&mut self, room: u64) -> u64 {
+        let mut files = self.listed();
+        let mut total: u64 = files.iter().map(|(_, len)| len).sum();
+        let newest = files.pop();
+        for (path, len) in files {
+            if total + room <= self.cap {
+                break;
+            }
+            if std::fs::remove_file(&path).is_ok() {
+                total -= len;
+            }
+        }
+        drop(newest);
+        total
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for CappedFiles<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let need = buf.len() as u64 + if self.dropped > 0 { 128 } else { 0 };
+        if self.used + need > self.cap {
+            let recently = self
+                .listed_at
+                .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1));
+            if self.dropped == 0 || !recently {
+                self.used = self.make_room(need);
+                self.listed_at = Some(std::time::Instant::now());
+            }
+            if self.used + need > self.cap {
+                self.dropped += 1;
+                return Ok(buf.len());
+            }
+        }
+        if self.dropped > 0 {
+            let note = format!(
+                "log files reached [logging] max_total_mb ({} MB): {} lines were dropped\n",
+                self.cap >> 20,
+                std::mem::take(&mut self.dropped)
+            );
+            self.inner.write_all(note.as_bytes())?;
+            self.used += note.len() as u64;
+        }
+        self.inner.write_all(buf)?;
+        self.used += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// A log filter: a default level and `target=level` directives, comma-separated (empty ones
 /// skipped), e.g. `info,agentd::llm=debug`. `tracing_subscriber`'s `Targets`, not its
 /// `EnvFilter`: span and field filters are not accepted, and the regex engines `EnvFilter`
@@ -250,6 +380,65 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod cap_tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn file(dir: &std::path::Path, day: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("agentd.{day}.log")))
+            .unwrap()
+    }
+
+    #[test]
+    fn old_files_go_first_then_lines_are_dropped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        file(dir.path(), "2026-01-01")
+            .write_all(&[b'o'; 600])
+            .unwrap();
+        let mut capped = CappedFiles::new(file(dir.path(), "2026-01-02"), dir.path().into(), 1000);
+        assert_eq!(capped.used, 600);
+        let line = [b'x'; 99];
+        for _ in 0..5 {
+            capped.write_all(&line).unwrap();
+        }
+        // 600 + 500 > 1000: the old file was deleted, nothing dropped.
+        assert!(!dir.path().join("agentd.2026-01-01.log").exists());
+        assert_eq!(capped.dropped, 0);
+        for _ in 0..20 {
+            capped.write_all(&line).unwrap();
+        }
+        let today = std::fs::metadata(dir.path().join("agentd.2026-01-02.log"))
+            .unwrap()
+            .len();
+        assert!(today <= 1000, "{today}");
+        assert!(capped.dropped > 0);
+        // A new day: the full file goes, the count is written first.
+        capped.inner = file(dir.path(), "2026-01-03");
+        capped.listed_at = None;
+        capped.write_all(b"fresh\n").unwrap();
+        let text = std::fs::read_to_string(dir.path().join("agentd.2026-01-03.log")).unwrap();
+        assert!(
+            text.contains("lines were dropped") && text.ends_with("fresh\n"),
+            "{text}"
+        );
+        assert!(!dir.path().join("agentd.2026-01-02.log").exists());
+    }
+
+    #[test]
+    fn quiet_targets_are_quiet_unless_named() {
+        assert_eq!(with_quiet_targets("info", &["lib"]), "info,lib=error");
+        assert_eq!(
+            with_quiet_targets("debug,lib=debug", &["lib"]),
+            "debug,lib=debug"
+        );
+    }
 }
 
 #[cfg(test)]

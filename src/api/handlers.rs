@@ -6,9 +6,10 @@ use std::time::Duration;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Json, Path, Query, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -179,10 +180,78 @@ pub(crate) async fn session_skill(
     ))
 }
 
-/// `GET /api/v1/status` (no auth).
-pub(crate) async fn status(State(state): Shared) -> Answer {
+/// `GET /api/v1/status`: without the token, only [`public_status`] of it (no free-form text:
+/// errors may name hosts, paths and files); with the token, all of it.
+pub(crate) async fn status(State(state): Shared, headers: HeaderMap) -> Answer {
     let backend = state.backend();
-    Ok(Reply::ok(read(&state, backend.status()).await?))
+    let full = read(&state, backend.status()).await?;
+    let authed = state
+        .config()
+        .token
+        .as_ref()
+        .map(|t| t.expose_secret())
+        .is_some_and(|t| !t.is_empty() && super::auth::bearer_matches(&headers, t));
+    Ok(Reply::ok(if authed { full } else { public_status(&full) }))
+}
+
+/// What anyone who reaches the port may see of the status: the top-level counters and
+/// versions, the names of the models, and per channel and MCP server only its state and
+/// counts. Built by keeping known keys, so a field added later stays private until it is
+/// added here.
+pub(crate) fn public_status(full: &Value) -> Value {
+    const TOP: &[&str] = &[
+        "status",
+        "agent",
+        "pid",
+        "uptime_seconds",
+        "version",
+        "active_sessions",
+        "queue_depth",
+        "today_cost",
+    ];
+    const PER_PART: &[&str] = &[
+        "state",
+        "healthy",
+        "last_poll_ok_at",
+        "consecutive_errors",
+        "restarts",
+        "tools",
+    ];
+    let mut out = serde_json::Map::new();
+    for k in TOP {
+        if let Some(v) = full.get(*k) {
+            out.insert((*k).to_string(), v.clone());
+        }
+    }
+    let names = |v: &Value| -> Value {
+        match v {
+            Value::Array(a) => Value::Array(a.clone()),
+            Value::Object(m) => Value::Array(m.keys().map(|k| Value::from(k.as_str())).collect()),
+            _ => Value::Array(Vec::new()),
+        }
+    };
+    out.insert(
+        "models".into(),
+        serde_json::json!({
+            "loaded": names(&full["models"]["loaded"]),
+            "not_loaded": names(&full["models"]["skipped"]),
+        }),
+    );
+    for part in ["channels", "mcp"] {
+        let mut parts = serde_json::Map::new();
+        if let Some(map) = full.get(part).and_then(Value::as_object) {
+            for (name, v) in map {
+                let kept: serde_json::Map<String, Value> = PER_PART
+                    .iter()
+                    .filter_map(|k| v.get(*k).map(|x| ((*k).to_string(), x.clone())))
+                    .filter(|(_, x)| !x.is_string() || x.as_str().is_some_and(|s| s.len() <= 32))
+                    .collect();
+                parts.insert(name.clone(), Value::Object(kept));
+            }
+        }
+        out.insert(part.to_string(), Value::Object(parts));
+    }
+    Value::Object(out)
 }
 
 /// `GET /api/v1/sessions`.

@@ -141,7 +141,10 @@ pub fn check_url(s: &Section<'_>, key: &str, url: &str) {
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         s.problem(
             key,
-            format!("expected an http:// or https:// URL, got {url:?}"),
+            format!(
+                "expected an http:// or https:// URL, got {}",
+                crate::redact::describe_url_value(url)
+            ),
         );
     }
 }

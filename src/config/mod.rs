@@ -25,6 +25,7 @@ mod paths;
 mod providers;
 mod render;
 mod schedule;
+mod secrets;
 mod sections;
 mod tools;
 mod types;

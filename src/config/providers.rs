@@ -328,7 +328,10 @@ impl<'e> ModelCollector<'e> {
         if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
             w.problem(
                 key("base_url"),
-                format!("expected an http:// or https:// URL, got {base_url:?}"),
+                format!(
+                    "expected an http:// or https:// URL, got {}",
+                    crate::redact::describe_url_value(&base_url)
+                ),
             );
         }
         let fallback = f.fallback.clone().unwrap_or_default();

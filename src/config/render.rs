@@ -52,7 +52,7 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("enabled", t.enabled.to_string());
     r.kv("token_env", q(&t.token_env));
     r.kv("token", secret(&t.token));
-    r.kv("api_url", q(&t.api_url));
+    r.kv("api_url", url(&t.api_url));
     r.kv(
         "allow_from",
         format!(
@@ -100,7 +100,7 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("rate_limit", h.rate_limit.to_string());
     r.kv("status_rate_limit", h.status_rate_limit.to_string());
     r.kv("rate_window_seconds", secs(h.rate_window));
-    r.kv("callback_url", q(&h.callback_url));
+    r.kv("callback_url", url(&h.callback_url));
     r.kv("callback_token_env", q(&h.callback_token_env));
     r.kv("callback_token", secret(&h.callback_token));
     r.kv("callback_timeout_seconds", secs(h.callback_timeout));
@@ -185,7 +185,7 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("scratch_dir", path(&tl.scratch_dir));
     r.kv("filesystem.allowed_paths", paths(&tl.allowed_paths));
     r.kv("web_search.provider", q(&tl.web_search_provider));
-    r.kv("web_search.base_url", q(&tl.web_search_base_url));
+    r.kv("web_search.base_url", url(&tl.web_search_base_url));
     r.kv("web_search.key", secret(&tl.web_search_key));
     r.kv("web_fetch.max_bytes", tl.web_fetch_max_bytes.to_string());
     r.kv("web_fetch.allow_hosts", list(&tl.web_fetch_allow_hosts));
@@ -211,7 +211,7 @@ pub fn render_effective(cfg: &Config) -> String {
                 r.kv("network", s.network.to_string());
             }
             McpTransport::Http { url, headers } => {
-                r.kv("url", q(url));
+                r.kv("url", self::url(url));
                 r.kv("headers", redacted_map(headers.keys()));
             }
         }
@@ -277,6 +277,10 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("level", q(&cfg.logging.level));
     r.kv("file", cfg.logging.file.to_string());
     r.kv("keep_files", cfg.logging.keep_files.to_string());
+    r.kv(
+        "max_total_mb",
+        (cfg.logging.max_total_bytes >> 20).to_string(),
+    );
 
     r.table("retention");
     let rt = &cfg.retention;
@@ -320,7 +324,7 @@ fn model_line(m: &ModelSpec) -> String {
         format!("provider = {}", q(&m.provider)),
         format!("type = {}", q(m.kind.as_str())),
         format!("model = {}", q(&m.model)),
-        format!("base_url = {}", q(&m.base_url)),
+        format!("base_url = {}", url(&m.base_url)),
     ];
     if let Some(var) = &m.api_key_env {
         parts.push(format!("api_key_env = {}", q(var)));
@@ -432,6 +436,11 @@ fn age(d: Option<Duration>) -> String {
 
 fn num(f: f64) -> String {
     format!("{f:?}")
+}
+
+/// A URL without the parts that may be credentials (`redact::display_url`).
+fn url(u: &str) -> String {
+    q(&crate::redact::display_url(u))
 }
 
 fn secret(s: &Option<SecretString>) -> String {

@@ -272,6 +272,10 @@ pub fn logging(root: &mut Section<'_>) -> LoggingConfig {
         level: s.non_empty("level").unwrap_or_else(|| "info".into()),
         file: s.get("file").unwrap_or(true),
         keep_files: s.int("keep_files", 1).unwrap_or(7),
+        max_total_bytes: s
+            .int::<u64>("max_total_mb", 1)
+            .unwrap_or(256)
+            .saturating_mul(1 << 20),
     }
 }
 

@@ -296,6 +296,33 @@ impl ModelSet {
     }
 }
 
+impl Config {
+    /// The loaded models a message can be routed to: not ElevenLabs (speech only), not the
+    /// memory's `embeddings` model (`memory::embed::MODEL_NAME`), not `[voice]`'s speech models.
+    pub fn chat_models(&self) -> impl Iterator<Item = &Arc<ModelSpec>> {
+        let speech = [&self.voice.stt_model, &self.voice.tts_model];
+        self.models.loaded.values().filter(move |m| {
+            m.kind != ProviderKind::ElevenLabs
+                && m.name != "embeddings"
+                && !speech.iter().any(|s| s.as_deref() == Some(m.name.as_str()))
+        })
+    }
+
+    /// What the whole tool list may weigh: a quarter of the smallest chat model's context
+    /// window, at 4 bytes a token (the estimate compaction uses), so that no tool list can
+    /// leave a model without room for the conversation.
+    pub fn tool_budget_bytes(&self) -> usize {
+        const SHARE_OF_WINDOW: usize = 4;
+        const BYTES_PER_TOKEN: usize = 4;
+        self.chat_models()
+            .map(|m| m.context_window as usize)
+            .min()
+            .map_or(usize::MAX, |window| {
+                window / SHARE_OF_WINDOW * BYTES_PER_TOKEN
+            })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct FifoConfig {
     pub enabled: bool,
@@ -502,6 +529,9 @@ pub struct LoggingConfig {
     pub level: String,
     pub file: bool,
     pub keep_files: usize,
+    /// `max_total_mb`: the log files' total size at most (oldest deleted first, then lines
+    /// dropped and counted until the next day).
+    pub max_total_bytes: u64,
 }
 
 /// `[retention]` (SPEC §16.3): how long state is kept. `None` = kept forever (`"0"`).

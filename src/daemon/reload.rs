@@ -60,6 +60,8 @@ pub async fn reload(s: &Services) -> Result<Reloaded, String> {
             .unwrap_or(0)
     };
     let new = loaded.map_err(|e| e.to_string())?;
+    // The new file's secrets (an MCP server's new URL) are scrubbed from the log from now on.
+    crate::redact::register(new.secrets_to_scrub());
     let running = s.live.get();
     let (applied, needs_restart): (Vec<Change>, Vec<Change>) =
         diff_rendered(&render_effective(&running), &render_effective(&new))

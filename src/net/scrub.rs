@@ -3,28 +3,12 @@
 //! `/bot<token>/…`, a key in a query string), so reqwest errors are formatted without it, and
 //! text a server or library wrote is passed through [`redact`] with the secrets it could echo.
 
-/// What replaces a secret in error text.
-pub const REDACTED: &str = "[redacted]";
+pub use crate::redact::{REDACTED, redact};
 
 /// A reqwest error and its causes as `error: cause: cause`, without the request URL
 /// (`error sending request: …`, not `error sending request for url (https://…)`).
 pub fn reqwest_error_text(e: reqwest::Error) -> String {
     crate::telemetry::error_chain(&e.without_url())
-}
-
-/// `text` with every occurrence of each non-empty secret replaced by [`REDACTED`], in the
-/// order given (list a secret before the parts of it that are secrets too).
-pub fn redact(text: &str, secrets: &[&str]) -> String {
-    secrets
-        .iter()
-        .filter(|s| !s.is_empty())
-        .fold(text.to_string(), |out, s| {
-            if out.contains(s) {
-                out.replace(s, REDACTED)
-            } else {
-                out
-            }
-        })
 }
 
 #[cfg(test)]

@@ -84,7 +84,8 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
     list.retain(|t| cfg.tools.is_enabled(&t.spec().name));
     let registry = Arc::new(
         ToolRegistry::new(list, cfg.tools.exec_timeout, cfg.behavior.output_truncation)?
-            .with_max_parallel(cfg.tools.max_parallel_calls),
+            .with_max_parallel(cfg.tools.max_parallel_calls)
+            .with_tool_budget(cfg.tool_budget_bytes()),
     );
     // The first list waits for the servers (bounded); later changes arrive through the
     // follower, also with no server configured yet (a reload may add one).

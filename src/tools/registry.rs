@@ -67,6 +67,14 @@ pub struct ToolRegistry {
     /// At most this many calls of one answer run at the same time (`[tools]
     /// max_parallel_calls`).
     max_parallel: usize,
+    /// The size the whole tool list (names, descriptions, schemas) may have; dynamic tools
+    /// that would pass it are refused ([`ToolRegistry::with_tool_budget`]).
+    budget: usize,
+}
+
+/// The size of a tool as the model is offered it: name, description and schema.
+fn spec_bytes(spec: &ToolSpec) -> usize {
+    spec.name.len() + spec.description.len() + spec.input_schema.to_string().len()
 }
 
 /// The current set: the tools by name, and their specs in name order as one list that every
@@ -127,6 +135,7 @@ impl ToolRegistry {
             default_timeout,
             output_truncation,
             max_parallel: DEFAULT_MAX_PARALLEL,
+            budget: usize::MAX,
         })
     }
 
@@ -139,9 +148,24 @@ impl ToolRegistry {
         let current = self.snapshot();
         let mut map = self.builtin.clone();
         let mut refused = Vec::new();
+        let mut used: usize = self.builtin.values().map(|e| spec_bytes(&e.spec)).sum();
         for tool in tools {
             let spec = tool.spec();
             let name = spec.name.clone();
+            let size = spec_bytes(&spec);
+            if used.saturating_add(size) > self.budget {
+                refused.push(Refused {
+                    name,
+                    reason: format!(
+                        "tool '{}' is not offered: the tool list would pass {} KiB, a quarter \
+                         of the smallest loaded model's context window. Fix: leave tools out \
+                         with the server's `tools` allow-list",
+                        spec.name,
+                        self.budget >> 10
+                    ),
+                });
+                continue;
+            }
             let taken = if self.builtin.contains_key(&name) {
                 Some("a built-in tool has this name")
             } else if map.contains_key(&name) {
@@ -171,6 +195,7 @@ impl ToolRegistry {
                     }
                 },
             };
+            used += size;
             map.insert(name, Arc::new(entry));
         }
         *self.all.write().unwrap_or_else(|p| p.into_inner()) = Current::new(map);
@@ -186,6 +211,13 @@ impl ToolRegistry {
             .clone()
     }
 
+    /// This registry with the whole tool list at most `bytes` (names, descriptions, schemas as
+    /// JSON): dynamic tools past it are refused (the built-in ones always stay).
+    pub fn with_tool_budget(mut self, bytes: usize) -> ToolRegistry {
+        self.budget = bytes;
+        self
+    }
+
     /// This registry running at most `n` (at least 1) calls of one answer at a time.
     pub fn with_max_parallel(mut self, n: usize) -> ToolRegistry {
         self.max_parallel = n.max(1);
@@ -198,6 +230,7 @@ impl ToolRegistry {
             builtin: BTreeMap::new(),
             all: RwLock::new(Current::new(BTreeMap::new())),
             default_timeout: Duration::from_secs(60),
+            budget: usize::MAX,
             output_truncation: 30_000,
             max_parallel: DEFAULT_MAX_PARALLEL,
         }

@@ -515,6 +515,7 @@ const LAYERS: &[&[&str]] = &[
         "telemetry",
         "proptest_json",
         "message",
+        "redact",
         "zone",
     ],
     // 1

@@ -21,6 +21,7 @@ mod http_daemon;
 mod intake_limits;
 mod markdown_corpus;
 mod mcp;
+mod mcp_hostile;
 mod mcp_live;
 mod memory;
 mod metrics;

@@ -441,6 +441,8 @@ fn daemon_starts_with_clashing_mcp_tool_names() {
         &toml,
         &[("fake", &provider_toml("anthropic", &fake.base_url()))],
     );
+    // The refused tools are details of the status: they need the token.
+    d.set_env("AGENTD_HTTP_TOKEN", "tok-live");
     d.start();
     let status: Value = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -450,7 +452,8 @@ fn daemon_starts_with_clashing_mcp_tool_names() {
             let url = format!("http://127.0.0.1:{port}/api/v1/status");
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
             loop {
-                if let Ok(r) = reqwest::get(&url).await
+                let req = reqwest::Client::new().get(&url).bearer_auth("tok-live");
+                if let Ok(r) = req.send().await
                     && r.status().is_success()
                 {
                     let status: Value = r.json().await.unwrap();

@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -20,22 +19,31 @@ use futures::future::BoxFuture;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, PaginatedRequestParams};
 use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient, ServiceError};
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::transport::ConfigureCommandExt;
+use rmcp::transport::async_rw::AsyncRwTransport;
 use secrecy::ExposeSecret;
 use serde_json::{Map, Value, json};
-use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+mod guard;
+pub mod limits;
+mod stdio;
+
+use self::guard::{Guarded, Tripwire};
 use super::registry::ToolRegistry;
 use super::{Tool, ToolContext, ToolError};
 use crate::config::{Config, ExecSandbox, McpServerConfig, McpTransport};
 use crate::llm::ToolSpec;
-use crate::sandbox::helper::ERROR_PREFIX as HELPER_ERROR_PREFIX;
 use crate::sandbox::runner::SANDBOX_PATH;
 use crate::sandbox::{HELPER_SUBCOMMAND, Policy, SandboxMode};
+
+/// Log targets kept at `error` unless the log filter names them: rmcp logs every notification
+/// a server sends at `info` and every refused request at `warn`, so a hostile server could fill
+/// the log through it; what the daemon logs of its servers is bounded here per server.
+pub const QUIET_LOG_TARGETS: &[&str] = &["rmcp"];
 
 /// At most this many tools are taken from one server's list; the rest are dropped with a
 /// warning (a hostile or broken server must not flood the model's tool list).
@@ -130,6 +138,21 @@ struct Server {
 }
 
 impl Server {
+    /// `text` without the secrets of this server's URL and headers: rmcp's and reqwest's
+    /// errors name the URL, which may carry a key (docs/security.md).
+    fn scrub(&self, text: &str) -> String {
+        match &self.cfg.transport {
+            McpTransport::Http { url, headers } => {
+                let mut secrets = crate::redact::url_secrets(url);
+                secrets.extend(headers.values().map(|v| v.expose_secret().to_string()));
+                secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+                let refs: Vec<&str> = secrets.iter().map(String::as_str).collect();
+                crate::redact::redact(text, &refs)
+            }
+            McpTransport::Stdio { .. } => text.to_string(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -140,15 +163,9 @@ impl Server {
         let (exposed, clashes) = expose(&self.cfg.name, self.cfg.tools.as_deref(), listed);
         let changed = {
             let mut s = self.lock();
-            for c in clashes.iter().filter(|c| !s.clashes.contains(c)) {
-                tracing::error!(
-                    server = %self.cfg.name,
-                    tool = %c.name,
-                    remote = %c.remote,
-                    "MCP tool not offered: {}",
-                    c.reason
-                );
-            }
+            let new: Vec<&RefusedTool> =
+                clashes.iter().filter(|c| !s.clashes.contains(c)).collect();
+            log_refused(&self.cfg.name, &new);
             let changed = s.exposed != exposed || s.clashes != clashes;
             s.exposed = exposed;
             s.clashes = clashes;
@@ -157,6 +174,18 @@ impl Server {
         if changed {
             bump(&self.changed);
         }
+    }
+}
+
+/// Tools refused of one server, newly: each logged at error up to a few, then one line with
+/// the count (a server can list hundreds, again and again); all of them are in the status.
+fn log_refused(server: &str, refused: &[&RefusedTool]) {
+    const LOGGED: usize = 5;
+    for r in refused.iter().take(LOGGED) {
+        tracing::error!(server = %server, tool = %r.name, remote = %r.remote, "MCP tool not offered: {}", r.reason);
+    }
+    if refused.len() > LOGGED {
+        tracing::error!(server = %server, "{} more MCP tools not offered; the status lists them", refused.len() - LOGGED);
     }
 }
 
@@ -551,15 +580,11 @@ impl McpManager {
                 .map(|(_, r)| r.clone())
                 .collect();
             let mut s = server.lock();
-            for r in mine.iter().filter(|r| !s.sync_refused.contains(r)) {
-                tracing::error!(
-                    server = %server.cfg.name,
-                    tool = %r.name,
-                    remote = %r.remote,
-                    "MCP tool not offered: {}",
-                    r.reason
-                );
-            }
+            let new: Vec<&RefusedTool> = mine
+                .iter()
+                .filter(|r| !s.sync_refused.contains(r))
+                .collect();
+            log_refused(&server.cfg.name, &new);
             s.sync_refused = mine;
         }
     }
@@ -644,22 +669,27 @@ async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
                 {
                     let mut s = server.lock();
                     s.state = State::Ready;
-                    s.peer = Some(conn.service.peer().clone());
+                    s.peer = Some(conn.session.service.peer().clone());
                     s.settled = true;
                 }
                 server.set_tools(conn.tools);
                 server.settled.notify_waiters();
                 let up_since = Instant::now();
-                if serve(&server, conn.service, &conn.relist, &cancel).await {
-                    return stopped(&server);
-                }
+                let why = match serve(&server, conn.session, &conn.relist, &cancel).await {
+                    Ended::Stopped => return stopped(&server),
+                    Ended::Closed(why) => why,
+                };
                 if up_since.elapsed() >= STABLE_AFTER {
                     failures = 0;
                 }
-                tracing::warn!(server = %name, "MCP server connection closed; restarting");
+                let why = why.map_or_else(
+                    || "connection closed".to_string(),
+                    |w| format!("cut off: {w}"),
+                );
+                tracing::warn!(server = %name, "MCP server {why}; restarting");
                 let mut s = server.lock();
                 s.peer = None;
-                s.last_error = Some("connection closed".to_string());
+                s.last_error = Some(why);
             }
             Err(e) => {
                 tracing::warn!(server = %name, error = %e, "MCP server failed to start");
@@ -693,33 +723,46 @@ fn stopped(server: &Server) {
     s.last_error = Some("stopped".to_string());
 }
 
-/// Serve one connection until it closes (`false`) or `cancel` fires (`true`, after the child
-/// was stopped), re-listing the tools when the server says they changed.
+/// How a connection ended.
+enum Ended {
+    /// `cancel` fired: the server was stopped for good.
+    Stopped,
+    /// The connection closed, cut off by its guard when the reason is given.
+    Closed(Option<String>),
+}
+
+/// Serve one connection until it closes or `cancel` fires, re-listing the tools when the
+/// server says they changed. Either way the service and the process tree have ended when this
+/// returns.
 async fn serve(
     server: &Server,
-    service: Running,
+    session: Session,
     relist: &Notify,
     cancel: &CancellationToken,
-) -> bool {
+) -> Ended {
     let name = &server.cfg.name;
     let timeout = server.cfg.timeout;
+    let Session {
+        service,
+        process,
+        wire,
+    } = session;
     let peer = service.peer().clone();
     let stop = service.cancellation_token();
-    // Dropping the `waiting` future drops the service, which kills the child.
     let waiting = service.waiting();
     tokio::pin!(waiting);
     let closed = server.closed.notified();
     tokio::pin!(closed);
     let mut last_relist: Option<Instant> = None;
-    loop {
+    let mut finished = false;
+    let ended = loop {
         tokio::select! {
-            _ = cancel.cancelled() => {
-                stop.cancel();
-                let _ = tokio::time::timeout(STOP_WAIT, &mut waiting).await;
-                return true;
+            _ = cancel.cancelled() => break Ended::Stopped,
+            _ = &mut closed => break Ended::Closed(wire.why()),
+            _ = &mut waiting => {
+                finished = true;
+                break Ended::Closed(wire.why());
             }
-            _ = &mut closed => return false,
-            _ = &mut waiting => return false,
             _ = relist.notified() => {
                 let pause = last_relist
                     .map(|at| RELIST_MIN_INTERVAL.saturating_sub(at.elapsed()))
@@ -729,11 +772,7 @@ async fn serve(
                     tokio::time::timeout(timeout, list_tools(&peer, name)).await
                 };
                 let listed = tokio::select! {
-                    _ = cancel.cancelled() => {
-                        stop.cancel();
-                        let _ = tokio::time::timeout(STOP_WAIT, &mut waiting).await;
-                        return true;
-                    }
+                    _ = cancel.cancelled() => break Ended::Stopped,
                     r = listed => r,
                 };
                 last_relist = Some(Instant::now());
@@ -743,6 +782,7 @@ async fn serve(
                         server.set_tools(tools);
                     }
                     Ok(Err(e)) => {
+                        let e = server.scrub(&e.to_string());
                         tracing::warn!(server = %name, error = %e, "MCP tools/list failed; keeping the last list");
                     }
                     Err(_) => {
@@ -751,7 +791,15 @@ async fn serve(
                 }
             }
         }
+    };
+    stop.cancel();
+    if !finished {
+        let _ = tokio::time::timeout(STOP_WAIT, &mut waiting).await;
     }
+    if let Some(p) = process {
+        p.end().await;
+    }
+    ended
 }
 
 /// `tools/list`, every page, at most [`MAX_TOOLS_PER_SERVER`] tools and [`MAX_LIST_PAGES`]
@@ -804,33 +852,76 @@ impl rmcp::ClientHandler for Client {
 
 type Running = rmcp::service::RunningService<RoleClient, Client>;
 
-/// A started server: the session, its first tool list, and the re-list signal.
+/// A started server: the session, its process (stdio), the wire its guard trips, its first
+/// tool list, and the re-list signal.
 struct Connection {
-    service: Running,
+    session: Session,
     tools: Vec<rmcp::model::Tool>,
     relist: Arc<Notify>,
 }
 
-/// Spawn the child, do the handshake and list its tools (bounded by the server timeout).
+/// One connection to a server: rmcp's service over the [`Guarded`] transport, and for stdio
+/// the process tree behind it.
+struct Session {
+    service: Running,
+    process: Option<stdio::ServerProcess>,
+    wire: Arc<Tripwire>,
+}
+
+impl Session {
+    /// Stop the service and kill the process tree, waiting (bounded) for both: after this the
+    /// server runs no more, so a restart never runs it twice.
+    async fn end(self) {
+        let Session {
+            service, process, ..
+        } = self;
+        let stop = service.cancellation_token();
+        stop.cancel();
+        let _ = tokio::time::timeout(STOP_WAIT, service.waiting()).await;
+        if let Some(p) = process {
+            p.end().await;
+        }
+    }
+}
+
+/// Spawn the child (or connect), do the handshake and list its tools (bounded by the server
+/// timeout). Every error text is scrubbed of the server URL's secrets.
 async fn connect(server: &Server) -> Result<Connection, String> {
     let timeout = server.cfg.timeout;
     let relist = Arc::new(Notify::new());
-    let service = start_session(server, relist.clone()).await?;
-    let tools = tokio::time::timeout(timeout, list_tools(service.peer(), &server.cfg.name))
+    let session = start_session(server, relist.clone())
         .await
-        .map_err(|_| format!("tools/list timed out after {}s", timeout.as_secs()))?
-        .map_err(|e| format!("tools/list failed: {e}"))?;
+        .map_err(|e| server.scrub(&e))?;
+    let listed = tokio::time::timeout(
+        timeout,
+        list_tools(session.service.peer(), &server.cfg.name),
+    )
+    .await;
+    let tools = match listed {
+        Ok(Ok(tools)) => tools,
+        failed => {
+            let why = match failed {
+                Err(_) => format!("tools/list timed out after {}s", timeout.as_secs()),
+                Ok(Err(e)) => format!("tools/list failed: {e}"),
+                Ok(Ok(_)) => String::new(),
+            };
+            let why = session.wire.why().map_or(why, |w| format!("cut off: {w}"));
+            session.end().await;
+            return Err(server.scrub(&why));
+        }
+    };
     Ok(Connection {
-        service,
+        session,
         tools,
         relist,
     })
 }
 
 /// Spawn the child (or connect) and do the handshake, bounded by the server timeout.
-async fn start_session(server: &Server, relist: Arc<Notify>) -> Result<Running, String> {
+async fn start_session(server: &Server, relist: Arc<Notify>) -> Result<Session, String> {
     let client = Client { relist };
     let timeout = server.cfg.timeout;
+    let wire = Arc::new(Tripwire::default());
     let (command, args, env, cwd) = match &server.cfg.transport {
         McpTransport::Stdio {
             command,
@@ -854,50 +945,53 @@ async fn start_session(server: &Server, relist: Arc<Notify>) -> Result<Running, 
                     config.custom_headers.insert(name, value);
                 }
             }
-            let transport = StreamableHttpClientTransport::from_config(config);
-            return tokio::time::timeout(timeout, client.serve(transport))
+            let transport = Guarded::new(
+                StreamableHttpClientTransport::from_config(config),
+                wire.clone(),
+            );
+            let service = tokio::time::timeout(timeout, client.serve(transport))
                 .await
                 .map_err(|_| format!("initialize timed out after {}s", timeout.as_secs()))?
-                .map_err(|e| format!("initialize failed: {e}"));
+                .map_err(|e| format!("initialize failed: {e}"))?;
+            return Ok(Session {
+                service,
+                process: None,
+                wire,
+            });
         }
     };
     let cmd = server
         .sandbox
         .command(&server.cfg, command, args, env, cwd.as_ref())?;
-    let (transport, stderr) = TokioChildProcess::builder(cmd)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start the sandbox helper for `{command}`: {e}"))?;
-    // The helper's own complaint (sandbox setup failed, command not found) explains a failed
-    // handshake better than "connection closed".
-    let setup_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-    if let Some(stderr) = stderr {
-        let name = server.cfg.name.clone();
-        let setup_error = setup_error.clone();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(msg) = line.strip_prefix(HELPER_ERROR_PREFIX) {
-                    let mut slot = setup_error.lock().unwrap_or_else(|p| p.into_inner());
-                    slot.get_or_insert_with(|| msg.to_string());
-                }
-                tracing::info!(server = %name, "mcp stderr: {line}");
-            }
-        });
-    }
+    let spawned = stdio::spawn(cmd, &server.cfg.name)
+        .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+    let transport = Guarded::new(
+        AsyncRwTransport::new_client(spawned.stdout, spawned.stdin),
+        wire.clone(),
+    );
+    let process = spawned.process;
     match tokio::time::timeout(timeout, client.serve(transport)).await {
-        Err(_) => Err(format!("initialize timed out after {}s", timeout.as_secs())),
-        Ok(Ok(service)) => Ok(service),
-        Ok(Err(e)) => {
-            // Give the stderr reader a moment to see the helper's last line.
+        Ok(Ok(service)) => Ok(Session {
+            service,
+            process: Some(process),
+            wire,
+        }),
+        failed => {
+            process.end().await;
+            // Let the stderr reader see the helper's last line.
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let why = setup_error
+            // The helper's own complaint (sandbox setup failed, command not found) explains a
+            // failed handshake better than "connection closed".
+            let why = spawned
+                .setup_error
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
-            Err(match why {
-                Some(why) => format!("initialize failed: {e} ({why})"),
-                None => format!("initialize failed: {e}"),
+            Err(match (failed, why) {
+                (Err(_), _) => format!("initialize timed out after {}s", timeout.as_secs()),
+                (Ok(Err(e)), Some(why)) => format!("initialize failed: {e} ({why})"),
+                (Ok(Err(e)), None) => format!("initialize failed: {e}"),
+                (Ok(Ok(_)), _) => "initialize failed".to_string(),
             })
         }
     }
@@ -967,21 +1061,22 @@ impl Tool for McpTool {
                     if matches!(e, ServiceError::TransportClosed) || peer.is_transport_closed() {
                         self.server.closed.notify_waiters();
                     }
-                    return Err(ToolError::Failed(format!(
+                    return Err(ToolError::Failed(self.server.scrub(&format!(
                         "MCP server '{server_name}': tool '{}' failed: {e}",
                         self.remote
-                    )));
+                    ))));
                 }
                 Ok(Ok(r)) => r,
             };
             let value = serde_json::to_value(&result).unwrap_or(Value::Null);
             let text = render_content(&value);
             if result.is_error == Some(true) {
-                Err(ToolError::Failed(format!(
-                    "MCP server '{server_name}': {text}"
-                )))
+                Err(ToolError::Failed(
+                    self.server
+                        .scrub(&format!("MCP server '{server_name}': {text}")),
+                ))
             } else {
-                Ok(text)
+                Ok(self.server.scrub(&text))
             }
         })
     }
@@ -1029,6 +1124,7 @@ fn expose(
     listed: Vec<rmcp::model::Tool>,
 ) -> (Vec<Exposed>, Vec<RefusedTool>) {
     let mut by_name: BTreeMap<String, Vec<Exposed>> = BTreeMap::new();
+    let mut refused = Vec::new();
     for tool in listed {
         let remote = tool.name.to_string();
         if let Some(allow) = allow
@@ -1037,6 +1133,26 @@ fn expose(
             continue;
         }
         let name = exposed_name(server, &remote);
+        let description = tool.description.as_deref().unwrap_or("");
+        let schema_bytes =
+            serde_json::to_string(&tool.input_schema).map_or(usize::MAX, |s| s.len());
+        let checked = limits::check_tool(&remote, description, schema_bytes).and_then(|size| {
+            match limits::holds_pruned(&tool.input_schema) {
+                true => Err(format!(
+                    "its input schema is nested deeper than {} levels",
+                    limits::MAX_MESSAGE_DEPTH
+                )),
+                false => Ok(size),
+            }
+        });
+        if let Err(why) = checked {
+            refused.push(RefusedTool {
+                reason: format!("tool '{}' is not offered: {why}", cut(&remote, 80)),
+                name,
+                remote: cut(&remote, limits::MAX_NAME_BYTES),
+            });
+            continue;
+        }
         by_name.entry(name.clone()).or_default().push(Exposed {
             name,
             description: tool.description.as_deref().unwrap_or("").to_string(),
@@ -1045,7 +1161,6 @@ fn expose(
         });
     }
     let mut exposed = Vec::new();
-    let mut refused = Vec::new();
     for (name, mut group) in by_name {
         let exact = format!("{server}__");
         // Stable: `sort_by_key` keeps the server's order among equal keys.
@@ -1079,7 +1194,34 @@ fn expose(
         }
         exposed.push(kept);
     }
+    let mut total = 0usize;
+    exposed.retain(|t: &Exposed| {
+        total += t.name.len() + t.description.len() + t.schema.to_string().len();
+        if total <= limits::MAX_SERVER_BYTES {
+            return true;
+        }
+        refused.push(RefusedTool {
+            name: t.name.clone(),
+            remote: t.remote.clone(),
+            reason: format!(
+                "tool '{}' is not offered: the server's tools before it (by name) already fill \
+                 its share of {} KiB. Fix: leave tools out with the server's `tools` allow-list",
+                t.remote,
+                limits::MAX_SERVER_BYTES >> 10
+            ),
+        });
+        false
+    });
     (exposed, refused)
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
 }
 
 /// `<server>__<tool>` reduced to `[A-Za-z0-9_-]{1,64}`.
