@@ -374,6 +374,15 @@ impl TgSink for Sink {
             if let Some(cmd) = msg.is_command.clone() {
                 return self.command(&msg, cmd).await;
             }
+            let id = match self.client.bot_id() {
+                Some(bot) => format!("tg-{bot}-{}", msg.update_id),
+                None => format!("tg-{}", msg.update_id),
+            };
+            // Offered again after a crash although recorded (it was finished while an earlier
+            // update held the offset back): nothing to download, nothing to record.
+            if msg.media.is_some() && self.intake.is_recorded(&msg.session_key, &id).await {
+                return Ok(());
+            }
             let mut text = msg.text.clone();
             let mut attachments = Vec::new();
             if let Some(media) = &msg.media {
@@ -396,10 +405,7 @@ impl TgSink for Sink {
                 return Ok(());
             }
             let intake = Intake {
-                id: match self.client.bot_id() {
-                    Some(bot) => format!("tg-{bot}-{}", msg.update_id),
-                    None => format!("tg-{}", msg.update_id),
-                },
+                id,
                 source: crate::control::Source::Telegram,
                 from: msg.from_name.clone(),
                 text,

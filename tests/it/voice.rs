@@ -570,6 +570,16 @@ fn an_openai_compatible_input_audio_part_is_transcribed() {
     );
 }
 
+const BOB: i64 = 2002;
+
+/// `[channel.telegram]` with Alice and Bob allowed, each a contact.
+fn telegram_two(tg: &FakeTelegram) -> String {
+    format!(
+        "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}, {BOB}]\npoll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE}, Bob = {BOB} }}\n",
+        tg.api_url()
+    )
+}
+
 /// Security round 3, item 5: a spent budget means no transcription call and no cost row; the
 /// voice note keeps its placeholder, naming the limit.
 #[test]
@@ -609,6 +619,80 @@ fn a_spent_budget_transcribes_nothing() {
     assert!(
         rows.iter().all(|r| r.0 != "transcription"),
         "a transcription row over budget: {rows:?}"
+    );
+}
+
+/// Security round 3, item 5: 20 voice notes from Alice, each taking the transcription server
+/// 3 s, hold neither Bob's text nor Bob's press of an approval button: the text's intake is
+/// recorded and the press decided within 2 s, while Alice's notes are still being transcribed.
+#[test]
+fn slow_voice_notes_hold_neither_another_chat_nor_a_button() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    // Bob's "please read" asks for a gated `read`; everything else is echoed.
+    llm.set_responder(|body| {
+        let asks = last_user_text(body).contains("please read");
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|x| x["role"] == "tool"));
+        (asks && !answered)
+            .then(|| Reply::tool_calls(vec![("r1", "read", json!({"path": "notes.txt"}))]))
+    });
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let extra = format!("{}\n[approvals]\nrequire = [\"read\"]\n", telegram_two(&tg));
+    let voice = "stt_model = \"whisper\"\necho_transcript = false";
+    let mut d = daemon(&llm, &audio, voice, &extra, AUDIO_KEY);
+    d.start();
+    tg.push_text(BOB, BOB, "please read my notes");
+    let prompt = wait_until(WAIT, "Bob's approval prompt", || {
+        tg.sent()
+            .into_iter()
+            .find(|m| m.chat_id == BOB && !m.buttons.is_empty())
+    });
+
+    audio.set_delay(Duration::from_secs(3));
+    for _ in 0..20 {
+        tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    }
+    wait_until(WAIT, "Alice's first transcription in flight", || {
+        (!audio.transcriptions().is_empty()).then_some(())
+    });
+    let t0 = std::time::Instant::now();
+    let text = tg.push_text(BOB, BOB, "are you there?");
+    let query = tg.push_callback(BOB, BOB, prompt.message_id, &prompt.buttons[0]);
+    let id = format!("tg-{}-{}", tg.bot_id(), text.update_id);
+    let (mut recorded, mut decided) = (None, None);
+    wait_until(
+        Duration::from_secs(10),
+        "Bob's text recorded and his press decided",
+        || {
+            if recorded.is_none() && intakes(&d, "Bob").iter().any(|i| i["id"] == id.as_str()) {
+                recorded = Some(t0.elapsed());
+            }
+            if decided.is_none() {
+                decided = tg
+                    .callback_answers()
+                    .into_iter()
+                    .find(|a| a.query_id == query)
+                    .map(|a| (t0.elapsed(), a.text.unwrap_or_default()));
+            }
+            (recorded.is_some() && decided.is_some()).then_some(())
+        },
+    );
+    let (recorded, (decided, answer)) = (recorded.unwrap(), decided.unwrap());
+    let started = audio.transcriptions().len();
+    eprintln!(
+        "while Alice's 20 notes (3 s each) were transcribed: Bob's text recorded after {} ms, \
+         his press decided after {} ms ({started} of 20 transcriptions started by then)",
+        recorded.as_millis(),
+        decided.as_millis()
+    );
+    assert_eq!(answer, "Approved.");
+    assert!(recorded <= Duration::from_secs(2), "text: {recorded:?}");
+    assert!(decided <= Duration::from_secs(2), "press: {decided:?}");
+    assert!(
+        started < 20,
+        "the check must run while Alice's notes are still being transcribed"
     );
 }
 
@@ -702,4 +786,104 @@ fn the_providers_longer_duration_is_billed() {
         .collect();
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert!((rows[0].2 - 0.006 * 30.0 / 60.0).abs() < 1e-9, "{rows:?}");
+}
+
+/// The stored Telegram offset of the fake's bot, if any.
+fn stored_offset(d: &TestDaemon, tg: &FakeTelegram) -> Option<i64> {
+    let conn = rusqlite::Connection::open(d.state_dir.join("agentd.db")).ok()?;
+    conn.query_row(
+        "SELECT value FROM kv WHERE key = ?1",
+        [format!("telegram.{}.offset", tg.bot_id())],
+        |r| r.get::<_, String>(0),
+    )
+    .ok()?
+    .parse()
+    .ok()
+}
+
+/// Security round 3, item 5 (what the lanes must keep): kill -9 while Alice's voice note is
+/// being transcribed and Bob's later document and text are already recorded and answered. The
+/// saved offset never passed Alice's note, so the restart is offered her note (transcribed
+/// and answered once) and Bob's updates again, which are neither downloaded nor recorded nor
+/// answered a second time.
+#[test]
+fn kill9_with_chats_in_flight_loses_nothing_and_repeats_nothing() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    audio.hang_next("transcriptions", 1);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let voice = "stt_model = \"whisper\"\necho_transcript = false";
+    let mut d = daemon(&llm, &audio, voice, &telegram_two(&tg), AUDIO_KEY);
+    d.start();
+    let note = tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    wait_until(WAIT, "Alice's transcription in flight", || {
+        (audio.transcriptions().len() == 1).then_some(())
+    });
+    let doc = tg.push_document(
+        BOB,
+        BOB,
+        b"minutes",
+        "minutes.txt",
+        "text/plain",
+        Some("the minutes"),
+    );
+    let text = tg.push_text(BOB, BOB, "and a question");
+    let bob_id = |u: i64| format!("tg-{}-{u}", tg.bot_id());
+    wait_until(WAIT, "Bob's two intakes", || {
+        let ids: Vec<Value> = intakes(&d, "Bob").iter().map(|i| i["id"].clone()).collect();
+        (ids.contains(&json!(bob_id(doc.update_id)))
+            && ids.contains(&json!(bob_id(text.update_id))))
+        .then_some(())
+    });
+    wait_until(WAIT, "Bob's replies delivered", || {
+        let trail = d.trail("Bob");
+        let delivered = |id: String| {
+            trail.iter().any(|l| {
+                l["type"] == "delivery"
+                    && l["status"] == "done"
+                    && l["reply_to"]
+                        .as_array()
+                        .is_some_and(|r| r.contains(&json!(id)))
+            })
+        };
+        (delivered(bob_id(doc.update_id)) && delivered(bob_id(text.update_id))).then_some(())
+    });
+    let bob_replies = tg.sent_to(BOB).len();
+    let offset = stored_offset(&d, &tg);
+    eprintln!(
+        "before kill -9: saved offset {offset:?}, Alice's note is update {}, Bob's {} and {}",
+        note.update_id, doc.update_id, text.update_id
+    );
+    assert!(
+        offset.is_none_or(|o| o <= note.update_id),
+        "the offset passed Alice's unfinished note"
+    );
+    d.kill9();
+    assert!(intakes(&d, "Alice").is_empty());
+    d.start();
+    wait_until(WAIT, "Alice's note answered", || {
+        (!tg.sent_to(ALICE).is_empty()).then_some(())
+    });
+    let alice = intakes(&d, "Alice");
+    assert_eq!(alice.len(), 1, "{alice:?}");
+    assert!(alice[0]["text"].as_str().unwrap().contains(SAID));
+    assert_eq!(
+        audio.transcriptions().len(),
+        2,
+        "the hung one, then once after the restart"
+    );
+    // Bob's updates came again and were dropped: one intake each, one download, no new reply.
+    wait_until(WAIT, "the offset past Bob's updates", || {
+        stored_offset(&d, &tg)
+            .is_some_and(|o| o > text.update_id)
+            .then_some(())
+    });
+    assert_eq!(intakes(&d, "Bob").len(), 2);
+    let downloads = tg
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "getfile" && p["file_id"] == json!(doc.file_id.clone().unwrap()))
+        .count();
+    assert_eq!(downloads, 1, "Bob's document was fetched again");
+    assert_eq!(tg.sent_to(BOB).len(), bob_replies, "Bob was answered twice");
 }
