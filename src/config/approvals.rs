@@ -15,6 +15,9 @@ pub const MAX_TIMEOUT_SECONDS: i64 = 86_400;
 /// At most this many globs in `require` or `system_allow`.
 pub const MAX_GLOBS: usize = 256;
 
+/// At most this many user ids in `approvers`.
+pub const MAX_APPROVERS: usize = 256;
+
 /// `[approvals]`.
 pub fn approvals(root: &mut Section<'_>) -> ApprovalsConfig {
     let mut s = root.section("approvals");
@@ -41,13 +44,45 @@ pub fn approvals(root: &mut Section<'_>) -> ApprovalsConfig {
             "0 is not a Telegram chat id; use the numeric id of the chat (a user's id for a private chat, a negative id for a group)",
         );
     }
+    let approvers = approvers(&mut s);
     ApprovalsConfig {
         require,
         over_usd,
         timeout: Duration::from_secs(timeout),
         telegram_chat: telegram_chat.filter(|c| *c != 0),
         system_allow,
+        approvers,
     }
+}
+
+/// `approvers`: Telegram user ids (positive numbers) who may decide any approval from any
+/// chat.
+fn approvers(s: &mut Section<'_>) -> Vec<i64> {
+    let list: Vec<i64> = s.get("approvers").unwrap_or_default();
+    if list.len() > MAX_APPROVERS {
+        s.problem(
+            "approvers",
+            format!(
+                "{} user ids, over the limit of {MAX_APPROVERS}; list the few people who decide approvals",
+                list.len()
+            ),
+        );
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (i, id) in list.into_iter().enumerate() {
+        if id > 0 {
+            out.push(id);
+        } else {
+            s.problem(
+                &format!("approvers[{i}]"),
+                format!(
+                    "{id} is not a Telegram user id: a user's id is a positive number (a negative id is a group chat); list the numeric ids of the people who may decide, e.g. approvers = [123456789]"
+                ),
+            );
+        }
+    }
+    out
 }
 
 /// A list of tool-name globs: `*` and `?` over the characters of tool names.
@@ -120,6 +155,11 @@ impl ApprovalsConfig {
     /// Whether a call of `tool` needs a person's yes by `require`.
     pub fn requires(&self, tool: &str) -> bool {
         self.require.iter().any(|g| glob_matches(g, tool))
+    }
+
+    /// Whether the Telegram user `user_id` may decide any approval from any chat (`approvers`).
+    pub fn is_approver(&self, user_id: i64) -> bool {
+        self.approvers.contains(&user_id)
     }
 
     /// Whether a `system`-source message may run `tool` without a yes (`system_allow`).

@@ -155,6 +155,8 @@ pub fn render_effective(cfg: &Config) -> String {
         None => r.comment("telegram_chat = (not set: approvals of non-Telegram sessions are not offered in Telegram)"),
     }
     r.kv("system_allow", list(&ap.system_allow));
+    let approvers: Vec<String> = ap.approvers.iter().map(i64::to_string).collect();
+    r.kv("approvers", format!("[{}]", approvers.join(", ")));
 
     r.table("delivery");
     r.kv(

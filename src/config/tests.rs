@@ -1464,11 +1464,13 @@ fn approvals_defaults_and_problems() {
     assert!(c.approvals.require.is_empty() && c.approvals.telegram_chat.is_none());
 
     let mut f = Fixture::new(&format!(
-        "{MINIMAL}\n[approvals]\nrequire = [\"exec\", \"github__*\"]\nover_usd = 0.5\ntimeout_seconds = 30\ntelegram_chat = -100123\nsystem_allow = [\"web_*\"]\n"
+        "{MINIMAL}\n[approvals]\nrequire = [\"exec\", \"github__*\"]\nover_usd = 0.5\ntimeout_seconds = 30\ntelegram_chat = -100123\nsystem_allow = [\"web_*\"]\napprovers = [1001, 2002]\n"
     ));
     f.provider("anthropic", ANTHROPIC);
     f.set("AGENTD_ANTHROPIC_KEY", "k");
     let c = f.ok();
+    assert!(c.approvals.is_approver(2002) && !c.approvals.is_approver(3003));
+    assert!(render_effective(&c).contains("approvers = [1001, 2002]"));
     assert!(c.approvals.requires("github__merge_pr") && !c.approvals.requires("read"));
     assert!(c.approvals.system_allows("web_fetch"));
     assert_eq!(c.approvals.timeout, Duration::from_secs(30));
@@ -1476,7 +1478,7 @@ fn approvals_defaults_and_problems() {
     assert!(render_effective(&c).contains("require = [\"exec\", \"github__*\"]"));
 
     let mut f = Fixture::new(&format!(
-        "{MINIMAL}\n[approvals]\nrequire = [\"ex ec\"]\nover_usd = -1\ntimeout_seconds = 0\ntelegram_chat = 0\nsystem_alow = []\n"
+        "{MINIMAL}\n[approvals]\nrequire = [\"ex ec\"]\nover_usd = -1\ntimeout_seconds = 0\ntelegram_chat = 0\nsystem_alow = []\napprovers = [5, -100123, 0]\n"
     ));
     f.provider("anthropic", ANTHROPIC);
     f.set("AGENTD_ANTHROPIC_KEY", "k");
@@ -1486,6 +1488,15 @@ fn approvals_defaults_and_problems() {
     assert!(has(&p, "approvals.timeout_seconds"), "{p:#?}");
     assert!(has(&p, "approvals.telegram_chat"), "{p:#?}");
     assert!(has(&p, "did you mean \"system_allow\""), "{p:#?}");
+    assert!(
+        has(
+            &p,
+            "approvals.approvers[1]: -100123 is not a Telegram user id"
+        ),
+        "{p:#?}"
+    );
+    assert!(has(&p, "approvals.approvers[2]: 0 is not"), "{p:#?}");
+    assert!(!has(&p, "approvals.approvers[0]"), "{p:#?}");
 }
 
 /// `[voice]` (SPEC §19): defaults, the audio prices of a model, and every validation message

@@ -445,6 +445,9 @@ pub struct ApprovalsConfig {
     pub telegram_chat: Option<i64>,
     /// Tool-name globs a `system`-source message may call without a yes.
     pub system_allow: Vec<String>,
+    /// Telegram user ids who may decide any approval from any chat; anyone else decides only
+    /// in the chat the prompt was offered in (and must be in `allow_from`).
+    pub approvers: Vec<i64>,
 }
 
 impl Default for ApprovalsConfig {
@@ -455,6 +458,7 @@ impl Default for ApprovalsConfig {
             timeout: std::time::Duration::from_secs(super::approvals::DEFAULT_TIMEOUT_SECONDS),
             telegram_chat: None,
             system_allow: Vec::new(),
+            approvers: Vec::new(),
         }
     }
 }

@@ -300,14 +300,20 @@ impl IntakeHandler {
         if !intake.attachments.iter().any(audio) {
             return Vec::new();
         }
-        let (store, k, id) = (self.store.clone(), key.to_string(), intake.id.clone());
-        let known = tokio::task::spawn_blocking(move || store.has_intake(&k, &id)).await;
-        if matches!(known, Ok(Ok(true))) {
+        if self.is_recorded(key, &intake.id).await {
             return Vec::new();
         }
         let session_id =
             (self.store.index().get(key)).map_or_else(|| key.to_string(), |e| e.session_id.clone());
         voice.apply(&session_id, intake).await
+    }
+
+    /// Whether intake `id` is already in the trail of `key` (offered again after a crash:
+    /// the source need not fetch or transcribe anything for it; `accept` drops it anyway).
+    pub async fn is_recorded(&self, key: &str, id: &str) -> bool {
+        let (store, k, id) = (self.store.clone(), key.to_string(), id.to_string());
+        let known = tokio::task::spawn_blocking(move || store.has_intake(&k, &id)).await;
+        matches!(known, Ok(Ok(true)))
     }
 
     async fn record(

@@ -75,46 +75,69 @@ struct Sink {
 }
 
 impl Sink {
-    /// An approval button: only a user in `allow_from` decides; everyone gets an answer.
+    /// An approval button (SPEC §18.1): it decides when pressed by a user listed in
+    /// `[approvals] approvers`, or by a user in `allow_from` in the chat the prompt was
+    /// offered in (a modified client can send any button data from its own chat); everyone
+    /// gets an answer. Both lists are read live.
     async fn approval_button(&self, cb: &TgCallback) {
-        use crate::session::approval::Decision;
-        use crate::tools::approval::DecideError;
         let notice = match approval_button(&cb.data) {
-            None => "This button is not one of mine.".to_string(),
-            Some((id, _)) if !crate::tools::approval::is_valid_id(id) => {
-                "This button is not one of mine.".to_string()
+            Some((id, what)) if crate::tools::approval::is_valid_id(id) => {
+                self.approval_decision(cb, id, what)
             }
-            Some(_) if !allowed(cb.user_id, &self.live.get().telegram) => {
-                tracing::warn!(
-                    user_id = cb.user_id,
-                    "telegram: approval button from a user not in allow_from refused"
-                );
-                "You are not allowed to decide approvals (not in allow_from).".to_string()
-            }
-            Some((id, what)) => {
-                let decision = match what {
-                    'a' => Decision::Approve,
-                    's' => Decision::Always,
-                    _ => Decision::Deny,
-                };
-                let by = cb.user_id.to_string();
-                match super::approvals::decide(&self.approvals, id, decision, &by, "telegram") {
-                    Ok(_) => match decision {
-                        Decision::Deny => "Denied.".to_string(),
-                        Decision::Always => "Approved for this session.".to_string(),
-                        _ => "Approved.".to_string(),
-                    },
-                    Err(DecideError::AlreadyDecided { decision, .. }) => {
-                        format!("Already decided: {decision}.")
-                    }
-                    Err(DecideError::Unknown(_)) => {
-                        "This approval is no longer waiting.".to_string()
-                    }
-                }
-            }
+            _ => "This button is not one of mine.".to_string(),
         };
         if let Err(e) = self.client.answer_callback(&cb.query_id, &notice).await {
             tracing::warn!(error = %e, "telegram: answerCallbackQuery failed");
+        }
+    }
+
+    /// Decide approval `id` as `what` (`a`, `s`, `d`) for the press `cb`, if it may; the
+    /// answer for the presser.
+    fn approval_decision(&self, cb: &TgCallback, id: &str, what: char) -> String {
+        use crate::session::approval::Decision;
+        use crate::tools::approval::DecideError;
+        let live = self.live.get();
+        let user_id = cb.user_id;
+        if !live.approvals.is_approver(user_id) {
+            if !allowed(user_id, &live.telegram) {
+                tracing::warn!(
+                    user_id,
+                    "telegram: approval button from a user not in allow_from refused"
+                );
+                return "You are not allowed to decide approvals (not in allow_from).".into();
+            }
+            match self.approvals.offered_in(id, cb.chat_id) {
+                None => return "This approval is no longer waiting.".into(),
+                Some(false) => {
+                    tracing::warn!(
+                        user_id,
+                        chat_id = cb.chat_id,
+                        approval = %id,
+                        "telegram: approval button pressed outside the chat it was asked in; refused"
+                    );
+                    return "You are not allowed to decide this approval here: it was asked in \
+                            another chat."
+                        .into();
+                }
+                Some(true) => {}
+            }
+        }
+        let decision = match what {
+            'a' => Decision::Approve,
+            's' => Decision::Always,
+            _ => Decision::Deny,
+        };
+        let by = user_id.to_string();
+        match super::approvals::decide(&self.approvals, id, decision, &by, "telegram") {
+            Ok(_) => match decision {
+                Decision::Deny => "Denied.".to_string(),
+                Decision::Always => "Approved for this session.".to_string(),
+                _ => "Approved.".to_string(),
+            },
+            Err(DecideError::AlreadyDecided { decision, .. }) => {
+                format!("Already decided: {decision}.")
+            }
+            Err(DecideError::Unknown(_)) => "This approval is no longer waiting.".to_string(),
         }
     }
 
@@ -351,6 +374,15 @@ impl TgSink for Sink {
             if let Some(cmd) = msg.is_command.clone() {
                 return self.command(&msg, cmd).await;
             }
+            let id = match self.client.bot_id() {
+                Some(bot) => format!("tg-{bot}-{}", msg.update_id),
+                None => format!("tg-{}", msg.update_id),
+            };
+            // Offered again after a crash although recorded (it was finished while an earlier
+            // update held the offset back): nothing to download, nothing to record.
+            if msg.media.is_some() && self.intake.is_recorded(&msg.session_key, &id).await {
+                return Ok(());
+            }
             let mut text = msg.text.clone();
             let mut attachments = Vec::new();
             if let Some(media) = &msg.media {
@@ -373,10 +405,7 @@ impl TgSink for Sink {
                 return Ok(());
             }
             let intake = Intake {
-                id: match self.client.bot_id() {
-                    Some(bot) => format!("tg-{bot}-{}", msg.update_id),
-                    None => format!("tg-{}", msg.update_id),
-                },
+                id,
                 source: crate::control::Source::Telegram,
                 from: msg.from_name.clone(),
                 text,

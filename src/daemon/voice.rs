@@ -5,8 +5,14 @@
 //! offset was not confirmed) and it is transcribed then, once. A message already recorded is
 //! never transcribed again (`SessionStore::has_intake`).
 //!
-//! Failure, or no `[voice] stt_model`, keeps the placeholder naming the saved file, so the
-//! message still goes through.
+//! Before the provider is called: the file's length is established from the file itself
+//! (`llm::audio_length`: OGG/Opus page by page, MP3 frame by frame, WAV by its data), audio
+//! longer than `[voice] max_audio_seconds` or of no established length is refused, and the
+//! budget is checked (`Ledger::gate`, the check every provider call makes). The bill is the
+//! larger of that length and the one the provider reports.
+//!
+//! Failure, a refusal, or no `[voice] stt_model` keeps the placeholder naming the saved file,
+//! so the message still goes through.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +20,8 @@ use std::sync::Arc;
 use crate::config::VoiceConfig;
 use crate::cost::{AudioCall, Ledger};
 use crate::llm::Llm;
-use crate::llm::audio::{AudioFile, duration_label, ogg_opus_seconds};
+use crate::llm::audio::{AudioFile, duration_label};
+use crate::llm::audio_length::{self, Measured};
 use crate::session::Intake;
 
 /// The MIME type of an audio file, by its extension (what the transcription endpoints accept).
@@ -49,8 +56,8 @@ pub struct Transcriber {
 impl Transcriber {
     /// Transcribe every audio attachment of `intake` and put the result into its text: the
     /// text sent along first, then one `[voice note m:ss] transcript` line per file. An audio
-    /// file that is not transcribed leaves a placeholder naming it when the message has no
-    /// other text. Returns the transcripts. `session_id`: what the cost rows are billed to.
+    /// file that is not transcribed gets a placeholder line naming it and why. Returns the
+    /// transcripts. `session_id`: what the cost rows are billed to.
     pub async fn apply(&self, session_id: &str, intake: &mut Intake) -> Vec<Heard> {
         let mut heard = Vec::new();
         let mut lines = Vec::new();
@@ -66,9 +73,7 @@ impl Transcriber {
                 }
                 Err(why) => {
                     tracing::warn!(id = %intake.id, file = %shown, error = %why, "audio not transcribed; the message keeps its placeholder");
-                    if intake.text.trim().is_empty() {
-                        lines.push(format!("[voice note saved as {shown}; {why}]"));
-                    }
+                    lines.push(format!("[voice note saved as {shown}; {why}]"));
                 }
             }
         }
@@ -94,68 +99,87 @@ impl Transcriber {
         let Some(model) = &self.cfg.stt_model else {
             return Err("no transcription is configured".into());
         };
-        let max = self.cfg.max_audio_bytes;
-        let bytes = read_bounded(path, max).await?;
-        let from_file = ogg_opus_seconds(&bytes);
-        if let Some(s) = from_file
-            && s > self.cfg.max_audio_seconds as f64
-        {
+        let (bytes, measured) = read_and_measure(path, self.cfg.max_audio_bytes).await?;
+        let limit = self.cfg.max_audio_seconds as f64;
+        if measured.seconds > limit {
             return Err(format!(
-                "not transcribed: {s:.0} s is longer than [voice] max_audio_seconds ({})",
-                self.cfg.max_audio_seconds
+                "not transcribed: it plays {:.0} s, longer than [voice] max_audio_seconds ({})",
+                measured.seconds, self.cfg.max_audio_seconds
             ));
         }
-        let file_name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("audio.ogg")
-            .to_string();
+        // The one budget check of every provider call: refused, nothing is sent or billed.
+        self.ledger
+            .gate()
+            .await
+            .map_err(|e| format!("not transcribed: {e}"))?;
         let audio = AudioFile {
             bytes: bytes.into(),
-            file_name,
-            mime: mime.to_string(),
+            file_name: upload_name(path, mime, &measured),
+            mime: measured.container.mime().to_string(),
         };
         let (t, spec) = self
             .llm
             .transcribe(model, &audio)
             .await
             .map_err(|e| format!("transcription failed: {e}"))?;
-        let seconds = from_file.or(t.seconds);
+        // Billed by the longer of the two counts: the file's own, and the provider's.
+        let seconds = t
+            .seconds
+            .map_or(measured.seconds, |s| s.max(measured.seconds));
         self.ledger
-            .record_audio(
-                session_id,
-                &spec,
-                AudioCall::Transcription {
-                    seconds: seconds.unwrap_or(0.0),
-                },
-            )
+            .record_audio(session_id, &spec, AudioCall::Transcription { seconds })
             .await;
-        let label = match seconds {
-            Some(s) => duration_label(s),
-            None => "[voice note]".to_string(),
-        };
+        if seconds > limit {
+            return Err(format!(
+                "transcript not used: the transcription server counted {seconds:.0} s, longer than [voice] max_audio_seconds ({})",
+                self.cfg.max_audio_seconds
+            ));
+        }
         let transcript = if t.text.is_empty() {
             "(no speech recognised)".to_string()
         } else {
             t.text
         };
         Ok(Heard {
-            line: format!("{label} {transcript}"),
+            line: format!("{} {transcript}", duration_label(seconds)),
             transcript,
         })
     }
 }
 
+/// The name the upload carries: the saved file's, unless its extension names another
+/// container than the bytes are (then the bytes' extension), since servers pick their
+/// decoder by it.
+fn upload_name(path: &Path, mime: &str, measured: &Measured) -> String {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("audio");
+    if mime == measured.container.mime() {
+        return name.to_string();
+    }
+    let stem = path.file_stem().and_then(|n| n.to_str()).unwrap_or("audio");
+    format!("{stem}.{}", measured.container.extension())
+}
+
+/// The file at `path`, at most `max` bytes (larger is refused, naming the key), and its
+/// measured length; on the blocking pool, since a large file is read and walked whole.
+async fn read_and_measure(path: &Path, max: u64) -> Result<(Vec<u8>, Measured), String> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let bytes = read_bounded(&path, max)?;
+        let measured =
+            audio_length::measure(&bytes).map_err(|e| format!("not transcribed: {e}"))?;
+        Ok((bytes, measured))
+    })
+    .await
+    .map_err(|e| format!("cannot read the audio file: {e}"))?
+}
+
 /// The file at `path`, at most `max` bytes (larger is refused, naming the key).
-async fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    use tokio::io::AsyncReadExt;
-    let file = tokio::fs::File::open(path)
-        .await
-        .map_err(|e| format!("cannot read the audio file: {e}"))?;
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read the audio file: {e}"))?;
     let mut bytes = Vec::new();
     file.take(max.saturating_add(1))
         .read_to_end(&mut bytes)
-        .await
         .map_err(|e| format!("cannot read the audio file: {e}"))?;
     if bytes.len() as u64 > max {
         return Err(format!(
@@ -168,6 +192,18 @@ async fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_upload_is_named_for_its_bytes() {
+        let ogg = Measured {
+            container: audio_length::Container::OggOpus,
+            seconds: 1.0,
+        };
+        let p = Path::new("/inbox/1-a.oga");
+        assert_eq!(upload_name(p, "audio/ogg", &ogg), "1-a.oga");
+        let p = Path::new("/inbox/1-a.mp3");
+        assert_eq!(upload_name(p, "audio/mpeg", &ogg), "1-a.ogg");
+    }
 
     #[test]
     fn audio_is_recognised_by_extension() {

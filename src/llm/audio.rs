@@ -31,15 +31,42 @@ pub struct AudioFile {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transcript {
     pub text: String,
-    /// Seconds of audio, when the answer says (`verbose_json` and some local servers).
+    /// Seconds of audio, when the answer says (`duration`: `verbose_json` and some local
+    /// servers; `usage.seconds`: OpenAI's duration-billed models).
     pub seconds: Option<f64>,
 }
 
 #[derive(Deserialize)]
 struct TranscriptAnswer {
     text: String,
+    /// `verbose_json` and some local servers.
     #[serde(default)]
     duration: Option<f64>,
+    /// OpenAI's models billed by duration: `{"type": "duration", "seconds": …}`.
+    #[serde(default)]
+    usage: Option<TranscriptUsage>,
+}
+
+#[derive(Deserialize)]
+struct TranscriptUsage {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    seconds: Option<f64>,
+}
+
+impl TranscriptAnswer {
+    /// The longest plausible duration the answer reports, if any.
+    fn seconds(&self) -> Option<f64> {
+        let usage = (self.usage.as_ref())
+            .filter(|u| u.kind.as_deref() == Some("duration"))
+            .and_then(|u| u.seconds);
+        [self.duration, usage]
+            .into_iter()
+            .flatten()
+            .filter(|d| d.is_finite() && *d >= 0.0 && *d < 1e7)
+            .reduce(f64::max)
+    }
 }
 
 /// Speech as a provider returned it.
@@ -98,12 +125,9 @@ pub async fn transcribe(
         provider: label.clone(),
         message: format!("the transcription answer is not the expected JSON: {e}"),
     })?;
-    let seconds = answer
-        .duration
-        .filter(|d| d.is_finite() && *d >= 0.0 && *d < 1e7);
     Ok(Transcript {
+        seconds: answer.seconds(),
         text: http::truncate_chars(answer.text.trim(), MAX_TRANSCRIPT_CHARS),
-        seconds,
     })
 }
 
@@ -229,37 +253,6 @@ async fn bounded_call(
         })
 }
 
-/// The playing time of an OGG/Opus stream in seconds, read from its last page's granule
-/// position (48 kHz samples, less the pre-skip of the `OpusHead` header): the container's own
-/// figure, no decoding. `None` when `bytes` are not OGG/Opus or the figure is not plausible.
-pub fn ogg_opus_seconds(bytes: &[u8]) -> Option<f64> {
-    if !bytes.starts_with(b"OggS") {
-        return None;
-    }
-    let head = find(bytes, b"OpusHead", 0)?;
-    let pre_skip = u16::from_le_bytes([*bytes.get(head + 10)?, *bytes.get(head + 11)?]);
-    // The last page header: "OggS", version, flags, then the granule position (8 bytes LE).
-    let last = rfind(bytes, b"OggS")?;
-    let granule: [u8; 8] = bytes.get(last + 6..last + 14)?.try_into().ok()?;
-    let granule = u64::from_le_bytes(granule);
-    if granule == u64::MAX {
-        return None;
-    }
-    let samples = granule.checked_sub(u64::from(pre_skip))?;
-    Some(samples as f64 / 48_000.0)
-}
-
-fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    hay.get(from..)?
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
-}
-
-fn rfind(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).rposition(|w| w == needle)
-}
-
 /// `[voice note m:ss]` for `seconds` (rounded to the nearest second).
 pub fn duration_label(seconds: f64) -> String {
     let total = if seconds.is_finite() && seconds > 0.0 {
@@ -277,22 +270,13 @@ mod tests {
     const FIXTURE: &[u8] = include_bytes!("../../tests/fixtures/voice-hello.ogg");
 
     #[test]
-    fn the_fixture_plays_for_its_length() {
-        let s = ogg_opus_seconds(FIXTURE).expect("an OGG/Opus stream");
-        // opusinfo: "Playback length: 0m:02.822s".
-        assert!((s - 2.822).abs() < 0.01, "{s}");
-        assert_eq!(duration_label(s), "[voice note 0:03]");
-        assert!(check_ogg(FIXTURE).is_ok());
-    }
-
-    #[test]
     fn labels_and_refusals() {
         assert_eq!(duration_label(0.0), "[voice note 0:00]");
+        assert_eq!(duration_label(2.822), "[voice note 0:03]");
         assert_eq!(duration_label(12.4), "[voice note 0:12]");
         assert_eq!(duration_label(61.0), "[voice note 1:01]");
         assert_eq!(duration_label(f64::NAN), "[voice note 0:00]");
-        assert_eq!(ogg_opus_seconds(b"ID3 not ogg"), None);
-        assert_eq!(ogg_opus_seconds(b"OggS"), None);
+        assert!(check_ogg(FIXTURE).is_ok());
         let mp3 = check_ogg(b"ID3\x04rest").unwrap_err();
         assert!(
             mp3.contains("MP3") && mp3.contains("response_format"),
@@ -301,16 +285,28 @@ mod tests {
         assert!(check_ogg(b"RIFF....WAVE").unwrap_err().contains("WAV"));
     }
 
-    proptest::proptest! {
-        /// Any bytes: no panic, and a duration only for a stream that starts as OGG.
-        #[test]
-        fn any_bytes_are_safe(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
-            if let Some(s) = ogg_opus_seconds(&bytes) {
-                proptest::prop_assert!(bytes.starts_with(b"OggS") && s >= 0.0);
-            }
-            let mut tail = FIXTURE[..60].to_vec();
-            tail.extend(&bytes);
-            let _ = ogg_opus_seconds(&tail);
-        }
+    #[test]
+    fn the_answer_reports_its_longest_duration() {
+        let parse = |s: &str| {
+            serde_json::from_str::<TranscriptAnswer>(s)
+                .unwrap()
+                .seconds()
+        };
+        assert_eq!(parse(r#"{"text": "x"}"#), None);
+        assert_eq!(parse(r#"{"text": "x", "duration": 3.5}"#), Some(3.5));
+        assert_eq!(
+            parse(r#"{"text": "x", "usage": {"type": "duration", "seconds": 9}}"#),
+            Some(9.0)
+        );
+        assert_eq!(
+            parse(r#"{"text": "x", "duration": 12, "usage": {"type": "duration", "seconds": 9}}"#),
+            Some(12.0)
+        );
+        assert_eq!(
+            parse(r#"{"text": "x", "usage": {"type": "tokens", "input_tokens": 9}}"#),
+            None
+        );
+        assert_eq!(parse(r#"{"text": "x", "duration": -1}"#), None);
+        assert_eq!(parse(r#"{"text": "x", "duration": 1e12}"#), None);
     }
 }

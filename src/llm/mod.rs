@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod audio;
+pub mod audio_length;
 pub mod body_pool;
 pub mod compat;
 #[cfg(test)]

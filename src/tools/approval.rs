@@ -84,12 +84,28 @@ struct Pending {
     tx: oneshot::Sender<Verdict>,
     /// The Telegram prompt, once sent: edited to show the decision.
     prompt: Option<(Target, i32)>,
+    /// The Telegram chat the prompt is offered in: a press from another chat decides nothing
+    /// (unless the presser is one of `[approvals] approvers`).
+    chat: Option<i64>,
+}
+
+/// A decided approval remembered: its id, the decision, the chat it was offered in.
+struct Decided {
+    id: String,
+    decision: Decision,
+    chat: Option<i64>,
 }
 
 #[derive(Default)]
 struct Inner {
     pending: BTreeMap<String, Pending>,
-    decided: VecDeque<(String, Decision)>,
+    decided: VecDeque<Decided>,
+}
+
+impl Inner {
+    fn decided(&self, id: &str) -> Option<&Decided> {
+        self.decided.iter().rev().find(|d| d.id == id)
+    }
 }
 
 /// The approvals broker. Cheap to share (`Arc`).
@@ -180,7 +196,13 @@ impl Approvals {
     }
 
     /// Open an approval; `None` when [`MAX_PENDING`] already wait (the call is then denied).
-    pub fn open(self: &Arc<Self>, info: ApprovalInfo) -> Option<Ticket> {
+    /// What a person is shown of it (the summary, the input, the session key and tool) is
+    /// kept with its unseen characters escaped ([`shown`]), for every front end alike.
+    pub fn open(self: &Arc<Self>, mut info: ApprovalInfo) -> Option<Ticket> {
+        info.summary = shown(&info.summary);
+        info.key = shown(&info.key);
+        info.tool = shown(&info.tool);
+        info.input = shown_json(&info.input);
         let (tx, rx) = oneshot::channel();
         let id = info.id.clone();
         let mut inner = self.lock();
@@ -193,6 +215,7 @@ impl Approvals {
                 info,
                 tx,
                 prompt: None,
+                chat: None,
             },
         );
         self.publish(&inner);
@@ -211,7 +234,10 @@ impl Approvals {
         let Some(out) = self.outbound.clone() else {
             return;
         };
-        let Some(info) = self.lock().pending.get(id).map(|p| p.info.clone()) else {
+        let Some(info) = self.lock().pending.get_mut(id).map(|p| {
+            p.chat = Some(chat_id);
+            p.info.clone()
+        }) else {
             return;
         };
         let me = self.clone();
@@ -243,14 +269,7 @@ impl Approvals {
                                 None
                             }
                             // Decided while the prompt was on its way: show the decision.
-                            None => Some(
-                                inner
-                                    .decided
-                                    .iter()
-                                    .rev()
-                                    .find(|(i, _)| *i == info.id)
-                                    .map(|(_, d)| *d),
-                            ),
+                            None => Some(inner.decided(&info.id).map(|d| d.decision)),
                         }
                     };
                     if let Some(decided) = decided {
@@ -271,15 +290,15 @@ impl Approvals {
     pub fn decide(&self, id: &str, verdict: Verdict) -> Result<ApprovalInfo, DecideError> {
         let mut inner = self.lock();
         let Some(p) = inner.pending.remove(id) else {
-            return Err(match inner.decided.iter().rev().find(|(i, _)| i == id) {
-                Some((_, d)) => DecideError::AlreadyDecided {
+            return Err(match inner.decided(id) {
+                Some(d) => DecideError::AlreadyDecided {
                     id: id.to_string(),
-                    decision: d.as_str(),
+                    decision: d.decision.as_str(),
                 },
                 None => DecideError::Unknown(id.to_string()),
             });
         };
-        remember(&mut inner, id, verdict.decision);
+        remember(&mut inner, id, verdict.decision, p.chat);
         self.publish(&inner);
         drop(inner);
         tracing::info!(approval = %id, tool = %p.info.tool, decision = verdict.decision.as_str(), by = %verdict.by, channel = %verdict.channel, "approval decided");
@@ -290,6 +309,17 @@ impl Approvals {
         Ok(p.info)
     }
 
+    /// Whether approval `id` (waiting or decided) was offered in the Telegram chat `chat_id`;
+    /// `None` when the id is not known (never opened, or forgotten long ago).
+    pub fn offered_in(&self, id: &str, chat_id: i64) -> Option<bool> {
+        let inner = self.lock();
+        let chat = match inner.pending.get(id) {
+            Some(p) => p.chat,
+            None => inner.decided(id)?.chat,
+        };
+        Some(chat == Some(chat_id))
+    }
+
     /// Withdraw `id`: decided by the daemon (`Some`: a timeout) or without a decision
     /// (cancelled: asked again after a restart).
     fn close(&self, id: &str, decision: Option<Decision>) {
@@ -298,7 +328,7 @@ impl Approvals {
             return;
         };
         if let Some(d) = decision {
-            remember(&mut inner, id, d);
+            remember(&mut inner, id, d, p.chat);
         }
         self.publish(&inner);
         drop(inner);
@@ -351,7 +381,7 @@ impl Approvals {
             decided: inner
                 .decided
                 .iter()
-                .map(|(i, d)| (i.clone(), d.as_str().to_string()))
+                .map(|d| (d.id.clone(), d.decision.as_str().to_string()))
                 .collect(),
         };
         if let Ok(bytes) = serde_json::to_vec_pretty(&view) {
@@ -367,11 +397,15 @@ impl Approvals {
     }
 }
 
-fn remember(inner: &mut Inner, id: &str, d: Decision) {
+fn remember(inner: &mut Inner, id: &str, decision: Decision, chat: Option<i64>) {
     if inner.decided.len() >= MAX_DECIDED {
         inner.decided.pop_front();
     }
-    inner.decided.push_back((id.to_string(), d));
+    inner.decided.push_back(Decided {
+        id: id.to_string(),
+        decision,
+        chat,
+    });
 }
 
 /// A new approval id: `ap-` and 10 random characters of a small alphabet, easy to type.
@@ -396,7 +430,8 @@ pub fn is_valid_id(id: &str) -> bool {
 }
 
 /// One line saying what a call does: `exec`'s command, a file tool's path, else the arguments
-/// as JSON; control characters escaped, at most [`MAX_SUMMARY_CHARS`] characters.
+/// as JSON; unseen characters escaped ([`shown`]), at most [`MAX_SUMMARY_CHARS`] characters,
+/// and a cut one ends with `… (cut)`, so a person knows there is more than they read.
 pub fn summary(tool: &str, input: &serde_json::Value) -> String {
     let pick = |k: &str| input.get(k).and_then(|v| v.as_str()).map(str::to_string);
     let body = match tool {
@@ -406,21 +441,93 @@ pub fn summary(tool: &str, input: &serde_json::Value) -> String {
         _ => None,
     }
     .unwrap_or_else(|| serde_json::to_string(input).unwrap_or_default());
-    let line: String = format!("{tool}: {body}")
-        .chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect();
+    let line = shown(&format!("{tool}: {body}"));
     if line.chars().count() > MAX_SUMMARY_CHARS {
         let cut: String = line.chars().take(MAX_SUMMARY_CHARS).collect();
-        format!("{cut}…")
+        format!("{cut}… (cut)")
     } else {
         line
+    }
+}
+
+/// Whether `c` is a format character (Unicode general category Cf, Unicode 16): invisible,
+/// yet it changes how the text around it is shown — bidi overrides, embeddings and isolates
+/// (U+202A–U+202E, U+2066–U+2069), marks (U+200E/F, U+061C), zero-width characters
+/// (U+200B–U+200D, U+2060–U+2064), the BOM (U+FEFF), the soft hyphen, tag characters. The
+/// table is DerivedGeneralCategory.txt's Cf ranges; a unit test checks known members and
+/// neighbours.
+pub fn is_format_char(c: char) -> bool {
+    const CF: &[(u32, u32)] = &[
+        (0x00AD, 0x00AD),
+        (0x0600, 0x0605),
+        (0x061C, 0x061C),
+        (0x06DD, 0x06DD),
+        (0x070F, 0x070F),
+        (0x0890, 0x0891),
+        (0x08E2, 0x08E2),
+        (0x180E, 0x180E),
+        (0x200B, 0x200F),
+        (0x202A, 0x202E),
+        (0x2060, 0x2064),
+        (0x2066, 0x206F),
+        (0xFEFF, 0xFEFF),
+        (0xFFF9, 0xFFFB),
+        (0x110BD, 0x110BD),
+        (0x110CD, 0x110CD),
+        (0x13430, 0x1343F),
+        (0x1BCA0, 0x1BCA3),
+        (0x1D173, 0x1D17A),
+        (0xE0001, 0xE0001),
+        (0xE0020, 0xE007F),
+    ];
+    let c = u32::from(c);
+    CF.binary_search_by(|&(lo, hi)| {
+        if hi < c {
+            std::cmp::Ordering::Less
+        } else if lo > c {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    })
+    .is_ok()
+}
+
+/// `text` as a person should see it in an approval: control characters as their escapes
+/// (`\n`, `\u{1b}`) and format characters ([`is_format_char`]) as `\u{…}`, so nothing
+/// invisible can make the text read otherwise than it runs.
+pub fn shown(text: &str) -> String {
+    escape_unseen(text, true)
+}
+
+/// Format characters of `text` escaped as `\u{…}`; control characters too when `control`.
+fn escape_unseen(text: &str, control: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if control && c.is_control() {
+            out.extend(c.escape_default());
+        } else if is_format_char(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `value` with the format characters of every string and object key escaped (control
+/// characters stay: JSON escapes them already).
+fn shown_json(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Value::String(escape_unseen(s, false)),
+        Value::Array(a) => Value::Array(a.iter().map(shown_json).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (escape_unseen(k, false), shown_json(v)))
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }
 
@@ -554,6 +661,106 @@ mod tests {
             summary("exec", &serde_json::json!({"command": "rm -rf /tmp/x\nls"})),
             "exec: rm -rf /tmp/x\\nls"
         );
-        assert!(summary("mcp__x", &serde_json::json!({"a": "b".repeat(500)})).ends_with('…'));
+        assert!(summary("mcp__x", &serde_json::json!({"a": "b".repeat(500)})).ends_with("… (cut)"));
+    }
+
+    #[test]
+    fn format_characters_are_known_and_their_neighbours_are_not() {
+        for c in [
+            '\u{AD}',
+            '\u{600}',
+            '\u{61C}',
+            '\u{200B}',
+            '\u{200D}',
+            '\u{200E}',
+            '\u{202A}',
+            '\u{202E}',
+            '\u{2060}',
+            '\u{2066}',
+            '\u{2069}',
+            '\u{FEFF}',
+            '\u{FFFB}',
+            '\u{1D173}',
+            '\u{E0001}',
+            '\u{E007F}',
+        ] {
+            assert!(is_format_char(c), "{c:?} is Cf");
+        }
+        for c in [
+            'a',
+            ' ',
+            '\u{AC}',
+            '\u{AE}',
+            '\u{200A}',
+            '\u{2010}',
+            '\u{2028}',
+            '\u{2065}',
+            '\u{2070}',
+            '\u{FEFE}',
+            '\u{FFFC}',
+            '\u{E0000}',
+            '\u{E0080}',
+            '\u{1F600}',
+        ] {
+            assert!(!is_format_char(c), "{c:?} is not Cf");
+        }
+    }
+
+    #[tokio::test]
+    async fn what_a_person_is_shown_has_no_unseen_characters() {
+        let b = broker();
+        let mut i = info("ap-1");
+        i.key = "Ali\u{202E}ce".into();
+        i.input = serde_json::json!({"command": "ls\u{2067}", "k\u{200B}": ["\u{FEFF}x", 1]});
+        let _t = b.open(i).unwrap();
+        let listed = &b.list()[0];
+        assert_eq!(listed.key, "Ali\\u{202e}ce");
+        assert_eq!(
+            listed.input,
+            serde_json::json!({"command": "ls\\u{2067}", "k\\u{200b}": ["\\u{feff}x", 1]})
+        );
+        assert!(prompt_text(listed).contains("Ali\\u{202e}ce"));
+    }
+
+    #[tokio::test]
+    async fn a_decision_knows_the_chat_it_was_offered_in() {
+        let b = broker();
+        let _t = b.open(info("ap-1")).unwrap();
+        assert_eq!(
+            b.offered_in("ap-1", 7),
+            Some(false),
+            "not offered anywhere yet"
+        );
+        b.lock().pending.get_mut("ap-1").unwrap().chat = Some(7);
+        assert_eq!(b.offered_in("ap-1", 7), Some(true));
+        assert_eq!(b.offered_in("ap-1", 8), Some(false));
+        b.decide("ap-1", verdict(Decision::Deny)).unwrap();
+        assert_eq!(
+            b.offered_in("ap-1", 7),
+            Some(true),
+            "remembered once decided"
+        );
+        assert_eq!(b.offered_in("ap-1", 8), Some(false));
+        assert_eq!(b.offered_in("ap-2", 7), None);
+    }
+
+    /// Security round 3, item 14: format characters (bidi overrides and isolates, zero-width
+    /// characters, the BOM, tag characters) are shown as visible escapes, so a model cannot
+    /// make a person read something else than what runs; a cut summary says so.
+    #[test]
+    fn summaries_show_format_characters_and_say_when_cut() {
+        let s = summary(
+            "exec",
+            &serde_json::json!({"command": "rm -rf ~/\u{202E}gpj.exe\u{200B}\u{2066}\u{FEFF}\u{E0041}"}),
+        );
+        assert_eq!(
+            s,
+            "exec: rm -rf ~/\\u{202e}gpj.exe\\u{200b}\\u{2066}\\u{feff}\\u{e0041}"
+        );
+        let long = summary("exec", &serde_json::json!({"command": "y".repeat(500)}));
+        assert!(long.ends_with("… (cut)"), "{long}");
+        assert!(long.chars().count() <= MAX_SUMMARY_CHARS + " (cut)".len() + 1);
+        let short = summary("exec", &serde_json::json!({"command": "ls"}));
+        assert!(!short.contains("(cut)"));
     }
 }

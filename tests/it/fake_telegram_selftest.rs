@@ -686,7 +686,7 @@ impl Poller {
     fn start(
         cfg: TelegramConfig,
         offsets: Arc<MemOffsets>,
-        sink: Arc<RecordingSink>,
+        sink: Arc<dyn TgSink>,
         opts: PollOptions,
     ) -> Poller {
         let client = TelegramClient::new(&cfg).expect("client");
@@ -814,6 +814,90 @@ async fn a_sink_error_keeps_the_offset_and_the_update_comes_again() {
             .unwrap()
             .contains("disk full")
     );
+    p.stop().await;
+}
+
+/// Takes `slow` for each message of chat `slow_chat`, then records it (as a download or a
+/// transcription would hold it).
+struct SlowChatSink {
+    inner: Arc<RecordingSink>,
+    slow_chat: i64,
+    slow: Duration,
+}
+
+impl TgSink for SlowChatSink {
+    fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            if msg.chat_id == self.slow_chat {
+                tokio::time::sleep(self.slow).await;
+            }
+            self.inner.accept(msg).await
+        })
+    }
+}
+
+/// Security round 3, item 5: each chat is its own lane. Alice's slow messages (2 s each) hold
+/// neither Bob's message (recorded within 1 s) nor each other's order; the saved offset never
+/// passes an update whose intake is not done, so a stop while Alice's second message is in
+/// flight offers exactly it, her third and Bob's again to the next run (Bob's is a repeat the
+/// intake drops by its id).
+#[tokio::test]
+async fn a_slow_chat_holds_no_other_and_the_offset_waits_for_it() {
+    const BOB: i64 = 77;
+    let fake = FakeTelegram::spawn(TOKEN);
+    let mut cfg = tg_cfg(&fake);
+    cfg.allow_from.push(BOB);
+    let a: Vec<i64> = ["a1", "a2", "a3"]
+        .iter()
+        .map(|t| fake.push_text(ALICE, ALICE, t).update_id)
+        .collect();
+    let offsets = Arc::new(MemOffsets::default());
+    let recorded = RecordingSink::new(&[]);
+    let sink = Arc::new(SlowChatSink {
+        inner: recorded.clone(),
+        slow_chat: ALICE,
+        slow: Duration::from_secs(2),
+    });
+    let p = Poller::start(cfg.clone(), offsets.clone(), sink, fast_opts());
+    fake.wait_for_polls(1, WAIT).await;
+    let t0 = Instant::now();
+    let b = fake.push_text(BOB, BOB, "b1").update_id;
+    recorded.wait_len(1).await;
+    let took = t0.elapsed();
+    eprintln!(
+        "Bob's message recorded {} ms after it was sent, behind Alice's slow ones",
+        took.as_millis()
+    );
+    assert_eq!(recorded.texts(), ["b1"]);
+    assert!(took <= Duration::from_secs(1), "{took:?}");
+    assert!(
+        offsets.saved().is_empty(),
+        "offset passed Alice's unfinished a1: {:?}",
+        offsets.saved()
+    );
+    recorded.wait_len(2).await;
+    assert_eq!(recorded.texts(), ["b1", "a1"]);
+    // a2 is in flight: only a1 is behind the saved offset.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(offsets.saved(), vec![a[0] + 1]);
+    p.stop().await;
+
+    let again = RecordingSink::new(&[]);
+    let p = Poller::start(cfg, offsets.clone(), again.clone(), fast_opts());
+    again.wait_len(3).await;
+    let mut texts = again.texts();
+    texts.sort();
+    assert_eq!(
+        texts,
+        ["a2", "a3", "b1"],
+        "exactly the unfinished ones and Bob's repeat"
+    );
+    fake.wait_for(WAIT, "updates confirmed", |f| {
+        f.pending_update_ids().is_empty()
+    })
+    .await;
+    assert_eq!(offsets.saved().last(), Some(&(b + 1)));
+    assert!(a[2] < b);
     p.stop().await;
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::support::daemon::TestDaemon;
-use crate::support::e2e::telegram_daemon;
+use crate::support::e2e::{telegram_daemon, telegram_daemon_for};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 use crate::support::fake_telegram::{FakeTelegram, SentMessage};
 use crate::support::wait_until;
@@ -205,5 +205,101 @@ fn telegram_prompt_times_out_as_a_deny() {
     assert!(!late.exists());
     assert!(model_saw(&llm, "approval timed out"));
     assert!(edit_of(&tg, prompt.message_id).contains("Timed out"));
+    assert!(d.sigterm().success());
+}
+
+/// A daemon with Alice and Mallory allowed, `exec` gated, and `extra` lines in `[approvals]`.
+fn daemon_two(llm: &FakeLlm, tg: &FakeTelegram, extra: &str) -> TestDaemon {
+    let channel =
+        format!("poll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE}, Mallory = {MALLORY} }}");
+    let sections = format!("[approvals]\nrequire = [\"exec\"]\n{extra}\n\n");
+    telegram_daemon_for(
+        llm,
+        tg,
+        TOKEN,
+        &[ALICE, MALLORY],
+        &channel,
+        &sections,
+        "debounce_ms = 50",
+    )
+}
+
+/// Security round 3, item 14: an allowed user cannot decide another user's approval from her
+/// own chat (the press names the approval's id, as a modified client can send any callback
+/// data); the prompt and the live view show format characters (a right-to-left override, a
+/// zero-width space) as visible escapes, and a summary cut short says so.
+#[test]
+fn approvals_are_decided_only_in_their_chat_and_hide_no_characters() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let d = daemon_two(&llm, &tg, "");
+    let marker = d.workspace().join("marker");
+    let command = format!(
+        "touch {} # harmless\u{202E}fdp.exe\u{200B} {}",
+        marker.display(),
+        "x".repeat(300)
+    );
+    llm.push(Reply::tool_calls(vec![(
+        "c1",
+        "exec",
+        json!({ "command": command }),
+    )]));
+    llm.push(Reply::text("all done"));
+    tg.push_text(ALICE, ALICE, "run the thing");
+    let (prompt, id) = wait_prompt(&tg, 1);
+    eprintln!("prompt: {}", prompt.text);
+    assert!(
+        !prompt.text.contains('\u{202E}') && !prompt.text.contains('\u{200B}'),
+        "format characters reach the person: {:?}",
+        prompt.text
+    );
+    assert!(
+        prompt.text.contains("\\u{202e}") && prompt.text.contains("\\u{200b}"),
+        "{}",
+        prompt.text
+    );
+    assert!(prompt.text.contains("… (cut)"), "{}", prompt.text);
+    let view = std::fs::read_to_string(d.state_dir.join("approvals.json")).unwrap();
+    assert!(!view.contains('\u{202E}'), "{view}");
+
+    // Mallory is allowed, but the prompt was offered in Alice's chat.
+    let q = tg.push_callback(MALLORY, MALLORY, prompt.message_id, &format!("ap:{id}:a"));
+    let answer = answer_of(&tg, &q);
+    eprintln!("Mallory's press from her own chat: {answer:?}");
+    assert!(answer.contains("not allowed"), "{answer}");
+    assert!(!marker.exists(), "another chat's press ran the command");
+    assert!(
+        d.trail("Alice")
+            .iter()
+            .all(|l| l["type"] != "approval_decision"),
+        "another chat's press was recorded as a decision"
+    );
+    let q = tg.push_callback(ALICE, ALICE, prompt.message_id, &format!("ap:{id}:d"));
+    assert_eq!(answer_of(&tg, &q), "Denied.");
+    wait_reply(&tg, "all done");
+}
+
+/// `[approvals] approvers`: a listed user decides from any chat; an allowed user who is not
+/// listed still cannot.
+#[test]
+fn a_listed_approver_decides_from_her_own_chat() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let mut d = daemon_two(&llm, &tg, &format!("approvers = [{MALLORY}]"));
+    let marker = d.workspace().join("approved");
+    llm.push(exec_touch("c1", &marker));
+    llm.push(Reply::text("done"));
+    tg.push_text(ALICE, ALICE, "run the thing");
+    let (prompt, id) = wait_prompt(&tg, 1);
+    let q = tg.push_callback(MALLORY, MALLORY, prompt.message_id, &format!("ap:{id}:a"));
+    assert_eq!(answer_of(&tg, &q), "Approved.");
+    wait_reply(&tg, "done");
+    let decided: Vec<String> = d
+        .trail("Alice")
+        .iter()
+        .filter(|l| l["type"] == "approval_decision")
+        .map(|l| format!("{} {}", l["decision"], l["by"]))
+        .collect();
+    assert_eq!(decided, vec![format!("\"approve\" \"{MALLORY}\"")]);
     assert!(d.sigterm().success());
 }

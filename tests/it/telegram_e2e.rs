@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::support::daemon::TestDaemon;
-use crate::support::e2e::{agentd_toml, provider_toml, telegram_daemon};
+use crate::support::e2e::{agentd_toml, provider_toml, telegram_daemon, telegram_daemon_for};
 use crate::support::fake_llm::{FakeLlm, Reply, Wire};
 use crate::support::fake_telegram::FakeTelegram;
 use crate::support::wait_until;
@@ -576,4 +576,72 @@ fn revoked_token_turns_telegram_red_and_the_daemon_runs_on() {
     );
     assert!(!log.contains(TOKEN), "the token leaked into the log");
     assert!(d.sigterm().success());
+}
+
+/// Security round 3, item 5: a download trickled by the file server (400 KB over about 5 s)
+/// holds only its own chat: another allowed user's text is recorded within 1 s, and the
+/// document still arrives whole afterwards.
+#[test]
+fn a_trickled_download_holds_no_other_chat() {
+    const BOB: i64 = 3003;
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let channel =
+        format!("poll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE}, Bob = {BOB} }}");
+    let d = telegram_daemon_for(
+        &llm,
+        &tg,
+        TOKEN,
+        &[ALICE, BOB],
+        &channel,
+        "",
+        "debounce_ms = 50",
+    );
+    tg.trickle_downloads(8 * 1024, Duration::from_millis(100));
+    let big = vec![0x42u8; 400 * 1024];
+    let doc = tg.push_document(
+        ALICE,
+        ALICE,
+        &big,
+        "big.bin",
+        "application/octet-stream",
+        Some("a big file"),
+    );
+    wait_until(WAIT, "the download under way", || {
+        tg.requests()
+            .iter()
+            .any(|(m, _)| m == "getfile")
+            .then_some(())
+    });
+    let t0 = std::time::Instant::now();
+    let text = tg.push_text(BOB, BOB, "hello from Bob");
+    let id = format!("tg-{}-{}", tg.bot_id(), text.update_id);
+    let intake_of = |key: &str, id: &str| {
+        d.trail(key)
+            .into_iter()
+            .find(|l| l["type"] == "intake" && l["id"] == id)
+    };
+    wait_until(Duration::from_secs(10), "Bob's intake", || {
+        intake_of("Bob", &id)
+    });
+    let recorded = t0.elapsed();
+    let alice_id = format!("tg-{}-{}", tg.bot_id(), doc.update_id);
+    let alice_done = intake_of("Alice", &alice_id).is_some();
+    eprintln!(
+        "during a 400 KB download trickled over ~5 s, Bob's text was recorded after {} ms \
+         (Alice's document recorded by then: {alice_done})",
+        recorded.as_millis()
+    );
+    assert!(recorded <= Duration::from_secs(1), "{recorded:?}");
+    assert!(
+        !alice_done,
+        "the check must run while the download trickles"
+    );
+    let alice = wait_until(WAIT, "Alice's document recorded", || {
+        intake_of("Alice", &alice_id)
+    });
+    let path = alice["attachments"][0]
+        .as_str()
+        .expect("the document saved");
+    assert_eq!(std::fs::read(path).unwrap(), big);
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::{Value, json};
 
+use crate::support::audio_files::{self, silent_wav};
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_audio::{FIXTURE, FakeAudio};
@@ -537,28 +538,6 @@ fn a_fifo_audio_attachment_is_transcribed() {
     );
 }
 
-/// A WAV file of `ms` milliseconds of silence (16 kHz, 16-bit mono): what an OpenAI client
-/// sends as `input_audio` with `format: "wav"`.
-fn silent_wav(ms: u32) -> Vec<u8> {
-    let samples = 16 * ms;
-    let data_len = samples * 2;
-    let mut w = Vec::new();
-    w.extend_from_slice(b"RIFF");
-    w.extend_from_slice(&(36 + data_len).to_le_bytes());
-    w.extend_from_slice(b"WAVEfmt ");
-    w.extend_from_slice(&16u32.to_le_bytes());
-    w.extend_from_slice(&1u16.to_le_bytes()); // PCM
-    w.extend_from_slice(&1u16.to_le_bytes()); // mono
-    w.extend_from_slice(&16_000u32.to_le_bytes());
-    w.extend_from_slice(&32_000u32.to_le_bytes());
-    w.extend_from_slice(&2u16.to_le_bytes());
-    w.extend_from_slice(&16u16.to_le_bytes());
-    w.extend_from_slice(b"data");
-    w.extend_from_slice(&data_len.to_le_bytes());
-    w.resize(w.len() + data_len as usize, 0);
-    w
-}
-
 /// The OpenAI-compatible endpoint (SPEC §17): an `input_audio` part is saved as an attachment
 /// and transcribed by the intake like any other audio, the transcript after the text parts.
 #[test]
@@ -589,4 +568,322 @@ fn an_openai_compatible_input_audio_part_is_transcribed() {
         asked.contains(&format!("Please answer this\n[voice note 0:01] {SAID}")),
         "{asked}"
     );
+}
+
+const BOB: i64 = 2002;
+
+/// `[channel.telegram]` with Alice and Bob allowed, each a contact.
+fn telegram_two(tg: &FakeTelegram) -> String {
+    format!(
+        "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{ALICE}, {BOB}]\npoll_timeout_seconds = 1\ncontacts = {{ Alice = {ALICE}, Bob = {BOB} }}\n",
+        tg.api_url()
+    )
+}
+
+/// Security round 3, item 5: a spent budget means no transcription call and no cost row; the
+/// voice note keeps its placeholder, naming the limit.
+#[test]
+fn a_spent_budget_transcribes_nothing() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::Text {
+        text: "expensive".into(),
+        usage: crate::support::fake_llm::Usage::new(1_000_000, 0, 0, 0),
+    });
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let extra = format!("{}\n[budget]\ndaily_usd = 1.0\n", telegram(&tg));
+    let mut d = daemon(&llm, &audio, r#"stt_model = "whisper""#, &extra, AUDIO_KEY);
+    d.start();
+    tg.push_text(ALICE, ALICE, "spend it all");
+    wait_until(WAIT, "the expensive reply", || {
+        tg.sent_to(ALICE)
+            .iter()
+            .any(|m| m.contains("expensive"))
+            .then_some(())
+    });
+    tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    let intake = wait_until(WAIT, "the voice note's intake", || {
+        intakes(&d, "Alice").get(1).cloned()
+    });
+    let text = intake["text"].as_str().unwrap_or_default().to_string();
+    eprintln!("voice note recorded over budget as: {text}");
+    assert!(
+        text.contains("[voice note saved as ") && text.contains("daily_usd"),
+        "{text}"
+    );
+    assert!(
+        audio.transcriptions().is_empty(),
+        "a transcription was made over budget"
+    );
+    let rows = costs(&d.state_dir);
+    assert!(
+        rows.iter().all(|r| r.0 != "transcription"),
+        "a transcription row over budget: {rows:?}"
+    );
+}
+
+/// Security round 3, item 5: 20 voice notes from Alice, each taking the transcription server
+/// 3 s, hold neither Bob's text nor Bob's press of an approval button: the text's intake is
+/// recorded and the press decided within 2 s, while Alice's notes are still being transcribed.
+#[test]
+fn slow_voice_notes_hold_neither_another_chat_nor_a_button() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    // Bob's "please read" asks for a gated `read`; everything else is echoed.
+    llm.set_responder(|body| {
+        let asks = last_user_text(body).contains("please read");
+        let answered = body["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|x| x["role"] == "tool"));
+        (asks && !answered)
+            .then(|| Reply::tool_calls(vec![("r1", "read", json!({"path": "notes.txt"}))]))
+    });
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let extra = format!("{}\n[approvals]\nrequire = [\"read\"]\n", telegram_two(&tg));
+    let voice = "stt_model = \"whisper\"\necho_transcript = false";
+    let mut d = daemon(&llm, &audio, voice, &extra, AUDIO_KEY);
+    d.start();
+    tg.push_text(BOB, BOB, "please read my notes");
+    let prompt = wait_until(WAIT, "Bob's approval prompt", || {
+        tg.sent()
+            .into_iter()
+            .find(|m| m.chat_id == BOB && !m.buttons.is_empty())
+    });
+
+    audio.set_delay(Duration::from_secs(3));
+    for _ in 0..20 {
+        tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    }
+    wait_until(WAIT, "Alice's first transcription in flight", || {
+        (!audio.transcriptions().is_empty()).then_some(())
+    });
+    let t0 = std::time::Instant::now();
+    let text = tg.push_text(BOB, BOB, "are you there?");
+    let query = tg.push_callback(BOB, BOB, prompt.message_id, &prompt.buttons[0]);
+    let id = format!("tg-{}-{}", tg.bot_id(), text.update_id);
+    let (mut recorded, mut decided) = (None, None);
+    wait_until(
+        Duration::from_secs(10),
+        "Bob's text recorded and his press decided",
+        || {
+            if recorded.is_none() && intakes(&d, "Bob").iter().any(|i| i["id"] == id.as_str()) {
+                recorded = Some(t0.elapsed());
+            }
+            if decided.is_none() {
+                decided = tg
+                    .callback_answers()
+                    .into_iter()
+                    .find(|a| a.query_id == query)
+                    .map(|a| (t0.elapsed(), a.text.unwrap_or_default()));
+            }
+            (recorded.is_some() && decided.is_some()).then_some(())
+        },
+    );
+    let (recorded, (decided, answer)) = (recorded.unwrap(), decided.unwrap());
+    let started = audio.transcriptions().len();
+    eprintln!(
+        "while Alice's 20 notes (3 s each) were transcribed: Bob's text recorded after {} ms, \
+         his press decided after {} ms ({started} of 20 transcriptions started by then)",
+        recorded.as_millis(),
+        decided.as_millis()
+    );
+    assert_eq!(answer, "Approved.");
+    assert!(recorded <= Duration::from_secs(2), "text: {recorded:?}");
+    assert!(decided <= Duration::from_secs(2), "press: {decided:?}");
+    assert!(
+        started < 20,
+        "the check must run while Alice's notes are still being transcribed"
+    );
+}
+
+/// A daemon with HTTP on, `stt_model` and `max_audio_seconds = 60`.
+fn limited_http(llm: &FakeLlm, audio: &FakeAudio) -> HttpDaemon {
+    let voice = "stt_model = \"whisper\"\nmax_audio_seconds = 60";
+    HttpDaemon::start(llm, audio, voice, "unused")
+}
+
+/// POST `bytes` to `/api/v1/chat` as an attachment `name` of `content_type`; the text the
+/// model was asked.
+fn chat_with_audio(http: &HttpDaemon, llm: &FakeLlm, bytes: &[u8], name: &str, ct: &str) -> String {
+    let data = base64::engine::general_purpose::STANDARD.encode(bytes);
+    http.post(
+        "/api/v1/chat",
+        json!({"message": "listen", "sender": "svc",
+            "attachments": [{"content_type": ct, "data": data, "filename": name}]}),
+    );
+    let requests = llm.requests();
+    last_user_text(requests.last().expect("a model call"))
+}
+
+/// Security round 3, item 6: the length that is billed and checked against
+/// `max_audio_seconds` is read from the audio itself, every page and packet of it, not from a
+/// header the sender writes: a 600 s OGG with a planted last page claiming 1 s is refused (60 s
+/// limit), as is one whose every page understates its length; bytes that are no supported
+/// audio (a PNG labelled `audio/ogg`) never reach the provider; an MP3 is billed by its frames
+/// (the provider reports no duration).
+#[test]
+fn the_billed_length_is_read_from_the_audio_not_from_the_sender() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let audio = FakeAudio::spawn(None, SAID);
+    let http = limited_http(&llm, &audio);
+
+    // A valid last page (CRC and all) whose granule says 1 s, after 600 s of audio.
+    let mut planted = audio_files::opus_stream_claiming(600, |g| g);
+    let one_second = u64::from(audio_files::PRE_SKIP) + 48_000;
+    planted.page(4, one_second, &[audio_files::PACKET_20MS]);
+    let asked = chat_with_audio(&http, &llm, &planted.out, "long.ogg", "audio/ogg");
+    eprintln!("600 s OGG claiming 1 s: {asked}");
+    assert!(asked.contains("[voice note saved as "), "{asked}");
+    assert!(audio.transcriptions().is_empty(), "the forged OGG was sent");
+
+    // Every page understates by 600×: 600 s claiming 1 s, consistently.
+    let forged = audio_files::opus_stream_claiming(600, |g| g / 600).out;
+    let asked = chat_with_audio(&http, &llm, &forged, "quiet.ogg", "audio/ogg");
+    eprintln!("600 s OGG whose every page claims 1/600: {asked}");
+    assert!(asked.contains("max_audio_seconds"), "{asked}");
+    assert!(audio.transcriptions().is_empty(), "the forged OGG was sent");
+
+    // Not audio at all.
+    let asked = chat_with_audio(&http, &llm, audio_files::PNG, "x.ogg", "audio/ogg");
+    eprintln!("a PNG labelled audio/ogg: {asked}");
+    assert!(asked.contains("[voice note saved as "), "{asked}");
+    assert!(audio.transcriptions().is_empty(), "the PNG was sent");
+
+    // An MP3 of 100 frames: transcribed and billed 2.61 s by its frames.
+    let mp3 = audio_files::mp3_frames(100);
+    let asked = chat_with_audio(&http, &llm, &mp3, "memo.mp3", "audio/mpeg");
+    assert!(
+        asked.contains(&format!("[voice note 0:03] {SAID}")),
+        "{asked}"
+    );
+    assert_eq!(audio.transcriptions().len(), 1);
+    let rows: Vec<_> = costs(&http.d.state_dir)
+        .into_iter()
+        .filter(|r| r.0 == "transcription")
+        .collect();
+    eprintln!("transcription rows: {rows:?}");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let want = 0.006 * audio_files::mp3_seconds(100) / 60.0;
+    assert!((rows[0].2 - want).abs() < 1e-9, "{rows:?}, want {want}");
+}
+
+/// Security round 3, item 6: the provider's reported duration counts when it is the larger:
+/// the fixture (2.8 s by its pages) reported as 30 s is billed 30 s.
+#[test]
+fn the_providers_longer_duration_is_billed() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let audio = FakeAudio::spawn(None, SAID);
+    audio.set_duration(Some(30.0));
+    let http = HttpDaemon::start(&llm, &audio, r#"stt_model = "whisper""#, "unused");
+    let asked = chat_with_audio(&http, &llm, FIXTURE, "q.ogg", "audio/ogg");
+    assert!(
+        asked.contains(&format!("[voice note 0:30] {SAID}")),
+        "{asked}"
+    );
+    let rows: Vec<_> = costs(&http.d.state_dir)
+        .into_iter()
+        .filter(|r| r.0 == "transcription")
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!((rows[0].2 - 0.006 * 30.0 / 60.0).abs() < 1e-9, "{rows:?}");
+}
+
+/// The stored Telegram offset of the fake's bot, if any.
+fn stored_offset(d: &TestDaemon, tg: &FakeTelegram) -> Option<i64> {
+    let conn = rusqlite::Connection::open(d.state_dir.join("agentd.db")).ok()?;
+    conn.query_row(
+        "SELECT value FROM kv WHERE key = ?1",
+        [format!("telegram.{}.offset", tg.bot_id())],
+        |r| r.get::<_, String>(0),
+    )
+    .ok()?
+    .parse()
+    .ok()
+}
+
+/// Security round 3, item 5 (what the lanes must keep): kill -9 while Alice's voice note is
+/// being transcribed and Bob's later document and text are already recorded and answered. The
+/// saved offset never passed Alice's note, so the restart is offered her note (transcribed
+/// and answered once) and Bob's updates again, which are neither downloaded nor recorded nor
+/// answered a second time.
+#[test]
+fn kill9_with_chats_in_flight_loses_nothing_and_repeats_nothing() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let audio = FakeAudio::spawn(Some(AUDIO_KEY), SAID);
+    audio.hang_next("transcriptions", 1);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let voice = "stt_model = \"whisper\"\necho_transcript = false";
+    let mut d = daemon(&llm, &audio, voice, &telegram_two(&tg), AUDIO_KEY);
+    d.start();
+    let note = tg.push_voice(ALICE, ALICE, FIXTURE, 3);
+    wait_until(WAIT, "Alice's transcription in flight", || {
+        (audio.transcriptions().len() == 1).then_some(())
+    });
+    let doc = tg.push_document(
+        BOB,
+        BOB,
+        b"minutes",
+        "minutes.txt",
+        "text/plain",
+        Some("the minutes"),
+    );
+    let text = tg.push_text(BOB, BOB, "and a question");
+    let bob_id = |u: i64| format!("tg-{}-{u}", tg.bot_id());
+    wait_until(WAIT, "Bob's two intakes", || {
+        let ids: Vec<Value> = intakes(&d, "Bob").iter().map(|i| i["id"].clone()).collect();
+        (ids.contains(&json!(bob_id(doc.update_id)))
+            && ids.contains(&json!(bob_id(text.update_id))))
+        .then_some(())
+    });
+    wait_until(WAIT, "Bob's replies delivered", || {
+        let trail = d.trail("Bob");
+        let delivered = |id: String| {
+            trail.iter().any(|l| {
+                l["type"] == "delivery"
+                    && l["status"] == "done"
+                    && l["reply_to"]
+                        .as_array()
+                        .is_some_and(|r| r.contains(&json!(id)))
+            })
+        };
+        (delivered(bob_id(doc.update_id)) && delivered(bob_id(text.update_id))).then_some(())
+    });
+    let bob_replies = tg.sent_to(BOB).len();
+    let offset = stored_offset(&d, &tg);
+    eprintln!(
+        "before kill -9: saved offset {offset:?}, Alice's note is update {}, Bob's {} and {}",
+        note.update_id, doc.update_id, text.update_id
+    );
+    assert!(
+        offset.is_none_or(|o| o <= note.update_id),
+        "the offset passed Alice's unfinished note"
+    );
+    d.kill9();
+    assert!(intakes(&d, "Alice").is_empty());
+    d.start();
+    wait_until(WAIT, "Alice's note answered", || {
+        (!tg.sent_to(ALICE).is_empty()).then_some(())
+    });
+    let alice = intakes(&d, "Alice");
+    assert_eq!(alice.len(), 1, "{alice:?}");
+    assert!(alice[0]["text"].as_str().unwrap().contains(SAID));
+    assert_eq!(
+        audio.transcriptions().len(),
+        2,
+        "the hung one, then once after the restart"
+    );
+    // Bob's updates came again and were dropped: one intake each, one download, no new reply.
+    wait_until(WAIT, "the offset past Bob's updates", || {
+        stored_offset(&d, &tg)
+            .is_some_and(|o| o > text.update_id)
+            .then_some(())
+    });
+    assert_eq!(intakes(&d, "Bob").len(), 2);
+    let downloads = tg
+        .requests()
+        .iter()
+        .filter(|(m, p)| m == "getfile" && p["file_id"] == json!(doc.file_id.clone().unwrap()))
+        .count();
+    assert_eq!(downloads, 1, "Bob's document was fetched again");
+    assert_eq!(tg.sent_to(BOB).len(), bob_replies, "Bob was answered twice");
 }

@@ -3,5 +3,6 @@
 pub mod client;
 pub mod format;
 pub mod inbound;
+mod lanes;
 pub mod poll;
 pub mod split;

@@ -1,6 +1,12 @@
 //! Our own long-polling loop (SPEC §10.3, §5.2). teloxide's `Polling` keeps its offset in
-//! memory; this loop resumes from the persisted offset and advances it only after the sink has
-//! durably accepted an update, so nothing acknowledged to Telegram is ever lost.
+//! memory; this loop resumes from the persisted offset and advances it only over updates the
+//! sink has durably accepted, so nothing acknowledged to Telegram is ever lost.
+//!
+//! Each chat is a lane ([`Lanes`]): its messages reach the sink one at a time, in order, while
+//! other chats' messages run beside them (at most [`MAX_LANES`] chats at once) and button
+//! presses are taken at once, so a slow download or transcription holds only its own chat.
+//! The offset moves over the finished updates in front only; while updates are in hand, polls
+//! are [`BUSY_POLL_GAP`] apart (Telegram lists the unconfirmed ones again at once).
 //!
 //! Failures never end the loop: 409 conflicts, 5xx, network errors and broken answers back off
 //! exponentially with jitter; a poll that does not answer within the poll timeout plus a slack
@@ -19,6 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{TelegramClient, TgError};
 use super::inbound::{TgCallback, TgInbound, allowed, callback_from_update, from_update};
+pub use super::lanes::MAX_LANES;
+use super::lanes::{Finished, Lanes};
 use crate::config::TelegramConfig;
 
 /// Where the poller keeps its offset (the next update id to ask for).
@@ -31,13 +39,16 @@ pub trait OffsetStore: Send + Sync {
 
 /// Receives inbound messages.
 pub trait TgSink: Send + Sync {
-    /// Durable intake of one update; Ok only after it is recorded. The poller advances the
-    /// offset only after Ok; on Err it stops the batch, backs off and asks again (the update is
-    /// delivered again).
+    /// Durable intake of one update; Ok only after it is recorded. Called for one update of
+    /// a chat at a time, in order, while other chats' updates may be in flight. The poller
+    /// moves the offset past an update only after its Ok (and every earlier update's); on Err
+    /// the chat's later updates wait, the chat is held for a backoff, and the update is
+    /// delivered again.
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>>;
-    /// A button press (an approval, SPEC §18.1; a `/model` or `/skills` button, §18.2). Not
-    /// durable: a press lost to a crash is pressed again (an approval is asked again after a
-    /// restart anyway). The sink checks `allow_from` itself, so that a refused user is told.
+    /// A button press (an approval, SPEC §18.1; a `/model` or `/skills` button, §18.2), taken
+    /// in the poll loop itself, never behind a chat's messages: keep it short. Not durable: a
+    /// press lost to a crash is pressed again (an approval is asked again after a restart
+    /// anyway). The sink checks who may press, so that a refused user is told.
     fn callback(&self, cb: TgCallback) -> BoxFuture<'_, ()> {
         let _ = cb;
         Box::pin(async {})
@@ -145,14 +156,6 @@ impl Backoff {
     }
 }
 
-/// Sleeps `d`; false if cancelled first.
-async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = cancel.cancelled() => false,
-        _ = tokio::time::sleep(d) => true,
-    }
-}
-
 /// [`run_with`] with [`PollOptions::default`].
 pub async fn run(
     client: TelegramClient,
@@ -178,160 +181,289 @@ pub async fn run(
 /// `Result` leaves room for unrecoverable conditions.
 pub async fn run_with(
     client: TelegramClient,
-    mut cfg: TelegramConfig,
+    cfg: TelegramConfig,
     offsets: Arc<dyn OffsetStore>,
     sink: Arc<dyn TgSink>,
     health: watch::Sender<PollHealth>,
     cancel: CancellationToken,
     opts: PollOptions,
 ) -> Result<(), TgError> {
-    let mut offset = tokio::select! {
+    let offset = tokio::select! {
         _ = cancel.cancelled() => return Ok(()),
         o = offsets.load() => o.unwrap_or(0),
     };
-    let mut backoff = Backoff::new(opts.backoff_min, opts.backoff_max);
-    let hang_after = cfg.poll_timeout + opts.hang_slack;
     tracing::info!(offset, "telegram: polling for updates");
-    loop {
-        let polled = tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            r = tokio::time::timeout(hang_after, client.get_updates(offset, cfg.poll_timeout)) => r,
-        };
-        let result = match polled {
-            Ok(r) => r,
-            Err(_elapsed) => Err(TgError::Timeout),
-        };
-        let updates = match result {
-            Ok(u) => u,
-            Err(e) => {
-                let wait = match &e {
-                    TgError::Timeout => {
-                        tracing::warn!(
-                            waited_seconds = hang_after.as_secs(),
-                            "telegram: getUpdates did not answer in time; restarting the poll"
-                        );
-                        // Restart at once: the connection was dropped, the next poll is fresh.
-                        Duration::ZERO
-                    }
-                    TgError::Unauthorized => {
-                        // A permanent refusal is an alert, not a death: the rest of the daemon
-                        // runs on and polling retries at the longest interval (SPEC §16.7).
-                        if health.borrow().state != PollState::Unauthorized {
-                            tracing::error!(
-                                token_env = %cfg.token_env,
-                                retry_in_seconds = opts.backoff_max.as_secs(),
-                                "ALERT: telegram token rejected (401 Unauthorized); set a valid bot token in {} and restart; polling keeps retrying",
-                                cfg.token_env
-                            );
-                        } else {
-                            tracing::warn!(
-                                retry_in_seconds = opts.backoff_max.as_secs(),
-                                "telegram token still rejected (401 Unauthorized)"
-                            );
-                        }
-                        opts.backoff_max
-                    }
-                    TgError::RetryAfter(d) => {
-                        tracing::warn!(
-                            retry_after_seconds = d.as_secs(),
-                            "telegram: flood control on getUpdates"
-                        );
-                        (*d).min(Duration::from_secs(600))
-                    }
-                    other => {
-                        let d = backoff.next_delay();
-                        tracing::warn!(error = %other, retry_in_ms = d.as_millis() as u64, "telegram: getUpdates failed; backing off");
-                        d
-                    }
-                };
-                let unauthorized = e == TgError::Unauthorized;
-                let token_env = cfg.token_env.clone();
-                health.send_modify(|h| {
-                    h.healthy = false;
-                    h.state = match unauthorized {
-                        true => PollState::Unauthorized,
-                        false => PollState::Retrying,
-                    };
-                    h.alert = unauthorized.then(|| {
-                        format!("telegram token rejected (401 Unauthorized): set a valid bot token in {token_env} and restart")
-                    });
-                    h.consecutive_errors = h.consecutive_errors.saturating_add(1);
-                    if e == TgError::Timeout {
-                        h.restarts = h.restarts.saturating_add(1);
-                    }
-                    h.last_error = Some(e.to_string());
-                });
-                if !sleep_or_cancel(wait, &cancel).await {
-                    return Ok(());
-                }
-                continue;
-            }
-        };
-        backoff.reset();
-        health.send_modify(|h| {
-            h.last_poll_ok_at = Some(Utc::now());
-            h.consecutive_errors = 0;
-            h.state = PollState::Ok;
-            h.healthy = true;
-            h.alert = None;
-        });
+    let mut poller = Poller {
+        lanes: Lanes::new(sink.clone(), opts.backoff_min, opts.backoff_max),
+        backoff: Backoff::new(opts.backoff_min, opts.backoff_max),
+        hang_after: cfg.poll_timeout + opts.hang_slack,
+        client,
+        cfg,
+        offsets,
+        sink,
+        health,
+        cancel,
+        opts,
+        offset,
+    };
+    poller.run().await;
+    Ok(())
+}
 
-        if let Some(live) = &opts.live {
-            let now = live.get();
-            cfg.allow_from.clone_from(&now.telegram.allow_from);
-            cfg.contacts.clone_from(&now.telegram.contacts);
+/// While updates are in hand, every getUpdates answers at once (the unconfirmed ones come
+/// back), so polls are this far apart: a new update of another chat waits at most this long.
+pub const BUSY_POLL_GAP: Duration = Duration::from_millis(250);
+
+/// What woke the poll loop.
+enum Woke {
+    Cancelled,
+    Polled(Result<Vec<teloxide::types::Update>, TgError>),
+    Finished(Finished),
+    Waited,
+}
+
+/// The poll loop's state (see [`run_with`]).
+struct Poller {
+    client: TelegramClient,
+    cfg: TelegramConfig,
+    offsets: Arc<dyn OffsetStore>,
+    sink: Arc<dyn TgSink>,
+    health: watch::Sender<PollHealth>,
+    cancel: CancellationToken,
+    opts: PollOptions,
+    lanes: Lanes,
+    backoff: Backoff,
+    hang_after: Duration,
+    /// The offset asked for, and saved: every update below it is finished.
+    offset: i64,
+}
+
+impl Poller {
+    async fn run(&mut self) {
+        let mut last_poll: Option<tokio::time::Instant> = None;
+        loop {
+            // Updates in hand come back at once: space the polls.
+            if let Some(at) = last_poll.filter(|_| self.lanes.busy())
+                && !self.wait_until(at + BUSY_POLL_GAP).await
+            {
+                return;
+            }
+            last_poll = Some(tokio::time::Instant::now());
+            let Some(result) = self.poll().await else {
+                return;
+            };
+            let updates = match result {
+                Ok(u) => u,
+                Err(e) => {
+                    let wait = self.failed_poll(e);
+                    if !self.wait_until(tokio::time::Instant::now() + wait).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            self.backoff.reset();
+            self.health.send_modify(|h| {
+                h.last_poll_ok_at = Some(Utc::now());
+                h.consecutive_errors = 0;
+                h.state = PollState::Ok;
+                h.healthy = true;
+                h.alert = None;
+            });
+            if !self.batch(updates).await {
+                return;
+            }
         }
-        let mut sink_failed = false;
+    }
+
+    /// One getUpdates, while finished intakes are accounted; `None` when cancelled.
+    async fn poll(&mut self) -> Option<Result<Vec<teloxide::types::Update>, TgError>> {
+        let client = self.client.clone();
+        let cancel = self.cancel.clone();
+        let call = tokio::time::timeout(
+            self.hang_after,
+            client.get_updates(self.offset, self.cfg.poll_timeout),
+        );
+        tokio::pin!(call);
+        loop {
+            let woke = tokio::select! {
+                _ = cancel.cancelled() => Woke::Cancelled,
+                r = &mut call => Woke::Polled(r.unwrap_or(Err(TgError::Timeout))),
+                f = self.lanes.next() => Woke::Finished(f),
+            };
+            match woke {
+                Woke::Cancelled => return None,
+                Woke::Polled(r) => return Some(r),
+                Woke::Finished(f) => {
+                    if !self.finished(f).await {
+                        return None;
+                    }
+                }
+                Woke::Waited => {}
+            }
+        }
+    }
+
+    /// Wait until `at`, accounting finished intakes meanwhile; false when cancelled.
+    async fn wait_until(&mut self, at: tokio::time::Instant) -> bool {
+        let cancel = self.cancel.clone();
+        loop {
+            let woke = tokio::select! {
+                _ = cancel.cancelled() => Woke::Cancelled,
+                _ = tokio::time::sleep_until(at) => Woke::Waited,
+                f = self.lanes.next() => Woke::Finished(f),
+            };
+            match woke {
+                Woke::Cancelled => return false,
+                Woke::Waited | Woke::Polled(_) => return true,
+                Woke::Finished(f) => {
+                    if !self.finished(f).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A finished intake: accounted, a failure logged, the offset moved on; false when
+    /// cancelled while saving.
+    async fn finished(&mut self, f: Finished) -> bool {
+        if let Err(e) = &f.result {
+            tracing::warn!(update_id = f.update_id, error = %e, "telegram: intake failed; the update will be fetched again");
+            self.health.send_modify(|h| {
+                h.last_error = Some(format!("intake failed: {e}"));
+            });
+        }
+        self.lanes.finish(&f);
+        self.advance().await
+    }
+
+    /// Move the offset on, saved when it passed a finished update; false when cancelled first.
+    async fn advance(&mut self) -> bool {
+        let (next, passed) = self.lanes.offset(self.offset);
+        self.offset = next;
+        if !passed {
+            return true;
+        }
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            _ = self.offsets.save(next) => true,
+        }
+    }
+
+    /// Take the updates of one poll: button presses at once, messages to their chats' lanes,
+    /// the rest finished; the offset saved as it moves. False when cancelled.
+    async fn batch(&mut self, updates: Vec<teloxide::types::Update>) -> bool {
+        if let Some(live) = &self.opts.live {
+            let now = live.get();
+            self.cfg.allow_from.clone_from(&now.telegram.allow_from);
+            self.cfg.contacts.clone_from(&now.telegram.contacts);
+        }
+        let bot_id = self.client.bot_id();
+        let mut listed = std::collections::HashSet::new();
         for update in updates {
             let id = i64::from(update.id.0);
-            if id < offset {
+            if id < self.offset {
                 continue; // already confirmed; a misbehaving server sent it again
             }
-            if let Some(cb) = callback_from_update(&update, client.bot_id(), &cfg) {
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = sink.callback(cb) => {}
-                }
-                offset = id + 1;
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = offsets.save(offset) => {}
-                }
+            listed.insert(id);
+            self.lanes.seen(id);
+            if self.lanes.known(id) {
                 continue;
             }
-            match from_update(&update, client.bot_id(), &cfg) {
-                None => tracing::debug!(update_id = id, "telegram: update ignored"),
-                Some(msg) if !allowed(msg.user_id, &cfg) => {
-                    let user_id = msg.user_id;
-                    tracing::info!(
-                        user_id,
-                        "telegram: message from user {user_id} rejected; add it to allow_from to allow"
+            if let Some(cb) = callback_from_update(&update, bot_id, &self.cfg) {
+                // Presses never wait behind a chat's messages (not durable: SPEC §18.1).
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return false,
+                    _ = self.sink.callback(cb) => {}
+                }
+                self.lanes.skip(id);
+            } else {
+                match from_update(&update, bot_id, &self.cfg) {
+                    None => {
+                        tracing::debug!(update_id = id, "telegram: update ignored");
+                        self.lanes.skip(id);
+                    }
+                    Some(msg) if !allowed(msg.user_id, &self.cfg) => {
+                        let user_id = msg.user_id;
+                        tracing::info!(
+                            user_id,
+                            "telegram: message from user {user_id} rejected; add it to allow_from to allow"
+                        );
+                        self.lanes.skip(id);
+                    }
+                    Some(msg) => self.lanes.offer(msg),
+                }
+            }
+            if !self.advance().await {
+                return false;
+            }
+        }
+        self.lanes.forget_unlisted(&listed);
+        self.advance().await
+    }
+
+    /// A failed poll: logged and in the health; how long to wait before the next.
+    fn failed_poll(&mut self, e: TgError) -> Duration {
+        let (cfg, opts) = (&self.cfg, &self.opts);
+        let wait = match &e {
+            TgError::Timeout => {
+                tracing::warn!(
+                    waited_seconds = self.hang_after.as_secs(),
+                    "telegram: getUpdates did not answer in time; restarting the poll"
+                );
+                // Restart at once: the connection was dropped, the next poll is fresh.
+                Duration::ZERO
+            }
+            TgError::Unauthorized => {
+                // A permanent refusal is an alert, not a death: the rest of the daemon runs on
+                // and polling retries at the longest interval (SPEC §16.7).
+                if self.health.borrow().state != PollState::Unauthorized {
+                    tracing::error!(
+                        token_env = %cfg.token_env,
+                        retry_in_seconds = opts.backoff_max.as_secs(),
+                        "ALERT: telegram token rejected (401 Unauthorized); set a valid bot token in {} and restart; polling keeps retrying",
+                        cfg.token_env
+                    );
+                } else {
+                    tracing::warn!(
+                        retry_in_seconds = opts.backoff_max.as_secs(),
+                        "telegram token still rejected (401 Unauthorized)"
                     );
                 }
-                Some(msg) => {
-                    let accepted = tokio::select! {
-                        _ = cancel.cancelled() => return Ok(()),
-                        r = sink.accept(msg) => r,
-                    };
-                    if let Err(e) = accepted {
-                        tracing::warn!(update_id = id, error = %e, "telegram: intake failed; the update will be fetched again");
-                        health.send_modify(|h| {
-                            h.last_error = Some(format!("intake failed: {e}"));
-                        });
-                        sink_failed = true;
-                        break;
-                    }
-                }
+                opts.backoff_max
             }
-            offset = id + 1;
-            tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                _ = offsets.save(offset) => {}
+            TgError::RetryAfter(d) => {
+                tracing::warn!(
+                    retry_after_seconds = d.as_secs(),
+                    "telegram: flood control on getUpdates"
+                );
+                (*d).min(Duration::from_secs(600))
             }
-        }
-        if sink_failed && !sleep_or_cancel(backoff.next_delay(), &cancel).await {
-            return Ok(());
-        }
+            other => {
+                let d = self.backoff.next_delay();
+                tracing::warn!(error = %other, retry_in_ms = d.as_millis() as u64, "telegram: getUpdates failed; backing off");
+                d
+            }
+        };
+        let unauthorized = e == TgError::Unauthorized;
+        let token_env = cfg.token_env.clone();
+        self.health.send_modify(|h| {
+            h.healthy = false;
+            h.state = match unauthorized {
+                true => PollState::Unauthorized,
+                false => PollState::Retrying,
+            };
+            h.alert = unauthorized.then(|| {
+                format!("telegram token rejected (401 Unauthorized): set a valid bot token in {token_env} and restart")
+            });
+            h.consecutive_errors = h.consecutive_errors.saturating_add(1);
+            if e == TgError::Timeout {
+                h.restarts = h.restarts.saturating_add(1);
+            }
+            h.last_error = Some(e.to_string());
+        });
+        wait
     }
 }
 

@@ -100,11 +100,26 @@ pub fn telegram_daemon(
     sections: &str,
     behavior: &str,
 ) -> TestDaemon {
+    telegram_daemon_for(llm, tg, token, &[allow], channel, sections, behavior)
+}
+
+/// [`telegram_daemon`] with `allow_from = allow`.
+pub fn telegram_daemon_for(
+    llm: &FakeLlm,
+    tg: &FakeTelegram,
+    token: &str,
+    allow: &[i64],
+    channel: &str,
+    sections: &str,
+    behavior: &str,
+) -> TestDaemon {
+    let allow: Vec<String> = allow.iter().map(i64::to_string).collect();
     let toml = agentd_toml("fake").replace(
         "[behavior]",
         &format!(
-            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{allow}]\n{channel}\n\n{sections}[behavior]\n{behavior}",
-            tg.api_url()
+            "[channel.telegram]\nenabled = true\napi_url = \"{}\"\nallow_from = [{}]\n{channel}\n\n{sections}[behavior]\n{behavior}",
+            tg.api_url(),
+            allow.join(", ")
         ),
     );
     let mut d = TestDaemon::new(

@@ -5,7 +5,8 @@
 //! bytes (the committed fixture); ElevenLabs' `POST /v1/text-to-speech/{voice id}` (key in
 //! `xi-api-key`, JSON `text`, 422 without) answers the same. With a key set, any other bearer token is a 401 in OpenAI's
 //! error shape. Tests script failures ([`FakeAudio::fail_next`]) and hold requests
-//! ([`FakeAudio::hang_next`]); every request is recorded.
+//! ([`FakeAudio::hang_next`]), and slow it down ([`FakeAudio::set_delay`]); every request is
+//! recorded.
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -53,6 +54,8 @@ struct Inner {
     hangs: std::collections::HashMap<&'static str, usize>,
     /// Rejected requests (400/401), with their message.
     rejected: Vec<(u16, String)>,
+    /// How long each valid transcription request waits before it is answered (a slow server).
+    delay: Option<std::time::Duration>,
 }
 
 struct StopOnDrop(CancellationToken);
@@ -120,6 +123,12 @@ impl FakeAudio {
     /// The duration (seconds) transcriptions report (`None`: left out, as `json` answers do).
     pub fn set_duration(&self, seconds: Option<f64>) {
         self.lock().duration = seconds;
+    }
+
+    /// Every valid transcription request is recorded at once and answered `delay` later, as a
+    /// slow server would (requests in flight together wait side by side).
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        self.lock().delay = Some(delay);
     }
 
     /// The next requests to `endpoint` (`"transcriptions"` or `"speech"`) answer these
@@ -212,7 +221,7 @@ async fn handle(
     if let Err((status, message, param)) = checked {
         return reject(status, message, param);
     }
-    let (hang, fail) = {
+    let (hang, fail, delay) = {
         let mut i = inner.lock().unwrap_or_else(|p| p.into_inner());
         let hang = i
             .hangs
@@ -224,10 +233,14 @@ async fn handle(
             .get_mut(endpoint)
             .filter(|f| !f.is_empty())
             .map(|f| f.remove(0));
-        (hang.is_some(), fail)
+        let delay = i.delay.filter(|_| endpoint == "transcriptions");
+        (hang.is_some(), fail, delay)
     };
     if hang {
         std::future::pending::<()>().await;
+    }
+    if let Some(d) = delay {
+        tokio::time::sleep(d).await;
     }
     if let Some(status) = fail {
         return error(status, "scripted failure", None);

@@ -18,7 +18,8 @@
 //! for sendMessage and file uploads [`FakeTelegram::fail_next_send`] / [`FakeTelegram::fail_send_after`]
 //! (injected failures, counted by [`FakeTelegram::served_send_failures`]),
 //! [`FakeTelegram::hang_next_sends`] (never answered) and [`FakeTelegram::hold_sends`] (held
-//! until released, then answered).
+//! until released, then answered); file downloads [`FakeTelegram::expire_downloads`] (404) and
+//! [`FakeTelegram::trickle_downloads`] (sent slowly, piece by piece).
 //!
 //! Like `fake_llm`, the server runs on its own thread with its own current-thread runtime, so
 //! blocking test code cannot starve it; it stops when the last handle is dropped.
@@ -34,6 +35,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::Response;
+use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -274,6 +276,9 @@ struct Inner {
     reject_html: u32,
     /// Downloads answer 404 (an expired file link).
     downloads_expired: bool,
+    /// Downloads are sent in pieces of this many bytes with this pause before each (a slow or
+    /// hostile file server).
+    trickle: Option<(usize, Duration)>,
     /// Bumped by every getUpdates; a waiting poll that sees a newer one ends with 409.
     poll_generation: u64,
 }
@@ -590,6 +595,12 @@ impl FakeTelegram {
     /// entities" error even if its HTML is fine (as when a renderer bug slips through).
     pub fn reject_next_html(&self) {
         self.shared.lock().reject_html += 1;
+    }
+
+    /// File downloads are sent `chunk` bytes at a time with a pause of `every` before each
+    /// piece, so a download of `n` bytes takes about `n / chunk * every`.
+    pub fn trickle_downloads(&self, chunk: usize, every: Duration) {
+        self.shared.lock().trickle = Some((chunk.max(1), every));
     }
 
     /// While `expired`, file downloads answer 404 like an expired file link.
@@ -1496,20 +1507,32 @@ fn download(shared: &Shared, rest: &str) -> Response {
         });
     }
     let path = percent_decode(path);
-    let bytes = {
+    let (bytes, trickle) = {
         let inner = shared.lock();
         if inner.downloads_expired {
             return not_found();
         }
-        inner
+        let bytes = inner
             .files
             .values()
             .find(|f| f.path == path)
-            .map(|f| f.bytes.clone())
+            .map(|f| f.bytes.clone());
+        (bytes, inner.trickle)
     };
     match bytes {
         Some(b) => {
-            let mut resp = Response::new(Body::from(b));
+            let body = match trickle {
+                None => Body::from(b),
+                Some((chunk, every)) => {
+                    let pieces: Vec<Vec<u8>> = b.chunks(chunk).map(<[u8]>::to_vec).collect();
+                    let stream = futures::stream::iter(pieces).then(move |piece| async move {
+                        tokio::time::sleep(every).await;
+                        Ok::<_, std::io::Error>(Bytes::from(piece))
+                    });
+                    Body::from_stream(stream)
+                }
+            };
+            let mut resp = Response::new(body);
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),

@@ -4,6 +4,7 @@
 // Not every test module uses every helper.
 #![allow(dead_code)]
 
+pub mod audio_files;
 pub mod daemon;
 pub mod e2e;
 pub mod fake_audio;
