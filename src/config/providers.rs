@@ -10,7 +10,9 @@ use toml::Table;
 
 use super::env::{Env, is_var_name};
 use super::error::{Problem, display_path};
-use super::types::{CacheTtl, ModelSet, ModelSpec, Pricing, ProviderKind, Thinking};
+use super::types::{
+    CacheTtl, ModelSet, ModelSpec, Pricing, ProviderKind, Thinking, ToolSchemaDialect,
+};
 use super::walker::{Section, Walker, join_key};
 
 /// Values the Anthropic API accepts for `output_config.effort`.
@@ -51,6 +53,9 @@ struct ModelFields {
     supports_vision: Option<bool>,
     fallback: Option<Vec<String>>,
     prompt_cache_key: Option<bool>,
+    schema_keywords: Option<Vec<String>>,
+    schema_max_length: Option<u64>,
+    tool_calls_in_text: Option<bool>,
 }
 
 impl ModelFields {
@@ -88,8 +93,20 @@ impl ModelFields {
             supports_vision: s.get("supports_vision"),
             fallback: s.get("fallback"),
             prompt_cache_key: s.get("prompt_cache_key"),
+            schema_keywords: s.get("schema_keywords"),
+            schema_max_length: s.int("schema_max_length", 1),
+            tool_calls_in_text: s.get("tool_calls_in_text"),
             ..Default::default()
         };
+        if let Some(list) = &f.schema_keywords
+            && (list.is_empty() || list.iter().any(|k| k.trim().is_empty()))
+        {
+            s.problem(
+                "schema_keywords",
+                "list the JSON Schema keywords the provider accepts, e.g. [\"type\", \"properties\", \"required\"]; leave the key out to send schemas whole",
+            );
+            f.schema_keywords = None;
+        }
         if let Some(var) = &f.api_key_env
             && !is_var_name(var)
         {
@@ -135,6 +152,9 @@ impl ModelFields {
             supports_vision: self.supports_vision.or(t.supports_vision),
             fallback: self.fallback.or(t.fallback),
             prompt_cache_key: self.prompt_cache_key.or(t.prompt_cache_key),
+            schema_keywords: self.schema_keywords.or(t.schema_keywords),
+            schema_max_length: self.schema_max_length.or(t.schema_max_length),
+            tool_calls_in_text: self.tool_calls_in_text.or(t.tool_calls_in_text),
         }
     }
 }
@@ -388,6 +408,11 @@ impl<'e> ModelCollector<'e> {
             supports_vision: f.supports_vision.unwrap_or(false),
             fallback,
             prompt_cache_key: f.prompt_cache_key.unwrap_or(false),
+            tool_schema: ToolSchemaDialect {
+                keywords: f.schema_keywords.clone().map(Arc::from),
+                max_length: f.schema_max_length,
+            },
+            tool_calls_in_text: f.tool_calls_in_text.unwrap_or(false),
         };
         self.invalid.remove(name);
         self.defined.insert(

@@ -334,6 +334,15 @@ fn model_line(m: &ModelSpec) -> String {
     }
     parts.push(format!("max_tokens = {}", m.max_tokens));
     parts.push(format!("context_window = {}", m.context_window));
+    if let Some(k) = &m.tool_schema.keywords {
+        parts.push(format!("schema_keywords = {}", list(k)));
+    }
+    if let Some(n) = m.tool_schema.max_length {
+        parts.push(format!("schema_max_length = {n}"));
+    }
+    if m.tool_calls_in_text {
+        parts.push("tool_calls_in_text = true".to_string());
+    }
     parts.push(format!(
         "cost_per_mtok = {{ input = {}, output = {}, cache_read = {}, cache_write = {} }}",
         num(m.pricing.input),

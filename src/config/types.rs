@@ -279,6 +279,29 @@ pub struct ModelSpec {
     pub fallback: Vec<String>,
     /// OpenAI only: send the session id as `prompt_cache_key`.
     pub prompt_cache_key: bool,
+    /// What the provider's tool-call grammar accepts of JSON Schema (`schema_keywords`,
+    /// `schema_max_length`): the tool schemas sent to it are reduced to that; agentd still
+    /// checks every call against the full schema.
+    pub tool_schema: ToolSchemaDialect,
+    /// `tool_calls_in_text`: the model may write tool calls as text (a JSON object with `name`
+    /// and `arguments`, `<tool_call>` tags, fenced JSON); they are taken as tool calls.
+    pub tool_calls_in_text: bool,
+}
+
+/// The JSON Schema a provider accepts in tool definitions. `Default`: all of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct ToolSchemaDialect {
+    /// The keywords kept (others are removed at every level); `None` = all.
+    pub keywords: Option<Arc<[String]>>,
+    /// `minLength`/`maxLength` above this, and patterns repeating more, are removed.
+    pub max_length: Option<u64>,
+}
+
+impl ToolSchemaDialect {
+    /// Whether schemas are sent as they are.
+    pub fn is_full(&self) -> bool {
+        self.keywords.is_none() && self.max_length.is_none()
+    }
 }
 
 /// All defined models: the usable ones and the ones skipped with the reason.

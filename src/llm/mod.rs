@@ -21,6 +21,7 @@ pub mod openai;
 mod render_cache_tests;
 pub mod retry;
 pub mod router;
+pub mod schema;
 mod sse;
 #[cfg(test)]
 pub(crate) mod testutil;

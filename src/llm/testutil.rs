@@ -31,6 +31,8 @@ pub(crate) fn model_spec(name: &str, kind: ProviderKind, base_url: &str) -> Mode
         supports_vision: true,
         fallback: vec![],
         prompt_cache_key: false,
+        tool_schema: Default::default(),
+        tool_calls_in_text: false,
     }
 }
 

@@ -12,7 +12,7 @@ use crate::llm::ToolSpec;
 /// allocation, so no other list can take its address while it is remembered. A single slot:
 /// callers that alternate between lists recompute, and are still right.
 #[derive(Default)]
-pub struct ToolListMemo<T>(Mutex<Option<(Weak<[ToolSpec]>, T)>>);
+pub struct ToolListMemo<T>(Mutex<Option<(Weak<[ToolSpec]>, u64, T)>>);
 
 impl<T: Clone> ToolListMemo<T> {
     pub const fn new() -> Self {
@@ -26,14 +26,26 @@ impl<T: Clone> ToolListMemo<T> {
         specs: &Arc<[ToolSpec]>,
         compute: impl FnOnce(&[ToolSpec]) -> Result<T, E>,
     ) -> Result<T, E> {
+        self.try_get_tagged(specs, 0, compute)
+    }
+
+    /// [`ToolListMemo::try_get`] of a value that also depends on `tag` (what else went into
+    /// it: a provider's schema dialect); another tag recomputes.
+    pub fn try_get_tagged<E>(
+        &self,
+        specs: &Arc<[ToolSpec]>,
+        tag: u64,
+        compute: impl FnOnce(&[ToolSpec]) -> Result<T, E>,
+    ) -> Result<T, E> {
         let mut memo = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((list, value)) = memo.as_ref()
+        if let Some((list, t, value)) = memo.as_ref()
             && std::ptr::eq(list.as_ptr(), Arc::as_ptr(specs))
+            && *t == tag
         {
             return Ok(value.clone());
         }
         let value = compute(specs)?;
-        *memo = Some((Arc::downgrade(specs), value.clone()));
+        *memo = Some((Arc::downgrade(specs), tag, value.clone()));
         Ok(value)
     }
 
@@ -49,13 +61,14 @@ impl<T: Clone> ToolListMemo<T> {
 /// object of their own, without the tool keys (the last keys of both wire formats): its
 /// opening brace becomes the comma after "messages", and `"tool_choice"` (already serialised
 /// as `choice`) and `"tools"` (the list's JSON array from `memo`, serialised once per list by
-/// `tools_json`) are spliced in before its closing brace.
+/// `tools_json`; `memo` with the tag of what else went into it) are spliced in before its
+/// closing brace.
 pub fn finish_body(
     out: &mut Vec<u8>,
     rest: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
     specs: &Arc<[ToolSpec]>,
     choice: &[u8],
-    memo: &ToolListMemo<Arc<[u8]>>,
+    memo: (&ToolListMemo<Arc<[u8]>>, u64),
     tools_json: impl FnOnce(&[ToolSpec]) -> serde_json::Result<Vec<u8>>,
 ) -> serde_json::Result<()> {
     let start = out.len();
@@ -63,7 +76,8 @@ pub fn finish_body(
     debug_assert!(out[start] == b'{' && out.last() == Some(&b'}'));
     out[start] = b',';
     if !specs.is_empty() {
-        let tools = memo.try_get(specs, |s| tools_json(s).map(Arc::from))?;
+        let (memo, tag) = memo;
+        let tools = memo.try_get_tagged(specs, tag, |s| tools_json(s).map(Arc::from))?;
         out.pop();
         out.extend_from_slice(b",\"tool_choice\":");
         out.extend_from_slice(choice);

@@ -15,7 +15,6 @@ use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value;
 
 use crate::config::{CacheTtl, ModelSpec, Thinking};
-use crate::llm::each::Each;
 use crate::llm::tool_memo::{ToolListMemo, finish_body};
 use crate::llm::{ChatRequest, ClientThinking, SystemTier, ToolChoice, ToolSpec};
 use crate::message::rendered::{Rendered, WireFormat};
@@ -117,8 +116,8 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
             |out| serde_json::to_writer(out, &Rest(&head)),
             &req.tools,
             choice,
-            &TOOLS_JSON,
-            |tools| serde_json::to_vec(&Each(tools, tool)),
+            (&TOOLS_JSON, crate::llm::schema::tag(&spec.tool_schema)),
+            |tools| serde_json::to_vec(&Tools(tools, &spec.tool_schema)),
         )
     })();
     Some(result.map(|()| out))
@@ -482,7 +481,7 @@ impl Head<'_> {
                 ToolChoice::None => "none",
             };
             m.serialize_entry("tool_choice", &TypeOnly { kind: choice })?;
-            m.serialize_entry("tools", &Each(&self.req.tools, tool))?;
+            m.serialize_entry("tools", &Tools(&self.req.tools, &spec.tool_schema))?;
         }
         Ok(())
     }
@@ -668,15 +667,20 @@ struct ImageSource<'a> {
 #[derive(Serialize)]
 struct Tool<'a> {
     description: &'a str,
-    input_schema: &'a Value,
+    input_schema: std::borrow::Cow<'a, Value>,
     name: &'a str,
 }
 
-fn tool(t: &ToolSpec) -> Tool<'_> {
-    Tool {
-        description: &t.description,
-        input_schema: &t.input_schema,
-        name: &t.name,
+/// The `"tools"` array: each schema as the model's provider accepts it (`llm::schema`).
+struct Tools<'a>(&'a [ToolSpec], &'a crate::config::ToolSchemaDialect);
+
+impl Serialize for Tools<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|t| Tool {
+            description: &t.description,
+            input_schema: crate::llm::schema::for_dialect(&t.input_schema, self.1),
+            name: &t.name,
+        }))
     }
 }
 

@@ -101,8 +101,8 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
             |out| serde_json::to_writer(out, &Rest(Body { spec, req })),
             &req.tools,
             choice,
-            &TOOLS_JSON,
-            |tools| serde_json::to_vec(&Each(tools, tool)),
+            (&TOOLS_JSON, crate::llm::schema::tag(&spec.tool_schema)),
+            |tools| serde_json::to_vec(&Tools(tools, &spec.tool_schema)),
         )
     })();
     Some(result.map(|()| out))
@@ -272,7 +272,7 @@ impl Body<'_> {
                 ToolChoice::None => "none",
             };
             m.serialize_entry("tool_choice", choice)?;
-            m.serialize_entry("tools", &Each(&req.tools, tool))?;
+            m.serialize_entry("tools", &Tools(&req.tools, &spec.tool_schema))?;
         }
         Ok(())
     }
@@ -459,17 +459,22 @@ struct Tool<'a> {
 struct ToolFunction<'a> {
     description: &'a str,
     name: &'a str,
-    parameters: &'a serde_json::Value,
+    parameters: std::borrow::Cow<'a, serde_json::Value>,
 }
 
-fn tool(t: &ToolSpec) -> Tool<'_> {
-    Tool {
-        function: ToolFunction {
-            description: &t.description,
-            name: &t.name,
-            parameters: &t.input_schema,
-        },
-        kind: "function",
+/// The `"tools"` array: each schema as the model's provider accepts it (`llm::schema`).
+struct Tools<'a>(&'a [ToolSpec], &'a crate::config::ToolSchemaDialect);
+
+impl Serialize for Tools<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|t| Tool {
+            function: ToolFunction {
+                description: &t.description,
+                name: &t.name,
+                parameters: crate::llm::schema::for_dialect(&t.input_schema, self.1),
+            },
+            kind: "function",
+        }))
     }
 }
 
