@@ -172,6 +172,8 @@ pub enum ErrorKind {
     NotFound,
     /// 408: the answer did not come within `call_timeout_seconds`; the work goes on.
     Timeout,
+    /// 409: an `Idempotency-Key` reused for another request (another body or session).
+    Conflict,
     /// 413
     TooLarge,
     /// 429: the queue is full; nothing was recorded, a retry may succeed.
@@ -196,6 +198,7 @@ impl ErrorKind {
             ErrorKind::Authentication => 401,
             ErrorKind::NotFound => 404,
             ErrorKind::Timeout => 408,
+            ErrorKind::Conflict => 409,
             ErrorKind::TooLarge => 413,
             ErrorKind::Busy | ErrorKind::Budget => 429,
             ErrorKind::Internal => 500,
@@ -211,6 +214,7 @@ impl ErrorKind {
             401 | 403 => ErrorKind::Authentication,
             404 => ErrorKind::NotFound,
             408 => ErrorKind::Timeout,
+            409 => ErrorKind::Conflict,
             413 => ErrorKind::TooLarge,
             429 => ErrorKind::Busy,
             502 => ErrorKind::Upstream,

@@ -212,6 +212,11 @@ pub struct ApiRoute {
     /// consolidated into long-term memory.
     #[serde(default, skip_serializing_if = "is_false")]
     pub one_off: bool,
+    /// SHA-256 (hex) of the request body, for a request with an `Idempotency-Key`: a retry
+    /// is answered from this message only when its body has the same digest, also after a
+    /// restart. Absent in trails written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_digest: Option<String>,
 }
 
 /// The key prefix of one-off sessions of the compatible endpoints (SPEC §17).
@@ -354,6 +359,7 @@ mod tests {
                     ..Default::default()
                 },
                 one_off: true,
+                request_digest: Some("ab12".into()),
             })),
             notify_meta: None,
         }));

@@ -435,10 +435,9 @@ fn a_kill_9_during_a_streamed_request_resumes_the_message_after_restart() {
     d.start();
     let outcome = crate::support::e2e::wait_outcome(&d, "api:crash", "crash-1");
     assert_eq!(outcome["text"], "Answered after the restart");
-    // The client's retry with the same Idempotency-Key, to the new process: answered from the
-    // trail, not recorded or sent to the model again.
-    let mut retry = body.clone();
-    retry["stream"] = json!(false);
+    // The client's retry with the same Idempotency-Key and the same body, to the new process:
+    // answered from the trail, not recorded or sent to the model again.
+    let retry = body.clone();
     let answer = RawStream::post(
         port,
         "/v1/messages",
@@ -499,5 +498,89 @@ fn a_spent_budget_is_429_and_the_sdks_do_not_retry_it() {
         .count();
     assert_eq!(intakes, 3, "each request recorded once, none retried");
     assert_eq!(fake.requests().len(), 1, "no call made over budget");
+    assert!(d.sigterm().success());
+}
+
+/// A reused `Idempotency-Key` is bound to its session and the digest of its body: a reuse
+/// with another body or another session is 409 in the endpoint's envelope, never another
+/// request's answer, also after a restart (the digest is recorded with the intake); the same
+/// request again is still answered from its message.
+#[test]
+fn a_reused_idempotency_key_with_another_body_or_session_is_409() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::text("Answer for alice"));
+    fake.push(Reply::text("Answer for the one-off"));
+    let (mut d, base) = daemon(&fake, "");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let body =
+        |text: &str| json!({"model": "agentd", "messages": [{"role": "user", "content": text}]});
+    let post = |session: Option<&str>, key: &str, b: &Value| {
+        let mut h = vec![("Idempotency-Key", key)];
+        if let Some(s) = session {
+            h.push(("X-Agentd-Session", s));
+        }
+        RawStream::post(port, "/v1/chat/completions", &h, b).rest()
+    };
+    let first = post(Some("alice"), "shared-1", &body("alice's secret question"));
+    assert!(first.contains("Answer for alice"), "{first}");
+    let conflicts = [
+        (
+            "another body",
+            post(Some("alice"), "shared-1", &body("a different question")),
+        ),
+        (
+            "another session",
+            post(
+                Some("mallory"),
+                "shared-1",
+                &body("alice's secret question"),
+            ),
+        ),
+        (
+            "a one-off",
+            post(None, "shared-1", &body("alice's secret question")),
+        ),
+    ];
+    for (what, answer) in &conflicts {
+        eprintln!("{what}: {}", answer.lines().next().unwrap_or(""));
+        assert!(answer.starts_with("HTTP/1.1 409"), "{what}: {answer}");
+        assert!(!answer.contains("Answer for alice"), "{what}: {answer}");
+        assert!(answer.contains("Idempotency-Key"), "{what}: {answer}");
+        assert!(
+            answer.contains(r#""error""#),
+            "the OpenAI envelope: {answer}"
+        );
+    }
+    let once = post(None, "once-1", &body("a one-off question"));
+    assert!(once.contains("Answer for the one-off"), "{once}");
+    let other = post(None, "once-1", &body("another one-off question"));
+    assert!(other.starts_with("HTTP/1.1 409"), "{other}");
+    assert_eq!(
+        fake.requests().len(),
+        2,
+        "no conflicting request reached the model"
+    );
+    // The same request again is answered from its message.
+    let again = post(Some("alice"), "shared-1", &body("alice's secret question"));
+    assert!(again.contains("Answer for alice"), "{again}");
+    // After a restart the binding is read back from the trail.
+    assert!(d.sigterm().success());
+    d.start();
+    wait_until(Duration::from_secs(20), "HTTP status", || {
+        http_get(port, "/api/v1/status").filter(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    let after = post(Some("alice"), "shared-1", &body("a different question"));
+    eprintln!("after a restart: {}", after.lines().next().unwrap_or(""));
+    assert!(after.starts_with("HTTP/1.1 409"), "{after}");
+    assert!(!after.contains("Answer for alice"), "{after}");
+    let again = post(Some("alice"), "shared-1", &body("alice's secret question"));
+    assert!(again.contains("Answer for alice"), "{again}");
+    assert_eq!(fake.requests().len(), 2);
+    let intakes = d
+        .trail("api:alice")
+        .into_iter()
+        .filter(|l| l["type"] == "intake")
+        .count();
+    assert_eq!(intakes, 1);
     assert!(d.sigterm().success());
 }

@@ -366,7 +366,9 @@ pub fn error_body(kind: ErrorKind, message: &str) -> Vec<u8> {
 
 fn error_type(kind: ErrorKind) -> &'static str {
     match kind {
-        ErrorKind::InvalidRequest | ErrorKind::TooLarge => "invalid_request_error",
+        ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::Conflict => {
+            "invalid_request_error"
+        }
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::Timeout => "timeout_error",

@@ -461,6 +461,7 @@ pub fn error_body(kind: ErrorKind, message: &str, param: Option<&str>) -> Vec<u8
         ErrorKind::Authentication => ("authentication_error", Some("invalid_api_key")),
         ErrorKind::NotFound => ("invalid_request_error", Some("not_found")),
         ErrorKind::Timeout => ("timeout_error", Some("timeout")),
+        ErrorKind::Conflict => ("invalid_request_error", Some("idempotency_key_reused")),
         ErrorKind::Busy => ("rate_limit_error", Some("rate_limit_exceeded")),
         ErrorKind::Budget => ("insufficient_quota", Some("insufficient_quota")),
         ErrorKind::Upstream => ("server_error", Some("upstream_error")),
