@@ -266,8 +266,9 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
                     return Some(Finish::Reply {
                         text: text.clone(),
                         silent: m.silent,
-                        usage,
-                        cost_usd: cost,
+                        // Every cost row of the message, when recorded (sub-agents too).
+                        usage: m.message_usage.unwrap_or(usage),
+                        cost_usd: m.message_cost_usd.unwrap_or(cost),
                         truncated: m.stop_reason.as_deref() == Some("max_tokens"),
                         fallback: m.fallback_from.as_ref().map(|from| crate::llm::FellBack {
                             from: from.clone(),
