@@ -610,7 +610,7 @@ mod tests {
 
     /// A receiver that never answers: every delivery stays in flight.
     async fn stuck() -> String {
-        let app = Router::new().route("/hook", post(|| std::future::pending::<()>()));
+        let app = Router::new().route("/hook", post(std::future::pending::<()>));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
