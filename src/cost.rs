@@ -217,7 +217,11 @@ pub async fn budget_gate(
 ///
 /// The per-message budget counts every call made for the message (SPEC §16.4): while a
 /// message is in flight ([`Ledger::begin_message`]), every row billed to its session adds to
-/// its spend — its own chat calls, its sub-agents, compaction and recall embeddings alike.
+/// its spend and tokens — its own chat calls, its sub-agents, compaction and recall embeddings
+/// alike — and those totals are what the message reports ([`Ledger::message_totals`]). With a
+/// per-message limit set, the calls of a message pass their check one at a time
+/// ([`Ledger::check_call`]: the permit is held until the call is recorded), so parallel
+/// sub-agents cannot all pass at once: a message stops within one call of its limit.
 #[derive(Clone, Debug)]
 pub struct Ledger {
     db: Db,
@@ -226,8 +230,8 @@ pub struct Ledger {
     tz: Zone,
     /// Rows whose insert failed, oldest first.
     pending: Arc<Mutex<Vec<CostRow>>>,
-    /// Session id → (message number, spend) of the message in flight in that session.
-    messages: Arc<Mutex<HashMap<String, (u64, f64)>>>,
+    /// Session id → the message in flight in that session.
+    messages: Arc<Mutex<HashMap<String, InFlight>>>,
     /// Session id → the source of its latest message, for the rows' `source` column (at most
     /// `MAX_SOURCES` sessions).
     sources: Arc<Mutex<HashMap<String, String>>>,
@@ -238,6 +242,24 @@ pub struct Ledger {
 
 /// Sessions whose source the ledger remembers (it starts over beyond this).
 const MAX_SOURCES: usize = 4096;
+
+/// A message in flight: its number, what its rows cost and counted so far, and the gate its
+/// calls pass their budget check through.
+#[derive(Debug)]
+struct InFlight {
+    number: u64,
+    spent: f64,
+    usage: Usage,
+    calls: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A budget check passed for one provider call ([`Ledger::check_call`]). With a per-message
+/// limit set, it holds the message's call gate: no other call of the message passes its check
+/// until this one is recorded and the permit dropped.
+#[derive(Debug)]
+pub struct CallPermit {
+    _gate: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
 
 /// The spend of one message in flight; the message ends when this is dropped.
 #[derive(Debug)]
@@ -259,7 +281,7 @@ impl Drop for MessageSpend {
         let mut messages = self.ledger.lock_messages();
         if messages
             .get(&self.session_id)
-            .is_some_and(|(n, _)| *n == self.number)
+            .is_some_and(|m| m.number == self.number)
         {
             messages.remove(&self.session_id);
         }
@@ -313,8 +335,15 @@ impl Ledger {
     pub fn begin_message(&self, session_id: &str) -> MessageSpend {
         static NUMBER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let number = NUMBER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.lock_messages()
-            .insert(session_id.to_string(), (number, 0.0));
+        self.lock_messages().insert(
+            session_id.to_string(),
+            InFlight {
+                number,
+                spent: 0.0,
+                usage: Usage::default(),
+                calls: Arc::default(),
+            },
+        );
         MessageSpend {
             ledger: self.clone(),
             session_id: session_id.to_string(),
@@ -326,7 +355,36 @@ impl Ledger {
     pub fn message_spent(&self, session_id: &str) -> f64 {
         self.lock_messages()
             .get(session_id)
-            .map_or(0.0, |(_, v)| *v)
+            .map_or(0.0, |m| m.spent)
+    }
+
+    /// The cost and tokens of every row billed to the message in flight in `session_id` so
+    /// far (zero when there is none): what the message reports as its cost.
+    pub fn message_totals(&self, session_id: &str) -> (f64, Usage) {
+        self.lock_messages()
+            .get(session_id)
+            .map_or((0.0, Usage::default()), |m| (m.spent, m.usage))
+    }
+
+    /// [`Ledger::check`] for a provider call billed to `session_id`, against the spend of its
+    /// message in flight. With a per-message limit set, waits for the message's call gate
+    /// first and returns holding it: keep the permit until the call is recorded, so calls of
+    /// one message (parallel sub-agents) are checked and made one at a time and the message
+    /// stops within one call of its limit. Never hold a permit while waiting for another.
+    pub async fn check_call(&self, session_id: &str) -> Result<CallPermit, BudgetError> {
+        let gate = (self.budget().per_message_usd > 0.0)
+            .then(|| {
+                self.lock_messages()
+                    .get(session_id)
+                    .map(|m| m.calls.clone())
+            })
+            .flatten();
+        let permit = match gate {
+            Some(g) => Some(g.lock_owned().await),
+            None => None,
+        };
+        self.check(self.message_spent(session_id)).await?;
+        Ok(CallPermit { _gate: permit })
     }
 
     /// The database the ledger writes to (for readers of the totals, e.g. `session_status`).
@@ -395,8 +453,9 @@ impl Ledger {
             fallback_from: fallback_from.map(str::to_string),
             source: self.source_of(session_id),
         };
-        if let Some((_, spent)) = self.lock_messages().get_mut(session_id) {
-            *spent += cost;
+        if let Some(m) = self.lock_messages().get_mut(session_id) {
+            m.spent += cost;
+            m.usage.add(&usage);
         }
         let timestamp = row.timestamp;
         if let Err(e) = self.db.insert_cost(row.clone()).await {
@@ -444,8 +503,9 @@ impl Ledger {
     /// when the insert fails).
     async fn write_row(&self, row: CostRow) -> f64 {
         let cost = row.cost_usd;
-        if let Some((_, spent)) = self.lock_messages().get_mut(&row.session_id) {
-            *spent += cost;
+        if let Some(m) = self.lock_messages().get_mut(&row.session_id) {
+            m.spent += cost;
+            m.usage.add(&row.usage);
         }
         let call_type = row.call_type;
         if let Err(e) = self.db.insert_cost(row.clone()).await {
@@ -480,7 +540,7 @@ impl Ledger {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_messages(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, f64)>> {
+    fn lock_messages(&self) -> std::sync::MutexGuard<'_, HashMap<String, InFlight>> {
         self.messages.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -908,5 +968,38 @@ mod tests {
         drop(first);
         ledger.record("a", &s, CallType::Chat, usage).await;
         assert!((second.spent() - 0.003).abs() < 1e-12);
+    }
+
+    #[tokio::test]
+    async fn a_messages_calls_pass_their_check_one_at_a_time_and_its_totals_are_its_rows() {
+        let (_d, db) = ledger().await;
+        let ledger = ledger_on(db, budget(0.005, 0.0, 0.0));
+        let mut s = spec();
+        s.pricing = SONNET;
+        let usage = Usage {
+            input_tokens: 1000,
+            output_tokens: 10,
+            ..Usage::default()
+        };
+        let _message = ledger.begin_message("a");
+        let first = ledger.check_call("a").await.unwrap();
+        // A second call of the message (a parallel sub-agent) waits for the first's record.
+        let l2 = ledger.clone();
+        let second = tokio::spawn(async move { l2.check_call("a").await.map(|_| ()) });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "checked beside a call in flight");
+        ledger.record("a", &s, CallType::Subagent, usage).await;
+        ledger.record("a", &s, CallType::Subagent, usage).await;
+        drop(first);
+        let refused = second.await.unwrap();
+        assert!(
+            matches!(refused, Err(BudgetError::Exceeded(_))),
+            "{refused:?}"
+        );
+        let (cost, totals) = ledger.message_totals("a");
+        assert!((cost - 2.0 * cost_usd(&s.pricing, &usage)).abs() < 1e-12);
+        assert_eq!((totals.input_tokens, totals.output_tokens), (2000, 20));
+        // Another session's calls are not held.
+        assert!(ledger.check_call("b").await.is_ok());
     }
 }

@@ -36,6 +36,9 @@ const DURATION_BUCKETS: &[f64] = &[
 /// The kinds of `agentd_tokens_total`, in [`Usage`] order.
 const TOKEN_KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
 
+/// The outcomes of `agentd_webhooks_total`.
+pub const WEBHOOK_OUTCOMES: [&str; 3] = ["delivered", "failed", "dropped"];
+
 /// How a message ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -84,6 +87,8 @@ pub struct Metrics {
     /// Closed deliveries (SPEC §16.1), by status: done, failed, unknown.
     deliveries: Bounded,
     deliveries_pending: Count,
+    /// Webhook callbacks (SPEC §10.2), by outcome: delivered, failed, dropped.
+    webhooks: Bounded,
     /// Tool calls waiting for a person's yes (SPEC §18.1).
     approvals_pending: Count,
     message_duration: Histogram,
@@ -178,6 +183,15 @@ impl Metrics {
             "Outbox deliveries closed, by status (done, failed, unknown)",
             deliveries.family.clone(),
         );
+        let webhooks = Bounded::new(&["outcome"]);
+        for outcome in WEBHOOK_OUTCOMES {
+            webhooks.add(&[outcome], 0);
+        }
+        registry.register(
+            "webhooks",
+            "Webhook callbacks, by outcome (delivered; failed after its attempts or refused; dropped because the deliveries in flight were at their bound)",
+            webhooks.family.clone(),
+        );
         let histogram = |registry: &mut Registry, name: &str, help: &str| {
             let h = Histogram::new(DURATION_BUCKETS.iter().copied());
             registry.register_with_unit(name, help, Unit::Seconds, h.clone());
@@ -212,6 +226,7 @@ impl Metrics {
             open_sessions,
             deliveries,
             deliveries_pending,
+            webhooks,
             approvals_pending,
             message_duration,
             messages_finished: AtomicU64::new(0),
@@ -305,6 +320,11 @@ impl Metrics {
         if let Some(s) = status {
             self.deliveries.inc(&[s]);
         }
+    }
+
+    /// A webhook callback ended with `outcome` (`delivered`, `failed`, `dropped`).
+    pub fn webhook(&self, outcome: &str) {
+        self.webhooks.inc(&[outcome]);
     }
 
     /// Deliveries queued or in flight.

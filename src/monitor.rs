@@ -111,6 +111,7 @@ struct Inner {
     queue_depth: usize,
     channels: BTreeMap<String, Value>,
     deliveries: DeliveryCounts,
+    webhook: Option<WebhookCounts>,
     /// The last SIGHUP reload: `{"at", "ok", "applied", "needs_restart", "error"}`.
     reload: Option<Value>,
     /// The last precheck of each `[[schedule]]` entry (SPEC §20): `{at, outcome, exit_code,
@@ -209,6 +210,9 @@ struct View<'a> {
     queue_depth: usize,
     channels: &'a BTreeMap<String, Value>,
     deliveries: DeliveryCounts,
+    /// Webhook callbacks not delivered, when a callback URL is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    webhook: Option<WebhookCounts>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reload: Option<&'a Value>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -225,6 +229,15 @@ pub struct DeliveryCounts {
     pub pending: u64,
     pub failed: u64,
     pub unknown: u64,
+}
+
+/// Webhook callbacks (SPEC §10.2) since the start: delivered, failed (after their attempts,
+/// or refused by the receiver), dropped (the deliveries in flight were at their bound).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WebhookCounts {
+    pub delivered: u64,
+    pub failed: u64,
+    pub dropped: u64,
 }
 
 static NO_TURNS: VecDeque<TurnRecord> = VecDeque::new();
@@ -261,6 +274,7 @@ impl Inner {
             queue_depth: self.queue_depth,
             channels: &self.channels,
             deliveries: self.deliveries,
+            webhook: self.webhook,
             reload: self.reload.as_ref(),
             prechecks: &self.prechecks,
             cache: self.cache.as_ref(),
@@ -325,6 +339,7 @@ impl Monitor {
             queue_depth: 0,
             channels: BTreeMap::new(),
             deliveries: DeliveryCounts::default(),
+            webhook: None,
             reload: None,
             prechecks: BTreeMap::new(),
             cache: None,
@@ -481,6 +496,15 @@ impl Monitor {
         let mut inner = self.lock();
         if inner.deliveries != d {
             inner.deliveries = d;
+            self.publish(inner);
+        }
+    }
+
+    /// Webhook callback counts.
+    pub fn set_webhook(&self, w: WebhookCounts) {
+        let mut inner = self.lock();
+        if inner.webhook != Some(w) {
+            inner.webhook = Some(w);
             self.publish(inner);
         }
     }

@@ -336,10 +336,11 @@ impl Agent {
         let text = transcript_within(&state.messages[..cut], room);
         let req = summary_request(&session.id, &self.cfg.behavior.compaction.prompt, &text);
 
-        let spent = self.ledger.message_spent(&session.id);
-        if let Err(Some(Fail { error, .. })) = self.check_budget(spent).await {
-            return Err(CompactionError::Budget(error));
-        }
+        // Under the message's call gate while it runs (held until the cost is recorded).
+        let permit = match self.ledger.check_call(&session.id).await {
+            Ok(p) => p,
+            Err(e) => return Err(CompactionError::Budget(e.to_string())),
+        };
         let on_event = |e: LlmEvent| {
             if let LlmEvent::RetryWait { attempt, error, .. } = e {
                 tracing::debug!(attempt, %error, "summary call retrying");
@@ -360,6 +361,7 @@ impl Agent {
             .ledger
             .record(&session.id, &spec, CallType::Compaction, usage)
             .await;
+        drop(permit);
         self.metrics
             .llm_call(&spec.model, &usage, call_cost, started.elapsed());
         let summary = outcome.response.text.trim();

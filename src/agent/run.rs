@@ -145,12 +145,13 @@ impl Agent {
                 .record_answer(run, state, answer, turn, last_turn)
                 .await?;
             if resp.tool_calls.is_empty() {
+                let (cost_usd, usage) = self.reported(run, &tally);
                 return Ok(Finish::Reply {
                     truncated: resp.stop_reason == StopReason::MaxTokens,
                     silent: self.is_silent(run, &resp.text),
                     text: resp.text,
-                    usage: tally.usage,
-                    cost_usd: tally.spent,
+                    usage,
+                    cost_usd,
                     fallback,
                 });
             }
@@ -163,6 +164,16 @@ impl Agent {
                 .await?;
         }
         unreachable!("the last turn is always final")
+    }
+
+    /// What the run reports as its cost and tokens: for a message, every cost row billed to
+    /// it so far (the ledger's spend of the message: its sub-agents, compactions and
+    /// embeddings too); for a sub-agent, its own calls.
+    fn reported(&self, run: &Run<'_>, tally: &Tally) -> (f64, Usage) {
+        match &run.caller {
+            Caller::Message { session, .. } => self.ledger.message_totals(&session.id),
+            Caller::SubAgent { .. } => (tally.spent, tally.usage),
+        }
     }
 
     /// The request of one turn: the system prompt (a message re-reads the workspace files for
@@ -256,6 +267,16 @@ impl Agent {
         turn: u32,
     ) -> Result<Answer, Option<Fail>> {
         let sent = req.messages.len();
+        let (billed, call_type) = run.billing();
+        // Checked again under the message's call gate, held until the cost is recorded.
+        let permit = match self.call_permit(billed, run.cancel).await {
+            Ok(p) => p,
+            Err(f) => {
+                state.messages = req.messages;
+                state.rendered = req.rendered;
+                return Err(f);
+            }
+        };
         let handle = run.monitor_handle();
         if let Some(h) = handle {
             self.monitor.set_state(h, LoopState::Thinking, turn);
@@ -292,13 +313,13 @@ impl Agent {
             self.metrics.error("llm");
             Some(self.fail_from_llm(e))
         })?;
-        let (billed, call_type) = run.billing();
         let usage = outcome.response.usage;
         let fell_back = outcome.fell_back;
         let from = fell_back.as_ref().map(|f| f.from.as_str());
         let cost = (self.ledger)
             .record_call(billed, &outcome.model, call_type, usage, from)
             .await;
+        drop(permit);
         if let Some(h) = handle {
             let why = fell_back.as_ref().map(|f| f.reason.as_str());
             let shown = from.zip(why);
@@ -341,6 +362,7 @@ impl Agent {
         }
         let mut refused =
             normalise_tool_calls(&run.session_id(), &mut resp.tool_calls, &state.messages);
+        limit_spawns(&resp.tool_calls, &mut refused);
         if let Some(scope) = run.scope() {
             for (call, refusal) in resp.tool_calls.iter().zip(refused.iter_mut()) {
                 if refusal.is_none() && !scope.permits(&call.name) {
@@ -360,10 +382,19 @@ impl Agent {
             ev.fallback_from = Some(f.from);
             ev.fallback_reason = Some(f.reason);
         }
-        if let (true, Caller::Message { reply_to, .. }) = (is_final, &run.caller) {
+        if let (
+            true,
+            Caller::Message {
+                reply_to, session, ..
+            },
+        ) = (is_final, &run.caller)
+        {
             ev.is_final = true;
             ev.silent = self.is_silent(run, &resp.text);
             ev.reply_to = reply_to.clone();
+            let (cost, usage) = self.ledger.message_totals(&session.id);
+            ev.message_cost_usd = Some(cost);
+            ev.message_usage = Some(usage);
         }
         self.record_step(run, state, Event::Message(ev)).await?;
         if let Some(h) = run.monitor_handle() {
@@ -523,23 +554,42 @@ impl Agent {
 
     /// The budget before a call ([`crate::cost::Ledger::check`]) as the run's failure.
     pub(super) async fn check_budget(&self, spent_message: f64) -> Result<(), Option<Fail>> {
-        match self.ledger.check(spent_message).await {
-            Ok(()) => Ok(()),
+        let checked = self.ledger.check(spent_message).await;
+        checked.map_err(|e| Some(self.budget_fail(e)))
+    }
+
+    /// [`crate::cost::Ledger::check_call`] for a call billed to `billed` (waiting for the
+    /// message's call gate while a per-message limit is set), as the run's failure; `Err(None)`
+    /// when `cancel` fires while it waits.
+    pub(super) async fn call_permit(
+        &self,
+        billed: &str,
+        cancel: &CancellationToken,
+    ) -> Result<crate::cost::CallPermit, Option<Fail>> {
+        tokio::select! {
+            _ = cancel.cancelled() => Err(None),
+            r = self.ledger.check_call(billed) => r.map_err(|e| Some(self.budget_fail(e))),
+        }
+    }
+
+    /// A refused budget check as the run's failure.
+    fn budget_fail(&self, e: BudgetError) -> Fail {
+        match e {
             // Meant for the user: the limit, or the disk that keeps cost rows from being written.
-            Err(e @ (BudgetError::Exceeded(_) | BudgetError::Unrecorded { .. })) => {
+            e @ (BudgetError::Exceeded(_) | BudgetError::Unrecorded { .. }) => {
                 let msg = e.to_string();
-                Err(Some(Fail {
+                Fail {
                     reply: msg.clone(),
                     error: msg,
                     cause: FailCause::Budget,
-                }))
+                }
             }
             // The ledger is unreadable: fail closed, since a budget exists.
-            Err(e) => Err(Some(Fail {
+            e => Fail {
                 reply: self.cfg.behavior.error_message.clone(),
                 error: e.to_string(),
                 cause: FailCause::Budget,
-            })),
+            },
         }
     }
 
@@ -664,6 +714,26 @@ fn wrap_up_notice(stop: &StopReason, remaining: u32) -> Option<String> {
         parts.push("Only 2 model calls remain for this message: wrap up now and give your final answer; on the last call tools are disabled.");
     }
     (!parts.is_empty()).then(|| format!("[agentd] {}", parts.join(" ")))
+}
+
+/// Refuse the `sessions_spawn` calls of one answer beyond
+/// [`crate::tools::spawn::MAX_SPAWNS_PER_ANSWER`]: each gets an error result the model reads
+/// instead of a sub-agent. (A sub-agent never sees the tool, so this bounds a message's
+/// sub-agents per answer.)
+fn limit_spawns(calls: &[ToolCall], refused: &mut [Option<String>]) {
+    use crate::tools::spawn::MAX_SPAWNS_PER_ANSWER as MAX;
+    let mut spawns = 0;
+    for (call, refusal) in calls.iter().zip(refused.iter_mut()) {
+        if call.name != "sessions_spawn" || refusal.is_some() {
+            continue;
+        }
+        spawns += 1;
+        if spawns > MAX {
+            *refusal = Some(format!(
+                "error: at most {MAX} sub-agents (sessions_spawn calls) run per answer; this call was not run. Wait for the results of the first {MAX}, then spawn the rest in a later answer or do the task yourself."
+            ));
+        }
+    }
 }
 
 /// `llm::toolcalls::normalise` on one answer's calls, with a log line per changed call.

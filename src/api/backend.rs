@@ -93,6 +93,8 @@ pub struct CompatIn {
     pub session_header: Option<String>,
     /// `Idempotency-Key`: the intake id, so a retried request is recorded once.
     pub idempotency_key: Option<String>,
+    /// SHA-256 (hex) of the request body: a key reused with another body is refused.
+    pub body_digest: String,
 }
 
 /// A compatible request durably accepted: its id (the answer's id) and the wait for it.

@@ -144,6 +144,7 @@ async fn serve(
         Ok(v) => v,
         Err(m) => return error_response(api, ErrorKind::InvalidRequest, &m, None),
     };
+    let body_digest = body_digest(&body);
     let (stream, include_usage, model) =
         (request.stream, request.include_usage, request.model.clone());
     let ticket = match state
@@ -153,6 +154,7 @@ async fn serve(
             request,
             session_header,
             idempotency_key,
+            body_digest,
         })
         .await
     {
@@ -187,6 +189,15 @@ async fn serve(
     }
 }
 
+/// The SHA-256 of the request body, hex: what an `Idempotency-Key` is bound to.
+fn body_digest(body: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// A header's trimmed value (`None` when absent or blank), or why it is unusable.
 fn header(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, String> {
     match headers.get(name) {
@@ -202,7 +213,8 @@ fn header(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, Stri
 /// A backend refusal in the API's envelope.
 fn backend_error(api: Api, e: BackendError) -> Response {
     let kind = match &e {
-        BackendError::BadRequest(_) | BackendError::Conflict(_) => ErrorKind::InvalidRequest,
+        BackendError::BadRequest(_) => ErrorKind::InvalidRequest,
+        BackendError::Conflict(_) => ErrorKind::Conflict,
         BackendError::NotFound(_) => ErrorKind::NotFound,
         BackendError::Unavailable(_) => ErrorKind::Unavailable,
         BackendError::Busy(_) => ErrorKind::Busy,

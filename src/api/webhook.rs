@@ -1,12 +1,16 @@
 //! The callback POSTed after every processed message (SPEC §10.2 "Webhook").
 //!
 //! [`Webhook::send`] spawns the delivery and returns at once; at most [`MAX_IN_FLIGHT`]
-//! deliveries run at a time (beyond that a payload is dropped with a warning, so a dead receiver
-//! cannot grow memory). Each delivery makes up to [`MAX_ATTEMPTS`] attempts, retrying connect
-//! errors, 429 and 5xx after 0.5 s, 1 s, …. Logs never contain the token or the URL.
+//! deliveries run at a time (beyond that a payload is dropped, so a dead receiver cannot grow
+//! memory). Each delivery makes up to [`MAX_ATTEMPTS`] attempts, retrying connect errors, 429
+//! and 5xx after 0.5 s, 1 s, …. A redirect is followed only within the callback URL's origin
+//! (scheme, host and port): the payload and the token never go to another origin. Every
+//! callback's outcome (delivered, failed, dropped) is counted in `/metrics` and the monitor;
+//! drops are logged at most once per [`DROP_LOG_EVERY`] with the count since the last line.
+//! Logs never contain the token or the URL.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use reqwest::header::AUTHORIZATION;
@@ -19,12 +23,18 @@ use tokio::task::JoinHandle;
 use super::error::ApiError;
 use crate::config::HttpConfig;
 use crate::message::Usage;
+use crate::metrics::Metrics;
+use crate::monitor::{Monitor, WebhookCounts};
 use crate::net::scrub::reqwest_error_text;
 
 /// Attempts per delivery.
 pub const MAX_ATTEMPTS: u32 = 3;
 /// Deliveries running at once.
 pub const MAX_IN_FLIGHT: usize = 64;
+/// Redirects followed within the callback URL's origin.
+pub const MAX_REDIRECTS: usize = 5;
+/// At most one log line per this long about dropped callbacks.
+pub const DROP_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Waits before the 2nd, 3rd, … attempt.
 const BACKOFF: [Duration; 3] = [
     Duration::from_millis(500),
@@ -102,6 +112,96 @@ struct Target {
 pub struct Webhook {
     target: Option<Arc<Target>>,
     in_flight: Arc<Semaphore>,
+    tally: Arc<Tally>,
+}
+
+/// What became of the callbacks, and where that is shown.
+#[derive(Default)]
+struct Tally {
+    counts: Mutex<WebhookCounts>,
+    metrics: Option<Arc<Metrics>>,
+    monitor: Option<Arc<Monitor>>,
+    /// When a drop was last logged, and the drops since then that were not.
+    drop_log: Mutex<(Option<Instant>, u64)>,
+}
+
+/// How a callback ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Delivered,
+    Failed,
+    Dropped,
+}
+
+impl Tally {
+    fn count(&self, ending: Ending) {
+        let counts = {
+            let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            match ending {
+                Ending::Delivered => c.delivered += 1,
+                Ending::Failed => c.failed += 1,
+                Ending::Dropped => c.dropped += 1,
+            }
+            *c
+        };
+        if let Some(m) = &self.metrics {
+            m.webhook(match ending {
+                Ending::Delivered => "delivered",
+                Ending::Failed => "failed",
+                Ending::Dropped => "dropped",
+            });
+        }
+        if let Some(m) = &self.monitor {
+            m.set_webhook(counts);
+        }
+    }
+
+    /// Count a dropped callback; log it unless a drop was logged less than
+    /// [`DROP_LOG_EVERY`] ago (the next line says how many were not).
+    fn dropped(&self, session_id: &str) {
+        self.count(Ending::Dropped);
+        let mut log = self.drop_log.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if log
+            .0
+            .is_some_and(|t| now.duration_since(t) < DROP_LOG_EVERY)
+        {
+            log.1 += 1;
+            return;
+        }
+        tracing::warn!(
+            session_id = %session_id,
+            limit = MAX_IN_FLIGHT,
+            also_dropped_since_last_line = log.1,
+            "webhook deliveries in flight are at their bound; this callback is dropped (counted in /metrics agentd_webhooks_total{{outcome=\"dropped\"}} and monitor.json webhook.dropped)"
+        );
+        *log = (Some(now), 0);
+    }
+}
+
+/// Follow a redirect only to the origin (scheme, host, port) of the URL first asked, at most
+/// [`MAX_REDIRECTS`] times; a redirect elsewhere is not followed, and its 3xx is the answer
+/// (a failed delivery).
+fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let same = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| same_origin(first, attempt.url()));
+        if !same {
+            attempt.stop()
+        } else if attempt.previous().len() > MAX_REDIRECTS {
+            attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
 }
 
 impl std::fmt::Debug for Webhook {
@@ -122,6 +222,7 @@ impl Webhook {
             let client = crate::net::tls::client_builder()
                 .timeout(cfg.callback_timeout)
                 .connect_timeout(cfg.callback_timeout)
+                .redirect(same_origin_redirects())
                 .build()
                 .map_err(|e| ApiError::WebhookClient(reqwest_error_text(e)))?;
             Some(Arc::new(Target {
@@ -135,7 +236,27 @@ impl Webhook {
         Ok(Webhook {
             target,
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            tally: Arc::default(),
         })
+    }
+
+    /// Count every callback's outcome in `metrics` (`agentd_webhooks_total`) and `monitor`
+    /// (`webhook`). Call before the first send.
+    pub fn observed(mut self, metrics: Arc<Metrics>, monitor: Arc<Monitor>) -> Webhook {
+        if self.is_enabled() {
+            monitor.set_webhook(WebhookCounts::default());
+        }
+        self.tally = Arc::new(Tally {
+            metrics: Some(metrics),
+            monitor: Some(monitor),
+            ..Tally::default()
+        });
+        self
+    }
+
+    /// Callbacks delivered, failed and dropped since the start.
+    pub fn counts(&self) -> WebhookCounts {
+        *self.tally.counts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Shorter waits between attempts (tests).
@@ -155,20 +276,22 @@ impl Webhook {
 
     /// Delivers `payload` in the background and returns at once (needs a tokio runtime).
     /// `None` when disabled or when [`MAX_IN_FLIGHT`] deliveries are already running (the
-    /// payload is dropped with a warning). Failures are logged; awaiting the handle is optional.
+    /// payload is dropped, counted, and logged at most once a minute). Failures are counted
+    /// and logged; awaiting the handle is optional.
     pub fn send(&self, payload: WebhookPayload) -> Option<JoinHandle<Result<u32, WebhookError>>> {
         self.target.as_ref()?;
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
-            tracing::warn!(
-                session_id = %payload.session_id,
-                limit = MAX_IN_FLIGHT,
-                "webhook backlog full; dropping this callback"
-            );
+            self.tally.dropped(&payload.session_id);
             return None;
         };
         let webhook = self.clone();
         Some(tokio::spawn(async move {
             let result = webhook.deliver(&payload).await;
+            webhook.tally.count(if result.is_ok() {
+                Ending::Delivered
+            } else {
+                Ending::Failed
+            });
             match &result {
                 Ok(attempts) => tracing::debug!(
                     session_id = %payload.session_id,
@@ -413,6 +536,117 @@ mod tests {
                 );
             }
             other => panic!("expected a request error, got {other:?}"),
+        }
+    }
+
+    /// A receiver whose `/hook` answers 307 to `location`.
+    async fn redirecting(location: String) -> String {
+        let app = Router::new().route(
+            "/hook",
+            post(move || {
+                let location = location.clone();
+                async move {
+                    (
+                        axum::http::StatusCode::TEMPORARY_REDIRECT,
+                        [(axum::http::header::LOCATION, location)],
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/hook")
+    }
+
+    #[tokio::test]
+    async fn a_redirect_to_another_origin_is_not_followed() {
+        let (elsewhere, rx) = receiver(vec![]).await;
+        let url = redirecting(elsewhere).await;
+        let w = fast(&url, Some("cb-token"));
+        let result = w.deliver(&payload()).await;
+        eprintln!("a 307 to another origin: {result:?}");
+        assert_eq!(
+            rx.hits.load(Ordering::SeqCst),
+            0,
+            "the reply went to another origin"
+        );
+        assert!(
+            matches!(result, Err(WebhookError::Status { status: 307, .. })),
+            "{result:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_redirect_within_the_origin_is_followed() {
+        let (target, rx) = receiver(vec![]).await;
+        // The same listener: /hook redirects to /hook2 on a server that serves both.
+        let app = Router::new()
+            .route(
+                "/hook",
+                post(|| async {
+                    (
+                        axum::http::StatusCode::TEMPORARY_REDIRECT,
+                        [(axum::http::header::LOCATION, "/hook2")],
+                    )
+                }),
+            )
+            .route(
+                "/hook2",
+                post(|State(rx): State<Arc<Receiver>>| async move {
+                    rx.hits.fetch_add(1, Ordering::SeqCst);
+                    axum::http::StatusCode::OK
+                }),
+            )
+            .with_state(rx.clone());
+        drop(target);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let w = fast(&format!("http://{addr}/hook"), None);
+        assert_eq!(w.deliver(&payload()).await, Ok(1));
+        assert_eq!(rx.hits.load(Ordering::SeqCst), 1);
+    }
+
+    /// A receiver that never answers: every delivery stays in flight.
+    async fn stuck() -> String {
+        let app = Router::new().route("/hook", post(std::future::pending::<()>));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/hook")
+    }
+
+    #[tokio::test]
+    async fn callbacks_not_delivered_are_counted_in_metrics_and_the_monitor() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let monitor = Arc::new(Monitor::new(dir.path().join("monitor.json")));
+        let w = fast(&stuck().await, None).observed(metrics.clone(), monitor.clone());
+        let held: Vec<_> = (0..MAX_IN_FLIGHT).map(|_| w.send(payload())).collect();
+        assert!(held.iter().all(Option::is_some));
+        for _ in 0..3 {
+            assert!(w.send(payload()).is_none(), "beyond the bound");
+        }
+        let (refusing, _) = receiver(vec![400]).await;
+        let r = fast(&refusing, None).observed(metrics.clone(), monitor.clone());
+        assert!(r.send(payload()).unwrap().await.unwrap().is_err());
+        eprintln!("counts: {:?} and {:?}", w.counts(), r.counts());
+        assert_eq!(w.counts().dropped, 3);
+        assert_eq!(r.counts().failed, 1);
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"agentd_webhooks_total{outcome="dropped"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"agentd_webhooks_total{outcome="failed"} 1"#),
+            "{text}"
+        );
+        let m = monitor.snapshot();
+        assert_eq!(m["webhook"]["failed"], 1, "{m}");
+        for h in held.into_iter().flatten() {
+            h.abort();
         }
     }
 

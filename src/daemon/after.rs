@@ -18,65 +18,113 @@ use crate::session::{DeliveryStatus, SessionHandle};
 
 /// Who waits for which intake id (HTTP `/chat`, the compatible endpoints, `agentd chat`).
 /// Several may wait for one id: a client's retry with the same `Idempotency-Key` (SPEC §17)
-/// waits beside the first request.
+/// waits beside the first request. A waiter or stream may be bound to a session key: it is
+/// then told only about that session's message, so the same id used in another session (a
+/// client reusing an `Idempotency-Key`) never hands it another session's answer.
 #[derive(Default)]
 pub struct Waiters(
-    std::sync::Mutex<HashMap<String, Vec<oneshot::Sender<Completion>>>>,
-    /// Streamed answers (SPEC §17) by intake id: the worker hands the sink to the agent.
-    std::sync::Mutex<HashMap<String, crate::llm::DeltaSink>>,
+    std::sync::Mutex<HashMap<String, Vec<Waiter>>>,
+    /// Streamed answers (SPEC §17) by intake id, with their session key: the worker hands the
+    /// sink to the agent.
+    std::sync::Mutex<HashMap<String, (String, crate::llm::DeltaSink)>>,
 );
 
+/// One waiter: the session it waits in (`None`: any), and where to tell it.
+struct Waiter {
+    key: Option<String>,
+    tx: oneshot::Sender<Completion>,
+}
+
+impl Waiter {
+    fn of(&self, key: &str) -> bool {
+        self.key.as_deref().is_none_or(|k| k == key)
+    }
+}
+
 impl Waiters {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<oneshot::Sender<Completion>>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Waiter>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Be told when intake `id` is done. Register before submitting. Waiters that gave up
-    /// (their receiver dropped) are swept here, so the map stays bounded by the waiting ones.
-    pub fn wait_for(&self, id: &str) -> oneshot::Receiver<Completion> {
+    /// Be told when intake `id` is done, in session `key` only when given. Register before
+    /// submitting. Waiters that gave up (their receiver dropped) are swept here, so the map
+    /// stays bounded by the waiting ones.
+    pub fn wait_for(&self, key: Option<&str>, id: &str) -> oneshot::Receiver<Completion> {
         let (tx, rx) = oneshot::channel();
         let mut map = self.map();
         let list = map.entry(id.to_string()).or_default();
-        list.retain(|w| !w.is_closed());
-        list.push(tx);
+        list.retain(|w| !w.tx.is_closed());
+        list.push(Waiter {
+            key: key.map(str::to_string),
+            tx,
+        });
         rx
     }
 
-    /// Drop a waiter whose message was never accepted.
-    pub fn forget(&self, id: &str) {
-        self.map().remove(id);
-        self.streams().remove(id);
+    /// Drop the waiters of `id` in session `key` (and the unbound ones) whose message was
+    /// never accepted, or was answered already.
+    pub fn forget(&self, key: &str, id: &str) {
+        let mut map = self.map();
+        if let Some(list) = map.get_mut(id) {
+            list.retain(|w| !w.of(key));
+            if list.is_empty() {
+                map.remove(id);
+            }
+        }
+        drop(map);
+        let mut streams = self.streams();
+        if streams.get(id).is_some_and(|(k, _)| k == key) {
+            streams.remove(id);
+        }
     }
 
-    fn streams(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::llm::DeltaSink>> {
+    fn streams(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (String, crate::llm::DeltaSink)>> {
         self.1.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stream the answer to intake `id` into `sink` while it is made (a later sink for the
-    /// same id replaces it). Removed when the message is done.
-    pub fn stream_to(&self, id: &str, sink: crate::llm::DeltaSink) {
+    /// Stream the answer to intake `id` of session `key` into `sink` while it is made (a
+    /// later sink for the same id replaces it). Removed when the message is done.
+    pub fn stream_to(&self, key: &str, id: &str, sink: crate::llm::DeltaSink) {
         let mut streams = self.streams();
-        streams.retain(|_, s| !s.is_closed());
-        streams.insert(id.to_string(), sink);
+        streams.retain(|_, (_, s)| !s.is_closed());
+        streams.insert(id.to_string(), (key.to_string(), sink));
     }
 
-    /// The sink of a streamed answer to any of `ids`.
-    pub fn stream_of(&self, ids: &[String]) -> Option<crate::llm::DeltaSink> {
+    /// The sink of a streamed answer to any of `ids` of session `key`.
+    pub fn stream_of(&self, key: &str, ids: &[String]) -> Option<crate::llm::DeltaSink> {
         let streams = self.streams();
-        ids.iter().find_map(|id| streams.get(id).cloned())
+        ids.iter().find_map(|id| {
+            streams
+                .get(id)
+                .filter(|(k, _)| k == key)
+                .map(|(_, s)| s.clone())
+        })
     }
 
-    /// Tell whoever waits for these intake ids (also on `Cancelled`, so they stop waiting).
-    pub fn complete(&self, ids: &[String], c: Completion) {
+    /// Tell whoever waits for these intake ids of session `key` (also on `Cancelled`, so they
+    /// stop waiting). Waiters bound to another session stay.
+    pub fn complete(&self, key: &str, ids: &[String], c: Completion) {
         let mut streams = self.streams();
         for id in ids {
-            streams.remove(id);
+            if streams.get(id).is_some_and(|(k, _)| k == key) {
+                streams.remove(id);
+            }
         }
         drop(streams);
         let mut waiters = self.map();
         for id in ids {
-            for tx in waiters.remove(id).unwrap_or_default() {
-                let _ = tx.send(c.clone());
+            let Some(list) = waiters.remove(id) else {
+                continue;
+            };
+            let (ours, others): (Vec<Waiter>, Vec<Waiter>) =
+                list.into_iter().partition(|w| w.of(key));
+            for w in ours {
+                let _ = w.tx.send(c.clone());
+            }
+            if !others.is_empty() {
+                waiters.insert(id.clone(), others);
             }
         }
     }
@@ -245,6 +293,7 @@ impl AfterMessage {
             w.send(webhook_payload(work, &session.id, &finish));
         }
         self.waiters.complete(
+            &session.key,
             &work.ids(),
             Completion {
                 session_id: session.id.clone(),

@@ -77,27 +77,111 @@ pub fn idempotency_id(key: &str) -> Result<String, String> {
     }
 }
 
-/// The answers to recent requests with an `Idempotency-Key`, newest last, bounded.
+/// What an `Idempotency-Key` is bound to: the session its request went to and the SHA-256 of
+/// its body. A request with the same key and another binding is refused (409), never answered
+/// from the first request's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binding {
+    pub session: String,
+    pub digest: String,
+}
+
+/// One keyed request: its binding, and its answer once there is one.
+struct Entry {
+    key: String,
+    binding: Binding,
+    outcome: Option<CompatOutcome>,
+}
+
+/// The message of a 409 for a reused key (it names neither the other session nor its body).
+fn reused(key: &str) -> BackendError {
+    BackendError::Conflict(format!(
+        "Idempotency-Key {} was already used for another request (another body or session); a retry must send the same body to the same session, a new request needs a new key",
+        crate::control::escaped_preview(key)
+    ))
+}
+
+/// The keyed requests of this run, newest last, bounded: those in flight (so a concurrent
+/// reuse of a key is refused) and the answers of recent ones (so a retry that comes after a
+/// one-off session was archived is still answered from the same message).
 #[derive(Default)]
-pub struct RecentAnswers(Mutex<VecDeque<(String, CompatOutcome)>>);
+pub struct RecentAnswers(Mutex<VecDeque<Entry>>);
 
 impl RecentAnswers {
-    fn get(&self, key: &str) -> Option<CompatOutcome> {
-        let list = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        list.iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, o)| o.clone())
+    fn list(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn put(&self, key: String, outcome: CompatOutcome) {
-        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        list.retain(|(k, _)| *k != key);
-        if list.len() >= RECENT_ANSWERS {
-            list.pop_front();
+    /// Bind `key` to `binding`, or check it against the binding it has: `Ok(Some)` the answer
+    /// already made, `Ok(None)` go on (new, or the same request still in flight), `Err` the
+    /// key belongs to another request.
+    fn claim(&self, key: &str, binding: &Binding) -> Result<Option<CompatOutcome>, BackendError> {
+        let mut list = self.list();
+        if let Some(e) = list.iter().find(|e| e.key == key) {
+            return if e.binding == *binding {
+                Ok(e.outcome.clone())
+            } else {
+                Err(reused(key))
+            };
         }
-        list.push_back((key, outcome));
+        Self::make_room(&mut list);
+        list.push_back(Entry {
+            key: key.to_string(),
+            binding: binding.clone(),
+            outcome: None,
+        });
+        Ok(None)
     }
+
+    /// Drop the oldest answered entry when full (the oldest of all when none is answered).
+    fn make_room(list: &mut VecDeque<Entry>) {
+        if list.len() < RECENT_ANSWERS {
+            return;
+        }
+        let at = list.iter().position(|e| e.outcome.is_some()).unwrap_or(0);
+        list.remove(at);
+    }
+
+    /// Forget a claim whose request was not accepted (nothing recorded: the key is free).
+    fn release(&self, key: &str, binding: &Binding) {
+        self.list()
+            .retain(|e| !(e.key == key && e.binding == *binding && e.outcome.is_none()));
+    }
+
+    #[cfg(test)]
+    fn get(&self, key: &str, binding: &Binding) -> Option<CompatOutcome> {
+        self.list()
+            .iter()
+            .find(|e| e.key == key && e.binding == *binding)
+            .and_then(|e| e.outcome.clone())
+    }
+
+    fn put(&self, key: &str, binding: &Binding, outcome: CompatOutcome) {
+        let mut list = self.list();
+        list.retain(|e| e.key != key);
+        Self::make_room(&mut list);
+        list.push_back(Entry {
+            key: key.to_string(),
+            binding: binding.clone(),
+            outcome: Some(outcome),
+        });
+    }
+}
+
+/// Whether intake `id` recorded in `lines` is the request bound by `binding`: its recorded
+/// digest is the same, or (an intake recorded before digests were) its text is `text`.
+/// `None` when `id` is not in the trail.
+pub fn recorded_matches(lines: &[TrailLine], id: &str, digest: &str, text: &str) -> Option<bool> {
+    lines.iter().find_map(|l| match &l.event {
+        Event::Intake(i) if i.id == id => Some(match &i.route {
+            Some(Route::Api(ApiRoute {
+                request_digest: Some(d),
+                ..
+            })) => d == digest,
+            _ => i.text == text,
+        }),
+        _ => None,
+    })
 }
 
 /// What the answer says besides the text: the id and `model` the client sees, and when.
@@ -182,8 +266,9 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
                     return Some(Finish::Reply {
                         text: text.clone(),
                         silent: m.silent,
-                        usage,
-                        cost_usd: cost,
+                        // Every cost row of the message, when recorded (sub-agents too).
+                        usage: m.message_usage.unwrap_or(usage),
+                        cost_usd: m.message_cost_usd.unwrap_or(cost),
                         truncated: m.stop_reason.as_deref() == Some("max_tokens"),
                         fallback: m.fallback_from.as_ref().map(|from| crate::llm::FellBack {
                             from: from.clone(),
@@ -217,6 +302,7 @@ impl DaemonBackend {
             request: r,
             session_header,
             idempotency_key,
+            body_digest,
             ..
         } = req;
         let id = match &idempotency_key {
@@ -228,11 +314,6 @@ impl DaemonBackend {
             model: r.model.clone(),
             created: chrono::Utc::now().timestamp(),
         };
-        if let Some(outcome) = idempotency_key.as_deref().and_then(|k| self.recent.get(k)) {
-            tracing::info!(id = %id, "compatible request answered again from its recorded answer");
-            return Ok(ready(id, outcome));
-        }
-        let stream = r.stream;
         let name = session_header.or(r.session.clone());
         let (key, from, one_off) = match name.as_deref().and_then(session_key) {
             Some(key) => {
@@ -241,11 +322,37 @@ impl DaemonBackend {
             }
             None => (one_off_key(idempotency_key.as_deref()), "api".into(), true),
         };
+        let binding = Binding {
+            session: key.clone(),
+            digest: body_digest,
+        };
+        if let Some(k) = idempotency_key.as_deref() {
+            if let Some(outcome) = self.recent.claim(k, &binding)? {
+                tracing::info!(id = %id, "compatible request answered again from its recorded answer");
+                return Ok(ready(id, outcome));
+            }
+            // After a restart the binding is the one recorded with the intake.
+            if self
+                .recorded_elsewhere(&key, &id, &binding.digest, &r.text)
+                .await
+            {
+                self.recent.release(k, &binding);
+                tracing::warn!(id = %id, session_key = %key, "Idempotency-Key reused for another request; refused");
+                return Err(reused(k));
+            }
+        }
+        let release = |e: BackendError| {
+            if let Some(k) = idempotency_key.as_deref() {
+                self.recent.release(k, &binding);
+            }
+            e
+        };
+        let stream = r.stream;
         let model = match ModelChoice::of(&r.model) {
             ModelChoice::Routed => None,
             ModelChoice::Named(name) if self.cfg.models.get(&name).is_some() => Some(name),
             ModelChoice::Named(name) => {
-                return Err(BackendError::NotFound(format!(
+                return Err(release(BackendError::NotFound(format!(
                     "model {:?} is not loaded: use \"agentd\" or one of {} (GET /v1/models)",
                     format!("agentd:{}", name.chars().take(60).collect::<String>()),
                     self.cfg
@@ -255,7 +362,7 @@ impl DaemonBackend {
                         .map(|n| format!("\"agentd:{n}\""))
                         .collect::<Vec<_>>()
                         .join(", ")
-                )));
+                ))));
             }
         };
         let attachments = {
@@ -274,7 +381,8 @@ impl DaemonBackend {
             let file_id = format!("api-{}", uuid::Uuid::now_v7());
             tokio::task::spawn_blocking(move || saver.save(&file_id, &list))
                 .await
-                .map_err(|e| BackendError::Internal(e.to_string()))??
+                .map_err(|e| release(BackendError::Internal(e.to_string())))?
+                .map_err(release)?
         };
         let intake = Intake {
             id: id.clone(),
@@ -289,20 +397,21 @@ impl DaemonBackend {
                 history: if one_off { r.history } else { Vec::new() },
                 options: r.options,
                 one_off,
+                request_digest: idempotency_key.as_ref().map(|_| binding.digest.clone()),
             })),
             notify_meta: None,
         };
-        let waiter = self.dispatcher.wait_for(&id);
+        let waiter = self.dispatcher.wait_in(&key, &id);
         let deltas = stream.then(|| {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            self.dispatcher.stream_to(&id, tx);
+            self.dispatcher.stream_to(&key, &id, tx);
             rx
         });
         let new = match self.intake.accept_new(&key, intake).await {
             Ok(new) => new,
             Err(e) => {
-                self.dispatcher.forget(&id);
-                return Err(backend_error(e));
+                self.dispatcher.forget(&key, &id);
+                return Err(release(backend_error(e)));
             }
         };
         let replay = if new {
@@ -313,7 +422,7 @@ impl DaemonBackend {
         if replay.is_some() {
             // Done already: nobody will be told again, so the waiter (and any sink) would
             // stay registered for good.
-            self.dispatcher.forget(&id);
+            self.dispatcher.forget(&key, &id);
         }
         let (tx, rx) = oneshot::channel();
         let recent = self.recent.clone();
@@ -329,7 +438,7 @@ impl DaemonBackend {
                 },
             };
             if let (Some(k), Ok(o)) = (idempotency_key, &outcome) {
-                recent.put(k, o.clone());
+                recent.put(&k, &binding, o.clone());
             }
             let _ = tx.send(outcome);
         });
@@ -342,6 +451,30 @@ impl DaemonBackend {
             }),
             deltas,
         })
+    }
+
+    /// Whether intake `id` is already recorded in session `key` for another request (another
+    /// body digest). Read from the trail only when the session has that id.
+    async fn recorded_elsewhere(&self, key: &str, id: &str, digest: &str, text: &str) -> bool {
+        let store = self.intake.store.clone();
+        let (key, id, digest, text) = (
+            key.to_string(),
+            id.to_string(),
+            digest.to_string(),
+            text.to_string(),
+        );
+        tokio::task::spawn_blocking(move || {
+            if !store.has_intake(&key, &id).ok()? {
+                return Some(false);
+            }
+            let session = store.get(&key).ok()??;
+            let lines = session.read_trail().ok()?;
+            recorded_matches(&lines, &id, &digest, &text).map(|same| !same)
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
     }
 
     /// The finish of intake `id` in session `key`'s trail, if it is done.
@@ -413,12 +546,75 @@ mod tests {
             kind: ErrorKind::Internal,
             message: m.into(),
         };
+        let b = bind("api:a", "d");
         for i in 0..RECENT_ANSWERS + 10 {
-            r.put(format!("k{i}"), o("x"));
+            r.put(&format!("k{i}"), &b, o("x"));
         }
-        assert!(r.get("k0").is_none());
-        assert!(r.get(&format!("k{}", RECENT_ANSWERS + 9)).is_some());
+        assert!(r.get("k0", &b).is_none());
+        assert!(r.get(&format!("k{}", RECENT_ANSWERS + 9), &b).is_some());
         assert_eq!(r.0.lock().unwrap().len(), RECENT_ANSWERS);
+    }
+
+    fn bind(session: &str, digest: &str) -> Binding {
+        Binding {
+            session: session.into(),
+            digest: digest.into(),
+        }
+    }
+
+    #[test]
+    fn a_key_is_bound_to_its_session_and_body() {
+        let r = RecentAnswers::default();
+        let first = bind("api:alice", "d1");
+        assert!(matches!(r.claim("k", &first), Ok(None)), "new");
+        assert!(matches!(r.claim("k", &first), Ok(None)), "in flight");
+        for other in [bind("api:alice", "d2"), bind("api:bob", "d1")] {
+            assert!(
+                matches!(r.claim("k", &other), Err(BackendError::Conflict(_))),
+                "{other:?}"
+            );
+        }
+        let answer = CompatOutcome::Failed {
+            kind: ErrorKind::Internal,
+            message: "alice's answer".into(),
+        };
+        r.put("k", &first, answer.clone());
+        assert_eq!(r.claim("k", &first).ok().flatten(), Some(answer));
+        assert!(r.claim("k", &bind("api:bob", "d1")).is_err());
+        // A claim whose request was not accepted frees the key.
+        assert!(matches!(r.claim("k2", &first), Ok(None)));
+        r.release("k2", &first);
+        assert!(matches!(r.claim("k2", &bind("api:bob", "d3")), Ok(None)));
+    }
+
+    #[test]
+    fn the_recorded_digest_decides_after_a_restart() {
+        let intake = |digest: Option<&str>| {
+            line(
+                1,
+                Event::Intake(Intake {
+                    id: "k".into(),
+                    source: Source::Api,
+                    from: "alice".into(),
+                    text: "hello".into(),
+                    tier: None,
+                    attachments: vec![],
+                    route: Some(Route::Api(ApiRoute {
+                        request_digest: digest.map(str::to_string),
+                        ..ApiRoute::default()
+                    })),
+                    notify_meta: None,
+                }),
+            )
+        };
+        let lines = vec![intake(Some("d1"))];
+        assert_eq!(recorded_matches(&lines, "k", "d1", "x"), Some(true));
+        assert_eq!(recorded_matches(&lines, "k", "d2", "hello"), Some(false));
+        assert_eq!(recorded_matches(&lines, "other", "d1", "x"), None);
+        // Recorded before digests were: the text decides.
+        let old = vec![intake(None)];
+        assert_eq!(recorded_matches(&old, "k", "d2", "hello"), Some(true));
+        assert_eq!(recorded_matches(&old, "k", "d2", "bye"), Some(false));
     }
 
     fn line(seq: u64, event: Event) -> TrailLine {

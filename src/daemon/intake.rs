@@ -568,7 +568,7 @@ impl IntakeSink for IntakeHandler {
             let id = intake.id.clone();
             let done = self.dispatcher.wait_for(&id);
             if let Err(e) = IntakeHandler::accept(self, key, intake).await {
-                self.dispatcher.forget(&id);
+                self.dispatcher.forget(key, &id);
                 return Err(e);
             }
             Ok(done.await.ok())

@@ -307,7 +307,8 @@ impl Services {
         // Sub-agents run through the agent's loop.
         spawn.connect(Arc::new(agent.clone()));
         let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
-            .map_err(|e| DaemonError::Startup(e.to_string()))?;
+            .map_err(|e| DaemonError::Startup(e.to_string()))?
+            .observed(metrics.clone(), monitor.clone());
         let deps = DispatcherDeps {
             cfg: live.clone(),
             runner: Arc::new(agent),

@@ -209,17 +209,25 @@ impl Dispatcher {
 
     /// Be told when intake `id` is done. Register before submitting.
     pub fn wait_for(&self, id: &str) -> oneshot::Receiver<Completion> {
-        self.after.waiters.wait_for(id)
+        self.after.waiters.wait_for(None, id)
     }
 
-    /// Drop a waiter whose message was never accepted.
-    pub fn forget(&self, id: &str) {
-        self.after.waiters.forget(id)
+    /// [`Self::wait_for`], told only about intake `id` of session `key` (the compatible
+    /// endpoints: a client's `Idempotency-Key` may be reused in another session).
+    pub fn wait_in(&self, key: &str, id: &str) -> oneshot::Receiver<Completion> {
+        self.after.waiters.wait_for(Some(key), id)
     }
 
-    /// Stream the answer to intake `id` into `sink` (the compatible endpoints, SPEC §17).
-    pub fn stream_to(&self, id: &str, sink: crate::llm::DeltaSink) {
-        self.after.waiters.stream_to(id, sink)
+    /// Drop the waiters of intake `id` of session `key` when its message was never accepted
+    /// (or was answered already).
+    pub fn forget(&self, key: &str, id: &str) {
+        self.after.waiters.forget(key, id)
+    }
+
+    /// Stream the answer to intake `id` of session `key` into `sink` (the compatible
+    /// endpoints, SPEC §17).
+    pub fn stream_to(&self, key: &str, id: &str, sink: crate::llm::DeltaSink) {
+        self.after.waiters.stream_to(key, id, sink)
     }
 
     /// Cancel the message in flight for `key` (Telegram `/stop`). Returns whether one ran.
@@ -346,7 +354,7 @@ impl Dispatcher {
                             break;
                         }
                         let ids = work.ids();
-                        work.deltas = self.after.waiters.stream_of(&ids);
+                        work.deltas = self.after.waiters.stream_of(&key, &ids);
                         let one_off = work.api().is_some_and(|a| a.one_off);
                         let ran = self.run_message(&key, &mut state, work).await;
                         if let Ok(Some(session)) = &ran
@@ -372,7 +380,11 @@ impl Dispatcher {
                                 cause: crate::agent::FailCause::Other,
                             };
                             let session_id = String::new();
-                            (self.after.waiters).complete(&ids, Completion { session_id, finish });
+                            (self.after.waiters).complete(
+                                &key,
+                                &ids,
+                                Completion { session_id, finish },
+                            );
                         }
                     }
                     Job::Reset { reason } => {

@@ -76,26 +76,55 @@ impl Invalid {
     }
 }
 
+/// The most items of any list in one message or top-level field: a message's content parts
+/// above all (text, images, audio). Each parsed part costs far more memory than its JSON
+/// text, so the cap is checked while parsing, not after.
+pub const MAX_PARTS: usize = 400;
+
+/// A request body's top level, parsed without building its messages: each message stays a
+/// slice of the body until [`message_value`] parses it, so parsing holds one message at a
+/// time besides the body (a ~10 MB body of 270,000 parts as one `Value` took 25 times its
+/// size).
+pub struct RequestObject<'a> {
+    /// Every field but `messages`, parsed ([`MAX_PARTS`] items per list at most).
+    pub fields: serde_json::Map<String, serde_json::Value>,
+    /// `messages` as JSON text, when present.
+    pub messages: Option<&'a serde_json::value::RawValue>,
+    /// `model` (required, at most 256 bytes).
+    pub model: String,
+}
+
 /// The start both wire formats share: `body` as a JSON object, refused when it asks for
 /// client-side tools (`tool_fields`, the format's own names for them: the agent runs its own),
 /// and its `model` (required, at most 256 bytes).
-pub fn request_object(
-    body: &[u8],
+pub fn request_object<'a>(
+    body: &'a [u8],
     tool_fields: &[&str],
-) -> Result<(serde_json::Map<String, serde_json::Value>, String), Invalid> {
+) -> Result<RequestObject<'a>, Invalid> {
     use serde_json::Value;
-    let v: Value = serde_json::from_slice(body).map_err(|e| Invalid {
-        param: None,
-        message: format!("the body is not valid JSON: {e}"),
-    })?;
-    let Value::Object(o) = v else {
-        return Err(Invalid {
+    use serde_json::value::RawValue;
+    let top: std::collections::BTreeMap<String, &RawValue> =
+        serde_json::from_slice(body).map_err(|e| Invalid {
             param: None,
-            message: "the body must be a JSON object".into(),
-        });
-    };
+            message: if e.classify() == serde_json::error::Category::Data {
+                "the body must be a JSON object".into()
+            } else {
+                format!("the body is not valid JSON: {e}")
+            },
+        })?;
+    let mut fields = serde_json::Map::new();
+    let mut messages = None;
+    for (name, raw) in top {
+        if name == "messages" {
+            messages = Some(raw);
+            continue;
+        }
+        let v = bounded_value(raw).map_err(|m| Invalid::new(&name, m))?;
+        fields.insert(name, v);
+    }
     for f in tool_fields {
-        if o.get(*f)
+        if fields
+            .get(*f)
             .is_some_and(|v| !v.is_null() && v != &Value::Array(vec![]))
         {
             return Err(Invalid::new(
@@ -106,7 +135,7 @@ pub fn request_object(
             ));
         }
     }
-    let model = match o.get("model") {
+    let model = match fields.get("model") {
         Some(Value::String(m)) if !m.is_empty() && m.len() <= 256 => m.clone(),
         _ => {
             return Err(Invalid::new(
@@ -115,7 +144,161 @@ pub fn request_object(
             ));
         }
     };
-    Ok((o, model))
+    Ok(RequestObject {
+        fields,
+        messages,
+        model,
+    })
+}
+
+/// `messages` as a list of 1 to [`MAX_MESSAGES`] unparsed messages (one pointer each).
+pub fn message_list(
+    raw: Option<&serde_json::value::RawValue>,
+) -> Result<Vec<&serde_json::value::RawValue>, Invalid> {
+    let bad_count = || {
+        Invalid::new(
+            "messages",
+            format!("`messages` must hold 1 to {MAX_MESSAGES} messages"),
+        )
+    };
+    let raw = raw.ok_or_else(|| Invalid::new("messages", "`messages` must be an array"))?;
+    let list: Capped<&serde_json::value::RawValue, MAX_MESSAGES> = serde_json::from_str(raw.get())
+        .map_err(|e| {
+            if e.to_string().starts_with(TOO_MANY) {
+                bad_count()
+            } else {
+                Invalid::new("messages", "`messages` must be an array")
+            }
+        })?;
+    if list.0.is_empty() {
+        return Err(bad_count());
+    }
+    Ok(list.0)
+}
+
+/// Message `at` parsed, refused when a list in it (its content parts) has more than
+/// [`MAX_PARTS`] items.
+pub fn message_value(
+    raw: &serde_json::value::RawValue,
+    at: &str,
+) -> Result<serde_json::Value, Invalid> {
+    bounded_value(raw).map_err(|m| Invalid::new(at, m))
+}
+
+/// The start of the error of a list over its cap.
+const TOO_MANY: &str = "more than ";
+
+/// `raw` as a `Value` whose lists have at most [`MAX_PARTS`] items (the parse stops at the
+/// first one over it).
+fn bounded_value(raw: &serde_json::value::RawValue) -> Result<serde_json::Value, String> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    Bounded.deserialize(&mut de).map_err(|e| {
+        let text = e.to_string();
+        if text.starts_with(TOO_MANY) {
+            format!(
+                "a message may have at most {MAX_PARTS} content parts (and any list in a request at most {MAX_PARTS} items); send fewer, larger parts"
+            )
+        } else {
+            format!("not valid JSON: {text}")
+        }
+    })
+}
+
+/// Builds a `serde_json::Value`, refusing any list of more than [`MAX_PARTS`] items.
+struct Bounded;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Bounded {
+    type Value = serde_json::Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Bounded {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element_seed(Bounded)? {
+            if items.len() == MAX_PARTS {
+                return Err(serde::de::Error::custom(format!(
+                    "{TOO_MANY}{MAX_PARTS} items in a list"
+                )));
+            }
+            items.push(v);
+        }
+        Ok(serde_json::Value::Array(items))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            let v = map.next_value_seed(Bounded)?;
+            out.insert(k, v);
+        }
+        Ok(serde_json::Value::Object(out))
+    }
+}
+
+/// A list of at most `N` items, refused at item `N + 1` while parsing.
+struct Capped<T, const N: usize>(Vec<T>);
+
+impl<'de, T: serde::Deserialize<'de>, const N: usize> serde::Deserialize<'de> for Capped<T, N> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T, const N: usize>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>, const N: usize> serde::de::Visitor<'de> for V<T, N> {
+            type Value = Capped<T, N>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "a list of at most {N} items")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(v) = seq.next_element()? {
+                    if items.len() == N {
+                        return Err(serde::de::Error::custom(format!(
+                            "{TOO_MANY}{N} items in a list"
+                        )));
+                    }
+                    items.push(v);
+                }
+                Ok(Capped(items))
+            }
+        }
+        d.deserialize_seq(V(std::marker::PhantomData))
+    }
 }
 
 /// What the model choice in `model` means.
@@ -172,6 +355,8 @@ pub enum ErrorKind {
     NotFound,
     /// 408: the answer did not come within `call_timeout_seconds`; the work goes on.
     Timeout,
+    /// 409: an `Idempotency-Key` reused for another request (another body or session).
+    Conflict,
     /// 413
     TooLarge,
     /// 429: the queue is full; nothing was recorded, a retry may succeed.
@@ -196,6 +381,7 @@ impl ErrorKind {
             ErrorKind::Authentication => 401,
             ErrorKind::NotFound => 404,
             ErrorKind::Timeout => 408,
+            ErrorKind::Conflict => 409,
             ErrorKind::TooLarge => 413,
             ErrorKind::Busy | ErrorKind::Budget => 429,
             ErrorKind::Internal => 500,
@@ -211,6 +397,7 @@ impl ErrorKind {
             401 | 403 => ErrorKind::Authentication,
             404 => ErrorKind::NotFound,
             408 => ErrorKind::Timeout,
+            409 => ErrorKind::Conflict,
             413 => ErrorKind::TooLarge,
             429 => ErrorKind::Busy,
             502 => ErrorKind::Upstream,

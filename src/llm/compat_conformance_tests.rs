@@ -68,6 +68,7 @@ const KINDS: &[ErrorKind] = &[
     ErrorKind::Authentication,
     ErrorKind::NotFound,
     ErrorKind::Timeout,
+    ErrorKind::Conflict,
     ErrorKind::TooLarge,
     ErrorKind::Busy,
     ErrorKind::Budget,

@@ -88,12 +88,17 @@ impl Embedder {
         session_id: &str,
         retry: bool,
     ) -> Result<Vec<Vec<f32>>, MemoryError> {
-        if let Some(ledger) = &self.ledger {
-            ledger
-                .gate()
-                .await
-                .map_err(|e| MemoryError::Embed(format!("call not made: {e}")))?;
-        }
+        // Against the spend of the session's message in flight, under its call gate (held
+        // until the cost is recorded).
+        let permit = match &self.ledger {
+            Some(ledger) => Some(
+                ledger
+                    .check_call(session_id)
+                    .await
+                    .map_err(|e| MemoryError::Embed(format!("call not made: {e}")))?,
+            ),
+            None => None,
+        };
         let on_event = |e: LlmEvent| {
             if let LlmEvent::RetryWait { attempt, error, .. } = e {
                 tracing::debug!(attempt, %error, "embeddings call retrying");
@@ -113,6 +118,7 @@ impl Embedder {
                 .record(session_id, &outcome.model, CallType::Embedding, usage)
                 .await;
         }
+        drop(permit);
         let mut vectors = outcome.embeddings.vectors;
         vectors.iter_mut().for_each(|v| normalize(v));
         Ok(vectors)

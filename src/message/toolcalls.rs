@@ -6,6 +6,9 @@
 //! accept: an id and a name matching `^[A-Za-z0-9_-]{1,64}$`, ids unique within the session,
 //! and an input that is a JSON object. Whatever breaks that is rewritten here, before the
 //! answer is recorded, and the calls that cannot be run as asked get an error result instead.
+//! The inputs of one answer are also bounded in size ([`MAX_ANSWER_INPUT_BYTES`]): a 1 MB
+//! input stored as it came would be sent again with every later request, over the model's
+//! context window, and fail each of them until a reset.
 
 use std::collections::HashSet;
 
@@ -18,6 +21,11 @@ pub const INVALID_NAME: &str = "invalid_tool_name";
 
 /// The prefix of ids the daemon gives calls whose own id was invalid or taken.
 const ID_PREFIX: &str = "call_agentd_";
+
+/// The most bytes (as JSON) the inputs of one answer's calls may have together. A call whose
+/// input does not fit in what is left is stored with `{}` and answered with an error instead
+/// of being run. About 64k tokens: a third of a 200k context window.
+pub const MAX_ANSWER_INPUT_BYTES: usize = 256 * 1024;
 
 /// At most this many characters of a rejected name are quoted back to the model.
 const MAX_QUOTED_NAME: usize = 80;
@@ -47,7 +55,9 @@ pub fn is_valid_token(s: &str) -> bool {
 ///   fresh `call_agentd_<n>` unique in both (the first use of a valid id keeps it);
 /// - an invalid name becomes [`INVALID_NAME`], and the call an error result;
 /// - a `null` input becomes `{}` (a call of a tool without arguments); any other input that is
-///   not a JSON object becomes `{}`, and the call an error result.
+///   not a JSON object becomes `{}`, and the call an error result;
+/// - an input that does not fit in what is left of [`MAX_ANSWER_INPUT_BYTES`] for this answer
+///   becomes `{}`, and the call an error result.
 ///
 /// Returns one entry per changed call (empty when the answer was already well formed). A
 /// result that answers a call refers to its stored (rewritten) id, since results are built
@@ -70,19 +80,24 @@ pub fn normalise(calls: &mut [ToolCall], history: &[Message]) -> Vec<Rewrite> {
     // rewritten).
     let mut fresh = FreshIds::new(history.iter().flat_map(Message::tool_calls).chain(&*calls));
     let mut rewrites = Vec::new();
+    let mut room = MAX_ANSWER_INPUT_BYTES;
     for (index, call) in calls.iter_mut().enumerate() {
-        rewrites.extend(normalise_call(call, index, &mut taken, &mut fresh));
+        rewrites.extend(normalise_call(
+            call, index, &mut taken, &mut fresh, &mut room,
+        ));
     }
     rewrites
 }
 
 /// Apply the rules of [`normalise`] to one call: `taken` holds the ids used before it (its
-/// own is added), `fresh` hands out new ones. `None` when the call was already well formed.
+/// own is added), `fresh` hands out new ones, `room` is what is left of the answer's input
+/// bytes (this call's are taken from it). `None` when the call was already well formed.
 fn normalise_call(
     call: &mut ToolCall,
     index: usize,
     taken: &mut HashSet<String>,
     fresh: &mut FreshIds,
+    room: &mut usize,
 ) -> Option<Rewrite> {
     let mut rewrite = Rewrite {
         index,
@@ -120,6 +135,22 @@ fn normalise_call(
             }
         }
     }
+    let size = json_size(&call.arguments);
+    if size > *room {
+        call.arguments = Value::Object(serde_json::Map::new());
+        if rewrite.refusal.is_none() {
+            rewrite.refusal = Some(format!(
+                "error: the input of this call was {size} bytes of JSON, more than the \
+                 {MAX_ANSWER_INPUT_BYTES} bytes the calls of one answer may have together \
+                 ({room} were left), so the call was not run and its input was not kept. \
+                 Send less in one call: split large content over several calls in separate \
+                 answers.",
+                room = *room
+            ));
+        }
+    } else {
+        *room -= size;
+    }
     let changed = rewrite.original_id.is_some()
         || rewrite.original_name.is_some()
         || rewrite.refusal.is_some();
@@ -138,6 +169,12 @@ pub fn repair_history(messages: &mut [Message]) -> usize {
             && is_valid_token(&c.name)
             && c.arguments.is_object()
             && seen.insert(c.id.as_str())
+    }) && messages.iter().all(|m| {
+        m.tool_calls()
+            .iter()
+            .map(|c| json_size(&c.arguments))
+            .sum::<usize>()
+            <= MAX_ANSWER_INPUT_BYTES
     });
     if well_formed {
         return 0;
@@ -151,9 +188,10 @@ pub fn repair_history(messages: &mut [Message]) -> usize {
         match m {
             Message::Assistant { tool_calls, .. } => {
                 renamed.clear();
+                let mut room = MAX_ANSWER_INPUT_BYTES;
                 for (i, call) in tool_calls.iter_mut().enumerate() {
                     let old = call.id.clone();
-                    if normalise_call(call, i, &mut taken, &mut fresh).is_some() {
+                    if normalise_call(call, i, &mut taken, &mut fresh, &mut room).is_some() {
                         changed += 1;
                     }
                     renamed.push((old, call.id.clone()));
@@ -211,6 +249,25 @@ fn quote(s: &str) -> String {
     q
 }
 
+/// The length of `v` written as compact JSON, counted without building the text.
+fn json_size(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    match serde_json::to_writer(&mut n, v) {
+        Ok(()) => n.0,
+        Err(_) => usize::MAX,
+    }
+}
+
 fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -242,6 +299,65 @@ mod tests {
             thinking: vec![],
             usage: None,
         }
+    }
+
+    #[test]
+    fn an_oversized_input_is_stored_as_an_empty_object_and_refused() {
+        let big = "x".repeat(1_000_000);
+        let mut calls = vec![
+            call("t1", "read", json!({"path": "a"})),
+            call("t2", "memory_write", json!({"entity": "A", "value": big})),
+            call("t3", "read", json!({"path": "b"})),
+        ];
+        let rw = normalise(&mut calls, &[]);
+        assert_eq!(rw.len(), 1, "{rw:?}");
+        assert_eq!(rw[0].index, 1);
+        let refusal = rw[0].refusal.as_deref().unwrap();
+        assert!(
+            refusal.contains("not run") && refusal.contains("1000025 bytes"),
+            "{refusal}"
+        );
+        assert_eq!(calls[1].arguments, json!({}));
+        assert_eq!(calls[2].arguments, json!({"path": "b"}), "the rest run");
+    }
+
+    #[test]
+    fn the_inputs_of_one_answer_share_one_bound() {
+        let quarter = "x".repeat(MAX_ANSWER_INPUT_BYTES / 3);
+        let mut calls: Vec<ToolCall> = (0..4)
+            .map(|i| call(&format!("t{i}"), "write", json!({"content": quarter})))
+            .collect();
+        let rw = normalise(&mut calls, &[]);
+        let refused: Vec<usize> = rw.iter().map(|r| r.index).collect();
+        assert_eq!(refused, [2, 3], "the calls past the bound: {rw:?}");
+        let stored: usize = calls.iter().map(|c| json_size(&c.arguments)).sum();
+        assert!(stored <= MAX_ANSWER_INPUT_BYTES, "{stored}");
+        // Each answer has its own bound.
+        let history = vec![assistant(calls)];
+        let mut next = vec![call("u1", "write", json!({"content": quarter}))];
+        assert!(normalise(&mut next, &history).is_empty());
+    }
+
+    #[test]
+    fn a_history_with_an_oversized_input_is_repaired() {
+        let mut history = vec![
+            assistant(vec![call(
+                "t1",
+                "tts",
+                json!({"text": "y".repeat(1_000_000)}),
+            )]),
+            Message::ToolResults {
+                results: vec![crate::message::ToolResult {
+                    tool_call_id: "t1".into(),
+                    content: "error".into(),
+                    is_error: true,
+                }],
+                notice: None,
+            },
+        ];
+        assert_eq!(repair_history(&mut history), 1);
+        assert_eq!(history[0].tool_calls()[0].arguments, json!({}));
+        assert_eq!(history[0].tool_calls()[0].id, "t1");
     }
 
     #[test]

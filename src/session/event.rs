@@ -212,6 +212,11 @@ pub struct ApiRoute {
     /// consolidated into long-term memory.
     #[serde(default, skip_serializing_if = "is_false")]
     pub one_off: bool,
+    /// SHA-256 (hex) of the request body, for a request with an `Idempotency-Key`: a retry
+    /// is answered from this message only when its body has the same digest, also after a
+    /// restart. Absent in trails written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_digest: Option<String>,
 }
 
 /// The key prefix of one-off sessions of the compatible endpoints (SPEC §17).
@@ -255,6 +260,14 @@ pub struct MessageEvent {
     /// Assistant only, with `fallback_from`: why that model did not answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_reason: Option<String>,
+    /// Final assistant message only: what the whole message cost, every cost row billed to it
+    /// (its calls, its sub-agents', compactions, embeddings): what its reply reports. Absent
+    /// in trails written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_cost_usd: Option<f64>,
+    /// Final assistant message only: the tokens of those rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_usage: Option<crate::message::Usage>,
 }
 
 impl MessageEvent {
@@ -273,6 +286,8 @@ impl MessageEvent {
             cost_usd: None,
             fallback_from: None,
             fallback_reason: None,
+            message_cost_usd: None,
+            message_usage: None,
         }
     }
 }
@@ -354,6 +369,7 @@ mod tests {
                     ..Default::default()
                 },
                 one_off: true,
+                request_digest: Some("ab12".into()),
             })),
             notify_meta: None,
         }));

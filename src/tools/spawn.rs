@@ -18,6 +18,11 @@ use crate::llm::ToolSpec;
 /// Turn limit of a sub-agent.
 pub const MAX_SUBAGENT_TURNS: u32 = 20;
 
+/// `sessions_spawn` calls run per model answer; the rest of the answer's spawn calls get an
+/// error result. With [`MAX_SUBAGENT_TURNS`] this bounds what one answer can start:
+/// 4 × 20 model calls.
+pub const MAX_SPAWNS_PER_ANSWER: usize = 4;
+
 /// Which tools a sub-agent may see and call: never `sessions_spawn` nor a tool of
 /// `[tools] subagent_deny`, and only those of the call's `tools` list when it gave one.
 #[derive(Debug, Clone, PartialEq)]

@@ -56,6 +56,10 @@ impl Speaker {
         }
         let voice = voice.unwrap_or(&self.cfg.voice);
         let max = usize::try_from(self.cfg.max_audio_bytes).unwrap_or(usize::MAX);
+        // The budget, under the call gate of the session's message in flight (held until the
+        // cost is recorded).
+        let permit = (self.ledger.check_call(session_id).await)
+            .map_err(|e| format!("speech not made: {e}"))?;
         let (speech, spec) = self
             .llm
             .speak(model, text, voice, max)
@@ -64,6 +68,7 @@ impl Speaker {
         self.ledger
             .record_audio(session_id, &spec, AudioCall::Speech { chars })
             .await;
+        drop(permit);
         let path = self
             .inbox
             .join(format!("tts-{}.ogg", uuid::Uuid::now_v7().simple()));

@@ -435,10 +435,9 @@ fn a_kill_9_during_a_streamed_request_resumes_the_message_after_restart() {
     d.start();
     let outcome = crate::support::e2e::wait_outcome(&d, "api:crash", "crash-1");
     assert_eq!(outcome["text"], "Answered after the restart");
-    // The client's retry with the same Idempotency-Key, to the new process: answered from the
-    // trail, not recorded or sent to the model again.
-    let mut retry = body.clone();
-    retry["stream"] = json!(false);
+    // The client's retry with the same Idempotency-Key and the same body, to the new process:
+    // answered from the trail, not recorded or sent to the model again.
+    let retry = body.clone();
     let answer = RawStream::post(
         port,
         "/v1/messages",
@@ -499,5 +498,189 @@ fn a_spent_budget_is_429_and_the_sdks_do_not_retry_it() {
         .count();
     assert_eq!(intakes, 3, "each request recorded once, none retried");
     assert_eq!(fake.requests().len(), 1, "no call made over budget");
+    assert!(d.sigterm().success());
+}
+
+/// A reused `Idempotency-Key` is bound to its session and the digest of its body: a reuse
+/// with another body or another session is 409 in the endpoint's envelope, never another
+/// request's answer, also after a restart (the digest is recorded with the intake); the same
+/// request again is still answered from its message.
+#[test]
+fn a_reused_idempotency_key_with_another_body_or_session_is_409() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    fake.push(Reply::text("Answer for alice"));
+    fake.push(Reply::text("Answer for the one-off"));
+    let (mut d, base) = daemon(&fake, "");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let body =
+        |text: &str| json!({"model": "agentd", "messages": [{"role": "user", "content": text}]});
+    let post = |session: Option<&str>, key: &str, b: &Value| {
+        let mut h = vec![("Idempotency-Key", key)];
+        if let Some(s) = session {
+            h.push(("X-Agentd-Session", s));
+        }
+        RawStream::post(port, "/v1/chat/completions", &h, b).rest()
+    };
+    let first = post(Some("alice"), "shared-1", &body("alice's secret question"));
+    assert!(first.contains("Answer for alice"), "{first}");
+    let conflicts = [
+        (
+            "another body",
+            post(Some("alice"), "shared-1", &body("a different question")),
+        ),
+        (
+            "another session",
+            post(
+                Some("mallory"),
+                "shared-1",
+                &body("alice's secret question"),
+            ),
+        ),
+        (
+            "a one-off",
+            post(None, "shared-1", &body("alice's secret question")),
+        ),
+    ];
+    for (what, answer) in &conflicts {
+        eprintln!("{what}: {}", answer.lines().next().unwrap_or(""));
+        assert!(answer.starts_with("HTTP/1.1 409"), "{what}: {answer}");
+        assert!(!answer.contains("Answer for alice"), "{what}: {answer}");
+        assert!(answer.contains("Idempotency-Key"), "{what}: {answer}");
+        assert!(
+            answer.contains(r#""error""#),
+            "the OpenAI envelope: {answer}"
+        );
+    }
+    let once = post(None, "once-1", &body("a one-off question"));
+    assert!(once.contains("Answer for the one-off"), "{once}");
+    let other = post(None, "once-1", &body("another one-off question"));
+    assert!(other.starts_with("HTTP/1.1 409"), "{other}");
+    assert_eq!(
+        fake.requests().len(),
+        2,
+        "no conflicting request reached the model"
+    );
+    // The same request again is answered from its message.
+    let again = post(Some("alice"), "shared-1", &body("alice's secret question"));
+    assert!(again.contains("Answer for alice"), "{again}");
+    // After a restart the binding is read back from the trail.
+    assert!(d.sigterm().success());
+    d.start();
+    wait_until(Duration::from_secs(20), "HTTP status", || {
+        http_get(port, "/api/v1/status").filter(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    let after = post(Some("alice"), "shared-1", &body("a different question"));
+    eprintln!("after a restart: {}", after.lines().next().unwrap_or(""));
+    assert!(after.starts_with("HTTP/1.1 409"), "{after}");
+    assert!(!after.contains("Answer for alice"), "{after}");
+    let again = post(Some("alice"), "shared-1", &body("alice's secret question"));
+    assert!(again.contains("Answer for alice"), "{again}");
+    assert_eq!(fake.requests().len(), 2);
+    let intakes = d
+        .trail("api:alice")
+        .into_iter()
+        .filter(|l| l["type"] == "intake")
+        .count();
+    assert_eq!(intakes, 1);
+    assert!(d.sigterm().success());
+}
+
+/// `VmHWM` or `VmRSS` of process `pid`, in bytes.
+fn vm(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("{field} not in /proc/{pid}/status"));
+    let kb: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A chat-completions body of `messages` user messages of `parts` text parts each.
+fn parts_body(messages: usize, parts: usize) -> String {
+    let part = r#"{"type":"text","text":"aaaaaaaaaa"}"#;
+    let content = vec![part; parts].join(",");
+    let message = format!(r#"{{"role":"user","content":[{content}]}}"#);
+    format!(
+        r#"{{"model":"agentd","messages":[{}]}}"#,
+        vec![message.as_str(); messages].join(",")
+    )
+}
+
+/// POST `body` (already JSON text) to `/v1/chat/completions`; the whole answer.
+fn post_raw(port: u16, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Item 12 of the third security round: a ~10 MB request of 270,000 content parts. A message
+/// may have at most 400 parts (400 naming the limit), and parsing such a body raises the
+/// daemon's peak RSS by at most 3× the body size, and the RSS comes back down.
+#[test]
+fn a_request_of_270_000_content_parts_is_refused_within_3x_its_size_in_memory() {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let (mut d, base) = daemon(&fake, "");
+    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+    let pid = d.pid().unwrap();
+    let body = parts_body(1, 270_000);
+    let reset_peak = || std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    reset_peak();
+    let before = vm(pid, "VmRSS");
+    let answer = post_raw(port, &body);
+    let (peak, after) = (vm(pid, "VmHWM"), vm(pid, "VmRSS"));
+    let status = answer.lines().next().unwrap_or("").to_string();
+    eprintln!(
+        "one message of 270,000 parts, body {} bytes: {status}; RSS before {} MB, peak {} MB (+{} MB, {:.1}x the body), after {} MB",
+        body.len(),
+        before >> 20,
+        peak >> 20,
+        (peak - before) >> 20,
+        (peak - before) as f64 / body.len() as f64,
+        after >> 20
+    );
+    assert!(answer.starts_with("HTTP/1.1 400"), "{status}");
+    assert!(answer.contains("400 content parts"), "{answer}");
+    assert!(
+        peak - before <= 3 * body.len() as u64,
+        "peak RSS grew by {} bytes for a body of {}",
+        peak - before,
+        body.len()
+    );
+    assert!(
+        after <= before + body.len() as u64,
+        "RSS stays up: {after} after, {before} before"
+    );
+    // Within the caps (400 parts a message, 675 messages): still within 3x while parsed.
+    let body = parts_body(675, 400);
+    fake.set_responder(|_| Some(Reply::text("ok")));
+    reset_peak();
+    let before = vm(pid, "VmRSS");
+    let answer = post_raw(port, &body);
+    let peak = vm(pid, "VmHWM");
+    eprintln!(
+        "675 messages of 400 parts, body {} bytes: {}; RSS before {} MB, peak {} MB (+{} MB, {:.1}x the body)",
+        body.len(),
+        answer.lines().next().unwrap_or(""),
+        before >> 20,
+        peak >> 20,
+        (peak - before) >> 20,
+        (peak - before) as f64 / body.len() as f64,
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(d.sigterm().success());
 }

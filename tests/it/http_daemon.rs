@@ -335,6 +335,12 @@ pub(crate) mod reqwest {
                 b: self.b.json(v),
             }
         }
+        pub fn header(self, k: &str, v: &str) -> Self {
+            Req {
+                rt: self.rt,
+                b: self.b.header(k, v),
+            }
+        }
         pub fn send(self) -> Result<Resp<'a>> {
             let r = self.rt.block_on(self.b.send())?;
             Ok(Resp { rt: self.rt, r })
@@ -354,4 +360,172 @@ pub(crate) mod reqwest {
             self.rt.block_on(self.r.text())
         }
     }
+}
+
+/// `(rows, cost, input tokens, output tokens)` of the cost rows billed to `session_id`.
+fn rows_of(d: &TestDaemon, session_id: &str) -> (i64, f64, i64, i64) {
+    let conn = rusqlite::Connection::open(d.state_dir.join("agentd.db")).unwrap();
+    conn.query_row(
+        "SELECT COUNT(*), COALESCE(SUM(cost_usd), 0), COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0) FROM costs WHERE session_id = ?1",
+        [session_id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )
+    .unwrap()
+}
+
+/// A fake provider for the fan-out attack: the main agent's first answer is 40
+/// `sessions_spawn` calls, each sub-agent calls a tool on every turn, and the main agent
+/// answers "done" once it has results. Every call costs 1000 input and 100 output tokens
+/// ($0.0045 at the test prices).
+fn fan_out_provider() -> FakeLlm {
+    let fake = FakeLlm::spawn(Wire::Anthropic);
+    let usage = Usage::new(1000, 100, 0, 0);
+    fake.set_responder(move |r| {
+        let sub = r["system"]
+            .to_string()
+            .contains("sub-agent working for the main agent");
+        let has_results = r["messages"].to_string().contains("tool_result");
+        Some(if sub {
+            Reply::ToolCalls {
+                text: None,
+                calls: vec![("s1".into(), "session_status".into(), json!({}))],
+                usage,
+            }
+        } else if has_results {
+            Reply::Text {
+                text: "done".into(),
+                usage,
+            }
+        } else {
+            Reply::ToolCalls {
+                text: None,
+                calls: (0..40)
+                    .map(|i| {
+                        let args = json!({"prompt": format!("task {i}")});
+                        (format!("p{i}"), "sessions_spawn".to_string(), args)
+                    })
+                    .collect(),
+                usage,
+            }
+        })
+    });
+    fake
+}
+
+fn http_daemon(fake: &FakeLlm, extra: &str) -> (TestDaemon, String) {
+    let port = free_port();
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[http]\nenabled = true\nport = {port}\n{extra}",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_HTTP_TOKEN", "test-token-123");
+    d.start();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::blocking_client();
+    wait_until(Duration::from_secs(20), "HTTP status", || {
+        client
+            .get(format!("{base}/api/v1/status"))
+            .send()
+            .ok()
+            .filter(|r| r.status() == 200)
+            .map(|_| ())
+    });
+    (d, base)
+}
+
+/// Item 7 of the third security round: one answer with 40 `sessions_spawn` calls. At most
+/// `MAX_SPAWNS_PER_ANSWER` (4) sub-agents run, the rest get an error result; the reply's
+/// `cost_usd` and tokens (and the compatible endpoint's usage) are the sum of every cost row
+/// of the message, sub-agents included.
+#[test]
+fn a_fan_out_of_40_sub_agents_is_capped_and_billed_in_the_reply() {
+    let fake = fan_out_provider();
+    let (d, base) = http_daemon(&fake, "");
+    let client = reqwest::blocking_client();
+    let body: Value = client
+        .post(format!("{base}/api/v1/chat"))
+        .bearer_auth("test-token-123")
+        .json(&json!({"message": "fan out", "sender": "fan"}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let calls = fake.requests().len();
+    let sid = body["session_id"].as_str().unwrap();
+    let (rows, cost, input, output) = rows_of(&d, sid);
+    eprintln!(
+        "40 spawns: {calls} provider calls, {rows} cost rows of ${cost:.4}; the reply says ${} and {}",
+        body["cost_usd"], body["tokens"]
+    );
+    assert_eq!(body["reply"], "done", "{body}");
+    assert!(calls <= 2 + 4 * 20, "{calls} provider calls");
+    assert_eq!(rows as usize, calls);
+    assert!(
+        (body["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-9,
+        "the reply's cost {} is not the rows' {cost}",
+        body["cost_usd"]
+    );
+    assert_eq!(body["tokens"]["input"], input);
+    assert_eq!(body["tokens"]["output"], output);
+    let results = d
+        .trail("http-fan")
+        .into_iter()
+        .find(|l| l["results"].is_array())
+        .unwrap();
+    let refused = results["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["is_error"] == true && r["content"].as_str().unwrap().contains("at most 4"))
+        .count();
+    assert_eq!(refused, 36, "{results}");
+
+    // The compatible endpoint reports the same sum as its usage.
+    let before = fake.requests().len();
+    let answer: Value = client
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("test-token-123")
+        .header("X-Agentd-Session", "fan2")
+        .json(&json!({"model": "agentd", "messages": [{"role": "user", "content": "fan out"}]}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let sid = d.session_id("api:fan2").unwrap();
+    let (rows, _, input, output) = rows_of(&d, &sid);
+    eprintln!(
+        "compatible endpoint: {} calls, {rows} rows, usage {}",
+        fake.requests().len() - before,
+        answer["usage"]
+    );
+    assert_eq!(answer["usage"]["prompt_tokens"], input, "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], output, "{answer}");
+}
+
+/// Item 7: with a per-message budget B, parallel sub-agents each check the budget before
+/// every call, one at a time: the message costs at most B plus one call.
+#[test]
+fn parallel_sub_agents_stop_within_one_call_of_the_per_message_budget() {
+    const B: f64 = 0.05;
+    const CALL: f64 = 0.0045;
+    let fake = fan_out_provider();
+    let (d, base) = http_daemon(&fake, &format!("[budget]\nper_message_usd = {B}\n"));
+    let body: Value = reqwest::blocking_client()
+        .post(format!("{base}/api/v1/chat"))
+        .bearer_auth("test-token-123")
+        .json(&json!({"message": "fan out", "sender": "tight"}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let sid = d.session_id("http-tight").unwrap();
+    let (rows, cost, _, _) = rows_of(&d, &sid);
+    eprintln!(
+        "per-message budget ${B}: {rows} calls cost ${cost:.4} (bound ${:.4}); answer: {body}",
+        B + CALL
+    );
+    assert!(cost <= B + CALL + 1e-9, "${cost} spent on a ${B} budget");
 }

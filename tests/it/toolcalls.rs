@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{agentd_toml, daemon_with, fifo_write, provider_toml, wait_outcome};
-use crate::support::fake_llm::{FakeLlm, Reply, Wire};
+use crate::support::fake_llm::{FakeLlm, Reply, Wire, last_user_text};
 use crate::support::provider_spec::{assert_valid, is_valid_token};
 
 fn kind(wire: Wire) -> &'static str {
@@ -302,4 +302,66 @@ fn a_hundred_exec_calls_run_at_most_max_parallel_calls_at_once() {
         .collect();
     let max = counts.iter().copied().max().unwrap();
     assert!(max <= CAP, "{max} commands ran at once: {counts:?}");
+}
+
+/// Item 11 of the third security round (SPEC §16.9): one tool call whose input is 1 MB (a
+/// `memory_write` value, far over its schema) must not break the session. The provider here
+/// refuses a request over 512 KB as a real one refuses a prompt over its context window: the
+/// oversized input is stored cut to a stub and the call answered with an error, so the next
+/// message's request stays small and works.
+#[test]
+fn a_1_mb_tool_input_does_not_break_the_session() {
+    const LIMIT: usize = 512 * 1024;
+    for wire in [Wire::Anthropic, Wire::OpenAi] {
+        let fake = FakeLlm::spawn(wire);
+        // 1 MB: under [behavior] max_reply_bytes (1 MiB), so the answer is accepted.
+        let huge = "x".repeat(1_000_000);
+        fake.push(Reply::tool_calls(vec![(
+            "t1",
+            "memory_write",
+            json!({"entity": "Anna", "attribute": "notes", "value": huge}),
+        )]));
+        fake.set_responder(|req| {
+            let size = req.to_string().len();
+            if size > LIMIT {
+                return Some(Reply::error(
+                    400,
+                    format!("prompt is too long: {size} bytes > {LIMIT} maximum"),
+                ));
+            }
+            let last = last_user_text(req);
+            Some(Reply::text(if last.contains("and again") {
+                "second done"
+            } else {
+                "first done"
+            }))
+        });
+        let d = daemon_with(&fake, kind(wire));
+        let first = send(&d, "big", "b1", "remember this");
+        eprintln!("{wire:?} message 1: {}", first["type"]);
+        let results = last_results(&d, "big");
+        assert_eq!(results.len(), 1, "{results:?}");
+        assert!(
+            results[0].2,
+            "the call is answered with an error: {results:?}"
+        );
+        let second = send(&d, "big", "b2", "and again");
+        let sizes: Vec<usize> = fake
+            .requests()
+            .iter()
+            .map(|r| r.to_string().len())
+            .collect();
+        eprintln!("{wire:?} request sizes: {sizes:?}");
+        assert_eq!(second["type"], "message", "message 2 failed: {second}");
+        assert_eq!(second["text"], "second done");
+        for r in &fake.requests()[1..] {
+            assert_valid(wire, r);
+        }
+        let stored = serde_json::to_string(&d.trail("big")).unwrap();
+        assert!(
+            stored.len() < LIMIT,
+            "the trail holds {} bytes",
+            stored.len()
+        );
+    }
 }

@@ -25,7 +25,11 @@ const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "mcp_servers"];
 /// `stop_sequences`, `service_tier`, …) are ignored; fields it cannot honour are refused with
 /// the reason.
 pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
-    let (o, model) = compat::request_object(body, TOOL_FIELDS)?;
+    let compat::RequestObject {
+        fields: o,
+        messages,
+        model,
+    } = compat::request_object(body, TOOL_FIELDS)?;
     let stream = match o.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -79,27 +83,16 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         None | Some(Value::Null) => None,
         Some(s) => Some(text_blocks(s, "system")?),
     };
-    let Some(Value::Array(messages)) = o.get("messages") else {
-        return Err(Invalid::new("messages", "`messages` must be an array"));
-    };
-    if messages.is_empty() || messages.len() > compat::MAX_MESSAGES {
-        return Err(Invalid::new(
-            "messages",
-            format!(
-                "`messages` must hold 1 to {} messages",
-                compat::MAX_MESSAGES
-            ),
-        ));
-    }
+    let messages = compat::message_list(messages)?;
     let mut turns: Vec<(Message, Vec<CompatAttachment>)> = Vec::new();
-    for (i, m) in messages.iter().enumerate() {
+    for (i, raw) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
-        let Value::Object(m) = m else {
+        let Value::Object(m) = compat::message_value(raw, &at)? else {
             return Err(Invalid::new(at, "each message must be an object"));
         };
         match m.get("role").and_then(Value::as_str) {
             Some("user") => {
-                let (text, images) = content(m, &at, true)?;
+                let (text, images) = content(&m, &at, true)?;
                 let mut blocks = vec![UserBlock::Text { text }];
                 for _ in &images {
                     blocks.push(UserBlock::Text {
@@ -109,7 +102,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
                 turns.push((Message::User { content: blocks }, images));
             }
             Some("assistant") => {
-                let (text, _) = content(m, &at, false)?;
+                let (text, _) = content(&m, &at, false)?;
                 turns.push((compat::assistant_text(text), Vec::new()));
             }
             _ => {
@@ -366,7 +359,9 @@ pub fn error_body(kind: ErrorKind, message: &str) -> Vec<u8> {
 
 fn error_type(kind: ErrorKind) -> &'static str {
     match kind {
-        ErrorKind::InvalidRequest | ErrorKind::TooLarge => "invalid_request_error",
+        ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::Conflict => {
+            "invalid_request_error"
+        }
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::Timeout => "timeout_error",
@@ -465,6 +460,23 @@ mod tests {
 
     fn parse(v: Value) -> Result<CompatRequest, Invalid> {
         parse_request(&serde_json::to_vec(&v).unwrap())
+    }
+
+    #[test]
+    fn a_message_or_the_system_text_may_have_at_most_400_blocks() {
+        let blocks = vec![json!({"type": "text", "text": "a"}); compat::MAX_PARTS + 1];
+        let e = parse(json!({"model": "agentd", "max_tokens": 10, "messages": [
+            {"role": "user", "content": blocks}
+        ]}))
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0]"), "{e:?}");
+        assert!(e.message.contains("at most 400 content parts"), "{e:?}");
+        let e = parse(
+            json!({"model": "agentd", "max_tokens": 10, "system": blocks,
+                             "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("system"), "{e:?}");
     }
 
     #[test]

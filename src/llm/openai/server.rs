@@ -26,7 +26,11 @@ const CLIENT_TOOL_FIELDS: &[&str] = &["tools", "functions", "tool_choice", "func
 /// `stop`, penalties, `store`, `metadata`, …) are ignored; fields it cannot honour are
 /// refused with the reason.
 pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
-    let (o, model) = compat::request_object(body, CLIENT_TOOL_FIELDS)?;
+    let compat::RequestObject {
+        fields: o,
+        messages,
+        model,
+    } = compat::request_object(body, CLIENT_TOOL_FIELDS)?;
     if let Some(n) = o.get("n").filter(|n| !n.is_null())
         && n.as_u64() != Some(1)
     {
@@ -77,23 +81,12 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
             "`reasoning` belongs to the Responses API; on chat completions use `reasoning_effort`",
         ));
     }
-    let Some(Value::Array(messages)) = o.get("messages") else {
-        return Err(Invalid::new("messages", "`messages` must be an array"));
-    };
-    if messages.is_empty() || messages.len() > compat::MAX_MESSAGES {
-        return Err(Invalid::new(
-            "messages",
-            format!(
-                "`messages` must hold 1 to {} messages",
-                compat::MAX_MESSAGES
-            ),
-        ));
-    }
+    let messages = compat::message_list(messages)?;
     let mut system = Vec::new();
     let mut turns: Vec<(Message, Vec<CompatAttachment>)> = Vec::new();
-    for (i, m) in messages.iter().enumerate() {
+    for (i, raw) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
-        let Value::Object(m) = m else {
+        let Value::Object(m) = compat::message_value(raw, &at)? else {
             return Err(Invalid::new(at, "each message must be an object"));
         };
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
@@ -461,6 +454,7 @@ pub fn error_body(kind: ErrorKind, message: &str, param: Option<&str>) -> Vec<u8
         ErrorKind::Authentication => ("authentication_error", Some("invalid_api_key")),
         ErrorKind::NotFound => ("invalid_request_error", Some("not_found")),
         ErrorKind::Timeout => ("timeout_error", Some("timeout")),
+        ErrorKind::Conflict => ("invalid_request_error", Some("idempotency_key_reused")),
         ErrorKind::Busy => ("rate_limit_error", Some("rate_limit_exceeded")),
         ErrorKind::Budget => ("insufficient_quota", Some("insufficient_quota")),
         ErrorKind::Upstream => ("server_error", Some("upstream_error")),
@@ -734,6 +728,28 @@ mod tests {
         // An empty tools list asks for nothing.
         assert!(parse(json!({"model": "agentd", "messages": msgs, "tools": []})).is_ok());
         assert!(parse_request(b"{").is_err());
+    }
+
+    #[test]
+    fn a_message_may_have_at_most_400_content_parts() {
+        let parts = |n: usize| {
+            json!({"model": "agentd", "messages": [
+                {"role": "user", "content": vec![json!({"type": "text", "text": "a"}); n]}
+            ]})
+        };
+        assert!(parse(parts(compat::MAX_PARTS)).is_ok());
+        let e = parse(parts(compat::MAX_PARTS + 1)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0]"), "{e:?}");
+        assert!(e.message.contains("at most 400 content parts"), "{e:?}");
+        let many = vec![json!({"role": "user", "content": "hi"}); compat::MAX_MESSAGES + 1];
+        let e = parse(json!({"model": "agentd", "messages": many})).unwrap_err();
+        assert!(e.message.contains("1 to 1000 messages"), "{e:?}");
+        let e = parse(json!({"model": "agentd", "messages": []})).unwrap_err();
+        assert!(e.message.contains("1 to 1000 messages"), "{e:?}");
+        let e = parse(json!({"model": "agentd", "messages": "hi"})).unwrap_err();
+        assert!(e.message.contains("must be an array"), "{e:?}");
+        let e = parse_request(b"[1]").unwrap_err();
+        assert!(e.message.contains("must be a JSON object"), "{e:?}");
     }
 
     fn reply() -> CompatReply {
