@@ -175,6 +175,14 @@ pub fn render(out: &ExecOutput, timeout: Duration) -> String {
 }
 
 impl Tool for ExecTool {
+    /// A command may read anything: it waits for the writes before it in its answer.
+    fn effects(&self, _args: &Value, _ctx: &ToolContext) -> super::effects::Effects {
+        super::effects::Effects {
+            reads: super::effects::Reads::All,
+            writes: Vec::new(),
+        }
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "exec".into(),

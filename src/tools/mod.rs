@@ -6,6 +6,7 @@ pub mod approval;
 pub mod arg_schema;
 pub mod assemble;
 pub mod edit;
+pub mod effects;
 pub mod exec;
 pub mod fs;
 pub mod mcp;
@@ -54,6 +55,12 @@ pub trait Tool: Send + Sync {
     /// `Invalid` and `Denied` errors are the tool's own checks and are not wrapped.
     fn untrusted_output(&self) -> bool {
         false
+    }
+    /// What a call with `args` reads and writes on disk, so that the calls of one answer that
+    /// touch the same paths run in the order the model wrote them (`effects::waits_for`).
+    /// Default: nothing.
+    fn effects(&self, _args: &Value, _ctx: &ToolContext) -> effects::Effects {
+        effects::Effects::default()
     }
     /// Run the tool. Arguments were already validated against `spec().input_schema`.
     fn call<'a>(
