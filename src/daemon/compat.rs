@@ -291,6 +291,7 @@ impl DaemonBackend {
                 one_off,
             })),
             notify_meta: None,
+            relayed_from: None,
         };
         let waiter = self.dispatcher.wait_for(&id);
         let deltas = stream.then(|| {

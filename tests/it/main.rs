@@ -29,6 +29,7 @@ mod process_hardening;
 mod provider_limits;
 mod reload;
 mod retention;
+mod schedule_isolation;
 mod session_control;
 mod session_index;
 mod snapshots;
