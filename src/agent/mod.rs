@@ -573,10 +573,7 @@ impl Agent {
             session_key: session.key.clone(),
             workspace: self.cfg.agent.workspace.clone(),
             allowed_paths: self.cfg.tools.allowed_paths.clone(),
-            protected: crate::tools::paths::Protected::new(
-                self.cfg.paths.state_dir.clone(),
-                self.cfg.config_dir.clone(),
-            ),
+            protected: crate::tools::paths::Protected::from_config(&self.cfg),
             status: Arc::new(status::LoopStatus {
                 db: self.ledger.db().clone(),
                 tz: self.cfg.agent.timezone.clone(),

@@ -26,6 +26,7 @@ mod memory;
 mod metrics;
 mod outbox;
 mod process_hardening;
+mod prompt_files;
 mod provider_limits;
 mod reload;
 mod retention;
