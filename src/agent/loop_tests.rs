@@ -250,6 +250,7 @@ fn work(text: &str) -> Work {
             attachments: vec![],
             route: None,
             notify_meta: None,
+            relayed_from: None,
         }],
         resume: false,
         deltas: None,

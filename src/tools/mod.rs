@@ -160,6 +160,7 @@ mod tests {
             max_scheduled: 0,
             max_delay: Duration::from_secs(1),
             max_parallel_calls: 8,
+            writable_context: vec![],
             web_search_key: None,
         }
     }

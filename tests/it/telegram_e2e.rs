@@ -290,11 +290,12 @@ fn scheduled_message_survives_restart_and_is_delivered_once() {
         1,
         "{sent:?}"
     );
+    // Scheduled by the session "ops" for the contact's conversation: marked as ops's words.
     let trail = d.trail("Alice");
     assert!(
         trail
             .iter()
-            .any(|l| l["final"] == true && l["text"] == "Reminder: stretch!"),
+            .any(|l| l["final"] == true && l["text"] == "[from session ops] Reminder: stretch!"),
         "{trail:#?}"
     );
     wait_until(WAIT, "delivery done record", || {
