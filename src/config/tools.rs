@@ -14,6 +14,8 @@ use super::walker::{Section, closest};
 /// these; MCP tools are governed by their server's `tools` list.
 pub const BUILTIN_TOOLS: &[&str] = &[
     "read",
+    "list",
+    "glob",
     "write",
     "edit",
     "exec",

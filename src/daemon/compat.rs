@@ -605,6 +605,7 @@ mod tests {
                         ..ApiRoute::default()
                     })),
                     notify_meta: None,
+                    relayed_from: None,
                 }),
             )
         };

@@ -9,6 +9,7 @@ pub mod edit;
 pub mod effects;
 pub mod exec;
 pub mod fs;
+pub mod listing;
 pub mod mcp;
 pub mod memory;
 pub mod messaging;
@@ -124,6 +125,8 @@ pub struct SessionStatus {
 pub fn builtin_tools(cfg: &crate::config::ToolsConfig) -> Vec<Arc<dyn Tool>> {
     let all: Vec<Arc<dyn Tool>> = vec![
         Arc::new(fs::ReadTool::new()),
+        Arc::new(listing::ListTool),
+        Arc::new(listing::GlobTool),
         Arc::new(write::WriteTool::new()),
         Arc::new(edit::EditTool::new()),
         Arc::new(web::WebFetchTool::new(
@@ -173,7 +176,15 @@ mod tests {
     fn builtin_tools_default_to_all() {
         assert_eq!(
             names(&builtin_tools(&cfg(None))),
-            ["read", "write", "edit", "web_fetch", "session_status"]
+            [
+                "read",
+                "list",
+                "glob",
+                "write",
+                "edit",
+                "web_fetch",
+                "session_status"
+            ]
         );
     }
 
@@ -186,7 +197,7 @@ mod tests {
             .filter(|t| t.untrusted_output())
             .map(|t| t.spec().name)
             .collect();
-        assert_eq!(flagged, ["read", "web_fetch"]);
+        assert_eq!(flagged, ["read", "list", "glob", "web_fetch"]);
     }
 
     #[test]
@@ -202,7 +213,15 @@ mod tests {
             .expect("built-in schemas compile");
         assert_eq!(
             reg.names(),
-            ["edit", "read", "session_status", "web_fetch", "write"]
+            [
+                "edit",
+                "glob",
+                "list",
+                "read",
+                "session_status",
+                "web_fetch",
+                "write"
+            ]
         );
     }
 }

@@ -52,6 +52,7 @@ pub fn resolve_allowed(
     let joined = if Path::new(path).is_absolute() {
         PathBuf::from(path)
     } else {
+        repeated_workspace_name(path, workspace)?;
         workspace.join(path)
     };
     let resolved = resolve_lenient(&joined).map_err(|e| match e {
@@ -80,6 +81,32 @@ pub fn resolve_allowed(
     Err(ToolError::Denied(format!(
         "path '{path}' is outside the allowed paths{shown}; allowed: {}",
         describe_roots(allowed)
+    )))
+}
+
+/// A relative path whose first component is the workspace's own name (`workspace/notes.txt`
+/// for the workspace `…/workspace`) and no such directory in it: the model meant a path
+/// inside the workspace, and would create a nested folder. The error names the likely path.
+fn repeated_workspace_name(path: &str, workspace: &Path) -> Result<(), ToolError> {
+    let mut parts = Path::new(path).components();
+    let (Some(std::path::Component::Normal(first)), Some(name)) =
+        (parts.next(), workspace.file_name())
+    else {
+        return Ok(());
+    };
+    if first != name || workspace.join(first).is_dir() {
+        return Ok(());
+    }
+    let rest = parts.as_path();
+    let meant = if rest.as_os_str().is_empty() {
+        ".".to_string()
+    } else {
+        rest.display().to_string()
+    };
+    Err(ToolError::Invalid(format!(
+        "path '{path}' starts with the workspace's own name, but relative paths already start in \
+         the workspace ({}); did you mean '{meant}'?",
+        workspace.display()
     )))
 }
 
@@ -666,6 +693,21 @@ mod tests {
         fn resolve(&self, path: &str) -> Result<PathBuf, ToolError> {
             resolve_allowed(path, &self.ws, std::slice::from_ref(&self.ws))
         }
+    }
+
+    #[test]
+    fn a_path_repeating_the_workspace_name_names_the_meant_one() {
+        let f = Fixture::new();
+        let e = f.resolve("ws/notes.txt").unwrap_err();
+        assert!(
+            matches!(&e, ToolError::Invalid(m) if m.contains("did you mean 'notes.txt'")),
+            "{e}"
+        );
+        assert!(f.resolve("ws").is_err());
+        // A real subdirectory of that name is a path like any other.
+        std::fs::create_dir_all(f.ws.join("ws")).unwrap();
+        assert!(f.resolve("ws/notes.txt").is_ok());
+        assert!(f.resolve("sub/file.txt").is_ok());
     }
 
     fn assert_denied(result: Result<PathBuf, ToolError>) {

@@ -95,9 +95,16 @@ fn an_empty_answer_twice_fails_the_message() {
     );
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 2, "asked again once");
-    let last = reqs[1]["messages"].as_array().unwrap().last().unwrap().clone();
+    let last = reqs[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
     assert!(
-        last["content"].to_string().contains("Your last answer was empty"),
+        last["content"]
+            .to_string()
+            .contains("Your last answer was empty"),
         "{last}"
     );
 }
@@ -124,8 +131,15 @@ fn silence_is_offered_to_system_events_only() {
     assert_eq!(fin["text"], "The capital of France is Paris.");
     let reqs = fake.requests();
     let system_of = |r: &Value| r["messages"][0]["content"].to_string();
-    assert!(system_of(&reqs[0]).contains("NO_REPLY"), "{}", system_of(&reqs[0]));
-    assert!(!reqs[1].to_string().contains("NO_REPLY"), "no silence for a question");
+    assert!(
+        system_of(&reqs[0]).contains("NO_REPLY"),
+        "{}",
+        system_of(&reqs[0])
+    );
+    assert!(
+        !reqs[1].to_string().contains("NO_REPLY"),
+        "no silence for a question"
+    );
 }
 
 /// `write` then `read` of the same file in one answer: the read sees the write.
@@ -149,7 +163,10 @@ fn a_write_then_read_in_one_answer_run_in_order() {
     let fin = wait_outcome(&d, "max", "wr1");
     assert_eq!(fin["text"], "Saved and checked.");
     let results = fake.requests()[1].to_string();
-    assert!(results.contains("milk, eggs"), "the read saw the write: {results}");
+    assert!(
+        results.contains("milk, eggs"),
+        "the read saw the write: {results}"
+    );
 }
 
 /// The tool schemas reach the provider in the dialect of the shipped llama.cpp file: no
