@@ -541,9 +541,11 @@ fn revoked_token_turns_telegram_red_and_the_daemon_runs_on() {
     d.start();
 
     let client = reqwest::blocking_client();
+    // The alert is a detail of the status: it needs the token.
     let status = wait_until(WAIT, "Telegram red in /api/v1/status", || {
         client
             .get(format!("http://127.0.0.1:{port}/api/v1/status"))
+            .bearer_auth("tok")
             .send()
             .ok()
             .and_then(|r| r.json::<serde_json::Value>().ok())
