@@ -19,6 +19,7 @@ mod file_tools;
 mod http_api;
 mod http_daemon;
 mod intake_limits;
+mod local_model;
 mod markdown_corpus;
 mod mcp;
 mod mcp_hostile;
