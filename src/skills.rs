@@ -80,7 +80,9 @@ pub fn parse_skill(text: &str) -> Result<(String, String, Vec<String>, String), 
 }
 
 /// Every `<dir>/*/SKILL.md`, sorted by name (a stable order: the index is part of the prompt
-/// cache). Broken skills are logged and skipped; duplicate names keep the first.
+/// cache). Broken skills are logged and skipped; duplicate names keep the first. A skill
+/// directory or a `SKILL.md` that is a symlink is skipped with a warning: it could bring text
+/// from anywhere into the system prompt (issue "Security, third round", item 10).
 pub fn scan(dir: &Path) -> Vec<Skill> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -88,8 +90,7 @@ pub fn scan(dir: &Path) -> Vec<Skill> {
     let mut skills: Vec<Skill> = Vec::new();
     let mut paths: Vec<PathBuf> = entries
         .filter_map(Result::ok)
-        .map(|e| e.path().join("SKILL.md"))
-        .filter(|p| p.is_file())
+        .filter_map(|e| skill_file(&e.path()))
         .collect();
     paths.sort();
     for path in paths {
@@ -119,6 +120,27 @@ pub fn scan(dir: &Path) -> Vec<Skill> {
     }
     skills.sort_by(|a, b| a.name.cmp(&b.name));
     skills
+}
+
+/// `<entry>/SKILL.md` when `entry` is a real directory holding a regular `SKILL.md`; a
+/// symlink on the way is logged and refused, anything else ignored.
+fn skill_file(entry: &Path) -> Option<PathBuf> {
+    let is_link = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+    if is_link(entry) {
+        tracing::warn!(path = %entry.display(), "skill skipped: its directory is a symlink (copy the skill into the skills directory instead)");
+        return None;
+    }
+    if !entry.is_dir() {
+        return None;
+    }
+    let file = entry.join("SKILL.md");
+    if is_link(&file) {
+        tracing::warn!(path = %file.display(), "skill skipped: SKILL.md is a symlink (copy the file instead)");
+        return None;
+    }
+    std::fs::symlink_metadata(&file)
+        .is_ok_and(|m| m.is_file())
+        .then_some(file)
 }
 
 /// The loaded skills, replaceable at runtime (SIGHUP/SIGUSR1).
@@ -307,5 +329,33 @@ mod tests {
         );
         write_skill(d.path(), "g", "---\nname: gamma\ndescription: G\n---\ng");
         assert_eq!(set.rescan(), 3);
+    }
+
+    /// Issue "Security, third round", item 10: a skill directory or a SKILL.md that is a
+    /// symlink (here to a directory outside the skills directory) is not loaded.
+    #[test]
+    fn symlinked_skills_are_skipped() {
+        let d = tempfile::tempdir().unwrap();
+        let skills = d.path().join("skills");
+        let outside = d.path().join("outside");
+        write_skill(
+            &skills,
+            "real",
+            "---\nname: real\ndescription: R\n---\nreal body",
+        );
+        write_skill(
+            &outside,
+            "evil",
+            "---\nname: evil\ndescription: E\n---\nINJECTED",
+        );
+        std::os::unix::fs::symlink(outside.join("evil"), skills.join("linked-dir")).unwrap();
+        std::fs::create_dir_all(skills.join("linked-file")).unwrap();
+        std::os::unix::fs::symlink(
+            outside.join("evil/SKILL.md"),
+            skills.join("linked-file/SKILL.md"),
+        )
+        .unwrap();
+        let names: Vec<String> = scan(&skills).into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["real"]);
     }
 }

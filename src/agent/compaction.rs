@@ -400,7 +400,7 @@ impl Agent {
         let files = self.cfg.agent.context.files_for(tier);
         let skills_text = self.skills.semi_stable_text(skills_off);
         let system = tokio::task::spawn_blocking(move || {
-            prompt::system_blocks(&workspace, &files, &skills_text)
+            prompt::system_blocks(&workspace, &files, "", &skills_text)
         })
         .await
         .unwrap_or_default();

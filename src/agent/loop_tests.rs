@@ -250,6 +250,7 @@ fn work(text: &str) -> Work {
             attachments: vec![],
             route: None,
             notify_meta: None,
+            relayed_from: None,
         }],
         resume: false,
         deltas: None,
@@ -675,4 +676,45 @@ async fn the_per_message_budget_counts_a_compaction_in_the_message() {
     );
     assert!(reqs[1].tools.is_empty(), "the summary call has no tools");
     assert_eq!(f.cost_rows().await, [("primary-model".to_string(), 3)]);
+}
+
+/// An empty answer is asked again once, with a nudge the model reads as the last user turn;
+/// an answer after it is the reply, and the empty one left no message in the history.
+#[tokio::test]
+async fn an_empty_answer_is_asked_again_once() {
+    let primary = Scripted::new(vec![Say::Text("  \n"), Say::Text("here it is")]);
+    let f = fixture(&primary, None, |_| {});
+    let (finish, state) = f.run("hi").await;
+    let Finish::Reply { text, cost_usd, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert_eq!(text, "here it is");
+    // Both calls are billed to the message.
+    assert!((cost_usd - 2.0 * CALL_USD).abs() < 1e-12, "{cost_usd}");
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 2);
+    match reqs[1].messages.last() {
+        Some(Message::User { content }) => assert!(
+            matches!(&content[0], crate::message::UserBlock::Text { text } if text == run::EMPTY_ANSWER_NUDGE),
+            "{content:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // user turn, nudge, answer: no empty assistant message.
+    assert_eq!(state.messages.len(), 3, "{:?}", state.messages);
+}
+
+/// Two empty answers: the message fails (the failure path: the sender is told, the trail
+/// has a failure, `agent-send --wait` exits non-zero).
+#[tokio::test]
+async fn two_empty_answers_fail_the_message() {
+    let primary = Scripted::new(vec![Say::Text("")]);
+    let f = fixture(&primary, None, |_| {});
+    let (finish, _) = f.run("hi").await;
+    let Finish::Failed { error, cause, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert!(error.contains("empty text twice"), "{error}");
+    assert_eq!(cause, FailCause::Model);
+    assert_eq!(primary.requests().len(), 2);
 }

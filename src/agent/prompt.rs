@@ -15,20 +15,30 @@ use crate::llm::{SystemBlock, SystemTier};
 /// System blocks for a tier: one stable block and one semi_stable block, each the tier's files
 /// as `--- NAME ---` + content, in the configured order. Missing files are skipped (logged at
 /// debug); an empty tier gives no block.
-/// `extra_semi` (the skills index and `always_on` skill bodies) is appended to the
+/// `extra_stable` (the silence rule of sources where silence is an answer, [`silence_rule`])
+/// ends the stable block; `extra_semi` (the skills index and `always_on` skill bodies) the
 /// semi_stable block.
-pub fn system_blocks(workspace: &Path, files: &TierFiles, extra_semi: &str) -> Vec<SystemBlock> {
+pub fn system_blocks(
+    workspace: &Path,
+    files: &TierFiles,
+    extra_stable: &str,
+    extra_semi: &str,
+) -> Vec<SystemBlock> {
     let mut out = Vec::new();
     for (tier, names) in [
         (SystemTier::Stable, &files.stable),
         (SystemTier::SemiStable, &files.semi_stable),
     ] {
         let mut text = render_files(workspace, names);
-        if tier == SystemTier::SemiStable && !extra_semi.is_empty() {
+        let extra = match tier {
+            SystemTier::Stable => extra_stable,
+            SystemTier::SemiStable => extra_semi,
+        };
+        if !extra.is_empty() {
             if !text.is_empty() {
                 text.push_str("\n\n");
             }
-            text.push_str(extra_semi);
+            text.push_str(extra);
         }
         if !text.is_empty() {
             out.push(SystemBlock { tier, text });
@@ -64,7 +74,6 @@ pub struct DynamicContext<'a> {
     pub source: &'a str,
     pub from: &'a str,
     pub max_turns: u32,
-    pub silent_tokens: &'a [String],
     /// Bodies of skills whose trigger appears in this message.
     pub skills: &'a [crate::skills::Skill],
     /// The conversation is near its compaction threshold: tell the agent once (SPEC §15).
@@ -95,14 +104,6 @@ impl DynamicContext<'_> {
             }
             _ => "a message from an unknown source.",
         };
-        let silent = if self.silent_tokens.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "If nothing needs to be said, reply with exactly one of: {} (such replies are not delivered).",
-                self.silent_tokens.join(", ")
-            )
-        };
         let mut skills = String::new();
         for s in self.skills {
             skills.push_str(&format!(
@@ -128,7 +129,7 @@ impl DynamicContext<'_> {
             String::new()
         };
         format!(
-            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{}\n{instructions}{near}{recall}{skills}</agentd-context>",
+            "<agentd-context>\nCurrent time: {} ({})\nSource: {} — {}\nSender: {}\nLimits: at most {} model calls for this message.\n{instructions}{near}{recall}{skills}</agentd-context>",
             self.now
                 .with_timezone(self.tz)
                 .format("%a, %d. %b %Y - %H:%M %Z"),
@@ -137,14 +138,45 @@ impl DynamicContext<'_> {
             framing,
             self.from,
             self.max_turns,
-            silent,
         )
     }
 }
 
-/// A reply that starts or ends with a silent token as a whole word is not delivered (SPEC §5.7).
+/// Whether silence is an answer to a message from `source`: a system event (a heartbeat, a
+/// notification, a schedule) may need no reply; a person or a client asking does.
+pub fn silence_allowed(source: &str) -> bool {
+    source == "system"
+}
+
+/// The rule the stable prompt of a session where silence is an answer ends with: stated once
+/// there, not in every user turn (small models took a per-turn reminder as an invitation to
+/// stay silent).
+pub fn silence_rule(tokens: &[String]) -> String {
+    let tokens: Vec<&str> = tokens
+        .iter()
+        .map(String::as_str)
+        .filter(|t| !t.is_empty())
+        .collect();
+    match tokens.as_slice() {
+        [] => String::new(),
+        [one] => format!(
+            "--- Silence ---\nMessages here are system events. When one needs no answer and no \
+             action, reply with exactly {one} (such replies are not delivered)."
+        ),
+        many => format!(
+            "--- Silence ---\nMessages here are system events. When one needs no answer and no \
+             action, reply with exactly one of: {} (such replies are not delivered).",
+            many.join(", ")
+        ),
+    }
+}
+
+/// A reply that starts or ends with a silent token as a whole word is not delivered (SPEC §5.7),
+/// also when a model wrapped it (`<json>{"name": "NO_REPLY"}</json>`, a code fence, quotes,
+/// emphasis).
 pub fn is_silent(text: &str, tokens: &[String]) -> bool {
-    let t = text.trim();
+    let unwrapped = unwrap_token(text);
+    let t = unwrapped.trim();
     tokens.iter().filter(|tok| !tok.is_empty()).any(|tok| {
         let starts = t
             .strip_prefix(tok.as_str())
@@ -154,6 +186,41 @@ pub fn is_silent(text: &str, tokens: &[String]) -> bool {
             .is_some_and(|rest| !rest.chars().next_back().is_some_and(is_word_char));
         starts || ends
     })
+}
+
+/// `text` without the wrappers models put around a lone token: `<json>`/`<response>` tags, a
+/// code fence, quotes, backticks, asterisks, and a JSON object or string holding only it
+/// (`{"name": "NO_REPLY"}`, `{"reply": "NO_REPLY"}`); other text as it is.
+fn unwrap_token(text: &str) -> std::borrow::Cow<'_, str> {
+    let mut t = text.trim();
+    for _ in 0..4 {
+        let before = t;
+        for (open, close) in [("<json>", "</json>"), ("<response>", "</response>")] {
+            if let Some(inner) = t.strip_prefix(open).and_then(|r| r.strip_suffix(close)) {
+                t = inner.trim();
+            }
+        }
+        if let Some(inner) = t.strip_prefix("```").and_then(|r| r.strip_suffix("```")) {
+            let inner = inner.trim_start_matches(|c: char| c.is_ascii_alphanumeric());
+            t = inner.trim();
+        }
+        t = t
+            .trim_matches(|c| matches!(c, '"' | '\'' | '`' | '*' | '_'))
+            .trim();
+        if t == before {
+            break;
+        }
+    }
+    if t.starts_with('{')
+        && let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(t)
+        && o.len() <= 2
+    {
+        let strings: Vec<&str> = o.values().filter_map(|v| v.as_str()).collect();
+        if let [only] = strings.as_slice() {
+            return std::borrow::Cow::Owned(only.to_string());
+        }
+    }
+    std::borrow::Cow::Borrowed(t)
 }
 
 fn is_word_char(c: char) -> bool {
@@ -166,6 +233,34 @@ mod tests {
 
     fn toks() -> Vec<String> {
         vec!["HEARTBEAT_OK".into(), "NO_REPLY".into()]
+    }
+
+    #[test]
+    fn wrapped_tokens_are_silent_and_prose_is_not() {
+        for text in [
+            "<json>{\"name\": \"NO_REPLY\"}</json>",
+            "{\"reply\": \"HEARTBEAT_OK\"}",
+            "```\nNO_REPLY\n```",
+            "**NO_REPLY**",
+            "\"NO_REPLY\"",
+            "`HEARTBEAT_OK`",
+        ] {
+            assert!(is_silent(text, &toks()), "{text}");
+        }
+        for text in [
+            "{\"name\": \"NO_REPLY\", \"why\": \"x\", \"extra\": 1}",
+            "{\"a\": \"NO_REPLY\", \"b\": \"other\"}",
+            "The token NO_REPLY means silence, as configured here.",
+        ] {
+            assert!(!is_silent(text, &toks()), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_silence_rule_names_the_tokens() {
+        assert!(silence_rule(&toks()).contains("HEARTBEAT_OK, NO_REPLY"));
+        assert_eq!(silence_rule(&[]), "");
+        assert!(silence_allowed("system") && !silence_allowed("telegram"));
     }
 
     #[test]
@@ -198,13 +293,13 @@ mod tests {
             stable: vec!["SOUL.md".into(), "MISSING.md".into(), "USER.md".into()],
             semi_stable: vec!["MEMORY.md".into()],
         };
-        let b = system_blocks(d.path(), &files, "");
+        let b = system_blocks(d.path(), &files, "", "");
         assert_eq!(b.len(), 2);
         assert_eq!(b[0].tier, SystemTier::Stable);
         assert_eq!(b[0].text, "--- SOUL.md ---\nsoul\n\n--- USER.md ---\nuser");
         assert_eq!(b[1].text, "--- MEMORY.md ---\nmem");
-        assert!(system_blocks(d.path(), &TierFiles::default(), "").is_empty());
-        let with_skills = system_blocks(d.path(), &files, "--- SKILLS ---\n- x: y");
+        assert!(system_blocks(d.path(), &TierFiles::default(), "", "").is_empty());
+        let with_skills = system_blocks(d.path(), &files, "", "--- SKILLS ---\n- x: y");
         assert_eq!(
             with_skills[1].text,
             "--- MEMORY.md ---\nmem\n\n--- SKILLS ---\n- x: y"
@@ -219,7 +314,6 @@ mod tests {
             source: "user",
             from: "alice",
             max_turns: 50,
-            silent_tokens: &toks(),
             skills: &[],
             compaction_near: false,
             recall: None,
@@ -230,7 +324,8 @@ mod tests {
         assert!(!c.contains("memory-recall"));
         assert!(!c.contains("compaction threshold"));
         assert!(c.contains("at most 50 model calls"));
-        assert!(c.contains("NO_REPLY"));
+        // Silence is stated in the stable prompt of system sessions only, never per turn.
+        assert!(!c.contains("NO_REPLY"));
     }
 
     #[test]
@@ -241,7 +336,6 @@ mod tests {
             source: "api",
             from: "sdk",
             max_turns: 50,
-            silent_tokens: &[],
             skills: &[],
             compaction_near: false,
             recall: None,
@@ -266,7 +360,6 @@ mod tests {
             source: "user",
             from: "alice",
             max_turns: 50,
-            silent_tokens: &[],
             skills: &[],
             compaction_near: true,
             recall: Some("Known facts:\n- Anna · birthday: 3 May (fact #1)"),

@@ -27,6 +27,28 @@ use crate::store::CallType;
 use crate::tools::ToolContext;
 use crate::tools::spawn::ToolScope;
 
+/// What the model is told after an empty answer (recorded as a user turn of source `system`).
+pub(super) const EMPTY_ANSWER_NUDGE: &str = "[agentd] Your last answer was empty. Answer the \
+     message above now, in plain text.";
+
+/// Whether an answer has nothing to give: no text and no tool calls (on the last turn, calls
+/// are dropped, so only its text counts).
+fn is_empty(resp: &ChatResponse, last_turn: bool) -> bool {
+    resp.text.trim().is_empty() && (resp.tool_calls.is_empty() || last_turn)
+}
+
+/// The user turn that asks again after an empty answer.
+fn nudge() -> MessageEvent {
+    let mut ev = MessageEvent::new(Message::User {
+        content: vec![crate::message::UserBlock::Text {
+            text: EMPTY_ANSWER_NUDGE.to_string(),
+        }],
+    });
+    ev.source = Some("system".to_string());
+    ev.from = Some("agentd".to_string());
+    ev
+}
+
 /// The first wait before a failed trail write is tried again (`Agent::record_durably`).
 const STORAGE_RETRY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// The longest wait between tries of a failed trail write.
@@ -42,6 +64,8 @@ pub(super) enum Caller<'a> {
         reply_to: Vec<String>,
         tier: String,
         approval: &'a super::approve::ApprovalRoute,
+        /// Silence is an answer here (a system event): the stable prompt says how.
+        silence: bool,
     },
     /// A sub-agent started by a tool call in `parent`: memory only, tools within `scope`,
     /// a fixed system prompt.
@@ -125,6 +149,7 @@ impl Agent {
         state: &mut SessionState,
     ) -> Result<Finish, Option<Fail>> {
         let mut tally = Tally::default();
+        let mut nudged = false;
         if let Caller::Message { .. } = &run.caller {
             self.resume_waiting_batch(run, state).await?;
         }
@@ -141,6 +166,31 @@ impl Agent {
             let fallback = answer.fell_back.clone();
             tally.spent += answer.cost;
             tally.usage.add(&answer.resp.usage);
+            if is_empty(&answer.resp, last_turn) {
+                // An empty final answer is not a reply (small models give one): asked again
+                // once with a nudge, then the message fails (SPEC §16).
+                self.metrics.error("empty_answer");
+                tracing::warn!(session = %run.session_id(), turn, nudged, "the model's answer was empty");
+                if nudged || last_turn {
+                    return Err(Some(Fail {
+                        reply: self.cfg.behavior.error_message.clone(),
+                        error: format!(
+                            "the model ({}) answered with empty text{}",
+                            answer.spec.name,
+                            if nudged {
+                                " twice"
+                            } else {
+                                " on the last turn"
+                            }
+                        ),
+                        cause: FailCause::Model,
+                    }));
+                }
+                nudged = true;
+                self.record_step(run, state, Event::Message(nudge()))
+                    .await?;
+                continue;
+            }
             let (resp, refused, spec) = self
                 .record_answer(run, state, answer, turn, last_turn)
                 .await?;
@@ -187,8 +237,15 @@ impl Agent {
         last_turn: bool,
     ) -> Result<ChatRequest, Option<Fail>> {
         let (system, tools) = match &run.caller {
-            Caller::Message { session, tier, .. } => {
-                let system = self.system_blocks(tier, &state.skills_off).await?;
+            Caller::Message {
+                session,
+                tier,
+                silence,
+                ..
+            } => {
+                let system = self
+                    .system_blocks(tier, &state.skills_off, *silence)
+                    .await?;
                 let tools = self.tools.specs();
                 let tool_tokens = self.tool_tokens.of(&tools);
                 self.fit_context(session, state, run.model, &system, tool_tokens)
@@ -243,18 +300,25 @@ impl Agent {
         &self,
         tier: &str,
         skills_off: &std::collections::BTreeSet<String>,
+        silence: bool,
     ) -> Result<Vec<SystemBlock>, Option<Fail>> {
         let workspace = self.cfg.agent.workspace.clone();
         let files = self.cfg.agent.context.files_for(tier);
         let skills_text = self.skills.semi_stable_text(skills_off);
-        tokio::task::spawn_blocking(move || prompt::system_blocks(&workspace, &files, &skills_text))
-            .await
-            .map_err(|e| {
-                Some(Fail::other(
-                    self.cfg.behavior.error_message.clone(),
-                    format!("cannot read workspace files: {e}"),
-                ))
-            })
+        let rule = match silence {
+            true => prompt::silence_rule(&self.cfg.behavior.silent_tokens),
+            false => String::new(),
+        };
+        tokio::task::spawn_blocking(move || {
+            prompt::system_blocks(&workspace, &files, &rule, &skills_text)
+        })
+        .await
+        .map_err(|e| {
+            Some(Fail::other(
+                self.cfg.behavior.error_message.clone(),
+                format!("cannot read workspace files: {e}"),
+            ))
+        })
     }
 
     /// The model call (with message-level retries; cancellable), the messages given back to

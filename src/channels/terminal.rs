@@ -42,6 +42,7 @@ pub async fn run(intake: Arc<dyn IntakeSink>, stop: CancellationToken) {
             attachments: vec![],
             route: None,
             notify_meta: None,
+            relayed_from: None,
         };
         let answer = tokio::select! {
             _ = stop.cancelled() => return,

@@ -66,20 +66,17 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
         Event::Intake(_) => {}
         Event::Message(m) => match &m.message {
             Message::User { content } => {
-                let text = content
-                    .iter()
-                    .map(|b| match b {
-                        UserBlock::Text { text } => text.as_str(),
-                        UserBlock::Image { placeholder, .. } => placeholder.as_str(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join("\n");
                 let from = m
                     .from
                     .as_deref()
                     .map(|f| format!("[{f}] "))
                     .unwrap_or_default();
-                entry(out, &t, "user", &format!("{from}{text}"));
+                entry(
+                    out,
+                    &t,
+                    "user",
+                    &format!("{from}{}", user_text(content, full)),
+                );
             }
             Message::Assistant {
                 text,
@@ -199,6 +196,33 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
 }
 
 /// `heartbeat: skip (exit 1, 12 ms, saved ~$0.0123)`.
+/// What the sender wrote first; the context block the daemon attached to the turn
+/// (`<agentd-context>`: time, source, recall, skills) after it, folded to its size unless
+/// `full`.
+fn user_text(content: &[UserBlock], full: bool) -> String {
+    let is_context = |t: &str| t.starts_with("<agentd-context>");
+    let mut words = Vec::new();
+    let mut context = Vec::new();
+    for b in content {
+        match b {
+            UserBlock::Text { text } if is_context(text) => context.push(text.as_str()),
+            UserBlock::Text { text } => words.push(text.as_str()),
+            UserBlock::Image { placeholder, .. } => words.push(placeholder.as_str()),
+        }
+    }
+    let mut text = words.join("\n");
+    for c in context {
+        if full {
+            text.push('\n');
+            text.push_str(c);
+        } else {
+            let chars = c.chars().count();
+            text.push_str(&format!("\n(context: {chars} characters; --full shows it)"));
+        }
+    }
+    text
+}
+
 fn precheck_text(p: &crate::session::event::PrecheckEvent) -> String {
     let code = p
         .exit_code
@@ -243,6 +267,29 @@ mod tests {
     use crate::report::history::tests::sample;
     use crate::session::SessionStore;
     use crate::zone::Zone;
+
+    #[test]
+    fn the_senders_words_come_first_and_the_context_is_folded() {
+        let content = vec![
+            UserBlock::Text {
+                text: "<agentd-context>\nCurrent time: …\n</agentd-context>".into(),
+            },
+            UserBlock::Text {
+                text: "[Mon] remember my cat is Tom".into(),
+            },
+        ];
+        let short = user_text(&content, false);
+        assert!(
+            short.starts_with("[Mon] remember my cat is Tom\n(context: "),
+            "{short}"
+        );
+        assert!(!short.contains("Current time"));
+        let full = user_text(&content, true);
+        assert!(
+            full.starts_with("[Mon] remember") && full.contains("Current time"),
+            "{full}"
+        );
+    }
 
     #[test]
     fn text_abbreviated_and_full() {

@@ -243,6 +243,19 @@ pub async fn status(cfg: &Config, json: bool) -> Result<String, MemoryError> {
     Ok(s)
 }
 
+/// `; N alias(es) refused: why, …` when an application refused aliases (issue "Security,
+/// third round", item 9), else nothing.
+fn refused(a: &crate::store::memory::Applied) -> String {
+    if a.aliases_refused == 0 {
+        return String::new();
+    }
+    format!(
+        "; {} alias(es) refused: {}",
+        a.aliases_refused,
+        a.alias_refusals.join("; ")
+    )
+}
+
 /// `agentd consolidate`: every live and archived session past its watermark, then the
 /// changed workspace notes. One progress line per session on stderr.
 pub async fn consolidate(cfg: &Config, json: bool) -> Result<String, MemoryError> {
@@ -252,8 +265,12 @@ pub async fn consolidate(cfg: &Config, json: bool) -> Result<String, MemoryError
     let sessions_dir = cfg.paths.state_dir.join("sessions");
     let mut on_session = |id: &str, r: &Result<SessionOutcome, MemoryError>| match r {
         Ok(SessionOutcome::Done { applied, calls, .. }) => eprintln!(
-            "consolidate: session {id}: {} new fact(s), {} superseded, {} episode(s), {} commitment(s) ({calls} call(s))",
-            applied.facts_new, applied.facts_superseded, applied.episodes, applied.commitments
+            "consolidate: session {id}: {} new fact(s), {} superseded, {} episode(s), {} commitment(s) ({calls} call(s)){}",
+            applied.facts_new,
+            applied.facts_superseded,
+            applied.episodes,
+            applied.commitments,
+            refused(applied)
         ),
         Ok(SessionOutcome::Waiting { reason }) => {
             eprintln!("consolidate: session {id}: skipped ({reason})")
@@ -277,11 +294,12 @@ pub async fn consolidate(cfg: &Config, json: bool) -> Result<String, MemoryError
         for (paths, a) in &report.files {
             let _ = writeln!(
                 s,
-                "notes {}: {} new fact(s), {} episode(s), {} commitment(s)",
+                "notes {}: {} new fact(s), {} episode(s), {} commitment(s){}",
                 paths.join(", "),
                 a.facts_new,
                 a.episodes,
-                a.commitments
+                a.commitments,
+                refused(a)
             );
         }
         s

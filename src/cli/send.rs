@@ -395,6 +395,7 @@ mod tests {
                 attachments: vec![],
                 route: None,
                 notify_meta: None,
+                relayed_from: None,
             }))
             .unwrap();
             h.id.clone()

@@ -194,6 +194,7 @@ pub fn render_effective(cfg: &Config) -> String {
     r.kv("scheduling.max_scheduled", tl.max_scheduled.to_string());
     r.kv("scheduling.max_delay_seconds", secs(tl.max_delay));
     r.kv("max_parallel_calls", tl.max_parallel_calls.to_string());
+    r.kv("writable_context", list(&tl.writable_context));
 
     for (name, s) in &cfg.mcp_servers {
         r.table(&format!("mcp.servers.{}", key(name)));

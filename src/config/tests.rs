@@ -196,6 +196,7 @@ fn minimal_config_gets_every_default() {
     assert_eq!(tl.max_scheduled, 50);
     assert_eq!(tl.max_delay, Duration::from_secs(30 * 86_400));
     assert_eq!(tl.max_parallel_calls, 8);
+    assert_eq!(tl.writable_context, ["MEMORY.md"]);
     assert!(tl.web_search_key.is_none());
 
     let m = &c.memory;

@@ -14,6 +14,8 @@ use super::walker::{Section, closest};
 /// these; MCP tools are governed by their server's `tools` list.
 pub const BUILTIN_TOOLS: &[&str] = &[
     "read",
+    "list",
+    "glob",
     "write",
     "edit",
     "exec",
@@ -125,6 +127,23 @@ pub fn tools(root: &mut Section<'_>, config_dir: &Path, workspace: &Path) -> Too
     drop(sc);
 
     let max_parallel_calls: usize = s.int("max_parallel_calls", 1).unwrap_or(8);
+    let writable_context: Vec<String> = s
+        .get("writable_context")
+        .unwrap_or_else(|| strings(&["MEMORY.md"]));
+    for (i, name) in writable_context.iter().enumerate() {
+        let p = Path::new(name);
+        let plain = p
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if name.trim().is_empty() || !plain {
+            s.problem(
+                &format!("writable_context[{i}]"),
+                format!(
+                    "{name:?} must be a file path relative to the workspace without `..`, as in [agent.context], e.g. \"MEMORY.md\""
+                ),
+            );
+        }
+    }
 
     let web_search_key = s
         .walker()
@@ -158,6 +177,7 @@ pub fn tools(root: &mut Section<'_>, config_dir: &Path, workspace: &Path) -> Too
         max_scheduled,
         max_delay,
         max_parallel_calls,
+        writable_context,
         web_search_key,
     }
 }

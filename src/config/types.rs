@@ -510,6 +510,10 @@ pub struct ToolsConfig {
     pub max_delay: Duration,
     /// `max_parallel_calls`: at most this many tool calls of one model answer run at once.
     pub max_parallel_calls: usize,
+    /// `writable_context`: workspace-relative files of the system prompt (context files of
+    /// any tier, files under the skills directory) that `write`, `edit` and `exec` may change
+    /// all the same; every other one is read-only to them. Default `["MEMORY.md"]`.
+    pub writable_context: Vec<String>,
     /// Search API key from `AGENTD_BRAVE_KEY`; `None` when unset (then `web_search` is not
     /// enabled by default).
     pub web_search_key: Option<SecretString>,

@@ -400,6 +400,7 @@ impl DaemonBackend {
                 request_digest: idempotency_key.as_ref().map(|_| binding.digest.clone()),
             })),
             notify_meta: None,
+            relayed_from: None,
         };
         let waiter = self.dispatcher.wait_in(&key, &id);
         let deltas = stream.then(|| {
@@ -604,6 +605,7 @@ mod tests {
                         ..ApiRoute::default()
                     })),
                     notify_meta: None,
+                    relayed_from: None,
                 }),
             )
         };

@@ -232,6 +232,7 @@ impl ApiBackend for DaemonBackend {
                 attachments,
                 route: None,
                 notify_meta: None,
+                relayed_from: None,
             };
             let trail_end = self.trail_end(&key).await;
             let c = IntakeSink::ask(self.intake.as_ref(), &key, intake)
@@ -297,6 +298,7 @@ impl ApiBackend for DaemonBackend {
                     req.reference.as_deref(),
                     req.data.as_ref(),
                 )),
+                relayed_from: None,
             };
             self.intake
                 .accept("system", intake)

@@ -137,6 +137,7 @@ impl IntakeHandler {
                         .collect(),
                     route: None,
                     notify_meta: None,
+                    relayed_from: None,
                 };
                 (key, intake)
             }
@@ -161,6 +162,7 @@ impl IntakeHandler {
                         attachments: vec![],
                         route: None,
                         notify_meta: None,
+                        relayed_from: None,
                     },
                 )
             }
@@ -196,6 +198,7 @@ impl IntakeHandler {
                             reference.as_deref(),
                             data.as_ref(),
                         )),
+                        relayed_from: None,
                     },
                 )
             }

@@ -388,6 +388,7 @@ mod tests {
                 message_id: None,
             }),
             notify_meta: None,
+            relayed_from: None,
         }
     }
 

@@ -416,6 +416,7 @@ impl TgSink for Sink {
                     message_id: Some(msg.message_id),
                 }),
                 notify_meta: None,
+                relayed_from: None,
             };
             match self.intake.accept_heard(&msg.session_key, intake).await {
                 Ok((_, heard)) => {

@@ -25,6 +25,7 @@ pub mod schema;
 mod sse;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod textcalls;
 pub mod tool_memo;
 pub mod transcript;
 pub mod types;

@@ -113,8 +113,7 @@ impl Reducer<'_> {
         }
         let mut out = Map::new();
         for (k, v) in map {
-            if !self.keeps(k) || (self.inline && matches!(k.as_str(), "$defs" | "definitions"))
-            {
+            if !self.keeps(k) || (self.inline && matches!(k.as_str(), "$defs" | "definitions")) {
                 continue;
             }
             if LENGTHS.contains(&k.as_str()) && self.too_long(v) {
@@ -132,9 +131,8 @@ impl Reducer<'_> {
                     _ => Some(self.schema(v, depth)),
                 }
             } else if LIST.contains(&k.as_str()) {
-                v.as_array().map(|a| {
-                    Value::Array(a.iter().map(|s| self.schema(s, depth)).collect())
-                })
+                v.as_array()
+                    .map(|a| Value::Array(a.iter().map(|s| self.schema(s, depth)).collect()))
             } else if MAP.contains(&k.as_str()) {
                 v.as_object().map(|m| {
                     Value::Object(
@@ -229,7 +227,8 @@ mod tests {
 
     #[test]
     fn the_full_dialect_changes_nothing() {
-        let s = json!({"type": "object", "properties": {"q": {"type": "string", "maxLength": 2000}}});
+        let s =
+            json!({"type": "object", "properties": {"q": {"type": "string", "maxLength": 2000}}});
         assert_eq!(reduce(&s, &ToolSchemaDialect::default()), s);
     }
 
@@ -300,7 +299,9 @@ mod tests {
                     let required: Vec<&String> = m.keys().take(1).collect();
                     json!({"type": "object", "properties": m, "required": required})
                 }),
-                inner.clone().prop_map(|s| json!({"type": "array", "items": s, "maxItems": 3})),
+                inner
+                    .clone()
+                    .prop_map(|s| json!({"type": "array", "items": s, "maxItems": 3})),
                 proptest::collection::vec(inner, 1..3).prop_map(|v| json!({"anyOf": v})),
             ]
         })

@@ -46,6 +46,9 @@ const MAX_KNOWN_ENTITIES: usize = 60;
 const MAX_FACTS: usize = 60;
 const MAX_EPISODES: usize = 20;
 const MAX_COMMITMENTS: usize = 20;
+/// Aliases of one answer at most (issue "Security, third round", item 9); the rest are
+/// counted as refused. The store caps the total (`store::memory::MAX_ALIASES`).
+pub const MAX_ALIASES_PER_ANSWER: usize = 20;
 const MAX_FIELD_CHARS: usize = 1_000;
 
 /// The instructions of every consolidation call.
@@ -59,7 +62,7 @@ Reply with ONE JSON object and nothing else, in this shape:
 
 Rules:
 - facts: durable facts about people, places, things, preferences, plans and the user (use the user's name as the entity when known, else "user"). One value per entity and attribute; a short lower-case attribute ("birthday", "phone", "favourite restaurant"). confidence from 0 to 1: how sure the text makes it.
-- Use the full canonical name of an entity; put nicknames and relations ("Mum", "my boss") in aliases. Reuse the spelling of the known entities listed below.
+- Use the full canonical name of an entity; put nicknames and relations ("Mum", "my boss") in aliases. Reuse the spelling of the known entities listed below. At most 20 aliases, each a short name that is not the name of another known entity.
 - episodes: notable events or decisions, one sentence each, with the date (YYYY-MM-DD) when known.
 - commitments: promises someone made (owner "agent", "user" or a name), with a due date (YYYY-MM-DD) when one was given.
 - Leave out small talk, greetings, tool mechanics, and anything only true for a moment. Never invent. Empty arrays when there is nothing."#;
@@ -156,7 +159,11 @@ pub fn parse_extraction(
     let mut x = Extraction::default();
     for a in raw.aliases {
         if let (Some(alias), Some(entity)) = (field(&a.alias), field(&a.entity)) {
-            x.aliases.push((alias, entity));
+            if x.aliases.len() < MAX_ALIASES_PER_ANSWER {
+                x.aliases.push((alias, entity));
+            } else {
+                x.aliases_dropped += 1;
+            }
         }
     }
     for f in raw.facts.into_iter().take(MAX_FACTS) {
@@ -329,6 +336,7 @@ impl Consolidator {
                 .db()
                 .apply_session_consolidation(id, up_to as i64, x)
                 .await?;
+            warn_refused(id, &a);
             add(&mut total, &a);
         }
         Ok(SessionOutcome::Done {
@@ -375,6 +383,7 @@ impl Consolidator {
             for doc in &batch.docs {
                 let x = self.extract(doc, Origin { session_id: None }).await?;
                 all.aliases.extend(x.aliases);
+                all.aliases_dropped += x.aliases_dropped;
                 all.facts.extend(x.facts);
                 all.episodes.extend(x.episodes);
                 all.commitments.extend(x.commitments);
@@ -385,6 +394,7 @@ impl Consolidator {
                 .db()
                 .apply_files_consolidation(batch.files, all)
                 .await?;
+            warn_refused("workspace notes", &a);
             out.push((paths, a));
         }
         Ok(out)
@@ -419,10 +429,7 @@ impl Consolidator {
             .gate()
             .await
             .map_err(|e| MemoryError::Consolidation(format!("call not made: {e}")))?;
-        let known = self.memory.db().entity_names().await?;
-        let mut names: Vec<&str> = known.iter().map(|(_, e)| e.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
+        let mut names = self.memory.db().entities_with_facts().await?;
         names.truncate(MAX_KNOWN_ENTITIES);
         let today = chrono::Utc::now()
             .with_timezone(&self.memory.tz())
@@ -534,11 +541,32 @@ fn note_batches(notes: &[(String, String, String)]) -> Vec<NoteBatch> {
 
 fn add(total: &mut Applied, a: &Applied) {
     total.aliases += a.aliases;
+    total.aliases_refused += a.aliases_refused;
+    for why in &a.alias_refusals {
+        if total.alias_refusals.len() < MAX_ALIAS_REFUSALS_SHOWN {
+            total.alias_refusals.push(why.clone());
+        }
+    }
     total.facts_new += a.facts_new;
     total.facts_superseded += a.facts_superseded;
     total.facts_unchanged += a.facts_unchanged;
     total.episodes += a.episodes;
     total.commitments += a.commitments;
+}
+
+/// Refusal reasons a consolidation result keeps over all its calls (the count goes on).
+const MAX_ALIAS_REFUSALS_SHOWN: usize = 5;
+
+/// Log the aliases an application refused (the result carries them too).
+fn warn_refused(what: &str, a: &Applied) {
+    if a.aliases_refused > 0 {
+        tracing::warn!(
+            what,
+            refused = a.aliases_refused,
+            reasons = %a.alias_refusals.join("; "),
+            "consolidation: aliases refused"
+        );
+    }
 }
 
 /// The conversation messages of trail lines, each with its line's `seq`.
@@ -628,6 +656,19 @@ pub fn session_ids(sessions_dir: &Path) -> Vec<(PathBuf, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue "Security, third round", item 9: one answer with 20,000 aliases stores a bounded
+    /// number of them.
+    #[test]
+    fn aliases_of_one_answer_are_capped() {
+        let aliases: Vec<String> = (0..20_000)
+            .map(|i| format!("{{\"alias\": \"nick{i}\", \"entity\": \"Bob\"}}"))
+            .collect();
+        let answer = format!("{{\"aliases\": [{}]}}", aliases.join(","));
+        let x = parse_extraction(&answer, 0.5, Origin { session_id: None }, Zone::utc()).unwrap();
+        assert_eq!(x.aliases.len(), MAX_ALIASES_PER_ANSWER);
+        assert_eq!(x.aliases_dropped, 20_000 - MAX_ALIASES_PER_ANSWER);
+    }
 
     fn tz() -> Zone {
         crate::zone::Zone::get("Europe/Berlin").unwrap()

@@ -152,6 +152,95 @@ impl Memory {
 mod tests {
     use super::*;
 
+    fn memory_in(dir: &std::path::Path) -> Memory {
+        let db = crate::store::memory::MemoryDb::open(&dir.join("memory.db")).unwrap();
+        let cfg = crate::config::MemoryConfig {
+            enabled: true,
+            search_top_k: 10,
+            indexer_include: vec![],
+            chunk_chars: 1000,
+            overlap_chars: 0,
+            recall_max_tokens: 500,
+            consolidation_enabled: false,
+            consolidation_min_messages: 1,
+            consolidation_confidence_threshold: 0.5,
+        };
+        Memory::new(
+            db,
+            cfg,
+            dir.to_path_buf(),
+            dir.to_path_buf(),
+            crate::zone::Zone::utc(),
+            None,
+        )
+    }
+
+    async fn with_facts(dir: &std::path::Path) -> Memory {
+        let m = memory_in(dir);
+        for (entity, attribute, value) in [
+            ("Anna Schmidt", "birthday", "3 May"),
+            ("Anna Schmidt", "phone", "0151 2345"),
+            ("Bob", "employer", "ACME"),
+        ] {
+            m.db()
+                .write_fact(crate::store::memory::NewFact {
+                    entity: entity.into(),
+                    attribute: attribute.into(),
+                    value: value.into(),
+                    confidence: 1.0,
+                    source: "tool".into(),
+                    session_id: None,
+                })
+                .await
+                .unwrap();
+        }
+        m.db().add_alias("Mum", "Anna Schmidt").await.unwrap();
+        m
+    }
+
+    /// Issue "Security, third round", item 9: the recall of a message (the daemon's memory
+    /// work per message) costs about the same with 200,000 aliases as with none. The two
+    /// databases are measured in turn, many times, and the medians compared, so a busy
+    /// machine slows both alike.
+    #[tokio::test]
+    async fn recall_time_does_not_grow_with_the_aliases() {
+        const ALIASES: usize = 200_000;
+        const RUNS: usize = 60;
+        let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let none = with_facts(d0.path()).await;
+        let many = with_facts(d1.path()).await;
+        many.db().seed_aliases("nick", ALIASES, "Bob").await;
+        let message = "Did Mum call about the party? Bob said nick-123 might come along, \
+                       and I still need Anna Schmidt's phone number for the invitation.";
+        // Both find the same facts (the seeded alias names Bob as well).
+        let a = none.recall(message, "s").await.unwrap();
+        let b = many.recall(message, "s").await.unwrap();
+        assert!(a.contains("0151 2345") && a.contains("ACME"), "{a}");
+        assert!(b.contains("0151 2345") && b.contains("ACME"), "{b}");
+        let mut t_none = Vec::with_capacity(RUNS);
+        let mut t_many = Vec::with_capacity(RUNS);
+        for _ in 0..RUNS {
+            for (m, times) in [(&none, &mut t_none), (&many, &mut t_many)] {
+                let start = std::time::Instant::now();
+                let r = m.recall(message, "s").await;
+                times.push(start.elapsed());
+                assert!(r.is_some());
+            }
+        }
+        let median = |t: &mut Vec<std::time::Duration>| {
+            t.sort();
+            t[t.len() / 2]
+        };
+        let (m0, m1) = (median(&mut t_none), median(&mut t_many));
+        eprintln!(
+            "recall per message, median of {RUNS}: {m0:?} with no aliases, {m1:?} with {ALIASES}"
+        );
+        assert!(
+            m1 <= m0 * 2,
+            "{m1:?} with {ALIASES} aliases is more than twice {m0:?} with none"
+        );
+    }
+
     #[test]
     fn budget_stops_before_overflowing() {
         let mut b = Budget {

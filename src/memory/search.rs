@@ -5,17 +5,22 @@
 //! before issue 20); current facts (of the entities the query names, through aliases, and by FTS5); live
 //! episodes by FTS5.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
 use super::{Fusion, FusionMethod, Memory, MemoryError, fts, rank};
-use crate::store::memory::{ChunkRow, Episode, Fact};
+use crate::store::memory::{ChunkRow, Episode, Fact, MAX_ALIAS_WORDS};
 
 /// Candidates taken from each ranked list before fusion (at least; more for a large `k`).
 const MIN_CANDIDATES: usize = 50;
 /// Below this many vectors the scan runs inline; above it on the blocking pool.
 const INLINE_SCAN: usize = 4096;
+/// Names are spotted in this many characters at the start of a message (a pasted document is
+/// not searched for every alias).
+const MENTION_CHARS: usize = 8_000;
+/// Punctuation characters a name may start or end with (`C++`, `.NET`), at most.
+const NAME_PUNCT: usize = 4;
 
 /// How chunks were ranked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -217,16 +222,32 @@ impl Memory {
     }
 
     /// Canonical entities that `text` names, by entity name or alias, as whole words ignoring
-    /// case; in order of first mention.
+    /// case; in order of first mention. Entities with current facts are matched by scanning
+    /// their names; aliases by looking up the message's runs of up to [`MAX_ALIAS_WORDS`]
+    /// words in the alias index, so the work does not grow with the number of aliases.
     pub async fn mentioned_entities(&self, text: &str) -> Result<Vec<String>, MemoryError> {
-        let names = self.db().entity_names().await?;
+        let text = match text.char_indices().nth(MENTION_CHARS) {
+            Some((at, _)) => &text[..at],
+            None => text,
+        };
         let hay = text.to_lowercase();
-        let mut found: Vec<(usize, String)> = names
-            .into_iter()
-            .filter_map(|(name, entity)| {
-                find_word(&hay, &name.to_lowercase()).map(|at| (at, entity))
-            })
-            .collect();
+        let mut found: Vec<(usize, String)> = Vec::new();
+        for entity in self.db().entities_with_facts().await? {
+            if let Some(at) = find_word(&hay, &entity.to_lowercase()) {
+                found.push((at, entity));
+            }
+        }
+        let spans = name_spans(&hay);
+        let mut first: HashMap<&str, usize> = HashMap::new();
+        for (at, span) in &spans {
+            first.entry(span).or_insert(*at);
+        }
+        let keys: Vec<String> = first.keys().map(|k| k.to_string()).collect();
+        for (key, entity) in self.db().aliases_named(keys).await? {
+            if let Some(at) = first.get(key.as_str()) {
+                found.push((*at, entity));
+            }
+        }
         found.sort();
         let mut seen = HashSet::new();
         Ok(found
@@ -235,6 +256,75 @@ impl Memory {
             .filter(|e| seen.insert(e.to_lowercase()))
             .collect())
     }
+}
+
+/// Every span of `hay` that could be a whole-word name: from the start of a word to the end
+/// of the same or one of the next `MAX_ALIAS_WORDS - 1` words (a word is a run of letters and
+/// digits), also stretched over up to [`NAME_PUNCT`] punctuation characters before or after
+/// it (not across white space, and only where the whole-word rule of [`find_word`] still
+/// holds), at least two characters long; each with its byte offset.
+fn name_spans(hay: &str) -> Vec<(usize, &str)> {
+    let mut words: Vec<(usize, usize)> = Vec::new();
+    let mut start = None;
+    for (i, c) in hay.char_indices() {
+        match (c.is_alphanumeric(), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                words.push((s, i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        words.push((s, hay.len()));
+    }
+    let is_punct = |c: char| !c.is_alphanumeric() && !c.is_whitespace();
+    // Where a name may start before a word, and end after one.
+    let starts = |at: usize| -> Vec<usize> {
+        let mut out = vec![at];
+        for (n, (i, c)) in hay[..at].char_indices().rev().enumerate() {
+            if n >= NAME_PUNCT || !is_punct(c) {
+                break;
+            }
+            if !hay[..i]
+                .chars()
+                .next_back()
+                .is_some_and(char::is_alphanumeric)
+            {
+                out.push(i);
+            }
+        }
+        out
+    };
+    let ends = |at: usize| -> Vec<usize> {
+        let mut out = vec![at];
+        for (n, (i, c)) in hay[at..].char_indices().enumerate() {
+            if n >= NAME_PUNCT || !is_punct(c) {
+                break;
+            }
+            let end = at + i + c.len_utf8();
+            if !hay[end..].chars().next().is_some_and(char::is_alphanumeric) {
+                out.push(end);
+            }
+        }
+        out
+    };
+    let mut out = Vec::new();
+    for (i, &(first, _)) in words.iter().enumerate() {
+        let from = starts(first);
+        for &(_, last) in words.iter().skip(i).take(MAX_ALIAS_WORDS) {
+            for &s in &from {
+                for e in ends(last) {
+                    let span = &hay[s..e];
+                    if span.chars().count() >= 2 {
+                        out.push((s, span));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Merge the full-text hits (with their bm25 score, lower is better) and the vector hits (with
@@ -338,6 +428,38 @@ mod tests {
         vectors.push((5, 0.5));
         let chosen = fuse(Fusion::default(), query, &fts, &vectors);
         assert_eq!(ids(chosen)[0], 5);
+    }
+
+    /// A name found by the spans is one `find_word` finds in the same text, and the other way
+    /// round for names of up to `MAX_ALIAS_WORDS` words (without leading or trailing
+    /// punctuation runs longer than `NAME_PUNCT`).
+    #[test]
+    fn spans_find_what_find_word_finds() {
+        let hay = "did mum call? (c++ and .net) anna schmidt's party, hannah-lou, ok.";
+        let spans: HashSet<&str> = name_spans(hay).into_iter().map(|(_, s)| s).collect();
+        for name in [
+            "mum",
+            "c++",
+            ".net",
+            "anna schmidt",
+            "anna",
+            "schmidt",
+            "hannah-lou",
+            "lou",
+            "mum call",
+            "(c++",
+            "did mum call? (c++ and",
+        ] {
+            assert!(find_word(hay, name).is_some(), "{name}");
+            assert!(spans.contains(name), "{name} not among the spans");
+        }
+        for name in ["um", "ann", "all", "a"] {
+            assert!(!spans.contains(name), "{name}");
+        }
+        // Offsets point at the span.
+        for (at, span) in name_spans(hay) {
+            assert_eq!(&hay[at..at + span.len()], span);
+        }
     }
 
     #[test]

@@ -195,6 +195,7 @@ pub(crate) mod tests {
             attachments: vec![],
             route: None,
             notify_meta: None,
+            relayed_from: None,
         }))
         .unwrap();
         let mut u = MessageEvent::new(Message::user_text("read it"));

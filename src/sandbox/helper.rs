@@ -166,7 +166,10 @@ fn child_main(
         return EXIT_SETUP_FAILED;
     }
     match isolation {
-        Isolation::Subreaper => confine_and_exec(policy, argv, isolation, false),
+        Isolation::Subreaper => {
+            let policy = keep_read_only(policy, false);
+            confine_and_exec(&policy, argv, isolation, false)
+        }
         Isolation::Namespaces => {
             // Without a private /proc, Landlock grants no /proc at all; without Landlock
             // (mode none) the host /proc stays visible — a documented limit.
@@ -197,6 +200,11 @@ fn child_main(
                 }
                 _ => policy,
             };
+            // The prompt's files (issue "Security, third round", item 10), after the private
+            // /tmp so the read-only mounts are on the tree the command sees.
+            // Only where the mounts were made private (never seen outside).
+            let policy = keep_read_only(policy, mount_ns && private_proc);
+            let policy = &*policy;
             // SAFETY: still single-threaded.
             match unsafe { fork() } {
                 Err(e) => {
@@ -208,6 +216,102 @@ fn child_main(
             }
         }
     }
+}
+
+/// The policy under which `policy.read_only` stays unchanged: itself when every path is on a
+/// read-only mount (the operator's, or one bound here in the command's mount namespace:
+/// `mount_ns`), else [`Policy::with_fallback`] (Landlock alone; noted on the command's
+/// stderr when a mount namespace existed, since then a missing or symlinked path is why).
+fn keep_read_only(policy: &Policy, mount_ns: bool) -> std::borrow::Cow<'_, Policy> {
+    use std::borrow::Cow;
+    if policy.read_only.is_empty() {
+        return Cow::Borrowed(policy);
+    }
+    match mount_read_only(policy, mount_ns) {
+        Ok(()) => Cow::Borrowed(policy),
+        Err(msg) => {
+            if mount_ns && policy.mode == SandboxMode::Landlock {
+                say!(
+                    "{ERROR_PREFIX}note: {msg}; the prompt's files are kept read-only by \
+                     Landlock instead: no entry can be created, removed or renamed directly in \
+                     their directories"
+                );
+            }
+            Cow::Owned(policy.with_fallback())
+        }
+    }
+}
+
+/// Bind-mount every `policy.read_only` path onto itself read-only (one already on a
+/// read-only mount is left as it is), then bind the `writable_within` files back read-write.
+/// The command cannot undo the mounts: Landlock and the seccomp filter refuse `umount` and
+/// `mount`. An error when a path cannot be kept so (without a mount namespace, a path that
+/// does not exist or is a symlink, a failed mount).
+fn mount_read_only(policy: &Policy, mount_ns: bool) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    // The opted-in files, held before a read-only mount hides them.
+    let mut writable = Vec::new();
+    for p in &policy.writable_within {
+        if let Ok(fd) = nix::fcntl::open(
+            p,
+            OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+            nix::sys::stat::Mode::empty(),
+        ) {
+            writable.push((p, fd));
+        }
+    }
+    // Checked before anything is mounted, so a fallback starts from the host's tree.
+    let mut to_mount = Vec::new();
+    for p in &policy.read_only {
+        let meta =
+            std::fs::symlink_metadata(p).map_err(|_| format!("{} does not exist", p.display()))?;
+        if meta.file_type().is_symlink() {
+            return Err(format!("{} is a symlink", p.display()));
+        }
+        if !on_read_only_mount(p) {
+            to_mount.push(p);
+        }
+    }
+    if !to_mount.is_empty() && !mount_ns {
+        return Err("no mount namespace".into());
+    }
+    for p in to_mount {
+        let fail = |e| format!("cannot mount {} read-only: {e}", p.display());
+        mount(
+            Some(p.as_path()),
+            p,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(fail)?;
+        mount(
+            None::<&str>,
+            p,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked_flags(p),
+            None::<&str>,
+        )
+        .map_err(fail)?;
+    }
+    for (p, fd) in &writable {
+        let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        mount(
+            Some(source.as_str()),
+            p.as_path(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("cannot keep {} writable: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Whether `p` lies on a read-only mount.
+fn on_read_only_mount(p: &std::path::Path) -> bool {
+    nix::sys::statvfs::statvfs(p)
+        .is_ok_and(|st| st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
 }
 
 /// Mention (on the command's stderr) that /proc is hidden, only when a mount namespace was
@@ -543,6 +647,11 @@ fn apply_landlock(policy: &Policy, isolation: Isolation, proc_visible: bool) -> 
             .add_rules(path_beneath_rules(
                 existing(&devices),
                 AccessFs::from_read(FS_ABI) | AccessFs::WriteFile,
+            ))
+            .map_err(err)?
+            .add_rules(path_beneath_rules(
+                existing(&policy.list_only),
+                AccessFs::ReadDir,
             ))
             .map_err(err)?;
     }

@@ -61,6 +61,36 @@ pub struct Policy {
     /// `TMPDIR` for the command (the scratch directory, SPEC §16.8); `None` = `/tmp`.
     #[serde(default)]
     pub tmpdir: Option<PathBuf>,
+    /// Paths the command may read but never change, though a read-write grant holds them (the
+    /// system prompt's files: issue "Security, third round", item 10). Landlock cannot take a
+    /// file out of a writable directory, so the helper bind-mounts each read-only in the
+    /// command's mount namespace; where it cannot (no mount namespace, a path that does not
+    /// exist or is a symlink) it takes [`Policy::fallback`] instead.
+    #[serde(default)]
+    pub read_only: Vec<PathBuf>,
+    /// Files inside a `read_only` directory that stay writable (opted in): bound back
+    /// read-write over the read-only mount.
+    #[serde(default)]
+    pub writable_within: Vec<PathBuf>,
+    /// The grants without the `read_only` paths, for when they cannot be mounted read-only.
+    #[serde(default)]
+    pub fallback: Option<ReadOnlyFallback>,
+    /// Directories the command may list (not read, not write): set by
+    /// [`Policy::with_fallback`].
+    #[serde(default)]
+    pub list_only: Vec<PathBuf>,
+}
+
+/// Landlock grants that keep the [`Policy::read_only`] paths unchanged by themselves: the
+/// read-write grants split around them (their directories lose their own write grant, so no
+/// entry can be created, removed or renamed directly in them), the paths granted for reading,
+/// and the split directories granted for listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadOnlyFallback {
+    pub read_write: Vec<PathBuf>,
+    pub read: Vec<PathBuf>,
+    pub list: Vec<PathBuf>,
 }
 
 impl Policy {
@@ -90,7 +120,72 @@ impl Policy {
             no_namespaces: false,
             no_mount_namespace: false,
             tmpdir: None,
+            read_only: Vec::new(),
+            writable_within: Vec::new(),
+            fallback: None,
+            list_only: Vec::new(),
         })
+    }
+
+    /// Keep `read_only` (absolute paths) unchanged by the command although a read-write grant
+    /// holds them, except the files of `writable_within`; see [`Policy::read_only`]. `secrets`
+    /// (the state and config directories) are never granted, not even for listing. Only the
+    /// paths some read-write grant holds are kept; the fallback grants are computed here.
+    pub fn keep_read_only(
+        &mut self,
+        read_only: &[PathBuf],
+        writable_within: &[PathBuf],
+        secrets: &[PathBuf],
+    ) {
+        let granted = |p: &PathBuf| self.read_write.iter().any(|g| p.starts_with(g));
+        let read_only: Vec<PathBuf> = read_only
+            .iter()
+            .map(|p| normalize(p))
+            .filter(granted)
+            .collect();
+        if read_only.is_empty() {
+            return;
+        }
+        let mut read_write = Vec::new();
+        let mut list = Vec::new();
+        for grant in &self.read_write {
+            if read_only
+                .iter()
+                .any(|p| p.starts_with(grant) || grant.starts_with(p))
+            {
+                read_write.extend(split_around(grant, &read_only, Symlinks::Skip));
+                list.extend(split_dirs(grant, &read_only));
+            } else {
+                read_write.push(grant.clone());
+            }
+        }
+        let secrets: Vec<PathBuf> = secrets.iter().map(|p| normalize(p)).collect();
+        list.retain(|d| !secrets.iter().any(|s| s.starts_with(d)));
+        list.sort();
+        list.dedup();
+        let writable_within: Vec<PathBuf> = writable_within.iter().map(|p| normalize(p)).collect();
+        read_write.extend(writable_within.iter().filter(|p| p.exists()).cloned());
+        self.fallback = Some(ReadOnlyFallback {
+            read_write,
+            read: read_only.clone(),
+            list,
+        });
+        self.read_only = read_only;
+        self.writable_within = writable_within;
+    }
+
+    /// This policy with the [`ReadOnlyFallback`] grants in place of its own (itself when it
+    /// has none); nothing is left to mount read-only.
+    pub fn with_fallback(&self) -> Policy {
+        let mut p = self.clone();
+        if let Some(f) = p.fallback.take() {
+            p.read_write = f.read_write;
+            p.read_exec.extend(f.read);
+            p.list_only = f.list;
+        }
+        p.read_only.clear();
+        p.writable_within.clear();
+        p
     }
 
     /// The policy of an MCP stdio server (SPEC §16.9 "Processes"): a long-running process
@@ -133,6 +228,10 @@ impl Policy {
             no_namespaces: false,
             no_mount_namespace: false,
             tmpdir: Some(private_dir),
+            read_only: Vec::new(),
+            writable_within: Vec::new(),
+            fallback: None,
+            list_only: Vec::new(),
         })
     }
 
@@ -211,6 +310,26 @@ enum Symlinks {
     /// Leave it out (write grants: Landlock would grant whatever it points to, and the command
     /// may plant symlinks in its allowed paths).
     Skip,
+}
+
+/// The directories [`split_around`] splits: `grant` and its descendants that hold one of
+/// `protected` (each loses its own grant in the split), not the protected paths themselves.
+fn split_dirs(grant: &Path, protected: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in protected {
+        if !p.starts_with(grant) || p == grant {
+            continue;
+        }
+        let mut dir = p.parent();
+        while let Some(d) = dir {
+            if !d.starts_with(grant) {
+                break;
+            }
+            out.push(d.to_path_buf());
+            dir = d.parent();
+        }
+    }
+    out
 }
 
 /// `grant` itself when it contains no protected path; otherwise its children (recursively
@@ -292,6 +411,59 @@ mod tests {
             [root.join("notes.txt"), root.join("workspace")]
         );
         assert!(build(&["/var/lib/agentd-other"], &["/var/lib/agentd"]).is_ok());
+    }
+
+    /// The fallback of read-only paths: the grant split around them, the paths readable, the
+    /// split directories listable (unless a secret directory lies beneath), opted-in files
+    /// writable; paths outside every grant are left alone.
+    #[test]
+    fn read_only_paths_get_a_split_fallback() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = std::fs::canonicalize(dir.path()).unwrap().join("ws");
+        for sub in ["skills/a", "notes"] {
+            std::fs::create_dir_all(ws.join(sub)).unwrap();
+        }
+        std::fs::write(ws.join("AGENTS.md"), "").unwrap();
+        std::fs::write(ws.join("skills/a/SKILL.md"), "").unwrap();
+        std::fs::write(ws.join("todo.txt"), "").unwrap();
+        let mut p = Policy::build(
+            SandboxMode::Landlock,
+            false,
+            std::slice::from_ref(&ws),
+            &[],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let read_only = [ws.join("AGENTS.md"), ws.join("skills"), "/etc/x".into()];
+        p.keep_read_only(&read_only, &[ws.join("skills/a/SKILL.md")], &[]);
+        assert_eq!(p.read_only, [ws.join("AGENTS.md"), ws.join("skills")]);
+        let f = p.fallback.clone().unwrap();
+        assert_eq!(
+            f.read_write,
+            [
+                ws.join("notes"),
+                ws.join("todo.txt"),
+                ws.join("skills/a/SKILL.md")
+            ]
+        );
+        assert_eq!(f.read, [ws.join("AGENTS.md"), ws.join("skills")]);
+        assert_eq!(f.list, std::slice::from_ref(&ws));
+        let fb = p.with_fallback();
+        assert_eq!(fb.read_write, f.read_write);
+        assert!(fb.read_exec.contains(&ws.join("AGENTS.md")));
+        assert_eq!(fb.list_only, std::slice::from_ref(&ws));
+        assert!(fb.read_only.is_empty() && fb.fallback.is_none());
+        // A secret directory under the split one: not even listed.
+        let mut q = Policy::build(
+            SandboxMode::Landlock,
+            false,
+            std::slice::from_ref(&ws),
+            &[],
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        q.keep_read_only(&[ws.join("AGENTS.md")], &[], &[ws.join("notes")]);
+        assert!(q.fallback.unwrap().list.is_empty());
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //! - `io_uring_setup`/`_enter`/`_register`: io_uring creates sockets (`IORING_OP_SOCKET`)
 //!   without the `socket` system call;
 //! - `pidfd_getfd`: copying a socket out of another process;
+//! - `mount`, `umount2`, `pivot_root` and the new mount API (`open_tree`, `move_mount`,
+//!   `fsopen`, `fsconfig`, `fsmount`, `fspick`, `mount_setattr`): the mounts the helper made
+//!   (private `/proc` and `/tmp`, the read-only files of the system prompt) cannot be undone,
+//!   also without Landlock;
 //! - when the network is off: `socket()` of every family but `AF_NETLINK` (so UDP and raw
 //!   sockets too, also on the fallback path without a network namespace, where Landlock's
 //!   network rules cover TCP only; issue 12 #6);
@@ -79,6 +83,18 @@ pub fn filter(network: bool) -> Result<BpfProgram, String> {
         libc::SYS_io_uring_enter,
         libc::SYS_io_uring_register,
         libc::SYS_pidfd_getfd,
+        // The mount table the helper set up (private /proc and /tmp, the read-only prompt
+        // files) stays as it is, also where Landlock is off (exec_sandbox = "none").
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_open_tree,
+        libc::SYS_move_mount,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
     ] {
         rules.push((always, Vec::new()));
     }

@@ -161,7 +161,7 @@ async fn a_message_whose_done_mark_fails_is_not_fired_again() {
     let mut f = fixture();
     f.sched.db = Db::without_schema_for_test(); // every write fails
     for _ in 0..3 {
-        f.sched.fire_message("42", "alice", "hello").await;
+        f.sched.fire_message("42", "alice", "hello", None).await;
     }
     let got = f.fired.0.lock().unwrap().clone();
     assert_eq!(got, [("alice".to_string(), "sched-42".to_string())]);

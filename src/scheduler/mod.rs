@@ -88,7 +88,8 @@ impl Scheduler {
                 Ok(list) => {
                     for s in list {
                         if s.due_at <= now {
-                            self.fire_message(&s.id, &s.target, &s.text).await;
+                            let from = (s.created_by != s.target).then_some(s.created_by.as_str());
+                            self.fire_message(&s.id, &s.target, &s.text, from).await;
                         } else {
                             next_wake = next_wake.min(s.due_at);
                         }
@@ -163,6 +164,7 @@ impl Scheduler {
                     attachments: vec![],
                     route: None,
                     notify_meta: None,
+                    relayed_from: None,
                 };
                 if let Err(e) = self.intake.accept("system", intake).await {
                     tracing::error!(schedule = %entry.name, error = %e, "scheduled system event not accepted; retrying later");
@@ -170,7 +172,8 @@ impl Scheduler {
                 }
             }
             ScheduleAction::Message { text, to } => {
-                self.fire_message(&id, to, text).await;
+                // The operator's own words, from the config: not relayed.
+                self.fire_message(&id, to, text, None).await;
             }
             ScheduleAction::Job(job) => match &self.memory_jobs {
                 // In the background: an index run or a consolidation must not hold up the
@@ -249,7 +252,10 @@ impl Scheduler {
 
     /// Hand a scheduled message to the target's session (source `scheduler`: delivered as
     /// written, not sent to the model), then mark it done. Idempotent by intake id.
-    async fn fire_message(&self, id: &str, target: &str, text: &str) {
+    /// `relayed_from`: the session that scheduled it, when that is another one than the target
+    /// (also for rows stored before targets were checked): the message is delivered marked as
+    /// coming from it (`agent::Agent`), never as the target's assistant's words.
+    async fn fire_message(&self, id: &str, target: &str, text: &str, relayed_from: Option<&str>) {
         let one_shot = !id.starts_with("schedule-");
         if one_shot && self.is_unrecorded(id) {
             // Accepted already; only marking it done failed: retry that, never the send.
@@ -271,6 +277,7 @@ impl Scheduler {
             attachments: vec![],
             route: None,
             notify_meta: None,
+            relayed_from: relayed_from.map(str::to_string),
         };
         match self.intake.accept(target, intake).await {
             Ok(()) => {

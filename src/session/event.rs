@@ -175,6 +175,11 @@ pub struct Intake {
     /// for the webhook's `notify_meta` (SPEC §10.2). Recorded so a restart keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify_meta: Option<serde_json::Value>,
+    /// A scheduled message (source `scheduler`) that another session scheduled for this one:
+    /// that session's key. The message is delivered marked as coming from it, never as this
+    /// conversation's assistant's own words (SPEC §14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relayed_from: Option<String>,
 }
 
 /// A reply destination recorded with the intake: a Telegram chat, or the client of an OpenAI-
@@ -352,6 +357,7 @@ mod tests {
             attachments: vec![],
             route: None,
             notify_meta: None,
+            relayed_from: None,
         }));
         roundtrip(Event::Intake(Intake {
             id: "idem-1".into(),
@@ -372,6 +378,7 @@ mod tests {
                 request_digest: Some("ab12".into()),
             })),
             notify_meta: None,
+            relayed_from: None,
         }));
         let mut m = MessageEvent::new(Message::Assistant {
             text: "ok".into(),

@@ -766,6 +766,7 @@ mod tests {
             attachments: vec![],
             route: None,
             notify_meta: None,
+            relayed_from: None,
         })
     }
 
@@ -839,6 +840,7 @@ mod tests {
                     attachments: vec![],
                     route: None,
                     notify_meta: None,
+                    relayed_from: None,
                 },
             )
             .unwrap();

@@ -212,6 +212,7 @@ mod tests {
             attachments: vec![],
             route: None,
             notify_meta: None,
+            relayed_from: None,
         })
     }
 

@@ -419,6 +419,7 @@ mod tests {
                 attachments: vec![],
                 route: None,
                 notify_meta: None,
+                relayed_from: None,
             }))
             .unwrap();
             w.append(ev(&format!("turn {n}"))).unwrap();

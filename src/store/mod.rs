@@ -15,7 +15,7 @@ mod costs;
 mod kv;
 pub mod memory;
 mod scheduled;
-pub use scheduled::{Scheduled, parse_due_at};
+pub use scheduled::{ScheduleInsert, Scheduled, parse_due_at};
 
 use std::fs::OpenOptions;
 use std::io;

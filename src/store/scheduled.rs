@@ -25,6 +25,16 @@ pub fn parse_due_at(at: &str) -> Result<i64, String> {
         .map_err(|e| format!("`at` must be an RFC 3339 time like 2026-11-24T09:00:00+01:00: {e}"))
 }
 
+/// What [`Db::schedule_insert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleInsert {
+    Inserted,
+    /// Not inserted: `pending` messages are pending, the limit or more.
+    Full {
+        pending: u32,
+    },
+}
+
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Scheduled> {
     Ok(Scheduled {
         id: r.get(0)?,
@@ -40,15 +50,33 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Scheduled> {
 const COLS: &str = "id, target, text, due_at, created_at, created_by, status";
 
 impl Db {
-    pub async fn schedule_insert(&self, s: Scheduled) -> Result<(), StoreError> {
+    /// Insert `s` as pending unless `max` messages are pending already: the count and the
+    /// insert are one `IMMEDIATE` transaction, so parallel calls cannot pass the limit
+    /// together (the actor runs one job at a time too; the transaction also holds off a
+    /// second writer such as another process on the same file).
+    pub async fn schedule_insert(
+        &self,
+        s: Scheduled,
+        max: u32,
+    ) -> Result<ScheduleInsert, StoreError> {
         self.actor
             .call(move |c| {
-                c.execute(
+                let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                let pending: u32 = tx.query_row(
+                    "SELECT COUNT(*) FROM scheduled WHERE status = 'pending'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                if pending >= max {
+                    return Ok(ScheduleInsert::Full { pending });
+                }
+                tx.execute(
                     "INSERT INTO scheduled (id, target, text, due_at, created_at, created_by, status) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending')",
                     rusqlite::params![s.id, s.target, s.text, s.due_at, s.created_at, s.created_by],
                 )?;
-                Ok(())
+                tx.commit()?;
+                Ok(ScheduleInsert::Inserted)
             })
             .await
     }
@@ -61,6 +89,25 @@ impl Db {
                     "SELECT {COLS} FROM scheduled WHERE status = 'pending' ORDER BY due_at, id"
                 ))?
                 .query_map([], row)?
+                .collect()
+            })
+            .await
+    }
+
+    /// Pending messages that session `created_by` scheduled, soonest first (what
+    /// `list_scheduled` shows that session).
+    pub async fn schedule_pending_of(
+        &self,
+        created_by: &str,
+    ) -> Result<Vec<Scheduled>, StoreError> {
+        let by = created_by.to_owned();
+        self.actor
+            .call(move |c| {
+                c.prepare_cached(&format!(
+                    "SELECT {COLS} FROM scheduled WHERE status = 'pending' AND created_by = ?1 \
+                     ORDER BY due_at, id"
+                ))?
+                .query_map([&by], row)?
                 .collect()
             })
             .await
@@ -79,6 +126,21 @@ impl Db {
             .await
     }
 
+    /// Cancel the pending message `id` if session `created_by` scheduled it; false otherwise
+    /// (no such pending message, or another session's: the two are not told apart).
+    pub async fn schedule_cancel(&self, id: &str, created_by: &str) -> Result<bool, StoreError> {
+        let (id, by) = (id.to_owned(), created_by.to_owned());
+        self.actor
+            .call(move |c| {
+                Ok(c.execute(
+                    "UPDATE scheduled SET status = 'cancelled' \
+                     WHERE id = ?1 AND status = 'pending' AND created_by = ?2",
+                    [&id, &by],
+                )? == 1)
+            })
+            .await
+    }
+
     /// Delete done and cancelled messages that were due before `before` (Unix seconds); the
     /// pending ones stay (SPEC §16.3). Returns how many rows went.
     pub async fn schedule_prune(&self, before: i64) -> Result<usize, StoreError> {
@@ -87,18 +149,6 @@ impl Db {
                 c.execute(
                     "DELETE FROM scheduled WHERE status IN ('done', 'cancelled') AND due_at < ?1",
                     [before],
-                )
-            })
-            .await
-    }
-
-    pub async fn schedule_pending_count(&self) -> Result<u32, StoreError> {
-        self.actor
-            .call(|c| {
-                c.query_row(
-                    "SELECT COUNT(*) FROM scheduled WHERE status = 'pending'",
-                    [],
-                    |r| r.get(0),
                 )
             })
             .await
@@ -142,15 +192,18 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let db = Db::open(&d.path().join("a.db")).unwrap();
         for (id, due) in [("b", 20), ("a", 10)] {
-            db.schedule_insert(Scheduled {
-                id: id.into(),
-                target: "Alice".into(),
-                text: "t".into(),
-                due_at: due,
-                created_at: 1,
-                created_by: "x".into(),
-                status: String::new(),
-            })
+            db.schedule_insert(
+                Scheduled {
+                    id: id.into(),
+                    target: "Alice".into(),
+                    text: "t".into(),
+                    due_at: due,
+                    created_at: 1,
+                    created_by: "x".into(),
+                    status: String::new(),
+                },
+                u32::MAX,
+            )
             .await
             .unwrap();
         }
@@ -161,7 +214,7 @@ mod tests {
         );
         assert!(db.schedule_finish("a", "done").await.unwrap());
         assert!(!db.schedule_finish("a", "cancelled").await.unwrap());
-        assert_eq!(db.schedule_pending_count().await.unwrap(), 1);
+        assert_eq!(db.schedule_pending().await.unwrap().len(), 1);
         assert_eq!(db.schedule_last_run("hb").await.unwrap(), None);
         db.schedule_set_run("hb", 5).await.unwrap();
         db.schedule_set_run("hb", 7).await.unwrap();
@@ -178,15 +231,18 @@ mod tests {
             ("done-new", 100),
             ("pending-old", 10),
         ] {
-            db.schedule_insert(Scheduled {
-                id: id.into(),
-                target: "Alice".into(),
-                text: "t".into(),
-                due_at: due,
-                created_at: 1,
-                created_by: "x".into(),
-                status: String::new(),
-            })
+            db.schedule_insert(
+                Scheduled {
+                    id: id.into(),
+                    target: "Alice".into(),
+                    text: "t".into(),
+                    due_at: due,
+                    created_at: 1,
+                    created_by: "x".into(),
+                    status: String::new(),
+                },
+                u32::MAX,
+            )
             .await
             .unwrap();
         }
@@ -201,6 +257,49 @@ mod tests {
         assert_eq!(pending.len(), 1);
         assert_eq!(pending[0].id, "pending-old");
         assert_eq!(db.schedule_prune(1000).await.unwrap(), 1, "done-new");
+    }
+
+    fn row_of(id: &str, by: &str) -> Scheduled {
+        Scheduled {
+            id: id.into(),
+            target: by.into(),
+            text: format!("text of {id}"),
+            due_at: 10,
+            created_at: 1,
+            created_by: by.into(),
+            status: String::new(),
+        }
+    }
+
+    /// A session lists and cancels only what it scheduled; the scheduler still sees all.
+    #[tokio::test]
+    async fn rows_belong_to_the_session_that_made_them() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Db::open(&d.path().join("a.db")).unwrap();
+        for (id, by) in [("a1", "alice"), ("b1", "bob")] {
+            let r = db.schedule_insert(row_of(id, by), 10).await.unwrap();
+            assert_eq!(r, ScheduleInsert::Inserted);
+        }
+        let of = |v: Vec<Scheduled>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();
+        assert_eq!(of(db.schedule_pending_of("bob").await.unwrap()), ["b1"]);
+        assert_eq!(of(db.schedule_pending_of("eve").await.unwrap()), [""; 0]);
+        assert!(!db.schedule_cancel("a1", "bob").await.unwrap());
+        assert!(db.schedule_cancel("a1", "alice").await.unwrap());
+        assert!(!db.schedule_cancel("a1", "alice").await.unwrap(), "once");
+        assert_eq!(of(db.schedule_pending().await.unwrap()), ["b1"]);
+    }
+
+    #[tokio::test]
+    async fn insert_refuses_at_the_limit() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Db::open(&d.path().join("a.db")).unwrap();
+        for id in ["1", "2"] {
+            let r = db.schedule_insert(row_of(id, "x"), 2).await.unwrap();
+            assert_eq!(r, ScheduleInsert::Inserted);
+        }
+        let r = db.schedule_insert(row_of("3", "x"), 2).await.unwrap();
+        assert_eq!(r, ScheduleInsert::Full { pending: 2 });
+        assert_eq!(db.schedule_pending().await.unwrap().len(), 2);
     }
 
     #[test]

@@ -69,6 +69,7 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
     }
     let schedule = super::schedule::ScheduleTools {
         db: deps.db.clone(),
+        live: deps.live.clone(),
         wake: deps.schedule_wake,
         max_scheduled: cfg.tools.max_scheduled,
         max_delay: cfg.tools.max_delay,

@@ -33,6 +33,13 @@ struct EditArgs {
 }
 
 impl Tool for EditTool {
+    fn effects(&self, args: &Value, ctx: &ToolContext) -> super::effects::Effects {
+        match args["path"].as_str() {
+            Some(p) => super::effects::Effects::writing(super::effects::resolve(&ctx.workspace, p)),
+            None => Default::default(),
+        }
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "edit".into(),

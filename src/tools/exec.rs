@@ -34,6 +34,8 @@ pub struct ExecTool {
     max_timeout: Duration,
     /// Directories the command must never read (state and config directories).
     protected: Vec<PathBuf>,
+    /// The system prompt's files: read-only to the command (`[tools] writable_context` aside).
+    prompt: super::paths::PromptFiles,
     /// `[tools] scratch_dir`: the command's `TMPDIR` when an allowed path holds it.
     scratch_dir: PathBuf,
     /// The `agentd` binary that provides `sandbox-exec`; `None` = the running executable.
@@ -58,18 +60,27 @@ impl ExecTool {
             default_timeout: cfg.exec_timeout,
             max_timeout: cfg.exec_max_timeout.max(cfg.exec_timeout),
             protected,
+            prompt: Default::default(),
             scratch_dir: cfg.scratch_dir.clone(),
             helper_exe: None,
             force_fallback: crate::sandbox::probe::fallback_forced(),
         }
     }
 
-    /// From the whole config: the state and config directories are protected.
+    /// From the whole config: the state and config directories are protected, the system
+    /// prompt's files read-only.
     pub fn from_config(cfg: &Config) -> ExecTool {
         ExecTool::new(
             &cfg.tools,
             vec![cfg.paths.state_dir.clone(), cfg.config_dir.clone()],
         )
+        .with_prompt_files(super::paths::PromptFiles::from_config(cfg))
+    }
+
+    /// Keep `prompt`'s files read-only to the command.
+    pub fn with_prompt_files(mut self, prompt: super::paths::PromptFiles) -> ExecTool {
+        self.prompt = prompt;
+        self
     }
 
     /// Use this binary as the helper instead of the running executable (tests).
@@ -125,6 +136,8 @@ impl ExecTool {
             timeout,
         )
         .map_err(ToolError::Denied)?;
+        let (read_only, writable) = self.prompt.sandbox_paths();
+        policy.keep_read_only(&read_only, &writable, &self.protected);
         // SPEC §16.8: temp files go to the scratch directory, at the path every tool sees.
         let real = std::fs::canonicalize(&self.scratch_dir).unwrap_or_default();
         if policy
@@ -175,6 +188,14 @@ pub fn render(out: &ExecOutput, timeout: Duration) -> String {
 }
 
 impl Tool for ExecTool {
+    /// A command may read anything: it waits for the writes before it in its answer.
+    fn effects(&self, _args: &Value, _ctx: &ToolContext) -> super::effects::Effects {
+        super::effects::Effects {
+            reads: super::effects::Reads::All,
+            writes: Vec::new(),
+        }
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "exec".into(),
@@ -241,6 +262,7 @@ mod tests {
             default_timeout: Duration::from_secs(120),
             max_timeout: Duration::from_secs(600),
             protected: vec![],
+            prompt: Default::default(),
             scratch_dir: PathBuf::from("/tmp/agentd-scratch-test"),
             helper_exe: None,
             force_fallback: false,

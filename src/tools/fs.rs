@@ -68,6 +68,15 @@ impl Tool for ReadTool {
         true
     }
 
+    fn effects(&self, args: &Value, ctx: &ToolContext) -> super::effects::Effects {
+        match args["path"].as_str() {
+            Some(p) => {
+                super::effects::Effects::reading(vec![super::effects::resolve(&ctx.workspace, p)])
+            }
+            None => Default::default(),
+        }
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "read".into(),

@@ -13,7 +13,7 @@ use super::paths::open_read_beneath;
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::ToolSpec;
 use crate::memory::{Memory, MemoryError};
-use crate::store::memory::{CommitmentStatus, Fact, FactWrite, NewCommitment, NewFact};
+use crate::store::memory::{AliasWrite, CommitmentStatus, Fact, FactWrite, NewCommitment, NewFact};
 
 /// Largest `k` of one search.
 const MAX_K: u64 = 50;
@@ -366,13 +366,14 @@ impl Tool for MemoryWrite {
             };
             if let Some(aliases) = args.get("aliases").and_then(Value::as_array) {
                 for a in aliases.iter().filter_map(Value::as_str) {
-                    if m.db()
-                        .add_alias(a, &entity)
-                        .await
-                        .map_err(store_failed)?
-                        .is_some()
-                    {
-                        let _ = write!(out, "\nAlias {a:?} → {entity}");
+                    match m.db().add_alias(a, &entity).await.map_err(store_failed)? {
+                        AliasWrite::Added { .. } => {
+                            let _ = write!(out, "\nAlias {a:?} → {entity}");
+                        }
+                        AliasWrite::Unchanged => {}
+                        AliasWrite::Refused(why) => {
+                            let _ = write!(out, "\nAlias refused: {why}");
+                        }
                     }
                 }
             }

@@ -6,8 +6,10 @@ pub mod approval;
 pub mod arg_schema;
 pub mod assemble;
 pub mod edit;
+pub mod effects;
 pub mod exec;
 pub mod fs;
+pub mod listing;
 pub mod mcp;
 pub mod memory;
 pub mod messaging;
@@ -54,6 +56,12 @@ pub trait Tool: Send + Sync {
     /// `Invalid` and `Denied` errors are the tool's own checks and are not wrapped.
     fn untrusted_output(&self) -> bool {
         false
+    }
+    /// What a call with `args` reads and writes on disk, so that the calls of one answer that
+    /// touch the same paths run in the order the model wrote them (`effects::waits_for`).
+    /// Default: nothing.
+    fn effects(&self, _args: &Value, _ctx: &ToolContext) -> effects::Effects {
+        effects::Effects::default()
     }
     /// Run the tool. Arguments were already validated against `spec().input_schema`.
     fn call<'a>(
@@ -117,6 +125,8 @@ pub struct SessionStatus {
 pub fn builtin_tools(cfg: &crate::config::ToolsConfig) -> Vec<Arc<dyn Tool>> {
     let all: Vec<Arc<dyn Tool>> = vec![
         Arc::new(fs::ReadTool::new()),
+        Arc::new(listing::ListTool),
+        Arc::new(listing::GlobTool),
         Arc::new(write::WriteTool::new()),
         Arc::new(edit::EditTool::new()),
         Arc::new(web::WebFetchTool::new(
@@ -153,6 +163,7 @@ mod tests {
             max_scheduled: 0,
             max_delay: Duration::from_secs(1),
             max_parallel_calls: 8,
+            writable_context: vec![],
             web_search_key: None,
         }
     }
@@ -165,7 +176,15 @@ mod tests {
     fn builtin_tools_default_to_all() {
         assert_eq!(
             names(&builtin_tools(&cfg(None))),
-            ["read", "write", "edit", "web_fetch", "session_status"]
+            [
+                "read",
+                "list",
+                "glob",
+                "write",
+                "edit",
+                "web_fetch",
+                "session_status"
+            ]
         );
     }
 
@@ -178,7 +197,7 @@ mod tests {
             .filter(|t| t.untrusted_output())
             .map(|t| t.spec().name)
             .collect();
-        assert_eq!(flagged, ["read", "web_fetch"]);
+        assert_eq!(flagged, ["read", "list", "glob", "web_fetch"]);
     }
 
     #[test]
@@ -194,7 +213,15 @@ mod tests {
             .expect("built-in schemas compile");
         assert_eq!(
             reg.names(),
-            ["edit", "read", "session_status", "web_fetch", "write"]
+            [
+                "edit",
+                "glob",
+                "list",
+                "read",
+                "session_status",
+                "web_fetch",
+                "write"
+            ]
         );
     }
 }

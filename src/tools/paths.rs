@@ -52,6 +52,7 @@ pub fn resolve_allowed(
     let joined = if Path::new(path).is_absolute() {
         PathBuf::from(path)
     } else {
+        repeated_workspace_name(path, workspace)?;
         workspace.join(path)
     };
     let resolved = resolve_lenient(&joined).map_err(|e| match e {
@@ -80,6 +81,32 @@ pub fn resolve_allowed(
     Err(ToolError::Denied(format!(
         "path '{path}' is outside the allowed paths{shown}; allowed: {}",
         describe_roots(allowed)
+    )))
+}
+
+/// A relative path whose first component is the workspace's own name (`workspace/notes.txt`
+/// for the workspace `…/workspace`) and no such directory in it: the model meant a path
+/// inside the workspace, and would create a nested folder. The error names the likely path.
+fn repeated_workspace_name(path: &str, workspace: &Path) -> Result<(), ToolError> {
+    let mut parts = Path::new(path).components();
+    let (Some(std::path::Component::Normal(first)), Some(name)) =
+        (parts.next(), workspace.file_name())
+    else {
+        return Ok(());
+    };
+    if first != name || workspace.join(first).is_dir() {
+        return Ok(());
+    }
+    let rest = parts.as_path();
+    let meant = if rest.as_os_str().is_empty() {
+        ".".to_string()
+    } else {
+        rest.display().to_string()
+    };
+    Err(ToolError::Invalid(format!(
+        "path '{path}' starts with the workspace's own name, but relative paths already start in \
+         the workspace ({}); did you mean '{meant}'?",
+        workspace.display()
     )))
 }
 
@@ -174,13 +201,154 @@ pub enum Access {
 /// The daemon's own directories, guarded by every file tool whatever `allowed_paths` says
 /// (SPEC §16.8): nothing of the config directory and no file named `.env` is read or written;
 /// nothing of the state directory is written, and only its `inbox/` (downloads, voice notes,
-/// TTS output) is read. `None` guards nothing (tests of the plain path rule).
+/// TTS output) is read. `None` guards nothing (tests of the plain path rule). The files of the
+/// system prompt ([`PromptFiles`]) are read but never written.
 #[derive(Debug, Clone, Default)]
 pub struct Protected {
     /// `paths.state_dir`.
     pub state_dir: Option<PathBuf>,
     /// The directory of `agentd.toml` (with `.env` and usually `providers.d/`).
     pub config_dir: Option<PathBuf>,
+    /// The trusted prompt's files the tools may read but not change.
+    pub prompt: PromptFiles,
+}
+
+/// The files of the system prompt that the model's tools must not change (issue "Security,
+/// third round", item 10): the context files of every tier (`[agent.context]` and
+/// `[agent.context.tiers.*]`) and everything under the skills directory (`[agent.skills]
+/// dir`), except the files `[tools] writable_context` opts in. `write` and `edit` refuse them
+/// ([`PromptFiles::check`]); `exec` gets them as read-only paths of its sandbox policy
+/// ([`PromptFiles::sandbox_paths`]). Every session's next prompt is made from these files, so
+/// one session's model could otherwise speak in every other session's system prompt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PromptFiles {
+    /// Context files not opted in: the workspace joined with each configured name.
+    pub files: Vec<PathBuf>,
+    /// The skills directory (absolute).
+    pub skills_dir: Option<PathBuf>,
+    /// Files under the skills directory that are opted in (absolute).
+    pub writable_skill_files: Vec<PathBuf>,
+}
+
+impl PromptFiles {
+    /// From the config: every tier's context files and the skills directory, less
+    /// `[tools] writable_context`.
+    pub fn from_config(cfg: &crate::config::Config) -> PromptFiles {
+        let ws = &cfg.agent.workspace;
+        let ctx = &cfg.agent.context;
+        let opted: Vec<PathBuf> = cfg
+            .tools
+            .writable_context
+            .iter()
+            .map(|n| ws.join(n))
+            .collect();
+        let mut files: Vec<PathBuf> = ctx
+            .stable
+            .iter()
+            .chain(&ctx.semi_stable)
+            .chain(
+                ctx.tiers
+                    .values()
+                    .flat_map(|t| t.stable.iter().chain(&t.semi_stable)),
+            )
+            .map(|n| ws.join(n))
+            .filter(|p| !opted.contains(p))
+            .collect();
+        files.sort();
+        files.dedup();
+        let skills_dir = cfg.agent.skills.dir.clone();
+        let writable_skill_files = opted
+            .into_iter()
+            .filter(|p| p.starts_with(&skills_dir))
+            .collect();
+        PromptFiles {
+            files,
+            skills_dir: Some(skills_dir),
+            writable_skill_files,
+        }
+    }
+
+    /// Refuse writing the canonical path `resolved` when it is a guarded context file (by
+    /// path, through a symlink, or as another hard link of it) or lies in the skills
+    /// directory and is not opted in. `shown` is the path as the model gave it.
+    pub fn check(&self, resolved: &Path, shown: &str) -> Result<(), ToolError> {
+        for file in &self.files {
+            if same_file(resolved, file) {
+                let name = file.file_name().map(Path::new).unwrap_or(file);
+                return Err(ToolError::Denied(format!(
+                    "path '{shown}' is '{}', a context file of the system prompt \
+                     ([agent.context]); the tools read it but never change it, unless the \
+                     operator lists it in [tools] writable_context",
+                    name.display()
+                )));
+            }
+        }
+        let Some(skills) = &self.skills_dir else {
+            return Ok(());
+        };
+        let inside = lenient_canonical(skills).is_some_and(|dir| resolved.starts_with(&dir))
+            || resolved.starts_with(skills)
+            || DirId::of(skills).is_some_and(|d| d.contains(resolved));
+        let opted = self
+            .writable_skill_files
+            .iter()
+            .any(|f| same_file(resolved, f));
+        if inside && !opted {
+            return Err(ToolError::Denied(format!(
+                "path '{shown}' is in the skills directory '{}' ([agent.skills] dir), whose \
+                 files go into the system prompt; the tools never change it, unless the \
+                 operator lists the file in [tools] writable_context",
+                skills.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// What the exec sandbox keeps read-only, and the opted-in files inside it that stay
+    /// writable: each guarded path as configured and, where it resolves elsewhere (a
+    /// symlink), where it leads too.
+    pub fn sandbox_paths(&self) -> (Vec<PathBuf>, Vec<PathBuf>) {
+        let mut read_only = Vec::new();
+        for p in self.files.iter().chain(&self.skills_dir) {
+            read_only.push(p.clone());
+            if let Some(real) = lenient_canonical(p)
+                && real != *p
+            {
+                read_only.push(real);
+            }
+        }
+        read_only.sort();
+        read_only.dedup();
+        let writable = self
+            .writable_skill_files
+            .iter()
+            .map(|p| lenient_canonical(p).unwrap_or_else(|| p.clone()))
+            .collect();
+        (read_only, writable)
+    }
+}
+
+/// `path` canonicalized, or (when it does not exist) its parent canonicalized with the file
+/// name appended; `None` when neither resolves.
+fn lenient_canonical(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return Some(p);
+    }
+    let parent = std::fs::canonicalize(path.parent()?).ok()?;
+    Some(parent.join(path.file_name()?))
+}
+
+/// Whether the canonical path `resolved` is `file`: the same path once resolved, or the same
+/// inode (another hard link).
+fn same_file(resolved: &Path, file: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if resolved == file || lenient_canonical(file).is_some_and(|f| f == resolved) {
+        return true;
+    }
+    match (std::fs::metadata(resolved), std::fs::metadata(file)) {
+        (Ok(a), Ok(b)) => a.is_file() && a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// A directory identified both by its canonical path and by its inode, so a bind mount or any
@@ -221,6 +389,15 @@ impl Protected {
         Protected {
             state_dir: Some(state_dir),
             config_dir: Some(config_dir),
+            prompt: PromptFiles::default(),
+        }
+    }
+
+    /// The state and config directories and the prompt's files of `cfg`.
+    pub fn from_config(cfg: &crate::config::Config) -> Protected {
+        Protected {
+            prompt: PromptFiles::from_config(cfg),
+            ..Protected::new(cfg.paths.state_dir.clone(), cfg.config_dir.clone())
         }
     }
 
@@ -242,9 +419,12 @@ impl Protected {
     }
 
     /// Refuse the canonical path `resolved` when `access` to it would reach the config
-    /// directory, a `.env` file, or the state directory (outside `inbox/` for reading).
-    /// `shown` is the path as the model gave it.
+    /// directory, a `.env` file, the state directory (outside `inbox/` for reading), or, for
+    /// writing, a file of the system prompt. `shown` is the path as the model gave it.
     pub fn check(&self, resolved: &Path, access: Access, shown: &str) -> Result<(), ToolError> {
+        if access == Access::Write {
+            self.prompt.check(resolved, shown)?;
+        }
         if resolved.file_name().is_some_and(|n| n == ".env") {
             return Err(ToolError::Denied(format!(
                 "path '{shown}' is a .env file, which holds secrets; the file tools never read \
@@ -513,6 +693,21 @@ mod tests {
         fn resolve(&self, path: &str) -> Result<PathBuf, ToolError> {
             resolve_allowed(path, &self.ws, std::slice::from_ref(&self.ws))
         }
+    }
+
+    #[test]
+    fn a_path_repeating_the_workspace_name_names_the_meant_one() {
+        let f = Fixture::new();
+        let e = f.resolve("ws/notes.txt").unwrap_err();
+        assert!(
+            matches!(&e, ToolError::Invalid(m) if m.contains("did you mean 'notes.txt'")),
+            "{e}"
+        );
+        assert!(f.resolve("ws").is_err());
+        // A real subdirectory of that name is a path like any other.
+        std::fs::create_dir_all(f.ws.join("ws")).unwrap();
+        assert!(f.resolve("ws/notes.txt").is_ok());
+        assert!(f.resolve("sub/file.txt").is_ok());
     }
 
     fn assert_denied(result: Result<PathBuf, ToolError>) {
@@ -854,6 +1049,61 @@ mod tests {
         }
         let err = ensure_scratch_dir(&dir).unwrap_err();
         assert!(err.contains("owned by uid 65534"), "{err}");
+    }
+
+    /// Issue "Security, third round", item 10: the context files and the skills directory are
+    /// read, never written (by path, through a symlink, as another hard link, a new skill),
+    /// except the files the operator opts in.
+    #[test]
+    fn prompt_files_are_read_only_unless_opted_in() {
+        let f = Fixture::new();
+        let skills = f.ws.join("skills");
+        std::fs::create_dir_all(skills.join("example")).unwrap();
+        std::fs::write(skills.join("example/SKILL.md"), "skill\n").unwrap();
+        std::fs::create_dir_all(skills.join("mine")).unwrap();
+        std::fs::write(skills.join("mine/SKILL.md"), "mine\n").unwrap();
+        std::fs::write(f.ws.join("AGENTS.md"), "rules\n").unwrap();
+        std::fs::write(f.ws.join("MEMORY.md"), "notes\n").unwrap();
+        let p = Protected {
+            prompt: PromptFiles {
+                files: vec![f.ws.join("AGENTS.md"), f.ws.join("IDENTITY.md")],
+                skills_dir: Some(skills.clone()),
+                writable_skill_files: vec![skills.join("mine/SKILL.md")],
+            },
+            ..Protected::default()
+        };
+        let roots = vec![f.ws.clone()];
+        let msg = denied(resolve_write("AGENTS.md", &f.ws, &roots, &p));
+        assert!(
+            msg.contains("context file") && msg.contains("writable_context"),
+            "{msg}"
+        );
+        denied(resolve_write("IDENTITY.md", &f.ws, &roots, &p));
+        for path in [
+            "skills/example/SKILL.md",
+            "skills/new/SKILL.md",
+            "skills",
+            "skills/example/other.md",
+        ] {
+            let msg = denied(resolve_write(path, &f.ws, &roots, &p));
+            assert!(msg.contains("skills directory"), "{path}: {msg}");
+        }
+        symlink(f.ws.join("AGENTS.md"), f.ws.join("rules-link")).unwrap();
+        denied(resolve_write("rules-link", &f.ws, &roots, &p));
+        std::fs::hard_link(f.ws.join("AGENTS.md"), f.ws.join("sub/rules-hard")).unwrap();
+        denied(resolve_write("sub/rules-hard", &f.ws, &roots, &p));
+        // Reading is fine; so are the opted-in file and everything else.
+        assert!(resolve_read("AGENTS.md", &f.ws, &roots, &p).is_ok());
+        assert!(resolve_write("skills/mine/SKILL.md", &f.ws, &roots, &p).is_ok());
+        assert!(resolve_write("MEMORY.md", &f.ws, &roots, &p).is_ok());
+        assert!(resolve_write("sub/notes.md", &f.ws, &roots, &p).is_ok());
+        // What exec keeps read-only: the paths as configured and where a symlink leads.
+        let (ro, rw) = p.prompt.sandbox_paths();
+        assert!(
+            ro.contains(&f.ws.join("AGENTS.md")) && ro.contains(&skills),
+            "{ro:?}"
+        );
+        assert_eq!(rw, [skills.join("mine/SKILL.md")]);
     }
 
     #[test]

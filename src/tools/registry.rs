@@ -314,13 +314,28 @@ impl ToolRegistry {
     ) -> Vec<ToolResult> {
         // At most `max_parallel` calls run at once (one answer of 100 calls must not start 100
         // processes); the semaphore is fair, so they start in the order of `calls`, and
-        // `join_all` keeps that order in the results.
+        // `join_all` keeps that order in the results. A call that touches a path an earlier
+        // call of the answer writes (or writes one it reads) first waits for that call
+        // (`effects::waits_for`), before it takes a slot, so waiting calls hold none.
         let slots = tokio::sync::Semaphore::new(self.max_parallel);
         let slots = &slots;
+        let effects = self.effects_of(calls, refused, ctx);
+        let waits = super::effects::waits_for(&effects);
+        let done: Vec<tokio::sync::Semaphore> = calls
+            .iter()
+            .map(|_| tokio::sync::Semaphore::new(0))
+            .collect();
+        let done = &done;
         futures::future::join_all(calls.iter().enumerate().map(|(i, call)| {
             let refusal = refused.get(i).cloned().flatten();
+            let waits = &waits[i];
             async move {
-                match refusal {
+                for &before in waits {
+                    // Never closed; it gets its permit when that call is done (given back
+                    // here at once, for the other calls waiting for it).
+                    let _done = done[before].acquire().await;
+                }
+                let result = match refusal {
                     Some(content) => ToolResult {
                         tool_call_id: call.id.clone(),
                         content,
@@ -331,10 +346,32 @@ impl ToolRegistry {
                         let _slot = slots.acquire().await.ok();
                         self.execute(call, ctx).await
                     }
-                }
+                };
+                done[i].add_permits(1);
+                result
             }
         }))
         .await
+    }
+
+    /// What each call of an answer touches on disk (nothing for refused or unknown ones).
+    fn effects_of(
+        &self,
+        calls: &[ToolCall],
+        refused: &[Option<String>],
+        ctx: &ToolContext,
+    ) -> Vec<super::effects::Effects> {
+        let tools = self.snapshot();
+        calls
+            .iter()
+            .enumerate()
+            .map(
+                |(i, call)| match (refused.get(i).cloned().flatten(), tools.get(&call.name)) {
+                    (None, Some(entry)) => entry.tool.effects(&call.arguments, ctx),
+                    _ => Default::default(),
+                },
+            )
+            .collect()
     }
 
     /// The checks and the call itself; `Err` is the text of an error result. The flag says
@@ -952,6 +989,84 @@ mod tests {
             "{}",
             &res.content[res.content.len() - 80..]
         );
+    }
+
+    /// A tool that logs when it starts and ends, sleeping in between, and declares the `path`
+    /// argument as read or written.
+    struct PathTool {
+        name: &'static str,
+        writes: bool,
+        log: Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    impl Tool for PathTool {
+        fn spec(&self) -> ToolSpec {
+            ToolSpec {
+                name: self.name.into(),
+                description: String::new(),
+                input_schema: json!({"type": "object"}),
+            }
+        }
+
+        fn effects(&self, args: &Value, ctx: &ToolContext) -> crate::tools::effects::Effects {
+            let path =
+                crate::tools::effects::resolve(&ctx.workspace, args["path"].as_str().unwrap_or(""));
+            match self.writes {
+                true => crate::tools::effects::Effects::writing(path),
+                false => crate::tools::effects::Effects::reading(vec![path]),
+            }
+        }
+
+        fn call<'a>(
+            &'a self,
+            args: Value,
+            _ctx: &'a ToolContext,
+        ) -> BoxFuture<'a, Result<String, ToolError>> {
+            Box::pin(async move {
+                let what = format!("{} {}", self.name, args["path"].as_str().unwrap_or(""));
+                self.log.lock().unwrap().push(format!("start {what}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.log.lock().unwrap().push(format!("end {what}"));
+                Ok(what)
+            })
+        }
+    }
+
+    /// `write a` then `read a` in one answer: the read starts after the write ended; `read b`
+    /// runs beside the write.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_after_a_write_of_the_same_path_waits_for_it() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reg = ToolRegistry::new(
+            vec![
+                Arc::new(PathTool {
+                    name: "w",
+                    writes: true,
+                    log: log.clone(),
+                }),
+                Arc::new(PathTool {
+                    name: "r",
+                    writes: false,
+                    log: log.clone(),
+                }),
+            ],
+            Duration::from_secs(5),
+            1000,
+        )
+        .unwrap();
+        let calls = vec![
+            call("w", json!({"path": "a"})),
+            call("r", json!({"path": "./a"})),
+            call("r", json!({"path": "b"})),
+        ];
+        let started = tokio::time::Instant::now();
+        let results = reg.execute_all(&calls, &ctx()).await;
+        assert!(results.iter().all(|r| !r.is_error), "{results:?}");
+        assert_eq!(started.elapsed(), Duration::from_millis(200));
+        let log = log.lock().unwrap().clone();
+        let at = |s: &str| log.iter().position(|l| l == s).unwrap();
+        assert!(at("end w a") < at("start r ./a"), "{log:?}");
+        assert!(at("start r b") < at("end w a"), "{log:?}");
     }
 
     #[tokio::test(start_paused = true)]

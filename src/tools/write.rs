@@ -39,6 +39,13 @@ struct WriteArgs {
 }
 
 impl Tool for WriteTool {
+    fn effects(&self, args: &Value, ctx: &ToolContext) -> super::effects::Effects {
+        match args["path"].as_str() {
+            Some(p) => super::effects::Effects::writing(super::effects::resolve(&ctx.workspace, p)),
+            None => Default::default(),
+        }
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "write".into(),

@@ -648,9 +648,14 @@ fn wrap_up_notice_and_tools_withheld_on_last_turn() {
     );
     let second = serde_json::to_string(&reqs[1]["messages"]).unwrap();
     assert!(second.contains("Only 2 model calls remain"), "{second}");
-    // The model called a tool anyway on the last turn: the call is dropped, the turn is final.
-    assert_eq!(fin["final"], true);
-    assert!(fin.get("tool_calls").is_none(), "{fin}");
+    // The model called a tool anyway on the last turn: the call is dropped, and an answer
+    // with nothing else is empty, so the message fails (issue 38: an empty answer is a
+    // failure, never an empty reply).
+    assert_eq!(fin["type"], "failure", "{fin}");
+    assert!(
+        fin.to_string().contains("empty text on the last turn"),
+        "{fin}"
+    );
 }
 
 /// Dangling tool calls (a crash between call and result) are answered with error results

@@ -213,6 +213,7 @@ fn tools_cfg(sandbox: ExecSandbox) -> ToolsConfig {
         max_scheduled: 0,
         max_delay: Duration::from_secs(1),
         max_parallel_calls: 8,
+        writable_context: vec![],
         web_search_key: None,
     }
 }
@@ -846,4 +847,103 @@ async fn private_tmp_keeps_read_only_grants_read_only() {
         assert!(!root.join("data/new").exists(), "{text}");
         assert!(!text.contains("env-secret-77d1"), "{text}");
     }
+}
+
+/// Issue "Security, third round", item 10: the system prompt's files stay unchanged on every
+/// isolation path: read-only bind mounts with a mount namespace, the Landlock split without
+/// one (or when a guarded file does not exist). The command still reads them and writes the
+/// rest of the workspace; an opted-in file in the skills directory stays writable.
+#[tokio::test]
+async fn prompt_files_stay_read_only_on_every_isolation_path() {
+    let root = tempfile::tempdir().unwrap();
+    let ws = std::fs::canonicalize(root.path()).unwrap().join("ws");
+    let (agents, skill, opted) = (
+        ws.join("AGENTS.md"),
+        ws.join("skills/example/SKILL.md"),
+        ws.join("skills/mine/SKILL.md"),
+    );
+    for dir in ["skills/example", "skills/mine", "notes"] {
+        std::fs::create_dir_all(ws.join(dir)).unwrap();
+    }
+    std::fs::write(&agents, "rules\n").unwrap();
+    std::fs::write(&skill, "skill\n").unwrap();
+    std::fs::write(&opted, "mine\n").unwrap();
+    let attack = "cat AGENTS.md; echo X >> AGENTS.md; echo X >> skills/example/SKILL.md; \
+                  rm -f AGENTS.md; mv skills/example skills/gone; mkdir skills/evil; \
+                  echo X > IDENTITY.md; ln AGENTS.md notes/hard; \
+                  echo note > notes/n.txt && echo WROTE-NOTE; \
+                  echo more >> skills/mine/SKILL.md && echo WROTE-OPTED; \
+                  ls | grep -q AGENTS.md && echo LISTED; true";
+    let unchanged = |label: &str, identity_guarded: bool| {
+        assert_eq!(
+            std::fs::read_to_string(&agents).unwrap(),
+            "rules\n",
+            "{label}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&skill).unwrap(),
+            "skill\n",
+            "{label}"
+        );
+        for p in ["skills/evil", "skills/gone", "notes/hard"] {
+            assert!(!ws.join(p).exists(), "{label}: {p} appeared");
+        }
+        if identity_guarded {
+            assert!(
+                !ws.join("IDENTITY.md").exists(),
+                "{label}: IDENTITY.md appeared"
+            );
+        }
+        let _ = std::fs::remove_file(ws.join("IDENTITY.md"));
+    };
+    let cases = [
+        // Every guarded file exists: bound read-only where a mount namespace exists.
+        (Ns::Full, false),
+        (Ns::NoMount, false),
+        (Ns::Off, false),
+        // IDENTITY.md is guarded but missing: the Landlock split on every path.
+        (Ns::Full, true),
+    ];
+    for (ns, missing) in cases {
+        let label = format!("{ns:?}, a guarded file missing: {missing}");
+        let mut read_only = vec![agents.clone(), ws.join("skills")];
+        if missing {
+            read_only.push(ws.join("IDENTITY.md"));
+        }
+        let mut p = policy(&ws, SandboxMode::Landlock, ns, Duration::from_secs(20));
+        p.keep_read_only(&read_only, std::slice::from_ref(&opted), &[]);
+        let out = run(&p, &ws, attack).await;
+        eprintln!("{label}: {out:?}");
+        unchanged(&label, missing);
+        assert!(
+            out.stdout.starts_with("rules\n"),
+            "{label}: still readable: {out:?}"
+        );
+        assert!(out.stdout.contains("WROTE-NOTE"), "{label}: {out:?}");
+        assert!(out.stdout.contains("WROTE-OPTED"), "{label}: {out:?}");
+        assert!(out.stdout.contains("LISTED"), "{label}: {out:?}");
+        std::fs::write(&opted, "mine\n").unwrap();
+        std::fs::remove_file(ws.join("notes/n.txt")).unwrap();
+    }
+    // Through the tool, as the daemon builds it.
+    let prompt = agentd::tools::paths::PromptFiles {
+        files: vec![agents.clone()],
+        skills_dir: Some(ws.join("skills")),
+        writable_skill_files: vec![opted.clone()],
+    };
+    let tool = ExecTool::new(&tools_cfg(ExecSandbox::Landlock), vec![])
+        .with_helper(helper())
+        .with_prompt_files(prompt);
+    let out = tool
+        .call(
+            serde_json::json!({ "command": attack }),
+            &ctx(&ws, vec![ws.clone()]),
+        )
+        .await
+        .unwrap();
+    unchanged("tool", false);
+    assert!(
+        out.contains("WROTE-NOTE") && out.contains("WROTE-OPTED"),
+        "{out}"
+    );
 }

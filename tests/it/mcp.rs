@@ -77,6 +77,7 @@ pub(crate) fn sandbox(dir: &std::path::Path) -> McpSandbox {
         mode: agentd::sandbox::SandboxMode::Landlock,
         allowed_paths: vec![dir.to_path_buf()],
         protected: vec![dir.join("state"), dir.join("config")],
+        prompt: Default::default(),
         private_root: dir.join("mcp-private"),
         default_cwd: dir.to_path_buf(),
         helper_exe: Some(env!("CARGO_BIN_EXE_agentd").into()),

@@ -395,6 +395,23 @@ fn tools_and_recall_in_the_daemon() {
         cost.contains("fake-embed"),
         "embedding calls recorded: {cost}"
     );
+
+    // An alias may not take the name of an entity with facts; the model is told why.
+    llm.push(call(
+        "memory_write",
+        json!({"entity": "Bob", "attribute": "employer", "value": "ACME"}),
+    ));
+    llm.push(call(
+        "memory_write",
+        json!({"entity": "Carl", "attribute": "city", "value": "Rome", "aliases": ["bob"]}),
+    ));
+    llm.push(Reply::text("ok"));
+    let reqs = ask(&d, &llm, "Bob works at ACME; Carl lives in Rome", 15);
+    let refused = last_tool_result(&reqs[14]);
+    assert!(
+        refused.contains("Alias refused") && refused.contains("\"Bob\""),
+        "{refused}"
+    );
     assert!(d.sigterm().success());
 }
 

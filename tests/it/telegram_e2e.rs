@@ -290,11 +290,12 @@ fn scheduled_message_survives_restart_and_is_delivered_once() {
         1,
         "{sent:?}"
     );
+    // Scheduled by the session "ops" for the contact's conversation: marked as ops's words.
     let trail = d.trail("Alice");
     assert!(
         trail
             .iter()
-            .any(|l| l["final"] == true && l["text"] == "Reminder: stretch!"),
+            .any(|l| l["final"] == true && l["text"] == "[from session ops] Reminder: stretch!"),
         "{trail:#?}"
     );
     wait_until(WAIT, "delivery done record", || {
@@ -540,9 +541,11 @@ fn revoked_token_turns_telegram_red_and_the_daemon_runs_on() {
     d.start();
 
     let client = reqwest::blocking_client();
+    // The alert is a detail of the status: it needs the token.
     let status = wait_until(WAIT, "Telegram red in /api/v1/status", || {
         client
             .get(format!("http://127.0.0.1:{port}/api/v1/status"))
+            .bearer_auth("tok")
             .send()
             .ok()
             .and_then(|r| r.json::<serde_json::Value>().ok())

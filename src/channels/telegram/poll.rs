@@ -238,6 +238,14 @@ struct Poller {
     offset: i64,
 }
 
+/// How one getUpdates ended.
+enum Polled {
+    Cancelled,
+    /// Given up: the offset moved while it waited.
+    Again,
+    Answer(Result<Vec<teloxide::types::Update>, TgError>),
+}
+
 impl Poller {
     async fn run(&mut self) {
         let mut last_poll: Option<tokio::time::Instant> = None;
@@ -249,8 +257,13 @@ impl Poller {
                 return;
             }
             last_poll = Some(tokio::time::Instant::now());
-            let Some(result) = self.poll().await else {
-                return;
+            let result = match self.poll().await {
+                Polled::Cancelled => return,
+                // The offset moved while the poll waited: ask again with it, which confirms
+                // the finished updates to Telegram at once (a stop would otherwise leave them
+                // offered again, skipped by the saved offset).
+                Polled::Again => continue,
+                Polled::Answer(r) => r,
             };
             let updates = match result {
                 Ok(u) => u,
@@ -276,8 +289,9 @@ impl Poller {
         }
     }
 
-    /// One getUpdates, while finished intakes are accounted; `None` when cancelled.
-    async fn poll(&mut self) -> Option<Result<Vec<teloxide::types::Update>, TgError>> {
+    /// One getUpdates, while finished intakes are accounted; given up when one of them moves
+    /// the offset.
+    async fn poll(&mut self) -> Polled {
         let client = self.client.clone();
         let cancel = self.cancel.clone();
         let call = tokio::time::timeout(
@@ -292,11 +306,15 @@ impl Poller {
                 f = self.lanes.next() => Woke::Finished(f),
             };
             match woke {
-                Woke::Cancelled => return None,
-                Woke::Polled(r) => return Some(r),
+                Woke::Cancelled => return Polled::Cancelled,
+                Woke::Polled(r) => return Polled::Answer(r),
                 Woke::Finished(f) => {
+                    let before = self.offset;
                     if !self.finished(f).await {
-                        return None;
+                        return Polled::Cancelled;
+                    }
+                    if self.offset != before {
+                        return Polled::Again;
                     }
                 }
                 Woke::Waited => {}

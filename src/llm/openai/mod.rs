@@ -80,10 +80,16 @@ impl OpenAiClient {
             render_body(&self.spec, req),
             "text/event-stream",
         )?;
+        let in_text = self.spec.tool_calls_in_text && !req.tools.is_empty();
         let mut parser = stream::StreamParser::new(&self.label, &self.spec.model)
-            .with_deltas(req.deltas.clone());
+            .with_deltas(req.deltas.clone())
+            .holding_back(in_text);
         http::stream_call(request, &ctx, &mut parser).await?;
-        Ok(parser.finish())
+        Ok(if in_text {
+            parser.finish_text_calls(&req.tools)
+        } else {
+            parser.finish()
+        })
     }
 
     /// `POST {base_url}/embeddings` for `texts`, within the call deadline: the head and each

@@ -159,6 +159,8 @@ pub(crate) struct StreamParser {
     done: bool,
     /// Text as it arrives, for a streamed answer of a compatible endpoint.
     deltas: Option<DeltaSink>,
+    /// Text held back from `deltas` while it may be a tool call written as text.
+    hold: Option<crate::llm::textcalls::HoldBack>,
 }
 
 impl StreamParser {
@@ -166,6 +168,36 @@ impl StreamParser {
     pub(crate) fn with_deltas(mut self, deltas: Option<DeltaSink>) -> Self {
         self.deltas = deltas;
         self
+    }
+
+    /// Hold the text back from the deltas while it may be a tool call written as text
+    /// (`tool_calls_in_text`); [`StreamParser::finish_text_calls`] settles it.
+    pub(crate) fn holding_back(mut self, hold: bool) -> Self {
+        self.hold = hold.then(Default::default);
+        self
+    }
+
+    /// The response, with tool calls written in its text taken as calls (for one of
+    /// `tools`), and the text held back from the deltas sent unless it was calls.
+    pub(crate) fn finish_text_calls(mut self, tools: &[crate::llm::ToolSpec]) -> ChatResponse {
+        let hold = self.hold.take();
+        let deltas = self.deltas.clone();
+        let mut resp = self.finish();
+        if resp.tool_calls.is_empty()
+            && let Some(r) = crate::llm::textcalls::recover(&resp.text, tools)
+        {
+            resp.text = r.text;
+            resp.tool_calls = r.calls;
+            if resp.stop_reason == StopReason::EndTurn {
+                resp.stop_reason = StopReason::ToolUse;
+            }
+        }
+        if let (Some(mut hold), Some(d)) = (hold, deltas)
+            && let Some(text) = hold.finish(!resp.tool_calls.is_empty())
+        {
+            let _ = d.send(StreamDelta::Text(text));
+        }
+        resp
     }
 
     /// `provider` labels errors; `model` is the id reported if the chunks name none.
@@ -181,6 +213,7 @@ impl StreamParser {
             content_bytes: 0,
             done: false,
             deltas: None,
+            hold: None,
         }
     }
 
@@ -266,8 +299,14 @@ impl StreamParser {
         for piece in [delta.content, delta.refusal].into_iter().flatten() {
             if !piece.is_empty() {
                 if let Some(d) = &self.deltas {
+                    let shown = match &mut self.hold {
+                        Some(hold) => hold.push(&piece),
+                        None => Some(piece.clone()),
+                    };
                     // A receiver that went away (the client hung up) changes nothing.
-                    let _ = d.send(StreamDelta::Text(piece.clone()));
+                    if let Some(shown) = shown {
+                        let _ = d.send(StreamDelta::Text(shown));
+                    }
                 }
                 self.text.push_str(&piece);
                 self.content_bytes = self.content_bytes.saturating_add(piece.len());

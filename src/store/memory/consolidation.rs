@@ -6,7 +6,7 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use serde::Serialize;
 
 use super::facts::{add_alias_tx, add_commitment_tx, add_episode_tx, write_fact_tx};
-use super::{FactWrite, MemoryDb, NewCommitment, NewEpisode, NewFact, now};
+use super::{AliasWrite, FactWrite, MemoryDb, NewCommitment, NewEpisode, NewFact, now};
 use crate::store::StoreError;
 
 /// What one consolidation call extracted.
@@ -14,15 +14,27 @@ use crate::store::StoreError;
 pub struct Extraction {
     /// `(alias, entity)`: applied first, so the facts below resolve through them.
     pub aliases: Vec<(String, String)>,
+    /// Aliases of the answer left out before they reached the store (over the cap of one
+    /// answer); counted as refused.
+    pub aliases_dropped: usize,
     pub facts: Vec<NewFact>,
     pub episodes: Vec<NewEpisode>,
     pub commitments: Vec<NewCommitment>,
 }
 
+/// Refusal reasons kept in an [`Applied`] (the count goes on).
+const MAX_REFUSALS_KEPT: usize = 5;
+
 /// What applying an extraction wrote.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Applied {
     pub aliases: usize,
+    /// Aliases not stored: over the cap of one answer, over the total, too long, or the name
+    /// of another entity with facts (issue "Security, third round", item 9).
+    pub aliases_refused: usize,
+    /// Why, for the first few of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub alias_refusals: Vec<String>,
     pub facts_new: usize,
     pub facts_superseded: usize,
     pub facts_unchanged: usize,
@@ -33,9 +45,27 @@ pub struct Applied {
 }
 
 fn apply_tx(tx: &Transaction<'_>, x: &Extraction) -> rusqlite::Result<Applied> {
-    let mut a = Applied::default();
+    let mut a = Applied {
+        aliases_refused: x.aliases_dropped,
+        ..Applied::default()
+    };
+    if x.aliases_dropped > 0 {
+        a.alias_refusals.push(format!(
+            "{} alias(es) over the cap of one answer were left out",
+            x.aliases_dropped
+        ));
+    }
     for (alias, entity) in &x.aliases {
-        a.aliases += usize::from(add_alias_tx(tx, alias, entity)?.is_some());
+        match add_alias_tx(tx, alias, entity)? {
+            AliasWrite::Added { .. } => a.aliases += 1,
+            AliasWrite::Unchanged => {}
+            AliasWrite::Refused(why) => {
+                a.aliases_refused += 1;
+                if a.alias_refusals.len() < MAX_REFUSALS_KEPT {
+                    a.alias_refusals.push(why);
+                }
+            }
+        }
     }
     for f in &x.facts {
         match write_fact_tx(tx, f)? {
@@ -195,6 +225,7 @@ mod tests {
                 due_at: None,
                 session_id: Some("s1".into()),
             }],
+            aliases_dropped: 0,
         }
     }
 

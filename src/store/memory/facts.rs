@@ -45,6 +45,51 @@ pub enum FactWrite {
     Unchanged { id: i64, entity: String },
 }
 
+/// Aliases memory holds at most (issue "Security, third round", item 9): a runaway or hostile
+/// consolidation cannot fill it without bound. An alias beyond it is refused.
+pub const MAX_ALIASES: usize = 10_000;
+/// Longest alias, in words (runs of letters and digits): a message is searched for names of
+/// up to this many words.
+pub const MAX_ALIAS_WORDS: usize = 6;
+/// Longest alias, in characters.
+pub const MAX_ALIAS_CHARS: usize = 200;
+
+/// What adding an alias did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AliasWrite {
+    /// The alias now names `entity`.
+    Added { entity: String },
+    /// Nothing to do: empty, the entity's own name, or already this mapping.
+    Unchanged,
+    /// Not added; the reason is for the model.
+    Refused(String),
+}
+
+/// The lookup key of a name: trimmed and lower-cased (Unicode), as a message is searched.
+pub fn alias_key(name: &str) -> String {
+    name.trim().to_lowercase()
+}
+
+/// Words (runs of letters and digits) in `name`.
+fn words(name: &str) -> usize {
+    name.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .count()
+}
+
+/// The hook of migration 3: the lookup key of every alias that exists.
+pub(super) fn fill_alias_keys(tx: &rusqlite::Transaction<'_>) -> rusqlite_migration::HookResult {
+    let aliases: Vec<String> = tx
+        .prepare("SELECT alias FROM entity_aliases")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut update = tx.prepare("UPDATE entity_aliases SET name_key = ?2 WHERE alias = ?1")?;
+    for alias in aliases {
+        update.execute(params![alias, alias_key(&alias)])?;
+    }
+    Ok(())
+}
+
 /// One episode: something that happened, summarised.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Episode {
@@ -166,10 +211,25 @@ fn commitment_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Commitment> {
     })
 }
 
-/// The canonical name for `name`: an alias's entity, else the spelling of an existing entity
-/// that matches ignoring case, else `name` trimmed.
+/// The spelling of an entity with current facts whose name is `name` ignoring case.
+fn entity_with_facts(c: &Connection, name: &str) -> rusqlite::Result<Option<String>> {
+    c.prepare_cached(
+        "SELECT entity FROM facts WHERE entity = ?1 COLLATE NOCASE AND invalidated_at IS NULL \
+         ORDER BY id DESC LIMIT 1",
+    )?
+    .query_row([name], |r| r.get(0))
+    .optional()
+}
+
+/// The canonical name for `name`: an entity with current facts of that name (ignoring case),
+/// else an alias's entity, else the spelling of an existing entity that matches ignoring case,
+/// else `name` trimmed. An entity with facts comes first, so an alias that took its name (in
+/// a database from before aliases were checked) cannot hide its facts.
 pub(super) fn resolve_entity(c: &Connection, name: &str) -> rusqlite::Result<String> {
     let name = name.trim();
+    if let Some(e) = entity_with_facts(c, name)? {
+        return Ok(e);
+    }
     if let Some(e) = c
         .prepare_cached("SELECT entity FROM entity_aliases WHERE alias = ?1")?
         .query_row([name], |r| r.get(0))
@@ -232,25 +292,48 @@ pub(super) fn add_alias_tx(
     c: &Connection,
     alias: &str,
     entity: &str,
-) -> rusqlite::Result<Option<String>> {
+) -> rusqlite::Result<AliasWrite> {
     let alias = alias.trim();
     let entity = resolve_entity(c, entity)?;
     if alias.is_empty() || alias.eq_ignore_ascii_case(&entity) {
-        return Ok(None);
+        return Ok(AliasWrite::Unchanged);
+    }
+    if alias.chars().count() > MAX_ALIAS_CHARS || words(alias) > MAX_ALIAS_WORDS {
+        return Ok(AliasWrite::Refused(format!(
+            "alias {alias:?} is longer than {MAX_ALIAS_WORDS} words or {MAX_ALIAS_CHARS} \
+             characters; use a short name"
+        )));
+    }
+    if let Some(other) = entity_with_facts(c, alias)? {
+        return Ok(AliasWrite::Refused(format!(
+            "alias {alias:?} is the name of the entity {other:?}, which has facts of its own; \
+             an alias may not hide them"
+        )));
     }
     let before: Option<String> = c
         .prepare_cached("SELECT entity FROM entity_aliases WHERE alias = ?1")?
         .query_row([alias], |r| r.get(0))
         .optional()?;
     if before.as_deref() == Some(entity.as_str()) {
-        return Ok(None);
+        return Ok(AliasWrite::Unchanged);
+    }
+    if before.is_none() {
+        let held: i64 = c
+            .prepare_cached("SELECT COUNT(*) FROM entity_aliases")?
+            .query_row([], |r| r.get(0))?;
+        if usize::try_from(held).unwrap_or(usize::MAX) >= MAX_ALIASES {
+            return Ok(AliasWrite::Refused(format!(
+                "memory holds {held} aliases, the most it keeps ({MAX_ALIASES}); alias \
+                 {alias:?} was not added"
+            )));
+        }
     }
     c.prepare_cached(
-        "INSERT INTO entity_aliases (alias, entity, created_at) VALUES (?1, ?2, ?3) \
-         ON CONFLICT (alias) DO UPDATE SET entity = excluded.entity",
+        "INSERT INTO entity_aliases (alias, entity, created_at, name_key) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (alias) DO UPDATE SET entity = excluded.entity, name_key = excluded.name_key",
     )?
-    .execute(params![alias, entity, now()])?;
-    Ok(Some(entity))
+    .execute(params![alias, entity, now(), alias_key(alias)])?;
+    Ok(AliasWrite::Added { entity })
 }
 
 pub(super) fn add_episode_tx(c: &Connection, e: &NewEpisode) -> rusqlite::Result<Option<i64>> {
@@ -393,9 +476,10 @@ impl MemoryDb {
     }
 
     /// Make `alias` another name of `entity` (itself resolved first, so aliases never chain).
-    /// Returns the entity the alias now names, `None` when nothing changed (an empty alias,
-    /// the entity's own name, or the same mapping again).
-    pub async fn add_alias(&self, alias: &str, entity: &str) -> Result<Option<String>, StoreError> {
+    /// Refused (with the reason) when the alias is the name of another entity with current
+    /// facts, is longer than [`MAX_ALIAS_WORDS`] words or [`MAX_ALIAS_CHARS`] characters, or
+    /// memory already holds [`MAX_ALIASES`].
+    pub async fn add_alias(&self, alias: &str, entity: &str) -> Result<AliasWrite, StoreError> {
         let (alias, entity) = (alias.to_owned(), entity.to_owned());
         self.actor
             .call(move |c| {
@@ -407,16 +491,37 @@ impl MemoryDb {
             .await
     }
 
-    /// Every name that refers to an entity with current facts, with that entity: the entity
-    /// names themselves and their aliases. For spotting entities mentioned in a message.
-    pub async fn entity_names(&self) -> Result<Vec<(String, String)>, StoreError> {
+    /// The entities with current facts. For spotting entities mentioned in a message, and
+    /// the known names a consolidation call is shown.
+    pub async fn entities_with_facts(&self) -> Result<Vec<String>, StoreError> {
         self.actor
             .call(|c| {
                 c.prepare_cached(
-                    "SELECT DISTINCT entity, entity FROM facts WHERE invalidated_at IS NULL \
-                     UNION SELECT alias, entity FROM entity_aliases",
+                    "SELECT DISTINCT entity FROM facts WHERE invalidated_at IS NULL ORDER BY entity",
                 )?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .query_map([], |r| r.get(0))?
+                .collect()
+            })
+            .await
+    }
+
+    /// The aliases whose lookup key ([`alias_key`]) is one of `keys`, as `(key, entity)`: one
+    /// indexed lookup per key, so the cost follows the number of keys, not of aliases.
+    pub async fn aliases_named(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = serde_json::Value::from(keys).to_string();
+        self.actor
+            .call(move |c| {
+                c.prepare_cached(
+                    "SELECT name_key, entity FROM entity_aliases \
+                     WHERE name_key IN (SELECT value FROM json_each(?1))",
+                )?
+                .query_map([keys], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect()
             })
             .await
@@ -502,6 +607,33 @@ impl MemoryDb {
 }
 
 #[cfg(test)]
+impl MemoryDb {
+    /// Insert `n` aliases `<prefix>-<i>` → `entity` directly, bypassing the caps (a database
+    /// an older version filled, or the attack of a runaway consolidation).
+    pub(crate) async fn seed_aliases(&self, prefix: &str, n: usize, entity: &str) {
+        let (prefix, entity) = (prefix.to_owned(), entity.to_owned());
+        self.actor
+            .call(move |c| {
+                let tx = c.transaction()?;
+                for i in 0..n {
+                    tx.prepare_cached(
+                        "INSERT INTO entity_aliases (alias, entity, created_at, name_key) \
+                         VALUES (?1, ?2, 0, ?3)",
+                    )?
+                    .execute(params![
+                        format!("{prefix}-{i}"),
+                        entity,
+                        alias_key(&format!("{prefix}-{i}"))
+                    ])?;
+                }
+                tx.commit()
+            })
+            .await
+            .expect("seed aliases");
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::super::tests::temp_db;
     use super::*;
@@ -555,35 +687,99 @@ mod tests {
         assert_eq!(old.value, "3 May", "never overwritten");
     }
 
+    /// Issue "Security, third round", item 9: an alias may not take over the name of an
+    /// entity that has current facts (its facts would disappear behind the alias).
+    #[tokio::test]
+    async fn an_alias_cannot_shadow_an_entity_with_facts() {
+        let (_d, db) = temp_db();
+        db.write_fact(fact("Bob", "employer", "ACME"))
+            .await
+            .unwrap();
+        db.write_fact(fact("Anna", "birthday", "3 May"))
+            .await
+            .unwrap();
+        let refused = db.add_alias("bob", "Anna").await.unwrap();
+        assert!(
+            matches!(&refused, AliasWrite::Refused(r) if r.contains("\"Bob\"")),
+            "{refused:?}"
+        );
+        // An alias that took the name in an older version does not hide the facts either.
+        db.actor
+            .call(|c| {
+                c.execute(
+                    "INSERT INTO entity_aliases (alias, entity, created_at, name_key) \
+                     VALUES ('Bob', 'Anna', 0, 'bob')",
+                    [],
+                )
+            })
+            .await
+            .unwrap();
+        let bob = db.facts_of("Bob", false).await.unwrap();
+        assert_eq!(bob.len(), 1, "{bob:?}");
+        assert_eq!(bob[0].value, "ACME");
+        assert_eq!(db.resolve_entity("BOB").await.unwrap(), "Bob");
+    }
+
     #[tokio::test]
     async fn aliases_resolve_and_never_chain() {
         let (_d, db) = temp_db();
         db.write_fact(fact("Anna Schmidt", "city", "Berlin"))
             .await
             .unwrap();
+        let added = |e: &str| AliasWrite::Added { entity: e.into() };
         assert_eq!(
-            db.add_alias("Mum", "anna schmidt")
-                .await
-                .unwrap()
-                .as_deref(),
-            Some("Anna Schmidt")
+            db.add_alias("Mum", "anna schmidt").await.unwrap(),
+            added("Anna Schmidt")
         );
         assert_eq!(
             db.add_alias("mum", "Anna Schmidt").await.unwrap(),
-            None,
+            AliasWrite::Unchanged,
             "same again"
         );
         assert_eq!(
-            db.add_alias("Mother", "mum").await.unwrap().as_deref(),
-            Some("Anna Schmidt"),
+            db.add_alias("Mother", "mum").await.unwrap(),
+            added("Anna Schmidt"),
             "resolved, never chained"
         );
         assert_eq!(db.resolve_entity("MOTHER").await.unwrap(), "Anna Schmidt");
         let w = db.write_fact(fact("mum", "city", "Hamburg")).await.unwrap();
         assert!(matches!(w, FactWrite::Superseded { ref entity, .. } if entity == "Anna Schmidt"));
-        let names = db.entity_names().await.unwrap();
-        assert!(names.contains(&("Mum".into(), "Anna Schmidt".into())));
-        assert!(names.contains(&("Anna Schmidt".into(), "Anna Schmidt".into())));
+        assert_eq!(
+            db.entities_with_facts().await.unwrap(),
+            vec!["Anna Schmidt".to_string()]
+        );
+        // Looked up by key, as a message's words are.
+        let found = db
+            .aliases_named(vec!["mum".into(), "mother".into(), "dad".into()])
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.iter().all(|(_, e)| e == "Anna Schmidt"));
+    }
+
+    #[tokio::test]
+    async fn aliases_are_bounded_in_length_and_number() {
+        let (_d, db) = temp_db();
+        let long = "one two three four five six seven";
+        assert!(matches!(
+            db.add_alias(long, "Anna").await.unwrap(),
+            AliasWrite::Refused(r) if r.contains("words")
+        ));
+        db.seed_aliases("nick", MAX_ALIASES - 1, "Bob").await;
+        assert!(matches!(
+            db.add_alias("Mum", "Anna").await.unwrap(),
+            AliasWrite::Added { .. }
+        ));
+        let refused = db.add_alias("Dad", "Carl").await.unwrap();
+        assert!(
+            matches!(&refused, AliasWrite::Refused(r) if r.contains("10000")),
+            "{refused:?}"
+        );
+        // Moving an existing alias adds no row: still allowed at the limit.
+        assert!(matches!(
+            db.add_alias("Mum", "Carl").await.unwrap(),
+            AliasWrite::Added { .. }
+        ));
     }
 
     #[tokio::test]

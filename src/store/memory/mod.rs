@@ -21,7 +21,8 @@ mod vectors;
 
 pub use consolidation::{Applied, Extraction};
 pub use facts::{
-    Commitment, CommitmentStatus, Episode, Fact, FactWrite, NewCommitment, NewEpisode, NewFact,
+    AliasWrite, Commitment, CommitmentStatus, Episode, Fact, FactWrite, MAX_ALIAS_WORDS,
+    MAX_ALIASES, NewCommitment, NewEpisode, NewFact, alias_key,
 };
 pub use index::{ChunkRow, FileChange, FileMeta, IndexStatus, NewChunk, UnembeddedChunk};
 pub use vectors::VectorSet;
@@ -43,6 +44,10 @@ pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> = LazyLock::new(|| {
     Migrations::new(vec![
         M::up(include_str!("migrations/0001_memory.sql")),
         M::up(include_str!("migrations/0002_embedding_windows.sql")),
+        M::up_with_hook(
+            include_str!("migrations/0003_alias_keys.sql"),
+            facts::fill_alias_keys,
+        ),
     ])
 });
 
@@ -165,6 +170,34 @@ pub(crate) mod tests {
         assert_eq!(
             crate::memory::chunk::embed_windows("notes/a.md", &short).len(),
             1
+        );
+    }
+
+    /// Version 3 gives every existing alias its lookup key.
+    #[test]
+    fn migration_3_fills_the_alias_keys() {
+        let mut c = rusqlite::Connection::open_in_memory().unwrap();
+        MIGRATIONS.to_version(&mut c, 2).unwrap();
+        c.execute_batch(
+            "INSERT INTO entity_aliases (alias, entity, created_at) VALUES ('Mum', 'Anna', 0), \
+             ('ÄRZTIN', 'Dr. Weber', 0);",
+        )
+        .unwrap();
+        MIGRATIONS.to_latest(&mut c).unwrap();
+        let mut st = c
+            .prepare("SELECT name_key, entity FROM entity_aliases ORDER BY entity")
+            .unwrap();
+        let rows: Vec<(String, String)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            rows,
+            [
+                ("mum".to_string(), "Anna".to_string()),
+                ("ärztin".to_string(), "Dr. Weber".to_string())
+            ]
         );
     }
 

@@ -233,6 +233,8 @@ pub struct McpSandbox {
     pub allowed_paths: Vec<PathBuf>,
     /// Never readable by a server: the state and config directories.
     pub protected: Vec<PathBuf>,
+    /// The system prompt's files: read-only to a server, as to `exec`.
+    pub prompt: super::paths::PromptFiles,
     /// Each server's private directory is `<private_root>/<name>` (created 0700).
     pub private_root: PathBuf,
     /// Working directory of a server without `cwd` (the workspace).
@@ -256,6 +258,7 @@ impl McpSandbox {
             },
             allowed_paths: cfg.tools.allowed_paths.clone(),
             protected: vec![cfg.paths.state_dir.clone(), cfg.config_dir.clone()],
+            prompt: super::paths::PromptFiles::from_config(cfg),
             private_root: std::env::temp_dir()
                 .join(format!("agentd-mcp-{}", nix::unistd::geteuid())),
             default_cwd: cfg.agent.workspace.clone(),
@@ -282,6 +285,8 @@ impl McpSandbox {
             &self.protected,
             &private,
         )?;
+        let (read_only, writable) = self.prompt.sandbox_paths();
+        policy.keep_read_only(&read_only, &writable, &self.protected);
         policy.no_namespaces = self.no_namespaces;
         policy.no_mount_namespace = self.no_mount_namespace;
         let policy = serde_json::to_string(&policy)

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use crate::config::Config;
 
+mod tool_probe;
+
 /// One line of the table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
@@ -78,6 +80,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
     out.push(disk(cfg));
     out.push(sandbox(cfg).await);
     out.push(scratch_dir(cfg));
+    out.extend(tool_probe::run(cfg).await);
     if cfg.tools.is_enabled("exec") && cfg.agent.workspace.is_dir() {
         out.push(exec_tmp(cfg).await);
     }
