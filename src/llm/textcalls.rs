@@ -1,7 +1,8 @@
 //! Tool calls a model wrote as text (SPEC §4 `tool_calls_in_text`). Small local models often
 //! answer a tool call with its JSON instead of the provider's tool-call field: a bare object
-//! `{"name": "write", "arguments": {…}}` (or a list of them), Qwen's and Hermes'
-//! `<tool_call>{…}</tool_call>` tags, or a fenced ```json block. [`recover`] turns those into
+//! `{"name": "write", "arguments": {…}}` (or a list of them, or one a line), Qwen's and
+//! Hermes' `<tool_call>{…}</tool_call>` tags, `<tools>…</tools>`, `<{…}>`, or a fenced ```json
+//! block (the forms a real Qwen2.5 1.5B wrote: tests/fixtures/local-model). [`recover`] turns those into
 //! tool calls, which then go through exactly the checks native ones do (normalisation, the
 //! tool's argument schema). Text that only looks like a call stays text: the name must be one
 //! of the request's tools and the arguments an object.
@@ -57,16 +58,27 @@ pub fn recover(text: &str, tools: &[ToolSpec]) -> Option<Recovered> {
     })
 }
 
-/// The next `<tool_call>…</tool_call>` or fenced block of `text`: (text before it, its
-/// content, text after it). An unclosed `<tool_call>` runs to the end (models stop there).
+/// The tags models wrap calls in: (opening, closing). `<{…}>` keeps the object's own braces
+/// (a model wrote `<{{"name": …}}>`).
+const TAGS: [(&str, &str); 3] = [
+    ("<tool_call>", "</tool_call>"),
+    ("<tools>", "</tools>"),
+    ("<{", "}>"),
+];
+
+/// The next tagged or fenced block of `text`: (text before it, its content, text after it).
+/// An unclosed tag runs to the end (models stop there).
 fn next_block(text: &str) -> Option<(&str, &str, &str)> {
-    let tag = text.find("<tool_call>");
+    let tag = TAGS
+        .iter()
+        .filter_map(|&(open, close)| text.find(open).map(|at| (at, open, close)))
+        .min_by_key(|&(at, ..)| at);
     let fence = text.find("```");
     match (tag, fence) {
-        (Some(t), f) if f.is_none_or(|f| t < f) => {
-            let body = &text[t + "<tool_call>".len()..];
-            let (inner, after) = match body.find("</tool_call>") {
-                Some(end) => (&body[..end], &body[end + "</tool_call>".len()..]),
+        (Some((t, open, close)), f) if f.is_none_or(|f| t < f) => {
+            let body = &text[t + open.len()..];
+            let (inner, after) = match body.find(close) {
+                Some(end) => (&body[..end], &body[end + close.len()..]),
                 None => (body, ""),
             };
             Some((&text[..t], inner, after))
@@ -86,23 +98,33 @@ fn next_block(text: &str) -> Option<(&str, &str, &str)> {
     }
 }
 
-/// `text` as one call object or a non-empty list of them, every one naming a known tool.
+/// `text` as call objects — one, a non-empty list, or several one after another — every one
+/// naming a known tool. A `<{…}>` block's content lost its outer braces: tried with them too.
 fn calls_in(text: &str, known: &dyn Fn(&str) -> bool) -> Option<Vec<ToolCall>> {
+    if text.starts_with('"') {
+        return calls_in(&format!("{{{text}}}"), known);
+    }
     if !(text.starts_with('{') || text.starts_with('[')) {
         return None;
     }
-    let value: Value = serde_json::from_str(text).ok()?;
-    let objects = match value {
-        Value::Object(o) => vec![o],
-        Value::Array(items) if !items.is_empty() => items
-            .into_iter()
-            .map(|v| match v {
-                Value::Object(o) => Some(o),
-                _ => None,
-            })
-            .collect::<Option<Vec<_>>>()?,
-        _ => return None,
-    };
+    let mut objects = Vec::new();
+    for value in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
+        match value.ok()? {
+            Value::Object(o) => objects.push(o),
+            Value::Array(items) if !items.is_empty() => {
+                for v in items {
+                    match v {
+                        Value::Object(o) => objects.push(o),
+                        _ => return None,
+                    }
+                }
+            }
+            _ => return None,
+        }
+    }
+    if objects.is_empty() {
+        return None;
+    }
     objects
         .into_iter()
         .map(|o| call_of(o, known))
@@ -254,6 +276,39 @@ mod tests {
         assert_eq!(names(&r), [("read", &json!({}))]);
     }
 
+    /// The forms a real Qwen2.5 1.5B wrote (tests/fixtures/local-model).
+    #[test]
+    fn the_forms_a_real_small_model_wrote_are_calls() {
+        let r = recover(
+            "<tools>\n{\"name\": \"write\", \"arguments\": {\"path\": \"t.txt\"}}\n{\"name\": \"read\", \"arguments\": {\"path\": \"t.txt\"}}\n</tools>",
+            &tools(),
+        )
+        .unwrap();
+        assert_eq!(r.text, "");
+        assert_eq!(
+            names(&r),
+            [
+                ("write", &json!({"path": "t.txt"})),
+                ("read", &json!({"path": "t.txt"}))
+            ]
+        );
+        let r = recover(
+            "```json\n{\"name\": \"write\", \"arguments\": {}}\n{\"name\": \"read\", \"arguments\": {}}\n```",
+            &tools(),
+        )
+        .unwrap();
+        assert_eq!(r.calls.len(), 2);
+        let r = recover(
+            "<{{\"name\": \"read\", \"arguments\": {}}}>\n\nThat lists nothing.",
+            &tools(),
+        )
+        .unwrap();
+        assert_eq!(names(&r), [("read", &json!({}))]);
+        assert_eq!(r.text, "That lists nothing.");
+        let r = recover("<{\"name\": \"read\", \"arguments\": {}}>", &tools()).unwrap();
+        assert_eq!(names(&r), [("read", &json!({}))]);
+    }
+
     #[test]
     fn what_only_looks_like_a_call_stays_text() {
         for text in [
@@ -266,6 +321,9 @@ mod tests {
             r#"{"name": "NO_REPLY"}"#,
             "[]",
             "hello",
+            "<tools>\n{\"name\": \"write\", \"arguments\": {}}\nnot json\n</tools>",
+            "a <{b}> c",
+            "{} {}",
         ] {
             assert_eq!(recover(text, &tools()), None, "{text}");
         }

@@ -9,7 +9,9 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-use crate::support::fake_llm::{FakeLlm, GARBAGE, Reply, Usage, Wire, last_user_text, split_n};
+use crate::support::fake_llm::{
+    FakeLlm, GARBAGE, Reply, Usage, Wire, last_user_text, split_events, split_n,
+};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -877,6 +879,95 @@ fn last_user_text_handles_both_wires() {
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}, {"type": "text", "text": "b"}]},
         ]})),
         "b"
+    );
+}
+
+/// A recorded stream with llama-server's keep-alive comments, a content chunk, the usage chunk
+/// and a last event cut without its blank line: replayed as is.
+const RECORDED: &[u8] = b":\n\n:\n\ndata: {\"choices\":[{\"finish_reason\":null,\"index\":0,\"delta\":{\"content\":\"h\\u00e9\"}}],\"object\":\"chat.completion.chunk\"}\n\ndata: {\"choices\":[{\"finish_reason\":\"stop\",\"index\":0,\"delta\":{}}]}\n\ndata: [DONE]";
+
+#[tokio::test]
+async fn raw_sse_replays_the_recorded_bytes_event_by_event() {
+    let fake = FakeLlm::start(Wire::OpenAi).await;
+    fake.push(Reply::RawSse(RECORDED.to_vec().into()));
+    let resp = post(&fake, Wire::OpenAi, user_body("x", true)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut stream = resp.bytes_stream();
+    let mut got = Vec::new();
+    let mut chunks = 0;
+    while let Some(chunk) = stream.next().await {
+        got.extend_from_slice(&chunk.expect("body chunk"));
+        chunks += 1;
+    }
+    assert_eq!(got, RECORDED, "{}", String::from_utf8_lossy(&got));
+    assert!(chunks >= 2, "one chunk per event, got {chunks}");
+    assert_eq!(fake.requests().len(), 1);
+
+    // A non-streaming request cannot be answered with an event stream.
+    fake.push(Reply::RawSse(RECORDED.to_vec().into()));
+    let resp = post(&fake, Wire::OpenAi, user_body("x", false)).await;
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("streaming"),
+        "{body}"
+    );
+}
+
+/// Every recording in `tests/fixtures/local-model/` is a complete OpenAI event stream (ends
+/// with `data: [DONE]`), and the fake sends it back byte for byte.
+#[tokio::test]
+async fn every_recorded_fixture_replays_byte_for_byte() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/local-model");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("tests/fixtures/local-model")
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".sse")
+                .map(String::from)
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 6, "recordings: {names:?}");
+    let fake = FakeLlm::start(Wire::OpenAi).await;
+    for name in &names {
+        let recorded = std::fs::read(dir.join(format!("{name}.sse"))).unwrap();
+        let text = String::from_utf8(recorded.clone()).expect("UTF-8");
+        assert!(
+            text.trim_end().ends_with("data: [DONE]"),
+            "{name}: no [DONE]"
+        );
+        for event in text.split("\n\n").filter(|e| e.starts_with("data: {")) {
+            serde_json::from_str::<Value>(&event["data: ".len()..])
+                .unwrap_or_else(|e| panic!("{name}: {e}: {event}"));
+        }
+        fake.push(Reply::recorded(name));
+        let resp = post(&fake, Wire::OpenAi, user_body("x", true)).await;
+        assert_eq!(resp.status(), 200, "{name}");
+        let got = resp.bytes().await.unwrap();
+        assert_eq!(&got[..], &recorded[..], "{name}");
+    }
+}
+
+#[test]
+fn split_events_cuts_after_blank_lines_and_rejoins() {
+    let bytes = axum::body::Bytes::from_static(RECORDED);
+    let pieces = split_events(&bytes);
+    assert_eq!(pieces.concat(), RECORDED);
+    assert_eq!(&pieces[0][..], b":\n\n");
+    assert_eq!(&pieces[1][..], b":\n\n");
+    assert_eq!(&pieces[pieces.len() - 1][..], b"data: [DONE]");
+    assert_eq!(pieces.len(), 5);
+    assert!(split_events(&axum::body::Bytes::new()).is_empty());
+    assert_eq!(
+        split_events(&axum::body::Bytes::from_static(b"\n\n\n")).len(),
+        2
     );
 }
 

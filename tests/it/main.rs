@@ -20,6 +20,8 @@ mod http_api;
 mod http_daemon;
 mod intake_limits;
 mod local_behaviour;
+mod local_model;
+mod local_replay;
 mod markdown_corpus;
 mod mcp;
 mod mcp_hostile;

@@ -113,6 +113,11 @@ pub enum Reply {
     DropMidStream { text: String },
     /// Status 200 with a body that is neither valid JSON nor valid event data.
     Garbage,
+    /// A recorded event stream replayed verbatim: status 200, `text/event-stream`, and these
+    /// bytes as the body, one body chunk per event (split after each blank line), so the
+    /// concatenation is byte for byte what the real server sent. Only for streaming requests
+    /// (a non-streaming one gets a 400 saying so). See [`Reply::recorded`].
+    RawSse(Bytes),
 }
 
 impl Reply {
@@ -143,6 +148,17 @@ impl Reply {
             message: message.into(),
             retry_after: None,
         }
+    }
+
+    /// `Reply::RawSse` of `tests/fixtures/local-model/<name>.sse`, a real server's answer
+    /// recorded on the wire (the folder's README says how each was made).
+    pub fn recorded(name: &str) -> Reply {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/local-model")
+            .join(format!("{name}.sse"));
+        let bytes = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("cannot read the recording {}: {e}", path.display()));
+        Reply::RawSse(Bytes::from(bytes))
     }
 
     /// Wraps `self` in `Reply::Gated`.
@@ -493,6 +509,7 @@ enum Outcome {
     PingForever,
     DropMidStream(String),
     Garbage,
+    RawSse(Bytes),
 }
 
 /// Waits on gates and folds thinking wrappers into the content they precede.
@@ -562,6 +579,7 @@ async fn resolve(mut reply: Reply) -> Outcome {
             Reply::PingForever => return Outcome::PingForever,
             Reply::DropMidStream { text } => return Outcome::DropMidStream(text),
             Reply::Garbage => return Outcome::Garbage,
+            Reply::RawSse(bytes) => return Outcome::RawSse(bytes),
         };
     }
 }
@@ -592,6 +610,13 @@ async fn respond(outcome: Outcome, ctx: &Ctx) -> Response {
             std::future::pending::<Response>().await
         }
         Outcome::PingForever => ping_forever(ctx),
+        Outcome::RawSse(bytes) if ctx.stream => raw_sse_response(bytes),
+        Outcome::RawSse(_) => error_response(
+            ctx.wire,
+            400,
+            "fake LLM: a recorded event stream answers only a streaming request",
+            None,
+        ),
         Outcome::DropMidStream(text) => drop_mid_stream(ctx, &text),
         Outcome::Garbage => {
             let (body, content_type) = if ctx.stream {
@@ -624,6 +649,42 @@ fn sse_response(events: Vec<String>) -> Response {
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
+}
+
+/// A 200 `text/event-stream` response whose body is `bytes` verbatim, one chunk per event:
+/// each chunk ends after a blank line (`\n\n`), the last one wherever the bytes end.
+fn raw_sse_response(bytes: Bytes) -> Response {
+    let chunks = split_events(&bytes)
+        .into_iter()
+        .map(Ok::<_, std::io::Error>)
+        .collect::<Vec<_>>();
+    let mut resp = Response::new(Body::from_stream(futures::stream::iter(chunks)));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp
+}
+
+/// `bytes` cut after every `\n\n`; the pieces concatenate to `bytes`.
+pub fn split_events(bytes: &Bytes) -> Vec<Bytes> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i + 1 < bytes.len() {
+        if bytes[i] == b'\n' && bytes[i + 1] == b'\n' {
+            pieces.push(bytes.slice(start..i + 2));
+            start = i + 2;
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    if start < bytes.len() {
+        pieces.push(bytes.slice(start..));
+    }
+    pieces
 }
 
 fn json_response(body: String) -> Response {
