@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod backoff;
 pub mod channels;
 pub mod cli;
 pub mod config;

@@ -21,6 +21,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use super::error::ApiError;
+use crate::backoff::Backoff;
 use crate::config::HttpConfig;
 use crate::message::Usage;
 use crate::metrics::Metrics;
@@ -36,7 +37,7 @@ pub const MAX_REDIRECTS: usize = 5;
 /// At most one log line per this long about dropped callbacks.
 pub const DROP_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Waits before the 2nd, 3rd, … attempt.
-const BACKOFF: [Duration; 3] = [
+static BACKOFF: [Duration; 3] = [
     Duration::from_millis(500),
     Duration::from_secs(1),
     Duration::from_secs(2),
@@ -104,7 +105,7 @@ struct Target {
     url: String,
     token: Option<SecretString>,
     agent: String,
-    backoff: Vec<Duration>,
+    backoff: Backoff,
 }
 
 /// The webhook client; cheap to clone.
@@ -230,7 +231,7 @@ impl Webhook {
                 url: cfg.callback_url.trim().to_owned(),
                 token: cfg.callback_token.clone(),
                 agent: agent_name.to_owned(),
-                backoff: BACKOFF.to_vec(),
+                backoff: Backoff::steps(&BACKOFF),
             }))
         };
         Ok(Webhook {
@@ -261,7 +262,7 @@ impl Webhook {
 
     /// Shorter waits between attempts (tests).
     #[cfg(test)]
-    fn with_backoff(mut self, backoff: Vec<Duration>) -> Webhook {
+    fn with_backoff(mut self, backoff: Backoff) -> Webhook {
         if let Some(t) = self.target.take() {
             let t = Arc::try_unwrap(t).unwrap_or_else(|_| unreachable!("not shared yet"));
             self.target = Some(Arc::new(Target { backoff, ..t }));
@@ -317,6 +318,7 @@ impl Webhook {
             agent: &target.agent,
         };
         let mut attempt = 0;
+        let mut backoff = target.backoff.clone();
         loop {
             attempt += 1;
             let mut request = target.client.post(&target.url).json(&body);
@@ -347,12 +349,7 @@ impl Webhook {
             if !retry || attempt >= MAX_ATTEMPTS {
                 return Err(error);
             }
-            let wait = target
-                .backoff
-                .get(attempt as usize - 1)
-                .or(target.backoff.last())
-                .copied()
-                .unwrap_or_default();
+            let wait = backoff.next_delay();
             tracing::debug!(attempt, error = %error, ?wait, "webhook attempt failed; retrying");
             tokio::time::sleep(wait).await;
         }
@@ -451,7 +448,9 @@ mod tests {
     fn fast(url: &str, token: Option<&str>) -> Webhook {
         Webhook::new(&config(url, token), "kira")
             .unwrap()
-            .with_backoff(vec![Duration::from_millis(10)])
+            .with_backoff(
+                Backoff::exponential(Duration::from_millis(10), Duration::from_millis(10)).exact(),
+            )
     }
 
     #[tokio::test]

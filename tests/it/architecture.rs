@@ -508,6 +508,7 @@ fn only_the_cli_prints() {
 const LAYERS: &[&[&str]] = &[
     // 0: foundations
     &[
+        "backoff",
         "config",
         "control",
         "fsutil",

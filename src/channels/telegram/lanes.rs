@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::inbound::TgInbound;
-use super::poll::{Backoff, TgSink};
+use super::poll::TgSink;
+use crate::backoff::Backoff;
 
 /// At most this many chats have an update in hand at once (downloads and transcriptions run
 /// side by side up to it); an update of another chat stays unconfirmed and is taken when a
@@ -63,7 +64,7 @@ impl Lanes {
             max_seen: None,
             queues: Default::default(),
             held: Default::default(),
-            hold_backoff: Backoff::new(backoff_min, backoff_max),
+            hold_backoff: Backoff::exponential(backoff_min, backoff_max),
             tasks: tokio::task::JoinSet::new(),
             running: Default::default(),
         }

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
-use rand::Rng;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -27,6 +26,7 @@ use super::client::{TelegramClient, TgError};
 use super::inbound::{TgCallback, TgInbound, allowed, callback_from_update, from_update};
 pub use super::lanes::MAX_LANES;
 use super::lanes::{Finished, Lanes};
+use crate::backoff::Backoff;
 use crate::config::TelegramConfig;
 
 /// Where the poller keeps its offset (the next update id to ask for).
@@ -122,40 +122,6 @@ impl Default for PollOptions {
     }
 }
 
-/// Exponential backoff with "equal jitter": the n-th delay is uniformly drawn from
-/// `[d/2, d]` where `d = min * 2^n`, capped at `max`.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    failures: u32,
-}
-
-impl Backoff {
-    /// A backoff starting at `min`, never above `max`.
-    pub fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff {
-            min,
-            max: max.max(min),
-            failures: 0,
-        }
-    }
-
-    /// The delay before the next attempt.
-    pub fn next_delay(&mut self) -> Duration {
-        let factor = 2u32.saturating_pow(self.failures.min(20));
-        self.failures = self.failures.saturating_add(1);
-        let d = self.min.saturating_mul(factor).min(self.max);
-        let half = d / 2;
-        half + rand::rng().random_range(Duration::ZERO..=d - half)
-    }
-
-    /// After a success.
-    pub fn reset(&mut self) {
-        self.failures = 0;
-    }
-}
-
 /// [`run_with`] with [`PollOptions::default`].
 pub async fn run(
     client: TelegramClient,
@@ -195,7 +161,7 @@ pub async fn run_with(
     tracing::info!(offset, "telegram: polling for updates");
     let mut poller = Poller {
         lanes: Lanes::new(sink.clone(), opts.backoff_min, opts.backoff_max),
-        backoff: Backoff::new(opts.backoff_min, opts.backoff_max),
+        backoff: Backoff::exponential(opts.backoff_min, opts.backoff_max),
         hang_after: cfg.poll_timeout + opts.hang_slack,
         client,
         cfg,
@@ -482,37 +448,5 @@ impl Poller {
             h.last_error = Some(e.to_string());
         });
         wait
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_with_jitter_and_caps() {
-        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-        let delays: Vec<Duration> = (0..10).map(|_| b.next_delay()).collect();
-        for (n, d) in delays.iter().enumerate() {
-            let full = Duration::from_secs(1 << n.min(6)).min(Duration::from_secs(60));
-            assert!(
-                *d >= full / 2 && *d <= full,
-                "delay {n} = {d:?}, expected in [{:?}, {full:?}]",
-                full / 2
-            );
-        }
-        assert!(delays[9] >= Duration::from_secs(30));
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_secs(1));
-    }
-
-    #[test]
-    fn backoff_jitters() {
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..20 {
-            let mut b = Backoff::new(Duration::from_secs(8), Duration::from_secs(60));
-            seen.insert(b.next_delay());
-        }
-        assert!(seen.len() > 1, "20 draws gave one value: no jitter");
     }
 }

@@ -35,6 +35,7 @@ mod stdio;
 use self::guard::{Guarded, Tripwire};
 use super::registry::ToolRegistry;
 use super::{Tool, ToolContext, ToolError};
+use crate::backoff::Backoff;
 use crate::config::{Config, ExecSandbox, McpServerConfig, McpTransport};
 use crate::llm::ToolSpec;
 use crate::sandbox::runner::SANDBOX_PATH;
@@ -54,8 +55,16 @@ const MAX_LIST_PAGES: usize = 64;
 const RELIST_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a stop waits for a supervisor to end (its child killed) before moving on.
 const STOP_WAIT: Duration = Duration::from_secs(5);
-/// Restart delays after consecutive failures; the last one repeats.
-const BACKOFF_SECS: [u64; 7] = [0, 1, 2, 5, 10, 30, 60];
+/// Restart delays after consecutive failures (SPEC §9); the last one repeats.
+static RESTART_DELAYS: [Duration; 7] = [
+    Duration::ZERO,
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(5),
+    Duration::from_secs(10),
+    Duration::from_secs(30),
+    Duration::from_secs(60),
+];
 /// A server that stayed up this long starts the backoff sequence from the beginning again.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
 
@@ -658,7 +667,7 @@ async fn stop_all(handles: Vec<Handle>) {
 /// Keep one server running until `cancel` fires.
 async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
     let name = server.cfg.name.clone();
-    let mut failures: usize = 0;
+    let mut backoff = Backoff::steps(&RESTART_DELAYS);
     loop {
         {
             let mut s = server.lock();
@@ -685,7 +694,7 @@ async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
                     Ended::Closed(why) => why,
                 };
                 if up_since.elapsed() >= STABLE_AFTER {
-                    failures = 0;
+                    backoff.reset();
                 }
                 let why = why.map_or_else(
                     || "connection closed".to_string(),
@@ -706,8 +715,7 @@ async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
                 server.settled.notify_waiters();
             }
         }
-        let delay = BACKOFF_SECS[failures.min(BACKOFF_SECS.len() - 1)];
-        failures += 1;
+        let delay = backoff.next_delay();
         {
             let mut s = server.lock();
             s.state = State::Backoff;
@@ -715,7 +723,7 @@ async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
         }
         tokio::select! {
             _ = cancel.cancelled() => return stopped(&server),
-            _ = tokio::time::sleep(Duration::from_secs(delay)) => {}
+            _ = tokio::time::sleep(delay) => {}
         }
     }
 }
