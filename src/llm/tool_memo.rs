@@ -12,7 +12,10 @@ use crate::llm::ToolSpec;
 /// allocation, so no other list can take its address while it is remembered. A single slot:
 /// callers that alternate between lists recompute, and are still right.
 #[derive(Default)]
-pub struct ToolListMemo<T>(Mutex<Option<(Weak<[ToolSpec]>, u64, T)>>);
+pub struct ToolListMemo<T>(Mutex<Option<Remembered<T>>>);
+
+/// The list a value was made from, its tag, and the value.
+type Remembered<T> = (Weak<[ToolSpec]>, u64, T);
 
 impl<T: Clone> ToolListMemo<T> {
     pub const fn new() -> Self {
