@@ -301,6 +301,20 @@ impl Ledger {
         }
     }
 
+    /// A ledger on `db` with `budget`, in UTC (unit tests of the layers above).
+    #[cfg(test)]
+    pub(crate) fn for_tests(db: Db, budget: BudgetConfig) -> Ledger {
+        Ledger {
+            db,
+            budget: Arc::new(Mutex::new(budget)),
+            tz: Zone::utc(),
+            pending: Arc::default(),
+            messages: Arc::default(),
+            sources: Arc::default(),
+            cache_watch: None,
+        }
+    }
+
     /// Run the cache alarm after each recorded model call (SPEC §20).
     pub fn with_cache_watch(mut self, watch: alarm::CacheWatch) -> Ledger {
         self.cache_watch = Some(Arc::new(watch));
@@ -413,7 +427,8 @@ impl Ledger {
         *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = budget;
     }
 
-    /// [`Ledger::check`] for a call outside a message (embeddings, consolidation).
+    /// [`Ledger::check`] for a call outside a message (consolidation, a transcription at
+    /// intake, `doctor`'s probe).
     pub async fn gate(&self) -> Result<(), BudgetError> {
         self.check(0.0).await
     }
