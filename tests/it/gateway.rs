@@ -5,8 +5,8 @@
 //! - With the daily budget spent, a voice note is not transcribed and the `tts` tool makes no
 //!   speech, each refused with the budget message (SPEC §8, §19); nothing reaches the audio
 //!   server and no row is written.
-//! - After a run that makes a call of each of the seven kinds (chat, subagent, compaction,
-//!   consolidation, embedding, transcription, tts), `agentd_cost_usd_total` in `/metrics` equals
+//! - After a run that makes a call of each of the seven kinds (chat, streamed and not,
+//!   subagent, compaction, consolidation, embedding, transcription, tts), `agentd_cost_usd_total` in `/metrics` equals
 //!   the sum of the ledger's rows.
 
 use std::path::Path;
@@ -123,6 +123,26 @@ impl Daemon {
                 .await
                 .unwrap();
             (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+        })
+    }
+
+    /// A streamed `POST /v1/chat/completions` (the answer's deltas as the model writes them)
+    /// in session `session`; the whole event stream.
+    fn stream(&self, session: &str, text: &str) -> String {
+        let body = json!({"model": "agentd", "stream": true,
+                          "messages": [{"role": "user", "content": text}]});
+        self.rt.block_on(async {
+            let r = self
+                .client
+                .post(format!("{}/v1/chat/completions", self.base))
+                .bearer_auth(HTTP_TOKEN)
+                .header("X-Agentd-Session", session)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
         })
     }
 
@@ -301,8 +321,9 @@ fn respond(body: &Value) -> Option<Reply> {
     Some(text(format!("answer {}", "r".repeat(400)), 80))
 }
 
-/// Issue 31: `/metrics` counted the cost of chat and compaction calls only, so it disagreed
-/// with the ledger. After a run with a call of every kind, its cost is the ledger's sum.
+/// Issue 31: `/metrics` counted the cost of the agent loop's calls only (chat, sub-agent,
+/// compaction), so it disagreed with the ledger. After a run with a call of every kind (a
+/// streamed chat among them), its cost is the ledger's sum.
 #[test]
 fn metrics_cost_equals_the_ledger_after_every_call_kind() {
     let llm = FakeLlm::spawn(Wire::Anthropic);
@@ -325,6 +346,11 @@ fn metrics_cost_equals_the_ledger_after_every_call_kind() {
         let (status, body) = d.chat(&format!("question {n}: {}", "u".repeat(400)), false);
         assert_eq!(status, 200, "{body}");
     }
+    let streamed = d.stream("streamed", "stream the answer");
+    assert!(
+        streamed.contains("answer rrr") && streamed.trim_end().ends_with("data: [DONE]"),
+        "{streamed}"
+    );
     // Compaction (and the consolidation before it) runs after a reply is delivered: wait
     // for a row of every kind, then for a second without a new row.
     let mut seen: Option<(Kinds, std::time::Instant)> = None;
