@@ -209,8 +209,9 @@ pub async fn budget_gate(
 }
 
 /// The cost ledger with the budget: every provider call of every kind is checked here before
-/// it is made ([`Ledger::check`]) and recorded here after ([`Ledger::record`]), one row per
-/// call (SPEC §8). Cheap to clone; clones share the rows still waiting to be written.
+/// it is made ([`Ledger::check`]) and recorded here after ([`Ledger::record_call`],
+/// [`Ledger::record_audio`]), one row per call (SPEC §8), by `gateway::Gateway`, the one
+/// caller of a provider. Cheap to clone; clones share the rows still waiting to be written.
 ///
 /// A row that cannot be written is kept and written before the next budget check; while that
 /// fails, the check refuses every call (SPEC §16.4).
