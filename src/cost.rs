@@ -434,9 +434,9 @@ impl Ledger {
         self.check(0.0).await
     }
 
-    /// Record one call of `spec` and return its cost. A row that cannot be written is kept
-    /// for the next [`Ledger::check`] and logged, not returned: the call already happened.
-    pub async fn record(
+    /// [`Ledger::record_call`] of a call answered by the model asked for (the unit tests here).
+    #[cfg(test)]
+    pub(crate) async fn record(
         &self,
         session_id: &str,
         spec: &ModelSpec,
@@ -447,8 +447,10 @@ impl Ledger {
             .await
     }
 
-    /// [`Ledger::record`] of a call that `spec` answered as a fallback for the model
-    /// `fallback_from` (SPEC §18.3): the row's `fallback_from` column names it.
+    /// Record one call of `spec` and return its cost; `fallback_from` names the model asked
+    /// for when `spec` answered as its fallback (SPEC §18.3, the row's `fallback_from`). A row
+    /// that cannot be written is kept for the next [`Ledger::check`] and logged, not returned:
+    /// the call already happened. Only `gateway::Gateway` calls it (and `record_audio`).
     pub async fn record_call(
         &self,
         session_id: &str,

@@ -534,6 +534,21 @@ fn only_the_gateway_calls_a_provider() {
     check(provider_rule());
 }
 
+/// The gateway writes the cost row of the call it made: a row written elsewhere would be a
+/// cost `/metrics` does not count, or a call billed twice.
+#[test]
+fn only_the_gateway_writes_a_cost_row() {
+    check(Rule {
+        what: "a cost row (`Ledger::record_call`, `Ledger::record_audio`)",
+        why: "the gateway writes the row of each provider call it makes and counts it in the \
+              metrics; make the call through gateway::Gateway",
+        allowed: &["src/cost.rs", "src/cost/", "src/gateway.rs"],
+        matches: &|line| {
+            contains_token(line, "record_call") || contains_token(line, "record_audio")
+        },
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Layers: which top-level module of src/ may use which.
 
