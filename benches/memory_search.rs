@@ -129,8 +129,12 @@ async fn run(size: usize, a: &Args, vocab: &[String]) -> anyhow::Result<()> {
     std::fs::write(&config, toml)?;
     let cfg = agentd::config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     std::fs::create_dir_all(&cfg.paths.state_dir)?;
-    let llm = Arc::new(agentd::llm::Llm::new(cfg.models.clone(), &cfg.behavior));
-    let memory = Memory::open(&cfg, llm, None)?;
+    // The embedding calls go through the provider gateway, billed to this state's ledger.
+    let db = agentd::store::Db::open(&cfg.paths.state_dir.join("agentd.db"))?;
+    let ledger = agentd::cost::Ledger::new(db, &cfg);
+    let metrics = Arc::new(agentd::metrics::Metrics::new());
+    let gateway = Arc::new(agentd::gateway::Gateway::new(&cfg, ledger, metrics));
+    let memory = Memory::open(&cfg, gateway)?;
     let db = memory.db().clone();
     let model = memory
         .embedder()

@@ -193,8 +193,12 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let llm = Arc::new(agentd::llm::Llm::new(cfg.models.clone(), &cfg.behavior));
-        let memory = Memory::open(&cfg, llm, None)?;
+        // The embedding calls go through the provider gateway, billed to this state's ledger.
+        let db = agentd::store::Db::open(&cfg.paths.state_dir.join("agentd.db"))?;
+        let ledger = agentd::cost::Ledger::new(db, &cfg);
+        let metrics = Arc::new(agentd::metrics::Metrics::new());
+        let gateway = Arc::new(agentd::gateway::Gateway::new(&cfg, ledger, metrics));
+        let memory = Memory::open(&cfg, gateway)?;
         let started = Instant::now();
         let index = memory.index(&mut NoProgress).await?;
         if let Some(e) = &index.embed_error {

@@ -209,8 +209,9 @@ pub async fn budget_gate(
 }
 
 /// The cost ledger with the budget: every provider call of every kind is checked here before
-/// it is made ([`Ledger::check`]) and recorded here after ([`Ledger::record`]), one row per
-/// call (SPEC §8). Cheap to clone; clones share the rows still waiting to be written.
+/// it is made ([`Ledger::check`]) and recorded here after ([`Ledger::record_call`],
+/// [`Ledger::record_audio`]), one row per call (SPEC §8), by `gateway::Gateway`, the one
+/// caller of a provider. Cheap to clone; clones share the rows still waiting to be written.
 ///
 /// A row that cannot be written is kept and written before the next budget check; while that
 /// fails, the check refuses every call (SPEC §16.4).
@@ -294,6 +295,20 @@ impl Ledger {
             db,
             budget: Arc::new(Mutex::new(cfg.budget)),
             tz: cfg.agent.timezone.clone(),
+            pending: Arc::default(),
+            messages: Arc::default(),
+            sources: Arc::default(),
+            cache_watch: None,
+        }
+    }
+
+    /// A ledger on `db` with `budget`, in UTC (unit tests of the layers above).
+    #[cfg(test)]
+    pub(crate) fn for_tests(db: Db, budget: BudgetConfig) -> Ledger {
+        Ledger {
+            db,
+            budget: Arc::new(Mutex::new(budget)),
+            tz: Zone::utc(),
             pending: Arc::default(),
             messages: Arc::default(),
             sources: Arc::default(),
@@ -413,14 +428,15 @@ impl Ledger {
         *self.budget.lock().unwrap_or_else(|p| p.into_inner()) = budget;
     }
 
-    /// [`Ledger::check`] for a call outside a message (embeddings, consolidation).
+    /// [`Ledger::check`] for a call outside a message (consolidation, a transcription at
+    /// intake, `doctor`'s probe).
     pub async fn gate(&self) -> Result<(), BudgetError> {
         self.check(0.0).await
     }
 
-    /// Record one call of `spec` and return its cost. A row that cannot be written is kept
-    /// for the next [`Ledger::check`] and logged, not returned: the call already happened.
-    pub async fn record(
+    /// [`Ledger::record_call`] of a call answered by the model asked for (the unit tests here).
+    #[cfg(test)]
+    pub(crate) async fn record(
         &self,
         session_id: &str,
         spec: &ModelSpec,
@@ -431,8 +447,10 @@ impl Ledger {
             .await
     }
 
-    /// [`Ledger::record`] of a call that `spec` answered as a fallback for the model
-    /// `fallback_from` (SPEC §18.3): the row's `fallback_from` column names it.
+    /// Record one call of `spec` and return its cost; `fallback_from` names the model asked
+    /// for when `spec` answered as its fallback (SPEC §18.3, the row's `fallback_from`). A row
+    /// that cannot be written is kept for the next [`Ledger::check`] and logged, not returned:
+    /// the call already happened. Only `gateway::Gateway` calls it (and `record_audio`).
     pub async fn record_call(
         &self,
         session_id: &str,

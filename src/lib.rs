@@ -17,6 +17,7 @@ pub mod cost;
 pub mod daemon;
 pub mod doctor;
 pub mod fsutil;
+pub mod gateway;
 pub mod latest_writer;
 pub mod llm;
 pub mod memory;

@@ -116,18 +116,22 @@ impl Metrics {
             messages.family.clone(),
         );
         let llm_calls = Bounded::new(&["model"]);
-        registry.register("llm_calls", "LLM calls, by model", llm_calls.family.clone());
+        registry.register(
+            "llm_calls",
+            "Model provider calls of every kind (chat, embeddings, transcription, speech), by model",
+            llm_calls.family.clone(),
+        );
         let token_family = Family::<Labels, Counter>::default();
         let tokens = TOKEN_KINDS.map(|kind| {
             token_family
                 .get_or_create(&vec![("kind", kind.to_owned())])
                 .clone()
         });
-        registry.register("tokens", "Tokens of LLM calls, by kind", token_family);
+        registry.register("tokens", "Tokens of provider calls, by kind", token_family);
         let cost_usd = Counter::<f64, AtomicU64>::default();
         registry.register(
             "cost_usd",
-            "Cost of LLM calls in US dollars",
+            "Cost of the provider calls of every kind in US dollars (the cost ledger's rows)",
             cost_usd.clone(),
         );
         let tool_calls = Bounded::new(&["tool", "outcome"]);
@@ -210,7 +214,7 @@ impl Metrics {
         let llm_call_duration = histogram(
             &mut registry,
             "llm_call_duration",
-            "Duration of one LLM call",
+            "Duration of one provider call",
         );
         Metrics {
             registry,
@@ -252,7 +256,8 @@ impl Metrics {
         self.messages_finished.load(Ordering::Relaxed)
     }
 
-    /// One LLM call to `model`: its usage, its cost and how long it took.
+    /// One provider call to `model`, of any kind (`gateway::Gateway` counts each): its usage
+    /// (zero for audio), the cost of its ledger row and how long it took.
     pub fn llm_call(&self, model: &str, usage: &Usage, cost_usd: f64, duration: Duration) {
         self.llm_calls.inc(&[model]);
         let kinds = [

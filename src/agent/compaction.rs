@@ -20,6 +20,7 @@
 use std::sync::Arc;
 
 use super::{Agent, Fail, Work, default_tier, prompt};
+use crate::gateway::{Bill, CallError, ChatCall};
 use crate::llm::{ChatRequest, LlmError, LlmEvent, SystemBlock, SystemTier, ToolChoice, ToolSpec};
 use crate::message::{Message, UserBlock};
 use crate::session::{Event, SessionHandle, SessionState};
@@ -55,7 +56,7 @@ pub enum CompactionError {
     )]
     NothingToCut { messages: usize },
     #[error("summary call failed on model '{model}': {error}")]
-    Llm { model: String, error: LlmError },
+    Model { model: String, error: LlmError },
     #[error("summary call not made: {0}")]
     Budget(String),
     #[error("model '{model}' returned an empty summary")]
@@ -308,7 +309,7 @@ impl Agent {
     /// `primary`.
     pub fn compaction_model(&self) -> String {
         let name = &self.cfg.behavior.compaction.model;
-        if self.llm.models().get(name).is_some() {
+        if self.gateway.models().get(name).is_some() {
             name.clone()
         } else {
             "primary".to_string()
@@ -328,7 +329,7 @@ impl Agent {
         self.before_compaction(session, state).await;
 
         let model = self.compaction_model();
-        let room = self.llm.models().get(&model).map_or(u64::MAX, |s| {
+        let room = self.gateway.models().get(&model).map_or(u64::MAX, |s| {
             u64::from(s.context_window.saturating_sub(s.max_tokens)).saturating_sub(
                 text_tokens(&self.cfg.behavior.compaction.prompt) + 2 * MESSAGE_OVERHEAD + 50,
             )
@@ -336,34 +337,23 @@ impl Agent {
         let text = transcript_within(&state.messages[..cut], room);
         let req = summary_request(&session.id, &self.cfg.behavior.compaction.prompt, &text);
 
-        // Under the message's call gate while it runs (held until the cost is recorded).
-        let permit = match self.ledger.check_call(&session.id).await {
-            Ok(p) => p,
-            Err(e) => return Err(CompactionError::Budget(e.to_string())),
-        };
         let on_event = |e: LlmEvent| {
             if let LlmEvent::RetryWait { attempt, error, .. } = e {
                 tracing::debug!(attempt, %error, "summary call retrying");
             }
         };
-        let started = std::time::Instant::now();
-        let outcome = self
-            .llm
-            .chat(&model, &req, &on_event)
-            .await
-            .map_err(|error| CompactionError::Llm {
-                model: model.clone(),
-                error,
-            })?;
-        let spec = outcome.model;
-        let usage = outcome.response.usage;
-        let call_cost = self
-            .ledger
-            .record(&session.id, &spec, CallType::Compaction, usage)
-            .await;
-        drop(permit);
-        self.metrics
-            .llm_call(&spec.model, &usage, call_cost, started.elapsed());
+        // Under the message's call gate while it runs (held until the cost is recorded).
+        let call = ChatCall::new(&model, CallType::Compaction, Bill::message(&session.id));
+        let outcome = match self.gateway.chat(call, &req, &on_event).await {
+            Ok(paid) => paid.out,
+            Err(CallError::Failed(error)) => {
+                return Err(CompactionError::Model {
+                    model: model.clone(),
+                    error,
+                });
+            }
+            Err(e) => return Err(CompactionError::Budget(e.to_string())),
+        };
         let summary = outcome.response.text.trim();
         if summary.is_empty() {
             return Err(CompactionError::EmptySummary { model });

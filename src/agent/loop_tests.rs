@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::config::{ModelSpec, Pricing, ProviderKind};
 use crate::llm::testutil::model_spec;
-use crate::llm::{ChatRequest, ChatResponse, LlmError, Provider, StopReason, ToolChoice, ToolSpec};
+use crate::llm::{
+    ChatRequest, ChatResponse, Llm, LlmError, Provider, StopReason, ToolChoice, ToolSpec,
+};
 use crate::message::ToolCall;
 use crate::monitor::Monitor;
 use crate::session::SessionStore;
@@ -206,9 +208,11 @@ fn fixture(
     }
     tune(&mut cfg);
     let cfg = Arc::new(cfg);
-    let llm = Arc::new(Llm::with_providers(cfg.models.clone(), providers));
+    let llm = Llm::with_providers(cfg.models.clone(), providers);
     let db = Db::open(&root.join("state/agentd.db")).unwrap();
     let ledger = crate::cost::Ledger::new(db.clone(), &cfg);
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let gateway = Arc::new(crate::gateway::Gateway::with_llm(llm, ledger, metrics));
     let spawn = Arc::new(crate::tools::spawn::SpawnTool::new(cfg.clone()));
     let tools = Arc::new(
         ToolRegistry::new(
@@ -220,12 +224,10 @@ fn fixture(
     );
     let agent = Agent::new(
         cfg.clone(),
-        llm,
-        ledger,
+        gateway,
         tools,
         Arc::new(crate::skills::SkillSet::load(&root.join("skills"), &[])),
         Arc::new(Monitor::new(root.join("state/monitor.json"))),
-        Arc::new(crate::metrics::Metrics::new()),
     )
     .started_at(Instant::now());
     spawn.connect(Arc::new(agent.clone()));

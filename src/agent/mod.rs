@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::cost::Ledger;
-use crate::llm::Llm;
+use crate::gateway::Gateway;
 use crate::memory::Memory;
 use crate::memory::consolidate::Consolidator;
 use crate::message::{Message, Usage, UserBlock};
@@ -35,8 +35,9 @@ use crate::tools::{ToolContext, ToolRegistry};
 #[derive(Clone)]
 pub struct Agent {
     cfg: Arc<Config>,
-    llm: Arc<Llm>,
-    /// Every call's budget check and cost row.
+    /// Every provider call: its budget check, its cost row, its metrics.
+    gateway: Arc<Gateway>,
+    /// The gateway's ledger: the message's spend and the checks between calls.
     ledger: Ledger,
     tools: Arc<ToolRegistry>,
     monitor: Arc<Monitor>,
@@ -157,19 +158,19 @@ impl Fail {
 
 impl Agent {
     /// An agent without long-term memory, started now; see [`Agent::with_memory`] and
-    /// [`Agent::started_at`].
+    /// [`Agent::started_at`]. It counts into the gateway's ledger and metrics.
     pub fn new(
         cfg: Arc<Config>,
-        llm: Arc<Llm>,
-        ledger: Ledger,
+        gateway: Arc<Gateway>,
         tools: Arc<ToolRegistry>,
         skills: Arc<SkillSet>,
         monitor: Arc<Monitor>,
-        metrics: Arc<Metrics>,
     ) -> Agent {
+        let ledger = gateway.ledger().clone();
+        let metrics = gateway.metrics().clone();
         Agent {
             cfg,
-            llm,
+            gateway,
             ledger,
             tools,
             monitor,

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Agent, Fail, FailCause, Finish, append, prompt};
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
+use crate::gateway::{Bill, CallError, ChatCall, Paid};
 use crate::llm::{
     CallOptions, ChatRequest, ChatResponse, DeltaSink, FellBack, LlmError, LlmEvent, StopReason,
     StreamDelta, SystemBlock, ToolChoice, ToolSpec,
@@ -321,8 +322,9 @@ impl Agent {
         })
     }
 
-    /// The model call (with message-level retries; cancellable), the messages given back to
-    /// the state, and the cost recorded in the ledger.
+    /// The model call through the gateway (budget check under the message's call gate, retries,
+    /// fallbacks, message-level retries; cancellable; its cost row and metrics), the messages
+    /// given back to the state.
     async fn call(
         &self,
         run: &Run<'_>,
@@ -332,20 +334,10 @@ impl Agent {
     ) -> Result<Answer, Option<Fail>> {
         let sent = req.messages.len();
         let (billed, call_type) = run.billing();
-        // Checked again under the message's call gate, held until the cost is recorded.
-        let permit = match self.call_permit(billed, run.cancel).await {
-            Ok(p) => p,
-            Err(f) => {
-                state.messages = req.messages;
-                state.rendered = req.rendered;
-                return Err(f);
-            }
-        };
         let handle = run.monitor_handle();
         if let Some(h) = handle {
             self.monitor.set_state(h, LoopState::Thinking, turn);
         }
-        let started = Instant::now();
         let monitor = self.monitor.clone();
         let on_event = move |e: LlmEvent| match e {
             LlmEvent::RetryWait {
@@ -367,30 +359,26 @@ impl Agent {
                 }
             }
         };
-        let outcome = tokio::select! {
-            _ = run.cancel.cancelled() => None,
-            r = self.chat_with_message_retries(run.model, &req, &on_event) => Some(r),
+        let call = ChatCall {
+            message_retries: self.cfg.behavior.message_retries,
+            cancel: Some(run.cancel),
+            ..ChatCall::new(run.model, call_type, Bill::message(billed))
         };
+        let paid = self.gateway.chat(call, &req, &on_event).await;
         state.messages = req.messages;
         state.rendered = req.rendered;
-        let outcome = outcome.ok_or(None)?.map_err(|e| {
-            self.metrics.error("llm");
-            Some(self.fail_from_llm(e))
-        })?;
-        let usage = outcome.response.usage;
+        let Paid {
+            out: outcome,
+            cost_usd: cost,
+            sent: started,
+        } = paid.map_err(|e| self.call_fail(e))?;
         let fell_back = outcome.fell_back;
-        let from = fell_back.as_ref().map(|f| f.from.as_str());
-        let cost = (self.ledger)
-            .record_call(billed, &outcome.model, call_type, usage, from)
-            .await;
-        drop(permit);
         if let Some(h) = handle {
+            let from = fell_back.as_ref().map(|f| f.from.as_str());
             let why = fell_back.as_ref().map(|f| f.reason.as_str());
-            let shown = from.zip(why);
-            self.monitor.set_fallback(h, &outcome.model.name, shown);
+            self.monitor
+                .set_fallback(h, &outcome.model.name, from.zip(why));
         }
-        self.metrics
-            .llm_call(&outcome.model.model, &usage, cost, started.elapsed());
         Ok(Answer {
             resp: outcome.response,
             spec: outcome.model,
@@ -399,6 +387,18 @@ impl Agent {
             started,
             fell_back,
         })
+    }
+
+    /// A call the gateway did not answer, as the run's failure (`None`: cancelled).
+    fn call_fail(&self, e: CallError) -> Option<Fail> {
+        match e {
+            CallError::Cancelled => None,
+            CallError::Budget(e) => Some(self.budget_fail(e)),
+            CallError::Failed(e) => {
+                self.metrics.error("llm");
+                Some(self.fail_from_llm(e))
+            }
+        }
     }
 
     /// Settle the answer's tool calls (dropped on the last turn; normalised, so no answer can
@@ -622,20 +622,6 @@ impl Agent {
         checked.map_err(|e| Some(self.budget_fail(e)))
     }
 
-    /// [`crate::cost::Ledger::check_call`] for a call billed to `billed` (waiting for the
-    /// message's call gate while a per-message limit is set), as the run's failure; `Err(None)`
-    /// when `cancel` fires while it waits.
-    pub(super) async fn call_permit(
-        &self,
-        billed: &str,
-        cancel: &CancellationToken,
-    ) -> Result<crate::cost::CallPermit, Option<Fail>> {
-        tokio::select! {
-            _ = cancel.cancelled() => Err(None),
-            r = self.ledger.check_call(billed) => r.map_err(|e| Some(self.budget_fail(e))),
-        }
-    }
-
     /// A refused budget check as the run's failure.
     fn budget_fail(&self, e: BudgetError) -> Fail {
         match e {
@@ -654,28 +640,6 @@ impl Agent {
                 error: e.to_string(),
                 cause: FailCause::Budget,
             },
-        }
-    }
-
-    /// `behavior.message_retries`: after the provider layer gave up (retries and fallbacks),
-    /// try the whole call again this many times if the error is transient.
-    async fn chat_with_message_retries(
-        &self,
-        model: &str,
-        req: &ChatRequest,
-        on_event: &(dyn Fn(LlmEvent) + Send + Sync),
-    ) -> Result<crate::llm::ChatOutcome, LlmError> {
-        let mut attempt = 0;
-        loop {
-            match self.llm.chat(model, req, on_event).await {
-                Err(e) if e.is_retryable() && attempt < self.cfg.behavior.message_retries => {
-                    attempt += 1;
-                    let delay = self.cfg.behavior.api_retry_base_delay * 2;
-                    tracing::warn!(error = %e, attempt, "message-level retry");
-                    tokio::time::sleep(delay).await;
-                }
-                r => return r,
-            }
         }
     }
 

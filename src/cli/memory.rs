@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::config::Config;
 use crate::cost::Ledger;
-use crate::llm::Llm;
+use crate::gateway::Gateway;
 use crate::memory::consolidate::{Consolidator, SessionOutcome};
 use crate::memory::index::{IndexLock, IndexReport, Phase, Progress};
 use crate::memory::{DB_FILE, Memory, MemoryError};
@@ -100,8 +100,8 @@ pub fn stderr_progress() -> Box<dyn Progress> {
 }
 
 /// Open what a memory command needs: the state directory, `agentd.db` (costs, budget),
-/// the models, and `memory.db`.
-fn open(cfg: &Config) -> Result<(Memory, Arc<Llm>, Ledger), MemoryError> {
+/// the models behind the provider gateway, and `memory.db`.
+fn open(cfg: &Config) -> Result<(Memory, Arc<Gateway>), MemoryError> {
     if !cfg.memory.enabled {
         return Err(MemoryError::Invalid(
             "memory is disabled ([memory] enabled = false); enable it to index or consolidate"
@@ -115,17 +115,18 @@ fn open(cfg: &Config) -> Result<(Memory, Arc<Llm>, Ledger), MemoryError> {
         ))
     })?;
     let db = Db::open(&cfg.paths.state_dir.join("agentd.db"))?;
-    let ledger = Ledger::new(db, cfg);
-    let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
-    let memory = Memory::open(cfg, llm.clone(), Some(ledger.clone()))?;
-    Ok((memory, llm, ledger))
+    // A one-shot command: its metrics are counted and dropped.
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let gateway = Arc::new(Gateway::new(cfg, Ledger::new(db, cfg), metrics));
+    let memory = Memory::open(cfg, gateway.clone())?;
+    Ok((memory, gateway))
 }
 
 /// `agentd index`: one run, progress on stderr; the summary (text or JSON) is returned.
 /// An embeddings failure after the full-text index was updated is an error too (exit 1), with
 /// the summary in the message.
 pub async fn index(cfg: &Config, json: bool) -> Result<String, MemoryError> {
-    let (memory, _llm, _ledger) = open(cfg)?;
+    let (memory, _gateway) = open(cfg)?;
     let mut progress = stderr_progress();
     let report = memory.index(progress.as_mut()).await?;
     let text = if json {
@@ -259,8 +260,8 @@ fn refused(a: &crate::store::memory::Applied) -> String {
 /// `agentd consolidate`: every live and archived session past its watermark, then the
 /// changed workspace notes. One progress line per session on stderr.
 pub async fn consolidate(cfg: &Config, json: bool) -> Result<String, MemoryError> {
-    let (memory, llm, ledger) = open(cfg)?;
-    let consolidator = Consolidator::new(memory, llm, ledger, cfg);
+    let (memory, gateway) = open(cfg)?;
+    let consolidator = Consolidator::new(memory, gateway, cfg);
     eprintln!("consolidate: model {}", consolidator.model());
     let sessions_dir = cfg.paths.state_dir.join("sessions");
     let mut on_session = |id: &str, r: &Result<SessionOutcome, MemoryError>| match r {

@@ -18,7 +18,7 @@ use crate::agent::Agent;
 use crate::channels::telegram::client::TelegramClient;
 use crate::config::Config;
 use crate::fsutil;
-use crate::llm::Llm;
+use crate::gateway::Gateway;
 use crate::memory::Memory;
 use crate::memory::consolidate::Consolidator;
 use crate::monitor::Monitor;
@@ -143,22 +143,18 @@ fn prepare_state_dir(paths: &StatePaths, cfg: &Config) -> Result<(), DaemonError
 
 /// Long-term memory (SPEC §13). Not fatal: without memory the agent still answers (the log
 /// and `agentd doctor` say why).
-fn open_memory(
-    cfg: &Config,
-    llm: &Arc<Llm>,
-    ledger: &crate::cost::Ledger,
-) -> (Option<Memory>, Option<Consolidator>) {
+fn open_memory(cfg: &Config, gateway: &Arc<Gateway>) -> (Option<Memory>, Option<Consolidator>) {
     if !cfg.memory.enabled {
         return (None, None);
     }
-    let memory = match Memory::open(cfg, llm.clone(), Some(ledger.clone())) {
+    let memory = match Memory::open(cfg, gateway.clone()) {
         Ok(m) => m,
         Err(e) => {
             tracing::error!(error = %e, "long-term memory is off for this run: cannot open memory.db (see `agentd doctor`)");
             return (None, None);
         }
     };
-    let consolidator = Consolidator::new(memory.clone(), llm.clone(), ledger.clone(), cfg);
+    let consolidator = Consolidator::new(memory.clone(), gateway.clone(), cfg);
     (Some(memory), Some(consolidator))
 }
 
@@ -219,7 +215,6 @@ impl Services {
             monitor,
         } = open_state(&cfg)?;
         log_models(&cfg);
-        let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
         let telegram = match cfg.telegram.enabled {
             true => Some(
                 TelegramClient::new(&cfg.telegram)
@@ -237,7 +232,10 @@ impl Services {
                 alert_notice(&cfg, outbound.clone(), tasks),
             ),
         );
-        let (memory, consolidator) = open_memory(&cfg, &llm, &ledger);
+        let metrics = Arc::new(crate::metrics::Metrics::new());
+        // Every provider call of every kind goes through it (budget, retries, cost, metrics).
+        let gateway = Arc::new(Gateway::new(&cfg, ledger.clone(), metrics.clone()));
+        let (memory, consolidator) = open_memory(&cfg, &gateway);
         let skills = Arc::new(crate::skills::SkillSet::load(
             &cfg.agent.skills.dir,
             &cfg.agent.skills.always_on,
@@ -259,8 +257,7 @@ impl Services {
         // Text to speech (SPEC §19): the `tts` tool and spoken replies.
         let speaker = cfg.voice.tts_model.is_some().then(|| {
             Arc::new(crate::tools::tts::Speaker {
-                llm: llm.clone(),
-                ledger: ledger.clone(),
+                gateway: gateway.clone(),
                 cfg: cfg.voice.clone(),
                 inbox: paths.inbox(),
             })
@@ -285,7 +282,6 @@ impl Services {
         } = crate::tools::assemble(&cfg, deps)
             .await
             .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?;
-        let metrics = Arc::new(crate::metrics::Metrics::new());
         let approvals = crate::tools::approval::Approvals::new(
             Some(live.clone()),
             outbound.clone(),
@@ -294,12 +290,10 @@ impl Services {
         );
         let agent = Agent::new(
             cfg.clone(),
-            llm.clone(),
-            ledger.clone(),
+            gateway.clone(),
             tools,
             skills.clone(),
             monitor.clone(),
-            metrics.clone(),
         )
         .with_memory(memory.clone(), consolidator.clone())
         .started_at(started)
@@ -321,8 +315,7 @@ impl Services {
             speaker,
         };
         let transcriber = Arc::new(super::voice::Transcriber {
-            llm: llm.clone(),
-            ledger: ledger.clone(),
+            gateway: gateway.clone(),
             cfg: cfg.voice.clone(),
         });
         let (dispatcher, intake) = queues(deps, tasks, transcriber);

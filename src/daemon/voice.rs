@@ -7,9 +7,10 @@
 //!
 //! Before the provider is called: the file's length is established from the file itself
 //! (`llm::audio_length`: OGG/Opus page by page, MP3 frame by frame, WAV by its data), audio
-//! longer than `[voice] max_audio_seconds` or of no established length is refused, and the
-//! budget is checked (`Ledger::gate`, the check every provider call makes). The bill is the
-//! larger of that length and the one the provider reports.
+//! longer than `[voice] max_audio_seconds` or of no established length is refused. The call goes
+//! through the provider gateway (`Gateway::transcribe`): the budget is checked first, as for
+//! every provider call, and the bill is the larger of that length and the one the provider
+//! reports.
 //!
 //! Failure, a refusal, or no `[voice] stt_model` keeps the placeholder naming the saved file,
 //! so the message still goes through.
@@ -18,8 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::VoiceConfig;
-use crate::cost::{AudioCall, Ledger};
-use crate::llm::Llm;
+use crate::gateway::{Bill, CallError, Gateway, Transcribed};
 use crate::llm::audio::{AudioFile, duration_label};
 use crate::llm::audio_length::{self, Measured};
 use crate::session::Intake;
@@ -48,8 +48,7 @@ pub struct Heard {
 
 /// Transcribes inbound audio with `[voice] stt_model`.
 pub struct Transcriber {
-    pub llm: Arc<Llm>,
-    pub ledger: Ledger,
+    pub gateway: Arc<Gateway>,
     pub cfg: VoiceConfig,
 }
 
@@ -107,38 +106,32 @@ impl Transcriber {
                 measured.seconds, self.cfg.max_audio_seconds
             ));
         }
-        // The one budget check of every provider call: refused, nothing is sent or billed.
-        self.ledger
-            .gate()
-            .await
-            .map_err(|e| format!("not transcribed: {e}"))?;
         let audio = AudioFile {
             bytes: bytes.into(),
             file_name: upload_name(path, mime, &measured),
             mime: measured.container.mime().to_string(),
         };
-        let (t, spec) = self
-            .llm
-            .transcribe(model, &audio)
-            .await
-            .map_err(|e| format!("transcription failed: {e}"))?;
+        // At intake, outside any message: refused by a spent budget, nothing is sent or billed.
         // Billed by the longer of the two counts: the file's own, and the provider's.
-        let seconds = t
-            .seconds
-            .map_or(measured.seconds, |s| s.max(measured.seconds));
-        self.ledger
-            .record_audio(session_id, &spec, AudioCall::Transcription { seconds })
-            .await;
+        let bill = Bill::outside(session_id);
+        let Transcribed { text, seconds } = match (self.gateway)
+            .transcribe(bill, model, &audio, measured.seconds)
+            .await
+        {
+            Ok(paid) => paid.out,
+            Err(CallError::Budget(e)) => return Err(format!("not transcribed: {e}")),
+            Err(e) => return Err(format!("transcription failed: {e}")),
+        };
         if seconds > limit {
             return Err(format!(
                 "transcript not used: the transcription server counted {seconds:.0} s, longer than [voice] max_audio_seconds ({})",
                 self.cfg.max_audio_seconds
             ));
         }
-        let transcript = if t.text.is_empty() {
+        let transcript = if text.is_empty() {
             "(no speech recognised)".to_string()
         } else {
-            t.text
+            text
         };
         Ok(Heard {
             line: format!("{} {transcript}", duration_label(seconds)),

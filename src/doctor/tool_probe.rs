@@ -2,7 +2,7 @@
 //! daemon's whole tool list (`max_tokens` 1), as a message would. A provider whose grammar
 //! refuses a tool schema (llama.cpp refused `maxLength: 2000`: every message failed) fails
 //! here, naming the tool and the provider's error. The call is a real one: it goes through the
-//! budget check and is written to the cost ledger.
+//! provider gateway (the budget check, the cost ledger).
 
 use std::sync::Arc;
 
@@ -11,8 +11,10 @@ use futures::future::BoxFuture;
 use super::{Check, Status, check};
 use crate::config::Config;
 use crate::cost::Ledger;
-use crate::llm::{ChatRequest, Llm, LlmError, ToolChoice, ToolSpec};
+use crate::gateway::{Bill, CallError, ChatCall, Gateway};
+use crate::llm::{ChatRequest, LlmError, ToolChoice, ToolSpec};
 use crate::message::{Message, UserBlock};
+use crate::metrics::Metrics;
 use crate::store::{CallType, Db};
 use crate::tools::outbound::{FileKind, Outbound, PartError, Target};
 
@@ -25,9 +27,8 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
         Ok(s) => s,
         Err(e) => return vec![check("tool list", Status::Fail, e)],
     };
-    let llm = Llm::new(cfg.models.clone(), &cfg.behavior);
-    let ledger = match Db::open(&cfg.paths.state_dir.join("agentd.db")) {
-        Ok(db) => Some(Ledger::new(db, cfg)),
+    let gateway = match Db::open(&cfg.paths.state_dir.join("agentd.db")) {
+        Ok(db) => Gateway::new(cfg, Ledger::new(db, cfg), Arc::new(Metrics::new())),
         Err(e) => {
             return vec![check(
                 "tool list",
@@ -39,16 +40,14 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
     let mut out = Vec::new();
     for spec in cfg.chat_models() {
         let name = format!("model {} tools", spec.name);
-        out.push(
-            match probe(&llm, ledger.as_ref(), &spec.name, &specs).await {
-                Ok(()) => check(
-                    name,
-                    Status::Pass,
-                    format!("accepts the {} tools in one request", specs.len()),
-                ),
-                Err(e) => check(name, Status::Fail, e),
-            },
-        );
+        out.push(match probe(&gateway, &spec.name, &specs).await {
+            Ok(()) => check(
+                name,
+                Status::Pass,
+                format!("accepts the {} tools in one request", specs.len()),
+            ),
+            Err(e) => check(name, Status::Fail, e),
+        });
     }
     out
 }
@@ -69,17 +68,18 @@ async fn tool_specs(cfg: &Config) -> Result<Arc<[ToolSpec]>, String> {
         )
         .map_err(|e| e.to_string())?,
     );
-    let llm = Arc::new(Llm::new(cfg.models.clone(), &cfg.behavior));
+    // Nothing calls a model here: the tools only need to exist for their schemas.
+    let ledger = Ledger::new(db.clone(), &tmp);
+    let gateway = Arc::new(Gateway::new(&tmp, ledger, Arc::new(Metrics::new())));
     let memory = match cfg.memory.enabled {
         true => {
-            Some(crate::memory::Memory::open(&tmp, llm.clone(), None).map_err(|e| e.to_string())?)
+            Some(crate::memory::Memory::open(&tmp, gateway.clone()).map_err(|e| e.to_string())?)
         }
         false => None,
     };
     let speaker = cfg.voice.tts_model.is_some().then(|| {
         Arc::new(crate::tools::tts::Speaker {
-            llm: llm.clone(),
-            ledger: Ledger::new(db.clone(), &tmp),
+            gateway: gateway.clone(),
             cfg: cfg.voice.clone(),
             inbox: dir.path().join("inbox"),
         })
@@ -137,13 +137,8 @@ impl Drop for Scratch {
 }
 
 /// One request with `specs`; on a refusal, each tool alone, to name the ones refused.
-async fn probe(
-    llm: &Llm,
-    ledger: Option<&Ledger>,
-    model: &str,
-    specs: &Arc<[ToolSpec]>,
-) -> Result<(), String> {
-    let whole = call(llm, ledger, model, specs.clone()).await;
+async fn probe(gateway: &Gateway, model: &str, specs: &Arc<[ToolSpec]>) -> Result<(), String> {
+    let whole = call(gateway, model, specs.clone()).await;
     let Err(e) = whole else {
         return Ok(());
     };
@@ -152,7 +147,7 @@ async fn probe(
     }
     let mut refused_tools = Vec::new();
     for spec in specs.iter() {
-        if let Err(one) = call(llm, ledger, model, Arc::from(vec![spec.clone()])).await
+        if let Err(one) = call(gateway, model, Arc::from(vec![spec.clone()])).await
             && refused(&one)
         {
             refused_tools.push(format!("{} ({one})", spec.name));
@@ -169,21 +164,12 @@ async fn probe(
 }
 
 /// The provider answered that the request is wrong (not a network or budget problem).
-fn refused(e: &LlmError) -> bool {
-    matches!(e, LlmError::Http { status, .. } if (400..500).contains(status) && *status != 429)
+fn refused(e: &CallError) -> bool {
+    matches!(e, CallError::Failed(LlmError::Http { status, .. }) if (400..500).contains(status) && *status != 429)
 }
 
-async fn call(
-    llm: &Llm,
-    ledger: Option<&Ledger>,
-    model: &str,
-    tools: Arc<[ToolSpec]>,
-) -> Result<(), LlmError> {
-    if let Some(l) = ledger {
-        l.gate()
-            .await
-            .map_err(|e| LlmError::Budget(e.to_string()))?;
-    }
+/// One probe request to `model` through the gateway, billed to `doctor` outside any message.
+async fn call(gateway: &Gateway, model: &str, tools: Arc<[ToolSpec]>) -> Result<(), CallError> {
     let req = ChatRequest {
         session_id: "doctor".into(),
         system: Vec::new(),
@@ -203,23 +189,15 @@ async fn call(
         deltas: None,
         stable_ttl: None,
     };
-    let outcome = llm.chat(model, &req, &|_| {}).await?;
-    if let Some(l) = ledger {
-        l.record(
-            "doctor",
-            &outcome.model,
-            CallType::Chat,
-            outcome.response.usage,
-        )
-        .await;
-    }
-    match outcome.fell_back {
-        Some(f) => Err(LlmError::Stream {
+    let call = ChatCall::new(model, CallType::Chat, Bill::outside("doctor"));
+    let paid = gateway.chat(call, &req, &|_| {}).await?;
+    match paid.out.fell_back {
+        Some(f) => Err(CallError::Failed(LlmError::Stream {
             provider: model.to_string(),
             message: format!("answered by the fallback {}: {}", f.to, f.reason),
             after_content: false,
             retryable: false,
-        }),
+        })),
         None => Ok(()),
     }
 }

@@ -95,8 +95,9 @@ fn authorised(
     })
 }
 
-/// One transcription request (no retry: the caller's `with_retries` repeats it).
-pub async fn transcribe(
+/// One transcription request (no retry: the caller's `with_retries` repeats it). Private to
+/// `llm`: the one way to it is `gateway::Gateway::transcribe`.
+pub(super) async fn transcribe(
     http_client: &reqwest::Client,
     spec: &ModelSpec,
     limits: CallLimits,
@@ -132,8 +133,8 @@ pub async fn transcribe(
 }
 
 /// One speech request for `text` in `voice` (no retry here either). The answer must be an OGG
-/// stream of at most `max_bytes`.
-pub async fn speak(
+/// stream of at most `max_bytes`. Private to `llm`: the one way to it is `gateway::Gateway::speak`.
+pub(super) async fn speak(
     http_client: &reqwest::Client,
     spec: &ModelSpec,
     limits: CallLimits,

@@ -26,9 +26,9 @@ use serde::{Deserialize, Serialize};
 use super::chunk::{chunk_lines, sha256_hex};
 use super::{Memory, MemoryError};
 use crate::config::Config;
-use crate::cost::Ledger;
+use crate::gateway::{Bill, CallError, ChatCall, Gateway};
 use crate::llm::transcript::transcript;
-use crate::llm::{ChatRequest, Llm, LlmEvent, SystemBlock, SystemTier, ToolChoice};
+use crate::llm::{ChatRequest, LlmEvent, SystemBlock, SystemTier, ToolChoice};
 use crate::message::Message;
 use crate::session::{Event, TrailLine};
 use crate::store::CallType;
@@ -241,12 +241,11 @@ impl ConsolidateReport {
     }
 }
 
-/// The consolidation service: memory, the model and the ledger.
+/// The consolidation service: memory, and the model through the provider gateway.
 #[derive(Clone)]
 pub struct Consolidator {
     memory: Memory,
-    llm: Arc<Llm>,
-    ledger: Ledger,
+    gateway: Arc<Gateway>,
     model: String,
     min_messages: usize,
     threshold: f64,
@@ -255,8 +254,8 @@ pub struct Consolidator {
 }
 
 impl Consolidator {
-    pub fn new(memory: Memory, llm: Arc<Llm>, ledger: Ledger, cfg: &Config) -> Consolidator {
-        let loaded = |name: &str| llm.models().get(name).is_some();
+    pub fn new(memory: Memory, gateway: Arc<Gateway>, cfg: &Config) -> Consolidator {
+        let loaded = |name: &str| gateway.models().get(name).is_some();
         let model = if loaded(MODEL_NAME) {
             MODEL_NAME.to_string()
         } else if loaded(&cfg.behavior.compaction.model) {
@@ -268,8 +267,7 @@ impl Consolidator {
             min_messages: cfg.memory.consolidation_min_messages as usize,
             threshold: cfg.memory.consolidation_confidence_threshold,
             memory,
-            llm,
-            ledger,
+            gateway,
             model,
             running: Arc::new(tokio::sync::Mutex::new(())),
         }
@@ -425,10 +423,6 @@ impl Consolidator {
 
     /// One extraction call for `text`.
     async fn extract(&self, text: &str, origin: Origin<'_>) -> Result<Extraction, MemoryError> {
-        self.ledger
-            .gate()
-            .await
-            .map_err(|e| MemoryError::Consolidation(format!("call not made: {e}")))?;
         let mut names = self.memory.db().entities_with_facts().await?;
         names.truncate(MAX_KNOWN_ENTITIES);
         let today = chrono::Utc::now()
@@ -462,19 +456,21 @@ impl Consolidator {
                 tracing::debug!(attempt, %error, "consolidation call retrying");
             }
         };
-        let outcome = self
-            .llm
-            .chat(&self.model, &req, &on_event)
-            .await
-            .map_err(|e| MemoryError::Consolidation(format!("model '{}': {e}", self.model)))?;
-        self.ledger
-            .record(
-                origin.session_id.unwrap_or_default(),
-                &outcome.model,
-                CallType::Consolidation,
-                outcome.response.usage,
-            )
-            .await;
+        // Outside any message: the daily and monthly limits apply.
+        let bill = Bill::outside(origin.session_id.unwrap_or_default());
+        let call = ChatCall::new(&self.model, CallType::Consolidation, bill);
+        let outcome = match self.gateway.chat(call, &req, &on_event).await {
+            Ok(paid) => paid.out,
+            Err(CallError::Budget(e)) => {
+                return Err(MemoryError::Consolidation(format!("call not made: {e}")));
+            }
+            Err(e) => {
+                return Err(MemoryError::Consolidation(format!(
+                    "model '{}': {e}",
+                    self.model
+                )));
+            }
+        };
         parse_extraction(
             &outcome.response.text,
             self.threshold,

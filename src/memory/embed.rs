@@ -1,5 +1,5 @@
 //! The `embeddings` model (SPEC §13): an OpenAI-compatible `/embeddings` endpoint reached
-//! through `llm::Llm::embed` (retries, never a fallback). Vectors are normalised to unit length
+//! through the provider gateway (`Gateway::embed`: retries, never a fallback). Vectors are normalised to unit length
 //! so that a dot product is the cosine. Every request writes an `embedding` cost row; query
 //! embeddings are cached in `embedding_cache` by the text's sha256.
 
@@ -10,10 +10,8 @@ use super::MemoryError;
 use super::chunk::sha256_hex;
 use super::rank::normalize;
 use crate::config::{ModelSpec, ProviderKind};
-use crate::cost::Ledger;
-use crate::llm::{Llm, LlmEvent};
-use crate::message::Usage;
-use crate::store::CallType;
+use crate::gateway::{Bill, CallError, Gateway};
+use crate::llm::LlmEvent;
 use crate::store::memory::MemoryDb;
 
 /// The conventional model name (SPEC §4).
@@ -30,9 +28,8 @@ pub const QUERY_BACKOFF: Duration = Duration::from_secs(60);
 /// Client for the `embeddings` model.
 #[derive(Clone)]
 pub struct Embedder {
-    llm: Arc<Llm>,
+    gateway: Arc<Gateway>,
     spec: Arc<ModelSpec>,
-    ledger: Option<Ledger>,
     /// When the last query embedding failed (shared by clones).
     query_failed_at: Arc<Mutex<Option<Instant>>>,
 }
@@ -40,13 +37,12 @@ pub struct Embedder {
 impl Embedder {
     /// The embedder of the model named `embeddings`, when it is loaded and OpenAI-compatible.
     /// Otherwise `None` (search is FTS-only), with one log line saying why when it is defined.
-    /// `ledger`: the budget is checked before and a cost row written after every request
-    /// (`None` only in tests).
-    pub fn from_config(llm: Arc<Llm>, ledger: Option<Ledger>) -> Option<Embedder> {
-        let spec = match llm.models().get(MODEL_NAME) {
+    /// Every request passes the gateway's budget check and writes an `embedding` row.
+    pub fn from_config(gateway: Arc<Gateway>) -> Option<Embedder> {
+        let spec = match gateway.models().get(MODEL_NAME) {
             Some(spec) => spec.clone(),
             None => {
-                if let Some(reason) = llm.models().skipped.get(MODEL_NAME) {
+                if let Some(reason) = gateway.models().skipped.get(MODEL_NAME) {
                     tracing::warn!(model = MODEL_NAME, %reason, "embeddings model not loaded; memory search is full-text only");
                 }
                 return None;
@@ -60,9 +56,8 @@ impl Embedder {
             return None;
         }
         Some(Embedder {
-            llm,
+            gateway,
             spec,
-            ledger,
             query_failed_at: Arc::new(Mutex::new(None)),
         })
     }
@@ -88,37 +83,25 @@ impl Embedder {
         session_id: &str,
         retry: bool,
     ) -> Result<Vec<Vec<f32>>, MemoryError> {
-        // Against the spend of the session's message in flight, under its call gate (held
-        // until the cost is recorded).
-        let permit = match &self.ledger {
-            Some(ledger) => Some(
-                ledger
-                    .check_call(session_id)
-                    .await
-                    .map_err(|e| MemoryError::Embed(format!("call not made: {e}")))?,
-            ),
-            None => None,
-        };
         let on_event = |e: LlmEvent| {
             if let LlmEvent::RetryWait { attempt, error, .. } = e {
                 tracing::debug!(attempt, %error, "embeddings call retrying");
             }
         };
-        let outcome = self
-            .llm
-            .embed(MODEL_NAME, texts, retry, &on_event)
+        // Against the spend of the session's message in flight, under its call gate (held
+        // until the cost is recorded).
+        let bill = Bill::message(session_id);
+        let outcome = match self
+            .gateway
+            .embed(bill, MODEL_NAME, texts, retry, &on_event)
             .await
-            .map_err(|e| MemoryError::Embed(e.to_string()))?;
-        let usage = Usage {
-            input_tokens: outcome.embeddings.prompt_tokens,
-            ..Usage::default()
+        {
+            Ok(paid) => paid.out,
+            Err(CallError::Budget(e)) => {
+                return Err(MemoryError::Embed(format!("call not made: {e}")));
+            }
+            Err(e) => return Err(MemoryError::Embed(e.to_string())),
         };
-        if let Some(ledger) = &self.ledger {
-            ledger
-                .record(session_id, &outcome.model, CallType::Embedding, usage)
-                .await;
-        }
-        drop(permit);
         let mut vectors = outcome.embeddings.vectors;
         vectors.iter_mut().for_each(|v| normalize(v));
         Ok(vectors)

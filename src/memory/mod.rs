@@ -31,8 +31,7 @@ use std::sync::Arc;
 use crate::zone::Zone;
 
 use crate::config::{Config, MemoryConfig};
-use crate::cost::Ledger;
-use crate::llm::Llm;
+use crate::gateway::Gateway;
 use crate::store::StoreError;
 use crate::store::memory::{MemoryDb, VectorSet};
 
@@ -167,14 +166,10 @@ impl Memory {
 
     /// Open `state_dir/memory.db` and build the service from the config: the embeddings model
     /// is the model named `embeddings` when it is loaded (else search is FTS-only, logged once).
-    /// `ledger` gates and records the `embedding` calls. Blocking (opens the database).
-    pub fn open(
-        cfg: &Config,
-        llm: Arc<Llm>,
-        ledger: Option<Ledger>,
-    ) -> Result<Memory, MemoryError> {
+    /// The `embedding` calls go through `gateway`. Blocking (opens the database).
+    pub fn open(cfg: &Config, gateway: Arc<Gateway>) -> Result<Memory, MemoryError> {
         let db = MemoryDb::open(&cfg.paths.state_dir.join(DB_FILE))?;
-        let embedder = Embedder::from_config(llm, ledger);
+        let embedder = Embedder::from_config(gateway);
         Ok(Memory::new(
             db,
             cfg.memory.clone(),

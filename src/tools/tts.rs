@@ -1,5 +1,6 @@
-//! Text to speech (SPEC §19): the [`Speaker`] (one `/audio/speech` call through
-//! `llm::Llm::speak`, the OGG/Opus file kept in `inbox/`, a `tts` cost row) and the `tts` tool.
+//! Text to speech (SPEC §19): the [`Speaker`] (one `/audio/speech` call through the provider
+//! gateway, `Gateway::speak`: budget check, retries, a `tts` cost row; the OGG/Opus file kept in
+//! `inbox/`) and the `tts` tool.
 //! In a session with a Telegram chat the tool sends the file as a voice note through the
 //! outbox (the `message` tool's recorded, retried send); elsewhere the file stays in `inbox/`
 //! and its path is the tool's result (HTTP `/chat` answers list it, see [`spoken_files`]).
@@ -15,8 +16,8 @@ use super::messaging::Messaging;
 use super::outbound::{FileKind, Piece, Target};
 use super::{Tool, ToolContext, ToolError};
 use crate::config::VoiceConfig;
-use crate::cost::{AudioCall, Ledger};
-use crate::llm::{Llm, ToolSpec};
+use crate::gateway::{Bill, CallError, Gateway};
+use crate::llm::ToolSpec;
 use crate::message::Message;
 use crate::session::{Event, Route, TrailLine};
 
@@ -25,8 +26,7 @@ pub const SAVED_AS: &str = "voice note saved as ";
 
 /// Synthesises speech with `[voice] tts_model`.
 pub struct Speaker {
-    pub llm: Arc<Llm>,
-    pub ledger: Ledger,
+    pub gateway: Arc<Gateway>,
     pub cfg: VoiceConfig,
     /// `state_dir/inbox`, where the files are kept.
     pub inbox: PathBuf,
@@ -58,17 +58,12 @@ impl Speaker {
         let max = usize::try_from(self.cfg.max_audio_bytes).unwrap_or(usize::MAX);
         // The budget, under the call gate of the session's message in flight (held until the
         // cost is recorded).
-        let permit = (self.ledger.check_call(session_id).await)
-            .map_err(|e| format!("speech not made: {e}"))?;
-        let (speech, spec) = self
-            .llm
-            .speak(model, text, voice, max)
-            .await
-            .map_err(|e| format!("speech failed: {e}"))?;
-        self.ledger
-            .record_audio(session_id, &spec, AudioCall::Speech { chars })
-            .await;
-        drop(permit);
+        let bill = Bill::message(session_id);
+        let speech = match self.gateway.speak(bill, model, text, voice, max).await {
+            Ok(paid) => paid.out,
+            Err(CallError::Budget(e)) => return Err(format!("speech not made: {e}")),
+            Err(e) => return Err(format!("speech failed: {e}")),
+        };
         let path = self
             .inbox
             .join(format!("tts-{}.ogg", uuid::Uuid::now_v7().simple()));

@@ -498,6 +498,57 @@ fn only_the_cli_prints() {
     });
 }
 
+/// What reaches a model provider: the clients of `llm` (`Llm`, the `Provider` trait and
+/// `provider_for`, the client types) and the audio endpoints' calls.
+const PROVIDER_ACCESS: &[&str] = &[
+    "Llm",
+    "Provider",
+    "provider_for",
+    "AnthropicClient",
+    "OpenAiClient",
+    "audio::transcribe",
+    "audio::speak",
+];
+
+fn names_provider_access(line: &str) -> bool {
+    PROVIDER_ACCESS.iter().any(|p| contains_token(line, p))
+}
+
+/// Issue 31 item 1: one provider gateway. Code that names a client can call a provider
+/// without the budget check, the cost row or the metrics; only `llm/` (the clients) and the
+/// gateway that owns them may.
+fn provider_rule() -> Rule<'static> {
+    Rule {
+        what: "a provider client (`Llm`, `Provider`, `provider_for`, `AnthropicClient`, \
+               `OpenAiClient`, `llm::audio::transcribe` / `speak`)",
+        why: "every provider call goes through gateway::Gateway: budget check, call with the \
+              SPEC §6 retries, cost row, metrics; call Gateway::chat / embed / transcribe / \
+              speak, or add a method there for a new kind",
+        allowed: &["src/llm/", "src/gateway.rs"],
+        matches: &names_provider_access,
+    }
+}
+
+#[test]
+fn only_the_gateway_calls_a_provider() {
+    check(provider_rule());
+}
+
+/// The gateway writes the cost row of the call it made: a row written elsewhere would be a
+/// cost `/metrics` does not count, or a call billed twice.
+#[test]
+fn only_the_gateway_writes_a_cost_row() {
+    check(Rule {
+        what: "a cost row (`Ledger::record_call`, `Ledger::record_audio`)",
+        why: "the gateway writes the row of each provider call it makes and counts it in the \
+              metrics; make the call through gateway::Gateway",
+        allowed: &["src/cost.rs", "src/cost/", "src/gateway.rs"],
+        matches: &|line| {
+            contains_token(line, "record_call") || contains_token(line, "record_audio")
+        },
+    });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Layers: which top-level module of src/ may use which.
 
@@ -524,7 +575,7 @@ const LAYERS: &[&[&str]] = &[
     // 2
     &["net", "sandbox", "llm"],
     // 3
-    &["cost", "metrics", "monitor"],
+    &["cost", "metrics", "monitor", "gateway"],
     // 4
     &["memory"],
     // 5
@@ -796,6 +847,30 @@ fn checker_skips_cfg_test_items_and_test_only_files() {
         [
             "src/llm/mod.rs:11: use axum::Json;",
             "src/llm/real.rs:1: use axum::Real;"
+        ]
+    );
+}
+
+#[test]
+fn provider_rule_catches_a_direct_call_outside_the_gateway() {
+    let tts = "use crate::gateway::Gateway;\n\
+               pub async fn f(llm: &crate::llm::Llm) {\n\
+                   let _ = llm.speak(\"speech\", \"hi\", \"alloy\", 1).await;\n\
+               }\n\
+               fn g() { crate::llm::audio::transcribe(&http, spec, limits, &file); }\n\
+               fn h(p: std::sync::Arc<dyn crate::llm::Provider>) {}\n\
+               fn i() { let e: LlmError; let k = ProviderKind::OpenAi; }\n";
+    let lines = synthetic(&[
+        ("src/tools/tts.rs", tts),
+        ("src/gateway.rs", "use crate::llm::{Llm, LlmError};\n"),
+        ("src/llm/router.rs", "pub struct Llm;\n"),
+    ]);
+    assert_eq!(
+        violations(&lines, &provider_rule()),
+        [
+            "src/tools/tts.rs:2: pub async fn f(llm: &crate::llm::Llm) {",
+            "src/tools/tts.rs:5: fn g() { crate::llm::audio::transcribe(&http, spec, limits, &file); }",
+            "src/tools/tts.rs:6: fn h(p: std::sync::Arc<dyn crate::llm::Provider>) {}",
         ]
     );
 }

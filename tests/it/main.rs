@@ -16,6 +16,7 @@ mod exec_sandbox;
 mod fake_llm_selftest;
 mod fake_telegram_selftest;
 mod file_tools;
+mod gateway;
 mod http_api;
 mod http_daemon;
 mod intake_limits;

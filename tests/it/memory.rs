@@ -722,8 +722,12 @@ fn retrieval_recall_at_5() {
         .build()
         .unwrap();
     let (fts, hybrid): (EvalReport, EvalReport) = rt.block_on(async {
-        let llm = std::sync::Arc::new(agentd::llm::Llm::new(cfg.models.clone(), &cfg.behavior));
-        let memory = Memory::open(&cfg, llm, None).unwrap();
+        // The embedding calls go through the provider gateway, billed to this state's ledger.
+        let db = agentd::store::Db::open(&cfg.paths.state_dir.join("agentd.db")).unwrap();
+        let ledger = agentd::cost::Ledger::new(db, &cfg);
+        let metrics = std::sync::Arc::new(agentd::metrics::Metrics::new());
+        let gateway = std::sync::Arc::new(agentd::gateway::Gateway::new(&cfg, ledger, metrics));
+        let memory = Memory::open(&cfg, gateway).unwrap();
         let r = memory
             .index(&mut agentd::memory::index::NoProgress)
             .await
