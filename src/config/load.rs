@@ -8,9 +8,9 @@ use toml::Table;
 
 use super::env::{Env, parse_dotenv};
 use super::error::{ConfigError, Problem};
-use super::paths::{absolutize, resolve};
 use super::keys::Codec;
 use super::keys::agent::{PROVIDERS_DIR, PROVIDERS_LOAD, ROUTE};
+use super::paths::{absolutize, resolve};
 use super::providers::ModelCollector;
 use super::types::{Config, ProvidersConfig};
 use super::walker::{Section, Walker, closest};

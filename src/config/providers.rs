@@ -10,10 +10,10 @@ use toml::Table;
 
 use super::env::{Env, is_var_name};
 use super::error::{Problem, display_path};
+use super::keys::models as km;
 use super::types::{
     CacheTtl, ModelSet, ModelSpec, Pricing, ProviderKind, Thinking, ToolSchemaDialect,
 };
-use super::keys::models as km;
 use super::walker::{Section, Walker, join_key};
 
 /// Default Anthropic origin (the client appends `/v1/messages`).

@@ -111,7 +111,10 @@ impl Codec for Words {
         if self.0.contains(&s.as_str()) {
             return Some(s);
         }
-        w.problem(path, format!("expected one of {}, got {s:?}", options(self.0)));
+        w.problem(
+            path,
+            format!("expected one of {}, got {s:?}", options(self.0)),
+        );
         None
     }
     fn show(&self, v: &String) -> Option<String> {
@@ -609,9 +612,10 @@ impl Codec for Age {
         parsed.map_err(|message| w.problem(path, message)).ok()
     }
     fn show(&self, v: &Option<Duration>) -> Option<String> {
-        Some(q(
-            &v.map_or_else(|| "0".to_string(), |d| format!("{}s", d.as_secs()))
-        ))
+        Some(q(&v.map_or_else(
+            || "0".to_string(),
+            |d| format!("{}s", d.as_secs()),
+        )))
     }
     fn kind(&self) -> String {
         "age (\"30d\", \"12h\", \"1h30m\"; \"0\" = never)".into()

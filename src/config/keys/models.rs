@@ -1,7 +1,9 @@
 //! The keys of a model: `[models.<name>]` in a provider file (where top-level keys are
 //! inherited by every model of the file) or inline in `agentd.toml`.
 
-use super::codec::{Bool, Int, Keywords, List, NON_NEGATIVE, Num, OneOf, Str, TEXT, Url, WORD, Words};
+use super::codec::{
+    Bool, Int, Keywords, List, NON_NEGATIVE, Num, OneOf, Str, TEXT, Url, WORD, Words,
+};
 use super::{Apply, Entries};
 use crate::config::types::{CacheTtl, ModelSpec, ProviderKind, Thinking};
 

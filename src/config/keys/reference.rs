@@ -30,7 +30,8 @@ fn entries_live(group: &Table) -> Option<bool> {
 }
 
 fn markdown(keys: &[&dyn Spec], entries_live: Option<bool>) -> String {
-    let mut out = String::from("| Key | Type | Default | On SIGHUP | Meaning |\n|---|---|---|---|---|\n");
+    let mut out =
+        String::from("| Key | Type | Default | On SIGHUP | Meaning |\n|---|---|---|---|---|\n");
     for k in keys {
         let live = k.live().or(entries_live).unwrap_or(false);
         let row = [
@@ -69,7 +70,9 @@ pub fn regenerate(doc: &str) -> Result<String, Vec<String>> {
         let table = &marker["<!-- keys [".len()..head_end];
         let head = &marker[..head_end + "] -->".len()];
         let Some(end) = marker.find("<!-- /keys -->") else {
-            problems.push(format!("the reference of [{table}] has no `<!-- /keys -->`"));
+            problems.push(format!(
+                "the reference of [{table}] has no `<!-- /keys -->`"
+            ));
             return Err(problems);
         };
         out.push_str(head);

@@ -74,7 +74,18 @@ config_keys! {
     ]
 }
 
-fn stdio(s: &McpServerConfig) -> Option<(&String, &Vec<String>, &std::collections::BTreeMap<String, secrecy::SecretString>, &Option<PathBuf>)> {
+/// Secret values by name (`env`, `headers`).
+type Secrets = std::collections::BTreeMap<String, secrecy::SecretString>;
+
+/// `command`, `args`, `env` and `cwd` of a stdio server.
+type StdioParts<'a> = (
+    &'a String,
+    &'a Vec<String>,
+    &'a Secrets,
+    &'a Option<PathBuf>,
+);
+
+fn stdio(s: &McpServerConfig) -> Option<StdioParts<'_>> {
     match &s.transport {
         McpTransport::Stdio {
             command,
@@ -86,7 +97,7 @@ fn stdio(s: &McpServerConfig) -> Option<(&String, &Vec<String>, &std::collection
     }
 }
 
-fn http(s: &McpServerConfig) -> Option<(&String, &std::collections::BTreeMap<String, secrecy::SecretString>)> {
+fn http(s: &McpServerConfig) -> Option<(&String, &Secrets)> {
     match &s.transport {
         McpTransport::Http { url, headers } => Some((url, headers)),
         McpTransport::Stdio { .. } => None,
