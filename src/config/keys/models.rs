@@ -20,7 +20,7 @@ entry_keys! {
             "the variable holding the key. When it is unset or empty the model is skipped, not rejected (see below)";
         BASE_URL: "models.<name>" "base_url", Url = Url { empty_ok: false },
             derived("`https://api.anthropic.com` / `https://api.openai.com/v1` / `https://api.elevenlabs.io/v1`"), |m| Some(&m.base_url),
-            "Anthropic: the origin, and the client appends `/v1/messages`. OpenAI: the API root, and the client appends `/chat/completions`";
+            "Anthropic: the origin, and the client appends `/v1/messages`. OpenAI: the API root (ending in `/v1`), to which the client appends the chat-completions path";
         MODEL: "models.<name>" "model", Str = WORD,
             required("\"claude-sonnet-4-5\""), |m| Some(&m.model),
             "the provider's model id";
