@@ -365,3 +365,19 @@ fn the_reference_in_the_docs_is_the_generated_one() {
         );
     }
 }
+
+/// The tool list in the doc of `[tools] enabled` (and so in docs/configuration.md) names every
+/// built-in tool: it left out `tts` once.
+#[test]
+fn the_enabled_doc_names_every_built_in_tool() {
+    let doc = tools::ENABLED.doc;
+    let missing: Vec<&str> = crate::config::tools::BUILTIN_TOOLS
+        .iter()
+        .copied()
+        .filter(|name| !doc.contains(&format!("`{name}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the doc of tools.enabled (src/config/keys/tools.rs) does not name {missing:?}"
+    );
+}
