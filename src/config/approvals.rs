@@ -1,16 +1,14 @@
 //! `[approvals]` (SPEC §18.1): which tool calls need a person's yes, and how long one waits.
 //! Applies live on SIGHUP (`Config::with_live_parts_of`).
 
-use std::time::Duration;
-
-use super::types::ApprovalsConfig;
+use super::keys::behavior::{
+    APPROVALS_APPROVERS, APPROVALS_OVER_USD, APPROVALS_REQUIRE, APPROVALS_SYSTEM_ALLOW,
+    APPROVALS_TELEGRAM_CHAT, APPROVALS_TIMEOUT,
+};
+use super::keys::codec::{List, Str};
+use super::keys::{Fixed, Key};
+use super::types::{ApprovalsConfig, Config};
 use super::walker::Section;
-
-/// Default `approvals.timeout_seconds`.
-pub const DEFAULT_TIMEOUT_SECONDS: u64 = 300;
-
-/// The longest `approvals.timeout_seconds` (a day): a call never waits longer for a yes.
-pub const MAX_TIMEOUT_SECONDS: i64 = 86_400;
 
 /// At most this many globs in `require` or `system_allow`.
 pub const MAX_GLOBS: usize = 256;
@@ -21,23 +19,11 @@ pub const MAX_APPROVERS: usize = 256;
 /// `[approvals]`.
 pub fn approvals(root: &mut Section<'_>) -> ApprovalsConfig {
     let mut s = root.section("approvals");
-    let require = globs(&mut s, "require");
-    let system_allow = globs(&mut s, "system_allow");
-    let over_usd = s.number("over_usd", 0.0, f64::MAX).unwrap_or(0.0);
-    let timeout = match s.int::<u64>("timeout_seconds", 1) {
-        Some(t) if t as i64 > MAX_TIMEOUT_SECONDS => {
-            s.problem(
-                "timeout_seconds",
-                format!(
-                    "{t} is over the limit of {MAX_TIMEOUT_SECONDS} (a day); a call never waits longer for a yes"
-                ),
-            );
-            DEFAULT_TIMEOUT_SECONDS
-        }
-        Some(t) => t,
-        None => DEFAULT_TIMEOUT_SECONDS,
-    };
-    let telegram_chat = s.get::<i64>("telegram_chat");
+    let require = globs(&mut s, &APPROVALS_REQUIRE);
+    let system_allow = globs(&mut s, &APPROVALS_SYSTEM_ALLOW);
+    let over_usd = s.read(&APPROVALS_OVER_USD);
+    let timeout = s.read(&APPROVALS_TIMEOUT);
+    let telegram_chat = s.read(&APPROVALS_TELEGRAM_CHAT);
     if telegram_chat == Some(0) {
         s.problem(
             "telegram_chat",
@@ -48,7 +34,7 @@ pub fn approvals(root: &mut Section<'_>) -> ApprovalsConfig {
     ApprovalsConfig {
         require,
         over_usd,
-        timeout: Duration::from_secs(timeout),
+        timeout,
         telegram_chat: telegram_chat.filter(|c| *c != 0),
         system_allow,
         approvers,
@@ -58,7 +44,7 @@ pub fn approvals(root: &mut Section<'_>) -> ApprovalsConfig {
 /// `approvers`: Telegram user ids (positive numbers) who may decide any approval from any
 /// chat.
 fn approvers(s: &mut Section<'_>) -> Vec<i64> {
-    let list: Vec<i64> = s.get("approvers").unwrap_or_default();
+    let list = s.read(&APPROVALS_APPROVERS);
     if list.len() > MAX_APPROVERS {
         s.problem(
             "approvers",
@@ -86,8 +72,9 @@ fn approvers(s: &mut Section<'_>) -> Vec<i64> {
 }
 
 /// A list of tool-name globs: `*` and `?` over the characters of tool names.
-fn globs(s: &mut Section<'_>, key: &'static str) -> Vec<String> {
-    let list: Vec<String> = s.get(key).unwrap_or_default();
+fn globs(s: &mut Section<'_>, key: &Key<Config, List<Str>, Fixed<Vec<String>>>) -> Vec<String> {
+    let list = s.read(key);
+    let key = key.leaf();
     if list.len() > MAX_GLOBS {
         s.problem(
             key,

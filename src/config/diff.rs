@@ -5,9 +5,9 @@
 //! own reload agree on what changed. Secrets are redacted in that text: a changed secret value
 //! is not seen here (the reload compares MCP servers whole, secrets included).
 //!
-//! Applies live: `[[schedule]]` entries, Telegram `allow_from` and `contacts`, `[budget]`, `[approvals]`, MCP
-//! servers (added, removed or restarted). Workspace files and the skills in the skills directory
-//! are re-read on every SIGHUP whatever the diff says. Everything else needs a restart.
+//! Which keys apply live is declared in the key table (`keys`, see [`applies_live`]); the same
+//! declaration makes `Config::with_live_parts_of` copy them. Workspace files and the skills in
+//! the skills directory are re-read on every SIGHUP whatever the diff says.
 
 use std::collections::BTreeMap;
 
@@ -29,20 +29,10 @@ impl Change {
     }
 }
 
-/// Key prefixes whose changes a SIGHUP applies (see the module doc).
-const LIVE: &[&str] = &[
-    "schedule.",
-    "channel.telegram.allow_from",
-    "channel.telegram.contacts",
-    "budget.",
-    "approvals.",
-    "mcp.servers.",
-];
-
-/// Whether a change of `key` applies on SIGHUP.
+/// Whether a change of `key` applies on SIGHUP: as the key table declares it
+/// (`keys::applies_live`); anything not declared live needs a restart.
 pub fn applies_live(key: &str) -> bool {
-    LIVE.iter()
-        .any(|p| key == p.trim_end_matches('.') || key.starts_with(p))
+    super::keys::applies_live(key)
 }
 
 /// The changes from `old` to `new`, both texts of `render_effective`, sorted by key.
@@ -80,7 +70,8 @@ pub fn diff_rendered(old: &str, new: &str) -> Vec<Change> {
 /// `table.key → value` for every `key = value` line; each `[[schedule]]` entry becomes one key
 /// (`schedule.<name>`) whose value is its lines joined. Comments and blank lines are skipped,
 /// except that a `# name = …` comment-line inside a table counts as its value (the renderer
-/// writes defaults like `# tools = (all)` that way).
+/// writes unset keys like `# tools = (not set)` and secrets that way), and a `# [table]`
+/// comment-line opens a table (the renderer comments out the models of the provider files).
 fn keyed(text: &str) -> BTreeMap<String, String> {
     let mut map = BTreeMap::new();
     let mut table = String::new();
@@ -102,6 +93,17 @@ fn keyed(text: &str) -> BTreeMap<String, String> {
             continue;
         }
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            flush(&mut map, &mut entry);
+            table = name.to_string();
+            continue;
+        }
+        if let Some(name) = line
+            .strip_prefix('#')
+            .map(str::trim)
+            .and_then(|l| l.strip_prefix('['))
+            .and_then(|l| l.strip_suffix(']'))
+            .filter(|n| !n.starts_with('['))
+        {
             flush(&mut map, &mut entry);
             table = name.to_string();
             continue;
@@ -175,7 +177,12 @@ daily_usd = 5.0
 
 [mcp.servers.time]
 command = "t"
-# tools = (all)
+# tools = (not set)
+
+[models]
+# [models.primary]
+# provider = "anthropic"
+# cost_per_mtok.cache_write_1h = 6.0
 
 [[schedule]]
 name = "a"
@@ -200,7 +207,8 @@ system = "x"
             .replace("allow_from = [1, 2]", "allow_from = [1]")
             .replace("port = 8080", "port = 8081")
             .replace("daily_usd = 5.0", "daily_usd = 9.0")
-            .replace("# tools = (all)", "tools = [\"now\"]")
+            .replace("# tools = (not set)", "tools = [\"now\"]")
+            .replace("cache_write_1h = 6.0", "cache_write_1h = 7.5")
             .replace(
                 "name = \"b\"\nevery = \"10s\"\nsystem = \"x\"\n",
                 "name = \"c\"\nevery = \"5s\"\nsystem = \"y\"\n",
@@ -217,6 +225,7 @@ system = "x"
                 ("channel.telegram.allow_from", true),
                 ("http.port", false),
                 ("mcp.servers.time.tools", true),
+                ("models.primary.cost_per_mtok.cache_write_1h", false),
                 ("schedule.b", true),
                 ("schedule.c", true),
             ]
@@ -230,6 +239,10 @@ system = "x"
         );
         assert!(live.contains("+ schedule.c = name = \"c\""), "{text}");
         assert!(restart.contains("~ http.port: 8080 -> 8081"), "{text}");
+        assert!(
+            restart.contains("~ models.primary.cost_per_mtok.cache_write_1h: 6.0 -> 7.5"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -239,5 +252,9 @@ system = "x"
         assert!(!applies_live("channel.telegram.token_env"));
         assert!(!applies_live("budgetx.y"));
         assert!(!applies_live("http.port"));
+        assert!(!applies_live("channel.telegram.token"));
+        assert!(applies_live("approvals.telegram_chat"));
+        assert!(applies_live("schedule.nightly"));
+        assert!(!applies_live("models.primary.cost_per_mtok.cache_write_1h"));
     }
 }

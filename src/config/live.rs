@@ -48,17 +48,13 @@ impl Live {
 }
 
 impl Config {
-    /// This (running) config with the parts a SIGHUP applies taken from `new`: `[[schedule]]`,
-    /// Telegram `allow_from` and `contacts`, `[budget]`, `[approvals]` and MCP servers (see
-    /// `diff::applies_live`, which must list the same keys).
+    /// This (running) config with the keys a SIGHUP applies taken from `new`: exactly those
+    /// the key table declares live (`keys::copy_live`; today `[[schedule]]`, Telegram
+    /// `allow_from` and `contacts`, `[budget]`, `[approvals]` and MCP servers), the same
+    /// declaration `diff::applies_live` reads.
     pub fn with_live_parts_of(&self, new: &Config) -> Config {
         let mut cfg = self.clone();
-        cfg.schedules = new.schedules.clone();
-        cfg.telegram.allow_from = new.telegram.allow_from.clone();
-        cfg.telegram.contacts = new.telegram.contacts.clone();
-        cfg.budget = new.budget;
-        cfg.approvals = new.approvals.clone();
-        cfg.mcp_servers = new.mcp_servers.clone();
+        super::keys::copy_live(&mut cfg, new);
         cfg
     }
 }

@@ -8,9 +8,10 @@ use toml::Table;
 
 use super::env::{Env, parse_dotenv};
 use super::error::{ConfigError, Problem};
+use super::keys::Codec;
+use super::keys::agent::{PROVIDERS_DIR, PROVIDERS_LOAD, ROUTE};
 use super::paths::{absolutize, resolve};
 use super::providers::ModelCollector;
-use super::sections::path_value;
 use super::types::{Config, ProvidersConfig};
 use super::walker::{Section, Walker, closest};
 use super::{channels, mcp, schedule, sections, tools};
@@ -223,10 +224,8 @@ fn walk(
 /// config directory).
 fn providers_section(root: &mut Section<'_>, config_dir: &Path) -> ProvidersConfig {
     let mut s = root.section("providers");
-    let load: Vec<String> = s
-        .get("load")
-        .unwrap_or_else(|| vec!["anthropic".to_string()]);
-    let dir = path_value(&mut s, "dir").unwrap_or_else(|| PathBuf::from("providers.d"));
+    let load = s.read(&PROVIDERS_LOAD);
+    let dir = s.read(&PROVIDERS_DIR);
     let mut seen = std::collections::BTreeSet::new();
     for (i, name) in load.iter().enumerate() {
         if !seen.insert(name) {
@@ -245,7 +244,15 @@ fn providers_section(root: &mut Section<'_>, config_dir: &Path) -> ProvidersConf
 /// `[routing]`: known source → defined model.
 fn routing(root: &mut Section<'_>, models: &ModelCollector<'_>) -> BTreeMap<String, String> {
     let mut s = root.section("routing");
-    let entries = s.entries::<String>();
+    let w = s.walker();
+    let entries: Vec<(String, String)> = s
+        .rest()
+        .into_iter()
+        .filter_map(|(source, v)| {
+            let model = ROUTE.codec.read(w, &s.key_path(&source), v)?;
+            Some((source, model))
+        })
+        .collect();
     for (source, target) in &entries {
         if !ROUTING_SOURCES.contains(&source.as_str()) {
             let hint = match closest(source, ROUTING_SOURCES) {

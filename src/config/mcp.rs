@@ -2,14 +2,15 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
 use secrecy::SecretString;
 
-use super::channels::check_url;
 use super::env::is_var_name;
+use super::keys::tools::{
+    MCP_ARGS, MCP_COMMAND, MCP_CWD, MCP_ENABLED, MCP_ENV, MCP_HEADERS, MCP_NETWORK, MCP_TIMEOUT,
+    MCP_TOOLS, MCP_URL,
+};
 use super::paths::resolve;
-use super::sections::path_value;
 use super::types::{McpServerConfig, McpTransport};
 use super::walker::Section;
 
@@ -44,25 +45,25 @@ pub fn servers(root: &mut Section<'_>, config_dir: &Path) -> BTreeMap<String, Mc
 }
 
 fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServerConfig> {
-    let command: Option<String> = s.non_empty("command");
-    let url: Option<String> = s.non_empty("url");
+    let command = s.read_opt(&MCP_COMMAND);
+    let url = s.read_opt(&MCP_URL);
     let has_args = s.has("args");
-    let args: Vec<String> = s.get("args").unwrap_or_default();
+    let args = s.read(&MCP_ARGS);
     let has_env = s.has("env");
-    let mut e = s.section("env");
-    let env = secrets(&mut e, true);
-    drop(e);
+    let env = s.read(&MCP_ENV);
+    check_var_names(s, &env);
     let has_cwd = s.has("cwd");
-    let cwd = path_value(s, "cwd").map(|p| resolve(&p, config_dir));
+    let cwd = s
+        .read_opt(&MCP_CWD)
+        .flatten()
+        .map(|p| resolve(&p, config_dir));
     let has_headers = s.has("headers");
-    let mut h = s.section("headers");
-    let headers = secrets(&mut h, false);
-    drop(h);
-    let enabled = s.get("enabled").unwrap_or(true);
-    let tools: Option<Vec<String>> = s.get("tools");
-    let timeout = Duration::from_secs(s.int("timeout_seconds", 1).unwrap_or(60));
+    let headers = s.read(&MCP_HEADERS);
+    let enabled = s.read(&MCP_ENABLED);
+    let tools = s.read(&MCP_TOOLS);
+    let timeout = s.read(&MCP_TIMEOUT);
     let has_network = s.has("network");
-    let network = s.get("network").unwrap_or(true);
+    let network = s.read(&MCP_NETWORK);
 
     let transport = match (command, url) {
         (Some(command), None) => {
@@ -80,7 +81,6 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
             }
         }
         (None, Some(url)) => {
-            check_url(s, "url", &url);
             for (present, key) in [
                 (has_args, "args"),
                 (has_env, "env"),
@@ -122,20 +122,12 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
     })
 }
 
-/// A user-keyed table of strings (env or headers) as secrets. Env keys must be variable names.
-fn secrets(s: &mut Section<'_>, var_names: bool) -> BTreeMap<String, SecretString> {
-    s.entries::<String>()
-        .into_iter()
-        .filter(|(k, _)| {
-            let ok = !var_names || is_var_name(k);
-            if !ok {
-                s.problem(
-                    k,
-                    "invalid environment variable name; use letters, digits and _",
-                );
-            }
-            ok
-        })
-        .map(|(k, v)| (k, SecretString::from(v)))
-        .collect()
+/// `env` keys must be variable names.
+fn check_var_names(s: &Section<'_>, env: &BTreeMap<String, SecretString>) {
+    for k in env.keys().filter(|k| !is_var_name(k)) {
+        s.walker().problem(
+            super::walker::join_key(&s.key_path("env"), k),
+            "invalid environment variable name; use letters, digits and _",
+        );
+    }
 }

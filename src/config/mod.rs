@@ -6,7 +6,11 @@
 //!   unknown keys (with a "did you mean") — no serde, so one mistake never hides the next.
 //! - `env`: `.env` parsing, the process-env-first lookup, `${VAR}` expansion.
 //! - `paths`: `~` expansion and resolution against a base directory.
-//! - `sections`, `channels`, `tools`, `mcp`, `schedule`: one function per TOML section.
+//! - `keys`: the key table — every key declared once (table, name, type and bounds, default,
+//!   live or restart, doc); parsing, rendering, the diff, the SIGHUP merge and the reference in
+//!   `docs/configuration.md` come from it.
+//! - `sections`, `channels`, `tools`, `mcp`, `schedule`: one function per TOML section, reading
+//!   the keys of the table and checking what spans keys.
 //! - `providers`: provider files, inheritance, model defaults and validation → `ModelSet`.
 //! - `load`: the orchestration; `render`: `render_effective` for `agentd check-config`.
 //! - `live`: the running config, replaced on SIGHUP; `diff`: what changed and what a reload
@@ -18,6 +22,7 @@ mod channels;
 pub mod diff;
 mod env;
 mod error;
+pub mod keys;
 mod live;
 mod load;
 mod mcp;

@@ -10,13 +10,11 @@ use toml::Table;
 
 use super::env::{Env, is_var_name};
 use super::error::{Problem, display_path};
+use super::keys::models as km;
 use super::types::{
     CacheTtl, ModelSet, ModelSpec, Pricing, ProviderKind, Thinking, ToolSchemaDialect,
 };
 use super::walker::{Section, Walker, join_key};
-
-/// Values the Anthropic API accepts for `output_config.effort`.
-const THINKING_EFFORTS: &[&str] = &["low", "medium", "high", "xhigh", "max"];
 
 /// Default Anthropic origin (the client appends `/v1/messages`).
 pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
@@ -53,7 +51,7 @@ struct ModelFields {
     supports_vision: Option<bool>,
     fallback: Option<Vec<String>>,
     prompt_cache_key: Option<bool>,
-    schema_keywords: Option<Vec<String>>,
+    schema_keywords: Option<Arc<[String]>>,
     schema_max_length: Option<u64>,
     tool_calls_in_text: Option<bool>,
 }
@@ -62,51 +60,27 @@ impl ModelFields {
     /// Read every model key present in `s` (one line per key).
     fn read(s: &mut Section<'_>) -> Self {
         let mut f = ModelFields {
-            kind: s.choice(
-                "type",
-                &[
-                    ("anthropic", ProviderKind::Anthropic),
-                    ("openai", ProviderKind::OpenAi),
-                    ("elevenlabs", ProviderKind::ElevenLabs),
-                ],
-            ),
-            api_key_env: s.non_empty("api_key_env"),
-            base_url: s.non_empty("base_url"),
-            model: s.non_empty("model"),
-            max_tokens: s.int("max_tokens", 1),
-            context_window: s.int("context_window", 1),
-            cache: s.get("cache"),
-            cache_ttl: s.choice(
-                "cache_ttl",
-                &[("5m", CacheTtl::FiveMinutes), ("1h", CacheTtl::OneHour)],
-            ),
-            thinking: s.choice(
-                "thinking",
-                &[
-                    ("off", Thinking::Off),
-                    ("adaptive", Thinking::Adaptive),
-                    ("budgeted", Thinking::Budgeted),
-                ],
-            ),
-            thinking_budget: s.int("thinking_budget", 1),
-            thinking_effort: s.non_empty("thinking_effort"),
-            supports_vision: s.get("supports_vision"),
-            fallback: s.get("fallback"),
-            prompt_cache_key: s.get("prompt_cache_key"),
-            schema_keywords: s.get("schema_keywords"),
-            schema_max_length: s.int("schema_max_length", 1),
-            tool_calls_in_text: s.get("tool_calls_in_text"),
+            kind: s.read_opt(&km::TYPE),
+            api_key_env: s.read_opt(&km::API_KEY_ENV),
+            base_url: s.read_opt(&km::BASE_URL),
+            model: s.read_opt(&km::MODEL),
+            max_tokens: s.read_opt(&km::MAX_TOKENS),
+            context_window: s.read_opt(&km::CONTEXT_WINDOW),
+            cache: s.read_opt(&km::CACHE),
+            cache_ttl: s.read_opt(&km::CACHE_TTL),
+            thinking: s.read_opt(&km::THINKING),
+            thinking_budget: s.read_opt(&km::THINKING_BUDGET),
+            thinking_effort: s.read_opt(&km::THINKING_EFFORT),
+            supports_vision: s.read_opt(&km::SUPPORTS_VISION),
+            fallback: s.read_opt(&km::FALLBACK),
+            prompt_cache_key: s.read_opt(&km::PROMPT_CACHE_KEY),
+            schema_keywords: s.read_opt(&km::SCHEMA_KEYWORDS),
+            schema_max_length: s.read_opt(&km::SCHEMA_MAX_LENGTH),
+            tool_calls_in_text: s.read_opt(&km::TOOL_CALLS_IN_TEXT),
+            per_minute: s.read_opt(&km::COST_PER_MINUTE),
+            per_1k_chars: s.read_opt(&km::COST_PER_1K_CHARS),
             ..Default::default()
         };
-        if let Some(list) = &f.schema_keywords
-            && (list.is_empty() || list.iter().any(|k| k.trim().is_empty()))
-        {
-            s.problem(
-                "schema_keywords",
-                "list the JSON Schema keywords the provider accepts, e.g. [\"type\", \"properties\", \"required\"]; leave the key out to send schemas whole",
-            );
-            f.schema_keywords = None;
-        }
         if let Some(var) = &f.api_key_env
             && !is_var_name(var)
         {
@@ -116,14 +90,12 @@ impl ModelFields {
             );
             f.api_key_env = None;
         }
-        f.per_minute = s.number("cost_per_minute", 0.0, f64::MAX);
-        f.per_1k_chars = s.number("cost_per_1k_chars", 0.0, f64::MAX);
         let mut cost = s.section("cost_per_mtok");
-        f.input = cost.number("input", 0.0, f64::MAX);
-        f.output = cost.number("output", 0.0, f64::MAX);
-        f.cache_read = cost.number("cache_read", 0.0, f64::MAX);
-        f.cache_write = cost.number("cache_write", 0.0, f64::MAX);
-        f.cache_write_1h = cost.number("cache_write_1h", 0.0, f64::MAX);
+        f.input = cost.read_opt(&km::COST_INPUT);
+        f.output = cost.read_opt(&km::COST_OUTPUT);
+        f.cache_read = cost.read_opt(&km::COST_CACHE_READ);
+        f.cache_write = cost.read_opt(&km::COST_CACHE_WRITE);
+        f.cache_write_1h = cost.read_opt(&km::COST_CACHE_WRITE_1H);
         f
     }
 
@@ -306,9 +278,11 @@ impl<'e> ModelCollector<'e> {
                 "only valid for type = \"openai\"; remove it",
             );
         }
-        let max_tokens = f.max_tokens.unwrap_or(4096);
-        let thinking = f.thinking.unwrap_or(Thinking::Off);
-        let thinking_budget = f.thinking_budget.unwrap_or(10_000);
+        let max_tokens = f.max_tokens.unwrap_or_else(km::MAX_TOKENS.default.0);
+        let thinking = f.thinking.unwrap_or_else(km::THINKING.default.0);
+        let thinking_budget = f
+            .thinking_budget
+            .unwrap_or_else(km::THINKING_BUDGET.default.0);
         if thinking == Thinking::Budgeted && thinking_budget >= max_tokens {
             w.problem(
                 key("thinking_budget"),
@@ -323,17 +297,6 @@ impl<'e> ModelCollector<'e> {
                 format!("must be at least 1024 (the API minimum), got {thinking_budget}"),
             );
         }
-        if let Some(effort) = &f.thinking_effort
-            && !THINKING_EFFORTS.contains(&effort.as_str())
-        {
-            w.problem(
-                key("thinking_effort"),
-                format!(
-                    "expected one of {}, got {effort:?}",
-                    THINKING_EFFORTS.join(", ")
-                ),
-            );
-        }
         let default_url = match kind {
             ProviderKind::Anthropic => ANTHROPIC_BASE_URL,
             ProviderKind::OpenAi => OPENAI_BASE_URL,
@@ -345,15 +308,6 @@ impl<'e> ModelCollector<'e> {
             .unwrap_or_else(|| default_url.to_string())
             .trim_end_matches('/')
             .to_string();
-        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-            w.problem(
-                key("base_url"),
-                format!(
-                    "expected an http:// or https:// URL, got {}",
-                    crate::redact::describe_url_value(&base_url)
-                ),
-            );
-        }
         let fallback = f.fallback.clone().unwrap_or_default();
         if fallback.iter().any(|n| n == name) {
             w.problem(
@@ -380,6 +334,7 @@ impl<'e> ModelCollector<'e> {
                 ),
             },
         };
+        let input = f.input.unwrap_or_else(km::COST_INPUT.default.0);
         let spec = ModelSpec {
             name: name.to_string(),
             provider: provider.to_string(),
@@ -389,30 +344,40 @@ impl<'e> ModelCollector<'e> {
             api_key_env: f.api_key_env,
             api_key,
             max_tokens,
-            context_window: f.context_window.unwrap_or(200_000),
+            context_window: f
+                .context_window
+                .unwrap_or_else(km::CONTEXT_WINDOW.default.0),
             pricing: Pricing {
-                input: f.input.unwrap_or(0.0),
-                output: f.output.unwrap_or(0.0),
-                cache_read: f.cache_read.unwrap_or(0.0),
-                cache_write: f.cache_write.unwrap_or(0.0),
+                input,
+                output: f.output.unwrap_or_else(km::COST_OUTPUT.default.0),
+                cache_read: f.cache_read.unwrap_or_else(km::COST_CACHE_READ.default.0),
+                cache_write: f.cache_write.unwrap_or_else(km::COST_CACHE_WRITE.default.0),
                 // Anthropic's published rate: a 1-hour write costs twice the base input.
-                cache_write_1h: f.cache_write_1h.unwrap_or(f.input.unwrap_or(0.0) * 2.0),
-                per_minute: f.per_minute.unwrap_or(0.0),
-                per_1k_chars: f.per_1k_chars.unwrap_or(0.0),
+                cache_write_1h: f.cache_write_1h.unwrap_or(input * 2.0),
+                per_minute: f.per_minute.unwrap_or_else(km::COST_PER_MINUTE.default.0),
+                per_1k_chars: f
+                    .per_1k_chars
+                    .unwrap_or_else(km::COST_PER_1K_CHARS.default.0),
             },
             cache: f.cache.unwrap_or(kind == ProviderKind::Anthropic),
-            cache_ttl: f.cache_ttl.unwrap_or(CacheTtl::FiveMinutes),
+            cache_ttl: f.cache_ttl.unwrap_or_else(km::CACHE_TTL.default.0),
             thinking,
             thinking_budget,
             thinking_effort: f.thinking_effort,
-            supports_vision: f.supports_vision.unwrap_or(false),
+            supports_vision: f
+                .supports_vision
+                .unwrap_or_else(km::SUPPORTS_VISION.default.0),
             fallback,
-            prompt_cache_key: f.prompt_cache_key.unwrap_or(false),
+            prompt_cache_key: f
+                .prompt_cache_key
+                .unwrap_or_else(km::PROMPT_CACHE_KEY.default.0),
             tool_schema: ToolSchemaDialect {
-                keywords: f.schema_keywords.clone().map(Arc::from),
+                keywords: f.schema_keywords.clone(),
                 max_length: f.schema_max_length,
             },
-            tool_calls_in_text: f.tool_calls_in_text.unwrap_or(false),
+            tool_calls_in_text: f
+                .tool_calls_in_text
+                .unwrap_or_else(km::TOOL_CALLS_IN_TEXT.default.0),
         };
         self.invalid.remove(name);
         self.defined.insert(
@@ -478,6 +443,7 @@ impl<'e> ModelCollector<'e> {
         for (name, d) in self.defined {
             match d.skip_reason {
                 Some(reason) => {
+                    set.skipped_specs.insert(name.clone(), Arc::new(d.spec));
                     set.skipped.insert(name, reason);
                 }
                 None => {

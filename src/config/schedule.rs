@@ -4,7 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::types::{Precheck, ScheduleAction, ScheduleEntry, ScheduleJob, ScheduleWhen};
+use super::keys::tools::{
+    SCHEDULE_CRON, SCHEDULE_EVERY, SCHEDULE_JOB, SCHEDULE_MESSAGE, SCHEDULE_NAME,
+    SCHEDULE_PRECHECK, SCHEDULE_PRECHECK_TIMEOUT, SCHEDULE_SYSTEM, SCHEDULE_TO,
+};
+use super::types::{Precheck, ScheduleAction, ScheduleEntry, ScheduleWhen};
 use super::walker::Section;
 
 /// All `[[schedule]]` entries. `contacts` are the Telegram contact names `to` may use.
@@ -12,13 +16,7 @@ pub fn schedules(root: &mut Section<'_>, contacts: &BTreeMap<String, i64>) -> Ve
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
     for mut s in root.tables("schedule") {
-        let name: Option<String> = match s.required::<String>("name", "\"heartbeat\"") {
-            Some(n) if n.trim().is_empty() => {
-                s.problem("name", "must not be empty");
-                None
-            }
-            other => other,
-        };
+        let name = s.read_required(&SCHEDULE_NAME);
         if let Some(n) = &name
             && !seen.insert(n.clone())
         {
@@ -45,30 +43,17 @@ pub fn schedules(root: &mut Section<'_>, contacts: &BTreeMap<String, i64>) -> Ve
 }
 
 fn when(s: &mut Section<'_>) -> Option<ScheduleWhen> {
-    let cron: Option<String> = s.get("cron");
-    let every: Option<String> = s.get("every");
-    match (cron, every) {
-        (Some(c), None) => match check_cron(&c) {
-            Ok(()) => Some(ScheduleWhen::Cron(
-                c.split_whitespace().collect::<Vec<_>>().join(" "),
-            )),
-            Err(msg) => {
-                s.problem("cron", msg);
-                None
-            }
-        },
-        (None, Some(e)) => match parse_every(&e) {
-            Ok(d) => Some(ScheduleWhen::Every(d)),
-            Err(msg) => {
-                s.problem("every", msg);
-                None
-            }
-        },
-        (Some(_), Some(_)) => {
+    let (has_cron, has_every) = (s.has("cron"), s.has("every"));
+    let cron = s.read_opt(&SCHEDULE_CRON);
+    let every = s.read_opt(&SCHEDULE_EVERY);
+    match (has_cron, has_every) {
+        (true, false) => cron.map(ScheduleWhen::Cron),
+        (false, true) => every.map(ScheduleWhen::Every),
+        (true, true) => {
             s.problem("every", "give either cron or every, not both");
             None
         }
-        (None, None) => {
+        (false, false) => {
             s.problem(
                 "cron",
                 "required: cron = \"0 9 * * *\" (5 fields) or every = \"15m\"",
@@ -79,16 +64,10 @@ fn when(s: &mut Section<'_>) -> Option<ScheduleWhen> {
 }
 
 fn action(s: &mut Section<'_>, contacts: &BTreeMap<String, i64>) -> Option<ScheduleAction> {
-    let system: Option<String> = s.get("system");
-    let message: Option<String> = s.get("message");
-    let to: Option<String> = s.get("to");
-    let job = s.choice(
-        "job",
-        &[
-            ("index", ScheduleJob::Index),
-            ("consolidate", ScheduleJob::Consolidate),
-        ],
-    );
+    let system = s.read_opt(&SCHEDULE_SYSTEM);
+    let message = s.read_opt(&SCHEDULE_MESSAGE);
+    let to = s.read_opt(&SCHEDULE_TO);
+    let job = s.read_opt(&SCHEDULE_JOB);
     let given = [system.is_some(), message.is_some(), job.is_some()]
         .iter()
         .filter(|b| **b)
@@ -133,10 +112,11 @@ fn action(s: &mut Section<'_>, contacts: &BTreeMap<String, i64>) -> Option<Sched
 /// `precheck` and `precheck_timeout` (SPEC §20). `None`: a problem was reported;
 /// `Some(None)`: no precheck.
 fn precheck(s: &mut Section<'_>, action: Option<&ScheduleAction>) -> Option<Option<Precheck>> {
-    let command: Option<String> = s.get("precheck");
-    let timeout: Option<String> = s.get("precheck_timeout");
+    let has_timeout = s.has("precheck_timeout");
+    let command = s.read_opt(&SCHEDULE_PRECHECK);
+    let timeout = s.read_opt(&SCHEDULE_PRECHECK_TIMEOUT);
     let Some(command) = command else {
-        if timeout.is_some() {
+        if has_timeout {
             s.problem("precheck_timeout", "only valid with precheck; remove it");
             return None;
         }
@@ -167,24 +147,9 @@ fn precheck(s: &mut Section<'_>, action: Option<&ScheduleAction>) -> Option<Opti
         return None;
     }
     let timeout = match timeout {
-        None => Precheck::DEFAULT_TIMEOUT,
-        Some(t) => match parse_every(&t) {
-            Ok(d) if d <= Precheck::MAX_TIMEOUT => d,
-            Ok(_) => {
-                s.problem(
-                    "precheck_timeout",
-                    format!(
-                        "{t:?} is too long: at most {}s, a precheck holds up the scheduler",
-                        Precheck::MAX_TIMEOUT.as_secs()
-                    ),
-                );
-                return None;
-            }
-            Err(msg) => {
-                s.problem("precheck_timeout", msg);
-                return None;
-            }
-        },
+        Some(t) => t,
+        None if has_timeout => return None,
+        None => SCHEDULE_PRECHECK_TIMEOUT.default_value(),
     };
     Some(Some(Precheck { command, timeout }))
 }

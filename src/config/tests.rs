@@ -9,7 +9,7 @@ use secrecy::ExposeSecret;
 
 use super::*;
 
-const ANTHROPIC: &str = r#"
+pub(crate) const ANTHROPIC: &str = r#"
 type = "anthropic"
 api_key_env = "AGENTD_ANTHROPIC_KEY"
 [models.primary]
@@ -18,13 +18,13 @@ model = "claude-sonnet-4-5"
 
 /// A checkout-like layout: `<tmp>/config/agentd.toml`, `<tmp>/providers.d/*.toml`,
 /// `<tmp>/home` as HOME.
-struct Fixture {
-    dir: tempfile::TempDir,
-    env: BTreeMap<String, String>,
+pub(crate) struct Fixture {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) env: BTreeMap<String, String>,
 }
 
 impl Fixture {
-    fn new(config: &str) -> Self {
+    pub(crate) fn new(config: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("config")).unwrap();
         std::fs::create_dir_all(dir.path().join("providers.d")).unwrap();
@@ -40,31 +40,31 @@ impl Fixture {
         f
     }
 
-    fn root(&self) -> PathBuf {
+    pub(crate) fn root(&self) -> PathBuf {
         std::fs::canonicalize(self.dir.path()).unwrap()
     }
 
-    fn write(&self, rel: &str, text: &str) {
+    pub(crate) fn write(&self, rel: &str, text: &str) {
         std::fs::write(self.dir.path().join(rel), text).unwrap();
     }
 
-    fn provider(&self, name: &str, text: &str) {
+    pub(crate) fn provider(&self, name: &str, text: &str) {
         self.write(&format!("providers.d/{name}.toml"), text);
     }
 
-    fn set(&mut self, k: &str, v: &str) {
+    pub(crate) fn set(&mut self, k: &str, v: &str) {
         self.env.insert(k.to_string(), v.to_string());
     }
 
-    fn config_path(&self) -> PathBuf {
+    pub(crate) fn config_path(&self) -> PathBuf {
         self.dir.path().join("config/agentd.toml")
     }
 
-    fn load(&self) -> Result<Config, ConfigError> {
+    pub(crate) fn load(&self) -> Result<Config, ConfigError> {
         load_with_env(&self.config_path(), self.env.clone())
     }
 
-    fn ok(&self) -> Config {
+    pub(crate) fn ok(&self) -> Config {
         match self.load() {
             Ok(c) => c,
             Err(e) => panic!("expected a valid config, got:\n{e}"),
@@ -72,7 +72,7 @@ impl Fixture {
     }
 
     /// Problems as `key: message` lines (file names stripped).
-    fn problems(&self) -> Vec<String> {
+    pub(crate) fn problems(&self) -> Vec<String> {
         match self.load() {
             Ok(_) => panic!("expected problems, config was valid"),
             Err(ConfigError::Invalid { problems, .. }) => problems
@@ -84,7 +84,7 @@ impl Fixture {
     }
 }
 
-const MINIMAL: &str = r#"
+pub(crate) const MINIMAL: &str = r#"
 [agent]
 name = "test"
 workspace = "../workspace"
@@ -92,7 +92,7 @@ workspace = "../workspace"
 dir = "../providers.d"
 "#;
 
-fn minimal_with_key() -> Fixture {
+pub(crate) fn minimal_with_key() -> Fixture {
     let mut f = Fixture::new(MINIMAL);
     f.provider("anthropic", ANTHROPIC);
     f.set("AGENTD_ANTHROPIC_KEY", "sk-test-SECRET");
@@ -992,7 +992,8 @@ fn render_effective_never_shows_secrets() {
     f.set("HOME", &f.root().join("home").display().to_string());
     f.write("config/agentd.toml", MINIMAL);
     let text = render_effective(&f.ok());
-    assert!(text.contains("primary = { skipped = "), "{text}");
+    assert!(text.contains("# [models.primary]\n"), "{text}");
+    assert!(text.contains("\n# skipped = \""), "{text}");
     assert!(text.contains("AGENTD_ANTHROPIC_KEY is not set"), "{text}");
     assert!(text.contains("[not set]"), "{text}");
 }
@@ -1290,7 +1291,7 @@ fn apply_text_edits(text: &str, edits: &[TextEdit]) -> String {
 }
 
 /// The shipped config and provider files in a checkout-like fixture (workspace included).
-fn shipped_fixture() -> Fixture {
+pub(crate) fn shipped_fixture() -> Fixture {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let f = Fixture::new(&std::fs::read_to_string(root.join("config/agentd.toml")).unwrap());
     std::fs::create_dir_all(f.dir.path().join("workspace")).unwrap();
@@ -1559,7 +1560,10 @@ fn voice_section_defaults_prices_and_problems() {
         "{p:?}"
     );
     assert!(
-        has(&p, "voice.max_audio_bytes: 1000000000 is above the ceiling"),
+        has(
+            &p,
+            "voice.max_audio_bytes: 1000000000 is over the limit of 104857600; lower it"
+        ),
         "{p:?}"
     );
     assert!(has(&p, "voice.max_tts_chars"), "{p:?}");
@@ -1622,4 +1626,29 @@ fn elevenlabs_is_for_speech_only() {
         ),
         "{p:?}"
     );
+}
+
+/// Issue 31: a change of `cost_per_mtok.cache_write_1h` in a provider file is seen by
+/// `check-config --diff` and by the reload (both compare renders), as a change that needs a
+/// restart.
+#[test]
+fn a_changed_cache_write_1h_shows_in_the_diff() {
+    let f = minimal_with_key();
+    let model = |rate: &str| {
+        format!("{ANTHROPIC}cost_per_mtok = {{ input = 3.0, cache_write_1h = {rate} }}\n")
+    };
+    f.provider("anthropic", &model("6.0"));
+    let old = render_effective(&f.ok());
+    f.provider("anthropic", &model("7.5"));
+    let new = render_effective(&f.ok());
+    let changes = diff::diff_rendered(&old, &new);
+    assert!(
+        changes
+            .iter()
+            .any(|c| c.key.starts_with("models.primary") && !c.applies_live()),
+        "no restart change for models.primary: {changes:?}"
+    );
+    let text = diff::describe(&changes);
+    assert!(text.contains("cache_write_1h"), "{text}");
+    assert!(text.contains("7.5"), "{text}");
 }

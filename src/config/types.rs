@@ -110,16 +110,18 @@ pub struct VoiceConfig {
 }
 
 impl Default for VoiceConfig {
+    /// The defaults of the key table.
     fn default() -> Self {
+        use super::keys::state as k;
         VoiceConfig {
-            stt_model: None,
-            tts_model: None,
-            reply: VoiceReply::Off,
-            echo_transcript: true,
-            voice: "alloy".into(),
-            max_audio_bytes: 20 << 20,
-            max_audio_seconds: 600,
-            max_tts_chars: 4096,
+            stt_model: k::STT_MODEL.default_value(),
+            tts_model: k::TTS_MODEL.default_value(),
+            reply: k::REPLY.default_value(),
+            echo_transcript: k::ECHO_TRANSCRIPT.default_value(),
+            voice: k::VOICE_NAME.default_value(),
+            max_audio_bytes: k::MAX_AUDIO_BYTES.default_value(),
+            max_audio_seconds: k::MAX_AUDIO_SECONDS.default_value(),
+            max_tts_chars: k::MAX_TTS_CHARS.default_value(),
         }
     }
 }
@@ -311,6 +313,8 @@ pub struct ModelSet {
     /// model name → human-readable reason naming the fix, e.g.
     /// "environment variable AGENTD_ANTHROPIC_KEY is not set (providers.d/anthropic.toml, models.primary); set it in config/.env or the environment".
     pub skipped: BTreeMap<String, String>,
+    /// The definitions of the skipped models (`check-config` shows them with the reason).
+    pub skipped_specs: BTreeMap<String, Arc<ModelSpec>>,
 }
 
 impl ModelSet {
@@ -440,9 +444,10 @@ pub struct DeliveryConfig {
 }
 
 impl Default for DeliveryConfig {
+    /// The defaults of the key table.
     fn default() -> DeliveryConfig {
         DeliveryConfig {
-            retry: Duration::from_secs(600),
+            retry: super::keys::behavior::RETRY_MINUTES.default_value(),
         }
     }
 }
@@ -474,14 +479,16 @@ pub struct ApprovalsConfig {
 }
 
 impl Default for ApprovalsConfig {
+    /// The defaults of the key table.
     fn default() -> ApprovalsConfig {
+        use super::keys::behavior as k;
         ApprovalsConfig {
-            require: Vec::new(),
-            over_usd: 0.0,
-            timeout: std::time::Duration::from_secs(super::approvals::DEFAULT_TIMEOUT_SECONDS),
-            telegram_chat: None,
-            system_allow: Vec::new(),
-            approvers: Vec::new(),
+            require: k::APPROVALS_REQUIRE.default_value(),
+            over_usd: k::APPROVALS_OVER_USD.default_value(),
+            timeout: k::APPROVALS_TIMEOUT.default_value(),
+            telegram_chat: k::APPROVALS_TELEGRAM_CHAT.default_value(),
+            system_allow: k::APPROVALS_SYSTEM_ALLOW.default_value(),
+            approvers: k::APPROVALS_APPROVERS.default_value(),
         }
     }
 }

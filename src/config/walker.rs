@@ -2,8 +2,9 @@
 //! problem instead of stopping at the first one (serde would).
 //!
 //! Each [`Section`] takes the keys it knows out of its table; whatever is left when the section
-//! is dropped is reported as an unknown key, with the closest known key suggested. Adding a key
-//! to the config is therefore one line: `let x = s.int("x", 1).unwrap_or(5);`.
+//! is dropped is reported as an unknown key, with the closest known key suggested. Keys are
+//! declared in the key table (`keys`) and read with `Section::read(&KEY)` (defined there), which
+//! converts and checks the value with the key's codec.
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -78,74 +79,6 @@ impl<'e> Walker<'e> {
     }
 }
 
-/// Conversion of a TOML value into a config type, reporting a problem at `key` on mismatch.
-pub trait FromValue: Sized {
-    fn from_value(w: &Walker<'_>, key: &str, v: Value) -> Option<Self>;
-}
-
-impl FromValue for String {
-    /// Strings are `${VAR}`-expanded.
-    fn from_value(w: &Walker<'_>, key: &str, v: Value) -> Option<Self> {
-        match v {
-            Value::String(s) => w.expand(key, &s),
-            other => {
-                w.problem(key, format!("expected a string, got {}", describe(&other)));
-                None
-            }
-        }
-    }
-}
-
-impl FromValue for bool {
-    fn from_value(w: &Walker<'_>, key: &str, v: Value) -> Option<Self> {
-        match v {
-            Value::Boolean(b) => Some(b),
-            other => {
-                w.problem(
-                    key,
-                    format!("expected true or false, got {}", describe(&other)),
-                );
-                None
-            }
-        }
-    }
-}
-
-impl FromValue for i64 {
-    fn from_value(w: &Walker<'_>, key: &str, v: Value) -> Option<Self> {
-        match v {
-            Value::Integer(i) => Some(i),
-            other => {
-                w.problem(
-                    key,
-                    format!("expected an integer, got {}", describe(&other)),
-                );
-                None
-            }
-        }
-    }
-}
-
-impl<T: FromValue> FromValue for Vec<T> {
-    fn from_value(w: &Walker<'_>, key: &str, v: Value) -> Option<Self> {
-        match v {
-            Value::Array(items) => {
-                let before = w.problem_count();
-                let out: Vec<T> = items
-                    .into_iter()
-                    .enumerate()
-                    .filter_map(|(i, item)| T::from_value(w, &format!("{key}[{i}]"), item))
-                    .collect();
-                (w.problem_count() == before).then_some(out)
-            }
-            other => {
-                w.problem(key, format!("expected a list, got {}", describe(&other)));
-                None
-            }
-        }
-    }
-}
-
 /// Integer types the walker can range-check into.
 pub trait Int: Copy + TryFrom<i64> {
     const MAX: i64;
@@ -180,6 +113,11 @@ impl<'w> Section<'w> {
         self.w
     }
 
+    /// The dotted path of this section (empty at the top level).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
     /// Full dotted path of `key` in this section.
     pub fn key_path(&self, key: &str) -> String {
         join_key(&self.path, key)
@@ -199,98 +137,6 @@ impl<'w> Section<'w> {
     pub fn take(&mut self, key: &'static str) -> Option<Value> {
         self.known.push(key);
         self.table.remove(key)
-    }
-
-    /// A typed value, or `None` if absent or invalid (then a problem is recorded).
-    pub fn get<T: FromValue>(&mut self, key: &'static str) -> Option<T> {
-        let v = self.take(key)?;
-        T::from_value(self.w, &self.key_path(key), v)
-    }
-
-    /// A typed value that must be present.
-    pub fn required<T: FromValue>(&mut self, key: &'static str, example: &str) -> Option<T> {
-        if !self.has(key) {
-            self.known.push(key);
-            let section = if self.path.is_empty() {
-                "the top level".to_string()
-            } else {
-                format!("[{}]", self.path)
-            };
-            self.problem(key, format!("required; add {key} = {example} to {section}"));
-            return None;
-        }
-        self.get(key)
-    }
-
-    /// A non-empty string.
-    pub fn non_empty(&mut self, key: &'static str) -> Option<String> {
-        let s: String = self.get(key)?;
-        if s.trim().is_empty() {
-            self.problem(key, "must not be empty");
-            return None;
-        }
-        Some(s)
-    }
-
-    /// An integer `≥ min` that fits `T`.
-    pub fn int<T: Int>(&mut self, key: &'static str, min: i64) -> Option<T> {
-        let v = self.take(key)?;
-        let Value::Integer(i) = v else {
-            self.problem(
-                key,
-                format!("expected an integer ≥ {min}, got {}", describe(&v)),
-            );
-            return None;
-        };
-        if i < min {
-            self.problem(key, format!("expected an integer ≥ {min}, got {i}"));
-            return None;
-        }
-        if i > T::MAX {
-            self.problem(key, format!("expected an integer ≤ {}, got {i}", T::MAX));
-            return None;
-        }
-        T::try_from(i).ok()
-    }
-
-    /// A finite number (integer or float) within `min..=max`.
-    pub fn number(&mut self, key: &'static str, min: f64, max: f64) -> Option<f64> {
-        let v = self.take(key)?;
-        let n = match v {
-            Value::Integer(i) => i as f64,
-            Value::Float(f) => f,
-            other => {
-                self.problem(
-                    key,
-                    format!("expected a number ≥ {min}, got {}", describe(&other)),
-                );
-                return None;
-            }
-        };
-        if !n.is_finite() || n < min || n > max {
-            let range = if max == f64::MAX {
-                format!("≥ {min}")
-            } else {
-                format!("from {min} to {max}")
-            };
-            self.problem(key, format!("expected a number {range}, got {n}"));
-            return None;
-        }
-        Some(n)
-    }
-
-    /// One of a fixed set of strings, mapped to a value.
-    pub fn choice<T: Copy>(&mut self, key: &'static str, options: &[(&str, T)]) -> Option<T> {
-        let s: String = self.get(key)?;
-        if let Some((_, t)) = options.iter().find(|(name, _)| *name == s) {
-            return Some(*t);
-        }
-        let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
-        self.problem(
-            key,
-            format!("expected one of {}, got {s:?}", names.join(", ")),
-        );
-        None
     }
 
     /// A sub-table (absent = empty). A non-table value is a problem and yields an empty section.
@@ -361,18 +207,6 @@ impl<'w> Section<'w> {
     /// Take every remaining entry (for tables whose keys are names chosen by the user).
     pub fn rest(&mut self) -> Vec<(String, Value)> {
         std::mem::take(&mut self.table).into_iter().collect()
-    }
-
-    /// Typed entries of a user-keyed table: `key = value` pairs, all converted to `T`.
-    pub fn entries<T: FromValue>(&mut self) -> Vec<(String, T)> {
-        let w = self.w;
-        self.rest()
-            .into_iter()
-            .filter_map(|(k, v)| {
-                let path = self.key_path(&k);
-                T::from_value(w, &path, v).map(|t| (k, t))
-            })
-            .collect()
     }
 }
 
@@ -483,7 +317,14 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::keys::codec::{Bool, Codec, Int, List, Num, OneOf, TEXT};
     use std::collections::BTreeMap;
+
+    /// Take `key` and read it with `codec`, as `Section::read_opt` does for a declared key.
+    fn get<C: Codec>(s: &mut Section<'_>, key: &'static str, codec: C) -> Option<C::T> {
+        let v = s.take(key)?;
+        codec.read(s.walker(), &s.key_path(key), v)
+    }
 
     fn env() -> Env {
         Env::with_process_map(
@@ -529,12 +370,18 @@ mod tests {
             "[b]\nn = \"x\"\nf = true\ns = 3\nl = [\"a\", 2]\nok = \"${X}\"\nc = \"maybe\"\n",
             |root| {
                 let mut b = root.section("b");
-                assert_eq!(b.int::<u32>("n", 1), None);
-                assert_eq!(b.number("f", 0.0, f64::MAX), None);
-                assert_eq!(b.get::<String>("s"), None);
-                assert_eq!(b.get::<Vec<String>>("l"), None);
-                assert_eq!(b.get::<String>("ok").as_deref(), Some("ex"));
-                assert_eq!(b.choice("c", &[("on", true), ("off", false)]), None);
+                assert_eq!(get(&mut b, "n", Int::<u32>::at_least(1)), None);
+                let number = Num {
+                    min: 0.0,
+                    max: f64::MAX,
+                };
+                assert_eq!(get(&mut b, "f", number), None);
+                assert_eq!(get(&mut b, "s", TEXT), None);
+                assert_eq!(get(&mut b, "l", List(TEXT)), None);
+                assert_eq!(get(&mut b, "ok", TEXT).as_deref(), Some("ex"));
+                let on_off = OneOf(&[("on", true), ("off", false)]);
+                assert_eq!(get(&mut b, "c", on_off), None);
+                assert_eq!(get(&mut b, "missing", Bool), None);
             },
         );
         assert_eq!(
@@ -552,9 +399,9 @@ mod tests {
     #[test]
     fn integer_ranges_are_checked() {
         let problems = walk("a = 0\nb = 70000\nc = 5\n", |root| {
-            assert_eq!(root.int::<u32>("a", 1), None);
-            assert_eq!(root.int::<u16>("b", 1), None);
-            assert_eq!(root.int::<u16>("c", 1), Some(5));
+            assert_eq!(get(root, "a", Int::<u32>::at_least(1)), None);
+            assert_eq!(get(root, "b", Int::<u16>::at_least(1)), None);
+            assert_eq!(get(root, "c", Int::<u16>::at_least(1)), Some(5));
         });
         assert_eq!(
             problems,
@@ -569,8 +416,8 @@ mod tests {
     fn leftover_keys_are_unknown_with_suggestion() {
         let problems = walk("[agent]\nnmae = \"a\"\nwhatever = 1\n", |root| {
             let mut a = root.section("agent");
-            let _: Option<String> = a.get("name");
-            let _: Option<String> = a.get("workspace");
+            let _ = get(&mut a, "name", TEXT);
+            let _ = get(&mut a, "workspace", TEXT);
         });
         assert_eq!(
             problems,
@@ -582,23 +429,16 @@ mod tests {
     }
 
     #[test]
-    fn required_and_nested_paths() {
+    fn nested_paths_are_quoted() {
         let problems = walk("[m.\"a.b\"]\nx = 1\n", |root| {
-            let _: Option<String> = root.required("name", "\"agentd\"");
             let mut m = root.section("m");
             for (k, v) in m.rest() {
                 let mut s = m.child(&k, v).unwrap();
                 assert_eq!(s.key_path("x"), "m.\"a.b\".x");
-                let _: Option<String> = s.get("x");
+                let _ = get(&mut s, "x", TEXT);
             }
         });
-        assert_eq!(
-            problems,
-            [
-                "name: required; add name = \"agentd\" to the top level",
-                "m.\"a.b\".x: expected a string, got 1"
-            ]
-        );
+        assert_eq!(problems, ["m.\"a.b\".x: expected a string, got 1"]);
     }
 
     #[test]
@@ -607,7 +447,7 @@ mod tests {
             let items = root.tables("s");
             assert_eq!(items.len(), 2);
             for mut item in items {
-                let _: Option<String> = item.get("name");
+                let _ = get(&mut item, "name", TEXT);
             }
         });
         assert_eq!(problems, ["s[0].name: expected a string, got 1"]);

@@ -1,7 +1,8 @@
 //! Live reload on SIGHUP (SPEC §16.5): the config file is read and validated again. An invalid
 //! one is refused, logged and shown in the monitor, and the running one stays. A valid one
-//! applies what can apply live — `[[schedule]]`, Telegram `allow_from` and `contacts`,
-//! `[budget]`, MCP servers — and logs each other change as needing a restart. Skills are
+//! applies the keys the key table (`config::keys`) declares live — `[[schedule]]`, Telegram
+//! `allow_from` and `contacts`, `[budget]`, `[approvals]`, MCP servers — and reports every other
+//! changed key (every key of the table is rendered, so none is missed) as needing a restart. Skills are
 //! rescanned either way (workspace files are read per message anyway). The effective config
 //! in force is written to `state_dir/running-config.toml` for `agentd check-config --diff`.
 

@@ -219,6 +219,49 @@ fn check_config_diff_splits_live_changes_from_restart_ones() {
     );
 }
 
+/// Issue 31: every key of the key table is rendered, so a changed
+/// `cost_per_mtok.cache_write_1h` in a provider file shows in `check-config --diff` and in the
+/// reload report, as a change that needs a restart (it was parsed but never rendered).
+#[test]
+fn a_changed_cache_write_1h_shows_in_the_diff_and_the_reload_report() {
+    const KEY: &str = "models.primary.cost_per_mtok.cache_write_1h";
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let mut d = daemon_with(&llm, "openai");
+    let provider = d.dir.path().join("providers.d/fake.toml");
+    let text = std::fs::read_to_string(&provider).unwrap();
+    let changed = text.replace(
+        "cache_write = 3.75 }",
+        "cache_write = 3.75, cache_write_1h = 9.5 }",
+    );
+    assert_ne!(
+        text, changed,
+        "the fake provider file changed shape: {text}"
+    );
+    std::fs::write(&provider, changed).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args([
+            "-c",
+            d.config_path.to_str().unwrap(),
+            "check-config",
+            "--diff",
+        ])
+        .env("AGENTD_STATE_DIR", &d.state_dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{out:?}");
+    let (_, restart) = text
+        .split_once("needs a restart")
+        .unwrap_or_else(|| panic!("{text}"));
+    // The default is twice `input` (3.0).
+    assert!(restart.contains(&format!("~ {KEY}: 6.0 -> 9.5")), "{text}");
+    let r = sighup(&d);
+    assert_eq!(r["ok"], true, "{r}");
+    assert!(keys(&r["applied"]).is_empty(), "{r}");
+    assert_eq!(keys(&r["needs_restart"]), vec![KEY], "{r}");
+    assert!(d.sigterm().success(), "{}", d.log());
+}
+
 #[test]
 fn a_new_mcp_servers_tools_appear_after_sighup() {
     let llm = FakeLlm::spawn(Wire::OpenAi);
