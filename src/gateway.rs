@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::config::{Config, ModelSet, ModelSpec};
 use crate::cost::{AudioCall, BudgetError, CallPermit, Ledger};
 use crate::llm::audio::{AudioFile, Speech};
@@ -143,8 +144,8 @@ pub struct Gateway {
     llm: Llm,
     ledger: Ledger,
     metrics: Arc<Metrics>,
-    /// The wait before a message-level retry: twice `[behavior] api_retry_base_delay`.
-    message_retry_delay: Duration,
+    /// The waits before message-level retries: twice `[behavior] api_retry_base_delay` each.
+    message_retry: Backoff,
 }
 
 impl Gateway {
@@ -155,7 +156,11 @@ impl Gateway {
             llm: Llm::new(cfg.models.clone(), &cfg.behavior),
             ledger,
             metrics,
-            message_retry_delay: cfg.behavior.api_retry_base_delay * 2,
+            message_retry: Backoff::exponential(
+                cfg.behavior.api_retry_base_delay * 2,
+                cfg.behavior.api_retry_base_delay * 2,
+            )
+            .exact(),
         }
     }
 
@@ -166,7 +171,8 @@ impl Gateway {
             llm,
             ledger,
             metrics,
-            message_retry_delay: Duration::from_millis(2),
+            message_retry: Backoff::exponential(Duration::from_millis(2), Duration::from_millis(2))
+                .exact(),
         }
     }
 
@@ -337,13 +343,13 @@ impl Gateway {
         on_event: &(dyn Fn(LlmEvent) + Send + Sync),
         retries: u32,
     ) -> Result<ChatOutcome, LlmError> {
-        let mut attempt = 0;
+        let mut backoff = self.message_retry.clone();
         loop {
             match self.llm.chat(model, req, on_event).await {
-                Err(e) if e.is_retryable() && attempt < retries => {
-                    attempt += 1;
-                    tracing::warn!(error = %e, attempt, "message-level retry");
-                    tokio::time::sleep(self.message_retry_delay).await;
+                Err(e) if e.is_retryable() && backoff.failures() < retries => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(error = %e, attempt = backoff.failures(), "message-level retry");
+                    tokio::time::sleep(delay).await;
                 }
                 r => return r,
             }

@@ -19,7 +19,6 @@ mod http;
 pub mod openai;
 #[cfg(test)]
 mod render_cache_tests;
-pub mod retry;
 pub mod router;
 pub mod schema;
 mod sse;

@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
-
-use super::retry::backoff_delay;
 use super::{ChatRequest, ChatResponse, LlmError, Provider, provider_for};
+use crate::backoff::Backoff;
 use crate::config::{BehaviorConfig, ModelSet, ModelSpec};
 
+/// No single wait between retries of one model is longer than this, whatever the server
+/// asks for (`Retry-After`).
+pub const MAX_RETRY_WAIT: Duration = Duration::from_secs(60);
 /// How long establishing a connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -321,14 +322,13 @@ impl Llm {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, LlmError>>,
     {
-        let mut attempt = 0;
+        let mut backoff = Backoff::exponential(self.base_delay, MAX_RETRY_WAIT);
         loop {
             match call().await {
                 Ok(response) => return Ok(response),
-                Err(e) if e.is_retryable() && attempt < self.retries => {
-                    attempt += 1;
-                    let jitter: f64 = rand::rng().random();
-                    let delay = backoff_delay(self.base_delay, attempt, e.retry_after(), jitter);
+                Err(e) if e.is_retryable() && backoff.failures() < self.retries => {
+                    let delay = backoff.next_delay_after(e.retry_after());
+                    let attempt = backoff.failures();
                     tracing::warn!(model = %spec.name, attempt, delay_ms = delay.as_millis() as u64, error = %e, "retrying LLM call");
                     on_event(LlmEvent::RetryWait {
                         model: spec.name.clone(),

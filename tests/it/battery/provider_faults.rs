@@ -5,7 +5,7 @@
 //! the user got, and the `costs` table: one row per successful provider call, none for a failed
 //! one (no double billing).
 //!
-//! The retry policy itself (`llm::retry`, `llm::router`) is unit-tested; this checks that the
+//! The retry policy itself (`backoff`, `llm::router`) is unit-tested; this checks that the
 //! daemon wires it up the same way for real messages.
 
 use std::collections::BTreeMap;
