@@ -64,9 +64,31 @@ pub struct Work {
     /// A client streaming the answer (the compatible endpoints, SPEC §17): set by the worker
     /// just before the work runs, never recorded.
     pub deltas: Option<crate::llm::DeltaSink>,
+    /// Where the reply goes, set by the worker just before the work runs
+    /// (`daemon::delivery::target_for`, the one rule): approval prompts and the `tts` tool go
+    /// there too.
+    pub reply_to: Option<crate::message::Address>,
 }
 
 impl Work {
+    /// New work for `intakes`.
+    pub fn new(intakes: Vec<Intake>) -> Work {
+        Work {
+            intakes,
+            resume: false,
+            deltas: None,
+            reply_to: None,
+        }
+    }
+
+    /// `intakes` whose turn already started (after a restart).
+    pub fn resumed(intakes: Vec<Intake>) -> Work {
+        Work {
+            resume: true,
+            ..Work::new(intakes)
+        }
+    }
+
     pub fn ids(&self) -> Vec<String> {
         self.intakes.iter().map(|i| i.id.clone()).collect()
     }
@@ -574,6 +596,7 @@ impl Agent {
             workspace: self.cfg.agent.workspace.clone(),
             allowed_paths: self.cfg.tools.allowed_paths.clone(),
             protected: crate::tools::paths::Protected::from_config(&self.cfg),
+            reply_to: None,
             status: Arc::new(status::LoopStatus {
                 db: self.ledger.db().clone(),
                 tz: self.cfg.agent.timezone.clone(),

@@ -4,28 +4,26 @@
 //! `sent` is never sent again, and the rest are sent.
 
 use crate::agent::Work;
-use crate::config::Config;
 use crate::control::Source;
 use crate::session::{DeliveryStatus, Event, Route, TrailLine};
 
-pub use crate::tools::outbound::{Outbound, Progress, Target};
+pub use crate::tools::outbound::{Address, Contacts, Outbound, Progress};
 
-/// The delivery rule of SPEC §5.6 for a unit of work: Telegram messages are answered in their
-/// chat; FIFO user messages go to Telegram when the sender is a contact; system, HTTP (the
-/// response itself) and terminal messages have no channel delivery here.
-pub fn target_for(work: &Work, cfg: &Config) -> Option<Target> {
+/// Where the reply to `work` goes (SPEC §5.6): the one rule for which chat a message belongs
+/// to, used for its reply, its typing indicator, its approval prompts and its `tts` voice
+/// notes (the worker computes it once, `Work::reply_to`). A message a chat channel took in is
+/// answered in its chat (the route recorded with its first intake); a FIFO or scheduled
+/// message goes to the sender's chat when the sender is a contact; system, HTTP (the response
+/// itself) and terminal messages have no chat. `None` too when the chat's channel does not
+/// run (`out`).
+pub fn target_for(work: &Work, contacts: &Contacts, out: &dyn Outbound) -> Option<Address> {
     let first = work.intakes.first()?;
-    match (first.source, &first.route) {
-        (Source::Telegram, Some(Route::Telegram { chat_id, .. })) => {
-            Some(Target::Telegram { chat_id: *chat_id })
-        }
-        (Source::User | Source::Scheduler, _) if cfg.telegram.enabled => cfg
-            .telegram
-            .contacts
-            .get(&first.from)
-            .map(|id| Target::Telegram { chat_id: *id }),
-        _ => None,
-    }
+    let to = match (first.route.as_ref().and_then(Route::address), first.source) {
+        (Some(chat), _) => chat.clone(),
+        (None, Source::User | Source::Scheduler) => contacts.address_of(&first.from)?,
+        (None, _) => return None,
+    };
+    out.serves(&to.channel).then_some(to)
 }
 
 /// A reply whose delivery is not closed.

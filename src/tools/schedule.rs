@@ -251,6 +251,7 @@ mod tests {
             workspace: std::path::PathBuf::from("/nonexistent"),
             allowed_paths: vec![],
             protected: Default::default(),
+            reply_to: None,
             status: Arc::new(NoStatus),
         }
     }
