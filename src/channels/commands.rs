@@ -114,8 +114,21 @@ pub struct Load {
     pub queued: usize,
 }
 
-/// The answer to a settings request, once the session's queue has run it.
-pub type SettingsAnswer = BoxFuture<'static, Result<Settings, ControlError>>;
+/// The answer to a settings request, once the session's queue has run it ([`Self::wait`]).
+pub struct SettingsAnswer(BoxFuture<'static, Result<Settings, ControlError>>);
+
+impl SettingsAnswer {
+    pub fn new(
+        answer: impl std::future::Future<Output = Result<Settings, ControlError>> + Send + 'static,
+    ) -> SettingsAnswer {
+        SettingsAnswer(Box::pin(answer))
+    }
+
+    /// Wait for the answer.
+    pub async fn wait(self) -> Result<Settings, ControlError> {
+        self.0.await
+    }
+}
 
 /// What the chat commands do, implemented by the daemon (its session queues).
 pub trait SessionControl: Send + Sync {
@@ -218,7 +231,7 @@ pub async fn run(
     let changed = change.is_some();
     let answer = control.settings(key, change, channel).await;
     Box::pin(async move {
-        let s = match answer.await {
+        let s = match answer.wait().await {
             Ok(s) => s,
             Err(e) => return Reply::text(e.to_string()),
         };
@@ -250,7 +263,7 @@ pub async fn press(
     let is_model = matches!(change, Change::Model(_));
     let answer = control.settings(key, Some(change), channel).await;
     Some(Box::pin(async move {
-        match answer.await {
+        match answer.wait().await {
             Ok(s) if is_model => model_changed(&s),
             Ok(s) => skills_text(&s),
             Err(e) => e.to_string(),
@@ -406,7 +419,8 @@ mod tests {
                     always_on: false,
                 }],
             };
-            Box::pin(async move { Box::pin(async move { Ok(s) }) as SettingsAnswer })
+            let answer = SettingsAnswer::new(async move { Ok(s) });
+            Box::pin(async move { answer })
         }
     }
 

@@ -22,8 +22,11 @@ pub struct ChatChannel {
     /// Whether the config turns it on.
     pub enabled: fn(&Config) -> bool,
     /// Opens it for this run (its client); an error stops the start, naming the channel.
-    pub open: fn(&Arc<Config>) -> Result<Arc<dyn OpenChannel>, String>,
+    pub open: Open,
 }
+
+/// How a chat channel opens for a run.
+pub type Open = fn(&Arc<Config>) -> Result<Arc<dyn OpenChannel>, String>;
 
 /// A chat channel opened for this run.
 pub trait OpenChannel: Send + Sync {

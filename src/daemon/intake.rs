@@ -406,7 +406,7 @@ impl SessionControl for IntakeHandler {
             };
             let answer = self.dispatcher.queue_session_control(key, request).await;
             let stopping = crate::channels::commands::ControlError::Stopping;
-            Box::pin(async move { answer.await.unwrap_or(Err(stopping)) }) as SettingsAnswer
+            SettingsAnswer::new(async move { answer.await.unwrap_or(Err(stopping)) })
         })
     }
 }

@@ -99,7 +99,7 @@ pub async fn start(
     super::retention::start(s, tasks);
     super::idle::start(s, tasks);
     for (name, chat) in &s.chats.channels {
-        watch.spawn(tasks, *name, chat.start(s, tasks));
+        watch.spawn(tasks, name, chat.start(s, tasks));
     }
     if s.cfg.fifo.enabled {
         start_fifo(s, tasks, &watch)?;
