@@ -22,12 +22,14 @@ use crate::session::approval::{ApprovalDecided, ApprovalRequest, Decision};
 use crate::session::{Event, SessionState};
 use crate::tools::approval::{self, ApprovalInfo, Verdict};
 
-/// What the gate needs to know about the message it works for.
+/// What the gate (and the tools) need to know about the message they work for.
 pub(super) struct ApprovalRoute {
     pub source: Source,
-    /// The chat the message is answered in (`Work::reply_to`): its approvals are offered
-    /// there.
+    /// The chat the message came from (`Work::chat`): its approvals are offered there; those
+    /// of a message from elsewhere go to the chat `[approvals]` names (SPEC §18.1).
     pub chat: Option<Address>,
+    /// Where its reply goes (`Work::reply_to`): the `tts` tool sends there.
+    pub reply_to: Option<Address>,
     /// A person approved going on past `over_usd` in this message.
     pub over_usd_ok: AtomicBool,
 }
@@ -37,7 +39,8 @@ impl ApprovalRoute {
         let source = work.intakes.first().map_or(Source::User, |i| i.source);
         ApprovalRoute {
             source,
-            chat: work.reply_to.clone(),
+            chat: work.chat().cloned(),
+            reply_to: work.reply_to.clone(),
             over_usd_ok: AtomicBool::new(false),
         }
     }

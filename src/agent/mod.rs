@@ -65,8 +65,8 @@ pub struct Work {
     /// just before the work runs, never recorded.
     pub deltas: Option<crate::llm::DeltaSink>,
     /// Where the reply goes, set by the worker just before the work runs
-    /// (`daemon::delivery::target_for`, the one rule): approval prompts and the `tts` tool go
-    /// there too.
+    /// (`daemon::delivery::target_for`): [`Self::chat`], else the sender's as a contact. The
+    /// typing indicator and the `tts` tool's voice note go there too.
     pub reply_to: Option<crate::message::Address>,
 }
 
@@ -87,6 +87,13 @@ impl Work {
             resume: true,
             ..Work::new(intakes)
         }
+    }
+
+    /// The chat this message came from, if a chat channel took it in: the route recorded with
+    /// its first intake (a turn merges only messages of one chat). The one rule for which chat
+    /// a message belongs to: its reply goes there, its approvals are offered there.
+    pub fn chat(&self) -> Option<&crate::message::Address> {
+        self.intakes.first()?.route.as_ref()?.address()
     }
 
     pub fn ids(&self) -> Vec<String> {

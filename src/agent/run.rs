@@ -498,7 +498,7 @@ impl Agent {
                 );
                 let window = spec.context_window;
                 let mut ctx = self.tool_context(session, state, &spec.name, window);
-                ctx.reply_to = approval.chat.clone();
+                ctx.reply_to = approval.reply_to.clone();
                 ctx
             }
             Caller::SubAgent { parent, .. } => (*parent).clone(),

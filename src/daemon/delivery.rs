@@ -5,20 +5,19 @@
 
 use crate::agent::Work;
 use crate::control::Source;
-use crate::session::{DeliveryStatus, Event, Route, TrailLine};
+use crate::session::{DeliveryStatus, Event, TrailLine};
 
 pub use crate::tools::outbound::{Address, Contacts, Outbound, Progress};
 
-/// Where the reply to `work` goes (SPEC §5.6): the one rule for which chat a message belongs
-/// to, used for its reply, its typing indicator, its approval prompts and its `tts` voice
-/// notes (the worker computes it once, `Work::reply_to`). A message a chat channel took in is
-/// answered in its chat (the route recorded with its first intake); a FIFO or scheduled
-/// message goes to the sender's chat when the sender is a contact; system, HTTP (the response
-/// itself) and terminal messages have no chat. `None` too when the chat's channel does not
-/// run (`out`).
+/// Where the reply to `work` goes (SPEC §5.6): a message a chat channel took in is answered
+/// in its chat (`Work::chat`, the one rule for which chat a message belongs to); a FIFO or
+/// scheduled message goes to the sender's chat when the sender is a contact; system, HTTP (the
+/// response itself) and terminal messages have no chat. `None` too when the chat's channel
+/// does not run (`out`). The worker computes it once (`Work::reply_to`) for the reply, the
+/// typing indicator and the `tts` tool.
 pub fn target_for(work: &Work, contacts: &Contacts, out: &dyn Outbound) -> Option<Address> {
     let first = work.intakes.first()?;
-    let to = match (first.route.as_ref().and_then(Route::address), first.source) {
+    let to = match (work.chat(), first.source) {
         (Some(chat), _) => chat.clone(),
         (None, Source::User | Source::Scheduler) => contacts.address_of(&first.from)?,
         (None, _) => return None,

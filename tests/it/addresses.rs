@@ -226,3 +226,72 @@ fn a_release_state_dir_starts_and_delivers_its_pending_replies() {
         (done == 4).then_some(())
     });
 }
+
+const OPERATOR: i64 = 3003;
+
+/// Must show (issue 31 item 3), through the neutral address: a FIFO message of the contact
+/// Alice needs an approval, which is offered in the approvals chat (`[approvals]
+/// telegram_chat`: she did not write from a chat, SPEC §18.1), not hers; once approved, the
+/// `message` tool reaches her by her contact name and the reply is delivered to her chat by
+/// the contact list; both sends are recorded as Telegram deliveries.
+#[test]
+fn a_contacts_fifo_message_is_approved_in_the_approvals_chat_and_answered_in_hers() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let tg = FakeTelegram::spawn(TOKEN);
+    let sections = format!(
+        "[approvals]\nrequire = [\"exec\"]\ntelegram_chat = {OPERATOR}\napprovers = [{OPERATOR}]\n\n"
+    );
+    let d = crate::support::e2e::telegram_daemon_for(
+        &llm,
+        &tg,
+        TOKEN,
+        &[ALICE, OPERATOR],
+        &channel(),
+        &sections,
+        "debounce_ms = 50",
+    );
+    let marker = d.workspace().join("approved");
+    llm.push(Reply::tool_calls(vec![(
+        "c1",
+        "exec",
+        serde_json::json!({ "command": format!("touch {}", marker.display()) }),
+    )]));
+    llm.push(Reply::tool_calls(vec![(
+        "c2",
+        "message",
+        serde_json::json!({ "target": "Alice", "text": "A note for you." }),
+    )]));
+    llm.push(Reply::text("Done, Alice."));
+    crate::support::e2e::fifo_write(
+        &d,
+        r#"{"id":"cli-2","type":"user","text":"run it","sender":"Alice"}"#,
+    );
+    let prompt = wait_until(WAIT, "the approval prompt", || {
+        tg.sent().into_iter().find(|m| !m.buttons.is_empty())
+    });
+    assert_eq!(prompt.chat_id, OPERATOR, "{prompt:?}");
+    assert!(!marker.exists(), "the command ran before the yes");
+    let data = prompt.buttons[0].clone();
+    assert!(data.starts_with("ap:") && data.ends_with(":a"), "{data}");
+    tg.push_callback(OPERATOR, OPERATOR, prompt.message_id, &data);
+    wait_until(WAIT, "the note and the reply", || {
+        (tg.sent_to(ALICE).len() >= 2).then_some(())
+    });
+    assert!(marker.exists());
+    assert_eq!(
+        tg.sent_to(ALICE),
+        vec!["A note for you.".to_string(), "Done, Alice.".to_string()]
+    );
+    let deliveries = wait_until(WAIT, "both sends recorded", || {
+        let done: Vec<serde_json::Value> = d
+            .trail("Alice")
+            .into_iter()
+            .filter(|l| l["type"] == "delivery" && l["status"] == "done")
+            .collect();
+        (done.len() == 2).then_some(done)
+    });
+    assert!(
+        deliveries.iter().all(|l| l["channel"] == "telegram"),
+        "{deliveries:#?}"
+    );
+}
