@@ -62,7 +62,7 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
     let messaging = deps.outbound.map(|outbound| super::messaging::Messaging {
         cfg: deps.live.clone(),
         outbound,
-        contacts: deps.contacts,
+        contacts: deps.contacts.clone(),
         sessions: deps.sessions,
     });
     if let Some(m) = &messaging {
@@ -73,7 +73,7 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
     }
     let schedule = super::schedule::ScheduleTools {
         db: deps.db.clone(),
-        live: deps.live.clone(),
+        contacts: deps.contacts.clone(),
         wake: deps.schedule_wake,
         max_scheduled: cfg.tools.max_scheduled,
         max_delay: cfg.tools.max_delay,
