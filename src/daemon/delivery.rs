@@ -119,7 +119,123 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
 mod tests {
     use super::*;
     use crate::message::Message;
-    use crate::session::MessageEvent;
+    use crate::session::{Intake, MessageEvent, Route};
+    use crate::tools::outbound::{FileKind, PartError, Router};
+    use futures::future::BoxFuture;
+    use std::sync::Arc;
+
+    /// A channel that sends nothing: only whether the router serves it matters here.
+    struct Idle;
+
+    impl Outbound for Idle {
+        fn parts(&self, _to: &Address, text: &str) -> Vec<String> {
+            vec![text.to_string()]
+        }
+        fn send_part<'a>(
+            &'a self,
+            _: &'a Address,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<(), PartError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn send_file<'a>(
+            &'a self,
+            _: &'a Address,
+            _: &'a std::path::Path,
+            _: FileKind,
+        ) -> BoxFuture<'a, Result<(), PartError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn react<'a>(
+            &'a self,
+            _: &'a Address,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<(), PartError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn typing<'a>(&'a self, _: &'a Address) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+        fn attempt_timeout(&self) -> std::time::Duration {
+            std::time::Duration::from_secs(1)
+        }
+    }
+
+    fn intake(source: Source, from: &str, route: Option<Route>) -> Intake {
+        Intake {
+            id: "m1".into(),
+            source,
+            from: from.into(),
+            text: "hi".into(),
+            tier: None,
+            attachments: vec![],
+            route,
+            notify_meta: None,
+            relayed_from: None,
+        }
+    }
+
+    /// The one rule for which chat a message belongs to (issue 31 item 4): the chat it came
+    /// from, on any channel; else the sender's as a contact (FIFO, scheduler); else none. A
+    /// chat whose channel does not run here gets nothing.
+    #[test]
+    fn a_reply_goes_to_the_chat_it_came_from_else_to_the_contact() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("providers.d")).unwrap();
+        std::fs::write(
+            root.join("providers.d/anthropic.toml"),
+            "type = \"anthropic\"\napi_key_env = \"K\"\n[models.primary]\nmodel = \"m\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("agentd.toml"),
+            "[paths]\nstate_dir = \"state\"\n[agent]\nname = \"t\"\nworkspace = \"ws\"\n[providers]\ndir = \"providers.d\"\n[channel.telegram]\ncontacts = { Alice = 1001 }\n",
+        )
+        .unwrap();
+        let env = std::collections::BTreeMap::from([
+            ("K".to_string(), "sk-test".to_string()),
+            ("HOME".to_string(), root.display().to_string()),
+        ]);
+        let cfg = crate::config::load_with_env(&root.join("agentd.toml"), env).unwrap();
+        let live = crate::config::Live::new(Arc::new(cfg));
+        let contacts = Contacts::new(live, vec![crate::channels::telegram::address::BOOK]);
+        let mut router = Router::default();
+        router.add("telegram", Arc::new(Idle));
+        let group = Address::new("telegram", "-2002");
+        let chat = |to: &Address| {
+            Some(Route::Chat {
+                to: to.clone(),
+                message: Some("7".into()),
+            })
+        };
+        let work = |i: Intake| Work::new(vec![i]);
+        let at = |i: Intake| target_for(&work(i), &contacts, &router);
+        // Alice writing in a group is answered in the group, not in her private chat.
+        let w = work(intake(Source::Telegram, "Alice", chat(&group)));
+        assert_eq!(w.chat(), Some(&group));
+        assert_eq!(
+            at(intake(Source::Telegram, "Alice", chat(&group))),
+            Some(group)
+        );
+        let alice = Some(Address::new("telegram", "1001"));
+        assert_eq!(at(intake(Source::User, "Alice", None)), alice);
+        assert_eq!(at(intake(Source::Scheduler, "Alice", None)), alice);
+        assert_eq!(at(intake(Source::User, "bob", None)), None);
+        assert_eq!(at(intake(Source::System, "Alice", None)), None);
+        assert_eq!(at(intake(Source::Http, "Alice", None)), None);
+        let room = Address::new("matrix", "!r:example.org");
+        assert_eq!(
+            work(intake(Source::Terminal, "x", chat(&room))).chat(),
+            Some(&room)
+        );
+        assert_eq!(
+            at(intake(Source::Terminal, "x", chat(&room))),
+            None,
+            "matrix does not run"
+        );
+    }
 
     fn line(seq: u64, event: Event) -> TrailLine {
         TrailLine {
