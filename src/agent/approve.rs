@@ -1,7 +1,7 @@
 //! The approval gate (SPEC §18.1): between a model's answer and the run of its tool calls.
 //! A call that needs a person's yes (`[approvals] require`, or a message past `over_usd`)
 //! is recorded as an `approval` trail event, offered through [`Approvals`] (the HTTP API,
-//! `agent-send`, Telegram) and waits; the whole batch runs only once every approval of it is
+//! `agent-send`, the message's chat) and waits; the whole batch runs only once every approval of it is
 //! decided, so a crash while one waits leaves a batch none of whose calls ran, and the resumed
 //! message asks again ([`Agent::resume_waiting_batch`]). A `system` message cannot wait: its
 //! gated calls are denied at once unless `system_allow` names the tool. A sub-agent cannot ask
@@ -16,17 +16,20 @@ use super::{Agent, Fail};
 use crate::config::ApprovalsConfig;
 use crate::control::Source;
 use crate::llm::{ChatResponse, StopReason};
-use crate::message::{Message, ToolCall};
+use crate::message::{Address, Message, ToolCall};
 use crate::monitor::LoopState;
 use crate::session::approval::{ApprovalDecided, ApprovalRequest, Decision};
 use crate::session::{Event, SessionState};
 use crate::tools::approval::{self, ApprovalInfo, Verdict};
 
-/// What the gate needs to know about the message it works for.
+/// What the gate (and the tools) need to know about the message they work for.
 pub(super) struct ApprovalRoute {
     pub source: Source,
-    /// The Telegram chat the message came from: its approvals are offered there.
-    pub telegram_chat: Option<i64>,
+    /// The chat the message came from (`Work::chat`): its approvals are offered there; those
+    /// of a message from elsewhere go to the chat `[approvals]` names (SPEC §18.1).
+    pub chat: Option<Address>,
+    /// Where its reply goes (`Work::reply_to`): the `tts` tool sends there.
+    pub reply_to: Option<Address>,
     /// A person approved going on past `over_usd` in this message.
     pub over_usd_ok: AtomicBool,
 }
@@ -34,13 +37,10 @@ pub(super) struct ApprovalRoute {
 impl ApprovalRoute {
     pub fn of(work: &super::Work) -> ApprovalRoute {
         let source = work.intakes.first().map_or(Source::User, |i| i.source);
-        let telegram_chat = work.intakes.iter().find_map(|i| match &i.route {
-            Some(crate::session::Route::Telegram { chat_id, .. }) => Some(*chat_id),
-            _ => None,
-        });
         ApprovalRoute {
             source,
-            telegram_chat,
+            chat: work.chat().cloned(),
+            reply_to: work.reply_to.clone(),
             over_usd_ok: AtomicBool::new(false),
         }
     }
@@ -184,14 +184,8 @@ impl Agent {
             };
             match broker.open(info) {
                 Some(t) => {
-                    let chat = route.telegram_chat.or(cfg.telegram_chat);
-                    if let Some(chat) = chat {
-                        broker.offer_telegram(
-                            &req.id,
-                            chat,
-                            std::time::Instant::now() + cfg.timeout,
-                        );
-                    }
+                    let until = std::time::Instant::now() + cfg.timeout;
+                    broker.offer(&req.id, route.chat.as_ref(), until);
                     tickets.push((*i, req.clone(), Some(t)));
                 }
                 None => tickets.push((*i, req.clone(), None)),

@@ -242,21 +242,17 @@ fn fixture(
 }
 
 fn work(text: &str) -> Work {
-    Work {
-        intakes: vec![Intake {
-            id: "m1".into(),
-            source: crate::control::Source::User,
-            from: "tester".into(),
-            text: text.into(),
-            tier: None,
-            attachments: vec![],
-            route: None,
-            notify_meta: None,
-            relayed_from: None,
-        }],
-        resume: false,
-        deltas: None,
-    }
+    Work::new(vec![Intake {
+        id: "m1".into(),
+        source: crate::control::Source::User,
+        from: "tester".into(),
+        text: text.into(),
+        tier: None,
+        attachments: vec![],
+        route: None,
+        notify_meta: None,
+        relayed_from: None,
+    }])
 }
 
 impl Fixture {

@@ -65,9 +65,38 @@ pub struct Work {
     /// A client streaming the answer (the compatible endpoints, SPEC §17): set by the worker
     /// just before the work runs, never recorded.
     pub deltas: Option<crate::llm::DeltaSink>,
+    /// Where the reply goes, set by the worker just before the work runs
+    /// (`daemon::delivery::target_for`): [`Self::chat`], else the sender's as a contact. The
+    /// typing indicator and the `tts` tool's voice note go there too.
+    pub reply_to: Option<crate::message::Address>,
 }
 
 impl Work {
+    /// New work for `intakes`.
+    pub fn new(intakes: Vec<Intake>) -> Work {
+        Work {
+            intakes,
+            resume: false,
+            deltas: None,
+            reply_to: None,
+        }
+    }
+
+    /// `intakes` whose turn already started (after a restart).
+    pub fn resumed(intakes: Vec<Intake>) -> Work {
+        Work {
+            resume: true,
+            ..Work::new(intakes)
+        }
+    }
+
+    /// The chat this message came from, if a chat channel took it in: the route recorded with
+    /// its first intake (a turn merges only messages of one chat). The one rule for which chat
+    /// a message belongs to: its reply goes there, its approvals are offered there.
+    pub fn chat(&self) -> Option<&crate::message::Address> {
+        self.intakes.first()?.route.as_ref()?.address()
+    }
+
     pub fn ids(&self) -> Vec<String> {
         self.intakes.iter().map(|i| i.id.clone()).collect()
     }
@@ -575,6 +604,7 @@ impl Agent {
             workspace: self.cfg.agent.workspace.clone(),
             allowed_paths: self.cfg.tools.allowed_paths.clone(),
             protected: crate::tools::paths::Protected::from_config(&self.cfg),
+            reply_to: None,
             status: Arc::new(status::LoopStatus {
                 db: self.ledger.db().clone(),
                 tz: self.cfg.agent.timezone.clone(),

@@ -486,14 +486,20 @@ impl Agent {
     ) -> Result<(), Option<Fail>> {
         let ctx = match &run.caller {
             Caller::Message {
-                session, handle, ..
+                session,
+                handle,
+                approval,
+                ..
             } => {
                 self.monitor.set_state(*handle, LoopState::Tools, turn);
                 self.monitor.set_tools(
                     *handle,
                     resp.tool_calls.iter().map(|c| c.name.clone()).collect(),
                 );
-                self.tool_context(session, state, &spec.name, spec.context_window)
+                let window = spec.context_window;
+                let mut ctx = self.tool_context(session, state, &spec.name, window);
+                ctx.reply_to = approval.reply_to.clone();
+                ctx
             }
             Caller::SubAgent { parent, .. } => (*parent).clone(),
         };

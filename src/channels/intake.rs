@@ -1,5 +1,6 @@
-//! The intake seam: how every source (Telegram, the FIFO, HTTP, the terminal, the scheduler)
-//! hands a message to the daemon without knowing the daemon. The daemon implements
+//! The intake seam: how every source (the chat channels, the FIFO, HTTP and the compatible
+//! endpoints, the terminal, the scheduler) hands a message to the daemon without knowing the
+//! daemon. The daemon implements
 //! [`IntakeSink`] (durable intake + the per-session queue, `daemon::intake`); sources hold an
 //! `Arc<dyn IntakeSink>`.
 
@@ -26,7 +27,7 @@ pub enum QueueFull {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AcceptError {
     /// The session's queue (or all queues together) is full: refused before intake (HTTP
-    /// 429, a short "busy" answer on Telegram).
+    /// 429, a short "busy" answer in a chat).
     #[error("{0}")]
     Busy(#[from] QueueFull),
     /// The intake record could not be written.
@@ -41,12 +42,26 @@ pub struct Completion {
     pub finish: Finish,
 }
 
-/// Where sources put messages. `accept` returns once the intake is recorded durably and
-/// queued (the acknowledgement of SPEC §5.2); a duplicate id is accepted and not queued again.
+/// What [`IntakeSink::accept`] did with an intake.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Accepted {
+    /// `false`: its id was already in the session's trail; it was not queued again.
+    pub new: bool,
+    /// The transcripts of its audio (SPEC §19), which a chat channel may echo.
+    pub transcripts: Vec<String>,
+}
+
+/// Where sources put messages: every source (the chat channels, the FIFO, HTTP and the
+/// compatible endpoints, the terminal, the scheduler) records its intakes only through this.
+/// `accept` returns once the intake is recorded durably and queued (the acknowledgement of
+/// SPEC §5.2); a duplicate id is accepted and not queued again.
 pub trait IntakeSink: Send + Sync {
     /// Record `intake` in session `key`'s trail and queue it.
-    fn accept<'a>(&'a self, key: &'a str, intake: Intake)
-    -> BoxFuture<'a, Result<(), AcceptError>>;
+    fn accept<'a>(
+        &'a self,
+        key: &'a str,
+        intake: Intake,
+    ) -> BoxFuture<'a, Result<Accepted, AcceptError>>;
 
     /// `accept`, then wait until the message is done. `Ok(None)`: the daemon stopped before
     /// it finished (it resumes after the next start). Dropping the future stops the wait,
@@ -56,6 +71,60 @@ pub trait IntakeSink: Send + Sync {
         key: &'a str,
         intake: Intake,
     ) -> BoxFuture<'a, Result<Option<Completion>, AcceptError>>;
+
+    /// Whether intake `id` is already in session `key`'s trail (offered again after a crash:
+    /// the source need not fetch or transcribe anything for it; `accept` would drop it).
+    fn is_recorded<'a>(&'a self, _key: &'a str, _id: &'a str) -> BoxFuture<'a, bool> {
+        Box::pin(async { false })
+    }
+}
+
+/// A session key from outside input: non-empty, at most 64 characters, no control characters
+/// and no path separators.
+pub fn valid_key(key: &str) -> bool {
+    !key.trim().is_empty()
+        && key.chars().count() <= 64
+        && !key.chars().any(|c| c.is_control() || c == '/' || c == '\\')
+}
+
+/// A notification's `{source, ref, data}` as received (FIFO `notify`, HTTP `/notify`), for
+/// the webhook's `notify_meta` (SPEC §10.2); absent fields are left out.
+pub fn notify_meta(
+    source: Option<&str>,
+    reference: Option<&str>,
+    data: Option<&serde_json::Value>,
+) -> serde_json::Value {
+    let mut meta = serde_json::Map::new();
+    if let Some(s) = source {
+        meta.insert("source".into(), s.into());
+    }
+    if let Some(r) = reference {
+        meta.insert("ref".into(), r.into());
+    }
+    if let Some(d) = data {
+        meta.insert("data".into(), d.clone());
+    }
+    serde_json::Value::Object(meta)
+}
+
+/// The text a notification becomes: a header naming where it came from, the message, and any
+/// structured data.
+pub fn notify_text(
+    body: &str,
+    source: Option<&str>,
+    reference: Option<&str>,
+    data: Option<&serde_json::Value>,
+) -> String {
+    let mut head = format!("[notification from {}", source.unwrap_or("unknown"));
+    if let Some(r) = reference {
+        head.push_str(&format!(", ref {r}"));
+    }
+    head.push(']');
+    let mut out = format!("{head} {body}");
+    if let Some(d) = data {
+        out.push_str(&format!("\ndata: {d}"));
+    }
+    out
 }
 
 /// The text a person is sent for a finished message: the answer, or what they are told when
@@ -104,6 +173,40 @@ impl Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(valid_key("alice"));
+        assert!(valid_key("Bob Smith"));
+        assert!(!valid_key(""));
+        assert!(!valid_key("a/b"));
+        assert!(!valid_key("a\nb"));
+        assert!(!valid_key(&"x".repeat(65)));
+    }
+
+    #[test]
+    fn notify_meta_keeps_what_was_received() {
+        let data = serde_json::json!({"job": 7});
+        assert_eq!(
+            notify_meta(Some("ci"), Some("build-7"), Some(&data)),
+            serde_json::json!({"source": "ci", "ref": "build-7", "data": {"job": 7}})
+        );
+        assert_eq!(notify_meta(None, None, None), serde_json::json!({}));
+    }
+
+    #[test]
+    fn notify_text_names_source_ref_and_data() {
+        let t = notify_text(
+            "build failed",
+            Some("ci"),
+            Some("#42"),
+            Some(&serde_json::json!({"a":1})),
+        );
+        assert_eq!(
+            t,
+            "[notification from ci, ref #42] build failed\ndata: {\"a\":1}"
+        );
+    }
 
     fn done(finish: Finish) -> Completion {
         Completion {

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::delivery::{Outbound, Progress, Target};
+use super::delivery::{Address, Outbound, Progress};
 use crate::agent::{Finish, Work};
 use crate::channels::intake::{Completion, reply_text};
 use crate::metrics::{Metrics, Outcome};
@@ -132,7 +132,7 @@ impl Waiters {
 
 /// The reply's way out.
 pub struct AfterMessage {
-    /// Where replies go (Telegram), when a channel is configured.
+    /// Where replies go (the router over the chat channels), when one runs.
     pub outbound: Option<Arc<dyn Outbound>>,
     pub webhook: Option<crate::api::webhook::Webhook>,
     pub metrics: Arc<Metrics>,
@@ -258,7 +258,7 @@ impl AfterMessage {
         &self,
         session: &Arc<SessionHandle>,
         work: &Work,
-        target: Option<&Target>,
+        target: Option<&Address>,
         finish: Finish,
         started: Instant,
         show_fallback: bool,
@@ -311,7 +311,7 @@ impl AfterMessage {
     pub fn deliver(
         &self,
         session: &Arc<SessionHandle>,
-        target: &Target,
+        target: &Address,
         ids: Vec<String>,
         text: String,
         resume: Option<Progress>,
@@ -378,7 +378,7 @@ impl AfterMessage {
     fn deliver_voice(
         &self,
         session: &Arc<SessionHandle>,
-        target: &Target,
+        target: &Address,
         ids: Vec<String>,
         text: String,
         window: Window,
@@ -429,7 +429,7 @@ impl AfterMessage {
     }
 
     /// "typing…" on `target` until the returned token is cancelled (when enabled).
-    pub fn typing(&self, target: Option<&Target>, enabled: bool) -> Option<CancellationToken> {
+    pub fn typing(&self, target: Option<&Address>, enabled: bool) -> Option<CancellationToken> {
         match (target, &self.outbound) {
             (Some(t), Some(d)) if enabled => Some(spawn_typing(d.clone(), t.clone())),
             _ => None,
@@ -501,7 +501,7 @@ use crate::tools::outbound::{Outbox, Piece, Window};
 pub async fn deliver_recorded(
     session: &Arc<SessionHandle>,
     d: &dyn Outbound,
-    target: &Target,
+    target: &Address,
     ids: &[String],
     text: &str,
     policy: &RetryPolicy,
@@ -563,7 +563,7 @@ fn missing_notice(p: &Progress, parts: usize) -> Option<String> {
 }
 
 /// "typing…" every 4 s until the returned token is cancelled.
-fn spawn_typing(d: Arc<dyn Outbound>, target: Target) -> CancellationToken {
+fn spawn_typing(d: Arc<dyn Outbound>, target: Address) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
@@ -683,7 +683,7 @@ mod tests {
     }
 
     impl Outbound for Chunks {
-        fn parts(&self, _to: &Target, text: &str) -> Vec<String> {
+        fn parts(&self, _to: &Address, text: &str) -> Vec<String> {
             let chars: Vec<char> = text.chars().collect();
             chars
                 .chunks(self.size)
@@ -692,7 +692,7 @@ mod tests {
         }
         fn send_part<'a>(
             &'a self,
-            _to: &'a Target,
+            _to: &'a Address,
             part: &'a str,
         ) -> futures::future::BoxFuture<'a, Result<(), crate::tools::outbound::PartError>> {
             use std::sync::atomic::Ordering::SeqCst;
@@ -719,7 +719,7 @@ mod tests {
         }
         fn send_file<'a>(
             &'a self,
-            _to: &'a Target,
+            _to: &'a Address,
             _path: &'a std::path::Path,
             _kind: crate::tools::outbound::FileKind,
         ) -> futures::future::BoxFuture<'a, Result<(), crate::tools::outbound::PartError>> {
@@ -727,8 +727,8 @@ mod tests {
         }
         fn react<'a>(
             &'a self,
-            _to: &'a Target,
-            _message_id: i32,
+            _to: &'a Address,
+            _message: &'a str,
             _emoji: &'a str,
         ) -> futures::future::BoxFuture<'a, Result<(), crate::tools::outbound::PartError>> {
             unreachable!()
@@ -736,7 +736,7 @@ mod tests {
         fn attempt_timeout(&self) -> Duration {
             Duration::from_secs(1)
         }
-        fn typing<'a>(&'a self, _to: &'a Target) -> futures::future::BoxFuture<'a, ()> {
+        fn typing<'a>(&'a self, _to: &'a Address) -> futures::future::BoxFuture<'a, ()> {
             Box::pin(async {})
         }
     }
@@ -749,7 +749,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = crate::session::SessionStore::open(d.path(), crate::zone::Zone::utc()).unwrap();
         let h = store.get_or_create("k", "primary").unwrap();
-        let to = Target::Telegram { chat_id: 1 };
+        let to = Address::new("telegram", "1");
         let policy = RetryPolicy {
             within: Duration::from_secs(1),
             abort: CancellationToken::new(),
@@ -806,7 +806,7 @@ mod tests {
             flood: Some(Duration::MAX),
             ..chunks(10)
         };
-        let to = Target::Telegram { chat_id: 1 };
+        let to = Address::new("telegram", "1");
         let status = deliver_recorded(
             &h,
             &flooded,
@@ -844,7 +844,7 @@ mod tests {
     async fn a_part_attempted_before_a_restart_is_skipped_the_rest_sent_and_the_person_told() {
         let d = tempfile::tempdir().unwrap();
         let h = session(&d);
-        let to = Target::Telegram { chat_id: 1 };
+        let to = Address::new("telegram", "1");
         let policy = RetryPolicy {
             within: Duration::from_secs(1),
             abort: CancellationToken::new(),
@@ -911,7 +911,7 @@ mod tests {
     async fn the_retry_window_counts_from_the_recording() {
         let d = tempfile::tempdir().unwrap();
         let h = session(&d);
-        let to = Target::Telegram { chat_id: 1 };
+        let to = Address::new("telegram", "1");
         let policy = RetryPolicy {
             within: Duration::from_secs(30),
             abort: CancellationToken::new(),
@@ -989,7 +989,7 @@ mod tests {
             }),
             speaker: None,
         };
-        let to = Target::Telegram { chat_id: 1 };
+        let to = Address::new("telegram", "1");
         let gate = CancellationToken::new();
         let w = after.retry.window_from(Instant::now());
         let resumed = Progress {

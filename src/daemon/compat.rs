@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::http_backend::{AttachmentSaver, DaemonBackend, backend_error};
 use crate::agent::{FailCause, Finish};
 use crate::api::backend::{AttachmentIn, BackendError, CompatIn, CompatOutcome, CompatTicket};
-use crate::channels::intake::Completion;
+use crate::channels::intake::{Completion, IntakeSink};
 use crate::control::Source;
 use crate::llm::compat::{CompatReply, ErrorKind, FinishReason, ModelChoice};
 use crate::message::{Message, Usage};
@@ -408,8 +408,8 @@ impl DaemonBackend {
             self.dispatcher.stream_to(&key, &id, tx);
             rx
         });
-        let new = match self.intake.accept_new(&key, intake).await {
-            Ok(new) => new,
+        let new = match self.intake.accept(&key, intake).await {
+            Ok(accepted) => accepted.new,
             Err(e) => {
                 self.dispatcher.forget(&key, &id);
                 return Err(release(backend_error(e)));

@@ -4,28 +4,25 @@
 //! `sent` is never sent again, and the rest are sent.
 
 use crate::agent::Work;
-use crate::config::Config;
 use crate::control::Source;
-use crate::session::{DeliveryStatus, Event, Route, TrailLine};
+use crate::session::{DeliveryStatus, Event, TrailLine};
 
-pub use crate::tools::outbound::{Outbound, Progress, Target};
+pub use crate::tools::outbound::{Address, Contacts, Outbound, Progress};
 
-/// The delivery rule of SPEC §5.6 for a unit of work: Telegram messages are answered in their
-/// chat; FIFO user messages go to Telegram when the sender is a contact; system, HTTP (the
-/// response itself) and terminal messages have no channel delivery here.
-pub fn target_for(work: &Work, cfg: &Config) -> Option<Target> {
+/// Where the reply to `work` goes (SPEC §5.6): a message a chat channel took in is answered
+/// in its chat (`Work::chat`, the one rule for which chat a message belongs to); a FIFO or
+/// scheduled message goes to the sender's chat when the sender is a contact; system, HTTP (the
+/// response itself) and terminal messages have no chat. `None` too when the chat's channel
+/// does not run (`out`). The worker computes it once (`Work::reply_to`) for the reply, the
+/// typing indicator and the `tts` tool.
+pub fn target_for(work: &Work, contacts: &Contacts, out: &dyn Outbound) -> Option<Address> {
     let first = work.intakes.first()?;
-    match (first.source, &first.route) {
-        (Source::Telegram, Some(Route::Telegram { chat_id, .. })) => {
-            Some(Target::Telegram { chat_id: *chat_id })
-        }
-        (Source::User | Source::Scheduler, _) if cfg.telegram.enabled => cfg
-            .telegram
-            .contacts
-            .get(&first.from)
-            .map(|id| Target::Telegram { chat_id: *id }),
-        _ => None,
-    }
+    let to = match (work.chat(), first.source) {
+        (Some(chat), _) => chat.clone(),
+        (None, Source::User | Source::Scheduler) => contacts.address_of(&first.from)?,
+        (None, _) => return None,
+    };
+    out.serves(&to.channel).then_some(to)
 }
 
 /// A reply whose delivery is not closed.
@@ -122,7 +119,123 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
 mod tests {
     use super::*;
     use crate::message::Message;
-    use crate::session::MessageEvent;
+    use crate::session::{Intake, MessageEvent, Route};
+    use crate::tools::outbound::{FileKind, PartError, Router};
+    use futures::future::BoxFuture;
+    use std::sync::Arc;
+
+    /// A channel that sends nothing: only whether the router serves it matters here.
+    struct Idle;
+
+    impl Outbound for Idle {
+        fn parts(&self, _to: &Address, text: &str) -> Vec<String> {
+            vec![text.to_string()]
+        }
+        fn send_part<'a>(
+            &'a self,
+            _: &'a Address,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<(), PartError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn send_file<'a>(
+            &'a self,
+            _: &'a Address,
+            _: &'a std::path::Path,
+            _: FileKind,
+        ) -> BoxFuture<'a, Result<(), PartError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn react<'a>(
+            &'a self,
+            _: &'a Address,
+            _: &'a str,
+            _: &'a str,
+        ) -> BoxFuture<'a, Result<(), PartError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn typing<'a>(&'a self, _: &'a Address) -> BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+        fn attempt_timeout(&self) -> std::time::Duration {
+            std::time::Duration::from_secs(1)
+        }
+    }
+
+    fn intake(source: Source, from: &str, route: Option<Route>) -> Intake {
+        Intake {
+            id: "m1".into(),
+            source,
+            from: from.into(),
+            text: "hi".into(),
+            tier: None,
+            attachments: vec![],
+            route,
+            notify_meta: None,
+            relayed_from: None,
+        }
+    }
+
+    /// The one rule for which chat a message belongs to (issue 31 item 4): the chat it came
+    /// from, on any channel; else the sender's as a contact (FIFO, scheduler); else none. A
+    /// chat whose channel does not run here gets nothing.
+    #[test]
+    fn a_reply_goes_to_the_chat_it_came_from_else_to_the_contact() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("providers.d")).unwrap();
+        std::fs::write(
+            root.join("providers.d/anthropic.toml"),
+            "type = \"anthropic\"\napi_key_env = \"K\"\n[models.primary]\nmodel = \"m\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("agentd.toml"),
+            "[paths]\nstate_dir = \"state\"\n[agent]\nname = \"t\"\nworkspace = \"ws\"\n[providers]\ndir = \"providers.d\"\n[channel.telegram]\ncontacts = { Alice = 1001 }\n",
+        )
+        .unwrap();
+        let env = std::collections::BTreeMap::from([
+            ("K".to_string(), "sk-test".to_string()),
+            ("HOME".to_string(), root.display().to_string()),
+        ]);
+        let cfg = crate::config::load_with_env(&root.join("agentd.toml"), env).unwrap();
+        let live = crate::config::Live::new(Arc::new(cfg));
+        let contacts = Contacts::new(live, vec![crate::channels::telegram::address::BOOK]);
+        let mut router = Router::default();
+        router.add("telegram", Arc::new(Idle));
+        let group = Address::new("telegram", "-2002");
+        let chat = |to: &Address| {
+            Some(Route::Chat {
+                to: to.clone(),
+                message: Some("7".into()),
+            })
+        };
+        let work = |i: Intake| Work::new(vec![i]);
+        let at = |i: Intake| target_for(&work(i), &contacts, &router);
+        // Alice writing in a group is answered in the group, not in her private chat.
+        let w = work(intake(Source::Telegram, "Alice", chat(&group)));
+        assert_eq!(w.chat(), Some(&group));
+        assert_eq!(
+            at(intake(Source::Telegram, "Alice", chat(&group))),
+            Some(group)
+        );
+        let alice = Some(Address::new("telegram", "1001"));
+        assert_eq!(at(intake(Source::User, "Alice", None)), alice);
+        assert_eq!(at(intake(Source::Scheduler, "Alice", None)), alice);
+        assert_eq!(at(intake(Source::User, "bob", None)), None);
+        assert_eq!(at(intake(Source::System, "Alice", None)), None);
+        assert_eq!(at(intake(Source::Http, "Alice", None)), None);
+        let room = Address::new("matrix", "!r:example.org");
+        assert_eq!(
+            work(intake(Source::Terminal, "x", chat(&room))).chat(),
+            Some(&room)
+        );
+        assert_eq!(
+            at(intake(Source::Terminal, "x", chat(&room))),
+            None,
+            "matrix does not run"
+        );
+    }
 
     fn line(seq: u64, event: Event) -> TrailLine {
         TrailLine {

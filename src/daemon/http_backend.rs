@@ -11,14 +11,14 @@ use chrono::{SecondsFormat, Utc};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::intake::{AcceptError, IntakeHandler, notify_meta, notify_text, valid_key};
+use super::intake::{AcceptError, IntakeHandler};
 use super::workers::Dispatcher;
 use crate::agent::Finish;
 use crate::api::backend::{
     ApiBackend, BackendError, ChatIn, ChatOutcome, CompatIn, CompatTicket, NotifyAccepted,
     NotifyIn, SessionChange,
 };
-use crate::channels::intake::{IntakeSink, reply_text};
+use crate::channels::intake::{IntakeSink, notify_meta, notify_text, reply_text, valid_key};
 use crate::config::Config;
 use crate::control::Source;
 use crate::cost::Period;

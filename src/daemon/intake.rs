@@ -1,61 +1,23 @@
 //! Durable intake (SPEC §5.2): every inbound item is appended to its session's trail before it
-//! is acknowledged, then queued. Also turns control lines into jobs and re-queues what a crash
-//! left unfinished.
+//! is acknowledged, then queued. Sources reach it only through `channels::intake::IntakeSink`;
+//! the chat commands through `channels::commands::SessionControl`. Also handles the FIFO's
+//! control lines that are not messages and re-queues what a crash left unfinished.
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Work;
-use crate::control::{self, ControlLine, Source};
-
-/// The text of a control line, or `None` (logged: the line is skipped). A `text_file` holds at
-/// most `max_bytes` (the HTTP body cap: the same bound for a message however it arrives).
-async fn text_or_skip(
-    id: &str,
-    text: Option<String>,
-    text_file: Option<std::path::PathBuf>,
-    state_dir: &std::path::Path,
-    max_bytes: usize,
-) -> Option<String> {
-    match resolve_text(text, text_file, state_dir.to_path_buf(), max_bytes as u64).await {
-        Ok(t) => Some(t),
-        Err(e) => {
-            tracing::warn!(id = %id, error = %e, "FIFO line skipped");
-            None
-        }
-    }
-}
-
-/// `control::resolve_text` reads `text_file` from disk: run it on the blocking pool. Its open
-/// is non-blocking and it reads a bounded regular file, so it cannot stall the next line.
-async fn resolve_text(
-    text: Option<String>,
-    text_file: Option<std::path::PathBuf>,
-    state_dir: std::path::PathBuf,
-    max_bytes: u64,
-) -> Result<String, control::ControlError> {
-    if text_file.is_none() {
-        return control::resolve_text(&text, &None, &state_dir, max_bytes);
-    }
-    tokio::task::spawn_blocking(move || {
-        control::resolve_text(&text, &text_file, &state_dir, max_bytes)
-    })
-    .await
-    .unwrap_or_else(|e| {
-        Err(control::ControlError::TextFile {
-            path: Default::default(),
-            error: e.to_string(),
-        })
-    })
-}
-use crate::session::{self, Event, Intake, SessionStore};
+use crate::channels::commands::{Change, Load, SessionControl, SettingsAnswer};
+use crate::control::ControlLine;
+use crate::session::{self, Event, Intake, Route, SessionStore};
 
 use super::workers::{Dispatcher, Job};
-pub use crate::channels::intake::AcceptError;
-use crate::channels::intake::{Completion, IntakeSink};
+pub use crate::channels::intake::{AcceptError, valid_key};
+use crate::channels::intake::{Accepted, Completion, IntakeSink};
 
-/// Turns control lines (FIFO) into durable intakes and jobs.
+/// Durable intake and the session controls over the dispatcher's queues.
 pub struct IntakeHandler {
     /// The running config (SIGHUP replaces it).
     pub cfg: crate::config::Live,
@@ -66,174 +28,36 @@ pub struct IntakeHandler {
     pub voice: Option<Arc<super::voice::Transcriber>>,
 }
 
-/// A session key from outside input: non-empty, at most 64 characters, no control characters
-/// and no path separators.
-pub fn valid_key(key: &str) -> bool {
-    !key.trim().is_empty()
-        && key.chars().count() <= 64
-        && !key.chars().any(|c| c.is_control() || c == '/' || c == '\\')
-}
-
 impl IntakeHandler {
-    pub async fn handle(&self, line: ControlLine) {
-        let cfg = self.cfg.get();
-        let state_dir = &cfg.paths.state_dir;
-        let max_text = cfg.http.max_body_bytes;
+    /// A FIFO control line that is not a message (`channels::fifo_intake`): a reset or a
+    /// session setting. Approval lines are decided by the FIFO task
+    /// (`daemon::approvals::handle_line`), never here.
+    pub async fn control(&self, line: ControlLine) {
         let id = line.id().unwrap_or_default().to_string();
-        let (key, intake) = match line {
-            ControlLine::User {
-                text,
-                text_file,
-                sender,
-                tier,
-                attachments,
-                attachments_file,
-                ..
-            } => {
-                let key = sender.unwrap_or_else(|| "cli".to_string());
-                if !valid_key(&key) {
-                    tracing::warn!(id = %id, "FIFO line skipped: invalid sender (1-64 characters, no control characters or slashes)");
-                    return;
-                }
-                let Some(text) = text_or_skip(&id, text, text_file, state_dir, max_text).await
-                else {
-                    return;
-                };
-                let attachments = match attachments_file {
-                    None => attachments,
-                    Some(file) => {
-                        let dir = state_dir.clone();
-                        let r = tokio::task::spawn_blocking(move || {
-                            control::resolve_attachments(
-                                &attachments,
-                                &Some(file),
-                                &dir,
-                                max_text as u64,
-                            )
-                        })
-                        .await;
-                        match r {
-                            Ok(Ok(all)) => all,
-                            Ok(Err(e)) => {
-                                tracing::warn!(id = %id, error = %e, "FIFO line skipped");
-                                return;
-                            }
-                            Err(e) => {
-                                tracing::warn!(id = %id, error = %e, "FIFO line skipped");
-                                return;
-                            }
-                        }
-                    }
-                };
-                let intake = Intake {
-                    id,
-                    source: Source::User,
-                    from: key.clone(),
-                    text,
-                    tier,
-                    attachments: attachments
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect(),
-                    route: None,
-                    notify_meta: None,
-                    relayed_from: None,
-                };
-                (key, intake)
-            }
-            ControlLine::System {
-                text,
-                text_file,
-                tier,
-                ..
-            } => {
-                let Some(text) = text_or_skip(&id, text, text_file, state_dir, max_text).await
-                else {
-                    return;
-                };
-                (
-                    "system".to_string(),
-                    Intake {
-                        id,
-                        source: Source::System,
-                        from: "system".into(),
-                        text,
-                        tier,
-                        attachments: vec![],
-                        route: None,
-                        notify_meta: None,
-                        relayed_from: None,
-                    },
-                )
-            }
-            ControlLine::Notify {
-                text,
-                text_file,
-                source,
-                reference,
-                data,
-                ..
-            } => {
-                let Some(body) = text_or_skip(&id, text, text_file, state_dir, max_text).await
-                else {
-                    return;
-                };
-                (
-                    "system".to_string(),
-                    Intake {
-                        id,
-                        source: Source::System,
-                        from: source.clone().unwrap_or_else(|| "notify".into()),
-                        text: notify_text(
-                            &body,
-                            source.as_deref(),
-                            reference.as_deref(),
-                            data.as_ref(),
-                        ),
-                        tier: None,
-                        attachments: vec![],
-                        route: None,
-                        notify_meta: Some(notify_meta(
-                            source.as_deref(),
-                            reference.as_deref(),
-                            data.as_ref(),
-                        )),
-                        relayed_from: None,
-                    },
-                )
-            }
+        match line {
             ControlLine::SessionModel { key, model, .. } => {
-                let change = super::session_control::Change::Model(model);
-                self.session_setting(key, change, id).await;
-                return;
+                self.session_setting(key, Change::Model(model), id).await
             }
             ControlLine::SessionSkill {
                 key, name, enabled, ..
             } => {
-                let change = super::session_control::Change::Skill { name, enabled };
-                self.session_setting(key, change, id).await;
-                return;
+                let change = Change::Skill { name, enabled };
+                self.session_setting(key, change, id).await
             }
             ControlLine::Reset { target, .. } => {
                 self.reset(&target, "control FIFO reset").await;
-                return;
             }
-            // Decided by the FIFO task (`daemon::approvals::handle_line`), never an intake.
-            ControlLine::Approval { .. } => return,
-        };
-        // Errors are logged by `accept`; the FIFO writer sees no intake record and times out.
-        let _ = self.accept(&key, intake).await;
+            ControlLine::Approval { .. }
+            | ControlLine::User { .. }
+            | ControlLine::System { .. }
+            | ControlLine::Notify { .. } => {}
+        }
     }
 
     /// A FIFO `session_model` / `session_skill` line (SPEC §18.2): queued on the session's
     /// queue (so later lines of the FIFO come after it) without waiting for it; `agent-send`
     /// sees the event with its id in the trail, a refusal is logged.
-    async fn session_setting(
-        &self,
-        key: String,
-        change: super::session_control::Change,
-        id: String,
-    ) {
+    async fn session_setting(&self, key: String, change: Change, id: String) {
         if !valid_key(&key) {
             tracing::warn!(id = %id, "FIFO line skipped: invalid session key (1-64 characters, no control characters or slashes)");
             return;
@@ -266,31 +90,18 @@ impl IntakeHandler {
         })
     }
 
-    /// Reserve a queue slot, record the intake durably, then queue it. A message refused
-    /// because its queue is full, or that cannot be recorded, is not acknowledged (the FIFO
-    /// writer times out and may retry).
-    pub async fn accept(&self, key: &str, intake: Intake) -> Result<(), AcceptError> {
-        self.accept_new(key, intake).await.map(|_| ())
-    }
-
-    /// [`Self::accept`], telling whether the intake was new (`false`: its id was already in
-    /// the session's trail, and it was not queued again).
-    pub async fn accept_new(&self, key: &str, intake: Intake) -> Result<bool, AcceptError> {
-        self.accept_heard(key, intake).await.map(|(new, _)| new)
-    }
-
-    /// [`Self::accept_new`], also returning what was transcribed of the intake's audio
-    /// (SPEC §19; Telegram echoes it).
-    pub async fn accept_heard(
-        &self,
-        key: &str,
-        mut intake: Intake,
-    ) -> Result<(bool, Vec<super::voice::Heard>), AcceptError> {
+    /// Reserve a queue slot, transcribe the audio, record the intake durably, then queue it
+    /// (`IntakeSink::accept`). A message refused because its queue is full, or that cannot be
+    /// recorded, is not acknowledged (the FIFO writer times out and may retry).
+    async fn take_in(&self, key: &str, mut intake: Intake) -> Result<Accepted, AcceptError> {
         let slot = self.reserve(key, &intake.id)?;
         let heard = self.hear(key, &mut intake).await;
-        self.record(key, intake, slot)
-            .await
-            .map(|new| (new, if new { heard } else { Vec::new() }))
+        let new = self.record(key, intake, slot).await?;
+        let transcripts = match new {
+            true => heard.into_iter().map(|h| h.transcript).collect(),
+            false => Vec::new(),
+        };
+        Ok(Accepted { new, transcripts })
     }
 
     /// Transcribe `intake`'s audio into its text, unless it is already recorded (offered
@@ -313,7 +124,7 @@ impl IntakeHandler {
 
     /// Whether intake `id` is already in the trail of `key` (offered again after a crash:
     /// the source need not fetch or transcribe anything for it; `accept` drops it anyway).
-    pub async fn is_recorded(&self, key: &str, id: &str) -> bool {
+    async fn is_recorded(&self, key: &str, id: &str) -> bool {
         let (store, k, id) = (self.store.clone(), key.to_string(), id.to_string());
         let known = tokio::task::spawn_blocking(move || store.has_intake(&k, &id)).await;
         matches!(known, Ok(Ok(true)))
@@ -340,14 +151,7 @@ impl IntakeHandler {
             Ok(Ok((_, true))) => {
                 tracing::info!(id = %intake.id, session_key = %key, source = %intake.source, "message accepted");
                 self.dispatcher
-                    .submit_reserved(
-                        slot,
-                        Job::Message(Work {
-                            intakes: vec![intake],
-                            resume: false,
-                            deltas: None,
-                        }),
-                    )
+                    .submit_reserved(slot, Job::Message(Work::new(vec![intake])))
                     .await;
                 return Ok(true);
             }
@@ -414,25 +218,16 @@ impl IntakeHandler {
                 self.dispatcher
                     .submit(
                         &key,
-                        Job::Message(Work {
-                            intakes: started.into_iter().map(|p| p.intake).collect(),
-                            resume: true,
-                            deltas: None,
-                        }),
+                        Job::Message(Work::resumed(
+                            started.into_iter().map(|p| p.intake).collect(),
+                        )),
                     )
                     .await;
             }
             for p in fresh {
                 count += 1;
                 self.dispatcher
-                    .submit(
-                        &key,
-                        Job::Message(Work {
-                            intakes: vec![p.intake],
-                            resume: false,
-                            deltas: None,
-                        }),
-                    )
+                    .submit(&key, Job::Message(Work::new(vec![p.intake])))
                     .await;
             }
         }
@@ -495,23 +290,19 @@ impl IntakeHandler {
                         _ => None,
                     })
                     .collect();
-                // A Telegram message's target was fixed when it arrived. For the FIFO and the
-                // scheduler the target is today's contact list, so a reply never started goes
-                // out only if it is younger than the retry window: a sender who became a
+                // A chat message's address was fixed when it arrived (its route). For the
+                // FIFO and the scheduler it is today's contact list, so a reply never started
+                // goes out only if it is younger than the retry window: a sender who became a
                 // contact later must not get weeks-old replies. (A started one resumes: its
-                // intent proves the target held then.)
-                let from_telegram = intakes
+                // intent proves the address held then.)
+                let from_chat = intakes
                     .first()
-                    .is_some_and(|i| i.source == Source::Telegram);
-                if progress.is_none() && !from_telegram && !recent(&ts, window) {
+                    .is_some_and(|i| i.route.as_ref().and_then(Route::address).is_some());
+                if progress.is_none() && !from_chat && !recent(&ts, window) {
                     continue;
                 }
-                let work = Work {
-                    intakes,
-                    resume: false,
-                    deltas: None,
-                };
-                if let Some(target) = super::delivery::target_for(&work, &self.cfg.get()) {
+                let work = Work::new(intakes);
+                if let Some(target) = self.dispatcher.reply_address(&work) {
                     tracing::info!(session_key = %key, session = %session.id, resumed = progress.is_some(),
                         "delivering a reply left unsent by a restart");
                     // Retried within the window counted from when the reply was recorded.
@@ -526,7 +317,7 @@ impl IntakeHandler {
     }
 
     /// Let the deliveries [`Self::open_deliveries`] queued start; they run in the background
-    /// (READY never waits on Telegram).
+    /// (READY never waits on a channel).
     pub fn resume_deliveries(&self, open: OpenDeliveries) {
         open.gate.cancel();
     }
@@ -558,102 +349,64 @@ impl IntakeSink for IntakeHandler {
         &'a self,
         key: &'a str,
         intake: Intake,
-    ) -> futures::future::BoxFuture<'a, Result<(), AcceptError>> {
-        Box::pin(IntakeHandler::accept(self, key, intake))
+    ) -> BoxFuture<'a, Result<Accepted, AcceptError>> {
+        Box::pin(self.take_in(key, intake))
     }
 
     fn ask<'a>(
         &'a self,
         key: &'a str,
         intake: Intake,
-    ) -> futures::future::BoxFuture<'a, Result<Option<Completion>, AcceptError>> {
+    ) -> BoxFuture<'a, Result<Option<Completion>, AcceptError>> {
         Box::pin(async move {
             let id = intake.id.clone();
             let done = self.dispatcher.wait_for(&id);
-            if let Err(e) = IntakeHandler::accept(self, key, intake).await {
+            if let Err(e) = self.take_in(key, intake).await {
                 self.dispatcher.forget(key, &id);
                 return Err(e);
             }
             Ok(done.await.ok())
         })
     }
+
+    fn is_recorded<'a>(&'a self, key: &'a str, id: &'a str) -> BoxFuture<'a, bool> {
+        Box::pin(IntakeHandler::is_recorded(self, key, id))
+    }
 }
 
-/// A notification's `{source, ref, data}` as received, for the webhook's `notify_meta` (SPEC
-/// §10.2); absent fields are left out.
-pub fn notify_meta(
-    source: Option<&str>,
-    reference: Option<&str>,
-    data: Option<&serde_json::Value>,
-) -> serde_json::Value {
-    let mut meta = serde_json::Map::new();
-    if let Some(s) = source {
-        meta.insert("source".into(), s.into());
-    }
-    if let Some(r) = reference {
-        meta.insert("ref".into(), r.into());
-    }
-    if let Some(d) = data {
-        meta.insert("data".into(), d.clone());
-    }
-    serde_json::Value::Object(meta)
-}
-
-/// The text a notification becomes: a header naming where it came from, the message, and any
-/// structured data.
-pub fn notify_text(
-    body: &str,
-    source: Option<&str>,
-    reference: Option<&str>,
-    data: Option<&serde_json::Value>,
-) -> String {
-    let mut head = format!("[notification from {}", source.unwrap_or("unknown"));
-    if let Some(r) = reference {
-        head.push_str(&format!(", ref {r}"));
-    }
-    head.push(']');
-    let mut out = format!("{head} {body}");
-    if let Some(d) = data {
-        out.push_str(&format!("\ndata: {d}"));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_are_validated() {
-        assert!(valid_key("alice"));
-        assert!(valid_key("Bob Smith"));
-        assert!(!valid_key(""));
-        assert!(!valid_key("a/b"));
-        assert!(!valid_key("a\nb"));
-        assert!(!valid_key(&"x".repeat(65)));
+/// The chat commands (`channels::commands`) over the session queues.
+impl SessionControl for IntakeHandler {
+    fn reset<'a>(&'a self, key: &'a str, reason: &'a str) -> BoxFuture<'a, usize> {
+        Box::pin(IntakeHandler::reset(self, key, reason))
     }
 
-    #[test]
-    fn notify_meta_keeps_what_was_received() {
-        let data = serde_json::json!({"job": 7});
-        assert_eq!(
-            notify_meta(Some("ci"), Some("build-7"), Some(&data)),
-            serde_json::json!({"source": "ci", "ref": "build-7", "data": {"job": 7}})
-        );
-        assert_eq!(notify_meta(None, None, None), serde_json::json!({}));
+    fn stop(&self, key: &str) -> bool {
+        self.dispatcher.stop_session(key)
     }
 
-    #[test]
-    fn notify_text_names_source_ref_and_data() {
-        let t = notify_text(
-            "build failed",
-            Some("ci"),
-            Some("#42"),
-            Some(&serde_json::json!({"a":1})),
-        );
-        assert_eq!(
-            t,
-            "[notification from ci, ref #42] build failed\ndata: {\"a\":1}"
-        );
+    fn load(&self) -> Load {
+        Load {
+            agent: self.cfg.get().agent.name.clone(),
+            running: self.dispatcher.active_sessions(),
+            queued: self.dispatcher.queue_depth(),
+        }
+    }
+
+    fn settings<'a>(
+        &'a self,
+        key: &'a str,
+        change: Option<Change>,
+        channel: &'a str,
+    ) -> BoxFuture<'a, SettingsAnswer> {
+        Box::pin(async move {
+            let request = super::session_control::Request {
+                change,
+                channel: channel.to_string(),
+                id: None,
+            };
+            let answer = self.dispatcher.queue_session_control(key, request).await;
+            let stopping = crate::channels::commands::ControlError::Stopping;
+            SettingsAnswer::new(async move { answer.await.unwrap_or(Err(stopping)) })
+        })
     }
 }

@@ -94,24 +94,27 @@ async fn ping_watchdog(s: &Services, notifier: &Notifier) {
             tracing::error!(error = %e, "health check failed; not pinging the watchdog")
         }
     }
-    let channels = match s.cfg.telegram.enabled {
-        true => s.monitor.snapshot()["channels"].take(),
-        false => serde_json::Value::Null,
+    let monitored = match s.chats.channels.is_empty() {
+        true => serde_json::Value::Null,
+        false => s.monitor.snapshot()["channels"].take(),
     };
+    let health: Vec<(&str, &serde_json::Value)> = (s.chats.channels.iter())
+        .filter_map(|(name, _)| Some((*name, monitored.get(*name)?)))
+        .collect();
     notifier.status(&status_line(
         s.dispatcher.active_sessions(),
         s.dispatcher.queue_depth(),
-        channels.get("telegram"),
+        &health,
     ));
 }
 
-/// The `STATUS=` line: work in flight, and Telegram's health when it is enabled, e.g.
+/// The `STATUS=` line: work in flight, and each running chat channel's health, e.g.
 /// `2 active, 0 queued; telegram: unauthorized (token rejected, see the log)`.
-fn status_line(active: usize, queued: usize, telegram: Option<&serde_json::Value>) -> String {
+fn status_line(active: usize, queued: usize, channels: &[(&str, &serde_json::Value)]) -> String {
     let mut line = format!("{active} active, {queued} queued");
-    if let Some(h) = telegram {
+    for (name, h) in channels {
         let state = h["state"].as_str().unwrap_or("starting");
-        line.push_str(&format!("; telegram: {state}"));
+        line.push_str(&format!("; {name}: {state}"));
         match state {
             "unauthorized" => line.push_str(" (token rejected, see the log)"),
             "retrying" => {
@@ -169,21 +172,22 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn status_line_carries_telegram_health() {
-        assert_eq!(status_line(1, 2, None), "1 active, 2 queued");
+    fn status_line_carries_each_channels_health() {
+        assert_eq!(status_line(1, 2, &[]), "1 active, 2 queued");
         let ok = json!({"state": "ok", "healthy": true, "consecutive_errors": 0});
         assert_eq!(
-            status_line(0, 0, Some(&ok)),
+            status_line(0, 0, &[("telegram", &ok)]),
             "0 active, 0 queued; telegram: ok"
         );
         let red = json!({"state": "unauthorized", "healthy": false, "consecutive_errors": 4});
         assert_eq!(
-            status_line(0, 0, Some(&red)),
+            status_line(0, 0, &[("telegram", &red)]),
             "0 active, 0 queued; telegram: unauthorized (token rejected, see the log)"
         );
         let retrying = json!({"state": "retrying", "consecutive_errors": 3});
         assert!(
-            status_line(0, 0, Some(&retrying)).ends_with("telegram: retrying (3 failed poll(s))")
+            status_line(0, 0, &[("telegram", &retrying)])
+                .ends_with("telegram: retrying (3 failed poll(s))")
         );
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod after;
 pub mod approvals;
+pub mod chat;
 pub mod compat;
 pub mod delivery;
 pub mod http_backend;
@@ -102,11 +103,18 @@ fn tighten_state_dir(dir: &std::path::Path) {
     }
 }
 
+/// Said at start and by `doctor` when the daemon runs as root (issue #12, finding 16). Kept
+/// here, not in `doctor`, so that `doctor` may use the daemon (its tool probe lists the chat
+/// channels of `chat`) without a cycle.
+pub const ROOT_WARNING: &str = "running as root is not a supported deployment: exec and MCP \
+     servers would run as root too (reading /etc/shadow, every user's files); run agentd as \
+     its own unprivileged user, as systemd/agentd.service does (User=agentd)";
+
 /// Root is not a supported deployment: `exec` could read `/etc/shadow` and every user's
 /// files (the sandbox confines paths, not privilege).
 fn warn_if_root() {
     if nix::unistd::geteuid().is_root() {
-        tracing::warn!("{}", crate::doctor::ROOT_WARNING);
+        tracing::warn!("{}", ROOT_WARNING);
     }
 }
 

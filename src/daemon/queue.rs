@@ -80,19 +80,19 @@ impl IdleStates {
     }
 }
 
-/// Sources whose messages are merged when they arrive within the debounce window.
-fn debounced(source: Source) -> bool {
-    matches!(source, Source::Telegram | Source::User)
+/// Whether messages like `first` are merged when they arrive within the debounce window: a
+/// chat channel's (it has a chat) and the FIFO's user messages.
+fn debounced(first: &Intake) -> bool {
+    first.source == Source::User || first.route.as_ref().and_then(Route::address).is_some()
 }
 
 /// Whether `next` may be merged into a turn that began with `first` (SPEC §5.3, §16.9): the
-/// same source, the same sender and — for Telegram — the same chat, so one reply never
-/// answers messages of two chats.
+/// same source, the same sender and — for a chat channel — the same chat (and thread), so one
+/// reply never answers messages of two chats.
 fn same_thread(first: &Intake, next: &Intake) -> bool {
-    let chat = |i: &Intake| match &i.route {
-        Some(Route::Telegram { chat_id, .. }) => Some(*chat_id),
-        _ => None,
-    };
+    fn chat(i: &Intake) -> Option<&crate::message::Address> {
+        i.route.as_ref().and_then(Route::address)
+    }
     first.source == next.source && first.from == next.from && chat(first) == chat(next)
 }
 
@@ -325,7 +325,7 @@ impl Queue {
 
     /// Merge further messages of the same sender and chat that arrive within the debounce
     /// `window` (restarted by each one, capped at 5 windows) into `work`. Other jobs are held
-    /// in order. Only new messages of debounced sources (Telegram, the FIFO) wait.
+    /// in order. Only new messages of debounced sources (the chat channels, the FIFO) wait.
     pub async fn debounce(
         &self,
         key: &str,
@@ -338,7 +338,7 @@ impl Queue {
         let Some(first) = work.intakes.first().cloned() else {
             return;
         };
-        if work.resume || !debounced(first.source) || window.is_zero() || !held.is_empty() {
+        if work.resume || !debounced(&first) || window.is_zero() || !held.is_empty() {
             return;
         }
         let deadline = tokio::time::Instant::now() + window * 5;
@@ -383,9 +383,9 @@ mod tests {
             text: "x".into(),
             tier: None,
             attachments: vec![],
-            route: Some(Route::Telegram {
-                chat_id: chat,
-                message_id: None,
+            route: Some(Route::Chat {
+                to: crate::message::Address::new("telegram", chat.to_string()),
+                message: None,
             }),
             notify_meta: None,
             relayed_from: None,
@@ -421,8 +421,22 @@ mod tests {
         fifo.route = None;
         assert!(!same_thread(&tg("Alice", 1), &fifo));
         assert!(same_thread(&fifo, &fifo.clone()));
-        assert!(debounced(Source::Telegram) && debounced(Source::User));
-        assert!(!debounced(Source::Http) && !debounced(Source::System));
+        assert!(debounced(&tg("Alice", 1)) && debounced(&fifo));
+        let mut room = tg("Alice", 1);
+        room.source = Source::Terminal;
+        room.route = Some(Route::Chat {
+            to: crate::message::Address::new("matrix", "!r:example.org"),
+            message: None,
+        });
+        assert!(
+            debounced(&room),
+            "every chat channel's messages are debounced"
+        );
+        for source in [Source::Http, Source::System, Source::Api] {
+            let mut other = fifo.clone();
+            other.source = source;
+            assert!(!debounced(&other), "{source}");
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Building the daemon's services from the config (SPEC §5): the state directory, the PID
-//! lock, the database, sessions, models, memory, skills, the Telegram client, the tools, the
-//! dispatcher and intake. Nothing runs yet, except the MCP servers (started so their tools can
+//! lock, the database, sessions, models, memory, skills, the chat channels (`super::chat`),
+//! the tools, the dispatcher and intake. Nothing runs yet, except the MCP servers (started so their tools can
 //! be listed).
 
 use std::sync::Arc;
@@ -13,9 +13,8 @@ use tokio_util::task::TaskTracker;
 use super::intake::IntakeHandler;
 use super::pidlock::PidLock;
 use super::workers::{Dispatcher, DispatcherDeps};
-use super::{DaemonError, StatePaths, telegram};
+use super::{DaemonError, StatePaths};
 use crate::agent::Agent;
-use crate::channels::telegram::client::TelegramClient;
 use crate::config::Config;
 use crate::fsutil;
 use crate::gateway::Gateway;
@@ -25,7 +24,7 @@ use crate::monitor::Monitor;
 use crate::session::SessionStore;
 use crate::store::Db;
 use crate::tools::mcp::McpManager;
-use crate::tools::outbound::Outbound;
+use crate::tools::outbound::{Contacts, Outbound};
 
 /// The tasks of one run and the two stages of stopping them.
 #[derive(Clone, Default)]
@@ -52,7 +51,8 @@ pub struct Services {
     pub skills: Arc<crate::skills::SkillSet>,
     pub memory: Option<Memory>,
     pub consolidator: Option<Consolidator>,
-    pub telegram: Option<TelegramClient>,
+    /// The chat channels the config turns on, opened (their sources start with the others).
+    pub chats: super::chat::Opened,
     /// Costs and the budget (a reload sets new limits on it).
     pub ledger: crate::cost::Ledger,
     pub mcp: Arc<McpManager>,
@@ -158,18 +158,21 @@ fn open_memory(cfg: &Config, gateway: &Arc<Gateway>) -> (Option<Memory>, Option<
     (Some(memory), Some(consolidator))
 }
 
-/// How the cache alarm's one notice per episode (SPEC §20) reaches `[alerts] telegram_chat`:
-/// through the outbox's retry loop, in the background. `None` without a chat or Telegram.
+/// How the cache alarm's one notice per episode (SPEC §20) reaches the chat `[alerts]` names
+/// (`telegram_chat`): through the outbox's retry loop, in the background. `None` without such
+/// a chat, or when its channel is off.
 fn alert_notice(
     cfg: &Config,
+    contacts: &Contacts,
     outbound: Option<Arc<dyn Outbound>>,
     tasks: &Tasks,
 ) -> Option<crate::cost::alarm::Notify> {
-    let chat_id = cfg.alerts.telegram_chat?;
-    let Some(outbound) = outbound else {
+    let to = contacts.alerts_chat()?;
+    let Some(outbound) = outbound.filter(|o| o.serves(&to.channel)) else {
         tracing::warn!(
-            chat_id,
-            "[alerts] telegram_chat is set but Telegram is off: alerts go to the log and the monitor only (enable [channel.telegram])"
+            chat = %to,
+            "[alerts] names a chat on {}, which is off: alerts go to the log and the monitor only (enable that channel)",
+            to.channel
         );
         return None;
     };
@@ -180,13 +183,13 @@ fn alert_notice(
     let tracker = tasks.tracker.clone();
     Some(Arc::new(move |text: String| {
         let (outbound, policy) = (outbound.clone(), policy.clone());
+        let to = to.clone();
         tracker.spawn(async move {
-            let to = crate::tools::outbound::Target::Telegram { chat_id };
             match crate::tools::outbound::send_text_with_retry(&*outbound, &to, &text, &policy)
                 .await
             {
-                Ok(_) => tracing::info!(chat_id, "alert notice sent"),
-                Err(e) => tracing::warn!(chat_id, error = %e, "alert notice not sent"),
+                Ok(_) => tracing::info!(chat = %to, "alert notice sent"),
+                Err(e) => tracing::warn!(chat = %to, error = %e, "alert notice not sent"),
             }
         });
     }))
@@ -215,21 +218,15 @@ impl Services {
             monitor,
         } = open_state(&cfg)?;
         log_models(&cfg);
-        let telegram = match cfg.telegram.enabled {
-            true => Some(
-                TelegramClient::new(&cfg.telegram)
-                    .map_err(|e| DaemonError::Startup(format!("telegram: {e}")))?,
-            ),
-            false => None,
-        };
-        // One outbound channel for replies and the message/react tools.
-        let outbound = telegram.as_ref().map(|c| {
-            Arc::new(telegram::TgOutbound::new(cfg.clone(), c.clone())) as Arc<dyn Outbound>
-        });
+        let live = crate::config::Live::new(cfg.clone());
+        // The chat channels, and the one router replies, tools and approvals send through.
+        let chats = super::chat::Opened::open(&cfg)?;
+        let outbound = chats.router();
+        let contacts = super::chat::contacts(&live);
         let ledger = crate::cost::Ledger::new(db.clone(), &cfg).with_cache_watch(
             crate::cost::alarm::CacheWatch::new(
                 monitor.clone(),
-                alert_notice(&cfg, outbound.clone(), tasks),
+                alert_notice(&cfg, &contacts, outbound.clone(), tasks),
             ),
         );
         let metrics = Arc::new(crate::metrics::Metrics::new());
@@ -262,13 +259,13 @@ impl Services {
                 inbox: paths.inbox(),
             })
         });
-        let live = crate::config::Live::new(cfg.clone());
         let deps = crate::tools::ToolDeps {
             live: live.clone(),
             db: db.clone(),
             sessions: store.clone(),
             memory: memory.as_ref(),
             outbound: outbound.clone(),
+            contacts: contacts.clone(),
             schedule_wake: schedule_wake.clone(),
             mcp: mcp.clone(),
             extra: vec![Arc::new(crate::skills::LoadSkillTool {
@@ -285,6 +282,7 @@ impl Services {
         let approvals = crate::tools::approval::Approvals::new(
             Some(live.clone()),
             outbound.clone(),
+            Some(contacts.clone()),
             Some(paths.root.clone()),
             tasks.abort.clone(),
         );
@@ -312,6 +310,7 @@ impl Services {
             consolidator: consolidator.clone(),
             webhook: webhook.is_enabled().then_some(webhook),
             outbound,
+            contacts,
             speaker,
         };
         let transcriber = Arc::new(super::voice::Transcriber {
@@ -331,7 +330,7 @@ impl Services {
             skills,
             memory,
             consolidator,
-            telegram,
+            chats,
             ledger,
             mcp,
             mcp_cancel,

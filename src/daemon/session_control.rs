@@ -1,35 +1,28 @@
 //! Per-session settings (SPEC §18.2): the model pinned for a session and the skills turned off
-//! for it. Every front end (Telegram `/model` and `/skill`, `POST /api/v1/sessions/{key}/model`
-//! and `/skills`, the FIFO lines of `agent-send --session KEY --model|--skill`) hands a
-//! [`Request`] to `Dispatcher::session_control`, which queues it as a `Job::Control` on the
-//! session's own queue: the worker checks it, appends the `session_model` / `session_skill`
-//! trail event and folds it into the state it holds, so the change is ordered with the
-//! session's messages and survives a restart whatever the snapshot cadence. The checks and the
-//! answer are the pure functions here.
+//! for it. Every front end (the chat commands `/model` and `/skill` of `channels::commands`,
+//! `POST /api/v1/sessions/{key}/model` and `/skills`, the FIFO lines of `agent-send --session
+//! KEY --model|--skill`) hands a [`Request`] to `Dispatcher::session_control`, which queues it
+//! as a `Job::Control` on the session's own queue: the worker checks it, appends the
+//! `session_model` / `session_skill` trail event and folds it into the state it holds, so the
+//! change is ordered with the session's messages and survives a restart whatever the snapshot
+//! cadence. The checks and the answer are the pure functions here; the types every front end
+//! shares are `channels::commands`'.
 
-use serde::Serialize;
 use tokio::sync::oneshot;
 
+pub use crate::channels::commands::{Change, ControlError, Settings, SkillState};
 use crate::session::event::{SessionModelEvent, SessionSkillEvent};
 use crate::session::{Event, SessionState};
 
 /// Longest skill or model name accepted from outside (both are config or directory names).
 pub const MAX_NAME_LEN: usize = 128;
 
-/// What to change.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Change {
-    /// Pin this model; `None` = `default`, routing decides again.
-    Model(Option<String>),
-    /// Turn a skill on or off for the session.
-    Skill { name: String, enabled: bool },
-}
-
 /// A change (or, with `change: None`, a look at the settings) for one session key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     pub change: Option<Change>,
-    /// Where it came from: `telegram`, `http`, `fifo` (recorded in the event).
+    /// Where it came from: a chat channel's name (`telegram`), `http`, `fifo` (recorded in
+    /// the event).
     pub channel: String,
     /// The request's id (a FIFO line's), recorded so `agent-send` can find the event.
     pub id: Option<String>,
@@ -42,54 +35,11 @@ pub struct Control {
     pub done: oneshot::Sender<Result<Settings, ControlError>>,
 }
 
-/// A skill as the session sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SkillState {
-    pub name: String,
-    pub enabled: bool,
-    /// Its body is in the prompt (when enabled) rather than only its index line.
-    pub always_on: bool,
-}
-
 /// A loaded skill, as the runner reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SkillInfo {
     pub name: String,
     pub always_on: bool,
-}
-
-/// The session's settings after a request: the body of the HTTP answers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Settings {
-    pub key: String,
-    /// None when the key has no session yet (and the request changed nothing).
-    pub session_id: Option<String>,
-    /// The pinned model; null = routing.
-    pub model: Option<String>,
-    /// The loaded models a session can be pinned to.
-    pub models: Vec<String>,
-    pub skills: Vec<SkillState>,
-}
-
-/// Why a request was refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ControlError {
-    #[error("unknown model {name:?}: the loaded models are {}; or `default` to go back to routing", list(.loaded))]
-    UnknownModel { name: String, loaded: Vec<String> },
-    #[error("unknown skill {name:?}: the loaded skills are {}", list(.loaded))]
-    UnknownSkill { name: String, loaded: Vec<String> },
-    #[error("agentd is stopping; nothing was changed, try again after the restart")]
-    Stopping,
-    #[error("cannot record the change in the session trail: {0}")]
-    Failed(String),
-}
-
-fn list(names: &[String]) -> String {
-    if names.is_empty() {
-        "(none)".to_string()
-    } else {
-        names.join(", ")
-    }
 }
 
 /// `NAME` or `default` (also `null` from HTTP) → the model to pin, checked against the loaded
@@ -168,36 +118,6 @@ pub fn settings(
     }
 }
 
-/// The Telegram text of `/model`: the pinned model and the choices.
-pub fn model_text(s: &Settings) -> String {
-    let current = match &s.model {
-        Some(m) => format!("This chat's model is {m} (pinned)."),
-        None => "This chat's model follows routing (default).".to_string(),
-    };
-    format!(
-        "{current}\nLoaded models: {}.\nChoose one below, or send /model NAME or /model default.",
-        list(&s.models)
-    )
-}
-
-/// The Telegram text of `/skills`: each skill with its state in this chat.
-pub fn skills_text(s: &Settings) -> String {
-    if s.skills.is_empty() {
-        return "No skills are loaded.".to_string();
-    }
-    let mut out = String::from("Skills in this chat:");
-    for k in &s.skills {
-        out.push_str(&format!(
-            "\n{} {}{}",
-            if k.enabled { "on " } else { "off" },
-            k.name,
-            if k.always_on { " (always on)" } else { "" }
-        ));
-    }
-    out.push_str("\nChange one with /skill on NAME or /skill off NAME.");
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,11 +169,6 @@ mod tests {
         let s = settings("alice", Some(&st), &models, &skills());
         assert_eq!(s.model.as_deref(), Some("primary"));
         assert!(s.skills[0].enabled && !s.skills[1].enabled);
-        let text = skills_text(&s);
-        assert!(
-            text.contains("off beta") && text.contains("on  alpha (always on)"),
-            "{text}"
-        );
         let fresh = settings("bob", None, &models, &skills());
         assert!(fresh.session_id.is_none() && fresh.skills.iter().all(|k| k.enabled));
     }

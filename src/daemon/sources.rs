@@ -1,6 +1,6 @@
-//! Starting the sources (SPEC §5.1): the scheduler, the Telegram poller, the control FIFO, the
-//! HTTP API and, for `agentd chat`, the terminal. Each runs as a task of the run's tracker until
-//! `stop`, and hands its messages to intake.
+//! Starting the sources (SPEC §5.1): the scheduler, the chat channels (`super::chat`), the
+//! control FIFO, the HTTP API and, for `agentd chat`, the terminal. Each runs as a task of the
+//! run's tracker until `stop`, and hands its messages to intake (`IntakeSink`).
 
 use std::sync::{Arc, Mutex};
 
@@ -9,8 +9,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::services::{Services, Tasks};
-use super::{DaemonError, http_backend, telegram};
+use super::{DaemonError, http_backend};
 use crate::channels::fifo;
+use crate::channels::fifo_intake::{Request, request_of};
 use crate::channels::intake::IntakeSink;
 
 /// Capacity of the bounded queue between the FIFO reader and intake.
@@ -97,9 +98,8 @@ pub async fn start(
     start_scheduler(s, tasks);
     super::retention::start(s, tasks);
     super::idle::start(s, tasks);
-    if let Some(client) = s.telegram.clone() {
-        let poller = telegram::start_poller(client, s, tasks);
-        watch.spawn(tasks, "telegram", poller);
+    for (name, chat) in &s.chats.channels {
+        watch.spawn(tasks, name, chat.start(s, tasks));
     }
     if s.cfg.fifo.enabled {
         start_fifo(s, tasks, &watch)?;
@@ -152,15 +152,25 @@ fn start_fifo(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<(), Da
         "fifo",
         Box::pin(async move { reader.await.map_err(|e| e.to_string()) }),
     );
-    let intake = s.intake.clone();
+    let (intake, live) = (s.intake.clone(), s.live.clone());
+    let sink: Arc<dyn IntakeSink> = s.intake.clone();
     let approvals = s.approvals.clone();
     tasks.tracker.spawn(async move {
         while let Some(line) = rx.recv().await {
-            if let crate::control::ControlLine::Approval { .. } = line {
-                super::approvals::handle_line(&approvals, &line);
-                continue;
+            let cfg = live.get();
+            let (state_dir, max_text) = (&cfg.paths.state_dir, cfg.http.max_body_bytes);
+            match request_of(line, state_dir, max_text).await {
+                // Errors are logged by intake; the FIFO writer sees no intake record and
+                // times out.
+                Some(Request::Message { key, intake }) => {
+                    let _ = sink.accept(&key, intake).await;
+                }
+                Some(Request::Control(line @ crate::control::ControlLine::Approval { .. })) => {
+                    super::approvals::handle_line(&approvals, &line)
+                }
+                Some(Request::Control(line)) => intake.control(line).await,
+                None => {}
             }
-            intake.handle(line).await;
         }
     });
     Ok(())

@@ -1,31 +1,65 @@
 //! Wiring of the Telegram channel into the daemon: the poller's sink is durable intake (SPEC
-//! §5.2: the offset advances only after the intake record is written), chat commands for allowed
-//! users, media downloads into `inbox/`, reply delivery and the typing indicator, the offset in
-//! `agentd.db`, and poller health in the monitor.
+//! §5.2: the offset advances only after the intake record is written, through
+//! `channels::intake::IntakeSink`), the chat commands of `channels::commands` for allowed
+//! users, approval buttons, media downloads into `inbox/`, the outbound side ([`TgOutbound`],
+//! which the router reaches by the channel's name), the offset in `agentd.db`, and poller
+//! health in the monitor. Its one line in the daemon is [`CHANNEL`] in `daemon::chat`.
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use super::delivery::{Outbound, Target};
-use super::intake::{AcceptError, IntakeHandler};
-use crate::tools::outbound::{FileKind, PartError};
-
-/// The answer to a Telegram message refused because its session's queue is full.
-const BUSY_REPLY: &str =
-    "I'm busy with earlier messages; this one was not taken. Please send it again in a moment.";
+use super::chat::{ChatChannel, OpenChannel};
 use super::services::{Services, Tasks};
-use super::workers::Dispatcher;
+use super::sources::SourceTask;
+use crate::channels::commands::{self, ChatCommand, Reply, SessionControl};
+use crate::channels::intake::{AcceptError, IntakeSink};
+use crate::channels::telegram::address::{self as tg, address, chat_id, message_ref};
 use crate::channels::telegram::client::{
     FileKind as TgFileKind, HTTP_TIMEOUT_SLACK, SendFault, TelegramClient, TgError,
 };
 use crate::channels::telegram::inbound::{
-    APPROVAL_BUTTON, MAX_CALLBACK_DATA, TgCallback, TgCommand, TgInbound, allowed, approval_button,
+    APPROVAL_BUTTON, MAX_CALLBACK_DATA, TgCallback, TgInbound, allowed, approval_button,
 };
 use crate::channels::telegram::poll::{self, OffsetStore, TgSink};
 use crate::config::Config;
 use crate::session::{Intake, Route};
 use crate::store::Db;
+use crate::tools::outbound::{Address, FileKind, Outbound, PartError, RetryPolicy};
+
+/// Telegram in the daemon's list of chat channels.
+pub const CHANNEL: ChatChannel = ChatChannel {
+    name: tg::CHANNEL,
+    book: tg::BOOK,
+    enabled: |cfg| cfg.telegram.enabled,
+    open,
+};
+
+/// The Telegram channel of this run: its client, shared by the poller and the outbound side.
+struct Telegram {
+    client: TelegramClient,
+    outbound: Arc<dyn Outbound>,
+}
+
+fn open(cfg: &Arc<Config>) -> Result<Arc<dyn OpenChannel>, String> {
+    let client = TelegramClient::new(&cfg.telegram).map_err(|e| format!("telegram: {e}"))?;
+    let outbound = Arc::new(TgOutbound::new(cfg.clone(), client.clone()));
+    Ok(Arc::new(Telegram { client, outbound }))
+}
+
+impl OpenChannel for Telegram {
+    fn outbound(&self) -> Arc<dyn Outbound> {
+        self.outbound.clone()
+    }
+
+    fn start(&self, s: &Services, tasks: &Tasks) -> SourceTask {
+        start_poller(self.client.clone(), self.outbound.clone(), s, tasks)
+    }
+}
+
+/// The answer to a Telegram message refused because its session's queue is full.
+const BUSY_REPLY: &str =
+    "I'm busy with earlier messages; this one was not taken. Please send it again in a moment.";
 
 /// The offset belongs to one bot: switching tokens must not skip the new bot's updates.
 fn offset_key(bot_id: Option<i64>) -> String {
@@ -62,12 +96,14 @@ impl OffsetStore for DbOffsets {
 struct Sink {
     cfg: Arc<Config>,
     client: TelegramClient,
-    intake: Arc<IntakeHandler>,
-    dispatcher: Arc<Dispatcher>,
+    intake: Arc<dyn IntakeSink>,
+    /// What the chat commands act on (the session queues).
+    control: Arc<dyn SessionControl>,
     /// Command and "busy" answers go out through it with the outbox's retries
     /// (`tools::outbound::send_text_with_retry`), unrecorded, as tasks of this tracker: the
     /// poller never waits on them.
     outbound: Arc<dyn Outbound>,
+    retry: RetryPolicy,
     tracker: tokio_util::task::TaskTracker,
     /// Approval buttons (SPEC §18.1): decided here, `allow_from` read live.
     approvals: Arc<crate::tools::approval::Approvals>,
@@ -106,7 +142,7 @@ impl Sink {
                 );
                 return "You are not allowed to decide approvals (not in allow_from).".into();
             }
-            match self.approvals.offered_in(id, cb.chat_id) {
+            match self.approvals.offered_in(id, &address(cb.chat_id)) {
                 None => return "This approval is no longer waiting.".into(),
                 Some(false) => {
                     tracing::warn!(
@@ -128,7 +164,7 @@ impl Sink {
             _ => Decision::Deny,
         };
         let by = user_id.to_string();
-        match super::approvals::decide(&self.approvals, id, decision, &by, "telegram") {
+        match super::approvals::decide(&self.approvals, id, decision, &by, tg::CHANNEL) {
             Ok(_) => match decision {
                 Decision::Deny => "Denied.".to_string(),
                 Decision::Always => "Approved for this session.".to_string(),
@@ -143,201 +179,84 @@ impl Sink {
 
     /// Send `text` to `chat_id` in the background, retried like a reply (SPEC §16.1).
     fn answer(&self, chat_id: i64, text: String, what: &'static str) {
-        let (out, policy) = (self.outbound.clone(), self.dispatcher.delivery_retry());
-        self.tracker.spawn(async move {
-            let to = Target::Telegram { chat_id };
-            let sent =
-                crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
-                    .await;
-            if let Err(e) = sent {
-                tracing::warn!(error = %e, what, "cannot send a Telegram answer");
-            }
-        });
+        let (out, policy) = (self.outbound.clone(), self.retry.clone());
+        self.tracker
+            .spawn(async move { send_answer(&*out, chat_id, &text, &policy, what).await });
     }
 
-    /// `/model`, `/skills`, `/skill` (SPEC §18.2): through the session's queue, answered in
-    /// the background once the change is recorded (the poller does not wait for a message in
-    /// flight).
-    fn session_command(&self, msg: &TgInbound, cmd: TgCommand) {
-        use super::session_control::{Change, Request, model_text, skills_text};
-        let (change, listing) = match cmd {
-            TgCommand::Model(None) => (None, Listing::Models),
-            TgCommand::Model(Some(name)) => (Some(Change::Model(Some(name))), Listing::Models),
-            TgCommand::Skills => (None, Listing::Skills),
-            TgCommand::Skill {
-                enabled: Some(enabled),
-                name,
-            } => (Some(Change::Skill { name, enabled }), Listing::Skills),
-            TgCommand::Skill { enabled: None, .. } => {
-                let usage = "Use /skill on NAME or /skill off NAME; /skills lists them.";
-                self.answer(msg.chat_id, usage.to_string(), "command answer");
-                return;
-            }
-            _ => return,
-        };
-        let (dispatcher, out) = (self.dispatcher.clone(), self.outbound.clone());
-        let policy = self.dispatcher.delivery_retry();
-        let (key, chat_id) = (msg.session_key.clone(), msg.chat_id);
-        let client = self.client.clone();
+    /// A chat command (`channels::commands`) in `msg`'s chat: run now (a reset or a settings
+    /// change is queued in order with the chat's next messages), answered in the background
+    /// once its answer is ready (the poller does not wait for a message in flight). An answer
+    /// with buttons gets them as an inline keyboard (one try; plain text otherwise).
+    async fn command(&self, msg: &TgInbound, cmd: ChatCommand) {
+        let answer = commands::run(&*self.control, &msg.session_key, tg::CHANNEL, cmd).await;
+        let (client, out, policy) = (
+            self.client.clone(),
+            self.outbound.clone(),
+            self.retry.clone(),
+        );
+        let chat = msg.chat_id;
         self.tracker.spawn(async move {
-            let changed = change.is_some();
-            let request = Request {
-                change,
-                channel: "telegram".into(),
-                id: None,
-            };
-            let answer = dispatcher.session_control(&key, request).await;
-            // `/model` alone: the choices as inline buttons (one try; plain text otherwise).
-            // `/skills`: one button per skill that turns it the other way.
-            let with_buttons = match (&answer, listing, changed) {
-                (Ok(s), Listing::Models, false) => Some((model_text(s), model_buttons(&s.models))),
-                (Ok(s), Listing::Skills, false) => Some((skills_text(s), skill_buttons(s))),
-                _ => None,
-            };
-            if let Some((text, buttons)) = with_buttons {
-                match client.send_with_buttons(chat_id, &text, &buttons).await {
+            let Reply { text, buttons } = answer.await;
+            // Names too long for Telegram's callback data are left out: typed, they still work.
+            let buttons: Vec<(String, String)> = buttons
+                .into_iter()
+                .filter(|b| b.data.len() <= MAX_CALLBACK_DATA)
+                .map(|b| (b.label, b.data))
+                .collect();
+            if !buttons.is_empty() {
+                match client.send_with_buttons(chat, &text, &buttons).await {
                     Ok(_) => return,
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot send the buttons; answering in text")
                     }
                 }
             }
-            let text = match answer {
-                Ok(s) => match (listing, changed) {
-                    (Listing::Models, true) => match &s.model {
-                        Some(m) => format!("This chat now uses {m}."),
-                        None => "This chat's model follows routing again (default).".into(),
-                    },
-                    (Listing::Models, false) => model_text(&s),
-                    (Listing::Skills, _) => skills_text(&s),
-                },
-                Err(e) => e.to_string(),
-            };
-            let to = Target::Telegram { chat_id };
-            let sent =
-                crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
-                    .await;
-            if let Err(e) = sent {
-                tracing::warn!(error = %e, "cannot send a Telegram answer");
-            }
+            send_answer(&*out, chat, &text, &policy, "command answer").await;
         });
     }
 
-    /// A `model:NAME` button of `/model` or a `skill:on|off:NAME` button of `/skills` (SPEC
-    /// §18.2): changed through the session's queue in the background (the poller does not wait
-    /// for a message in flight), then the press is answered and the chat told what changed.
-    fn settings_button(&self, cb: TgCallback, change: super::session_control::Change) {
-        use super::session_control::{Change, Request, skills_text};
-        let (dispatcher, client) = (self.dispatcher.clone(), self.client.clone());
-        let (out, policy) = (self.outbound.clone(), self.dispatcher.delivery_retry());
+    /// A settings button of a command's answer (`model:NAME`, `skill:on|off:NAME`, SPEC
+    /// §18.2): changed through the session's queue, then, in the background, the press is
+    /// answered and the chat told what changed.
+    async fn settings_button(&self, cb: TgCallback) {
+        let pressed = commands::press(&*self.control, &cb.session_key, tg::CHANNEL, &cb.data);
+        let Some(answer) = pressed.await else {
+            return;
+        };
+        let (client, out, policy) = (
+            self.client.clone(),
+            self.outbound.clone(),
+            self.retry.clone(),
+        );
         self.tracker.spawn(async move {
-            let is_model = matches!(change, Change::Model(_));
-            let request = Request {
-                change: Some(change),
-                channel: "telegram".into(),
-                id: None,
-            };
-            let text = match dispatcher.session_control(&cb.session_key, request).await {
-                Ok(s) if !is_model => skills_text(&s),
-                Ok(s) => match &s.model {
-                    Some(m) => format!("This chat now uses {m}."),
-                    None => "This chat's model follows routing again (default).".into(),
-                },
-                Err(e) => e.to_string(),
-            };
+            let text = answer.await;
             if let Err(e) = client.answer_callback(&cb.query_id, &text).await {
                 tracing::debug!(error = %e, "cannot answer a button press");
             }
-            let to = Target::Telegram {
-                chat_id: cb.chat_id,
-            };
-            let sent =
-                crate::tools::outbound::send_text_with_retry(out.as_ref(), &to, &text, &policy)
-                    .await;
-            if let Err(e) = sent {
-                tracing::warn!(error = %e, "cannot send a Telegram answer");
-            }
+            send_answer(&*out, cb.chat_id, &text, &policy, "command answer").await;
         });
     }
+}
 
-    async fn command(&self, msg: &TgInbound, cmd: TgCommand) -> Result<(), String> {
-        // This chat's session: the contact's in a private chat, the group's in a group.
-        let key = &msg.session_key;
-        let reply = match cmd {
-            TgCommand::Model(_) | TgCommand::Skills | TgCommand::Skill { .. } => {
-                self.session_command(msg, cmd);
-                return Ok(());
-            }
-            TgCommand::Reset => {
-                let n = self.intake.reset(key, "telegram /reset").await;
-                if n > 0 {
-                    "Session reset. The conversation so far is archived."
-                } else {
-                    "There is no session to reset."
-                }
-                .to_string()
-            }
-            TgCommand::Stop => {
-                if self.dispatcher.stop_session(key) {
-                    "Stopping the message in flight.".to_string()
-                } else {
-                    "Nothing is running.".to_string()
-                }
-            }
-            TgCommand::Status => format!(
-                "{}: {} message(s) running, {} queued.",
-                self.cfg.agent.name,
-                self.dispatcher.active_sessions(),
-                self.dispatcher.queue_depth()
-            ),
-        };
-        self.answer(msg.chat_id, reply, "command answer");
-        Ok(())
+/// Send an unrecorded answer to chat `chat_id` with the outbox's retries; a failure is logged.
+async fn send_answer(
+    out: &dyn Outbound,
+    chat_id: i64,
+    text: &str,
+    policy: &RetryPolicy,
+    what: &'static str,
+) {
+    let to = address(chat_id);
+    let sent = crate::tools::outbound::send_text_with_retry(out, &to, text, policy).await;
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, what, "cannot send a Telegram answer");
     }
-}
-
-/// The `/model` buttons: one per loaded model and `default`, data `model:NAME` (names too long
-/// for Telegram's 64-byte callback data are left out: `/model NAME` still sets them).
-fn model_buttons(models: &[String]) -> Vec<(String, String)> {
-    models
-        .iter()
-        .map(String::as_str)
-        .chain(["default"])
-        .map(|m| (m.to_string(), format!("{MODEL_BUTTON}{m}")))
-        .filter(|(_, data)| data.len() <= MAX_CALLBACK_DATA)
-        .collect()
-}
-
-/// The callback-data prefix of the `/model` buttons.
-const MODEL_BUTTON: &str = "model:";
-
-/// The callback-data prefix of the `/skills` buttons: `skill:on:NAME`, `skill:off:NAME`.
-const SKILL_BUTTON: &str = "skill:";
-
-/// The `/skills` buttons: per skill, the switch to the other state (names too long for the
-/// callback data are left out: `/skill on|off NAME` still works).
-fn skill_buttons(s: &super::session_control::Settings) -> Vec<(String, String)> {
-    s.skills
-        .iter()
-        .map(|k| {
-            let (label, to) = if k.enabled {
-                ("turn off", "off")
-            } else {
-                ("turn on", "on")
-            };
-            (
-                format!("{label} {}", k.name),
-                format!("{SKILL_BUTTON}{to}:{}", k.name),
-            )
-        })
-        .filter(|(_, data)| data.len() <= MAX_CALLBACK_DATA)
-        .collect()
 }
 
 impl TgSink for Sink {
     fn callback(&self, cb: TgCallback) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            use super::session_control::Change;
             if cb.data.starts_with(APPROVAL_BUTTON) {
                 return self.approval_button(&cb).await;
             }
@@ -349,30 +268,15 @@ impl TgSink for Sink {
                 );
                 return;
             }
-            if let Some(name) = cb.data.strip_prefix(MODEL_BUTTON) {
-                let change = Change::Model(Some(name.to_string()));
-                self.settings_button(cb, change);
-            } else if let Some(rest) = cb.data.strip_prefix(SKILL_BUTTON) {
-                let change = match rest.split_once(':') {
-                    Some(("on", name)) => Change::Skill {
-                        name: name.to_string(),
-                        enabled: true,
-                    },
-                    Some(("off", name)) => Change::Skill {
-                        name: name.to_string(),
-                        enabled: false,
-                    },
-                    _ => return,
-                };
-                self.settings_button(cb, change);
-            }
+            self.settings_button(cb).await;
         })
     }
 
     fn accept(&self, msg: TgInbound) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
             if let Some(cmd) = msg.is_command.clone() {
-                return self.command(&msg, cmd).await;
+                self.command(&msg, cmd).await;
+                return Ok(());
             }
             let id = match self.client.bot_id() {
                 Some(bot) => format!("tg-{bot}-{}", msg.update_id),
@@ -411,19 +315,18 @@ impl TgSink for Sink {
                 text,
                 tier: None,
                 attachments,
-                route: Some(Route::Telegram {
-                    chat_id: msg.chat_id,
-                    message_id: Some(msg.message_id),
+                route: Some(Route::Chat {
+                    to: address(msg.chat_id),
+                    message: Some(message_ref(msg.message_id)),
                 }),
                 notify_meta: None,
                 relayed_from: None,
             };
-            match self.intake.accept_heard(&msg.session_key, intake).await {
-                Ok((_, heard)) => {
+            match self.intake.accept(&msg.session_key, intake).await {
+                Ok(accepted) => {
                     if self.cfg.voice.echo_transcript {
-                        for h in heard {
-                            let echo = format!("🎙 “{}”", h.transcript);
-                            self.answer(msg.chat_id, echo, "transcript echo");
+                        for t in accepted.transcripts {
+                            self.answer(msg.chat_id, format!("🎙 “{t}”"), "transcript echo");
                         }
                     }
                     Ok(())
@@ -438,13 +341,6 @@ impl TgSink for Sink {
             }
         })
     }
-}
-
-/// Which settings a session command answers with.
-#[derive(Clone, Copy)]
-enum Listing {
-    Models,
-    Skills,
 }
 
 /// What a failed Telegram call means for the outbox (SPEC §16.1).
@@ -471,20 +367,25 @@ impl TgOutbound {
     }
 }
 
+/// The chat id of `to`, or the outbox's refusal naming it.
+fn chat_of(to: &Address) -> Result<i64, PartError> {
+    chat_id(to).map_err(PartError::Failed)
+}
+
 impl Outbound for TgOutbound {
-    fn parts(&self, _to: &Target, text: &str) -> Vec<String> {
+    fn parts(&self, _to: &Address, text: &str) -> Vec<String> {
         TelegramClient::parts(text, self.cfg.telegram.text_chunk_limit)
     }
 
     fn send_part<'a>(
         &'a self,
-        to: &'a Target,
+        to: &'a Address,
         part: &'a str,
     ) -> BoxFuture<'a, Result<(), PartError>> {
         Box::pin(async move {
-            let Target::Telegram { chat_id } = to;
+            let chat = chat_of(to)?;
             let sent = (self.client)
-                .send_part(*chat_id, part, self.cfg.telegram.format)
+                .send_part(chat, part, self.cfg.telegram.format)
                 .await;
             sent.map(|_| ()).map_err(part_error)
         })
@@ -492,31 +393,32 @@ impl Outbound for TgOutbound {
 
     fn send_file<'a>(
         &'a self,
-        to: &'a Target,
+        to: &'a Address,
         path: &'a std::path::Path,
         kind: FileKind,
     ) -> BoxFuture<'a, Result<(), PartError>> {
         Box::pin(async move {
-            let Target::Telegram { chat_id } = to;
+            let chat = chat_of(to)?;
             let kind = match kind {
                 FileKind::Photo => TgFileKind::Photo,
                 FileKind::Voice => TgFileKind::Voice,
                 FileKind::Document => TgFileKind::Document,
             };
-            let sent = self.client.send_file(*chat_id, path, kind, None).await;
+            let sent = self.client.send_file(chat, path, kind, None).await;
             sent.map(|_| ()).map_err(part_error)
         })
     }
 
     fn react<'a>(
         &'a self,
-        to: &'a Target,
-        message_id: i32,
+        to: &'a Address,
+        message: &'a str,
         emoji: &'a str,
     ) -> BoxFuture<'a, Result<(), PartError>> {
         Box::pin(async move {
-            let Target::Telegram { chat_id } = to;
-            let reacted = self.client.react(*chat_id, message_id, emoji).await;
+            let chat = chat_of(to)?;
+            let message = tg::message_id(message).map_err(PartError::Failed)?;
+            let reacted = self.client.react(chat, message, emoji).await;
             reacted.map_err(part_error)
         })
     }
@@ -527,35 +429,37 @@ impl Outbound for TgOutbound {
 
     fn ask_approval<'a>(
         &'a self,
-        to: &'a Target,
+        to: &'a Address,
         text: &'a str,
         id: &'a str,
-    ) -> BoxFuture<'a, Result<i32, PartError>> {
+    ) -> BoxFuture<'a, Result<String, PartError>> {
         Box::pin(async move {
-            let Target::Telegram { chat_id } = to;
-            let sent = self.client.send_approval_prompt(*chat_id, text, id).await;
-            sent.map_err(part_error)
+            let chat = chat_of(to)?;
+            let sent = self.client.send_approval_prompt(chat, text, id).await;
+            sent.map(message_ref).map_err(part_error)
         })
     }
 
     fn settle_approval<'a>(
         &'a self,
-        to: &'a Target,
-        message_id: i32,
+        to: &'a Address,
+        message: &'a str,
         text: &'a str,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Target::Telegram { chat_id } = to;
-            if let Err(e) = self.client.edit_text(*chat_id, message_id, text).await {
+            let (Ok(chat), Ok(message)) = (chat_of(to), tg::message_id(message)) else {
+                return;
+            };
+            if let Err(e) = self.client.edit_text(chat, message, text).await {
                 tracing::warn!(error = %e, "telegram: cannot edit the approval prompt");
             }
         })
     }
 
-    fn typing<'a>(&'a self, to: &'a Target) -> BoxFuture<'a, ()> {
+    fn typing<'a>(&'a self, to: &'a Address) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Target::Telegram { chat_id } = to;
-            if let Err(e) = self.client.send_typing(*chat_id).await {
+            let Ok(chat) = chat_of(to) else { return };
+            if let Err(e) = self.client.send_typing(chat).await {
                 tracing::debug!(error = %e, "typing indicator failed");
             }
         })
@@ -564,14 +468,14 @@ impl Outbound for TgOutbound {
 
 /// Start the poller (not waiting for Telegram: its health goes to the monitor): the health
 /// relay starts here; the poll loop is returned for `sources` to run and watch (SPEC §16.7).
-pub fn start_poller(
+fn start_poller(
     client: TelegramClient,
+    outbound: Arc<dyn Outbound>,
     s: &Services,
     tasks: &Tasks,
-) -> super::sources::SourceTask {
+) -> SourceTask {
     let (cfg, db, monitor) = (s.cfg.clone(), s.db.clone(), s.monitor.clone());
     let live = s.live.clone();
-    let (intake, dispatcher) = (s.intake.clone(), s.dispatcher.clone());
     let (tracker, stop) = (&tasks.tracker, tasks.stop.clone());
     let (health_tx, mut health_rx) = poll::health_channel();
     {
@@ -579,7 +483,7 @@ pub fn start_poller(
         tracker.spawn(async move {
             loop {
                 let h = health_rx.borrow_and_update().clone();
-                monitor.set_channel("telegram", serde_json::to_value(&h).unwrap_or_default());
+                monitor.set_channel(tg::CHANNEL, serde_json::to_value(&h).unwrap_or_default());
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     r = health_rx.changed() => if r.is_err() { return },
@@ -587,15 +491,13 @@ pub fn start_poller(
             }
         });
     }
-    let outbound = dispatcher.outbound().unwrap_or_else(|| {
-        Arc::new(TgOutbound::new(cfg.clone(), client.clone())) as Arc<dyn Outbound>
-    });
     let sink = Arc::new(Sink {
         cfg: cfg.clone(),
         client: client.clone(),
-        intake,
-        dispatcher,
+        intake: s.intake.clone(),
+        control: s.intake.clone(),
         outbound,
+        retry: s.dispatcher.delivery_retry(),
         tracker: tracker.clone(),
         approvals: s.approvals.clone(),
         live: live.clone(),

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::after::{AfterMessage, Waiters, log_finish};
-use super::delivery::{Outbound, Target, target_for};
+use super::delivery::{Address, Contacts, Outbound, target_for};
 use super::queue::Queue;
 pub use super::queue::{Job, QueueSlot};
 use super::session_control::{self, Control, ControlError, Request, Settings, SkillInfo};
@@ -88,7 +88,7 @@ impl Runner for Agent {
 
 /// What a [`Dispatcher`] is built from: it holds its own dependencies, not the agent's.
 pub struct DispatcherDeps {
-    /// The running config (SIGHUP replaces it; contacts decide where replies go).
+    /// The running config (SIGHUP replaces it).
     pub cfg: crate::config::Live,
     pub runner: Arc<dyn Runner>,
     pub store: Arc<SessionStore>,
@@ -97,8 +97,10 @@ pub struct DispatcherDeps {
     /// Closed sessions are consolidated when `memory.consolidation_enabled`.
     pub consolidator: Option<Consolidator>,
     pub webhook: Option<crate::api::webhook::Webhook>,
-    /// Where replies go (Telegram), when a channel is configured.
+    /// Where replies go (the router over the chat channels), when one runs.
     pub outbound: Option<Arc<dyn Outbound>>,
+    /// Who the contacts are: a FIFO or scheduled message from one is answered in its chat.
+    pub contacts: Contacts,
     /// Spoken replies (SPEC §19), when `[voice] tts_model` is set.
     pub speaker: Option<Arc<crate::tools::tts::Speaker>>,
 }
@@ -109,6 +111,7 @@ pub struct Dispatcher {
     runner: Arc<dyn Runner>,
     store: Arc<SessionStore>,
     consolidator: Option<Consolidator>,
+    contacts: Contacts,
     queue: Arc<Queue>,
     after: AfterMessage,
     /// The `/stop` token of each session's running message.
@@ -137,6 +140,7 @@ impl Dispatcher {
             consolidator,
             webhook,
             outbound,
+            contacts,
             speaker,
         } = deps;
         let (live, cfg) = (cfg.clone(), cfg.get());
@@ -164,6 +168,7 @@ impl Dispatcher {
             runner,
             store,
             consolidator,
+            contacts,
             running: Default::default(),
             active: AtomicUsize::new(0),
             tracker,
@@ -172,9 +177,15 @@ impl Dispatcher {
         })
     }
 
-    /// The channel that delivers replies (Telegram), if any.
+    /// The router that delivers replies to the chat channels, if one runs.
     pub fn outbound(&self) -> Option<Arc<dyn Outbound>> {
         self.after.outbound.clone()
+    }
+
+    /// Where the reply to `work` goes: [`target_for`], on the channels that run.
+    pub fn reply_address(&self, work: &Work) -> Option<Address> {
+        let out = self.after.outbound.as_deref()?;
+        target_for(work, &self.contacts, out)
     }
 
     /// The outbox's retry rule (SPEC §16.1), for deliveries resumed after a restart.
@@ -187,7 +198,7 @@ impl Dispatcher {
     pub fn deliver(
         &self,
         session: &Arc<SessionHandle>,
-        target: &super::delivery::Target,
+        target: &Address,
         ids: Vec<String>,
         text: String,
         resume: Option<super::delivery::Progress>,
@@ -606,7 +617,7 @@ impl Dispatcher {
         &self,
         key: &str,
         state: &mut Option<SessionState>,
-        work: Work,
+        mut work: Work,
     ) -> std::io::Result<Option<Arc<SessionHandle>>> {
         let routed = self.runner.route(&work, None);
         let session = self.open_session(key, &routed, &work).await?;
@@ -624,7 +635,9 @@ impl Dispatcher {
             Some(pinned) => self.runner.route(&work, Some(pinned)),
             None => routed,
         };
-        let target = target_for(&work, &self.cfg.get());
+        // Where the reply, the typing indicator, approval prompts and `tts` go: decided once.
+        work.reply_to = self.reply_address(&work);
+        let target = work.reply_to.clone();
         let started = std::time::Instant::now();
         let finish = self
             .run_agent(key, &session, st, &work, &model, target.as_ref())
@@ -699,7 +712,7 @@ impl Dispatcher {
         st: &mut SessionState,
         work: &Work,
         model: &str,
-        target: Option<&Target>,
+        target: Option<&Address>,
     ) -> std::io::Result<Finish> {
         let stop = self.abort.child_token();
         self.running_tokens().insert(key.to_string(), stop.clone());
@@ -851,9 +864,10 @@ mod tests {
             Arc::new(SessionStore::open(&root.join("sessions"), crate::zone::Zone::utc()).unwrap());
         let runner = Arc::new(FakeRunner::default());
         let tracker = TaskTracker::new();
+        let live = crate::config::Live::new(Arc::new(cfg));
         let dispatcher = Dispatcher::new(
             DispatcherDeps {
-                cfg: crate::config::Live::new(Arc::new(cfg)),
+                cfg: live.clone(),
                 runner: runner.clone(),
                 store,
                 monitor: Arc::new(Monitor::new(root.join("monitor.json"))),
@@ -861,6 +875,7 @@ mod tests {
                 consolidator: None,
                 webhook: None,
                 outbound: None,
+                contacts: Contacts::new(live.clone(), Vec::new()),
                 speaker: None,
             },
             tracker.clone(),
@@ -890,11 +905,7 @@ mod tests {
     }
 
     fn message(intake: crate::session::Intake) -> Job {
-        Job::Message(Work {
-            intakes: vec![intake],
-            resume: false,
-            deltas: None,
-        })
+        Job::Message(Work::new(vec![intake]))
     }
 
     impl Fixture {
@@ -1118,9 +1129,9 @@ mod tests {
         let tg = |id: &str, chat: i64, text: &str| {
             let mut i = user(id, "alice", text);
             i.source = Source::Telegram;
-            i.route = Some(crate::session::Route::Telegram {
-                chat_id: chat,
-                message_id: None,
+            i.route = Some(crate::session::Route::Chat {
+                to: crate::message::Address::new("telegram", chat.to_string()),
+                message: None,
             });
             i
         };

@@ -43,9 +43,7 @@ fn check(name: impl Into<String>, status: Status, detail: impl Into<String>) -> 
 }
 
 /// Said at start and by `doctor` when the daemon runs as root (issue #12, finding 16).
-pub const ROOT_WARNING: &str = "running as root is not a supported deployment: exec and MCP \
-     servers would run as root too (reading /etc/shadow, every user's files); run agentd as \
-     its own unprivileged user, as systemd/agentd.service does (User=agentd)";
+pub use crate::daemon::ROOT_WARNING;
 
 /// Free space under which the state directory is flagged.
 const MIN_FREE_BYTES: u64 = 100 * 1024 * 1024;

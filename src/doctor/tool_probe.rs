@@ -16,7 +16,7 @@ use crate::llm::{ChatRequest, LlmError, ToolChoice, ToolSpec};
 use crate::message::{Message, UserBlock};
 use crate::metrics::Metrics;
 use crate::store::{CallType, Db};
-use crate::tools::outbound::{FileKind, Outbound, PartError, Target};
+use crate::tools::outbound::{Address, FileKind, Outbound, PartError};
 
 /// Tool-list checks of every loaded chat model; none when no chat model is loaded.
 pub async fn run(cfg: &Config) -> Vec<Check> {
@@ -94,12 +94,14 @@ async fn tool_specs(cfg: &Config) -> Result<Arc<[ToolSpec]>, String> {
         &cfg.agent.skills.dir,
         &cfg.agent.skills.always_on,
     ));
-    let outbound: Option<Arc<dyn Outbound>> = match cfg.telegram.enabled {
+    let outbound: Option<Arc<dyn Outbound>> = match crate::daemon::chat::any_enabled(cfg) {
         true => Some(Arc::new(NoSend)),
         false => None,
     };
+    let live = crate::config::Live::new(tmp.clone());
     let deps = crate::tools::ToolDeps {
-        live: crate::config::Live::new(tmp.clone()),
+        contacts: crate::daemon::chat::contacts(&live),
+        live,
         db,
         sessions,
         memory: memory.as_ref(),
@@ -207,19 +209,19 @@ async fn call(gateway: &Gateway, model: &str, tools: Arc<[ToolSpec]>) -> Result<
 struct NoSend;
 
 impl Outbound for NoSend {
-    fn parts(&self, _to: &Target, text: &str) -> Vec<String> {
+    fn parts(&self, _to: &Address, text: &str) -> Vec<String> {
         vec![text.to_string()]
     }
     fn send_part<'a>(
         &'a self,
-        _to: &'a Target,
+        _to: &'a Address,
         _part: &'a str,
     ) -> BoxFuture<'a, Result<(), PartError>> {
         Box::pin(async { Err(PartError::Failed("doctor sends nothing".into())) })
     }
     fn send_file<'a>(
         &'a self,
-        _to: &'a Target,
+        _to: &'a Address,
         _path: &'a std::path::Path,
         _kind: FileKind,
     ) -> BoxFuture<'a, Result<(), PartError>> {
@@ -227,13 +229,13 @@ impl Outbound for NoSend {
     }
     fn react<'a>(
         &'a self,
-        _to: &'a Target,
-        _message_id: i32,
+        _to: &'a Address,
+        _message: &'a str,
         _emoji: &'a str,
     ) -> BoxFuture<'a, Result<(), PartError>> {
         Box::pin(async { Err(PartError::Failed("doctor sends nothing".into())) })
     }
-    fn typing<'a>(&'a self, _to: &'a Target) -> BoxFuture<'a, ()> {
+    fn typing<'a>(&'a self, _to: &'a Address) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
     fn attempt_timeout(&self) -> std::time::Duration {

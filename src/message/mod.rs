@@ -1,5 +1,5 @@
 //! The neutral conversation types every layer shares: messages, their content blocks, tool
-//! calls and results, and token usage. A leaf module (layer 0): `session` and `store` persist
+//! calls and results, token usage, and the [`Address`] of a chat on any channel. A leaf module (layer 0): `session` and `store` persist
 //! these and `llm` translates them at the provider edge, and neither of the first two needs
 //! `llm` for it.
 //! These are also the persisted format of session state files (SPEC §7 "internal neutral
@@ -7,9 +7,12 @@
 //! compatible. `toolcalls` makes a provider's tool calls safe to store and replay;
 //! `rendered` keeps a session's messages as a wire format rendered them (SPEC §16.6).
 
+pub mod address;
 pub mod call;
 pub mod rendered;
 pub mod toolcalls;
+
+pub use address::Address;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

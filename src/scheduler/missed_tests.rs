@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
 use super::Scheduler;
-use crate::channels::intake::{AcceptError, Completion, IntakeSink};
+use crate::channels::intake::{AcceptError, Accepted, Completion, IntakeSink};
 use crate::config::{ScheduleAction, ScheduleEntry, ScheduleWhen};
 use crate::session::Intake;
 use crate::store::Db;
@@ -23,9 +23,9 @@ impl IntakeSink for Recorder {
         &'a self,
         key: &'a str,
         intake: Intake,
-    ) -> BoxFuture<'a, Result<(), AcceptError>> {
+    ) -> BoxFuture<'a, Result<Accepted, AcceptError>> {
         self.0.lock().unwrap().push((key.to_string(), intake.id));
-        Box::pin(async { Ok(()) })
+        Box::pin(async { Ok(Accepted::default()) })
     }
 
     fn ask<'a>(

@@ -280,7 +280,7 @@ impl Scheduler {
             relayed_from: relayed_from.map(str::to_string),
         };
         match self.intake.accept(target, intake).await {
-            Ok(()) => {
+            Ok(_) => {
                 if one_shot && let Err(e) = self.db.schedule_finish(id, "done").await {
                     tracing::error!(id, error = %e, "cannot mark scheduled message done; it will not be sent again, marking is retried");
                     self.unrecorded_lock().insert(id.to_string());

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::message::call::CallOptions;
-use crate::message::{Message, ToolResult};
+use crate::message::{Address, Message, ToolResult};
 
 /// Format version of trail lines.
 pub const TRAIL_VERSION: u32 = 1;
@@ -167,8 +167,8 @@ pub struct Intake {
     pub tier: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<String>,
-    /// Where the reply goes when that is not implied by the source and sender (a Telegram
-    /// chat). Recorded so a restart delivers to the same place.
+    /// Where the reply goes when that is not implied by the source and sender (the chat a
+    /// chat channel's message came from). Recorded so a restart delivers to the same place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Route>,
     /// A notification's `{source, ref, data}` as received (FIFO `notify`, HTTP `/notify`),
@@ -182,19 +182,126 @@ pub struct Intake {
     pub relayed_from: Option<String>,
 }
 
-/// A reply destination recorded with the intake: a Telegram chat, or the client of an OpenAI-
-/// or Anthropic-compatible request (SPEC §17) with how it asked for the reply to be made.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "channel", rename_all = "snake_case")]
+/// A reply destination recorded with the intake: a chat on a chat channel, or the client of an
+/// OpenAI- or Anthropic-compatible request (SPEC §17) with how it asked for the reply to be made.
+///
+/// On the wire both are one object tagged by `channel`: a chat is
+/// `{"channel":"telegram","chat":"1001","thread"?:…,"message"?:"7"}` (any channel name but
+/// [`API_CHANNEL`]), a compatible request `{"channel":"api", …ApiRoute}`. Trails written before
+/// neutral addresses have Telegram chats as `{"channel":"telegram","chat_id":1001,
+/// "message_id":7}` (numbers): read as the same chat.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Route {
-    Telegram {
-        chat_id: i64,
-        /// The message being answered (for reactions and reply threading).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        message_id: Option<i32>,
+    /// A chat: replies go to `to`; `message` is the message being answered there, as the
+    /// channel spells its ids (for reactions and reply threading).
+    Chat {
+        to: Address,
+        message: Option<String>,
     },
     /// The HTTP answer of `/v1/chat/completions` or `/v1/messages`.
     Api(ApiRoute),
+}
+
+/// The `channel` of a compatible request's route; no chat channel may be named so.
+pub const API_CHANNEL: &str = "api";
+
+impl Route {
+    /// The chat a message with this route is answered in, if it came from one.
+    pub fn address(&self) -> Option<&Address> {
+        match self {
+            Route::Chat { to, .. } => Some(to),
+            Route::Api(_) => None,
+        }
+    }
+
+    /// The id of the message this route answers, on its channel.
+    pub fn message(&self) -> Option<&str> {
+        match self {
+            Route::Chat { message, .. } => message.as_deref(),
+            Route::Api(_) => None,
+        }
+    }
+}
+
+/// A chat route as written.
+#[derive(Serialize)]
+struct ChatOut<'a> {
+    channel: &'a str,
+    chat: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thread: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+}
+
+/// A compatible request's route as written.
+#[derive(Serialize)]
+struct ApiOut<'a> {
+    channel: &'static str,
+    #[serde(flatten)]
+    route: &'a ApiRoute,
+}
+
+/// A chat route as read: today's fields, or the release before neutral addresses' numeric
+/// `chat_id` / `message_id` (Telegram's).
+#[derive(Deserialize)]
+struct ChatIn {
+    channel: String,
+    #[serde(default)]
+    chat: Option<String>,
+    #[serde(default)]
+    thread: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    chat_id: Option<i64>,
+    #[serde(default)]
+    message_id: Option<i64>,
+}
+
+impl Serialize for Route {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Route::Chat { to, message } => ChatOut {
+                channel: &to.channel,
+                chat: &to.chat,
+                thread: to.thread.as_deref(),
+                message: message.as_deref(),
+            }
+            .serialize(s),
+            Route::Api(route) => ApiOut {
+                channel: API_CHANNEL,
+                route,
+            }
+            .serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Route {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Route, D::Error> {
+        use serde::de::Error;
+        let v = serde_json::Value::deserialize(d)?;
+        if v.get("channel").and_then(serde_json::Value::as_str) == Some(API_CHANNEL) {
+            return ApiRoute::deserialize(v)
+                .map(Route::Api)
+                .map_err(D::Error::custom);
+        }
+        let c = ChatIn::deserialize(v).map_err(D::Error::custom)?;
+        let chat = match (c.chat, c.chat_id) {
+            (Some(chat), _) => chat,
+            (None, Some(id)) => id.to_string(),
+            (None, None) => return Err(D::Error::missing_field("chat")),
+        };
+        Ok(Route::Chat {
+            to: Address {
+                channel: c.channel,
+                chat,
+                thread: c.thread,
+            },
+            message: c.message.or(c.message_id.map(|m| m.to_string())),
+        })
+    }
 }
 
 /// What a compatible request asked for (SPEC §17), recorded with its intake so that a message
@@ -458,6 +565,50 @@ mod tests {
             channel: "http".into(),
             id: None,
         }));
+    }
+
+    #[test]
+    fn chat_routes_are_neutral_and_read_the_release_before() {
+        let route = Route::Chat {
+            to: Address::new("telegram", "-100200").in_thread("7"),
+            message: Some("42".into()),
+        };
+        let v = serde_json::to_value(&route).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"channel": "telegram", "chat": "-100200", "thread": "7", "message": "42"})
+        );
+        assert_eq!(serde_json::from_value::<Route>(v).unwrap(), route);
+        let room = Route::Chat {
+            to: Address::new("matrix", "!abc:example.org"),
+            message: None,
+        };
+        let v = serde_json::to_value(&room).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"channel": "matrix", "chat": "!abc:example.org"})
+        );
+        assert_eq!(serde_json::from_value::<Route>(v).unwrap(), room);
+        // A trail line of the release before neutral addresses.
+        let old = r#"{"v":1,"seq":2,"ts":"2026-12-07T06:12:51.777+00:00","type":"intake","id":"tg-123456-100000","source":"telegram","from":"Alice","text":"hello","route":{"channel":"telegram","chat_id":1001,"message_id":1}}"#;
+        let line: TrailLine = serde_json::from_str(old).unwrap();
+        let Event::Intake(i) = line.event else {
+            panic!("{line:?}")
+        };
+        assert_eq!(
+            i.route,
+            Some(Route::Chat {
+                to: Address::new("telegram", "1001"),
+                message: Some("1".into())
+            })
+        );
+        let err = serde_json::from_value::<Route>(serde_json::json!({"channel": "telegram"}));
+        assert!(err.unwrap_err().to_string().contains("chat"));
+        // A compatible request's route keeps its shape.
+        let api = serde_json::json!({"channel": "api", "model": "cheap", "one_off": true});
+        let r: Route = serde_json::from_value(api.clone()).unwrap();
+        assert!(matches!(&r, Route::Api(a) if a.one_off && a.model.as_deref() == Some("cheap")));
+        assert_eq!(serde_json::to_value(&r).unwrap(), api);
     }
 
     #[test]

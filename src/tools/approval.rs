@@ -1,6 +1,6 @@
 //! Approvals (SPEC §18.1): tool calls that wait for a person's yes. One more action of the
-//! outbound seam: the prompt goes to a channel through [`Outbound::ask_approval`], the
-//! decision comes back from whichever front end a person used (Telegram buttons, the HTTP API,
+//! outbound seam: the prompt goes to a chat through [`Outbound::ask_approval`], the decision
+//! comes back from whichever front end a person used (a chat's buttons, the HTTP API,
 //! `agent-send`) through [`Approvals::decide`].
 //!
 //! [`Approvals`] is the daemon's one broker: the agent loop opens an approval ([`Approvals::open`])
@@ -19,7 +19,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::outbound::{Outbound, PartEnd, Target, send_with_retry};
+use super::outbound::{Address, Contacts, Outbound, PartEnd, send_with_retry};
 use crate::config::{ApprovalsConfig, Live};
 use crate::latest_writer::LatestWriter;
 use crate::session::approval::Decision;
@@ -82,18 +82,18 @@ pub struct ApprovalsView {
 struct Pending {
     info: ApprovalInfo,
     tx: oneshot::Sender<Verdict>,
-    /// The Telegram prompt, once sent: edited to show the decision.
-    prompt: Option<(Target, i32)>,
-    /// The Telegram chat the prompt is offered in: a press from another chat decides nothing
-    /// (unless the presser is one of `[approvals] approvers`).
-    chat: Option<i64>,
+    /// The prompt, once sent (its chat and message): edited to show the decision.
+    prompt: Option<(Address, String)>,
+    /// The chat the prompt is offered in: a press from another chat decides nothing (unless
+    /// the presser is one of `[approvals] approvers`).
+    chat: Option<Address>,
 }
 
 /// A decided approval remembered: its id, the decision, the chat it was offered in.
 struct Decided {
     id: String,
     decision: Decision,
-    chat: Option<i64>,
+    chat: Option<Address>,
 }
 
 #[derive(Default)]
@@ -113,8 +113,11 @@ pub struct Approvals {
     /// `None` in unit tests: the default `[approvals]`.
     live: Option<Live>,
     inner: Mutex<Inner>,
-    /// Where Telegram prompts go (none without Telegram).
+    /// Where prompts go (the router over the chat channels; none without one).
     outbound: Option<Arc<dyn Outbound>>,
+    /// The chat prompts of messages without one of their own go to
+    /// ([`Contacts::approvals_chat`]).
+    contacts: Option<Contacts>,
     /// Ends prompt retries at shutdown.
     abort: CancellationToken,
     view: Option<(PathBuf, LatestWriter<Vec<u8>>)>,
@@ -156,11 +159,13 @@ impl Drop for Ticket {
 }
 
 impl Approvals {
-    /// A broker reading `[approvals]` from `live` per call; `outbound` offers prompts in
-    /// Telegram; `state_dir` gets the live view (none in unit tests).
+    /// A broker reading `[approvals]` from `live` per call; `outbound` offers prompts in chats
+    /// (a message's own, else the one `contacts` name for approvals); `state_dir` gets the
+    /// live view (none in unit tests).
     pub fn new(
         live: Option<Live>,
         outbound: Option<Arc<dyn Outbound>>,
+        contacts: Option<Contacts>,
         state_dir: Option<PathBuf>,
         abort: CancellationToken,
     ) -> Arc<Approvals> {
@@ -176,6 +181,7 @@ impl Approvals {
             live,
             inner: Mutex::new(Inner::default()),
             outbound,
+            contacts,
             abort,
             view,
         });
@@ -228,21 +234,28 @@ impl Approvals {
         })
     }
 
-    /// Offer approval `id` in Telegram chat `chat_id` (retried until it expires); the prompt
-    /// is remembered so that a decision edits it. Runs in the background.
-    pub fn offer_telegram(self: &Arc<Self>, id: &str, chat_id: i64, until: Instant) {
+    /// Offer approval `id` in `chat` (the message's), else in the chat the config names for
+    /// approvals (`[approvals] telegram_chat`), if either runs here; retried until it expires.
+    /// The prompt is remembered so that a decision edits it. Runs in the background.
+    pub fn offer(self: &Arc<Self>, id: &str, chat: Option<&Address>, until: Instant) {
         let Some(out) = self.outbound.clone() else {
             return;
         };
+        let fallback = || self.contacts.as_ref().and_then(Contacts::approvals_chat);
+        let Some(to) = chat.cloned().or_else(fallback) else {
+            return;
+        };
+        if !out.serves(&to.channel) {
+            return;
+        }
         let Some(info) = self.lock().pending.get_mut(id).map(|p| {
-            p.chat = Some(chat_id);
+            p.chat = Some(to.clone());
             p.info.clone()
         }) else {
             return;
         };
         let me = self.clone();
         tokio::spawn(async move {
-            let to = Target::Telegram { chat_id };
             let text = prompt_text(&info);
             let got = Mutex::new(None);
             let end = send_with_retry(
@@ -258,14 +271,14 @@ impl Approvals {
                 "approval prompt",
             )
             .await;
-            let mid = *got.lock().unwrap_or_else(|e| e.into_inner());
+            let mid = got.lock().unwrap_or_else(|e| e.into_inner()).take();
             match (end, mid) {
                 (PartEnd::Sent, Some(mid)) => {
                     let decided = {
                         let mut inner = me.lock();
                         match inner.pending.get_mut(&info.id) {
                             Some(p) => {
-                                p.prompt = Some((to.clone(), mid));
+                                p.prompt = Some((to.clone(), mid.clone()));
                                 None
                             }
                             // Decided while the prompt was on its way: show the decision.
@@ -274,19 +287,19 @@ impl Approvals {
                     };
                     if let Some(decided) = decided {
                         let text = decided_text(&info, decided);
-                        out.settle_approval(&to, mid, &text).await;
+                        out.settle_approval(&to, &mid, &text).await;
                     }
                 }
                 (PartEnd::Closed(_, e), _) => {
-                    tracing::warn!(approval = %info.id, error = %e, "cannot offer the approval in Telegram");
+                    tracing::warn!(approval = %info.id, chat = %to, error = %e, "cannot offer the approval in its chat");
                 }
                 _ => {}
             }
         });
     }
 
-    /// Decide approval `id`. The waiting call gets the verdict; a Telegram prompt is edited
-    /// to show it.
+    /// Decide approval `id`. The waiting call gets the verdict; its prompt in a chat is
+    /// edited to show it.
     pub fn decide(&self, id: &str, verdict: Verdict) -> Result<ApprovalInfo, DecideError> {
         let mut inner = self.lock();
         let Some(p) = inner.pending.remove(id) else {
@@ -309,15 +322,15 @@ impl Approvals {
         Ok(p.info)
     }
 
-    /// Whether approval `id` (waiting or decided) was offered in the Telegram chat `chat_id`;
-    /// `None` when the id is not known (never opened, or forgotten long ago).
-    pub fn offered_in(&self, id: &str, chat_id: i64) -> Option<bool> {
+    /// Whether approval `id` (waiting or decided) was offered in chat `chat`; `None` when the
+    /// id is not known (never opened, or forgotten long ago).
+    pub fn offered_in(&self, id: &str, chat: &Address) -> Option<bool> {
         let inner = self.lock();
-        let chat = match inner.pending.get(id) {
-            Some(p) => p.chat,
-            None => inner.decided(id)?.chat,
+        let offered = match inner.pending.get(id) {
+            Some(p) => p.chat.as_ref(),
+            None => inner.decided(id)?.chat.as_ref(),
         };
-        Some(chat == Some(chat_id))
+        Some(offered == Some(chat))
     }
 
     /// Withdraw `id`: decided by the daemon (`Some`: a timeout) or without a decision
@@ -340,7 +353,7 @@ impl Approvals {
     fn settle_prompt(
         &self,
         info: &ApprovalInfo,
-        prompt: Option<(Target, i32)>,
+        prompt: Option<(Address, String)>,
         d: Option<Decision>,
     ) {
         let (Some(out), Some((to, mid))) = (self.outbound.clone(), prompt) else {
@@ -348,7 +361,7 @@ impl Approvals {
         };
         let text = decided_text(info, d);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { out.settle_approval(&to, mid, &text).await });
+            rt.spawn(async move { out.settle_approval(&to, &mid, &text).await });
         }
     }
 
@@ -397,7 +410,7 @@ impl Approvals {
     }
 }
 
-fn remember(inner: &mut Inner, id: &str, decision: Decision, chat: Option<i64>) {
+fn remember(inner: &mut Inner, id: &str, decision: Decision, chat: Option<Address>) {
     if inner.decided.len() >= MAX_DECIDED {
         inner.decided.pop_front();
     }
@@ -581,7 +594,7 @@ mod tests {
     }
 
     fn broker() -> Arc<Approvals> {
-        Approvals::new(None, None, None, CancellationToken::new())
+        Approvals::new(None, None, None, None, CancellationToken::new())
     }
 
     fn verdict(d: Decision) -> Verdict {
@@ -725,23 +738,27 @@ mod tests {
     #[tokio::test]
     async fn a_decision_knows_the_chat_it_was_offered_in() {
         let b = broker();
+        let (seven, eight) = (Address::new("telegram", "7"), Address::new("telegram", "8"));
+        // The same chat id on another channel is another chat.
+        let room = Address::new("matrix", "7");
         let _t = b.open(info("ap-1")).unwrap();
         assert_eq!(
-            b.offered_in("ap-1", 7),
+            b.offered_in("ap-1", &seven),
             Some(false),
             "not offered anywhere yet"
         );
-        b.lock().pending.get_mut("ap-1").unwrap().chat = Some(7);
-        assert_eq!(b.offered_in("ap-1", 7), Some(true));
-        assert_eq!(b.offered_in("ap-1", 8), Some(false));
+        b.lock().pending.get_mut("ap-1").unwrap().chat = Some(seven.clone());
+        assert_eq!(b.offered_in("ap-1", &seven), Some(true));
+        assert_eq!(b.offered_in("ap-1", &eight), Some(false));
+        assert_eq!(b.offered_in("ap-1", &room), Some(false));
         b.decide("ap-1", verdict(Decision::Deny)).unwrap();
         assert_eq!(
-            b.offered_in("ap-1", 7),
+            b.offered_in("ap-1", &seven),
             Some(true),
             "remembered once decided"
         );
-        assert_eq!(b.offered_in("ap-1", 8), Some(false));
-        assert_eq!(b.offered_in("ap-2", 7), None);
+        assert_eq!(b.offered_in("ap-1", &eight), Some(false));
+        assert_eq!(b.offered_in("ap-2", &seven), None);
     }
 
     /// Security round 3, item 14: format characters (bidi overrides and isolates, zero-width

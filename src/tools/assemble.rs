@@ -20,14 +20,17 @@ pub struct ToolDeps<'a> {
     pub db: Db,
     pub sessions: Arc<SessionStore>,
     pub memory: Option<&'a crate::memory::Memory>,
-    /// `message` and `react` exist only with an outbound channel (Telegram).
+    /// `message` and `react` exist only with an outbound channel (the router over the chat
+    /// channels, when one runs).
     pub outbound: Option<Arc<dyn Outbound>>,
+    /// The contacts `message` and `react` reach.
+    pub contacts: super::outbound::Contacts,
     /// Woken when `schedule_message` adds or cancels a message (the scheduler waits on it).
     pub schedule_wake: Arc<Notify>,
     /// Started MCP servers; their tools are waited for (at most 10 s) and then followed:
     /// servers that come up later, re-list or are reconciled change the registry.
     pub mcp: Arc<McpManager>,
-    /// The running config, for tools that follow a reload (`message`'s contacts).
+    /// The running config, for tools that follow a reload.
     pub live: crate::config::Live,
     /// Tools other modules provide (`load_skill`), filtered like the built-in ones.
     pub extra: Vec<Arc<dyn Tool>>,
@@ -59,6 +62,7 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
     let messaging = deps.outbound.map(|outbound| super::messaging::Messaging {
         cfg: deps.live.clone(),
         outbound,
+        contacts: deps.contacts.clone(),
         sessions: deps.sessions,
     });
     if let Some(m) = &messaging {
@@ -69,7 +73,7 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
     }
     let schedule = super::schedule::ScheduleTools {
         db: deps.db.clone(),
-        live: deps.live.clone(),
+        contacts: deps.contacts.clone(),
         wake: deps.schedule_wake,
         max_scheduled: cfg.tools.max_scheduled,
         max_delay: cfg.tools.max_delay,

@@ -266,6 +266,7 @@ mod tests {
             workspace: ws.clone(),
             allowed_paths: vec![ws],
             protected: Default::default(),
+            reply_to: None,
             status: Arc::new(NoStatus),
         };
         Ws {

@@ -264,6 +264,7 @@ mod tests {
             workspace: dir.to_path_buf(),
             allowed_paths: vec![dir.to_path_buf()],
             protected: crate::tools::paths::Protected::new(dir.join("state"), dir.join("config")),
+            reply_to: None,
             status: Arc::new(NoStatus),
         }
     }

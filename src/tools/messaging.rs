@@ -1,6 +1,6 @@
-//! `message` and `react` (SPEC §11): talk to Telegram contacts from the loop, through the
-//! [`Outbound`] seam. Registered only when Telegram is configured. Attachments follow `read`'s
-//! path rules (`paths::open_for_read`).
+//! `message` and `react` (SPEC §11): talk to contacts from the loop, through the [`Outbound`]
+//! seam (the router: a contact is reached on its chat channel, [`Contacts`]). Registered only
+//! when a chat channel runs. Attachments follow `read`'s path rules (`paths::open_for_read`).
 //!
 //! Both go through the outbox (SPEC §16.1, [`Outbox`]): retried like a reply, but within the
 //! tool's own time ([`TOOL_RETRY_WINDOW`]), and recorded in the session's trail under a key
@@ -20,12 +20,13 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::outbound::{
-    FileKind, Outbound, Outbox, PartEnd, Piece, Progress, Target, Window, send_with_retry,
+    Address, Contacts, FileKind, Outbound, Outbox, PartEnd, Piece, Progress, Window,
+    send_with_retry,
 };
 use super::{Tool, ToolContext, ToolError, paths};
 use crate::llm::ToolSpec;
 use crate::message::Message;
-use crate::session::{DeliveryStatus, Event, Route, SessionHandle, SessionStore, TrailLine};
+use crate::session::{DeliveryStatus, Event, SessionHandle, SessionStore, TrailLine};
 
 /// The longest a tool retries a send (less when `[delivery] retry_minutes` is shorter): the
 /// model waits for the tool's answer, so its window is shorter than a reply's.
@@ -33,9 +34,11 @@ pub const TOOL_RETRY_WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 pub struct Messaging {
-    /// The running config: `contacts` follow a SIGHUP reload (SPEC §16.5).
+    /// The running config (`[delivery] retry_minutes`).
     pub cfg: crate::config::Live,
     pub outbound: Arc<dyn Outbound>,
+    /// Who can be reached: follows a SIGHUP reload (SPEC §16.5).
+    pub contacts: Contacts,
     pub sessions: Arc<SessionStore>,
 }
 
@@ -62,7 +65,7 @@ impl Messaging {
     pub(super) async fn send(
         &self,
         ctx: &ToolContext,
-        to: &Target,
+        to: &Address,
         name: &str,
         what: &str,
         material: &str,
@@ -173,23 +176,21 @@ impl Messaging {
         .flatten()
     }
 
-    fn chat_of(&self, target: &str) -> Result<Target, ToolError> {
-        let cfg = self.cfg.get();
-        cfg.telegram
-            .contacts
-            .get(target)
-            .map(|chat_id| Target::Telegram { chat_id: *chat_id })
-            .ok_or_else(|| {
-                ToolError::Invalid(format!(
-                    "unknown contact {target:?}; contacts: {}",
-                    cfg.telegram
-                        .contacts
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            })
+    /// The chat of contact `target`, on a channel that runs.
+    fn chat_of(&self, target: &str) -> Result<Address, ToolError> {
+        let Some(to) = self.contacts.address_of(target) else {
+            return Err(ToolError::Invalid(format!(
+                "unknown contact {target:?}; contacts: {}",
+                self.contacts.names().join(", ")
+            )));
+        };
+        if !self.outbound.serves(&to.channel) {
+            return Err(ToolError::Failed(format!(
+                "{target} is a contact on {}, which is not running here",
+                to.channel
+            )));
+        }
+        Ok(to)
     }
 }
 
@@ -200,7 +201,7 @@ impl Tool for MessageTool {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "message".into(),
-            description: "Send a Telegram message to a contact: text and/or files (photos, voice notes .ogg, documents) from the allowed paths or the inbox.".into(),
+            description: "Send a message to a contact in their chat: text and/or files (photos, voice notes .ogg, documents) from the allowed paths or the inbox.".into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {
@@ -272,7 +273,7 @@ impl Tool for ReactTool {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "react".into(),
-            description: "React with an emoji (from Telegram's reaction set, e.g. 👍 ❤ 🔥 🎉 👀) to the last message a contact sent.".into(),
+            description: "React with an emoji (e.g. 👍 ❤ 🔥 🎉 👀; Telegram allows only its own reaction set) to the last message a contact sent in their chat.".into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {
@@ -295,34 +296,26 @@ impl Tool for ReactTool {
             let target = args["target"].as_str().unwrap_or_default().to_string();
             let chat = m.chat_of(&target)?;
             let sessions = m.sessions.clone();
-            let key = target.clone();
-            // The last Telegram message of that contact, from its session trail.
+            let (key, at) = (target.clone(), chat.clone());
+            // The contact's last message in that chat, from its session trail (the contact
+            // name is its session key).
             let last = tokio::task::spawn_blocking(move || {
                 let h = sessions.get(&key).ok()??;
                 let lines = h.read_trail().ok()?;
-                lines.iter().rev().find_map(|l| match &l.event {
-                    Event::Intake(i) => match &i.route {
-                        Some(Route::Telegram {
-                            message_id: Some(id),
-                            ..
-                        }) => Some(*id),
-                        _ => None,
-                    },
-                    _ => None,
-                })
+                last_message_in(&lines, &at)
             })
             .await
             .ok()
             .flatten()
             .ok_or_else(|| {
-                ToolError::Invalid(format!("{target} has no Telegram message to react to"))
+                ToolError::Invalid(format!("{target} has no message in their chat to react to"))
             })?;
             let emoji = args["emoji"].as_str().unwrap_or_default();
+            let material = format!("{last} {emoji}");
             let piece = Piece::Reaction {
-                message_id: last,
+                message: last,
                 emoji: emoji.to_string(),
             };
-            let material = format!("{last} {emoji}");
             m.send(ctx, &chat, &target, "react", &material, vec![piece])
                 .await
                 .map(|_| format!("reacted {emoji} to {target}'s last message"))
@@ -334,10 +327,27 @@ impl Tool for ReactTool {
     }
 }
 
-/// The key a tool send is recorded under: the tool, the target and what is sent.
-fn send_key(what: &str, to: &Target, material: &str) -> String {
-    let Target::Telegram { chat_id } = to;
-    let digest = Sha256::digest(format!("{what}\n{chat_id}\n{material}").as_bytes());
+/// The id of the last message recorded in `lines` from chat `at`.
+fn last_message_in(lines: &[TrailLine], at: &Address) -> Option<String> {
+    lines.iter().rev().find_map(|l| match &l.event {
+        Event::Intake(i) => {
+            let route = i.route.as_ref()?;
+            (route.address() == Some(at)).then(|| route.message().map(str::to_string))?
+        }
+        _ => None,
+    })
+}
+
+/// The key a tool send is recorded under: the tool, the target and what is sent. Only the
+/// chat (and thread) of the address go in: the key is looked up within one session's turn,
+/// where chats of two channels never share an id, and a send recorded before neutral
+/// addresses (a Telegram chat id) keeps its key.
+fn send_key(what: &str, to: &Address, material: &str) -> String {
+    let chat = match &to.thread {
+        Some(t) => format!("{}/{t}", to.chat),
+        None => to.chat.clone(),
+    };
+    let digest = Sha256::digest(format!("{what}\n{chat}\n{material}").as_bytes());
     let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
     format!("tool-{hex}")
 }

@@ -94,6 +94,8 @@ pub struct ToolContext {
     /// The state and config directories, guarded by the file tools whatever `allowed_paths`
     /// says (SPEC §16.8).
     pub protected: paths::Protected,
+    /// Where this message's reply goes (`Work::reply_to`): `tts` sends its voice note there.
+    pub reply_to: Option<crate::message::Address>,
     /// Live facts for `session_status`.
     pub status: Arc<dyn StatusSource>,
 }

@@ -1,11 +1,13 @@
 //! The outbound seam and the outbox (SPEC §16.1): what tools and the daemon's reply delivery
 //! may do towards people — send text, a file or a voice note, react, show "typing…" — without
-//! knowing the channel, and the one retry and recording rule every send follows. The daemon
-//! wires the seam to Telegram (`daemon::telegram`); tools never import `channels`.
+//! knowing the channel, and the one retry and recording rule every send follows. Everything
+//! is addressed with a neutral [`Address`]; the [`Router`] hands each call to the channel the
+//! address names, and [`Contacts`] turns a contact's name into its address. The daemon wires
+//! the channels in (`daemon::chat`); tools never import `channels`.
 //! Asking a person for an approval is one more action of the seam (`ask_approval`,
 //! `settle_approval`; the broker is `tools::approval`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,22 +15,9 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{Config, Live};
+pub use crate::message::Address;
 use crate::session::{DeliveryStatus, Event, SessionHandle};
-
-/// Where a message goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
-    Telegram { chat_id: i64 },
-}
-
-impl Target {
-    /// The channel name recorded in `delivery` events.
-    pub fn channel(&self) -> &'static str {
-        match self {
-            Target::Telegram { .. } => "telegram",
-        }
-    }
-}
 
 /// How a file is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,59 +61,238 @@ pub enum PartError {
 }
 
 /// Outbound actions on a channel. Every send is one try: the outbox ([`send_with_retry`],
-/// [`Outbox`]) decides about retries. Errors are one line, safe to show (no secrets).
+/// [`Outbox`]) decides about retries. Errors are one line, safe to show (no secrets). Message
+/// ids are the channel's own, as text (a Telegram message id, a Matrix event id).
 pub trait Outbound: Send + Sync {
     /// The parts `text` is sent as (formatted and split as the channel needs), in order.
-    fn parts(&self, to: &Target, text: &str) -> Vec<String>;
+    fn parts(&self, to: &Address, text: &str) -> Vec<String>;
     /// Send one part of [`Self::parts`] once.
     fn send_part<'a>(
         &'a self,
-        to: &'a Target,
+        to: &'a Address,
         part: &'a str,
     ) -> BoxFuture<'a, Result<(), PartError>>;
     /// Send the file at `path` once.
     fn send_file<'a>(
         &'a self,
-        to: &'a Target,
+        to: &'a Address,
         path: &'a Path,
         kind: FileKind,
     ) -> BoxFuture<'a, Result<(), PartError>>;
-    /// React with `emoji` to message `message_id` of that chat, once.
+    /// React with `emoji` to message `message` of that chat, once.
     fn react<'a>(
         &'a self,
-        to: &'a Target,
-        message_id: i32,
+        to: &'a Address,
+        message: &'a str,
         emoji: &'a str,
     ) -> BoxFuture<'a, Result<(), PartError>>;
     /// Show "typing…" once (the caller refreshes it); failures are only logged.
-    fn typing<'a>(&'a self, to: &'a Target) -> BoxFuture<'a, ()>;
+    fn typing<'a>(&'a self, to: &'a Address) -> BoxFuture<'a, ()>;
     /// The longest one send may take before the channel gives up on it (its HTTP timeout): a
     /// tool that sends bounds its own timeout by its retry window plus this.
     fn attempt_timeout(&self) -> Duration;
-    /// Ask for approval `id` (SPEC §18.1) once: `text` with the buttons *Approve* / *Always in
+    /// Whether addresses on `channel` can be reached here (the [`Router`]: whether that
+    /// channel runs). A single channel's seam reaches its own.
+    fn serves(&self, _channel: &str) -> bool {
+        true
+    }
+    /// Ask for approval `id` (SPEC §18.1) once: `text` with the choices *Approve* / *Always in
     /// this session* / *Deny*. Returns the prompt's message id, which
-    /// [`Outbound::settle_approval`] edits. A channel without buttons refuses.
+    /// [`Outbound::settle_approval`] edits. A channel that cannot ask refuses.
     fn ask_approval<'a>(
         &'a self,
-        _to: &'a Target,
+        _to: &'a Address,
         _text: &'a str,
         _id: &'a str,
-    ) -> BoxFuture<'a, Result<i32, PartError>> {
+    ) -> BoxFuture<'a, Result<String, PartError>> {
         Box::pin(async {
             Err(PartError::Failed(
                 "this channel cannot ask for approvals".into(),
             ))
         })
     }
-    /// Replace prompt `message_id` by `text` (the decision), without buttons; failures are
+    /// Replace prompt `message` by `text` (the decision), without its choices; failures are
     /// only logged.
     fn settle_approval<'a>(
         &'a self,
-        _to: &'a Target,
-        _message_id: i32,
+        _to: &'a Address,
+        _message: &'a str,
         _text: &'a str,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async {})
+    }
+}
+
+/// The outbound router: one [`Outbound`] per chat channel, keyed by the channel's name. Every
+/// call goes to the channel its [`Address`] names; an address on a channel that does not run
+/// here fails for good (nothing is sent).
+#[derive(Default, Clone)]
+pub struct Router {
+    channels: BTreeMap<String, Arc<dyn Outbound>>,
+}
+
+impl Router {
+    /// Route `channel`'s addresses to `out`.
+    pub fn add(&mut self, channel: &str, out: Arc<dyn Outbound>) {
+        self.channels.insert(channel.to_string(), out);
+    }
+
+    /// Whether no channel runs.
+    pub fn is_empty(&self) -> bool {
+        self.channels.is_empty()
+    }
+
+    fn to(&self, to: &Address) -> Result<&Arc<dyn Outbound>, PartError> {
+        self.channels.get(&to.channel).ok_or_else(|| {
+            PartError::Failed(format!(
+                "the {} channel is not running (not enabled in the config)",
+                to.channel
+            ))
+        })
+    }
+}
+
+impl Outbound for Router {
+    fn parts(&self, to: &Address, text: &str) -> Vec<String> {
+        match self.to(to) {
+            Ok(out) => out.parts(to, text),
+            Err(_) => vec![text.to_string()],
+        }
+    }
+
+    fn send_part<'a>(
+        &'a self,
+        to: &'a Address,
+        part: &'a str,
+    ) -> BoxFuture<'a, Result<(), PartError>> {
+        match self.to(to) {
+            Ok(out) => out.send_part(to, part),
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    }
+
+    fn send_file<'a>(
+        &'a self,
+        to: &'a Address,
+        path: &'a Path,
+        kind: FileKind,
+    ) -> BoxFuture<'a, Result<(), PartError>> {
+        match self.to(to) {
+            Ok(out) => out.send_file(to, path, kind),
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    }
+
+    fn react<'a>(
+        &'a self,
+        to: &'a Address,
+        message: &'a str,
+        emoji: &'a str,
+    ) -> BoxFuture<'a, Result<(), PartError>> {
+        match self.to(to) {
+            Ok(out) => out.react(to, message, emoji),
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    }
+
+    fn typing<'a>(&'a self, to: &'a Address) -> BoxFuture<'a, ()> {
+        match self.to(to) {
+            Ok(out) => out.typing(to),
+            Err(_) => Box::pin(async {}),
+        }
+    }
+
+    /// The longest of the channels'.
+    fn attempt_timeout(&self) -> Duration {
+        let each = self.channels.values().map(|o| o.attempt_timeout());
+        each.max().unwrap_or(Duration::ZERO)
+    }
+
+    fn serves(&self, channel: &str) -> bool {
+        self.channels.contains_key(channel)
+    }
+
+    fn ask_approval<'a>(
+        &'a self,
+        to: &'a Address,
+        text: &'a str,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<String, PartError>> {
+        match self.to(to) {
+            Ok(out) => out.ask_approval(to, text, id),
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
+    }
+
+    fn settle_approval<'a>(
+        &'a self,
+        to: &'a Address,
+        message: &'a str,
+        text: &'a str,
+    ) -> BoxFuture<'a, ()> {
+        match self.to(to) {
+            Ok(out) => out.settle_approval(to, message, text),
+            Err(_) => Box::pin(async {}),
+        }
+    }
+}
+
+/// How one chat channel's config names people and chats, as neutral addresses. The channel's
+/// own module provides it (the config keeps each channel's ids in its own form); the daemon
+/// lists every channel's once (`daemon::chat`).
+#[derive(Clone, Copy)]
+pub struct Book {
+    /// The address of contact `name` on this channel, if it is one of its contacts.
+    pub contact: fn(&Config, &str) -> Option<Address>,
+    /// This channel's contact names.
+    pub names: fn(&Config) -> Vec<String>,
+    /// Where approvals of a message with no chat of its own are offered (SPEC §18.1), if the
+    /// config names such a chat on this channel.
+    pub approvals: fn(&Config) -> Option<Address>,
+    /// Where the cache alarm's notice goes (SPEC §20), if the config names a chat here.
+    pub alerts: fn(&Config) -> Option<Address>,
+}
+
+/// The contacts of every chat channel (SPEC §5.6): a contact name is a session key and reaches
+/// that person on the first channel (in the daemon's list) that knows the name. Read from the
+/// running config, so a SIGHUP changes them.
+#[derive(Clone)]
+pub struct Contacts {
+    live: Live,
+    books: Arc<[Book]>,
+}
+
+impl Contacts {
+    pub fn new(live: Live, books: Vec<Book>) -> Contacts {
+        Contacts {
+            live,
+            books: books.into(),
+        }
+    }
+
+    /// The address of contact `name`.
+    pub fn address_of(&self, name: &str) -> Option<Address> {
+        let cfg = self.live.get();
+        self.books.iter().find_map(|b| (b.contact)(&cfg, name))
+    }
+
+    /// Every contact name, sorted, once.
+    pub fn names(&self) -> Vec<String> {
+        let cfg = self.live.get();
+        let all = self.books.iter().flat_map(|b| (b.names)(&cfg));
+        all.collect::<BTreeSet<_>>().into_iter().collect()
+    }
+
+    /// The chat approvals of messages without one of their own are offered in.
+    pub fn approvals_chat(&self) -> Option<Address> {
+        let cfg = self.live.get();
+        self.books.iter().find_map(|b| (b.approvals)(&cfg))
+    }
+
+    /// The chat the cache alarm's notice goes to.
+    pub fn alerts_chat(&self) -> Option<Address> {
+        let cfg = self.live.get();
+        self.books.iter().find_map(|b| (b.alerts)(&cfg))
     }
 }
 
@@ -133,7 +301,7 @@ pub trait Outbound: Send + Sync {
 pub enum Piece {
     Text(String),
     File { path: PathBuf, kind: FileKind },
-    Reaction { message_id: i32, emoji: String },
+    Reaction { message: String, emoji: String },
 }
 
 impl Piece {
@@ -141,12 +309,12 @@ impl Piece {
     pub fn send<'a>(
         &'a self,
         d: &'a dyn Outbound,
-        to: &'a Target,
+        to: &'a Address,
     ) -> BoxFuture<'a, Result<(), PartError>> {
         match self {
             Piece::Text(t) => d.send_part(to, t),
             Piece::File { path, kind } => d.send_file(to, path, *kind),
-            Piece::Reaction { message_id, emoji } => d.react(to, *message_id, emoji),
+            Piece::Reaction { message, emoji } => d.react(to, message, emoji),
         }
     }
 }
@@ -252,11 +420,11 @@ pub async fn send_with_retry<'a>(
 }
 
 /// Send `text` (split as the channel needs) with retries, unrecorded: for answers that need
-/// no durability (Telegram command answers). Returns how many parts went out, or why the
+/// no durability (chat command answers). Returns how many parts went out, or why the
 /// first one that did not failed.
 pub async fn send_text_with_retry(
     d: &dyn Outbound,
-    to: &Target,
+    to: &Address,
     text: &str,
     policy: &RetryPolicy,
 ) -> Result<usize, String> {
@@ -332,7 +500,7 @@ pub struct Delivered {
 pub struct Outbox<'a> {
     pub session: &'a Arc<SessionHandle>,
     pub out: &'a dyn Outbound,
-    pub target: &'a Target,
+    pub target: &'a Address,
     pub ids: &'a [String],
     pub window: Window,
     pub abort: &'a CancellationToken,
@@ -356,7 +524,7 @@ impl Outbox<'_> {
     ) -> Event {
         Event::Delivery {
             reply_to: self.ids.to_vec(),
-            channel: self.target.channel().to_string(),
+            channel: self.target.channel.clone(),
             status,
             detail,
             parts,
@@ -453,7 +621,7 @@ impl Outbox<'_> {
             {
                 return out;
             }
-            let what = format!("{} delivery to {}", self.session.id, self.target.channel());
+            let what = format!("{} delivery to {}", self.session.id, self.target.channel);
             match send_with_retry(
                 || piece.send(self.out, self.target),
                 self.window.until,
@@ -468,7 +636,7 @@ impl Outbox<'_> {
                 }
                 PartEnd::Aborted => return out,
                 PartEnd::Closed(status, e) => {
-                    tracing::warn!(session = %self.session.id, channel = self.target.channel(), part = i, error = %e, ?status, "delivery failed");
+                    tracing::warn!(session = %self.session.id, channel = %self.target.channel, part = i, error = %e, ?status, "delivery failed");
                     close = (status, Some(e), Some(i));
                     break;
                 }

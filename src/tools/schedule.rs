@@ -3,7 +3,7 @@
 //!
 //! A message belongs to the session that scheduled it (`created_by`, its session key): only
 //! that session lists or cancels it. It goes to that session itself or to a configured contact
-//! (`[channel.telegram] contacts`), nowhere else; text for another session than the caller's is
+//! (a chat channel's `contacts`), nowhere else; text for another session than the caller's is
 //! delivered marked as coming from the caller's session (`scheduler::Scheduler`), so one
 //! conversation's model cannot put words in another conversation's assistant's mouth. The
 //! limit `scheduling.max_scheduled` is checked and the row inserted in one transaction.
@@ -23,8 +23,9 @@ use crate::store::{Db, ScheduleInsert, Scheduled};
 #[derive(Clone)]
 pub struct ScheduleTools {
     pub db: Db,
-    /// The running config: the contacts a message may go to follow a reload (SPEC §16.5).
-    pub live: crate::config::Live,
+    /// The contacts a message may go to (every chat channel's; they follow a reload, SPEC
+    /// §16.5).
+    pub contacts: super::outbound::Contacts,
     pub wake: Arc<Notify>,
     pub max_scheduled: u32,
     pub max_delay: Duration,
@@ -46,25 +47,29 @@ fn store_err(e: impl std::fmt::Display) -> ToolError {
 }
 
 /// Where a scheduled message may go: the calling session itself (`own`, its session key) or a
-/// contact of `[channel.telegram] contacts`. Anything else is refused, naming both.
-fn check_target(target: &str, own: &str, cfg: &crate::config::Config) -> Result<(), ToolError> {
+/// contact (a chat channel's `contacts`). Anything else is refused, naming both.
+fn check_target(
+    target: &str,
+    own: &str,
+    contacts: &super::outbound::Contacts,
+) -> Result<(), ToolError> {
     if target.contains('/') || target.chars().any(char::is_control) {
         return Err(ToolError::Invalid(
             "target: no slashes or control characters".into(),
         ));
     }
-    let contacts = &cfg.telegram.contacts;
-    if target == own || contacts.contains_key(target) {
+    if target == own || contacts.address_of(target).is_some() {
         return Ok(());
     }
-    let known = if contacts.is_empty() {
+    let names = contacts.names();
+    let known = if names.is_empty() {
         "none are configured".to_string()
     } else {
-        contacts.keys().cloned().collect::<Vec<_>>().join(", ")
+        names.join(", ")
     };
     Err(ToolError::Denied(format!(
         "target {target:?} is neither this conversation (session key {own:?}) nor a contact \
-         ([channel.telegram] contacts: {known}); a scheduled message goes to one of those"
+         ([channel.*] contacts: {known}); a scheduled message goes to one of those"
     )))
 }
 
@@ -121,7 +126,7 @@ impl Tool for ScheduleMessage {
                 )));
             }
             let target = args["target"].as_str().unwrap_or_default().to_string();
-            check_target(&target, &ctx.session_key, &t.live.get())?;
+            check_target(&target, &ctx.session_key, &t.contacts)?;
             let id = uuid::Uuid::now_v7().to_string();
             let row = Scheduled {
                 id: id.clone(),
@@ -251,6 +256,7 @@ mod tests {
             workspace: std::path::PathBuf::from("/nonexistent"),
             allowed_paths: vec![],
             protected: Default::default(),
+            reply_to: None,
             status: Arc::new(NoStatus),
         }
     }
@@ -275,7 +281,10 @@ mod tests {
         let cfg = crate::config::load_with_env(&dir.join("agentd.toml"), env).unwrap();
         ScheduleTools {
             db: Db::open(&dir.join("a.db")).unwrap(),
-            live: crate::config::Live::new(Arc::new(cfg)),
+            contacts: crate::tools::outbound::Contacts::new(
+                crate::config::Live::new(Arc::new(cfg)),
+                vec![crate::channels::telegram::address::BOOK],
+            ),
             wake: Arc::new(Notify::new()),
             max_scheduled: max,
             max_delay: Duration::from_secs(3600),

@@ -166,6 +166,7 @@ mod tests {
             workspace: PathBuf::from("/nonexistent"),
             allowed_paths: vec![],
             protected: Default::default(),
+            reply_to: None,
             status: Arc::new(source),
         }
     }

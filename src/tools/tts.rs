@@ -1,9 +1,10 @@
 //! Text to speech (SPEC §19): the [`Speaker`] (one `/audio/speech` call through the provider
 //! gateway, `Gateway::speak`: budget check, retries, a `tts` cost row; the OGG/Opus file kept in
 //! `inbox/`) and the `tts` tool.
-//! In a session with a Telegram chat the tool sends the file as a voice note through the
-//! outbox (the `message` tool's recorded, retried send); elsewhere the file stays in `inbox/`
-//! and its path is the tool's result (HTTP `/chat` answers list it, see [`spoken_files`]).
+//! When the message is answered in a chat (`ToolContext::reply_to`) the tool sends the file
+//! there as a voice note through the outbox (the `message` tool's recorded, retried send);
+//! elsewhere the file stays in `inbox/` and its path is the tool's result (HTTP `/chat` answers
+//! list it, see [`spoken_files`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,13 +14,13 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::messaging::Messaging;
-use super::outbound::{FileKind, Piece, Target};
+use super::outbound::{FileKind, Piece};
 use super::{Tool, ToolContext, ToolError};
 use crate::config::VoiceConfig;
 use crate::gateway::{Bill, CallError, Gateway};
 use crate::llm::ToolSpec;
 use crate::message::Message;
-use crate::session::{Event, Route, TrailLine};
+use crate::session::{Event, TrailLine};
 
 /// The start of a successful `tts` result; the path follows (read back by [`spoken_files`]).
 pub const SAVED_AS: &str = "voice note saved as ";
@@ -85,28 +86,15 @@ const MAX_VOICE_NAME: usize = 64;
 /// The `tts` tool: `text`, `voice?`.
 pub struct TtsTool {
     pub speaker: Arc<Speaker>,
-    /// The outbox to Telegram, when Telegram is configured.
+    /// The outbox to the chat channels, when one runs.
     pub messaging: Option<Messaging>,
-}
-
-impl TtsTool {
-    /// This session's Telegram chat: the chat of its latest Telegram message.
-    fn chat_of(lines: &[TrailLine]) -> Option<i64> {
-        lines.iter().rev().find_map(|l| match &l.event {
-            Event::Intake(i) => match &i.route {
-                Some(Route::Telegram { chat_id, .. }) => Some(*chat_id),
-                _ => None,
-            },
-            _ => None,
-        })
-    }
 }
 
 impl Tool for TtsTool {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "tts".into(),
-            description: "Speak a text aloud: synthesises it as a voice note. In a Telegram chat it is sent there as a voice note; elsewhere the .ogg file is kept in the inbox and its path returned (attach it with `message`).".into(),
+            description: "Speak a text aloud: synthesises it as a voice note. In a chat it is sent there as a voice note; elsewhere the .ogg file is kept in the inbox and its path returned (attach it with `message`).".into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {
@@ -141,22 +129,18 @@ impl Tool for TtsTool {
             let Some(m) = &self.messaging else {
                 return Ok(saved);
             };
-            let chat = match m.trail_of(ctx).await {
-                Some((_, lines)) => Self::chat_of(&lines),
-                None => None,
+            // Where this message's reply goes (one rule: `daemon::delivery::target_for`).
+            let Some(to) = &ctx.reply_to else {
+                return Ok(format!("{saved} (this message is not answered in a chat)"));
             };
-            let Some(chat_id) = chat else {
-                return Ok(format!("{saved} (no Telegram chat in this session)"));
-            };
-            let to = Target::Telegram { chat_id };
             let piece = Piece::File {
                 path: path.clone(),
                 kind: FileKind::Voice,
             };
             let material = format!("{}\n", path.display());
-            let name = format!("chat {chat_id}");
+            let name = format!("chat {}", to.chat);
             let sent = m
-                .send(ctx, &to, &name, "tts", &material, vec![piece])
+                .send(ctx, to, &name, "tts", &material, vec![piece])
                 .await?;
             Ok(format!("{saved}; {sent}"))
         })

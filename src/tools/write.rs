@@ -338,6 +338,7 @@ pub(crate) mod tests {
             workspace: ws.clone(),
             allowed_paths: vec![ws],
             protected: Default::default(),
+            reply_to: None,
             status: Arc::new(NoStatus),
         };
         Ws {

@@ -225,6 +225,7 @@ fn ctx(ws: &Path, allowed: Vec<PathBuf>) -> ToolContext {
         workspace: ws.to_path_buf(),
         allowed_paths: allowed,
         protected: Default::default(),
+        reply_to: None,
         status: Arc::new(NoStatus),
     }
 }

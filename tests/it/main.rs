@@ -3,6 +3,7 @@
 
 mod support;
 
+mod addresses;
 mod approvals;
 mod architecture;
 mod autopilot;

@@ -66,6 +66,7 @@ pub(crate) fn ctx(dir: &std::path::Path) -> ToolContext {
         workspace: dir.to_path_buf(),
         allowed_paths: vec![],
         protected: Default::default(),
+        reply_to: None,
         status: Arc::new(NoStatus),
     }
 }

@@ -149,6 +149,7 @@ fn ctx() -> ToolContext {
         workspace: std::env::temp_dir(),
         allowed_paths: vec![],
         protected: Default::default(),
+        reply_to: None,
         status: Arc::new(NoStatus),
     }
 }

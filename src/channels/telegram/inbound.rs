@@ -2,8 +2,9 @@
 //! `Update` / `Message` into [`TgInbound`], the `allow_from` filter and contact names. Nothing
 //! here does I/O.
 
-use teloxide::types::{Message, Update, UpdateKind};
+use teloxide::types::{Chat, Message, Update, UpdateKind};
 
+use crate::channels::commands::{self, ChatCommand};
 use crate::config::TelegramConfig;
 
 /// One message from a Telegram user, ready for intake.
@@ -27,8 +28,8 @@ pub struct TgInbound {
     /// An attachment to download (photos: the largest size).
     pub media: Option<TgMedia>,
     /// `/reset`, `/stop`, `/status` (also `/reset@bot_name`, arguments ignored), `/model`,
-    /// `/skills`, `/skill` (with their arguments).
-    pub is_command: Option<TgCommand>,
+    /// `/skills`, `/skill` (with their arguments): `channels::commands`.
+    pub is_command: Option<ChatCommand>,
 }
 
 /// An attachment of an inbound message. Download it with `TelegramClient::download`.
@@ -53,23 +54,6 @@ pub enum TgMediaKind {
     Document,
 }
 
-/// Chat commands of allowed users (SPEC §10.3, §18.2).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TgCommand {
-    /// Archive this chat's session.
-    Reset,
-    /// Cancel the message in flight.
-    Stop,
-    /// Report status.
-    Status,
-    /// `/model` (show the choices) or `/model NAME|default`.
-    Model(Option<String>),
-    /// `/skills`: the skills with their state in this chat.
-    Skills,
-    /// `/skill on|off NAME`; `enabled` is none when the arguments are not that.
-    Skill { enabled: Option<bool>, name: String },
-}
-
 /// Whether `user_id` may talk to the bot: listed in `allow_from` (empty = nobody).
 pub fn allowed(user_id: i64, cfg: &TelegramConfig) -> bool {
     cfg.allow_from.contains(&user_id)
@@ -89,31 +73,13 @@ pub fn group_key(chat_id: i64) -> String {
     format!("tg:group:{chat_id}")
 }
 
-/// The command at the start of `text`, if it is one of ours: `/reset`, `/stop`, `/status`,
-/// `/model`, `/skills`, `/skill`, optionally addressed (`/stop@my_bot`) and followed by
-/// arguments.
-pub fn parse_command(text: &str) -> Option<TgCommand> {
-    let mut words = text.split_whitespace();
-    let first = words.next()?;
-    let name = first.strip_prefix('/')?;
-    let name = name.split_once('@').map_or(name, |(n, _)| n);
-    match name.to_ascii_lowercase().as_str() {
-        "reset" => Some(TgCommand::Reset),
-        "stop" => Some(TgCommand::Stop),
-        "status" => Some(TgCommand::Status),
-        "model" => Some(TgCommand::Model(words.next().map(str::to_string))),
-        "skills" => Some(TgCommand::Skills),
-        "skill" => {
-            let enabled = match words.next().map(str::to_ascii_lowercase).as_deref() {
-                Some("on") => Some(true),
-                Some("off") => Some(false),
-                _ => None,
-            };
-            let name = words.next().unwrap_or_default().to_string();
-            let enabled = enabled.filter(|_| !name.is_empty());
-            Some(TgCommand::Skill { enabled, name })
-        }
-        _ => None,
+/// The session of `chat` for a message or button press of `user_id` (SPEC §5.6, §16.9): the
+/// one rule for a Telegram chat's session. A private chat is its person's (the contact name,
+/// else `tg:<user id>`); a group is its own session, so replies never cross chats.
+pub fn session_key(chat: &Chat, user_id: i64, cfg: &TelegramConfig) -> String {
+    match chat.is_private() {
+        true => contact_name(user_id, cfg),
+        false => group_key(chat.id.0),
     }
 }
 
@@ -192,12 +158,7 @@ pub fn callback_from_update(
         .clone()
         .filter(|d| (1..=MAX_CALLBACK_DATA).contains(&d.len()))?;
     let chat = q.message.as_ref()?.chat();
-    let from_name = contact_name(user_id, cfg);
-    let session_key = if chat.is_private() {
-        from_name
-    } else {
-        group_key(chat.id.0)
-    };
+    let session_key = session_key(chat, user_id, cfg);
     Some(TgCallback {
         update_id: i64::from(update.id.0),
         query_id: q.id.0.clone(),
@@ -229,13 +190,9 @@ pub fn from_message(
     if text.trim().is_empty() && media.is_none() {
         return None;
     }
-    let is_command = msg.text().and_then(parse_command);
+    let is_command = msg.text().and_then(commands::parse);
     let from_name = contact_name(user_id, cfg);
-    let session_key = if msg.chat.is_private() {
-        from_name.clone()
-    } else {
-        group_key(msg.chat.id.0)
-    };
+    let session_key = session_key(&msg.chat, user_id, cfg);
     Some(TgInbound {
         update_id,
         chat_id: msg.chat.id.0,
@@ -583,42 +540,45 @@ mod tests {
 
     #[test]
     fn commands_are_parsed() {
-        assert_eq!(parse_command("/reset"), Some(TgCommand::Reset));
-        assert_eq!(parse_command("/stop@agentd_bot"), Some(TgCommand::Stop));
-        assert_eq!(parse_command("/status now please"), Some(TgCommand::Status));
-        assert_eq!(parse_command("/STOP"), Some(TgCommand::Stop));
-        assert_eq!(parse_command("/start"), None);
-        assert_eq!(parse_command("reset"), None);
-        assert_eq!(parse_command("please /reset"), None);
-        assert_eq!(parse_command("/model"), Some(TgCommand::Model(None)));
+        assert_eq!(commands::parse("/reset"), Some(ChatCommand::Reset));
+        assert_eq!(commands::parse("/stop@agentd_bot"), Some(ChatCommand::Stop));
         assert_eq!(
-            parse_command("/model@agentd_bot cheap"),
-            Some(TgCommand::Model(Some("cheap".into())))
+            commands::parse("/status now please"),
+            Some(ChatCommand::Status)
         );
-        assert_eq!(parse_command("/skills"), Some(TgCommand::Skills));
+        assert_eq!(commands::parse("/STOP"), Some(ChatCommand::Stop));
+        assert_eq!(commands::parse("/start"), None);
+        assert_eq!(commands::parse("reset"), None);
+        assert_eq!(commands::parse("please /reset"), None);
+        assert_eq!(commands::parse("/model"), Some(ChatCommand::Model(None)));
         assert_eq!(
-            parse_command("/skill OFF weather"),
-            Some(TgCommand::Skill {
+            commands::parse("/model@agentd_bot cheap"),
+            Some(ChatCommand::Model(Some("cheap".into())))
+        );
+        assert_eq!(commands::parse("/skills"), Some(ChatCommand::Skills));
+        assert_eq!(
+            commands::parse("/skill OFF weather"),
+            Some(ChatCommand::Skill {
                 enabled: Some(false),
                 name: "weather".into()
             })
         );
         assert_eq!(
-            parse_command("/skill weather"),
-            Some(TgCommand::Skill {
+            commands::parse("/skill weather"),
+            Some(ChatCommand::Skill {
                 enabled: None,
                 name: String::new()
             })
         );
         assert!(matches!(
-            parse_command("/skill on"),
-            Some(TgCommand::Skill { enabled: None, .. })
+            commands::parse("/skill on"),
+            Some(ChatCommand::Skill { enabled: None, .. })
         ));
-        assert_eq!(parse_command(""), None);
+        assert_eq!(commands::parse(""), None);
         let m = message(user(42), json!({"text": "/reset"}));
         assert_eq!(
             from_message(1, &m, None, &cfg()).unwrap().is_command,
-            Some(TgCommand::Reset)
+            Some(ChatCommand::Reset)
         );
         // A caption is never a command.
         let c = message(
@@ -631,7 +591,7 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn commands_only_from_a_leading_slash(text in ".{0,40}") {
-            if parse_command(&text).is_some() {
+            if commands::parse(&text).is_some() {
                 proptest::prop_assert!(text.trim_start().starts_with('/'));
             }
         }
@@ -752,7 +712,7 @@ mod prop_tests {
             let i = from_update(&batch[0], Some(BOT), &cfg()).expect("a text message is taken in");
             prop_assert_eq!(&i.text, &text);
             prop_assert_eq!(i.user_id, from);
-            prop_assert_eq!(i.is_command, parse_command(&text));
+            prop_assert_eq!(i.is_command, commands::parse(&text));
             prop_assert_eq!(i.media, None);
         }
     }

@@ -113,6 +113,21 @@ pub fn telegram_daemon_for(
     sections: &str,
     behavior: &str,
 ) -> TestDaemon {
+    let mut d = telegram_daemon_unstarted(llm, tg, token, allow, channel, sections, behavior);
+    d.start();
+    d
+}
+
+/// [`telegram_daemon_for`], not started yet (a test puts a state directory in place first).
+pub fn telegram_daemon_unstarted(
+    llm: &FakeLlm,
+    tg: &FakeTelegram,
+    token: &str,
+    allow: &[i64],
+    channel: &str,
+    sections: &str,
+    behavior: &str,
+) -> TestDaemon {
     let allow: Vec<String> = allow.iter().map(i64::to_string).collect();
     let toml = agentd_toml("fake").replace(
         "[behavior]",
@@ -127,6 +142,5 @@ pub fn telegram_daemon_for(
         &[("fake", &provider_toml("openai", &llm.base_url()))],
     );
     d.set_env("AGENTD_TELEGRAM_TOKEN", token);
-    d.start();
     d
 }

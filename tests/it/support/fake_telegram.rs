@@ -388,6 +388,12 @@ impl FakeTelegram {
 
     // ---- pushing updates ----
 
+    /// The next pushed update gets id `id` (a state directory from an earlier run has
+    /// confirmed the ids below its saved offset).
+    pub fn start_update_ids_at(&self, id: i64) {
+        self.shared.lock().next_update_id = id;
+    }
+
     /// Queues a raw update `{"update_id": <next>, kind: payload}` and returns its update id.
     pub fn push_update(&self, kind: &str, payload: Value) -> i64 {
         let id = {
