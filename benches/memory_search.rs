@@ -221,7 +221,7 @@ async fn run(size: usize, a: &Args, vocab: &[String]) -> anyhow::Result<()> {
             "{size:>8}  {label:<9}  {:>10}  {:>10}  {:>10}  {:>14}",
             ms(percentile(&times, 0.5)),
             ms(percentile(&times, 0.99)),
-            ms(*times.last().unwrap()),
+            ms(times.last().copied().unwrap_or_default()),
             ms(first),
         );
         if hits == 0 {

@@ -26,6 +26,8 @@ enum Shape {
 pub struct Backoff {
     shape: Shape,
     jitter: bool,
+    /// A `Retry-After` is waited in full, not capped (a chat API's flood wait is a minimum).
+    full_hint: bool,
     failures: u32,
 }
 
@@ -38,6 +40,7 @@ impl Backoff {
                 max: max.max(first),
             },
             jitter: true,
+            full_hint: false,
             failures: 0,
         }
     }
@@ -48,6 +51,7 @@ impl Backoff {
         Backoff {
             shape: Shape::Steps(steps),
             jitter: false,
+            full_hint: false,
             failures: 0,
         }
     }
@@ -58,13 +62,21 @@ impl Backoff {
         self
     }
 
+    /// The same policy waiting a `Retry-After` in full, however long: for a peer that refuses
+    /// any earlier attempt (Telegram's flood wait); the caller bounds the total wait.
+    pub fn honouring_retry_after(mut self) -> Backoff {
+        self.full_hint = true;
+        self
+    }
+
     /// The wait before the next attempt; counts one more failure.
     pub fn next_delay(&mut self) -> Duration {
         self.next_delay_after(None)
     }
 
     /// The wait before the next attempt when the peer asked for `retry_after` (its
-    /// `Retry-After`): that, capped at the policy's largest wait; else as [`Self::next_delay`].
+    /// `Retry-After`): that, capped at the policy's largest wait unless
+    /// [`Self::honouring_retry_after`]; else as [`Self::next_delay`].
     pub fn next_delay_after(&mut self, retry_after: Option<Duration>) -> Duration {
         let draw = if self.jitter {
             rand::rng().random::<f64>()
@@ -98,7 +110,11 @@ impl Backoff {
     /// jitter range (pure: the policy is tested without sleeping or randomness).
     fn delay(&self, failures: u32, retry_after: Option<Duration>, draw: f64) -> Duration {
         if let Some(hint) = retry_after {
-            return hint.min(self.cap());
+            return if self.full_hint {
+                hint
+            } else {
+                hint.min(self.cap())
+            };
         }
         let full = match &self.shape {
             Shape::Exponential { first, max } => first
@@ -158,6 +174,8 @@ mod tests {
         assert_eq!(b.next_delay_after(Some(S(9))), S(9));
         assert_eq!(b.next_delay_after(Some(S(3600))), S(60));
         assert_eq!(b.next_delay_after(Some(Duration::ZERO)), Duration::ZERO);
+        let mut b = Backoff::exponential(S(1), S(60)).honouring_retry_after();
+        assert_eq!(b.next_delay_after(Some(S(300))), S(300));
     }
 
     #[test]

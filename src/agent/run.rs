@@ -14,6 +14,7 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Agent, Fail, FailCause, Finish, append, prompt};
+use crate::backoff::Backoff;
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
 use crate::gateway::{Bill, CallError, ChatCall, Paid};
@@ -678,18 +679,18 @@ impl Agent {
         event: Event,
         cancel: &CancellationToken,
     ) -> Result<(), Option<Fail>> {
-        let mut delay = STORAGE_RETRY_MIN;
-        let mut failures = 0u32;
+        let mut backoff = Backoff::exponential(STORAGE_RETRY_MIN, STORAGE_RETRY_MAX).exact();
         loop {
             match append(session, event.clone()).await {
                 Ok(line) => {
-                    if failures > 0 {
-                        tracing::info!(session = %session.id, failures, "the session trail is writable again; the message continues");
+                    if backoff.failures() > 0 {
+                        tracing::info!(session = %session.id, failures = backoff.failures(), "the session trail is writable again; the message continues");
                     }
                     return self.fold(state, line);
                 }
                 Err(e) => {
-                    failures += 1;
+                    let delay = backoff.next_delay();
+                    let failures = backoff.failures();
                     if failures == 1 {
                         self.metrics.error("trail");
                         tracing::error!(session = %session.id, error = %e, "cannot write the session trail; the message waits and retries");
@@ -700,7 +701,6 @@ impl Agent {
                         _ = cancel.cancelled() => return Err(None),
                         _ = tokio::time::sleep(delay) => {}
                     }
-                    delay = (delay * 2).min(STORAGE_RETRY_MAX);
                 }
             }
         }

@@ -19,7 +19,7 @@ use crate::control::Source;
 use crate::llm::compat::{CompatReply, ErrorKind, FinishReason, ModelChoice};
 use crate::message::{Message, Usage};
 use crate::session::event::{ApiRoute, ONE_OFF_PREFIX};
-use crate::session::{Event, Intake, Route, TrailLine};
+use crate::session::{Ending, Event, Intake, Route, TrailLine};
 
 /// The longest session name kept as it is in `api:<KEY>` (the key is at most 64 characters);
 /// a longer one, or one with control characters or slashes, is hashed.
@@ -246,51 +246,48 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
     let mut cost = 0.0;
     let mut ours = false;
     for l in lines {
+        // The usage of every call of the turn, for trails written before the final answer
+        // carried the message's totals.
         match &l.event {
             Event::Message(m) if m.message.is_user() => {
                 ours = m.reply_to.iter().any(|r| r == id);
                 usage = Usage::default();
                 cost = 0.0;
             }
-            Event::Message(m) => {
-                let Message::Assistant { text, usage: u, .. } = &m.message else {
-                    continue;
-                };
-                if ours {
-                    if let Some(u) = u {
-                        usage.add(u);
-                    }
-                    cost += m.cost_usd.unwrap_or(0.0);
+            Event::Message(m) if ours => {
+                if let Message::Assistant { usage: Some(u), .. } = &m.message {
+                    usage.add(u);
                 }
-                if m.is_final && m.reply_to.iter().any(|r| r == id) {
-                    return Some(Finish::Reply {
-                        text: text.clone(),
-                        silent: m.silent,
-                        // Every cost row of the message, when recorded (sub-agents too).
-                        usage: m.message_usage.unwrap_or(usage),
-                        cost_usd: m.message_cost_usd.unwrap_or(cost),
-                        truncated: m.stop_reason.as_deref() == Some("max_tokens"),
-                        fallback: m.fallback_from.as_ref().map(|from| crate::llm::FellBack {
-                            from: from.clone(),
-                            to: m.model.clone().unwrap_or_default(),
-                            reason: m.fallback_reason.clone().unwrap_or_default(),
-                        }),
-                    });
-                }
-            }
-            Event::Failure {
-                reply_to,
-                error,
-                reply,
-            } if reply_to.iter().any(|r| r == id) => {
-                return Some(Finish::Failed {
-                    reply: reply.clone(),
-                    error: error.clone(),
-                    cause: FailCause::Other,
-                });
+                cost += m.cost_usd.unwrap_or(0.0);
             }
             _ => {}
         }
+        let Some((ids, end)) = crate::session::ending(&l.event) else {
+            continue;
+        };
+        if !ids.iter().any(|r| r == id) {
+            continue;
+        }
+        return Some(match end {
+            Ending::Reply { text, event: m } => Finish::Reply {
+                text: text.to_string(),
+                silent: m.silent,
+                // Every cost row of the message, when recorded (sub-agents too).
+                usage: m.message_usage.unwrap_or(usage),
+                cost_usd: m.message_cost_usd.unwrap_or(cost),
+                truncated: m.stop_reason.as_deref() == Some("max_tokens"),
+                fallback: m.fallback_from.as_ref().map(|from| crate::llm::FellBack {
+                    from: from.clone(),
+                    to: m.model.clone().unwrap_or_default(),
+                    reason: m.fallback_reason.clone().unwrap_or_default(),
+                }),
+            },
+            Ending::Failed { reply, error } => Finish::Failed {
+                reply: reply.to_string(),
+                error: error.to_string(),
+                cause: FailCause::Other,
+            },
+        });
     }
     None
 }

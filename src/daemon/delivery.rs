@@ -5,7 +5,7 @@
 
 use crate::agent::Work;
 use crate::control::Source;
-use crate::session::{DeliveryStatus, Event, TrailLine};
+use crate::session::{DeliveryStatus, Ending, Event, TrailLine};
 
 pub use crate::tools::outbound::{Address, Contacts, Outbound, Progress};
 
@@ -84,28 +84,25 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
     let mut todo = Vec::new();
     let mut uncertain = Vec::new();
     for l in lines {
-        let (ids, text) = match &l.event {
-            Event::Message(m) if m.is_final && !m.silent => match &m.message {
-                crate::message::Message::Assistant { text, .. } => (&m.reply_to, text.clone()),
-                _ => continue,
-            },
-            Event::Failure {
-                reply_to, reply, ..
-            } => (reply_to, reply.clone()),
-            _ => continue,
+        let (ids, text) = match crate::session::ending(&l.event) {
+            Some((_, Ending::Reply { event, .. })) if event.silent => continue,
+            Some((ids, Ending::Reply { text, .. } | Ending::Failed { reply: text, .. })) => {
+                (ids, text.to_string())
+            }
+            None => continue,
         };
         let Some(first) = ids.first() else { continue };
         match state.get(first.as_str()) {
             None => todo.push(Pending {
-                ids: ids.clone(),
+                ids: ids.to_vec(),
                 text,
                 progress: None,
                 ts: l.ts.clone(),
             }),
             Some(st) if st.closed => {}
-            Some(st) if st.legacy || !st.started => uncertain.push(ids.clone()),
+            Some(st) if st.legacy || !st.started => uncertain.push(ids.to_vec()),
             Some(st) => todo.push(Pending {
-                ids: ids.clone(),
+                ids: ids.to_vec(),
                 text,
                 progress: Some(st.progress.clone()),
                 ts: l.ts.clone(),

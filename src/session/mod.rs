@@ -727,27 +727,56 @@ pub enum Outcome {
     Failed { reply: String, error: String },
 }
 
-/// The outcome of intake `id` if the trail has one.
-pub fn outcome_of(lines: &[TrailLine], id: &str) -> Option<Outcome> {
-    lines.iter().find_map(|l| match &l.event {
-        Event::Message(m) if m.is_final && m.reply_to.iter().any(|r| r == id) => {
-            let crate::message::Message::Assistant { text, .. } = &m.message else {
-                return None;
-            };
-            Some(Outcome::Reply {
-                text: text.clone(),
-                silent: m.silent,
-            })
-        }
+/// How a message ended, as one trail line records it: its final answer or its failure.
+#[derive(Debug, Clone, Copy)]
+pub enum Ending<'a> {
+    /// The final answer (`is_final`), with the event for its usage, model and routing.
+    Reply {
+        text: &'a str,
+        event: &'a MessageEvent,
+    },
+    Failed {
+        reply: &'a str,
+        error: &'a str,
+    },
+}
+
+/// The intake ids `event` ends and how, if it ends any: the one reader of "the outcome of this
+/// message" (`agent-send --wait`, pending deliveries, a compatible endpoint's duplicate).
+pub fn ending(event: &Event) -> Option<(&[String], Ending<'_>)> {
+    match event {
+        Event::Message(m) if m.is_final => match &m.message {
+            crate::message::Message::Assistant { text, .. } => {
+                Some((&m.reply_to, Ending::Reply { text, event: m }))
+            }
+            _ => None,
+        },
         Event::Failure {
             reply_to,
             error,
             reply,
-        } if reply_to.iter().any(|r| r == id) => Some(Outcome::Failed {
-            reply: reply.clone(),
-            error: error.clone(),
-        }),
+        } => Some((reply_to, Ending::Failed { reply, error })),
         _ => None,
+    }
+}
+
+/// The outcome of intake `id` if the trail has one.
+pub fn outcome_of(lines: &[TrailLine], id: &str) -> Option<Outcome> {
+    lines.iter().find_map(|l| {
+        let (ids, end) = ending(&l.event)?;
+        if !ids.iter().any(|r| r == id) {
+            return None;
+        }
+        Some(match end {
+            Ending::Reply { text, event } => Outcome::Reply {
+                text: text.to_string(),
+                silent: event.silent,
+            },
+            Ending::Failed { reply, error } => Outcome::Failed {
+                reply: reply.to_string(),
+                error: error.to_string(),
+            },
+        })
     })
 }
 

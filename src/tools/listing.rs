@@ -37,7 +37,11 @@ impl Tool for ListTool {
     }
 
     fn effects(&self, args: &Value, ctx: &ToolContext) -> Effects {
-        let path = args["path"].as_str().unwrap_or(".");
+        // An empty path is the workspace too (a small model sent `"path": ""` for "everything").
+        let path = args["path"]
+            .as_str()
+            .filter(|p| !p.trim().is_empty())
+            .unwrap_or(".");
         Effects::reading(vec![resolve(&ctx.workspace, path)])
     }
 
@@ -67,7 +71,10 @@ impl Tool for ListTool {
         Box::pin(async move {
             let args: ListArgs = serde_json::from_value(args)
                 .map_err(|e| ToolError::Invalid(format!("invalid arguments: {e}")))?;
-            let shown = args.path.unwrap_or_else(|| ".".into());
+            let shown = args
+                .path
+                .filter(|p| !p.trim().is_empty())
+                .unwrap_or_else(|| ".".into());
             let ctx = ctx.clone();
             tokio::task::spawn_blocking(move || {
                 let dir = directory(&shown, &ctx)?;
@@ -96,7 +103,11 @@ impl Tool for GlobTool {
     }
 
     fn effects(&self, args: &Value, ctx: &ToolContext) -> Effects {
-        let path = args["path"].as_str().unwrap_or(".");
+        // An empty path is the workspace too (a small model sent `"path": ""` for "everything").
+        let path = args["path"]
+            .as_str()
+            .filter(|p| !p.trim().is_empty())
+            .unwrap_or(".");
         Effects::reading(vec![resolve(&ctx.workspace, path)])
     }
 
@@ -131,7 +142,10 @@ impl Tool for GlobTool {
             let pattern = glob::Pattern::new(&args.pattern).map_err(|e| {
                 ToolError::Invalid(format!("pattern {:?} is not a glob: {e}", args.pattern))
             })?;
-            let shown = args.path.unwrap_or_else(|| ".".into());
+            let shown = args
+                .path
+                .filter(|p| !p.trim().is_empty())
+                .unwrap_or_else(|| ".".into());
             let ctx = ctx.clone();
             tokio::task::spawn_blocking(move || {
                 let dir = directory(&shown, &ctx)?;
@@ -289,6 +303,9 @@ mod tests {
         let c = ctx(&std::fs::canonicalize(d.path()).unwrap());
         let out = ListTool.call(json!({}), &c).await.unwrap();
         assert!(out.contains("MEMORY.md  file  1 bytes"), "{out}");
+        // An empty path, as a real 1.5B model sent it, is the workspace too.
+        let empty = ListTool.call(json!({"path": ""}), &c).await.unwrap();
+        assert_eq!(empty, out);
         assert!(out.contains("notes/  dir"), "{out}");
         assert!(out.contains("etc-link  link"), "{out}");
         let out = ListTool.call(json!({"path": "notes"}), &c).await.unwrap();

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::config::{Config, Live};
 pub use crate::message::Address;
 use crate::session::{DeliveryStatus, Event, SessionHandle};
@@ -359,13 +360,9 @@ pub struct Window {
     pub strict: bool,
 }
 
-/// First backoff wait; it doubles per try up to [`MAX_BACKOFF`], jittered ±50 %.
+/// First backoff wait; it doubles per try up to [`MAX_BACKOFF`], jittered.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
-
-fn jittered(d: Duration) -> Duration {
-    d.mul_f64(rand::random_range(0.5..1.5))
-}
 
 /// How one part ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -387,7 +384,8 @@ pub async fn send_with_retry<'a>(
     abort: &CancellationToken,
     what: &str,
 ) -> PartEnd {
-    let mut backoff = FIRST_BACKOFF;
+    // A channel's `retry_after` is a minimum: waited in full, bounded by `until` below.
+    let mut backoff = Backoff::exponential(FIRST_BACKOFF, MAX_BACKOFF).honouring_retry_after();
     loop {
         let sent = tokio::select! {
             biased;
@@ -400,11 +398,7 @@ pub async fn send_with_retry<'a>(
             Err(PartError::Failed(e)) => return PartEnd::Closed(DeliveryStatus::Failed, e),
             Err(PartError::Retry { after, error }) => (after, error),
         };
-        let wait = match after {
-            Some(a) => a.saturating_add(jittered(Duration::from_millis(200))),
-            None => jittered(backoff),
-        };
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        let wait = backoff.next_delay_after(after);
         if Instant::now().checked_add(wait).is_none_or(|at| at > until) {
             return PartEnd::Closed(
                 DeliveryStatus::Failed,

@@ -41,8 +41,18 @@ struct Rule<'a> {
 
 /// The shipped code of `src/`, read once per test binary.
 fn src_lines() -> &'static [CodeLine] {
-    static LINES: OnceLock<Vec<CodeLine>> = OnceLock::new();
-    LINES.get_or_init(|| {
+    &src().0
+}
+
+/// Each shipped file of `src/` and its size in lines without test items.
+fn src_sizes() -> &'static [(String, usize)] {
+    &src().1
+}
+
+#[allow(clippy::type_complexity)]
+fn src() -> &'static (Vec<CodeLine>, Vec<(String, usize)>) {
+    static SRC: OnceLock<(Vec<CodeLine>, Vec<(String, usize)>)> = OnceLock::new();
+    SRC.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut files = Vec::new();
         collect_rs_files(&root.join("src"), &mut files);
@@ -83,23 +93,31 @@ fn collect_rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The shipped lines of all `sources` (`(relative path, text)`), minus test-only files.
-fn shipped_lines(sources: &[(String, String)]) -> Vec<CodeLine> {
+/// The shipped lines of all `sources` (`(relative path, text)`), minus test-only files, and
+/// each shipped file's size in lines (its test items left out).
+fn shipped_lines(sources: &[(String, String)]) -> (Vec<CodeLine>, Vec<(String, usize)>) {
     let mut test_files = BTreeSet::new();
     let mut per_file = Vec::new();
     for (file, text) in sources {
-        let (lines, test_mods) = strip_file(text);
+        let (lines, test_mods, size) = strip_file(text);
         let dir = module_dir(file);
         for name in test_mods {
             test_files.insert(format!("{dir}{name}.rs"));
             test_files.insert(format!("{dir}{name}/mod.rs"));
         }
-        per_file.push((file, lines));
+        per_file.push((file, lines, size));
     }
-    per_file
+    let shipped: Vec<_> = per_file
         .into_iter()
-        .filter(|(file, _)| !test_files.contains(file.as_str()))
-        .flat_map(|(file, lines)| {
+        .filter(|(file, ..)| !test_files.contains(file.as_str()))
+        .collect();
+    let sizes = shipped
+        .iter()
+        .map(|(file, _, size)| ((*file).clone(), *size))
+        .collect();
+    let lines = shipped
+        .into_iter()
+        .flat_map(|(file, lines, _)| {
             lines.into_iter().map(move |(line, text, code)| CodeLine {
                 file: file.clone(),
                 line,
@@ -107,7 +125,8 @@ fn shipped_lines(sources: &[(String, String)]) -> Vec<CodeLine> {
                 code,
             })
         })
-        .collect()
+        .collect();
+    (lines, sizes)
 }
 
 /// Where the child modules of `file` live: `src/a/` for `src/a/mod.rs` and `src/a.rs`.
@@ -226,10 +245,10 @@ fn classify(chars: &[char]) -> Vec<Class> {
     class
 }
 
-/// One file's shipped lines `(number, text without comments, code without literals)` and the
-/// names of modules it declares as `#[cfg(test)] mod name;`.
+/// One file's shipped lines `(number, text without comments, code without literals)`, the
+/// names of modules it declares as `#[cfg(test)] mod name;`, and its size without test items.
 #[allow(clippy::type_complexity)]
-fn strip_file(text: &str) -> (Vec<(usize, String, String)>, Vec<String>) {
+fn strip_file(text: &str) -> (Vec<(usize, String, String)>, Vec<String>, usize) {
     let chars: Vec<char> = text.chars().collect();
     let class = classify(&chars);
     let line_of: Vec<usize> = {
@@ -310,11 +329,12 @@ fn strip_file(text: &str) -> (Vec<(usize, String, String)>, Vec<String>) {
         }
     }
     lines.push((number, current, code));
+    let size = text.lines().count().saturating_sub(test_lines.len());
     let lines = lines
         .into_iter()
         .filter(|(n, t, _)| !test_lines.contains(n) && !t.trim().is_empty())
         .collect();
-    (lines, test_mods)
+    (lines, test_mods, size)
 }
 
 /// `name` of an item `[pub(…)] mod name` (the text between the attribute and its `;`).
@@ -781,7 +801,7 @@ fn synthetic(files: &[(&str, &str)]) -> Vec<CodeLine> {
         .iter()
         .map(|(f, t)| (f.to_string(), t.to_string()))
         .collect();
-    shipped_lines(&sources)
+    shipped_lines(&sources).0
 }
 
 fn names_axum(line: &str) -> bool {
@@ -973,4 +993,283 @@ fn top_modules() {
     assert_eq!(top_module("src/agent/loop.rs"), Some("agent"));
     assert_eq!(top_module("src/cost.rs"), Some("cost"));
     assert_eq!(top_module("src/lib.rs"), None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Size: functions, files and the architecture doc stay small enough to read.
+
+/// The longest function of shipped code, in lines from `fn` to its closing brace.
+const MAX_FN_LINES: usize = 120;
+/// The longest shipped file, in lines without its `#[cfg(test)]` items.
+const MAX_FILE_LINES: usize = 800;
+/// The largest `docs/ARCHITECTURE.md`, in bytes.
+const MAX_ARCHITECTURE_BYTES: usize = 35 * 1024;
+
+/// Functions with a body in `lines` longer than `max` lines: `file:line: fn name is N lines`.
+fn long_functions(lines: &[CodeLine], max: usize) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut start = 0;
+    while start < lines.len() {
+        let file = &lines[start].file;
+        let end = start
+            + lines[start..]
+                .iter()
+                .take_while(|l| &l.file == file)
+                .count();
+        // The file's code as one char stream, each char with its line.
+        let mut chars = Vec::new();
+        for l in &lines[start..end] {
+            chars.extend(l.code.chars().map(|c| (c, l.line)));
+            chars.push(('\n', l.line));
+        }
+        for (name, first, last) in functions(&chars) {
+            let len = last - first + 1;
+            if len > max {
+                found.push(format!("{file}:{first}: fn {name} is {len} lines"));
+            }
+        }
+        start = end;
+    }
+    found
+}
+
+/// Every `fn name … { … }` of a code stream: (name, line of `fn`, line of its closing brace).
+fn functions(chars: &[(char, usize)]) -> Vec<(String, usize, usize)> {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    for i in 0..chars.len().saturating_sub(2) {
+        let at_fn = chars[i].0 == 'f'
+            && chars[i + 1].0 == 'n'
+            && chars[i + 2].0.is_whitespace()
+            && (i == 0 || !ident(chars[i - 1].0));
+        if !at_fn {
+            continue;
+        }
+        let rest = &chars[i + 2..];
+        let name: String = rest
+            .iter()
+            .map(|&(c, _)| c)
+            .skip_while(|c| c.is_whitespace())
+            .take_while(|&c| ident(c))
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        // The body starts at the first `{` before any `;` (a declaration without body).
+        let Some(open) = rest.iter().position(|&(c, _)| c == '{' || c == ';') else {
+            continue;
+        };
+        if rest[open].0 == ';' {
+            continue;
+        }
+        let mut depth = 0usize;
+        for &(c, line) in &rest[open..] {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        out.push((name.clone(), chars[i].1, line));
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+fn check_sizes(what: &str, found: &[String]) {
+    if found.is_empty() {
+        return;
+    }
+    let mut msg = format!("{what}; found {}:\n", found.len());
+    for f in found {
+        let _ = writeln!(msg, "  {f}");
+    }
+    panic!("{msg}");
+}
+
+#[test]
+fn no_function_is_over_120_lines() {
+    check_sizes(
+        &format!(
+            "no function of shipped code may be over {MAX_FN_LINES} lines \
+             (tests/it/architecture.rs MAX_FN_LINES): split it into functions with one concern"
+        ),
+        &long_functions(src_lines(), MAX_FN_LINES),
+    );
+}
+
+/// Shipped files over `max` lines: `file: N lines`.
+fn long_files(sizes: &[(String, usize)], max: usize) -> Vec<String> {
+    sizes
+        .iter()
+        .filter(|(_, n)| *n > max)
+        .map(|(f, n)| format!("{f}: {n} lines"))
+        .collect()
+}
+
+#[test]
+fn no_file_is_over_800_lines() {
+    check_sizes(
+        &format!(
+            "no shipped file may be over {MAX_FILE_LINES} lines without its test items \
+             (tests/it/architecture.rs MAX_FILE_LINES): move a cohesive part into a sub-module"
+        ),
+        &long_files(src_sizes(), MAX_FILE_LINES),
+    );
+}
+
+#[test]
+fn size_checks_catch_a_121_line_function_and_an_801_line_file() {
+    let body = "    let x = 1;\n".repeat(119);
+    let long = format!("fn long() {{\n{body}}}\n");
+    let ok = format!("fn fits() {{\n{}}}\n", "    let x = 1;\n".repeat(118));
+    let tests = format!("#[cfg(test)]\nmod tests {{\n{long}}}\n");
+    let lines = synthetic(&[("src/a.rs", &format!("{ok}{long}{tests}"))]);
+    assert_eq!(
+        long_functions(&lines, MAX_FN_LINES),
+        ["src/a.rs:121: fn long is 121 lines"]
+    );
+    let file = "const A: u8 = 0;\n".repeat(801);
+    let sources = [
+        ("src/b.rs".to_string(), file),
+        ("src/c.rs".to_string(), "fn c() {}\n".repeat(800)),
+    ];
+    assert_eq!(
+        long_files(&shipped_lines(&sources).1, MAX_FILE_LINES),
+        ["src/b.rs: 801 lines"]
+    );
+}
+
+/// What `docs/ARCHITECTURE.md` breaks: its size over the limit, and every backticked name
+/// that does not exist — a path (with `/`, or a file name with an extension) that is not a
+/// file or folder of the repository (from its root, `src/` or `docs/`), or a `CamelCase`
+/// identifier or `a::b` path whose last segment is no identifier of `src/`.
+fn architecture_doc_problems(
+    doc: &str,
+    exists: &dyn Fn(&str) -> bool,
+    idents: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    if doc.len() > MAX_ARCHITECTURE_BYTES {
+        found.push(format!(
+            "docs/ARCHITECTURE.md is {} bytes, over {MAX_ARCHITECTURE_BYTES}: say what is, briefly",
+            doc.len()
+        ));
+    }
+    let mut in_fence = false;
+    for (n, line) in doc.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        if in_fence {
+            continue;
+        }
+        for (k, name) in line.split('`').enumerate() {
+            if k % 2 == 0 || name.is_empty() || name.contains(char::is_whitespace) {
+                continue;
+            }
+            if let Some(problem) = missing_name(name, exists, idents) {
+                found.push(format!(
+                    "docs/ARCHITECTURE.md:{}: `{name}` {problem}",
+                    n + 1
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// Why `name` (one backticked word of the doc) names nothing, if it does not.
+fn missing_name(
+    name: &str,
+    exists: &dyn Fn(&str) -> bool,
+    idents: &BTreeSet<String>,
+) -> Option<&'static str> {
+    let pathish = name
+        .chars()
+        .all(|c| c.is_alphanumeric() || "_-./<>*".contains(c));
+    let has_ext = [".rs", ".md", ".toml", ".sh", ".py"]
+        .iter()
+        .any(|x| name.ends_with(x));
+    if pathish
+        && (name.contains('/') || has_ext)
+        && !name.contains(['<', '*'])
+        && !name.starts_with('/')
+    {
+        return (!exists(name.trim_end_matches('/')))
+            .then_some("is no file or folder of the repository");
+    }
+    let rust_path = name.contains("::") || {
+        let mut cs = name.chars();
+        cs.next().is_some_and(|c| c.is_ascii_uppercase())
+            && name.chars().any(|c| c.is_ascii_lowercase())
+            && name.chars().all(|c| c.is_ascii_alphanumeric())
+    };
+    if !rust_path
+        || !name
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == ':')
+    {
+        return None;
+    }
+    let last = name.rsplit("::").find(|s| !s.is_empty())?;
+    (!idents.contains(last)).then_some("is no identifier of src/")
+}
+
+/// Every identifier of `src/` (code and comments alike: a name the doc quotes exists there).
+fn src_identifiers() -> BTreeSet<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    collect_rs_files(&root.join("src"), &mut files);
+    let mut idents = BTreeSet::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        idents.extend(
+            text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .filter(|w| !w.is_empty())
+                .map(str::to_string),
+        );
+    }
+    idents
+}
+
+#[test]
+fn architecture_doc_is_short_and_names_what_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc =
+        std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).expect("docs/ARCHITECTURE.md");
+    let exists = |p: &str| {
+        ["", "src/", "docs/"]
+            .iter()
+            .any(|base| root.join(format!("{base}{p}")).exists())
+    };
+    check_sizes(
+        "docs/ARCHITECTURE.md must stay under its size and name only what exists \
+         (tests/it/architecture.rs MAX_ARCHITECTURE_BYTES)",
+        &architecture_doc_problems(&doc, &exists, &src_identifiers()),
+    );
+}
+
+#[test]
+fn architecture_doc_check_catches_size_and_names() {
+    let idents: BTreeSet<String> = ["Gateway", "outcome_of"].map(String::from).into();
+    let exists = |p: &str| p == "src/gateway.rs" || p == "gateway.rs";
+    let doc = "`gateway.rs` holds `Gateway`; `session::outcome_of`.\n\
+               `src/nowhere.rs` and `Nothing` and `session::gone` are not.\n\
+               ```\n`Fenced` is an example\n```\n`SIGHUP`, `[http] port`, `Retry-After`\n";
+    assert_eq!(
+        architecture_doc_problems(doc, &exists, &idents),
+        [
+            "docs/ARCHITECTURE.md:2: `src/nowhere.rs` is no file or folder of the repository",
+            "docs/ARCHITECTURE.md:2: `Nothing` is no identifier of src/",
+            "docs/ARCHITECTURE.md:2: `session::gone` is no identifier of src/",
+        ]
+    );
+    let big = "x".repeat(MAX_ARCHITECTURE_BYTES + 1);
+    assert_eq!(architecture_doc_problems(&big, &exists, &idents).len(), 1);
 }

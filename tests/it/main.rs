@@ -1,5 +1,7 @@
 //! The single integration-test binary (one link instead of one per file). Test modules are
 //! declared here; shared fakes and the daemon launcher live in `support/`.
+// Test code: an unwrap that fails is the test failing, with its message (Cargo.toml [lints]).
+#![allow(clippy::unwrap_used)]
 
 mod support;
 
