@@ -165,6 +165,7 @@ fn minimal_config_gets_every_default() {
     assert!(!b.error_message.is_empty());
     assert_eq!(b.max_turns_per_message, 50);
     assert_eq!(b.call_timeout, Duration::from_secs(600));
+    assert_eq!(b.call_deadline, Duration::from_secs(900));
     assert_eq!((b.api_retries, b.message_retries), (2, 1));
     assert_eq!(b.api_retry_base_delay, Duration::from_secs(2));
     assert_eq!(b.output_truncation, 30_000);
@@ -1288,6 +1289,20 @@ fn apply_text_edits(text: &str, edits: &[TextEdit]) -> String {
         };
     }
     t
+}
+
+/// SPEC §6: one model call may take 900 s in all (long outputs, large thinking budgets). The
+/// shipped config's commented line shows the same default.
+#[test]
+fn call_deadline_defaults_to_900_seconds_in_the_code_and_the_shipped_config() {
+    assert_eq!(minimal_with_key().ok().behavior.call_deadline, Duration::from_secs(900));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = std::fs::read_to_string(root.join("config/agentd.toml")).unwrap();
+    let line = shipped
+        .lines()
+        .find(|l| l.trim_start_matches(['#', ' ']).starts_with("call_deadline_seconds"))
+        .expect("config/agentd.toml documents call_deadline_seconds");
+    assert!(line.contains("= 900 "), "{line}");
 }
 
 /// The shipped config and provider files in a checkout-like fixture (workspace included).
