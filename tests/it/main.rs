@@ -8,6 +8,7 @@ mod approvals;
 mod architecture;
 mod autopilot;
 mod battery;
+mod cli;
 mod compaction;
 mod compat;
 mod concurrency;
