@@ -846,6 +846,30 @@ mod tests {
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
     }
 
+    /// A FIFO writer flooding refused lines: the list keeps the last `MAX_REFUSED`, newest
+    /// last, and a line without an id is not listed.
+    #[test]
+    fn refused_lines_are_listed_with_their_reason_and_bounded() {
+        let (_d, path, m) = temp_monitor();
+        assert!(read(&m, &path).get("refused").is_none());
+        m.refused("", "no id: only logged");
+        for i in 0..(MAX_REFUSED + 8) {
+            m.refused(&format!("id-{i}"), &format!("unknown model \"m{i}\""));
+        }
+        let v = read(&m, &path);
+        let list = v["refused"].as_array().unwrap();
+        eprintln!("{} refusals sent, {} kept", MAX_REFUSED + 9, list.len());
+        assert_eq!(list.len(), MAX_REFUSED);
+        assert_eq!(list[0]["id"], "id-8");
+        let last = &list[MAX_REFUSED - 1];
+        assert_eq!(last["id"], format!("id-{}", MAX_REFUSED + 7));
+        assert_eq!(
+            last["error"],
+            format!("unknown model \"m{}\"", MAX_REFUSED + 7)
+        );
+        assert!(last["at"].as_str().is_some());
+    }
+
     fn turn(ms: u64, stop: &str, tools: &[&str]) -> TurnRecord {
         TurnRecord {
             duration_ms: ms,
