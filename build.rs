@@ -28,6 +28,7 @@ use std::process::{Command, Stdio};
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    build_info();
     let var = |k: &str| env::var(k).unwrap_or_default();
     if var("PROFILE") != "release"
         || var("CARGO_CFG_TARGET_OS") != "linux"
@@ -63,6 +64,49 @@ fn main() {
     if env::var_os("AGENTD_KEEP_SYMBOLS").is_none() {
         println!("cargo:rustc-link-arg-bins=-Wl,--strip-all");
     }
+}
+
+/// `AGENTD_GIT_COMMIT` (`git rev-parse --short HEAD`, `unknown` without git or outside a
+/// checkout) and `AGENTD_BUILD_FEATURES` (the enabled cargo features, `none`) for
+/// `agentd::VERSION`. The script runs again when `HEAD` or the branch it names moves (their
+/// files as git resolves them, so also in a worktree, where `.git` is a file); only files that
+/// exist are named, or cargo would run it on every build.
+fn build_info() {
+    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=AGENTD_GIT_COMMIT={commit}");
+    let mut watched = vec!["HEAD".to_string(), "packed-refs".to_string()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for name in watched {
+        if let Some(path) = git(&["rev-parse", "--git-path", &name])
+            && std::path::Path::new(&path).is_file()
+        {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    let mut features: Vec<String> = env::vars()
+        .filter_map(|(k, _)| {
+            let f = k.strip_prefix("CARGO_FEATURE_")?;
+            Some(f.to_ascii_lowercase().replace('_', "-"))
+        })
+        .collect();
+    features.sort();
+    let features = if features.is_empty() {
+        "none".to_string()
+    } else {
+        features.join(",")
+    };
+    println!("cargo:rustc-env=AGENTD_BUILD_FEATURES={features}");
+}
+
+/// One line of `git`'s answer, or `None` when git is missing or fails.
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let line = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (out.status.success() && !line.is_empty()).then_some(line)
 }
 
 /// The functions to place first in `agentd`'s `.text`, one mangled name per line.

@@ -1,8 +1,7 @@
 //! `agent-send`: send a message, system event or reset to a running agentd through its control
 //! FIFO, or query its state files (SPEC §10.1). The logic lives in `agentd::cli`.
 //!
-//! Exit codes: 0 success, 1 daemon not running / FIFO missing / message failed / config
-//! error, 2 usage error, 3 timed out waiting for intake, reply or reset.
+//! Exit codes: [`EXIT_CODES`], also in `--help`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,10 +14,20 @@ use agentd::session::approval::Decision;
 use agentd::store::GroupBy;
 use clap::{ArgGroup, Parser};
 
+/// The exit codes, as `--help` lists them (docs/usage.md).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  agentd is not running or its FIFO is missing; the message failed; agentd refused a
+     --session setting (the reason on stderr); a config or I/O error
+  2  usage error (also an unknown --model or --skill name in the config read)
+  3  timed out waiting for the intake, the reply or the reset";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "agent-send",
-    version,
+    version = agentd::VERSION,
+    after_help = EXIT_CODES,
     about = "Send a message to agentd through its control FIFO, or query its state",
     group(ArgGroup::new("action").required(true).multiple(false)
         .args(["message", "system", "reset", "cost", "sessions", "monitor", "history", "status",

@@ -1,13 +1,27 @@
 //! `agentd`: the daemon and its subcommands. Thin: parse arguments, load config, set up logging,
-//! call the library, map errors to exit codes (0 clean, 1 config/startup, 2 usage, 3 runtime).
+//! call the library, map errors to exit codes ([`EXIT_CODES`], also in `--help`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// The exit codes, as `--help` lists them (docs/usage.md).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success; `run`/`chat`: stopped cleanly
+  1  configuration or start-up error; `check-config` found problems or `--diff` has no running
+     daemon to compare against; a `doctor` check failed; `index`/`consolidate` failed
+  2  usage error (unknown command or flag)
+  3  the daemon failed while running";
 
 #[derive(Parser)]
-#[command(name = "agentd", version, about = "An always-on AI agent daemon")]
+#[command(
+    name = "agentd",
+    version = agentd::VERSION,
+    about = "An always-on AI agent daemon",
+    after_help = EXIT_CODES
+)]
 struct Cli {
     /// Config file (default: $AGENTD_CONFIG, else ./config/agentd.toml).
     #[arg(short = 'c', long = "config", global = true)]
@@ -30,10 +44,24 @@ enum Command {
         /// (SIGHUP) would apply and what needs a restart.
         #[arg(long)]
         diff: bool,
+        /// Print one JSON document on stdout instead (docs/usage.md, "JSON output").
+        #[arg(long)]
+        json: bool,
     },
     /// Check config, provider reachability, Telegram, databases and disk space; print a
     /// pass/fail table (exit 1 when a check fails).
-    Doctor,
+    Doctor {
+        /// Print one JSON document on stdout instead (docs/usage.md, "JSON output").
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script for agentd on stdout, e.g.
+    /// `agentd completions bash > ~/.local/share/bash-completion/completions/agentd`.
+    Completions {
+        /// bash, zsh or fish.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(["bash", "zsh", "fish"]))]
+        shell: String,
+    },
     /// Index the workspace notes for memory search ([memory] indexer.include): only changed
     /// files are read again, only new texts embedded. Progress on stderr.
     Index {
@@ -80,6 +108,10 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    // Completions need no config, and no secrets are read.
+    if let Some(Command::Completions { shell }) = &cli.command {
+        return completions(shell);
+    }
     // The sandbox helper needs no config: it gets everything in its policy. It stays dumpable
     // until it has written its user-namespace maps (it turns non-dumpable itself before the
     // command runs), and it holds none of the daemon's secrets.
@@ -112,30 +144,30 @@ fn main() -> ExitCode {
     // Before any HTTPS client exists (providers, Telegram, MCP over HTTP, doctor).
     agentd::net::tls::install();
     let path = agentd::config::resolve_config_path(cli.config.as_deref());
+    let json = matches!(
+        cli.command,
+        Some(Command::CheckConfig { json: true, .. } | Command::Doctor { json: true })
+    );
     let cfg = match agentd::config::load(&path) {
         Ok(c) => c,
         Err(e) => {
+            if json {
+                print_json(&e.to_json());
+            }
             eprintln!("agentd: configuration error\n{e}");
             return ExitCode::from(1);
         }
     };
     match cli.command.unwrap_or(Command::Run) {
-        Command::CheckConfig { diff: false } => {
-            print!("{}", agentd::config::render_effective(&cfg));
+        Command::CheckConfig { diff: false, json } => {
+            if json {
+                print_json(&agentd::config::render_effective_json(&cfg));
+            } else {
+                print!("{}", agentd::config::render_effective(&cfg));
+            }
             ExitCode::SUCCESS
         }
-        Command::CheckConfig { diff: true } => {
-            match agentd::cli::config_diff::against_running(&cfg) {
-                Ok(report) => {
-                    print!("{report}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("agentd: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
+        Command::CheckConfig { diff: true, json } => check_config_diff(&cfg, json),
         Command::Run => run(cfg, agentd::daemon::RunOptions::default()),
         Command::Chat => run(
             cfg,
@@ -144,7 +176,7 @@ fn main() -> ExitCode {
                 ..Default::default()
             },
         ),
-        Command::Doctor => doctor(&cfg),
+        Command::Doctor { json } => doctor(&cfg, json),
         Command::Index { status, json } => memory_command(&cfg, |cfg| async move {
             if status {
                 agentd::cli::memory::status(cfg, json).await
@@ -155,7 +187,9 @@ fn main() -> ExitCode {
         Command::Consolidate { json } => {
             memory_command(&cfg, |cfg| agentd::cli::memory::consolidate(cfg, json))
         }
-        Command::SandboxExec { .. } | Command::SandboxProbe { .. } => ExitCode::from(2),
+        Command::SandboxExec { .. }
+        | Command::SandboxProbe { .. }
+        | Command::Completions { .. } => ExitCode::from(2),
     }
 }
 
@@ -252,7 +286,50 @@ where
     }
 }
 
-fn doctor(cfg: &agentd::config::Config) -> ExitCode {
+/// One JSON document on stdout (pretty, final newline): the `--json` output.
+fn print_json(v: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+/// `check-config --diff [--json]`; nothing to compare against: exit 1 (with `--json`, also
+/// `{"ok": false, "error": …}` on stdout).
+fn check_config_diff(cfg: &agentd::config::Config, json: bool) -> ExitCode {
+    let report = if json {
+        agentd::cli::config_diff::against_running_json(cfg).map(|v| print_json(&v))
+    } else {
+        agentd::cli::config_diff::against_running(cfg).map(|r| print!("{r}"))
+    };
+    match report {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if json {
+                print_json(&serde_json::json!({"ok": false, "error": e}));
+            }
+            eprintln!("agentd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `agentd completions bash|zsh|fish`: the script clap generates from this very parser.
+fn completions(shell: &str) -> ExitCode {
+    let shell = match shell {
+        "bash" => clap_complete::Shell::Bash,
+        "zsh" => clap_complete::Shell::Zsh,
+        "fish" => clap_complete::Shell::Fish,
+        other => {
+            eprintln!("agentd: no completions for shell {other:?}; use bash, zsh or fish");
+            return ExitCode::from(2);
+        }
+    };
+    clap_complete::generate(shell, &mut Cli::command(), "agentd", &mut std::io::stdout());
+    ExitCode::SUCCESS
+}
+
+fn doctor(cfg: &agentd::config::Config, json: bool) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -264,8 +341,15 @@ fn doctor(cfg: &agentd::config::Config) -> ExitCode {
         }
     };
     let checks = rt.block_on(agentd::doctor::run(cfg));
-    let (table, ok) = agentd::doctor::render(&checks);
-    print!("{table}");
+    let ok = if json {
+        let (doc, ok) = agentd::doctor::render_json(&checks);
+        print_json(&doc);
+        ok
+    } else {
+        let (table, ok) = agentd::doctor::render(&checks);
+        print!("{table}");
+        ok
+    };
     if ok {
         ExitCode::SUCCESS
     } else {

@@ -46,8 +46,20 @@ enum Name {
     All,
 }
 
+/// The exit codes, as `--help` lists them.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  the benchmark ran and printed its figures
+  1  it could not run (no agentd binary, a fake or the daemon failed)
+  2  usage error";
+
 #[derive(Parser)]
-#[command(name = "bench", about = "agentd benchmarks (docs/BENCHMARKS.md)")]
+#[command(
+    name = "bench",
+    version = agentd::VERSION,
+    about = "agentd benchmarks (docs/BENCHMARKS.md)",
+    after_help = EXIT_CODES
+)]
 struct Cli {
     name: Name,
     /// The daemon binary (default: `agentd` next to this program).

@@ -6,6 +6,18 @@
 //! `channels/` are the message sources, `control` is the FIFO line protocol shared with
 //! `agent-send`.
 
+/// What `--version` prints after the program's name: the package version, the git commit it
+/// was built from (`unknown` when built without git) and the build's cargo features (set by
+/// `build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("AGENTD_GIT_COMMIT"),
+    ", features: ",
+    env!("AGENTD_BUILD_FEATURES"),
+    ")"
+);
+
 pub mod agent;
 pub mod api;
 pub mod backoff;

@@ -40,6 +40,10 @@ const MAX_TURNS: usize = 50;
 /// a caller that forgets `end` (the oldest entry is dropped).
 const MAX_ACTIVE: usize = 1024;
 
+/// Refused FIFO control lines kept in `refused` (the most recent ones): enough for the
+/// `agent-send` runs waiting at one time, bounded whatever a FIFO writer sends.
+pub const MAX_REFUSED: usize = 32;
+
 /// A non-idle state not updated for longer than this is flagged "possibly stuck".
 const STUCK_AFTER_SECONDS: i64 = 60;
 
@@ -121,6 +125,8 @@ struct Inner {
     cache: Option<Value>,
     /// Open alert episodes, e.g. the cache alarm (SPEC §20).
     alerts: Vec<Value>,
+    /// The last refused FIFO control lines with an id, oldest first: `{id, at, error}`.
+    refused: VecDeque<Value>,
     /// When the monitor started: the `updated_at` of the idle state before any message.
     created_at: DateTime<Utc>,
 }
@@ -220,6 +226,8 @@ struct View<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     cache: Option<&'a Value>,
     alerts: &'a [Value],
+    #[serde(skip_serializing_if = "VecDeque::is_empty")]
+    refused: &'a VecDeque<Value>,
 }
 
 /// Outbox deliveries (SPEC §16.1): queued or retrying now, and closed unsuccessfully since
@@ -279,6 +287,7 @@ impl Inner {
             prechecks: &self.prechecks,
             cache: self.cache.as_ref(),
             alerts: &self.alerts,
+            refused: &self.refused,
         }
     }
 
@@ -344,6 +353,7 @@ impl Monitor {
             prechecks: BTreeMap::new(),
             cache: None,
             alerts: Vec::new(),
+            refused: VecDeque::new(),
             created_at: Utc::now(),
         }));
         let state = inner.clone();
@@ -548,6 +558,24 @@ impl Monitor {
             inner.alerts = alerts;
             self.publish(inner);
         }
+    }
+
+    /// A FIFO control line `id` the daemon refused, and why (a session setting naming an
+    /// unknown model or skill): `agent-send` waiting for it reads the reason here. Lines
+    /// without an id are only logged; the list keeps the last [`MAX_REFUSED`].
+    pub fn refused(&self, id: &str, error: &str) {
+        if id.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.refused.len() >= MAX_REFUSED {
+            inner.refused.pop_front();
+        }
+        let at = rfc3339(Utc::now());
+        inner
+            .refused
+            .push_back(serde_json::json!({"id": id, "at": at, "error": error}));
+        self.publish(inner);
     }
 
     /// The current monitor document (what the file holds), e.g. for `GET /api/v1/monitor`.
@@ -816,6 +844,30 @@ mod tests {
     fn read(m: &Monitor, path: &PathBuf) -> Value {
         m.flush();
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    /// A FIFO writer flooding refused lines: the list keeps the last `MAX_REFUSED`, newest
+    /// last, and a line without an id is not listed.
+    #[test]
+    fn refused_lines_are_listed_with_their_reason_and_bounded() {
+        let (_d, path, m) = temp_monitor();
+        assert!(read(&m, &path).get("refused").is_none());
+        m.refused("", "no id: only logged");
+        for i in 0..(MAX_REFUSED + 8) {
+            m.refused(&format!("id-{i}"), &format!("unknown model \"m{i}\""));
+        }
+        let v = read(&m, &path);
+        let list = v["refused"].as_array().unwrap();
+        eprintln!("{} refusals sent, {} kept", MAX_REFUSED + 9, list.len());
+        assert_eq!(list.len(), MAX_REFUSED);
+        assert_eq!(list[0]["id"], "id-8");
+        let last = &list[MAX_REFUSED - 1];
+        assert_eq!(last["id"], format!("id-{}", MAX_REFUSED + 7));
+        assert_eq!(
+            last["error"],
+            format!("unknown model \"m{}\"", MAX_REFUSED + 7)
+        );
+        assert!(last["at"].as_str().is_some());
     }
 
     fn turn(ms: u64, stop: &str, tools: &[&str]) -> TurnRecord {

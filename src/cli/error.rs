@@ -8,7 +8,8 @@ use crate::store::StoreError;
 
 /// Exit code: success.
 pub const EXIT_OK: i32 = 0;
-/// Exit code: daemon not running, FIFO missing, message failed, config or I/O error.
+/// Exit code: daemon not running, FIFO missing, message failed, setting refused by the daemon,
+/// config or I/O error.
 pub const EXIT_FAILURE: i32 = 1;
 /// Exit code: usage error (also clap's own errors).
 pub const EXIT_USAGE: i32 = 2;
@@ -59,6 +60,10 @@ pub enum CliError {
     /// The reset did not show in the session index in time.
     #[error("timed out after {seconds} s waiting for the daemon to reset {target}")]
     ResetTimeout { target: String, seconds: u64 },
+    /// The daemon refused a session setting (`--session KEY --model|--skill`): the reason it
+    /// gave, e.g. an unknown model with the list of its loaded ones (exit 1).
+    #[error("agentd refused the setting: {0}")]
+    Refused(String),
     /// A queried thing does not exist (a session, the monitor file).
     #[error("{0}")]
     NotFound(String),

@@ -78,7 +78,12 @@ pub fn send(ctx: &Context, out: &Outgoing, opts: SendOptions) -> Result<SendResu
             done,
         });
     };
-    let session_id = wait::wait_intake(&sessions_dir, key, &id, opts.intake_timeout)?;
+    let session_id = match out {
+        Outgoing::SessionModel { .. } | Outgoing::SessionSkill { .. } => {
+            wait::wait_setting(&ctx.state_dir, &sessions_dir, key, &id, opts.intake_timeout)?
+        }
+        _ => wait::wait_intake(&sessions_dir, key, &id, opts.intake_timeout)?,
+    };
     match opts.wait {
         None => Ok(SendResult::Accepted { id, session_id }),
         Some(t) => {
@@ -93,7 +98,8 @@ pub fn send(ctx: &Context, out: &Outgoing, opts: SendOptions) -> Result<SendResu
 }
 
 /// A `--model` or `--skill` name checked against what the config loads, before anything is
-/// written (the daemon checks again and logs a refusal). Without a config nothing is checked.
+/// written (the daemon checks again: a refusal reaches [`wait::wait_setting`] through the
+/// monitor). Without a config nothing is checked.
 fn check_setting(ctx: &Context, out: &Outgoing) -> Result<(), CliError> {
     match out {
         Outgoing::SessionModel {

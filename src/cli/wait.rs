@@ -206,6 +206,52 @@ pub fn wait_intake(
     })
 }
 
+/// Wait up to `timeout` for the daemon to record session setting `id` (`--session KEY
+/// --model|--skill`): the session id once its trail holds the event, or
+/// [`CliError::Refused`] with the daemon's reason as soon as the monitor in `state_dir` lists
+/// the id as refused (its config differs from the one this client read), or
+/// [`CliError::IntakeTimeout`].
+pub fn wait_setting(
+    state_dir: &Path,
+    sessions_dir: &Path,
+    key: &str,
+    id: &str,
+    timeout: Duration,
+) -> Result<String, CliError> {
+    let mut watch = IntakeWatch::new(sessions_dir, key, id);
+    let found = poll(timeout, POLL_INTERVAL, || {
+        if let Some(session_id) = watch.check()? {
+            return Ok(Some(session_id));
+        }
+        match refusal(state_dir, id) {
+            Some(reason) => Err(CliError::Refused(reason)),
+            None => Ok(None),
+        }
+    })?;
+    found.ok_or_else(|| CliError::IntakeTimeout {
+        id: id.to_string(),
+        seconds: timeout.as_secs(),
+    })
+}
+
+/// The daemon's reason for refusing control line `id`, from the monitor's `refused` list
+/// (`monitor::Monitor::refused`). A monitor that is missing or being replaced reads as none.
+pub fn refusal(state_dir: &Path, id: &str) -> Option<String> {
+    let (_, monitor) = super::status::read_monitor(state_dir).ok()?;
+    monitor
+        .get("refused")?
+        .as_array()?
+        .iter()
+        .rev()
+        .find(|r| r.get("id").and_then(serde_json::Value::as_str) == Some(id))
+        .map(|r| {
+            r.get("error")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("no reason given")
+                .to_string()
+        })
+}
+
 /// Follows one session's trail, live and archived, for the outcome of intake `id`.
 #[derive(Debug)]
 pub struct OutcomeWatch {

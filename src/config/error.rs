@@ -70,6 +70,37 @@ pub fn display_path(path: &Path) -> String {
     path.display().to_string()
 }
 
+impl ConfigError {
+    /// `check-config --json` (and `doctor --json`) when the config does not load: one document,
+    /// `{"ok": false, "config": path, "problems": [{"file", "key", "message"}]}`; a file that
+    /// cannot be read is one problem with an empty key.
+    pub fn to_json(&self) -> serde_json::Value {
+        let problem = |file: &std::path::Path, key: &str, message: String| serde_json::json!({"file": file.display().to_string(), "key": key, "message": message});
+        let (path, problems) = match self {
+            ConfigError::Io { path, source } => (
+                path,
+                vec![problem(
+                    path,
+                    "",
+                    format!("cannot read the config file: {source}"),
+                )],
+            ),
+            ConfigError::Invalid { path, problems } => (
+                path,
+                problems
+                    .iter()
+                    .map(|p| problem(&p.file, &p.key, p.message.clone()))
+                    .collect(),
+            ),
+        };
+        serde_json::json!({
+            "ok": false,
+            "config": path.display().to_string(),
+            "problems": problems,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

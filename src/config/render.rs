@@ -15,6 +15,26 @@ use super::providers::INLINE_PROVIDER;
 use super::types::{Config, ModelSpec};
 use super::walker::join_key;
 
+/// `check-config --json`: `{"ok": true, "config": path, "effective": {...}, "models":
+/// {"loaded": [names], "skipped": {name: reason}}}`. `effective` is what
+/// [`render_effective`] prints, as JSON (secrets are not in it: the text has them on comment
+/// lines only).
+pub fn render_effective_json(cfg: &Config) -> serde_json::Value {
+    let effective = toml::from_str::<toml::Table>(&render_effective(cfg))
+        .ok()
+        .and_then(|t| serde_json::to_value(t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    serde_json::json!({
+        "ok": true,
+        "config": cfg.config_path.display().to_string(),
+        "effective": effective,
+        "models": {
+            "loaded": cfg.models.loaded.keys().collect::<Vec<_>>(),
+            "skipped": cfg.models.skipped,
+        },
+    })
+}
+
 /// Render `cfg` as TOML, secrets redacted, ending with the `[models]` section: every model
 /// defined, loaded or skipped (with the reason).
 pub fn render_effective(cfg: &Config) -> String {

@@ -165,6 +165,7 @@ fn minimal_config_gets_every_default() {
     assert!(!b.error_message.is_empty());
     assert_eq!(b.max_turns_per_message, 50);
     assert_eq!(b.call_timeout, Duration::from_secs(600));
+    assert_eq!(b.call_deadline, Duration::from_secs(900));
     assert_eq!((b.api_retries, b.message_retries), (2, 1));
     assert_eq!(b.api_retry_base_delay, Duration::from_secs(2));
     assert_eq!(b.output_truncation, 30_000);
@@ -1290,6 +1291,26 @@ fn apply_text_edits(text: &str, edits: &[TextEdit]) -> String {
     t
 }
 
+/// SPEC §6: one model call may take 900 s in all (long outputs, large thinking budgets). The
+/// shipped config's commented line shows the same default.
+#[test]
+fn call_deadline_defaults_to_900_seconds_in_the_code_and_the_shipped_config() {
+    assert_eq!(
+        minimal_with_key().ok().behavior.call_deadline,
+        Duration::from_secs(900)
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = std::fs::read_to_string(root.join("config/agentd.toml")).unwrap();
+    let line = shipped
+        .lines()
+        .find(|l| {
+            l.trim_start_matches(['#', ' '])
+                .starts_with("call_deadline_seconds")
+        })
+        .expect("config/agentd.toml documents call_deadline_seconds");
+    assert!(line.contains("= 900 "), "{line}");
+}
+
 /// The shipped config and provider files in a checkout-like fixture (workspace included).
 pub(crate) fn shipped_fixture() -> Fixture {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -1581,13 +1602,43 @@ fn voice_section_defaults_prices_and_problems() {
     );
 }
 
+/// SPEC §19: "alloy" is the default voice only for OpenAI-compatible speech; an ElevenLabs
+/// `tts_model` without a voice id is a problem naming the key, the model and the fix.
+#[test]
+fn an_elevenlabs_tts_model_needs_a_voice_id() {
+    let eleven = "type = \"elevenlabs\"\napi_key_env = \"EL_KEY\"\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\n";
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.provider("eleven", eleven);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    f.set("EL_KEY", "e");
+    let p = f.problems();
+    assert!(
+        has(
+            &p,
+            "voice.voice: not set, and tts_model \"eleven\" is an ElevenLabs model, which needs a voice id; set [voice] voice = \"<voice id>\""
+        ),
+        "{p:?}"
+    );
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\nvoice = \"JBFqnCBsd6RMkjVDRZzb\"\n"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.provider("eleven", eleven);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    f.set("EL_KEY", "e");
+    assert_eq!(f.ok().voice.voice, "JBFqnCBsd6RMkjVDRZzb");
+}
+
 /// ElevenLabs (SPEC §19) is a speech-only provider type: a `tts_model`, never `primary` or an
 /// `stt_model`.
 #[test]
 fn elevenlabs_is_for_speech_only() {
     let eleven = "type = \"elevenlabs\"\napi_key_env = \"EL_KEY\"\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\n";
     let mut f = Fixture::new(&format!(
-        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\n"
+        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\nvoice = \"JBFqnCBsd6RMkjVDRZzb\"\n"
     ));
     f.provider("anthropic", ANTHROPIC);
     f.provider("eleven", eleven);

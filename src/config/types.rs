@@ -118,7 +118,7 @@ impl Default for VoiceConfig {
             tts_model: k::TTS_MODEL.default_value(),
             reply: k::REPLY.default_value(),
             echo_transcript: k::ECHO_TRANSCRIPT.default_value(),
-            voice: k::VOICE_NAME.default_value(),
+            voice: k::DEFAULT_OPENAI_VOICE.to_string(),
             max_audio_bytes: k::MAX_AUDIO_BYTES.default_value(),
             max_audio_seconds: k::MAX_AUDIO_SECONDS.default_value(),
             max_tts_chars: k::MAX_TTS_CHARS.default_value(),

@@ -2,8 +2,8 @@
 //! bounds on audio from outside.
 
 use super::keys::state::{
-    ECHO_TRANSCRIPT, MAX_AUDIO_BYTES, MAX_AUDIO_SECONDS, MAX_TTS_CHARS, REPLY, STT_MODEL,
-    TTS_MODEL, VOICE_NAME,
+    DEFAULT_OPENAI_VOICE, ECHO_TRANSCRIPT, MAX_AUDIO_BYTES, MAX_AUDIO_SECONDS, MAX_TTS_CHARS,
+    REPLY, STT_MODEL, TTS_MODEL, VOICE_NAME,
 };
 use super::providers::ModelCollector;
 use super::types::{ProviderKind, VoiceConfig, VoiceReply};
@@ -48,13 +48,24 @@ pub fn voice(root: &mut Section<'_>, models: &ModelCollector<'_>) -> VoiceConfig
             ),
         );
     }
-    let voice = s.read(&VOICE_NAME);
-    if voice.len() > 64 || voice.chars().any(char::is_control) {
+    let given = s.has("voice");
+    let voice = s.read_opt(&VOICE_NAME);
+    if let Some(voice) = &voice
+        && (voice.len() > 64 || voice.chars().any(char::is_control))
+    {
         s.problem(
             "voice",
             format!("{voice:?} is not a voice name; use the provider's name, e.g. \"alloy\""),
         );
     }
+    let tts_kind = tts_model.as_deref().and_then(|name| models.kind_of(name));
+    if !given
+        && tts_kind == Some(ProviderKind::ElevenLabs)
+        && let Some(name) = &tts_model
+    {
+        s.problem("voice", elevenlabs_needs_a_voice(name));
+    }
+    let voice = voice.unwrap_or_else(|| DEFAULT_OPENAI_VOICE.to_string());
     VoiceConfig {
         stt_model,
         tts_model,
@@ -65,4 +76,12 @@ pub fn voice(root: &mut Section<'_>, models: &ModelCollector<'_>) -> VoiceConfig
         max_audio_seconds: s.read(&MAX_AUDIO_SECONDS),
         max_tts_chars: s.read(&MAX_TTS_CHARS),
     }
+}
+
+/// SPEC §19: an ElevenLabs `tts_model` has no default voice ("alloy" is an OpenAI name, and
+/// every synthesis with it fails); the problem names the model, the missing key and the fix.
+fn elevenlabs_needs_a_voice(tts_model: &str) -> String {
+    format!(
+        "not set, and tts_model {tts_model:?} is an ElevenLabs model, which needs a voice id; set [voice] voice = \"<voice id>\" (ElevenLabs: Voices, a voice, \"ID\", e.g. \"JBFqnCBsd6RMkjVDRZzb\")"
+    )
 }

@@ -26,6 +26,8 @@ pub struct IntakeHandler {
     /// Transcribes audio attachments before the intake is recorded (SPEC §19); `None` in
     /// set-ups without voice (audio then stays an attachment as sent).
     pub voice: Option<Arc<super::voice::Transcriber>>,
+    /// Where a refused FIFO session setting is shown, for the `agent-send` waiting on it.
+    pub monitor: Arc<crate::monitor::Monitor>,
 }
 
 impl IntakeHandler {
@@ -56,7 +58,8 @@ impl IntakeHandler {
 
     /// A FIFO `session_model` / `session_skill` line (SPEC §18.2): queued on the session's
     /// queue (so later lines of the FIFO come after it) without waiting for it; `agent-send`
-    /// sees the event with its id in the trail, a refusal is logged.
+    /// sees the event with its id in the trail, or a refusal with its id and reason in the
+    /// monitor's `refused` list (and the log).
     async fn session_setting(&self, key: String, change: Change, id: String) {
         if !valid_key(&key) {
             tracing::warn!(id = %id, "FIFO line skipped: invalid session key (1-64 characters, no control characters or slashes)");
@@ -68,11 +71,13 @@ impl IntakeHandler {
             id: Some(id.clone()).filter(|i| !i.is_empty()),
         };
         let answer = self.dispatcher.queue_session_control(&key, request).await;
+        let monitor = self.monitor.clone();
         tokio::spawn(async move {
             match answer.await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
-                    tracing::warn!(id = %id, session_key = %key, error = %e, "FIFO session setting refused")
+                    tracing::warn!(id = %id, session_key = %key, error = %e, "FIFO session setting refused");
+                    monitor.refused(&id, &e.to_string());
                 }
                 Err(_) => {
                     tracing::warn!(id = %id, session_key = %key, "FIFO session setting not made: agentd is stopping")

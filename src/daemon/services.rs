@@ -108,7 +108,7 @@ fn queues(
     tasks: &Tasks,
     voice: Arc<super::voice::Transcriber>,
 ) -> (Arc<Dispatcher>, Arc<IntakeHandler>) {
-    let (cfg, store) = (deps.cfg.clone(), deps.store.clone());
+    let (cfg, store, monitor) = (deps.cfg.clone(), deps.store.clone(), deps.monitor.clone());
     let dispatcher = Dispatcher::new(
         deps,
         tasks.tracker.clone(),
@@ -120,6 +120,7 @@ fn queues(
         store,
         dispatcher: dispatcher.clone(),
         voice: Some(voice),
+        monitor,
     });
     (dispatcher, intake)
 }

@@ -25,6 +25,15 @@ pub enum Status {
 }
 
 impl Status {
+    /// `"pass"`, `"warn"` or `"fail"`: the `status` of `doctor --json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Status::Pass => "PASS",
@@ -452,6 +461,17 @@ pub fn render(checks: &[Check]) -> (String, bool) {
     }
     let ok = checks.iter().all(|c| c.status != Status::Fail);
     (s, ok)
+}
+
+/// `doctor --json`: `{"ok": bool, "checks": [{"name", "status": "pass"|"warn"|"fail",
+/// "detail"}]}`, and whether every check passed (no `fail`).
+pub fn render_json(checks: &[Check]) -> (serde_json::Value, bool) {
+    let ok = checks.iter().all(|c| c.status != Status::Fail);
+    let checks: Vec<serde_json::Value> = checks
+        .iter()
+        .map(|c| serde_json::json!({"name": c.name, "status": c.status.as_str(), "detail": c.detail}))
+        .collect();
+    (serde_json::json!({"ok": ok, "checks": checks}), ok)
 }
 
 #[cfg(test)]

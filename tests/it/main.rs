@@ -10,6 +10,7 @@ mod approvals;
 mod architecture;
 mod autopilot;
 mod battery;
+mod cli;
 mod compaction;
 mod compat;
 mod concurrency;

@@ -403,3 +403,69 @@ fn a_fallback_answer_is_named_in_the_trail_costs_monitor_and_telegram() {
     assert!(text.contains("fallback:   answering for primary"), "{text}");
     assert!(d.sigterm().success());
 }
+
+/// Issue 33 item 4: `agent-send --session KEY --model NAME` checks NAME against the config it
+/// reads (exit 2 with the list); when the daemon refuses anyway because its config differs,
+/// the daemon's reason reaches agent-send's stderr (exit 1) instead of a wait for the intake
+/// that never comes and exit 3.
+#[test]
+fn agent_send_shows_the_daemons_refusal_of_an_unknown_model() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let mut d = TestDaemon::new(
+        &agentd_toml("fake"),
+        &[("fake", &two_models(&llm.base_url()))],
+    );
+    d.start();
+
+    // The client's own config: exit 2 listing the loaded names, nothing sent.
+    let bad = d.agent_send(&["--session", "alice", "--model", "gpt-9"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(
+        err.contains("unknown model \"gpt-9\"") && err.contains("cheap, primary"),
+        "{err}"
+    );
+
+    // A client config that defines gpt-9: the daemon's refusal, with its list, on stderr.
+    let three = format!(
+        "{}\n[models.gpt-9]\nmodel = \"gpt-9\"\n",
+        two_models(&llm.base_url())
+    );
+    let other = TestDaemon::new(&agentd_toml("fake"), &[("fake", &three)]);
+    let timeout = 30;
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agent-send"))
+        .arg("--state-dir")
+        .arg(&d.state_dir)
+        .arg("-c")
+        .arg(&other.config_path)
+        .args(["--session", "alice", "--model", "gpt-9", "--timeout"])
+        .arg(timeout.to_string())
+        .env_remove("AGENTD_CONFIG")
+        .env_remove("AGENTD_STATE_DIR")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "daemon refusal reached agent-send in {took:?} (--timeout {timeout}): {:?} {err}",
+        out.status.code()
+    );
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("agentd refused the setting"), "{err}");
+    assert!(
+        err.contains("unknown model \"gpt-9\"") && err.contains("cheap, primary"),
+        "{err}"
+    );
+    assert!(
+        took < Duration::from_secs(timeout),
+        "waited out --timeout: {took:?}"
+    );
+    assert!(d.log().contains("FIFO session setting refused"));
+    assert!(
+        !d.trail("alice")
+            .iter()
+            .any(|e| e["type"] == "session_model"),
+        "a refused setting is not recorded"
+    );
+}

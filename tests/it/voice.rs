@@ -887,3 +887,38 @@ fn kill9_with_chats_in_flight_loses_nothing_and_repeats_nothing() {
     assert_eq!(downloads, 1, "Bob's document was fetched again");
     assert_eq!(tg.sent_to(BOB).len(), bob_replies, "Bob was answered twice");
 }
+
+/// SPEC §19: "alloy" is the default voice only for OpenAI; an ElevenLabs `tts_model` without a
+/// voice id fails `check-config` and the start (exit 1), naming the key, the model and the fix,
+/// instead of a daemon whose every synthesis fails.
+#[test]
+fn elevenlabs_without_a_voice_id_fails_check_config_and_start() {
+    let toml = agentd_toml("fake")
+        .replace(r#"load = ["fake"]"#, r#"load = ["fake", "eleven"]"#)
+        .replace(
+            "[behavior]",
+            "[voice]\ntts_model = \"eleven\"\n\n[behavior]",
+        );
+    let eleven = "type = \"elevenlabs\"\nbase_url = \"http://127.0.0.1:9/v1\"\napi_key_env = \"AGENTD_ELEVENLABS_KEY\"\n\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\n";
+    let d = TestDaemon::new(
+        &toml,
+        &[
+            ("fake", &provider_toml("openai", "http://127.0.0.1:9/v1")),
+            ("eleven", eleven),
+        ],
+    );
+    let expected = "voice.voice: not set, and tts_model \"eleven\" is an ElevenLabs model, which needs a voice id; set [voice] voice = \"<voice id>\"";
+    for command in ["check-config", "run"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .args([command, "-c"])
+            .arg(&d.config_path)
+            .env("AGENTD_STATE_DIR", &d.state_dir)
+            .env("AGENTD_ELEVENLABS_KEY", AUDIO_KEY)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        eprintln!("agentd {command}: {:?}\n{err}", out.status.code());
+        assert_eq!(out.status.code(), Some(1), "agentd {command}: {err}");
+        assert!(err.contains(expected), "agentd {command}: {err}");
+    }
+}

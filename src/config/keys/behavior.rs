@@ -14,11 +14,10 @@ pub const DEFAULT_ERROR_MESSAGE: &str =
 /// Default `behavior.compaction.prompt`.
 pub const DEFAULT_COMPACTION_PROMPT: &str = "Summarise the conversation so far for your own future reference. Keep decisions, facts about the user, open tasks and commitments, names, numbers, file paths and anything else needed to continue the work; drop small talk. Write in the language of the conversation.";
 
-/// `[behavior] call_deadline_seconds` default: ten minutes for one model call, from the request
-/// to the last event. Well above a long answer at the default `max_tokens` (4096 tokens take
-/// a few minutes even on a slow model), so it only ends calls that are stuck; raise it for
-/// very long outputs or large thinking budgets.
-pub const DEFAULT_CALL_DEADLINE_SECONDS: u64 = 600;
+/// `[behavior] call_deadline_seconds` default (SPEC §6): fifteen minutes for one model call,
+/// from the request to the last event. Long outputs and large thinking budgets take many
+/// minutes on a slow model, so it only ends calls that are stuck; raise it for more.
+pub const DEFAULT_CALL_DEADLINE_SECONDS: u64 = 900;
 
 /// `[behavior] max_reply_bytes` default: 1 MiB of text, thinking and tool-call input per
 /// model reply, about 250,000 tokens, more than any model's output limit today.

@@ -12,6 +12,10 @@ pub const MAX_AUDIO_BYTES_CEILING: i64 = 100 << 20;
 /// Largest `max_tts_chars` (a request's text is held in memory and billed per character).
 pub const MAX_TTS_CHARS_CEILING: i64 = 100_000;
 
+/// `[voice] voice` when not set and `tts_model` is OpenAI-compatible (SPEC §19). ElevenLabs
+/// has no default: its voices are ids from the user's voice library.
+pub const DEFAULT_OPENAI_VOICE: &str = "alloy";
+
 config_keys! {
     MEMORY = [
         MEMORY_ENABLED: "memory" "enabled", Bool = Bool,
@@ -98,8 +102,8 @@ config_keys! {
             default(true), restart, voice.echo_transcript,
             "quote the transcript back in Telegram";
         VOICE_NAME: "voice" "voice", Str = WORD,
-            default("alloy".to_string()), restart, voice.voice,
-            "the voice sent with speech requests (the `tts` tool may name another); for ElevenLabs a voice id, e.g. `\"JBFqnCBsd6RMkjVDRZzb\"`";
+            derived("`\"alloy\"` for an OpenAI-compatible `tts_model`; none for ElevenLabs: a voice id is required"), restart, voice.voice,
+            "the voice sent with speech requests (the `tts` tool may name another); for a `type = \"elevenlabs\"` `tts_model` a voice id from the provider's voice library, e.g. `\"JBFqnCBsd6RMkjVDRZzb\"`: `check-config` and start refuse such a model without one";
         MAX_AUDIO_BYTES: "voice" "max_audio_bytes", Int<u64> = Int::capped(1024, MAX_AUDIO_BYTES_CEILING, "; lower it (OpenAI accepts 25 MB)"),
             default(20 << 20), restart, voice.max_audio_bytes,
             "larger audio is not transcribed, larger speech answers are refused";
