@@ -366,10 +366,10 @@ impl DaemonBackend {
             session: key.clone(),
             digest: body_digest,
         };
-        if let Some(k) = idempotency_key.as_deref() {
-            if let Some(ticket) = self.answered_before(k, &binding, &id, &r.text).await? {
-                return Ok(ticket);
-            }
+        if let Some(k) = idempotency_key.as_deref()
+            && let Some(ticket) = self.answered_before(k, &binding, &id, &r.text).await?
+        {
+            return Ok(ticket);
         }
         let release = |e: BackendError| {
             if let Some(k) = idempotency_key.as_deref() {
