@@ -7,6 +7,7 @@
 //! gated calls are denied at once unless `system_allow` names the tool. A sub-agent cannot ask
 //! either: its gated calls are refused.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use chrono::Utc;
@@ -19,8 +20,8 @@ use crate::llm::{ChatResponse, StopReason};
 use crate::message::{Address, Message, ToolCall};
 use crate::monitor::LoopState;
 use crate::session::approval::{ApprovalDecided, ApprovalRequest, Decision};
-use crate::session::{Event, SessionState};
-use crate::tools::approval::{self, ApprovalInfo, Verdict};
+use crate::session::{Event, SessionHandle, SessionState};
+use crate::tools::approval::{self, ApprovalInfo, Approvals, Ticket, Verdict};
 
 /// What the gate (and the tools) need to know about the message they work for.
 pub(super) struct ApprovalRoute {
@@ -63,6 +64,108 @@ pub(super) fn needs_approval(
     None
 }
 
+/// A sub-agent cannot ask a person: its calls that would need a yes are refused.
+fn refuse_for_sub_agent(
+    cfg: &ApprovalsConfig,
+    calls: &[ToolCall],
+    refused: &mut [Option<String>],
+    spent: f64,
+) {
+    for (call, r) in calls.iter().zip(refused.iter_mut()) {
+        if r.is_none()
+            && needs_approval(cfg, &call.name, &Default::default(), spent, false).is_some()
+        {
+            *r = Some(format!(
+                "error: tool '{}' needs a person's approval, which a sub-agent cannot ask for; the main agent can call it",
+                call.name
+            ));
+        }
+    }
+}
+
+/// The approval requests of the calls not already refused that need a yes, each with the
+/// index of its call.
+fn requests(
+    cfg: &ApprovalsConfig,
+    calls: &[ToolCall],
+    refused: &[Option<String>],
+    always: &std::collections::BTreeSet<String>,
+    spent: f64,
+    over_ok: bool,
+) -> Vec<(usize, ApprovalRequest)> {
+    let mut asked = Vec::new();
+    for (i, call) in calls.iter().enumerate() {
+        if refused[i].is_some() {
+            continue;
+        }
+        let Some(reason) = needs_approval(cfg, &call.name, always, spent, over_ok) else {
+            continue;
+        };
+        let expires =
+            Utc::now() + chrono::Duration::from_std(cfg.timeout).unwrap_or(chrono::Duration::MAX);
+        asked.push((
+            i,
+            ApprovalRequest {
+                id: approval::new_id(),
+                tool: call.name.clone(),
+                tool_call_id: call.id.clone(),
+                summary: approval::summary(&call.name, &call.arguments),
+                input: call.arguments.clone(),
+                expires_at: expires.to_rfc3339(),
+                reason: reason.to_string(),
+            },
+        ));
+    }
+    asked
+}
+
+/// Open one request with the broker and offer it in the message's chat; `None` when too
+/// many approvals wait already.
+fn offer(
+    broker: &Arc<Approvals>,
+    cfg: &ApprovalsConfig,
+    session: &SessionHandle,
+    route: &ApprovalRoute,
+    req: &ApprovalRequest,
+) -> Option<Ticket> {
+    let info = ApprovalInfo {
+        id: req.id.clone(),
+        session_id: session.id.clone(),
+        key: session.key.clone(),
+        tool: req.tool.clone(),
+        summary: req.summary.clone(),
+        input: req.input.clone(),
+        created_at: Utc::now().to_rfc3339(),
+        expires_at: req.expires_at.clone(),
+    };
+    let ticket = broker.open(info)?;
+    let until = std::time::Instant::now() + cfg.timeout;
+    broker.offer(&req.id, route.chat.as_ref(), until);
+    Some(ticket)
+}
+
+/// Wait for every ticket's verdict until `timeout` from now (`None`: timed out); a request
+/// without a ticket is denied at once.
+async fn wait_all(
+    tickets: Vec<(usize, ApprovalRequest, Option<Ticket>)>,
+    timeout: std::time::Duration,
+) -> Vec<(usize, ApprovalRequest, Option<Verdict>)> {
+    let until = tokio::time::Instant::now() + timeout;
+    futures::future::join_all(tickets.into_iter().map(|(i, req, t)| async move {
+        // No ticket: too many approvals wait already, a deny at once.
+        let v = match t {
+            Some(t) => t.wait(until).await,
+            None => Some(Verdict {
+                decision: Decision::Deny,
+                by: format!("agentd (over {} approvals waiting)", approval::MAX_PENDING),
+                channel: "daemon".into(),
+            }),
+        };
+        (i, req, v)
+    }))
+    .await
+}
+
 impl Agent {
     /// `[approvals]` now: the broker's live view, else the config the agent started with.
     fn approvals_cfg(&self) -> ApprovalsConfig {
@@ -96,65 +199,25 @@ impl Agent {
                 ..
             } => (*session, *handle, *approval),
             Caller::SubAgent { .. } => {
-                for (call, r) in calls.iter().zip(refused.iter_mut()) {
-                    if r.is_none()
-                        && needs_approval(&cfg, &call.name, &Default::default(), spent, false)
-                            .is_some()
-                    {
-                        *r = Some(format!(
-                            "error: tool '{}' needs a person's approval, which a sub-agent cannot ask for; the main agent can call it",
-                            call.name
-                        ));
-                    }
-                }
+                refuse_for_sub_agent(&cfg, calls, refused, spent);
                 return Ok(());
             }
         };
         let over_ok = route.over_usd_ok.load(Ordering::Relaxed);
-        let mut asked: Vec<(usize, ApprovalRequest)> = Vec::new();
-        for (i, call) in calls.iter().enumerate() {
-            if refused[i].is_some() {
-                continue;
-            }
-            let Some(reason) =
-                needs_approval(&cfg, &call.name, &state.approvals.always, spent, over_ok)
-            else {
-                continue;
-            };
-            let expires = Utc::now()
-                + chrono::Duration::from_std(cfg.timeout).unwrap_or(chrono::Duration::MAX);
-            asked.push((
-                i,
-                ApprovalRequest {
-                    id: approval::new_id(),
-                    tool: call.name.clone(),
-                    tool_call_id: call.id.clone(),
-                    summary: approval::summary(&call.name, &call.arguments),
-                    input: call.arguments.clone(),
-                    expires_at: expires.to_rfc3339(),
-                    reason: reason.to_string(),
-                },
-            ));
-        }
+        let asked = requests(
+            &cfg,
+            calls,
+            refused,
+            &state.approvals.always,
+            spent,
+            over_ok,
+        );
         if asked.is_empty() {
             return Ok(());
         }
         // A `system` message has nobody to ask: denied at once unless `system_allow` says.
         if route.source == Source::System {
-            for (i, req) in asked {
-                if cfg.system_allows(&req.tool) {
-                    continue;
-                }
-                self.record_step(run, state, Event::Approval(req.clone()))
-                    .await?;
-                self.decided(run, state, &req, Decision::Deny, "agentd", "daemon")
-                    .await?;
-                refused[i] = Some(format!(
-                    "error: denied: this is a system message, which cannot wait for a person's approval, so this call of '{}' was not run (add the tool to [approvals] system_allow to let system messages run it)",
-                    req.tool
-                ));
-            }
-            return Ok(());
+            return self.deny_system(run, state, &cfg, asked, refused).await;
         }
         let Some(broker) = self.approvals.clone() else {
             for (i, req) in asked {
@@ -172,70 +235,81 @@ impl Agent {
         for (i, req) in &asked {
             self.record_step(run, state, Event::Approval(req.clone()))
                 .await?;
-            let info = ApprovalInfo {
-                id: req.id.clone(),
-                session_id: session.id.clone(),
-                key: session.key.clone(),
-                tool: req.tool.clone(),
-                summary: req.summary.clone(),
-                input: req.input.clone(),
-                created_at: Utc::now().to_rfc3339(),
-                expires_at: req.expires_at.clone(),
-            };
-            match broker.open(info) {
-                Some(t) => {
-                    let until = std::time::Instant::now() + cfg.timeout;
-                    broker.offer(&req.id, route.chat.as_ref(), until);
-                    tickets.push((*i, req.clone(), Some(t)));
-                }
-                None => tickets.push((*i, req.clone(), None)),
-            }
+            let ticket = offer(&broker, &cfg, session, route, req);
+            tickets.push((*i, req.clone(), ticket));
         }
         tracing::info!(session = %session.id, waiting = tickets.len(), "tool calls wait for approval");
-        let until = tokio::time::Instant::now() + cfg.timeout;
-        let waits = futures::future::join_all(tickets.into_iter().map(|(i, req, t)| async move {
-            // No ticket: too many approvals wait already, a deny at once.
-            let v = match t {
-                Some(t) => t.wait(until).await,
-                None => Some(Verdict {
-                    decision: Decision::Deny,
-                    by: format!("agentd (over {} approvals waiting)", approval::MAX_PENDING),
-                    channel: "daemon".into(),
-                }),
-            };
-            (i, req, v)
-        }));
         let verdicts = tokio::select! {
             _ = run.cancel.cancelled() => return Err(None),
-            v = waits => v,
+            v = wait_all(tickets, cfg.timeout) => v,
         };
         for (i, req, v) in verdicts {
-            match v {
-                Some(Verdict {
-                    decision,
-                    by,
-                    channel,
-                }) => {
-                    self.decided(run, state, &req, decision, &by, &channel)
-                        .await?;
-                    if decision.allows() {
-                        if req.reason == "over_usd" {
-                            route.over_usd_ok.store(true, Ordering::Relaxed);
-                        }
-                    } else {
-                        refused[i] = Some(approval::denied_result(
-                            &req.tool,
-                            decision,
-                            &format!("by {by} through {channel}"),
-                        ));
-                    }
-                }
-                None => {
-                    self.decided(run, state, &req, Decision::Timeout, "agentd", "daemon")
-                        .await?;
-                    refused[i] = Some(approval::denied_result(&req.tool, Decision::Timeout, ""));
-                }
+            self.apply_verdict(run, state, route, &req, v, &mut refused[i])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Deny at once the gated calls of a `system` message (nobody to ask), except the tools
+    /// `system_allow` names, which run.
+    async fn deny_system(
+        &self,
+        run: &Run<'_>,
+        state: &mut SessionState,
+        cfg: &ApprovalsConfig,
+        asked: Vec<(usize, ApprovalRequest)>,
+        refused: &mut [Option<String>],
+    ) -> Result<(), Option<Fail>> {
+        for (i, req) in asked {
+            if cfg.system_allows(&req.tool) {
+                continue;
             }
+            self.record_step(run, state, Event::Approval(req.clone()))
+                .await?;
+            self.decided(run, state, &req, Decision::Deny, "agentd", "daemon")
+                .await?;
+            refused[i] = Some(format!(
+                "error: denied: this is a system message, which cannot wait for a person's approval, so this call of '{}' was not run (add the tool to [approvals] system_allow to let system messages run it)",
+                req.tool
+            ));
+        }
+        Ok(())
+    }
+
+    /// Record one call's verdict (`None`: it timed out); a deny or a timeout puts the call's
+    /// error result in `refused`, an allowed `over_usd` lets the message go on past the limit.
+    async fn apply_verdict(
+        &self,
+        run: &Run<'_>,
+        state: &mut SessionState,
+        route: &ApprovalRoute,
+        req: &ApprovalRequest,
+        verdict: Option<Verdict>,
+        refused: &mut Option<String>,
+    ) -> Result<(), Option<Fail>> {
+        let Some(Verdict {
+            decision,
+            by,
+            channel,
+        }) = verdict
+        else {
+            self.decided(run, state, req, Decision::Timeout, "agentd", "daemon")
+                .await?;
+            *refused = Some(approval::denied_result(&req.tool, Decision::Timeout, ""));
+            return Ok(());
+        };
+        self.decided(run, state, req, decision, &by, &channel)
+            .await?;
+        if decision.allows() {
+            if req.reason == "over_usd" {
+                route.over_usd_ok.store(true, Ordering::Relaxed);
+            }
+        } else {
+            *refused = Some(approval::denied_result(
+                &req.tool,
+                decision,
+                &format!("by {by} through {channel}"),
+            ));
         }
         Ok(())
     }

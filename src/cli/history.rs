@@ -5,7 +5,7 @@ use std::fmt::Write;
 use super::output::Output;
 use crate::message::{Message, UserBlock};
 use crate::report::history::{ABBREVIATE_CHARS, History, abbreviate, to_json};
-use crate::session::event::{Event, TrailLine};
+use crate::session::event::{DeliveryStatus, Event, MessageEvent, TrailLine};
 
 /// Text (or JSON) for `--history`.
 pub fn render(h: &History, full: bool, as_json: bool) -> Output {
@@ -64,51 +64,7 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
             &format!("[{} from {}, id {}] {}", i.source, i.from, i.id, i.text),
         ),
         Event::Intake(_) => {}
-        Event::Message(m) => match &m.message {
-            Message::User { content } => {
-                let from = m
-                    .from
-                    .as_deref()
-                    .map(|f| format!("[{f}] "))
-                    .unwrap_or_default();
-                entry(
-                    out,
-                    &t,
-                    "user",
-                    &format!("{from}{}", user_text(content, full)),
-                );
-            }
-            Message::Assistant {
-                text,
-                tool_calls,
-                thinking,
-                ..
-            } => {
-                let mut body = String::new();
-                if full {
-                    for th in thinking {
-                        if let Some(x) = &th.thinking {
-                            let _ = writeln!(body, "(thinking) {x}");
-                        }
-                    }
-                }
-                if m.silent {
-                    body.push_str("(silent) ");
-                }
-                body.push_str(text);
-                for c in tool_calls {
-                    let args = serde_json::to_string(&c.arguments).unwrap_or_default();
-                    if !body.is_empty() && !body.ends_with('\n') {
-                        body.push('\n');
-                    }
-                    let _ = write!(body, "→ {}({})", c.name, cut(&args, full));
-                }
-                entry(out, &t, "assistant", &body);
-            }
-            Message::ToolResults { results, notice } => {
-                tool_results(out, &t, results, notice.as_deref(), full)
-            }
-        },
+        Event::Message(m) => message(out, &t, m, full),
         Event::ToolResult { results, notice } => {
             tool_results(out, &t, results, notice.as_deref(), full)
         }
@@ -117,17 +73,7 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
             status,
             detail,
             ..
-        } if full => {
-            let status = serde_json::to_value(status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            let detail = detail
-                .as_deref()
-                .map(|d| format!(" ({d})"))
-                .unwrap_or_default();
-            entry(out, &t, "delivery", &format!("{channel}: {status}{detail}"));
-        }
+        } if full => entry(out, &t, "delivery", &delivery_text(channel, status, detail)),
         Event::Delivery { .. } => {}
         Event::Failure { error, reply, .. } => entry(
             out,
@@ -195,7 +141,69 @@ fn render_line(out: &mut String, l: &TrailLine, full: bool) {
     }
 }
 
-/// `heartbeat: skip (exit 1, 12 ms, saved ~$0.0123)`.
+/// A conversation message: what the user wrote, the assistant's answer and calls, or the
+/// results of the calls.
+fn message(out: &mut String, t: &str, m: &MessageEvent, full: bool) {
+    match &m.message {
+        Message::User { content } => {
+            let from = m
+                .from
+                .as_deref()
+                .map(|f| format!("[{f}] "))
+                .unwrap_or_default();
+            entry(
+                out,
+                t,
+                "user",
+                &format!("{from}{}", user_text(content, full)),
+            );
+        }
+        Message::Assistant {
+            text,
+            tool_calls,
+            thinking,
+            ..
+        } => {
+            let mut body = String::new();
+            if full {
+                for th in thinking {
+                    if let Some(x) = &th.thinking {
+                        let _ = writeln!(body, "(thinking) {x}");
+                    }
+                }
+            }
+            if m.silent {
+                body.push_str("(silent) ");
+            }
+            body.push_str(text);
+            for c in tool_calls {
+                let args = serde_json::to_string(&c.arguments).unwrap_or_default();
+                if !body.is_empty() && !body.ends_with('\n') {
+                    body.push('\n');
+                }
+                let _ = write!(body, "→ {}({})", c.name, cut(&args, full));
+            }
+            entry(out, t, "assistant", &body);
+        }
+        Message::ToolResults { results, notice } => {
+            tool_results(out, t, results, notice.as_deref(), full)
+        }
+    }
+}
+
+/// `telegram: sent (detail)`.
+fn delivery_text(channel: &str, status: &DeliveryStatus, detail: &Option<String>) -> String {
+    let status = serde_json::to_value(status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let detail = detail
+        .as_deref()
+        .map(|d| format!(" ({d})"))
+        .unwrap_or_default();
+    format!("{channel}: {status}{detail}")
+}
+
 /// What the sender wrote first; the context block the daemon attached to the turn
 /// (`<agentd-context>`: time, source, recall, skills) after it, folded to its size unless
 /// `full`.
@@ -223,6 +231,7 @@ fn user_text(content: &[UserBlock], full: bool) -> String {
     text
 }
 
+/// `heartbeat: skip (exit 1, 12 ms, saved ~$0.0123)`.
 fn precheck_text(p: &crate::session::event::PrecheckEvent) -> String {
     let code = p
         .exit_code

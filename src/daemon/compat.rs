@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
+use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
@@ -16,7 +17,7 @@ use crate::agent::{FailCause, Finish};
 use crate::api::backend::{AttachmentIn, BackendError, CompatIn, CompatOutcome, CompatTicket};
 use crate::channels::intake::{Completion, IntakeSink};
 use crate::control::Source;
-use crate::llm::compat::{CompatReply, ErrorKind, FinishReason, ModelChoice};
+use crate::llm::compat::{CompatAttachment, CompatReply, ErrorKind, FinishReason, ModelChoice};
 use crate::message::{Message, Usage};
 use crate::session::event::{ApiRoute, ONE_OFF_PREFIX};
 use crate::session::{Ending, Event, Intake, Route, TrailLine};
@@ -292,6 +293,51 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
     None
 }
 
+/// The session a request goes to, the intake's `from`, and whether it is a one-off: the
+/// client's session name as `api:<name>`, else a one-off session.
+fn session_target(name: Option<&str>, idempotency_key: Option<&str>) -> (String, String, bool) {
+    match name.and_then(session_key) {
+        Some(key) => {
+            let from = key.trim_start_matches("api:").to_string();
+            (key, from, false)
+        }
+        None => (one_off_key(idempotency_key), "api".into(), true),
+    }
+}
+
+/// The wait for the answer, in a task of its own (a client that goes away never stops the
+/// work): the finish already in the trail (`replay`) or the one `waiter` is told. An answer
+/// to a request with an `Idempotency-Key` is remembered for its retries.
+fn answer(
+    recent: std::sync::Arc<RecentAnswers>,
+    answering: Answering,
+    replay: Option<Finish>,
+    waiter: oneshot::Receiver<Completion>,
+    remember: Option<(String, Binding)>,
+) -> BoxFuture<'static, Result<CompatOutcome, BackendError>> {
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let outcome = match replay {
+            Some(finish) => Ok(answering.outcome(finish)),
+            None => match waiter.await {
+                Ok(Completion { finish, .. }) => Ok(answering.outcome(finish)),
+                Err(_) => Err(BackendError::Unavailable(
+                    "agentd stopped before the message was done; it resumes after the restart"
+                        .into(),
+                )),
+            },
+        };
+        if let (Some((k, binding)), Ok(o)) = (remember, &outcome) {
+            recent.put(&k, &binding, o.clone());
+        }
+        let _ = tx.send(outcome);
+    });
+    Box::pin(async move {
+        rx.await
+            .unwrap_or_else(|_| Err(BackendError::Internal("the answer task ended early".into())))
+    })
+}
+
 impl DaemonBackend {
     /// `ApiBackend::compat`.
     pub(super) async fn compat_accept(&self, req: CompatIn) -> Result<CompatTicket, BackendError> {
@@ -312,31 +358,15 @@ impl DaemonBackend {
             created: chrono::Utc::now().timestamp(),
         };
         let name = session_header.or(r.session.clone());
-        let (key, from, one_off) = match name.as_deref().and_then(session_key) {
-            Some(key) => {
-                let from = key.trim_start_matches("api:").to_string();
-                (key, from, false)
-            }
-            None => (one_off_key(idempotency_key.as_deref()), "api".into(), true),
-        };
+        let (key, from, one_off) = session_target(name.as_deref(), idempotency_key.as_deref());
         let binding = Binding {
             session: key.clone(),
             digest: body_digest,
         };
-        if let Some(k) = idempotency_key.as_deref() {
-            if let Some(outcome) = self.recent.claim(k, &binding)? {
-                tracing::info!(id = %id, "compatible request answered again from its recorded answer");
-                return Ok(ready(id, outcome));
-            }
-            // After a restart the binding is the one recorded with the intake.
-            if self
-                .recorded_elsewhere(&key, &id, &binding.digest, &r.text)
-                .await
-            {
-                self.recent.release(k, &binding);
-                tracing::warn!(id = %id, session_key = %key, "Idempotency-Key reused for another request; refused");
-                return Err(reused(k));
-            }
+        if let Some(k) = idempotency_key.as_deref()
+            && let Some(ticket) = self.answered_before(k, &binding, &id, &r.text).await?
+        {
+            return Ok(ticket);
         }
         let release = |e: BackendError| {
             if let Some(k) = idempotency_key.as_deref() {
@@ -345,42 +375,11 @@ impl DaemonBackend {
             e
         };
         let stream = r.stream;
-        let model = match ModelChoice::of(&r.model) {
-            ModelChoice::Routed => None,
-            ModelChoice::Named(name) if self.cfg.models.get(&name).is_some() => Some(name),
-            ModelChoice::Named(name) => {
-                return Err(release(BackendError::NotFound(format!(
-                    "model {:?} is not loaded: use \"agentd\" or one of {} (GET /v1/models)",
-                    format!("agentd:{}", name.chars().take(60).collect::<String>()),
-                    self.cfg
-                        .models
-                        .loaded
-                        .keys()
-                        .map(|n| format!("\"agentd:{n}\""))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))));
-            }
-        };
-        let attachments = {
-            let saver = AttachmentSaver {
-                inbox: self.cfg.paths.state_dir.join("inbox"),
-            };
-            let list: Vec<AttachmentIn> = r
-                .attachments
-                .iter()
-                .map(|i| AttachmentIn {
-                    content_type: i.media_type.clone(),
-                    data: i.data.clone(),
-                    filename: None,
-                })
-                .collect();
-            let file_id = format!("api-{}", uuid::Uuid::now_v7());
-            tokio::task::spawn_blocking(move || saver.save(&file_id, &list))
-                .await
-                .map_err(|e| release(BackendError::Internal(e.to_string())))?
-                .map_err(release)?
-        };
+        let model = self.routed_model(&r.model).map_err(release)?;
+        let attachments = self
+            .save_attachments(&r.attachments)
+            .await
+            .map_err(release)?;
         let intake = Intake {
             id: id.clone(),
             source: Source::Api,
@@ -422,33 +421,80 @@ impl DaemonBackend {
             // stay registered for good.
             self.dispatcher.forget(&key, &id);
         }
-        let (tx, rx) = oneshot::channel();
-        let recent = self.recent.clone();
-        tokio::spawn(async move {
-            let outcome = match replay {
-                Some(finish) => Ok(answering.outcome(finish)),
-                None => match waiter.await {
-                    Ok(Completion { finish, .. }) => Ok(answering.outcome(finish)),
-                    Err(_) => Err(BackendError::Unavailable(
-                        "agentd stopped before the message was done; it resumes after the restart"
-                            .into(),
-                    )),
-                },
-            };
-            if let (Some(k), Ok(o)) = (idempotency_key, &outcome) {
-                recent.put(&k, &binding, o.clone());
-            }
-            let _ = tx.send(outcome);
-        });
+        let remember = idempotency_key.map(|k| (k, binding));
         Ok(CompatTicket {
             id,
-            done: Box::pin(async move {
-                rx.await.unwrap_or_else(|_| {
-                    Err(BackendError::Internal("the answer task ended early".into()))
-                })
-            }),
+            done: answer(self.recent.clone(), answering, replay, waiter, remember),
             deltas,
         })
+    }
+
+    /// A retry of a request with `Idempotency-Key` `k`: its remembered answer, or `reused`
+    /// when the key is recorded (before a restart) with another request; `None`: go on.
+    async fn answered_before(
+        &self,
+        k: &str,
+        binding: &Binding,
+        id: &str,
+        text: &str,
+    ) -> Result<Option<CompatTicket>, BackendError> {
+        if let Some(outcome) = self.recent.claim(k, binding)? {
+            tracing::info!(id = %id, "compatible request answered again from its recorded answer");
+            return Ok(Some(ready(id.to_string(), outcome)));
+        }
+        // After a restart the binding is the one recorded with the intake.
+        let key = &binding.session;
+        if self
+            .recorded_elsewhere(key, id, &binding.digest, text)
+            .await
+        {
+            self.recent.release(k, binding);
+            tracing::warn!(id = %id, session_key = %key, "Idempotency-Key reused for another request; refused");
+            return Err(reused(k));
+        }
+        Ok(None)
+    }
+
+    /// The model a request names: `None` for `agentd` (routed), the name for a loaded
+    /// `agentd:<name>`, else `NotFound` naming the loaded ones.
+    fn routed_model(&self, asked: &str) -> Result<Option<String>, BackendError> {
+        match ModelChoice::of(asked) {
+            ModelChoice::Routed => Ok(None),
+            ModelChoice::Named(name) if self.cfg.models.get(&name).is_some() => Ok(Some(name)),
+            ModelChoice::Named(name) => Err(BackendError::NotFound(format!(
+                "model {:?} is not loaded: use \"agentd\" or one of {} (GET /v1/models)",
+                format!("agentd:{}", name.chars().take(60).collect::<String>()),
+                self.cfg
+                    .models
+                    .loaded
+                    .keys()
+                    .map(|n| format!("\"agentd:{n}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// Save a request's images and sounds into `inbox/`; their paths for the intake.
+    async fn save_attachments(
+        &self,
+        attachments: &[CompatAttachment],
+    ) -> Result<Vec<String>, BackendError> {
+        let saver = AttachmentSaver {
+            inbox: self.cfg.paths.state_dir.join("inbox"),
+        };
+        let list: Vec<AttachmentIn> = attachments
+            .iter()
+            .map(|i| AttachmentIn {
+                content_type: i.media_type.clone(),
+                data: i.data.clone(),
+                filename: None,
+            })
+            .collect();
+        let file_id = format!("api-{}", uuid::Uuid::now_v7());
+        tokio::task::spawn_blocking(move || saver.save(&file_id, &list))
+            .await
+            .map_err(|e| BackendError::Internal(e.to_string()))?
     }
 
     /// Whether intake `id` is already recorded in session `key` for another request (another

@@ -196,6 +196,103 @@ fn alert_notice(
     }))
 }
 
+/// The ledger of costs and budgets (with the cache alarm), the metrics, and the gateway every
+/// provider call of every kind goes through (budget, retries, cost, metrics).
+fn accounting(
+    cfg: &Config,
+    db: &Db,
+    monitor: &Arc<Monitor>,
+    contacts: &Contacts,
+    outbound: Option<Arc<dyn Outbound>>,
+    tasks: &Tasks,
+) -> (
+    crate::cost::Ledger,
+    Arc<crate::metrics::Metrics>,
+    Arc<Gateway>,
+) {
+    let ledger = crate::cost::Ledger::new(db.clone(), cfg).with_cache_watch(
+        crate::cost::alarm::CacheWatch::new(
+            monitor.clone(),
+            alert_notice(cfg, contacts, outbound, tasks),
+        ),
+    );
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let gateway = Arc::new(Gateway::new(cfg, ledger.clone(), metrics.clone()));
+    (ledger, metrics, gateway)
+}
+
+/// Which sandbox path exec takes here, logged once (a probe in the background).
+fn log_sandbox(cfg: &Config) {
+    crate::sandbox::probe::log_at_start(
+        crate::tools::exec::sandbox_mode(cfg.tools.exec_sandbox),
+        cfg.tools.exec_network,
+    );
+}
+
+/// MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are logged
+/// and retried by each server's supervisor, never fatal. The token stops them.
+fn start_mcp(cfg: &Config) -> (Arc<McpManager>, CancellationToken) {
+    let cancel = CancellationToken::new();
+    let mcp = McpManager::start(
+        &cfg.mcp_servers,
+        crate::tools::mcp::McpSandbox::from_config(cfg),
+        cancel.clone(),
+    );
+    (mcp, cancel)
+}
+
+/// Text to speech (SPEC §19): the `tts` tool and spoken replies; `None` without a `tts_model`.
+fn speaker(
+    cfg: &Config,
+    gateway: &Arc<Gateway>,
+    paths: &StatePaths,
+) -> Option<Arc<crate::tools::tts::Speaker>> {
+    cfg.voice.tts_model.is_some().then(|| {
+        Arc::new(crate::tools::tts::Speaker {
+            gateway: gateway.clone(),
+            cfg: cfg.voice.clone(),
+            inbox: paths.inbox(),
+        })
+    })
+}
+
+/// The broker of tool calls waiting for a person's yes (SPEC §18.1).
+fn approvals(
+    live: &crate::config::Live,
+    outbound: Option<Arc<dyn Outbound>>,
+    contacts: &Contacts,
+    paths: &StatePaths,
+    tasks: &Tasks,
+) -> Arc<crate::tools::approval::Approvals> {
+    crate::tools::approval::Approvals::new(
+        Some(live.clone()),
+        outbound,
+        Some(contacts.clone()),
+        Some(paths.root.clone()),
+        tasks.abort.clone(),
+    )
+}
+
+/// The webhook of finished messages, `None` when the config turns it off.
+fn webhook(
+    cfg: &Config,
+    metrics: &Arc<crate::metrics::Metrics>,
+    monitor: &Arc<Monitor>,
+) -> Result<Option<crate::api::webhook::Webhook>, DaemonError> {
+    let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
+        .map_err(|e| DaemonError::Startup(e.to_string()))?
+        .observed(metrics.clone(), monitor.clone());
+    Ok(webhook.is_enabled().then_some(webhook))
+}
+
+/// Speech to text (SPEC §19): transcribes inbound audio with `[voice] stt_model`.
+fn transcriber(cfg: &Config, gateway: &Arc<Gateway>) -> Arc<super::voice::Transcriber> {
+    Arc::new(super::voice::Transcriber {
+        gateway: gateway.clone(),
+        cfg: cfg.voice.clone(),
+    })
+}
+
 fn log_models(cfg: &Config) {
     for (name, reason) in &cfg.models.skipped {
         tracing::warn!(model = %name, %reason, "model not loaded");
@@ -224,42 +321,17 @@ impl Services {
         let chats = super::chat::Opened::open(&cfg)?;
         let outbound = chats.router();
         let contacts = super::chat::contacts(&live);
-        let ledger = crate::cost::Ledger::new(db.clone(), &cfg).with_cache_watch(
-            crate::cost::alarm::CacheWatch::new(
-                monitor.clone(),
-                alert_notice(&cfg, &contacts, outbound.clone(), tasks),
-            ),
-        );
-        let metrics = Arc::new(crate::metrics::Metrics::new());
-        // Every provider call of every kind goes through it (budget, retries, cost, metrics).
-        let gateway = Arc::new(Gateway::new(&cfg, ledger.clone(), metrics.clone()));
+        let (ledger, metrics, gateway) =
+            accounting(&cfg, &db, &monitor, &contacts, outbound.clone(), tasks);
         let (memory, consolidator) = open_memory(&cfg, &gateway);
         let skills = Arc::new(crate::skills::SkillSet::load(
             &cfg.agent.skills.dir,
             &cfg.agent.skills.always_on,
         ));
-        // Which sandbox path exec takes here, logged once (a probe in the background).
-        crate::sandbox::probe::log_at_start(
-            crate::tools::exec::sandbox_mode(cfg.tools.exec_sandbox),
-            cfg.tools.exec_network,
-        );
-        // MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are
-        // logged and retried by each server's supervisor, never fatal.
-        let mcp_cancel = CancellationToken::new();
-        let mcp = McpManager::start(
-            &cfg.mcp_servers,
-            crate::tools::mcp::McpSandbox::from_config(&cfg),
-            mcp_cancel.clone(),
-        );
+        log_sandbox(&cfg);
+        let (mcp, mcp_cancel) = start_mcp(&cfg);
         let schedule_wake = Arc::new(Notify::new());
-        // Text to speech (SPEC §19): the `tts` tool and spoken replies.
-        let speaker = cfg.voice.tts_model.is_some().then(|| {
-            Arc::new(crate::tools::tts::Speaker {
-                gateway: gateway.clone(),
-                cfg: cfg.voice.clone(),
-                inbox: paths.inbox(),
-            })
-        });
+        let speaker = speaker(&cfg, &gateway, &paths);
         let deps = crate::tools::ToolDeps {
             live: live.clone(),
             db: db.clone(),
@@ -280,13 +352,7 @@ impl Services {
         } = crate::tools::assemble(&cfg, deps)
             .await
             .map_err(|e| DaemonError::Startup(format!("tool registry: {e}")))?;
-        let approvals = crate::tools::approval::Approvals::new(
-            Some(live.clone()),
-            outbound.clone(),
-            Some(contacts.clone()),
-            Some(paths.root.clone()),
-            tasks.abort.clone(),
-        );
+        let approvals = approvals(&live, outbound.clone(), &contacts, &paths, tasks);
         let agent = Agent::new(
             cfg.clone(),
             gateway.clone(),
@@ -299,9 +365,7 @@ impl Services {
         .with_approvals(approvals.clone());
         // Sub-agents run through the agent's loop.
         spawn.connect(Arc::new(agent.clone()));
-        let webhook = crate::api::webhook::Webhook::new(&cfg.http, &cfg.agent.name)
-            .map_err(|e| DaemonError::Startup(e.to_string()))?
-            .observed(metrics.clone(), monitor.clone());
+        let webhook = webhook(&cfg, &metrics, &monitor)?;
         let deps = DispatcherDeps {
             cfg: live.clone(),
             runner: Arc::new(agent),
@@ -309,16 +373,12 @@ impl Services {
             monitor: monitor.clone(),
             metrics: metrics.clone(),
             consolidator: consolidator.clone(),
-            webhook: webhook.is_enabled().then_some(webhook),
+            webhook,
             outbound,
             contacts,
             speaker,
         };
-        let transcriber = Arc::new(super::voice::Transcriber {
-            gateway: gateway.clone(),
-            cfg: cfg.voice.clone(),
-        });
-        let (dispatcher, intake) = queues(deps, tasks, transcriber);
+        let (dispatcher, intake) = queues(deps, tasks, transcriber(&cfg, &gateway));
         Ok(Services {
             live,
             cfg,
