@@ -109,133 +109,92 @@ impl Metrics {
     /// Everything at zero, registered under the `agentd_` prefix.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("agentd");
-        let messages = Bounded::new(&["source", "outcome"]);
-        registry.register(
-            "messages",
-            "Messages processed, by source and outcome",
-            messages.family.clone(),
-        );
-        let llm_calls = Bounded::new(&["model"]);
-        registry.register(
-            "llm_calls",
-            "Model provider calls of every kind (chat, embeddings, transcription, speech), by model",
-            llm_calls.family.clone(),
-        );
-        let token_family = Family::<Labels, Counter>::default();
-        let tokens = TOKEN_KINDS.map(|kind| {
-            token_family
-                .get_or_create(&vec![("kind", kind.to_owned())])
-                .clone()
-        });
-        registry.register("tokens", "Tokens of provider calls, by kind", token_family);
-        let cost_usd = Counter::<f64, AtomicU64>::default();
-        registry.register(
-            "cost_usd",
-            "Cost of the provider calls of every kind in US dollars (the cost ledger's rows)",
-            cost_usd.clone(),
-        );
-        let tool_calls = Bounded::new(&["tool", "outcome"]);
-        registry.register(
-            "tool_calls",
-            "Tool calls, by tool and outcome",
-            tool_calls.family.clone(),
-        );
-        let errors = Bounded::new(&["kind"]);
-        registry.register("errors", "Errors, by kind", errors.family.clone());
-        let gauge = |registry: &mut Registry, name: &str, help: &str| {
-            let g = Count::default();
-            registry.register(name, help, g.clone());
-            g
-        };
-        let approvals_pending = gauge(
-            &mut registry,
-            "approvals_pending",
-            "Tool calls waiting for a person's approval",
-        );
-        let queue_depth = gauge(
-            &mut registry,
-            "queue_depth",
-            "Items waiting in the intake queue",
-        );
-        let active_sessions = gauge(
-            &mut registry,
-            "active_sessions",
-            "Sessions processing a message",
-        );
-        let session_workers = gauge(
-            &mut registry,
-            "session_workers",
-            "Per-session worker tasks alive (they exit when their queue is empty)",
-        );
-        let open_sessions = gauge(
-            &mut registry,
-            "open_sessions",
-            "Session handles holding their trail file open",
-        );
-        let deliveries_pending = gauge(
-            &mut registry,
-            "deliveries_pending",
-            "Outbox deliveries queued, in flight or waiting to retry",
-        );
-        let deliveries = Bounded::new(&["status"]);
-        // The statuses are known: each is sampled from the start, at zero until it happens.
-        for status in ["done", "failed", "unknown"] {
-            deliveries.add(&[status], 0);
-        }
-        registry.register(
-            "deliveries",
-            "Outbox deliveries closed, by status (done, failed, unknown)",
-            deliveries.family.clone(),
-        );
-        let webhooks = Bounded::new(&["outcome"]);
-        for outcome in WEBHOOK_OUTCOMES {
-            webhooks.add(&[outcome], 0);
-        }
-        registry.register(
-            "webhooks",
-            "Webhook callbacks, by outcome (delivered; failed after its attempts or refused; dropped because the deliveries in flight were at their bound)",
-            webhooks.family.clone(),
-        );
-        let histogram = |registry: &mut Registry, name: &str, help: &str| {
-            let h = Histogram::new(DURATION_BUCKETS.iter().copied());
-            registry.register_with_unit(name, help, Unit::Seconds, h.clone());
-            h
-        };
-        let message_duration = histogram(
-            &mut registry,
-            "message_duration",
-            "Time from intake to the end of a message",
-        );
-        let slot_wait = histogram(
-            &mut registry,
-            "session_slot_wait",
-            "Time a message waited for one of [behavior] max_concurrent_sessions slots",
-        );
-        let llm_call_duration = histogram(
-            &mut registry,
-            "llm_call_duration",
-            "Duration of one provider call",
-        );
+        let r = &mut registry;
+        // The fields are built in registration order (the order of the exposition); `registry`
+        // moves in last, when `r` is no longer used.
         Metrics {
-            registry,
-            messages,
-            llm_calls,
-            tokens,
-            cost_usd,
-            tool_calls,
-            errors,
-            queue_depth,
-            active_sessions,
-            session_workers,
-            open_sessions,
-            deliveries,
-            deliveries_pending,
-            webhooks,
-            approvals_pending,
-            message_duration,
+            messages: bounded(
+                r,
+                "messages",
+                "Messages processed, by source and outcome",
+                &["source", "outcome"],
+                &[],
+            ),
+            llm_calls: bounded(
+                r,
+                "llm_calls",
+                "Model provider calls of every kind (chat, embeddings, transcription, speech), by model",
+                &["model"],
+                &[],
+            ),
+            tokens: tokens(r),
+            cost_usd: {
+                let c = Counter::<f64, AtomicU64>::default();
+                r.register(
+                    "cost_usd",
+                    "Cost of the provider calls of every kind in US dollars (the cost ledger's rows)",
+                    c.clone(),
+                );
+                c
+            },
+            tool_calls: bounded(
+                r,
+                "tool_calls",
+                "Tool calls, by tool and outcome",
+                &["tool", "outcome"],
+                &[],
+            ),
+            errors: bounded(r, "errors", "Errors, by kind", &["kind"], &[]),
+            approvals_pending: gauge(
+                r,
+                "approvals_pending",
+                "Tool calls waiting for a person's approval",
+            ),
+            queue_depth: gauge(r, "queue_depth", "Items waiting in the intake queue"),
+            active_sessions: gauge(r, "active_sessions", "Sessions processing a message"),
+            session_workers: gauge(
+                r,
+                "session_workers",
+                "Per-session worker tasks alive (they exit when their queue is empty)",
+            ),
+            open_sessions: gauge(
+                r,
+                "open_sessions",
+                "Session handles holding their trail file open",
+            ),
+            deliveries_pending: gauge(
+                r,
+                "deliveries_pending",
+                "Outbox deliveries queued, in flight or waiting to retry",
+            ),
+            // The statuses are known: each is sampled from the start, at zero until it happens.
+            deliveries: bounded(
+                r,
+                "deliveries",
+                "Outbox deliveries closed, by status (done, failed, unknown)",
+                &["status"],
+                &["done", "failed", "unknown"],
+            ),
+            webhooks: bounded(
+                r,
+                "webhooks",
+                "Webhook callbacks, by outcome (delivered; failed after its attempts or refused; dropped because the deliveries in flight were at their bound)",
+                &["outcome"],
+                &WEBHOOK_OUTCOMES,
+            ),
+            message_duration: histogram(
+                r,
+                "message_duration",
+                "Time from intake to the end of a message",
+            ),
+            slot_wait: histogram(
+                r,
+                "session_slot_wait",
+                "Time a message waited for one of [behavior] max_concurrent_sessions slots",
+            ),
+            llm_call_duration: histogram(r, "llm_call_duration", "Duration of one provider call"),
             messages_finished: AtomicU64::new(0),
-            llm_call_duration,
-            slot_wait,
+            registry,
         }
     }
 
@@ -356,6 +315,49 @@ struct Bounded {
     family: Family<Labels, Counter>,
     /// Distinct values seen, per label position.
     seen: Mutex<Vec<BTreeSet<String>>>,
+}
+
+/// A [`Bounded`] family with label `names`, registered; each of `known` (values of a one-label
+/// family) is sampled from the start, at zero.
+fn bounded(
+    r: &mut Registry,
+    name: &str,
+    help: &str,
+    names: &'static [&'static str],
+    known: &[&str],
+) -> Bounded {
+    let b = Bounded::new(names);
+    for value in known {
+        b.add(&[value], 0);
+    }
+    r.register(name, help, b.family.clone());
+    b
+}
+
+/// `agentd_tokens_total`, registered, with a series per kind of [`TOKEN_KINDS`].
+fn tokens(r: &mut Registry) -> [Counter; 4] {
+    let family = Family::<Labels, Counter>::default();
+    let tokens = TOKEN_KINDS.map(|kind| {
+        family
+            .get_or_create(&vec![("kind", kind.to_owned())])
+            .clone()
+    });
+    r.register("tokens", "Tokens of provider calls, by kind", family);
+    tokens
+}
+
+/// A count gauge, registered.
+fn gauge(r: &mut Registry, name: &str, help: &str) -> Count {
+    let g = Count::default();
+    r.register(name, help, g.clone());
+    g
+}
+
+/// A latency histogram in seconds ([`DURATION_BUCKETS`]), registered.
+fn histogram(r: &mut Registry, name: &str, help: &str) -> Histogram {
+    let h = Histogram::new(DURATION_BUCKETS.iter().copied());
+    r.register_with_unit(name, help, Unit::Seconds, h.clone());
+    h
 }
 
 impl Bounded {

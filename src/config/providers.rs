@@ -253,7 +253,7 @@ impl<'e> ModelCollector<'e> {
 
     /// Apply defaults, validate, resolve the key, and record the definition.
     fn define(&mut self, w: &Walker<'_>, name: &str, provider: &str, f: ModelFields) {
-        let key = |k: &str| join_key(&join_key("models", name), k);
+        let key = |k: &str| model_key(name, k);
         let before = w.problem_count();
         let model = f.model.clone();
         if model.is_none() {
@@ -266,48 +266,16 @@ impl<'e> ModelCollector<'e> {
             self.mark_invalid(w, name, &f);
             return;
         };
-        if kind != ProviderKind::Anthropic && f.cache_ttl.is_some() {
-            w.problem(
-                key("cache_ttl"),
-                "only valid for type = \"anthropic\"; remove it",
-            );
-        }
-        if kind != ProviderKind::OpenAi && f.prompt_cache_key.is_some() {
-            w.problem(
-                key("prompt_cache_key"),
-                "only valid for type = \"openai\"; remove it",
-            );
-        }
+        check_kind_only_keys(w, name, kind, &f);
         let max_tokens = f.max_tokens.unwrap_or_else(km::MAX_TOKENS.default.0);
         let thinking = f.thinking.unwrap_or_else(km::THINKING.default.0);
         let thinking_budget = f
             .thinking_budget
             .unwrap_or_else(km::THINKING_BUDGET.default.0);
-        if thinking == Thinking::Budgeted && thinking_budget >= max_tokens {
-            w.problem(
-                key("thinking_budget"),
-                format!(
-                    "must be below max_tokens ({max_tokens}); lower thinking_budget or raise max_tokens"
-                ),
-            );
+        if thinking == Thinking::Budgeted {
+            check_thinking_budget(w, name, thinking_budget, max_tokens);
         }
-        if thinking == Thinking::Budgeted && thinking_budget < 1024 {
-            w.problem(
-                key("thinking_budget"),
-                format!("must be at least 1024 (the API minimum), got {thinking_budget}"),
-            );
-        }
-        let default_url = match kind {
-            ProviderKind::Anthropic => ANTHROPIC_BASE_URL,
-            ProviderKind::OpenAi => OPENAI_BASE_URL,
-            ProviderKind::ElevenLabs => ELEVENLABS_BASE_URL,
-        };
-        let base_url = f
-            .base_url
-            .clone()
-            .unwrap_or_else(|| default_url.to_string())
-            .trim_end_matches('/')
-            .to_string();
+        let base_url = base_url(kind, f.base_url.as_deref());
         let fallback = f.fallback.clone().unwrap_or_default();
         if fallback.iter().any(|n| n == name) {
             w.problem(
@@ -320,21 +288,8 @@ impl<'e> ModelCollector<'e> {
             return;
         };
 
-        let (api_key, skip_reason) = match &f.api_key_env {
-            None => (None, None),
-            Some(var) => match self.env.get_non_empty(var) {
-                Some(v) => (Some(SecretString::from(v)), None),
-                None => (
-                    None,
-                    Some(format!(
-                        "environment variable {var} is not set ({}); put it in {} or the environment",
-                        display_path(w.file()),
-                        display_path(&self.dotenv_path)
-                    )),
-                ),
-            },
-        };
-        let input = f.input.unwrap_or_else(km::COST_INPUT.default.0);
+        let (api_key, skip_reason) = self.resolve_key(w, f.api_key_env.as_deref());
+        let pricing = pricing(&f);
         let spec = ModelSpec {
             name: name.to_string(),
             provider: provider.to_string(),
@@ -347,18 +302,7 @@ impl<'e> ModelCollector<'e> {
             context_window: f
                 .context_window
                 .unwrap_or_else(km::CONTEXT_WINDOW.default.0),
-            pricing: Pricing {
-                input,
-                output: f.output.unwrap_or_else(km::COST_OUTPUT.default.0),
-                cache_read: f.cache_read.unwrap_or_else(km::COST_CACHE_READ.default.0),
-                cache_write: f.cache_write.unwrap_or_else(km::COST_CACHE_WRITE.default.0),
-                // Anthropic's published rate: a 1-hour write costs twice the base input.
-                cache_write_1h: f.cache_write_1h.unwrap_or(input * 2.0),
-                per_minute: f.per_minute.unwrap_or_else(km::COST_PER_MINUTE.default.0),
-                per_1k_chars: f
-                    .per_1k_chars
-                    .unwrap_or_else(km::COST_PER_1K_CHARS.default.0),
-            },
+            pricing,
             cache: f.cache.unwrap_or(kind == ProviderKind::Anthropic),
             cache_ttl: f.cache_ttl.unwrap_or_else(km::CACHE_TTL.default.0),
             thinking,
@@ -388,6 +332,29 @@ impl<'e> ModelCollector<'e> {
                 skip_reason,
             },
         );
+    }
+
+    /// The key from the environment variable `api_key_env` names, or why the model is
+    /// skipped (the variable is not set).
+    fn resolve_key(
+        &self,
+        w: &Walker<'_>,
+        api_key_env: Option<&str>,
+    ) -> (Option<SecretString>, Option<String>) {
+        let Some(var) = api_key_env else {
+            return (None, None);
+        };
+        match self.env.get_non_empty(var) {
+            Some(v) => (Some(SecretString::from(v)), None),
+            None => (
+                None,
+                Some(format!(
+                    "environment variable {var} is not set ({}); put it in {} or the environment",
+                    display_path(w.file()),
+                    display_path(&self.dotenv_path)
+                )),
+            ),
+        }
     }
 
     /// An invalid definition replaces any earlier one but is not kept.
@@ -452,5 +419,71 @@ impl<'e> ModelCollector<'e> {
             }
         }
         (set, self.problems)
+    }
+}
+
+/// The full key of `k` in model `name`'s table.
+fn model_key(name: &str, k: &str) -> String {
+    join_key(&join_key("models", name), k)
+}
+
+/// Keys that only one provider type reads: a problem when set for another.
+fn check_kind_only_keys(w: &Walker<'_>, name: &str, kind: ProviderKind, f: &ModelFields) {
+    if kind != ProviderKind::Anthropic && f.cache_ttl.is_some() {
+        w.problem(
+            model_key(name, "cache_ttl"),
+            "only valid for type = \"anthropic\"; remove it",
+        );
+    }
+    if kind != ProviderKind::OpenAi && f.prompt_cache_key.is_some() {
+        w.problem(
+            model_key(name, "prompt_cache_key"),
+            "only valid for type = \"openai\"; remove it",
+        );
+    }
+}
+
+/// A budgeted thinking model's budget: at least the API minimum, below `max_tokens`.
+fn check_thinking_budget(w: &Walker<'_>, name: &str, thinking_budget: u32, max_tokens: u32) {
+    if thinking_budget >= max_tokens {
+        w.problem(
+            model_key(name, "thinking_budget"),
+            format!(
+                "must be below max_tokens ({max_tokens}); lower thinking_budget or raise max_tokens"
+            ),
+        );
+    }
+    if thinking_budget < 1024 {
+        w.problem(
+            model_key(name, "thinking_budget"),
+            format!("must be at least 1024 (the API minimum), got {thinking_budget}"),
+        );
+    }
+}
+
+/// `base_url` as set, or the provider type's default; without a trailing slash.
+fn base_url(kind: ProviderKind, set: Option<&str>) -> String {
+    let default_url = match kind {
+        ProviderKind::Anthropic => ANTHROPIC_BASE_URL,
+        ProviderKind::OpenAi => OPENAI_BASE_URL,
+        ProviderKind::ElevenLabs => ELEVENLABS_BASE_URL,
+    };
+    set.unwrap_or(default_url).trim_end_matches('/').to_string()
+}
+
+/// The prices of a model, each defaulted.
+fn pricing(f: &ModelFields) -> Pricing {
+    let input = f.input.unwrap_or_else(km::COST_INPUT.default.0);
+    Pricing {
+        input,
+        output: f.output.unwrap_or_else(km::COST_OUTPUT.default.0),
+        cache_read: f.cache_read.unwrap_or_else(km::COST_CACHE_READ.default.0),
+        cache_write: f.cache_write.unwrap_or_else(km::COST_CACHE_WRITE.default.0),
+        // Anthropic's published rate: a 1-hour write costs twice the base input.
+        cache_write_1h: f.cache_write_1h.unwrap_or(input * 2.0),
+        per_minute: f.per_minute.unwrap_or_else(km::COST_PER_MINUTE.default.0),
+        per_1k_chars: f
+            .per_1k_chars
+            .unwrap_or_else(km::COST_PER_1K_CHARS.default.0),
     }
 }

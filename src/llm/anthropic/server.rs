@@ -4,6 +4,7 @@
 //! `message_delta` with usage, `message_stop`, `ping` keep-alives) and the error envelope.
 //! Only this module (with the client beside it) knows Anthropic's JSON.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::llm::compat::{
@@ -35,84 +36,19 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(Invalid::new("stream", "`stream` must be true or false")),
     };
-    let max_tokens = match o.get("max_tokens") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-            Some(n) if n >= 1 => Some(n),
-            _ => {
-                return Err(Invalid::new(
-                    "max_tokens",
-                    format!(
-                        "`max_tokens` must be a positive integer, got {}",
-                        short(&v.to_string())
-                    ),
-                ));
-            }
-        },
-    };
+    let max_tokens = max_tokens(&o)?;
     let thinking = match o.get("thinking") {
         None | Some(Value::Null) => None,
         Some(t) => Some(thinking(t, max_tokens)?),
     };
-    let effort = match o.get("output_config").and_then(|c| c.get("effort")) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => Some(e.clone()),
-        Some(e) => {
-            return Err(Invalid::new(
-                "output_config.effort",
-                format!(
-                    "unknown effort {}: use one of {}",
-                    short(&e.to_string()),
-                    EFFORTS.join(", ")
-                ),
-            ));
-        }
-    };
-    let session = match o.get("metadata").and_then(|m| m.get("user_id")) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if !s.trim().is_empty() => Some(s.clone()),
-        Some(Value::String(_)) => None,
-        Some(_) => {
-            return Err(Invalid::new(
-                "metadata.user_id",
-                "`metadata.user_id` must be a string",
-            ));
-        }
-    };
+    let effort = effort(&o)?;
+    let session = session(&o)?;
     let system = match o.get("system") {
         None | Some(Value::Null) => None,
         Some(s) => Some(text_blocks(s, "system")?),
     };
     let messages = compat::message_list(messages)?;
-    let mut turns: Vec<(Message, Vec<CompatAttachment>)> = Vec::new();
-    for (i, raw) in messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let Value::Object(m) = compat::message_value(raw, &at)? else {
-            return Err(Invalid::new(at, "each message must be an object"));
-        };
-        match m.get("role").and_then(Value::as_str) {
-            Some("user") => {
-                let (text, images) = content(&m, &at, true)?;
-                let mut blocks = vec![UserBlock::Text { text }];
-                for _ in &images {
-                    blocks.push(UserBlock::Text {
-                        text: "[image sent by the client]".into(),
-                    });
-                }
-                turns.push((Message::User { content: blocks }, images));
-            }
-            Some("assistant") => {
-                let (text, _) = content(&m, &at, false)?;
-                turns.push((compat::assistant_text(text), Vec::new()));
-            }
-            _ => {
-                return Err(Invalid::new(
-                    format!("{at}.role"),
-                    "`role` must be \"user\" or \"assistant\"",
-                ));
-            }
-        }
-    }
+    let mut turns = conversation(&messages)?;
     let Some((Message::User { content: last }, images)) = turns.pop() else {
         return Err(Invalid::new(
             "messages",
@@ -145,6 +81,90 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         stream,
         include_usage: true,
     })
+}
+
+/// `max_tokens`: a positive integer, or absent.
+fn max_tokens(o: &Map<String, Value>) -> Result<Option<u32>, Invalid> {
+    match o.get("max_tokens") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(Invalid::new(
+                "max_tokens",
+                format!(
+                    "`max_tokens` must be a positive integer, got {}",
+                    short(&v.to_string())
+                ),
+            )),
+        },
+    }
+}
+
+/// `output_config.effort`: one of [`EFFORTS`], or absent.
+fn effort(o: &Map<String, Value>) -> Result<Option<String>, Invalid> {
+    match o.get("output_config").and_then(|c| c.get("effort")) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => Ok(Some(e.clone())),
+        Some(e) => Err(Invalid::new(
+            "output_config.effort",
+            format!(
+                "unknown effort {}: use one of {}",
+                short(&e.to_string()),
+                EFFORTS.join(", ")
+            ),
+        )),
+    }
+}
+
+/// `metadata.user_id`, the session (none when blank).
+fn session(o: &Map<String, Value>) -> Result<Option<String>, Invalid> {
+    match o.get("metadata").and_then(|m| m.get("user_id")) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.clone())),
+        Some(Value::String(_)) => Ok(None),
+        Some(_) => Err(Invalid::new(
+            "metadata.user_id",
+            "`metadata.user_id` must be a string",
+        )),
+    }
+}
+
+/// A turn of the conversation and the images of its user message.
+type Turn = (Message, Vec<CompatAttachment>);
+
+/// The turns of `messages`, in order: user messages (with a placeholder for each image) and
+/// assistant messages.
+fn conversation(messages: &[&RawValue]) -> Result<Vec<Turn>, Invalid> {
+    let mut turns: Vec<Turn> = Vec::new();
+    for (i, raw) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(m) = compat::message_value(raw, &at)? else {
+            return Err(Invalid::new(at, "each message must be an object"));
+        };
+        match m.get("role").and_then(Value::as_str) {
+            Some("user") => {
+                let (text, images) = content(&m, &at, true)?;
+                let mut blocks = vec![UserBlock::Text { text }];
+                for _ in &images {
+                    blocks.push(UserBlock::Text {
+                        text: "[image sent by the client]".into(),
+                    });
+                }
+                turns.push((Message::User { content: blocks }, images));
+            }
+            Some("assistant") => {
+                let (text, _) = content(&m, &at, false)?;
+                turns.push((compat::assistant_text(text), Vec::new()));
+            }
+            _ => {
+                return Err(Invalid::new(
+                    format!("{at}.role"),
+                    "`role` must be \"user\" or \"assistant\"",
+                ));
+            }
+        }
+    }
+    Ok(turns)
 }
 
 /// `thinking`: `{"type": "enabled", "budget_tokens": n}` (n ≥ 1024, below `max_tokens`),

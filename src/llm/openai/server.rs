@@ -4,6 +4,7 @@
 //! envelope. Only this module (with the client beside it) knows OpenAI's JSON.
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::llm::compat::{
@@ -31,6 +32,33 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         messages,
         model,
     } = compat::request_object(body, CLIENT_TOOL_FIELDS)?;
+    refuse_other_outputs(&o)?;
+    let stream = opt_bool(&o, "stream")?.unwrap_or(false);
+    let include_usage = include_usage(&o)?;
+    let session = match (opt_str(&o, "safety_identifier")?, opt_str(&o, "user")?) {
+        (Some(s), _) | (None, Some(s)) if !s.trim().is_empty() => Some(s),
+        _ => None,
+    };
+    let options = call_options(&o)?;
+    let messages = compat::message_list(messages)?;
+    let (system, mut turns) = conversation(&messages)?;
+    let (text, attachments) = new_input(&mut turns, messages.len())?;
+    let system = system.join("\n\n");
+    Ok(CompatRequest {
+        model,
+        session,
+        system: (!system.trim().is_empty()).then_some(system),
+        history: compat::normalise_history(turns.into_iter().map(|(m, _)| m).collect()),
+        text,
+        attachments,
+        options,
+        stream,
+        include_usage,
+    })
+}
+
+/// Refuses `n` other than 1 and output modalities other than text.
+fn refuse_other_outputs(o: &Map<String, Value>) -> Result<(), Invalid> {
     if let Some(n) = o.get("n").filter(|n| !n.is_null())
         && n.as_u64() != Some(1)
     {
@@ -41,25 +69,30 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
     {
         return Err(Invalid::new("modalities", "only text output is supported"));
     }
-    let stream = opt_bool(&o, "stream")?.unwrap_or(false);
-    let include_usage = match o.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(so)) => opt_bool(so, "include_usage")
+    Ok(())
+}
+
+/// `stream_options.include_usage` (false when absent).
+fn include_usage(o: &Map<String, Value>) -> Result<bool, Invalid> {
+    match o.get("stream_options") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(so)) => Ok(opt_bool(so, "include_usage")
             .map_err(|e| Invalid::new("stream_options.include_usage", e.message))?
-            .unwrap_or(false),
-        Some(_) => return Err(Invalid::new("stream_options", "must be an object")),
-    };
-    let session = match (opt_str(&o, "safety_identifier")?, opt_str(&o, "user")?) {
-        (Some(s), _) | (None, Some(s)) if !s.trim().is_empty() => Some(s),
-        _ => None,
-    };
+            .unwrap_or(false)),
+        Some(_) => Err(Invalid::new("stream_options", "must be an object")),
+    }
+}
+
+/// The token cap, temperature and reasoning effort; `reasoning` (the Responses API's field)
+/// is refused with the field to use instead.
+fn call_options(o: &Map<String, Value>) -> Result<CallOptions, Invalid> {
     let options = CallOptions {
-        max_tokens: match opt_u32(&o, "max_completion_tokens")? {
+        max_tokens: match opt_u32(o, "max_completion_tokens")? {
             Some(m) => Some(m),
-            None => opt_u32(&o, "max_tokens")?,
+            None => opt_u32(o, "max_tokens")?,
         },
         temperature: compat::temperature(o.get("temperature"), 2.0)?,
-        effort: match opt_str(&o, "reasoning_effort")? {
+        effort: match opt_str(o, "reasoning_effort")? {
             None => None,
             Some(e) if EFFORTS.contains(&e.as_str()) => Some(e),
             Some(e) => {
@@ -81,9 +114,16 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
             "`reasoning` belongs to the Responses API; on chat completions use `reasoning_effort`",
         ));
     }
-    let messages = compat::message_list(messages)?;
+    Ok(options)
+}
+
+/// A turn of the conversation and the attachments of its user message.
+type Turn = (Message, Vec<CompatAttachment>);
+
+/// The system (and developer) texts and the turns of `messages`, in order.
+fn conversation(messages: &[&RawValue]) -> Result<(Vec<String>, Vec<Turn>), Invalid> {
     let mut system = Vec::new();
-    let mut turns: Vec<(Message, Vec<CompatAttachment>)> = Vec::new();
+    let mut turns: Vec<Turn> = Vec::new();
     for (i, raw) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Value::Object(m) = compat::message_value(raw, &at)? else {
@@ -96,22 +136,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
                 let (text, files) = user_content(m.get("content"), &at)?;
                 turns.push((user_message(text, &files), files));
             }
-            "assistant" => {
-                if m.get("tool_calls")
-                    .is_some_and(|v| !v.is_null() && v != &json!([]))
-                    || m.get("function_call").is_some_and(|v| !v.is_null())
-                {
-                    return Err(Invalid::new(
-                        format!("{at}.tool_calls"),
-                        "client-side tool calls are not supported: agentd runs its own tools",
-                    ));
-                }
-                let text = match m.get("content") {
-                    None | Some(Value::Null) => String::new(),
-                    c => text_of(c, &at)?,
-                };
-                turns.push((compat::assistant_text(text), Vec::new()));
-            }
+            "assistant" => turns.push((assistant_message(&m, &at)?, Vec::new())),
             "tool" | "function" => {
                 return Err(Invalid::new(
                     format!("{at}.role"),
@@ -129,6 +154,33 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
             }
         }
     }
+    Ok((system, turns))
+}
+
+/// An assistant turn of the history: its text; client-side tool calls are refused.
+fn assistant_message(m: &Map<String, Value>, at: &str) -> Result<Message, Invalid> {
+    if m.get("tool_calls")
+        .is_some_and(|v| !v.is_null() && v != &json!([]))
+        || m.get("function_call").is_some_and(|v| !v.is_null())
+    {
+        return Err(Invalid::new(
+            format!("{at}.tool_calls"),
+            "client-side tool calls are not supported: agentd runs its own tools",
+        ));
+    }
+    let text = match m.get("content") {
+        None | Some(Value::Null) => String::new(),
+        c => text_of(c, at)?,
+    };
+    Ok(compat::assistant_text(text))
+}
+
+/// Takes the last turn off `turns`: it must be a non-empty user message (the new input) of
+/// the `count` messages; its text and attachments.
+fn new_input(
+    turns: &mut Vec<Turn>,
+    count: usize,
+) -> Result<(String, Vec<CompatAttachment>), Invalid> {
     let Some((last, attachments)) = turns.pop() else {
         return Err(Invalid::new("messages", "no user message"));
     };
@@ -145,22 +197,11 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
     };
     if text.trim().is_empty() && attachments.is_empty() {
         return Err(Invalid::new(
-            format!("messages[{}].content", messages.len() - 1),
+            format!("messages[{}].content", count - 1),
             "the last user message is empty",
         ));
     }
-    let system = system.join("\n\n");
-    Ok(CompatRequest {
-        model,
-        session,
-        system: (!system.trim().is_empty()).then_some(system),
-        history: compat::normalise_history(turns.into_iter().map(|(m, _)| m).collect()),
-        text,
-        attachments,
-        options,
-        stream,
-        include_usage,
-    })
+    Ok((text, attachments))
 }
 
 /// A user turn of the history: its text, and a placeholder for each image or sound it had.

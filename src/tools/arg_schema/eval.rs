@@ -5,7 +5,7 @@
 
 use std::cmp::Ordering;
 
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 use super::number::{cmp_numbers, is_multiple_of, json_eq};
 use super::{
@@ -206,23 +206,7 @@ impl<'s, 'v> Eval<'s, 'v> {
             Check::Const(c) => self.expect(json_eq(c, v), sink, || {
                 format!("{} is not {}", show(v), show(c))
             }),
-            Check::Bound(kind, limit) => {
-                let Value::Number(n) = v else { return true };
-                let ord = cmp_numbers(n, limit);
-                let (ok, words) = match kind {
-                    Bound::Min => (ord != Ordering::Less, "less than the minimum of"),
-                    Bound::Max => (ord != Ordering::Greater, "greater than the maximum of"),
-                    Bound::ExclusiveMin => (
-                        ord == Ordering::Greater,
-                        "less than or equal to the exclusive minimum of",
-                    ),
-                    Bound::ExclusiveMax => (
-                        ord == Ordering::Less,
-                        "greater than or equal to the exclusive maximum of",
-                    ),
-                };
-                self.expect(ok, sink, || format!("{n} is {words} {limit}"))
-            }
+            Check::Bound(kind, limit) => self.bound(*kind, limit, v, sink),
             Check::MultipleOf(d) => {
                 let Value::Number(n) = v else { return true };
                 self.expect(is_multiple_of(n, *d), sink, || {
@@ -231,112 +215,17 @@ impl<'s, 'v> Eval<'s, 'v> {
             }
             Check::MinSize(size, limit) => self.size(*size, *limit, true, v, sink),
             Check::MaxSize(size, limit) => self.size(*size, *limit, false, v, sink),
-            Check::UniqueItems => {
-                let Value::Array(a) = v else { return true };
-                // Quadratic, as the definition: argument lists are short, and the work is
-                // bounded by the step budget of what produced them.
-                let dup = (0..a.len()).find_map(|i| {
-                    ((i + 1)..a.len())
-                        .find(|&j| json_eq(&a[i], &a[j]))
-                        .map(|j| (i, j))
-                });
-                self.expect(dup.is_none(), sink, || {
-                    let (i, j) = dup.unwrap_or_default();
-                    format!(
-                        "items {i} and {j} are equal ({}); every item must be unique",
-                        show(&a[i])
-                    )
-                })
-            }
-            Check::Items { prefix, rest } => {
-                let Value::Array(a) = v else { return true };
-                let with_schema = a
-                    .iter()
-                    .enumerate()
-                    .map_while(|(i, item)| Some((i, item, *prefix.get(i).or(rest.as_ref())?)));
-                self.each(sink, with_schema, |e, sink, (i, item, id)| {
-                    e.child(Seg::Index(i), id, item, sink)
-                })
-            }
-            Check::Contains { schema, min, max } => {
-                let Value::Array(a) = v else { return true };
-                let mut found = 0u64;
-                for item in a {
-                    found += u64::from(self.matches(*schema, item));
-                    if self.exhausted {
-                        return false;
-                    }
-                }
-                let too_many = max.is_some_and(|m| found > m);
-                self.expect(found >= *min && !too_many, sink, || match max {
-                    Some(m) if too_many => format!(
-                        "{found} items match the \"contains\" schema, more than the maximum of {m}"
-                    ),
-                    _ => format!(
-                        "{found} {} the \"contains\" schema, fewer than the minimum of {min}",
-                        if found == 1 {
-                            "item matches"
-                        } else {
-                            "items match"
-                        }
-                    ),
-                })
-            }
-            Check::Required(names) => {
-                let Value::Object(o) = v else { return true };
-                self.each(sink, names, |e, sink, name| {
-                    e.expect(o.contains_key(name), sink, || {
-                        format!("{} is a required property", quote(name))
-                    })
-                })
-            }
+            Check::UniqueItems => self.unique_items(v, sink),
+            Check::Items { prefix, rest } => self.items(prefix, *rest, v, sink),
+            Check::Contains { schema, min, max } => self.contains(*schema, *min, *max, v, sink),
+            Check::Required(names) => self.required(names, v, sink),
             Check::Properties {
                 props,
                 additional,
                 unchecked_patterns,
-            } => {
-                let Value::Object(o) = v else { return true };
-                self.each(sink, o, |e, sink, (key, value)| {
-                    if let Some((_, id)) = props.iter().find(|(k, _)| k == key) {
-                        return e.child(Seg::Key(key), *id, value, sink);
-                    }
-                    match additional {
-                        None => true,
-                        Some(_) if *unchecked_patterns => true,
-                        // `additionalProperties: false`: name the property and the allowed
-                        // ones, at the object (where the fix is).
-                        Some(id) if e.is_never(*id) => {
-                            e.expect(false, sink, || unexpected_property(key, props))
-                        }
-                        Some(id) => e.child(Seg::Key(key), *id, value, sink),
-                    }
-                })
-            }
-            Check::PropertyNames(id) => {
-                let Value::Object(o) = v else { return true };
-                self.each(sink, o.keys(), |e, sink, key| {
-                    let why = e.name_violation(*id, key);
-                    e.expect(why.is_none(), sink, || {
-                        format!(
-                            "property name {} is not allowed: {}",
-                            quote(key),
-                            why.unwrap_or_default()
-                        )
-                    })
-                })
-            }
-            Check::DependentRequired(deps) => {
-                let Value::Object(o) = v else { return true };
-                let needed = deps
-                    .iter()
-                    .filter(|(key, _)| o.contains_key(key))
-                    .flat_map(|(key, names)| names.iter().map(move |n| (key, n)));
-                self.each(sink, needed, |e, sink, (key, name)| {
-                    e.expect(o.contains_key(name), sink, || {
-                        format!("{} is required when {} is present", quote(name), quote(key))
-                    })
-                })
-            }
+            } => self.properties(props, *additional, *unchecked_patterns, v, sink),
+            Check::PropertyNames(id) => self.property_names(*id, v, sink),
+            Check::DependentRequired(deps) => self.dependent_required(deps, v, sink),
             Check::DependentSchemas(deps) => {
                 let Value::Object(o) = v else { return true };
                 let present = deps.iter().filter(|(key, _)| o.contains_key(key));
@@ -346,27 +235,194 @@ impl<'s, 'v> Eval<'s, 'v> {
             Check::AllOf(ids) => self.each(sink, ids, |e, sink, id| e.node(*id, v, sink)),
             Check::AnyOf(ids) => self.any_of(ids, v, sink),
             Check::OneOf(ids) => self.one_of(ids, v, sink),
-            Check::Not(id, text) => {
-                let matched = self.matches(*id, v);
-                !self.exhausted
-                    && self.expect(!matched, sink, || {
-                        format!("{} must not match {text}", show(v))
-                    })
-            }
+            Check::Not(id, text) => self.not(*id, text, v, sink),
             Check::If {
                 cond,
                 then,
                 otherwise,
-            } => {
-                let holds = self.matches(*cond, v);
-                if self.exhausted {
-                    return false;
-                }
-                match if holds { then } else { otherwise } {
-                    Some(id) => self.node(*id, v, sink),
-                    None => true,
-                }
+            } => self.if_then_else(*cond, *then, *otherwise, v, sink),
+        }
+    }
+
+    /// `minimum`, `maximum` and their exclusive forms (numbers only).
+    fn bound(&self, kind: Bound, limit: &Number, v: &Value, sink: &mut Sink) -> bool {
+        let Value::Number(n) = v else { return true };
+        let ord = cmp_numbers(n, limit);
+        let (ok, words) = match kind {
+            Bound::Min => (ord != Ordering::Less, "less than the minimum of"),
+            Bound::Max => (ord != Ordering::Greater, "greater than the maximum of"),
+            Bound::ExclusiveMin => (
+                ord == Ordering::Greater,
+                "less than or equal to the exclusive minimum of",
+            ),
+            Bound::ExclusiveMax => (
+                ord == Ordering::Less,
+                "greater than or equal to the exclusive maximum of",
+            ),
+        };
+        self.expect(ok, sink, || format!("{n} is {words} {limit}"))
+    }
+
+    /// `uniqueItems` (lists only).
+    fn unique_items(&self, v: &Value, sink: &mut Sink) -> bool {
+        let Value::Array(a) = v else { return true };
+        // Quadratic, as the definition: argument lists are short, and the work is
+        // bounded by the step budget of what produced them.
+        let dup = (0..a.len()).find_map(|i| {
+            ((i + 1)..a.len())
+                .find(|&j| json_eq(&a[i], &a[j]))
+                .map(|j| (i, j))
+        });
+        self.expect(dup.is_none(), sink, || {
+            let (i, j) = dup.unwrap_or_default();
+            format!(
+                "items {i} and {j} are equal ({}); every item must be unique",
+                show(&a[i])
+            )
+        })
+    }
+
+    /// `prefixItems`/`items`: each item against the schema for its position (lists only).
+    fn items(&mut self, prefix: &[Id], rest: Option<Id>, v: &'v Value, sink: &mut Sink) -> bool {
+        let Value::Array(a) = v else { return true };
+        let with_schema = a
+            .iter()
+            .enumerate()
+            .map_while(|(i, item)| Some((i, item, *prefix.get(i).or(rest.as_ref())?)));
+        self.each(sink, with_schema, |e, sink, (i, item, id)| {
+            e.child(Seg::Index(i), id, item, sink)
+        })
+    }
+
+    /// `contains` with `minContains`/`maxContains` (lists only).
+    fn contains(
+        &mut self,
+        schema: Id,
+        min: u64,
+        max: Option<u64>,
+        v: &'v Value,
+        sink: &mut Sink,
+    ) -> bool {
+        let Value::Array(a) = v else { return true };
+        let mut found = 0u64;
+        for item in a {
+            found += u64::from(self.matches(schema, item));
+            if self.exhausted {
+                return false;
             }
+        }
+        let too_many = max.is_some_and(|m| found > m);
+        self.expect(found >= min && !too_many, sink, || match max {
+            Some(m) if too_many => {
+                format!("{found} items match the \"contains\" schema, more than the maximum of {m}")
+            }
+            _ => format!(
+                "{found} {} the \"contains\" schema, fewer than the minimum of {min}",
+                if found == 1 {
+                    "item matches"
+                } else {
+                    "items match"
+                }
+            ),
+        })
+    }
+
+    /// `required` (objects only).
+    fn required(&mut self, names: &[String], v: &'v Value, sink: &mut Sink) -> bool {
+        let Value::Object(o) = v else { return true };
+        self.each(sink, names, |e, sink, name| {
+            e.expect(o.contains_key(name), sink, || {
+                format!("{} is a required property", quote(name))
+            })
+        })
+    }
+
+    /// `properties` and `additionalProperties` (objects only).
+    fn properties(
+        &mut self,
+        props: &[(String, Id)],
+        additional: Option<Id>,
+        unchecked_patterns: bool,
+        v: &'v Value,
+        sink: &mut Sink,
+    ) -> bool {
+        let Value::Object(o) = v else { return true };
+        self.each(sink, o, |e, sink, (key, value)| {
+            if let Some((_, id)) = props.iter().find(|(k, _)| k == key) {
+                return e.child(Seg::Key(key), *id, value, sink);
+            }
+            match additional {
+                None => true,
+                Some(_) if unchecked_patterns => true,
+                // `additionalProperties: false`: name the property and the allowed
+                // ones, at the object (where the fix is).
+                Some(id) if e.is_never(id) => {
+                    e.expect(false, sink, || unexpected_property(key, props))
+                }
+                Some(id) => e.child(Seg::Key(key), id, value, sink),
+            }
+        })
+    }
+
+    /// `propertyNames` (objects only).
+    fn property_names(&mut self, id: Id, v: &'v Value, sink: &mut Sink) -> bool {
+        let Value::Object(o) = v else { return true };
+        self.each(sink, o.keys(), |e, sink, key| {
+            let why = e.name_violation(id, key);
+            e.expect(why.is_none(), sink, || {
+                format!(
+                    "property name {} is not allowed: {}",
+                    quote(key),
+                    why.unwrap_or_default()
+                )
+            })
+        })
+    }
+
+    /// `dependentRequired` (objects only).
+    fn dependent_required(
+        &mut self,
+        deps: &[(String, Vec<String>)],
+        v: &'v Value,
+        sink: &mut Sink,
+    ) -> bool {
+        let Value::Object(o) = v else { return true };
+        let needed = deps
+            .iter()
+            .filter(|(key, _)| o.contains_key(key))
+            .flat_map(|(key, names)| names.iter().map(move |n| (key, n)));
+        self.each(sink, needed, |e, sink, (key, name)| {
+            e.expect(o.contains_key(name), sink, || {
+                format!("{} is required when {} is present", quote(name), quote(key))
+            })
+        })
+    }
+
+    /// `not`: `text` is the subschema, cut, for the message.
+    fn not(&mut self, id: Id, text: &str, v: &'v Value, sink: &mut Sink) -> bool {
+        let matched = self.matches(id, v);
+        !self.exhausted
+            && self.expect(!matched, sink, || {
+                format!("{} must not match {text}", show(v))
+            })
+    }
+
+    /// `if`/`then`/`else`.
+    fn if_then_else(
+        &mut self,
+        cond: Id,
+        then: Option<Id>,
+        otherwise: Option<Id>,
+        v: &'v Value,
+        sink: &mut Sink,
+    ) -> bool {
+        let holds = self.matches(cond, v);
+        if self.exhausted {
+            return false;
+        }
+        match if holds { then } else { otherwise } {
+            Some(id) => self.node(id, v, sink),
+            None => true,
         }
     }
 
