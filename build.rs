@@ -13,8 +13,7 @@
 //!   daemon and its messages execute (3 MB, written by `scripts/symbol-order.sh` under
 //!   callgrind); the linker puts them first, in one run of pages. Names it does not find (the
 //!   code changed since the list was written, another compiler) are skipped: the binary is
-//!   the same code either way, only its resident memory differs (docs/BENCHMARKS.md, issue 14
-//!   fifth sitting). Only for `agentd`, and only when a probe link shows the linker reads the file
+//!   the same code either way, only its resident memory differs (`bench footprint`). Only for `agentd`, and only when a probe link shows the linker reads the file
 //!   (LLD, Rust's default on this target, does; GNU ld does not).
 //! - **No symbol table** (3.4 MB of the file, never loaded: a panic still prints its message
 //!   and source location; a backtrace shows addresses instead of names), stripped by the

@@ -1,8 +1,7 @@
 #!/bin/sh
 # Write build/symbol-order.txt: the functions agentd executes while it starts, idles and answers
 # messages, which build.rs asks the linker to place first in the release binary's code, so the
-# pages a running daemon touches are few and together (docs/BENCHMARKS.md, issue 14, fifth
-# sitting). Run it after changes that move much code or after a compiler or dependency update,
+# pages a running daemon touches are few and together (`bench footprint`). Run it after changes that move much code or after a compiler or dependency update,
 # then check `bench footprint` before and after.
 #
 # Needs valgrind and a release build: the build here is the shipped one with its symbol table

@@ -344,7 +344,7 @@ impl<W: std::io::Write> std::io::Write for CappedFiles<W> {
 /// A log filter: a default level and `target=level` directives, comma-separated (empty ones
 /// skipped), e.g. `info,agentd::llm=debug`. `tracing_subscriber`'s `Targets`, not its
 /// `EnvFilter`: span and field filters are not accepted, and the regex engines `EnvFilter`
-/// needs are not linked (issue 14, binary size: docs/BENCHMARKS.md).
+/// needs are not linked (binary size: docs/BENCHMARKS.md).
 fn parse_filter(s: &str) -> Result<Targets, String> {
     let directives: Vec<&str> = s
         .split(',')

@@ -1,7 +1,7 @@
 //! HTML to readable plain text, without an HTML parser crate: good enough for the model to read
 //! a page, not a renderer. Drops `script`/`style`/`noscript`/`head`/`template`/`svg` content and
 //! comments, turns block tags into line breaks, decodes common entities and collapses
-//! whitespace. Kept over `html2text` and `htmd` by measurement (docs/BENCHMARKS.md, issue 19).
+//! whitespace. Kept over `html2text` and `htmd` by measurement (`benches/compare/`, docs/BENCHMARKS.md).
 //!
 //! [`decode_body`] turns a fetched body into text first, in its declared character set
 //! (`encoding_rs`, the WHATWG Encoding Standard's decoders).
