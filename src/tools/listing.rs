@@ -22,6 +22,12 @@ const MAX_VISITED: usize = 20_000;
 const MAX_DEPTH: usize = 16;
 
 /// The `list` tool.
+/// The directory a `path` argument names: the workspace (`.`) when it is left out or empty
+/// (a real small model sent `"path": ""` for "everything").
+fn dir_arg(path: Option<&str>) -> &str {
+    path.filter(|p| !p.trim().is_empty()).unwrap_or(".")
+}
+
 pub struct ListTool;
 
 #[derive(Debug, Deserialize)]
@@ -37,12 +43,10 @@ impl Tool for ListTool {
     }
 
     fn effects(&self, args: &Value, ctx: &ToolContext) -> Effects {
-        // An empty path is the workspace too (a small model sent `"path": ""` for "everything").
-        let path = args["path"]
-            .as_str()
-            .filter(|p| !p.trim().is_empty())
-            .unwrap_or(".");
-        Effects::reading(vec![resolve(&ctx.workspace, path)])
+        Effects::reading(vec![resolve(
+            &ctx.workspace,
+            dir_arg(args["path"].as_str()),
+        )])
     }
 
     fn spec(&self) -> ToolSpec {
@@ -71,10 +75,7 @@ impl Tool for ListTool {
         Box::pin(async move {
             let args: ListArgs = serde_json::from_value(args)
                 .map_err(|e| ToolError::Invalid(format!("invalid arguments: {e}")))?;
-            let shown = args
-                .path
-                .filter(|p| !p.trim().is_empty())
-                .unwrap_or_else(|| ".".into());
+            let shown = dir_arg(args.path.as_deref()).to_string();
             let ctx = ctx.clone();
             tokio::task::spawn_blocking(move || {
                 let dir = directory(&shown, &ctx)?;
@@ -103,12 +104,10 @@ impl Tool for GlobTool {
     }
 
     fn effects(&self, args: &Value, ctx: &ToolContext) -> Effects {
-        // An empty path is the workspace too (a small model sent `"path": ""` for "everything").
-        let path = args["path"]
-            .as_str()
-            .filter(|p| !p.trim().is_empty())
-            .unwrap_or(".");
-        Effects::reading(vec![resolve(&ctx.workspace, path)])
+        Effects::reading(vec![resolve(
+            &ctx.workspace,
+            dir_arg(args["path"].as_str()),
+        )])
     }
 
     fn spec(&self) -> ToolSpec {
@@ -142,10 +141,7 @@ impl Tool for GlobTool {
             let pattern = glob::Pattern::new(&args.pattern).map_err(|e| {
                 ToolError::Invalid(format!("pattern {:?} is not a glob: {e}", args.pattern))
             })?;
-            let shown = args
-                .path
-                .filter(|p| !p.trim().is_empty())
-                .unwrap_or_else(|| ".".into());
+            let shown = dir_arg(args.path.as_deref()).to_string();
             let ctx = ctx.clone();
             tokio::task::spawn_blocking(move || {
                 let dir = directory(&shown, &ctx)?;
