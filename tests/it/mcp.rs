@@ -147,7 +147,7 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
     );
     let cancel = CancellationToken::new();
     let mgr = McpManager::start(&servers, sandbox(dir.path()), cancel.clone());
-    mgr.wait_ready(Duration::from_secs(10)).await;
+    mgr.wait_ready(Duration::from_secs(60)).await;
 
     let status = mgr.status();
     assert_eq!(status["fake"]["state"], "ready", "{status}");
@@ -386,7 +386,7 @@ async fn real_reference_servers_time_and_everything() {
     let dir = tempfile::tempdir().unwrap();
     let cancel = CancellationToken::new();
     let mgr = McpManager::start(&servers, sandbox(dir.path()), cancel.clone());
-    mgr.wait_ready(Duration::from_secs(30)).await;
+    mgr.wait_ready(Duration::from_secs(60)).await;
     let status = mgr.status();
     assert_eq!(status["time"]["state"], "ready", "{status}");
     assert_eq!(status["everything"]["state"], "ready", "{status}");
@@ -471,7 +471,7 @@ async fn real_everything_server_over_streamable_http() {
     let dir = tempfile::tempdir().unwrap();
     let cancel = CancellationToken::new();
     let mgr = McpManager::start(&servers, sandbox(dir.path()), cancel.clone());
-    mgr.wait_ready(Duration::from_secs(30)).await;
+    mgr.wait_ready(Duration::from_secs(60)).await;
     let status = mgr.status();
     assert_eq!(status["web"]["state"], "ready", "{status}");
     let tools = mgr.tools();
@@ -543,7 +543,7 @@ async fn stdio_server_network_is_per_server() {
     }
     let cancel = CancellationToken::new();
     let mgr = McpManager::start(&servers, sandbox(dir.path()), cancel.clone());
-    mgr.wait_ready(Duration::from_secs(10)).await;
+    mgr.wait_ready(Duration::from_secs(60)).await;
     let status = mgr.status();
     assert_eq!(status["online"]["state"], "ready", "{status}");
     assert_eq!(status["offline"]["state"], "ready", "{status}");
@@ -621,7 +621,7 @@ async fn hostile_server_gets_no_secret_on_every_isolation_path() {
         sb.no_mount_namespace = no_mount_namespace;
         let cancel = CancellationToken::new();
         let mgr = McpManager::start(&servers, sb, cancel.clone());
-        mgr.wait_ready(Duration::from_secs(10)).await;
+        mgr.wait_ready(Duration::from_secs(60)).await;
         let status = mgr.status();
         assert_eq!(status["evil"]["state"], "ready", "{label}: {status}");
         let out = find(&mgr.tools(), "evil__probe")

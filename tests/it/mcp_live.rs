@@ -160,7 +160,7 @@ async fn list_changed_brings_a_new_tool_into_the_registry() {
         sandbox(dir.path()),
         cancel.clone(),
     );
-    mgr.wait_ready(Duration::from_secs(10)).await;
+    mgr.wait_ready(Duration::from_secs(60)).await;
     let registry = followed(&mgr);
     assert!(registry.contains("live__grow"), "{:?}", registry.names());
     assert!(!registry.contains("live__grown1"));
@@ -218,7 +218,7 @@ async fn a_late_server_exposes_its_tools_once_ready() {
         "s",
     );
     let mgr = McpManager::start(&servers(vec![late]), sandbox(dir.path()), cancel.clone());
-    mgr.wait_ready(Duration::from_secs(10)).await;
+    mgr.wait_ready(Duration::from_secs(60)).await;
     assert!(marker.exists(), "the first start ran: {}", mgr.status());
     let registry = followed(&mgr);
     assert!(registry.is_empty(), "{:?}", registry.names());
@@ -253,7 +253,7 @@ async fn clashing_names_keep_one_tool_and_report_the_other() {
         sandbox(dir.path()),
         cancel.clone(),
     );
-    mgr.wait_ready(Duration::from_secs(10)).await;
+    mgr.wait_ready(Duration::from_secs(60)).await;
     let registry = followed(&mgr);
     let status = mgr.status();
     assert_eq!(status["clash"]["state"], "ready", "{status}");
@@ -311,7 +311,7 @@ async fn reconcile_adds_removes_restarts_and_keeps() {
         sandbox(dir.path()),
         cancel.clone(),
     );
-    mgr.wait_ready(Duration::from_secs(10)).await;
+    mgr.wait_ready(Duration::from_secs(60)).await;
     let registry =
         Arc::new(ToolRegistry::new(Vec::new(), Duration::from_secs(30), 10_000).unwrap());
     let follower = follow_mcp(mgr.clone(), registry.clone());

@@ -58,9 +58,10 @@ pub(super) async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
                     let mut s = server.lock();
                     s.state = State::Ready;
                     s.peer = Some(conn.session.service.peer().clone());
-                    s.settled = true;
                 }
+                // Tools first, then `settled`: whoever waited for it finds them in place.
                 server.set_tools(conn.tools);
+                server.lock().settled = true;
                 server.settled.notify_waiters();
                 let up_since = Instant::now();
                 let why = match serve(&server, conn.session, &conn.relist, &cancel).await {
