@@ -229,8 +229,9 @@ fn log_sandbox(cfg: &Config) {
     );
 }
 
-/// MCP servers (SPEC §12): started now, their tools listed within 10 s; failures are logged
-/// and retried by each server's supervisor, never fatal. The token stops them.
+/// MCP servers (SPEC §12): started now, never waited for (their tools join the registry when
+/// they come); failures are logged and retried by each server's supervisor, never fatal. The
+/// token stops them.
 fn start_mcp(cfg: &Config) -> (Arc<McpManager>, CancellationToken) {
     let cancel = CancellationToken::new();
     let mcp = McpManager::start(

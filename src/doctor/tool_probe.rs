@@ -90,6 +90,8 @@ async fn tool_specs(cfg: &Config) -> Result<Arc<[ToolSpec]>, String> {
         crate::tools::mcp::McpSandbox::from_config(cfg),
         cancel.clone(),
     );
+    // The probe sends the whole list: every server's tools first (bounded).
+    mcp.wait_ready(std::time::Duration::from_secs(10)).await;
     let skills = Arc::new(crate::skills::SkillSet::load(
         &cfg.agent.skills.dir,
         &cfg.agent.skills.always_on,

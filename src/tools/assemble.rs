@@ -27,8 +27,7 @@ pub struct ToolDeps<'a> {
     pub contacts: super::outbound::Contacts,
     /// Woken when `schedule_message` adds or cancels a message (the scheduler waits on it).
     pub schedule_wake: Arc<Notify>,
-    /// Started MCP servers; their tools are waited for (at most 10 s) and then followed:
-    /// servers that come up later, re-list or are reconciled change the registry.
+    /// Started MCP servers; their tools are followed ([`follow_mcp`]), never waited for.
     pub mcp: Arc<McpManager>,
     /// The running config, for tools that follow a reload.
     pub live: crate::config::Live,
@@ -92,29 +91,40 @@ pub async fn assemble(cfg: &Arc<Config>, deps: ToolDeps<'_>) -> Result<Assembled
             .with_max_parallel(cfg.tools.max_parallel_calls)
             .with_tool_budget(cfg.tool_budget_bytes()),
     );
-    // The first list waits for the servers (bounded); later changes arrive through the
-    // follower, also with no server configured yet (a reload may add one).
-    if !cfg.mcp_servers.is_empty() {
-        deps.mcp.wait_ready(MCP_FIRST_WAIT).await;
-    }
+    // Nothing waits for the servers (SPEC §16.2: READY never does): the follower brings
+    // their tools in when they come, also for servers a reload adds.
     follow_mcp(deps.mcp, registry.clone());
     Ok(Assembled { registry, spawn })
 }
 
-/// How long the first tool list waits for the MCP servers' first start.
-const MCP_FIRST_WAIT: Duration = Duration::from_secs(10);
+/// How long the follower holds the servers' first tools back, waiting for the slowest
+/// server's first start, so the tool block of the prompt changes once, not once per server.
+const MCP_FIRST_WAIT: Duration = Duration::from_secs(60);
 
-/// Put `mcp`'s tools into `registry` now, and again on every change of its tool lists, until
-/// the manager's cancel token fires (the task then ends).
+/// Keep `registry`'s MCP tools equal to what `mcp`'s servers offer, until the manager's cancel
+/// token fires (the task then ends). When every server has already settled, their tools are
+/// in the registry on return; otherwise they arrive together once every server has settled
+/// (or after [`MCP_FIRST_WAIT`]), and every later change follows on its own.
 pub fn follow_mcp(
     mcp: Arc<McpManager>,
     registry: Arc<ToolRegistry>,
 ) -> tokio::task::JoinHandle<()> {
     let mut changes = mcp.subscribe();
     changes.borrow_and_update();
-    mcp.sync_into(&registry);
+    let settled = mcp.all_settled();
+    if settled && mcp.has_servers() {
+        sync(&mcp, &registry);
+    }
     let cancel = mcp.cancel_token();
     tokio::spawn(async move {
+        if !settled {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = mcp.wait_ready(MCP_FIRST_WAIT) => {}
+            }
+            changes.borrow_and_update();
+            sync(&mcp, &registry);
+        }
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -125,7 +135,14 @@ pub fn follow_mcp(
                 }
             }
             changes.borrow_and_update();
-            mcp.sync_into(&registry);
+            sync(&mcp, &registry);
         }
     })
+}
+
+/// One sync of the registry with the servers, logged: when the model's tool list changes is
+/// worth knowing (each change costs one cache write).
+fn sync(mcp: &McpManager, registry: &ToolRegistry) {
+    let offered = mcp.sync_into(registry);
+    tracing::info!(tools = offered, "MCP tools offered to the model");
 }

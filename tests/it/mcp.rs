@@ -255,6 +255,7 @@ fn daemon_offers_mcp_tools_to_the_model() {
         &[("fake", &provider_toml("anthropic", &fake.base_url()))],
     );
     d.start();
+    crate::support::e2e::wait_mcp_tools(&d);
     fifo_write(
         &d,
         r#"{"id":"mc1","type":"user","text":"use mcp","sender":"max"}"#,

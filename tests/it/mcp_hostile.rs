@@ -566,6 +566,7 @@ fn oversized_and_deep_tools_are_refused_one_by_one() {
         );
     }
 
+    crate::support::e2e::wait_mcp_tools(&d);
     fifo_write(
         &d,
         r#"{"id":"big1","type":"user","text":"hello","sender":"fresh"}"#,

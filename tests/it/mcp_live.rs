@@ -21,6 +21,7 @@ use crate::mcp::{child_pids, ctx, sandbox};
 /// A stdio server whose tool list can change. Options: `--clash` adds tools "a.b" and "a_b"
 /// (both become `<server>__a_b`); `--many N` adds N tools; `--late MARKER GO`: without MARKER,
 /// create it and exit (a failed first start), else wait for the file GO before serving;
+/// `--wait GO`: wait for the file GO before serving (a slow start);
 /// `--tag T` only marks the command line. Tools: `echo`, `boot` (an id per process), `env`
 /// (`SECRET_CHECK`), `grow` (adds a tool `grownN` and sends `list_changed`); any other tool
 /// answers "called <name>".
@@ -37,6 +38,9 @@ if "--late" in args:
         open(marker, "w").close()
         sys.exit(1)
     while not os.path.exists(go):
+        time.sleep(0.05)
+if "--wait" in args:
+    while not os.path.exists(opt("--wait")):
         time.sleep(0.05)
 BOOT = uuid.uuid4().hex
 TOOLS = [tool("echo"), tool("boot"), tool("env"), tool("grow")]
@@ -470,4 +474,92 @@ fn daemon_starts_with_clashing_mcp_tool_names() {
     assert_eq!(clash["tools"], 5, "{status}");
     assert_eq!(clash["refused"][0]["remote"], "a.b", "{status}");
     assert_eq!(clash["refused"][0]["name"], "clash__a_b", "{status}");
+}
+
+/// SPEC §16.2: READY never waits for MCP servers. With a quick server and one that waits for a
+/// file, the daemon answers a first message before either's tools are offered; once the slow
+/// one serves, both servers' tools arrive together, and the tool block stays the same after.
+#[test]
+fn the_daemon_is_ready_before_its_mcp_servers_and_their_tools_arrive_together() {
+    use crate::support::daemon::TestDaemon;
+    use crate::support::e2e::{
+        WAIT, agentd_toml, fifo_write, provider_toml, wait_mcp_tools, wait_outcome,
+    };
+    use crate::support::fake_llm::{FakeLlm, Reply, Wire};
+
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.set_responder(|_| Some(Reply::text("ok")));
+    let dir = tempfile::tempdir().unwrap();
+    let script = script(dir.path());
+    let go = dir.path().join("go");
+    let toml = format!(
+        "{}\n[mcp.servers.quick]\ncommand = \"python3\"\nargs = [\"{s}\"]\n\n\
+         [mcp.servers.slow]\ncommand = \"python3\"\nargs = [\"{s}\", \"--wait\", \"{go}\"]\n",
+        agentd_toml("fake"),
+        s = script.display(),
+        go = go.display(),
+    );
+    let mut d = TestDaemon::new(
+        &toml,
+        &[("fake", &provider_toml("openai", &llm.base_url()))],
+    );
+    d.start();
+    let ask = |id: &str| {
+        fifo_write(
+            &d,
+            &format!(r#"{{"id":"{id}","type":"user","sender":"ops","text":"tools?"}}"#),
+        );
+        wait_outcome(&d, "ops", id);
+        let tools = llm.requests().last().unwrap()["tools"].clone();
+        let names: Vec<String> = tools
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str().map(String::from))
+            .collect();
+        (tools, names)
+    };
+    let mcp_tools = |names: &[String]| {
+        let mut mine: Vec<String> = names
+            .iter()
+            .filter(|n| n.starts_with("quick__") || n.starts_with("slow__"))
+            .cloned()
+            .collect();
+        mine.sort();
+        mine
+    };
+
+    let (_, first) = ask("before");
+    assert!(
+        first.iter().any(|n| n == "read"),
+        "built-in tools: {first:?}"
+    );
+    assert_eq!(mcp_tools(&first), Vec::<String>::new(), "{first:?}");
+    // The quick server is up long before the slow one: its tools still wait for it.
+    crate::support::wait_until(WAIT, "the quick server's start", || {
+        d.log()
+            .lines()
+            .any(|l| l.contains("MCP server ready") && l.contains("quick"))
+            .then_some(())
+    });
+    let (_, waiting) = ask("waiting");
+    assert_eq!(mcp_tools(&waiting), Vec::<String>::new(), "{waiting:?}");
+    assert!(!d.log().contains("MCP tools offered"), "{}", d.log());
+
+    std::fs::write(&go, "").unwrap();
+    let line = wait_mcp_tools(&d);
+    assert!(line.contains("tools=8"), "{line}");
+    let (block, names) = ask("after");
+    let expected: Vec<String> = ["boot", "echo", "env", "grow"]
+        .iter()
+        .flat_map(|t| [format!("quick__{t}"), format!("slow__{t}")])
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(mcp_tools(&names), expected);
+    let (again, _) = ask("again");
+    assert_eq!(again, block, "the tool block changes once");
+    let offered = d.log().matches("MCP tools offered").count();
+    assert_eq!(offered, 1, "{}", d.log());
+    assert!(d.sigterm().success(), "{}", d.log());
 }

@@ -160,6 +160,7 @@ fn hostile_mcp_server_gets_no_secret() {
     d.as_unprivileged_user();
     d.set_env("AGENTD_TEST_SECRET", ENV_SECRET);
     d.start();
+    crate::support::e2e::wait_mcp_tools(&d);
     fifo_write(
         &d,
         r#"{"id":"ev1","type":"user","text":"probe","sender":"max"}"#,

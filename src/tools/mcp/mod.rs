@@ -371,6 +371,16 @@ impl McpManager {
         }
     }
 
+    /// Whether any server is configured (enabled or not).
+    pub fn has_servers(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
+    /// Whether every server has settled (listed its tools or failed its first start).
+    pub fn all_settled(&self) -> bool {
+        self.servers().iter().all(|s| s.lock().settled)
+    }
+
     /// The change signal: its value (a generation counter) moves whenever a server's tool
     /// list changes (ready, re-listed, restarted with other tools, removed).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
@@ -429,14 +439,17 @@ impl McpManager {
 
     /// Make `registry`'s dynamic set equal to the offered tools. What is not offered (a clash
     /// between servers, a name of a built-in tool, a schema that does not compile) is logged at
-    /// error once, when it first appears, and shown in [`McpManager::status`].
-    pub fn sync_into(&self, registry: &ToolRegistry) {
+    /// error once, when it first appears, and shown in [`McpManager::status`]. Returns how many
+    /// MCP tools the registry offers now.
+    pub fn sync_into(&self, registry: &ToolRegistry) -> usize {
         let Offer {
             tools,
             owners,
             mut refused,
         } = self.offer();
+        let mut offered = tools.len();
         for r in registry.set_dynamic(tools) {
+            offered = offered.saturating_sub(1);
             if let Some((server, remote)) = owners.get(&r.name) {
                 refused.push((
                     server.clone(),
@@ -462,6 +475,7 @@ impl McpManager {
             log_refused(&server.cfg.name, &new);
             s.sync_refused = mine;
         }
+        offered
     }
 
     /// Per server: `state` (starting|ready|backoff|disabled), `tools` (how many it offers),

@@ -80,6 +80,17 @@ pub fn wait_outcome(d: &TestDaemon, key: &str, id: &str) -> Value {
     })
 }
 
+/// Wait until the daemon offers its MCP servers' tools to the model (it never waits for them
+/// itself, SPEC §16.2); returns the log line, which names how many (`tools=N`).
+pub fn wait_mcp_tools(d: &TestDaemon) -> String {
+    wait_until(WAIT, "the MCP servers' tools offered to the model", || {
+        d.log()
+            .lines()
+            .find(|l| l.contains("MCP tools offered to the model"))
+            .map(String::from)
+    })
+}
+
 pub fn is_outcome_of(l: &Value, id: &str) -> bool {
     let answers = l["reply_to"]
         .as_array()
