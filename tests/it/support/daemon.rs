@@ -323,12 +323,12 @@ impl TestDaemon {
             .collect()
     }
 
-    /// Waits up to 10 s for `needle` in the log and panics with the log if it never shows.
+    /// Waits up to 30 s for `needle` in the log and panics with the log if it never shows.
     /// The daemon logs through a non-blocking appender, so a line can land after the trail
     /// record or reply a test has just read.
     pub fn wait_log(&self, needle: &str) {
         super::wait_until(
-            Duration::from_secs(10),
+            Duration::from_secs(30),
             &format!("{needle:?} in the log"),
             || self.log().contains(needle).then_some(()),
         );
@@ -930,7 +930,7 @@ mod tests {
             })
         };
         assert!(gone(daemon_pid), "the daemon is reaped on drop");
-        crate::support::wait_until(Duration::from_secs(5), "the grandchild to die", || {
+        crate::support::wait_until(Duration::from_secs(30), "the grandchild to die", || {
             gone(grandchild).then_some(())
         });
     }
