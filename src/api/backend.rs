@@ -202,7 +202,8 @@ pub trait ApiBackend: Send + Sync + 'static {
             )))
         })
     }
-    /// The config names of the loaded models (`GET /v1/models` lists `agentd:<name>`).
+    /// The config names of the chat models (`GET /v1/models` lists `agentd:<name>`): not the
+    /// embedding or speech models.
     fn models(&self) -> Vec<String> {
         Vec::new()
     }

@@ -29,6 +29,8 @@ use crate::llm::openai::server as openai;
 pub(crate) const SESSION_HEADER: HeaderName = HeaderName::from_static("x-agentd-session");
 /// The header whose value becomes the intake id.
 pub(crate) const IDEMPOTENCY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
+/// Tells nginx (and proxies that copy it) not to buffer a stream.
+const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 /// The header the official SDKs obey to retry or not.
 pub(crate) const SHOULD_RETRY_HEADER: HeaderName = HeaderName::from_static("x-should-retry");
 
@@ -88,6 +90,26 @@ pub(crate) async fn models(State(state): State<Arc<ApiState>>) -> Response {
         state.agent_name(),
     );
     raw(StatusCode::OK, "application/json", body)
+}
+
+/// `GET /v1/models/{id}`: one of the listed models, else 404 naming the list.
+pub(crate) async fn model(
+    State(state): State<Arc<ApiState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let names = state.backend().models();
+    match openai::model_body(&names, &id, state.started_unix(), state.agent_name()) {
+        Some(body) => raw(StatusCode::OK, "application/json", body),
+        None => error_response(
+            Api::OpenAi,
+            ErrorKind::NotFound,
+            &format!(
+                "no model \"{}\": GET /v1/models lists them (\"agentd\" or \"agentd:<model name>\")",
+                crate::control::escaped_preview(&id)
+            ),
+            Some("model"),
+        ),
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -388,8 +410,10 @@ fn stream_answer(
         rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
     });
     let mut r = raw(StatusCode::OK, "text/event-stream", Body::from_stream(body));
-    r.headers_mut()
-        .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    let headers = r.headers_mut();
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // A proxy in front (nginx) would otherwise hold the stream back in its buffer.
+    headers.insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
     r
 }
 

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::extract::DefaultBodyLimit;
 use axum::http::header::AUTHORIZATION;
-use axum::http::{HeaderName, HeaderValue};
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -18,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::trace::TraceLayer;
 
@@ -182,7 +184,7 @@ pub fn router(
         .route_layer(auth.clone())
         .route(
             anthropic::MESSAGES_PATH,
-            post(compat::messages).route_layer(api_key_auth),
+            post(compat::messages).route_layer(api_key_auth.clone()),
         )
         .route_layer(from_fn_with_state((state.clone(), Group::Post), rate_limit));
     let reads = Router::new()
@@ -192,8 +194,16 @@ pub fn router(
         .route("/api/v1/approvals", get(super::approvals::list))
         .route("/api/v1/sessions/{id}/history", get(handlers::history))
         .route("/metrics", get(handlers::metrics))
-        .route(openai::MODELS_PATH, get(compat::models))
         .route_layer(auth)
+        // Clients of either API list models: the token as bearer or as `x-api-key`.
+        .route(
+            openai::MODELS_PATH,
+            get(compat::models).route_layer(api_key_auth.clone()),
+        )
+        .route(
+            openai::MODEL_PATH,
+            get(compat::model).route_layer(api_key_auth.clone()),
+        )
         .route("/api/v1/status", get(handlers::status))
         .route_layer(from_fn_with_state((state.clone(), Group::Read), rate_limit));
     Router::new()
@@ -209,7 +219,30 @@ pub fn router(
             AUTHORIZATION,
             HeaderName::from_static(anthropic::API_KEY_HEADER),
         ]))
+        // Every answer names its request (the client's own `x-request-id`, else a new one),
+        // errors and preflights included.
+        .layer(cors(&cfg.cors_origins))
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .with_state(state)
+}
+
+/// CORS for the browser clients of `[http] cors_origins` only (none by default): the listed
+/// origins may send any header and read `x-request-id`; the token is still required.
+fn cors(origins: &[String]) -> CorsLayer {
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    if origins.is_empty() {
+        return CorsLayer::new();
+    }
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers(AllowHeaders::mirror_request())
+        .expose_headers([HeaderName::from_static("x-request-id")])
+        .max_age(Duration::from_secs(600))
 }
 
 /// Binds `[http] host:port`. The error names the address and the fix.

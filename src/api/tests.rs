@@ -221,6 +221,7 @@ fn config(token: Option<&str>) -> HttpConfig {
         callback_token_env: String::new(),
         callback_token: None,
         callback_timeout: Duration::from_secs(1),
+        cors_origins: Vec::new(),
     }
 }
 
@@ -999,6 +1000,11 @@ async fn a_streamed_chat_sends_the_text_a_keep_alive_at_tools_and_ends_with_done
     let (status, v, head) = send(&app, compat_req("/v1/chat/completions", body, (b0, &b1))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(head.headers()["content-type"], "text/event-stream");
+    assert_eq!(
+        head.headers()["x-accel-buffering"],
+        "no",
+        "nginx must not buffer it"
+    );
     let lines = sse_lines(v.as_str().unwrap());
     let mut content = String::new();
     let mut keep_alive_at = None;

@@ -388,6 +388,7 @@ mod tests {
             callback_token_env: "CB".into(),
             callback_token: token.map(SecretString::from),
             callback_timeout: Duration::from_secs(5),
+            cors_origins: Vec::new(),
         }
     }
 

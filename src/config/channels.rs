@@ -58,6 +58,7 @@ pub fn http(root: &mut Section<'_>) -> HttpConfig {
         callback_token_env,
         callback_token,
         callback_timeout: s.read(&kc::HTTP_CALLBACK_TIMEOUT),
+        cors_origins: s.read(&kc::HTTP_CORS_ORIGINS),
     }
 }
 

@@ -375,6 +375,8 @@ pub struct HttpConfig {
     pub callback_token_env: String,
     pub callback_token: Option<SecretString>,
     pub callback_timeout: Duration,
+    /// Browser origins allowed to call the API (CORS); empty = none.
+    pub cors_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -436,7 +436,8 @@ impl ApiBackend for DaemonBackend {
     }
 
     fn models(&self) -> Vec<String> {
-        self.cfg.models.loaded.keys().cloned().collect()
+        // Only what a message can be routed to: not the embedding or speech models.
+        self.cfg.chat_models().map(|m| m.name.clone()).collect()
     }
 
     fn compat(&self, req: CompatIn) -> BoxFuture<'_, Result<CompatTicket, BackendError>> {

@@ -97,6 +97,15 @@ pub struct RequestObject<'a> {
 /// The start both wire formats share: `body` as a JSON object, refused when it asks for
 /// client-side tools (`tool_fields`, the format's own names for them: the agent runs its own),
 /// and its `model` (required, at most 256 bytes).
+/// A `tool_choice` (or `function_call`) that asks for no client tool: `"none"` or `"auto"`,
+/// as a string (OpenAI) or `{"type": …}` (Anthropic). Clients send it with an empty `tools`.
+fn no_tool_choice(v: &serde_json::Value) -> bool {
+    let kind = v
+        .as_str()
+        .or_else(|| v.get("type").and_then(serde_json::Value::as_str));
+    matches!(kind, Some("none" | "auto"))
+}
+
 pub fn request_object<'a>(
     body: &'a [u8],
     tool_fields: &[&str],
@@ -125,7 +134,7 @@ pub fn request_object<'a>(
     for f in tool_fields {
         if fields
             .get(*f)
-            .is_some_and(|v| !v.is_null() && v != &Value::Array(vec![]))
+            .is_some_and(|v| !v.is_null() && v != &Value::Array(vec![]) && !no_tool_choice(v))
         {
             return Err(Invalid::new(
                 *f,

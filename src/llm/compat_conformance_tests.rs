@@ -15,12 +15,83 @@ use crate::llm::openai::server as openai;
 use crate::message::Usage;
 
 fn compile(name: &str, text: &str) -> Validator {
-    let schema: Value = serde_json::from_str(text)
+    let mut schema: Value = serde_json::from_str(text)
         .unwrap_or_else(|e| panic!("fixture {name} is not JSON: {e}; regenerate it"));
+    strictest(&mut schema);
     jsonschema::options()
         .with_draft(Draft::Draft202012)
         .build(&schema)
         .unwrap_or_else(|e| panic!("fixture {name} does not compile: {e}"))
+}
+
+/// The strictest reading of a published schema, as the strictest clients apply it (the AI
+/// SDK's validators): `null` is refused where the property is optional (leave it out) and
+/// where the other choice is a list (send `[]`).
+fn strictest(schema: &mut Value) {
+    match schema {
+        Value::Object(o) => {
+            let required: Vec<String> = o
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(Value::Object(props)) = o.get_mut("properties") {
+                for (name, prop) in props.iter_mut() {
+                    drop_null(prop, !required.contains(name));
+                }
+            }
+            for v in o.values_mut() {
+                strictest(v);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(strictest),
+        _ => {}
+    }
+}
+
+/// Remove the `null` choice of a property (in `anyOf` or a list of types) when it is
+/// `optional` or when another choice is an array.
+fn drop_null(prop: &mut Value, optional: bool) {
+    if let Some(Value::Array(types)) = prop.get_mut("type") {
+        let list = types.iter().any(|t| t == "array");
+        if (optional || list) && types.len() > 1 {
+            types.retain(|t| t != "null");
+        }
+        return;
+    }
+    let is_null = |v: &Value| v.get("type").and_then(Value::as_str) == Some("null");
+    let Some(Value::Array(choices)) = prop.get_mut("anyOf") else {
+        return;
+    };
+    let list = choices
+        .iter()
+        .any(|c| c.get("type").and_then(Value::as_str) == Some("array"));
+    if (optional || list) && choices.len() > 1 && choices.iter().any(is_null) {
+        choices.retain(|c| !is_null(c));
+    }
+}
+
+#[test]
+fn the_strictest_reading_refuses_null_for_optional_and_list_properties() {
+    let mut schema = serde_json::json!({
+        "type": "object",
+        "required": ["kept", "list"],
+        "properties": {
+            "kept": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "list": {"anyOf": [{"type": "array"}, {"type": "null"}]},
+            "optional": {"anyOf": [{"type": "string"}, {"type": "null"}]}
+        }
+    });
+    strictest(&mut schema);
+    let v = jsonschema::validator_for(&schema).unwrap();
+    assert!(v.is_valid(&serde_json::json!({"kept": null, "list": []})));
+    assert!(!v.is_valid(&serde_json::json!({"kept": null, "list": null})));
+    assert!(!v.is_valid(&serde_json::json!({"kept": "", "list": [], "optional": null})));
+    assert!(v.is_valid(&serde_json::json!({"kept": "", "list": []})));
 }
 
 macro_rules! fixture {

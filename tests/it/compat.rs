@@ -108,6 +108,12 @@ fn the_official_sdks_talk_to_the_real_daemon() {
     let steps = run_clients(&base, "basics");
 
     assert_eq!(steps["models"]["ids"], json!(["agentd", "agentd:primary"]));
+    assert_eq!(steps["model"]["id"], "agentd:primary");
+    let request_id = steps["model"]["request_id"].as_str().unwrap_or_default();
+    assert_eq!(request_id.len(), 36, "{}", steps["model"]);
+    assert_eq!(steps["missing_model"]["error"], "NotFoundError");
+    let no_tools = steps["no_tools"]["text"].as_str().unwrap_or_default();
+    assert!(no_tools.ends_with("no tools please"), "{no_tools}");
 
     let chat = &steps["chat"];
     assert_eq!(chat["content"], "Hello from agentd");

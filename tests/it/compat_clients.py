@@ -38,6 +38,13 @@ def usage_of(u):
 def basics():
     client = oai()
     out("models", ids=[m.id for m in client.models.list()])
+    raw = client.models.with_raw_response.retrieve("agentd:primary")
+    out("model", id=raw.parse().id, request_id=raw.headers.get("x-request-id"))
+    try:
+        client.models.retrieve("agentd:nope")
+        out("missing_model", error=None)
+    except openai.NotFoundError as e:
+        out("missing_model", error=type(e).__name__, status=e.status_code)
 
     session = {"X-Agentd-Session": "sdk"}
     r = client.chat.completions.create(
@@ -90,6 +97,17 @@ def basics():
         messages=[{"role": "user", "content": "hello messages"}],
     )
     out("messages", id=m.id, text=m.content[0].text, stop=m.stop_reason, usage=usage_of(m.usage))
+
+    # Clients that always send a tool list send it empty, with "none": that is no client tool.
+    m = ant().messages.create(
+        model="agentd",
+        max_tokens=50,
+        tools=[],
+        tool_choice={"type": "none"},
+        metadata={"user_id": "ant"},
+        messages=[{"role": "user", "content": "no tools please"}],
+    )
+    out("no_tools", text=m.content[0].text)
 
     # A proxy in front answered 502 and the SDK retried: the same Idempotency-Key twice.
     ids = []

@@ -170,6 +170,7 @@ fn config(token: Option<&str>) -> HttpConfig {
         callback_token_env: String::new(),
         callback_token: None,
         callback_timeout: Duration::from_secs(5),
+        cors_origins: vec!["http://localhost:3000".into()],
     }
 }
 
@@ -816,4 +817,106 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
         samples.insert(key, value);
     }
     samples
+}
+
+/// SPEC §17: every answer names its request in `x-request-id` (the client's own, else a new
+/// one; errors too); `[http] cors_origins` lets the listed browser origins in (preflight with
+/// any header, `x-request-id` readable) and no other; `/v1/models` and `/v1/models/{id}` take
+/// the token as bearer or `x-api-key`, and an unknown id is a 404 in OpenAI's envelope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_cors_and_model_lookup() {
+    let s = Server::default().await;
+    let url = |path: &str| format!("http://{}{path}", s.addr);
+
+    let a = s.get("/api/v1/sessions").await;
+    let id = a.headers["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(id.len(), 36, "a fresh UUID: {id}");
+    let other = s.get("/api/v1/sessions").await.headers["x-request-id"].clone();
+    assert_ne!(other, id.as_str());
+    let a = s.call("GET", "/api/v1/sessions", Auth::Wrong, None).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    assert!(a.headers.contains_key("x-request-id"), "errors too");
+    let r = s
+        .client
+        .get(url("/api/v1/status"))
+        .header("x-request-id", "client-chosen-7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-request-id"], "client-chosen-7");
+
+    let preflight = |origin: &'static str| {
+        s.client
+            .request(reqwest::Method::OPTIONS, url("/v1/chat/completions"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization,content-type,x-stainless-os",
+            )
+            .send()
+    };
+    let r = preflight("http://localhost:3000").await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "http://localhost:3000");
+    let allowed = h["access-control-allow-headers"].to_str().unwrap();
+    assert!(allowed.contains("x-stainless-os"), "{allowed}");
+    assert!(h.contains_key("x-request-id"));
+    let r = preflight("https://evil.example").await.unwrap();
+    assert!(
+        !r.headers().contains_key("access-control-allow-origin"),
+        "{:?}",
+        r.headers()
+    );
+    let r = s
+        .client
+        .get(url("/v1/models"))
+        .header("origin", "http://localhost:3000")
+        .header("x-api-key", TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
+    let exposed = r.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap();
+    assert!(exposed.contains("x-request-id"), "{exposed}");
+    let listed: Value = r.json().await.unwrap();
+    let first = listed["data"][0]["id"].as_str().unwrap().to_string();
+
+    let r = s
+        .client
+        .get(url(&format!("/v1/models/{first}")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let one: Value = r.json().await.unwrap();
+    assert_eq!(one, listed["data"][0]);
+    let r = s
+        .client
+        .get(url("/v1/models/agentd:nope"))
+        .header("x-api-key", TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "not_found", "{v}");
+    assert_eq!(v["error"]["param"], "model", "{v}");
+    let r = s
+        .client
+        .get(url("/v1/models"))
+        .header("x-api-key", "wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    s.stop().await;
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::codec::{Bool, Dur, Int, List, Map, OneOf, Path, Str, TEXT, Url, WORD};
+use super::codec::{Bool, Dur, Int, List, Map, OneOf, Origin, Path, Str, TEXT, Url, WORD};
 use crate::config::types::TelegramFormat;
 
 const MIB: u64 = 1024 * 1024;
@@ -91,5 +91,8 @@ config_keys! {
         HTTP_CALLBACK_TIMEOUT: "http" "callback_timeout_seconds", Dur = Dur::secs(1),
             default(Duration::from_secs(10)), restart, http.callback_timeout,
             "webhook timeout, per attempt";
+        HTTP_CORS_ORIGINS: "http" "cors_origins", List<Origin> = List(Origin),
+            default(Vec::new()), restart, http.cors_origins,
+            "browser origins (`scheme://host[:port]`, exactly as the browser sends `Origin`) whose pages may call the API: they get CORS answers (any request header, `x-request-id` readable) and still need the token. Empty = no CORS, so browsers keep other sites' pages out. `*` is refused: list each origin";
     ]
 }

@@ -360,7 +360,9 @@ pub fn message_body(r: &CompatReply) -> Vec<u8> {
     serde_json::to_vec(&message(
         &format!("msg_{}", r.id),
         &r.model,
-        json!([{"type": "text", "text": r.text, "citations": null}]),
+        // `citations` is required by the published schema, and strict clients (the AI SDK)
+        // refuse `null` there: an empty list satisfies both.
+        json!([{"type": "text", "text": r.text, "citations": []}]),
         Some(stop_reason(r.finish)),
         &r.usage,
     ))
@@ -418,7 +420,7 @@ impl EventStream {
         out.extend(event(
             "content_block_start",
             &json!({"type": "content_block_start", "index": 0,
-                    "content_block": {"type": "text", "text": "", "citations": null}}),
+                    "content_block": {"type": "text", "text": "", "citations": []}}),
         ));
         out
     }
@@ -537,6 +539,16 @@ mod tests {
     }
 
     #[test]
+    fn no_tools_with_a_tool_choice_of_none_or_auto_is_accepted() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        for choice in ["none", "auto"] {
+            let body = json!({"model": "agentd", "max_tokens": 10, "messages": msgs,
+                              "tools": [], "tool_choice": {"type": choice}});
+            assert!(parse(body).is_ok(), "{choice}");
+        }
+    }
+
+    #[test]
     fn tools_and_bad_fields_are_refused_with_the_field() {
         let msgs = json!([{"role": "user", "content": "x"}]);
         let cases = [
@@ -545,7 +557,7 @@ mod tests {
                 "tools",
             ),
             (
-                json!({"model": "agentd", "max_tokens": 10, "messages": msgs, "tool_choice": {"type": "auto"}}),
+                json!({"model": "agentd", "max_tokens": 10, "messages": msgs, "tool_choice": {"type": "any"}}),
                 "tool_choice",
             ),
             (

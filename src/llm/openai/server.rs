@@ -19,6 +19,8 @@ pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
 
 /// The route of the model list.
 pub const MODELS_PATH: &str = "/v1/models";
+/// One model (`GET`).
+pub const MODEL_PATH: &str = "/v1/models/{id}";
 
 /// Fields that ask the server to run client-side tools: refused (the agent runs its own).
 const CLIENT_TOOL_FIELDS: &[&str] = &["tools", "functions", "tool_choice", "function_call"];
@@ -481,11 +483,27 @@ pub fn completion_body(r: &CompatReply) -> Vec<u8> {
 
 /// The `list` of models: `agentd` and `agentd:<name>` per loaded model.
 pub fn models_body(names: &[String], created: i64, owner: &str) -> Vec<u8> {
-    let data: Vec<Value> = std::iter::once(compat::DEFAULT_MODEL.to_string())
-        .chain(names.iter().map(|n| format!("agentd:{n}")))
-        .map(|id| json!({"id": id, "object": "model", "created": created, "owned_by": owner}))
+    let data: Vec<Value> = model_ids(names)
+        .map(|id| model_object(&id, created, owner))
         .collect();
     serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap_or_default()
+}
+
+/// `GET /v1/models/{id}`: the model object of `id` if it is one of the listed ids.
+pub fn model_body(names: &[String], id: &str, created: i64, owner: &str) -> Option<Vec<u8>> {
+    model_ids(names)
+        .any(|m| m == id)
+        .then(|| serde_json::to_vec(&model_object(id, created, owner)).unwrap_or_default())
+}
+
+/// The ids `GET /v1/models` lists: the routed default, then `agentd:<name>` of each model.
+fn model_ids(names: &[String]) -> impl Iterator<Item = String> + '_ {
+    std::iter::once(compat::DEFAULT_MODEL.to_string())
+        .chain(names.iter().map(|n| format!("agentd:{n}")))
+}
+
+fn model_object(id: &str, created: i64, owner: &str) -> Value {
+    json!({"id": id, "object": "model", "created": created, "owned_by": owner})
 }
 
 /// The error envelope: `{"error": {"message", "type", "param", "code"}}`.
@@ -530,16 +548,15 @@ impl ChunkStream {
     }
 
     fn chunk(&self, delta: Value, finish: Option<&str>) -> Vec<u8> {
-        let mut v = json!({
+        let v = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         });
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
+        // No `"usage": null` or `"logprobs": null` on these chunks: both are optional, and
+        // the strictest readers want an optional field left out rather than null.
         frame(&v)
     }
 
@@ -690,6 +707,16 @@ mod tests {
     }
 
     #[test]
+    fn no_tools_with_a_tool_choice_of_none_or_auto_is_accepted() {
+        let msgs = json!([{"role": "user", "content": "x"}]);
+        for choice in ["none", "auto"] {
+            let body = json!({"model": "agentd", "messages": msgs, "tools": [],
+                              "tool_choice": choice, "function_call": choice});
+            assert!(parse(body).is_ok(), "{choice}");
+        }
+    }
+
+    #[test]
     fn client_tools_and_bad_fields_are_refused_with_the_field() {
         let msgs = json!([{"role": "user", "content": "x"}]);
         let cases = [
@@ -698,7 +725,7 @@ mod tests {
                 "tools",
             ),
             (
-                json!({"model": "agentd", "messages": msgs, "tool_choice": "auto"}),
+                json!({"model": "agentd", "messages": msgs, "tool_choice": "required"}),
                 "tool_choice",
             ),
             (
