@@ -1703,3 +1703,35 @@ fn a_changed_cache_write_1h_shows_in_the_diff() {
     assert!(text.contains("cache_write_1h"), "{text}");
     assert!(text.contains("7.5"), "{text}");
 }
+
+#[test]
+fn cors_origins_take_exact_origins_only() {
+    let ok = minimal_with_key();
+    ok.write(
+        "config/agentd.toml",
+        &format!("{MINIMAL}[http]\ncors_origins = [\"http://localhost:3000\", \"https://chat.example.org\"]\n"),
+    );
+    assert_eq!(
+        ok.ok().http.cors_origins,
+        ["http://localhost:3000", "https://chat.example.org"]
+    );
+    for bad in [
+        "*",
+        "https://chat.example.org/",
+        "chat.example.org",
+        "https://a b",
+    ] {
+        let f = minimal_with_key();
+        f.write(
+            "config/agentd.toml",
+            &format!("{MINIMAL}[http]\ncors_origins = [\"{bad}\"]\n"),
+        );
+        let problems = f.problems();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("http.cors_origins[0]: expected an origin like")),
+            "{bad}: {problems:?}"
+        );
+    }
+}
