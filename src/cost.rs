@@ -8,6 +8,7 @@ use crate::zone::Zone;
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc};
 
 pub mod alarm;
+pub mod spool;
 
 use crate::config::{BudgetConfig, Config, ModelSpec, Pricing};
 use crate::message::Usage;
@@ -184,7 +185,10 @@ pub enum BudgetError {
     #[error(
         "{pending} cost row(s) could not be written to agentd.db ({error}); no model call is made until they are: check the disk (space, permissions) of the state directory"
     )]
-    Unrecorded { pending: usize, error: StoreError },
+    Unrecorded {
+        pending: usize,
+        error: spool::SpoolError,
+    },
 }
 
 /// Check the budget before an LLM call: reads today's and this month's spend from the ledger
@@ -214,7 +218,9 @@ pub async fn budget_gate(
 /// caller of a provider. Cheap to clone; clones share the rows still waiting to be written.
 ///
 /// A row that cannot be written is kept and written before the next budget check; while that
-/// fails, the check refuses every call (SPEC §16.4).
+/// fails, the check refuses every call (SPEC §16.4). It is kept in the cost spool
+/// (`cost::spool`, fsynced before the call's answer is used, replayed at the next start), so a
+/// stop or a crash does not lose it; in memory only when the spool cannot take it either.
 ///
 /// The per-message budget counts every call made for the message (SPEC §16.4): while a
 /// message is in flight ([`Ledger::begin_message`]), every row billed to its session adds to
@@ -229,8 +235,10 @@ pub struct Ledger {
     /// `[budget]`, shared by every clone and replaced by a SIGHUP reload ([`Ledger::set_budget`]).
     budget: Arc<Mutex<BudgetConfig>>,
     tz: Zone,
-    /// Rows whose insert failed, oldest first.
+    /// Rows whose insert failed and that the spool could not take either, oldest first.
     pending: Arc<Mutex<Vec<CostRow>>>,
+    /// Where rows whose insert failed are kept (`None`: in memory only, unit tests).
+    spool: Option<Arc<spool::Spool>>,
     /// Session id → the message in flight in that session.
     messages: Arc<Mutex<HashMap<String, InFlight>>>,
     /// Session id → the source of its latest message, for the rows' `source` column (at most
@@ -290,12 +298,16 @@ impl Drop for MessageSpend {
 }
 
 impl Ledger {
+    /// The ledger on `db`, with its cost spool beside the database file
+    /// ([`spool::Spool::beside`]).
     pub fn new(db: Db, cfg: &Config) -> Ledger {
+        let spool = Arc::new(spool::Spool::beside(db.path()));
         Ledger {
             db,
             budget: Arc::new(Mutex::new(cfg.budget)),
             tz: cfg.agent.timezone.clone(),
             pending: Arc::default(),
+            spool: Some(spool),
             messages: Arc::default(),
             sources: Arc::default(),
             cache_watch: None,
@@ -310,6 +322,7 @@ impl Ledger {
             budget: Arc::new(Mutex::new(budget)),
             tz: Zone::utc(),
             pending: Arc::default(),
+            spool: None,
             messages: Arc::default(),
             sources: Arc::default(),
             cache_watch: None,
@@ -449,8 +462,9 @@ impl Ledger {
 
     /// Record one call of `spec` and return its cost; `fallback_from` names the model asked
     /// for when `spec` answered as its fallback (SPEC §18.3, the row's `fallback_from`). A row
-    /// that cannot be written is kept for the next [`Ledger::check`] and logged, not returned:
-    /// the call already happened. Only `gateway::Gateway` calls it (and `record_audio`).
+    /// that cannot be written is kept for the next [`Ledger::check`] (in the spool, fsynced
+    /// before this returns) and logged, not returned: the call already happened. Only
+    /// `gateway::Gateway` calls it (and `record_audio`).
     pub async fn record_call(
         &self,
         session_id: &str,
@@ -459,7 +473,6 @@ impl Ledger {
         usage: Usage,
         fallback_from: Option<&str>,
     ) -> f64 {
-        let cost = cost_usd(&spec.pricing, &usage);
         let row = CostRow {
             timestamp: Utc::now().timestamp(),
             session_id: session_id.to_string(),
@@ -467,19 +480,13 @@ impl Ledger {
             provider: spec.provider.clone(),
             call_type,
             usage,
-            cost_usd: cost,
+            cost_usd: cost_usd(&spec.pricing, &usage),
             fallback_from: fallback_from.map(str::to_string),
             source: self.source_of(session_id),
         };
-        if let Some(m) = self.lock_messages().get_mut(session_id) {
-            m.spent += cost;
-            m.usage.add(&usage);
-        }
-        let timestamp = row.timestamp;
-        if let Err(e) = self.db.insert_cost(row.clone()).await {
-            tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row; kept until it can be written");
-            self.lock_pending().push(row);
-        } else if call_type != CallType::Embedding
+        let (cost, timestamp) = (row.cost_usd, row.timestamp);
+        if self.write_row(row).await
+            && call_type != CallType::Embedding
             && let Some(watch) = &self.cache_watch
         {
             watch.check(&self.db, timestamp).await;
@@ -503,7 +510,7 @@ impl Ledger {
         };
         let cost = if cost.is_finite() { cost } else { 0.0 };
         let source = self.source_of(session_id);
-        self.write_row(CostRow {
+        let row = CostRow {
             timestamp: Utc::now().timestamp(),
             session_id: session_id.to_string(),
             model: spec.model.clone(),
@@ -513,28 +520,63 @@ impl Ledger {
             cost_usd: cost,
             fallback_from: None,
             source,
-        })
-        .await
-    }
-
-    /// Count `row` towards its session's message in flight and insert it (kept for later
-    /// when the insert fails).
-    async fn write_row(&self, row: CostRow) -> f64 {
-        let cost = row.cost_usd;
-        if let Some(m) = self.lock_messages().get_mut(&row.session_id) {
-            m.spent += cost;
-            m.usage.add(&row.usage);
-        }
-        let call_type = row.call_type;
-        if let Err(e) = self.db.insert_cost(row.clone()).await {
-            tracing::error!(error = %e, call_type = call_type.as_str(), "cannot record cost row; kept until it can be written");
-            self.lock_pending().push(row);
-        }
+        };
+        self.write_row(row).await;
         cost
     }
 
-    /// Write the pending rows, oldest first; the first failure stops and keeps the rest.
+    /// Count `row` towards its session's message in flight and insert it; `false` when the
+    /// insert failed and the row is kept for later ([`Ledger::keep`]).
+    async fn write_row(&self, row: CostRow) -> bool {
+        if let Some(m) = self.lock_messages().get_mut(&row.session_id) {
+            m.spent += row.cost_usd;
+            m.usage.add(&row.usage);
+        }
+        match self.db.insert_cost(row.clone()).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.keep(row, &e).await;
+                false
+            }
+        }
+    }
+
+    /// Keep a row whose insert failed until it can be written: in the spool, durably, before
+    /// this returns (so before the call's answer is used); in memory when the spool cannot
+    /// take it (the spool logs why), where a stop loses it.
+    async fn keep(&self, row: CostRow, error: &StoreError) {
+        let call_type = row.call_type.as_str();
+        if let Some(spool) = &self.spool
+            && spool.append(&row).await.is_ok()
+        {
+            tracing::error!(error = %error, call_type, spool = %spool.path().display(), "cannot record cost row; kept in the spool until it can be written");
+            return;
+        }
+        tracing::error!(error = %error, call_type, "cannot record cost row; kept in memory until it can be written");
+        self.lock_pending().push(row);
+    }
+
+    /// Write the rows an earlier run left in the cost spool (it stopped or crashed while the
+    /// database could not be written): the daemon calls it at start, before the first budget
+    /// check. A failure is logged; the next check tries again and refuses the call meanwhile.
+    pub async fn replay_spool(&self) {
+        if let Err(e) = self.flush().await {
+            tracing::error!(error = %e, "cannot write the cost rows of the spool");
+        }
+    }
+
+    /// Replay the spool when it may hold rows, then write the rows kept in memory, oldest
+    /// first; the first failure stops and keeps the rest.
     async fn flush(&self) -> Result<(), BudgetError> {
+        if let Some(spool) = self.spool.as_ref().filter(|s| s.unreplayed()) {
+            spool
+                .replay(&self.db)
+                .await
+                .map_err(|e| BudgetError::Unrecorded {
+                    pending: e.left + self.lock_pending().len(),
+                    error: e.error,
+                })?;
+        }
         let rows = std::mem::take(&mut *self.lock_pending());
         let mut rows = rows.into_iter();
         while let Some(row) = rows.next() {
@@ -547,7 +589,7 @@ impl Ledger {
                 pending.extend(newer);
                 return Err(BudgetError::Unrecorded {
                     pending: pending.len(),
-                    error,
+                    error: error.into(),
                 });
             }
         }
@@ -882,6 +924,7 @@ mod tests {
             budget: Arc::new(Mutex::new(cfg)),
             tz: crate::zone::Zone::utc(),
             pending: Arc::default(),
+            spool: None,
             messages: Arc::default(),
             sources: Arc::default(),
             cache_watch: None,
@@ -927,6 +970,72 @@ mod tests {
         // Still pending: the next check fails the same way.
         assert!(ledger.check(0.0).await.is_err());
         assert_eq!(ledger.lock_pending().len(), 1);
+    }
+
+    /// The ledger the daemon builds ([`Ledger::new`]: with its spool), on the database at
+    /// `path`; no limit.
+    fn daemon_ledger(path: &std::path::Path) -> Ledger {
+        let ledger = ledger_on(Db::open(path).unwrap(), budget(0.0, 0.0, 0.0));
+        Ledger {
+            spool: Some(Arc::new(spool::Spool::beside(path))),
+            ..ledger
+        }
+    }
+
+    /// SPEC §16.4: a row the database refuses is in the spool, fsynced, when `record` returns
+    /// (the answer is used after that); a stop loses nothing: the next run writes it before its
+    /// first budget check.
+    #[tokio::test]
+    async fn a_row_the_database_refuses_survives_a_stop_in_the_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agentd.db");
+        let ledger = daemon_ledger(&path);
+        ledger.replay_spool().await;
+        spool::tests::fail_inserts(&path, true);
+        let mut s = spec();
+        s.pricing = SONNET;
+        let usage = Usage {
+            input_tokens: 1000,
+            ..Usage::default()
+        };
+        ledger.record("s", &s, CallType::Chat, usage).await;
+        let spooled = std::fs::read_to_string(dir.path().join("agentd.db.spool")).unwrap();
+        assert_eq!(spooled.lines().count(), 1, "{spooled}");
+        assert!(ledger.lock_pending().is_empty(), "not only in memory");
+        let err = ledger.gate().await.unwrap_err();
+        assert!(
+            matches!(err, BudgetError::Unrecorded { pending: 1, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("disk is full"), "{err}");
+
+        // Stopped (the memory is gone); the next run on a working database.
+        drop(ledger);
+        spool::tests::fail_inserts(&path, false);
+        let ledger = daemon_ledger(&path);
+        ledger.gate().await.unwrap();
+        let summary = ledger.db().cost_summary(None).await.unwrap();
+        assert!((summary.total_cost - 0.003).abs() < 1e-12, "{summary:?}");
+        assert_eq!(summary.models[0].input_tokens, 1000);
+    }
+
+    #[tokio::test]
+    async fn a_row_the_spool_cannot_take_either_stays_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger {
+            spool: Some(Arc::new(spool::Spool::beside(
+                &dir.path().join("missing/agentd.db"),
+            ))),
+            ..ledger_on(Db::without_schema_for_test(), budget(0.0, 0.0, 0.0))
+        };
+        let mut s = spec();
+        s.pricing = SONNET;
+        ledger
+            .record("s", &s, CallType::Chat, Usage::default())
+            .await;
+        assert_eq!(ledger.lock_pending().len(), 1);
+        let err = ledger.gate().await.unwrap_err();
+        assert!(matches!(err, BudgetError::Unrecorded { .. }), "{err:?}");
     }
 
     #[tokio::test]

@@ -76,6 +76,31 @@ pub fn append_line_fsync(file: &mut File, line: &[u8]) -> io::Result<()> {
     result
 }
 
+/// If `file` does not end with a newline, cut it back to just after its last one and fsync it:
+/// that tail is an append a crash (or a power cut, which can leave NUL bytes) interrupted, never
+/// acknowledged. Returns how many bytes were cut (0: the file was whole). Lines appended
+/// afterwards start on a fresh line instead of being glued onto the torn one.
+pub fn cut_torn_tail(file: &mut File) -> io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    file.seek(SeekFrom::Start(len - 1))?;
+    let mut last = [0u8; 1];
+    file.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(0);
+    }
+    let mut buf = Vec::new();
+    file.seek(SeekFrom::Start(0))?;
+    file.read_to_end(&mut buf)?;
+    let keep = buf.iter().rposition(|&c| c == b'\n').map_or(0, |p| p + 1) as u64;
+    file.set_len(keep)?;
+    file.sync_all()?;
+    Ok(len - keep)
+}
+
 /// Remove the temp files of `atomic_write` that a killed process left in `dir` (names
 /// `.<name>.tmp.<pid>.<16 hex digits>` whose pid is not a running process). Returns how many
 /// were removed. Run at start, before anything writes there.

@@ -324,6 +324,8 @@ impl Services {
         let contacts = super::chat::contacts(&live);
         let (ledger, metrics, gateway) =
             accounting(&cfg, &db, &monitor, &contacts, outbound.clone(), tasks);
+        // Cost rows a stop or crash left in the spool count before any budget check.
+        ledger.replay_spool().await;
         let (memory, consolidator) = open_memory(&cfg, &gateway);
         let skills = Arc::new(crate::skills::SkillSet::load(
             &cfg.agent.skills.dir,

@@ -359,28 +359,15 @@ pub(super) fn first_line(path: &Path) -> io::Result<Option<TrailLine>> {
         .and_then(|line| serde_json::from_slice::<TrailLine>(&line).ok()))
 }
 
-/// If the file does not end with a newline, cut it back to the last newline: that tail is a
-/// write the crash interrupted, never acknowledged.
+/// If the file does not end with a newline, cut it back to the last newline
+/// ([`fsutil::cut_torn_tail`]): that tail is a write the crash interrupted, never acknowledged.
 fn truncate_torn_tail(path: &Path) -> io::Result<()> {
     let mut f = OpenOptions::new().read(true).write(true).open(path)?;
-    let len = f.metadata()?.len();
-    if len == 0 {
-        return Ok(());
+    let dropped = fsutil::cut_torn_tail(&mut f)?;
+    if dropped > 0 {
+        tracing::warn!(file = %path.display(), dropped_bytes = dropped, "truncating torn trail tail");
     }
-    f.seek(SeekFrom::Start(len - 1))?;
-    let mut b = [0u8; 1];
-    f.read_exact(&mut b)?;
-    if b[0] == b'\n' {
-        return Ok(());
-    }
-    // Scan backwards for the last newline.
-    let mut buf = Vec::new();
-    f.seek(SeekFrom::Start(0))?;
-    f.read_to_end(&mut buf)?;
-    let keep = buf.iter().rposition(|&c| c == b'\n').map_or(0, |p| p + 1);
-    tracing::warn!(file = %path.display(), dropped_bytes = len - keep as u64, "truncating torn trail tail");
-    f.set_len(keep as u64)?;
-    f.sync_all()
+    Ok(())
 }
 
 #[cfg(test)]

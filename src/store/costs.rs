@@ -252,32 +252,74 @@ fn scan_spend(conn: &rusqlite::Connection, since: i64) -> rusqlite::Result<Spend
     })
 }
 
+/// Insert `row` into `costs` (on the connection or transaction the caller holds).
+fn insert_row(conn: &rusqlite::Connection, row: &CostRow) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO costs (timestamp, session_id, model, provider, call_type, \
+         input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, \
+         fallback_from, cache_write_1h_tokens, source) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )?
+    .execute(rusqlite::params![
+        row.timestamp,
+        row.session_id,
+        row.model,
+        row.provider,
+        row.call_type.as_str(),
+        to_sql_count(row.usage.input_tokens),
+        to_sql_count(row.usage.output_tokens),
+        to_sql_count(row.usage.cache_read_tokens),
+        to_sql_count(row.usage.cache_write_tokens),
+        row.cost_usd,
+        row.fallback_from,
+        to_sql_count(row.usage.cache_write_1h_tokens),
+        row.source,
+    ])?;
+    Ok(())
+}
+
 impl Db {
     /// Record one provider call.
     pub async fn insert_cost(&self, row: CostRow) -> Result<(), StoreError> {
+        self.actor.call(move |conn| insert_row(conn, &row)).await
+    }
+
+    /// Write rows of the cost spool (`cost::spool`), each `(spool id, row)`, in one
+    /// transaction that also records each id in `cost_spool_applied`. A row whose id is
+    /// already there was written by an earlier replay that stopped (a crash) after its commit
+    /// and before the spool was emptied: it is skipped, so no row counts twice. Returns how
+    /// many rows were written; on an error none was.
+    pub async fn insert_spooled_costs(
+        &self,
+        rows: Vec<(String, CostRow)>,
+    ) -> Result<usize, StoreError> {
         self.actor
             .call(move |conn| {
-                conn.prepare_cached(
-                    "INSERT INTO costs (timestamp, session_id, model, provider, call_type, \
-                     input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, \
-                     fallback_from, cache_write_1h_tokens, source) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-                )?
-                .execute(rusqlite::params![
-                    row.timestamp,
-                    row.session_id,
-                    row.model,
-                    row.provider,
-                    row.call_type.as_str(),
-                    to_sql_count(row.usage.input_tokens),
-                    to_sql_count(row.usage.output_tokens),
-                    to_sql_count(row.usage.cache_read_tokens),
-                    to_sql_count(row.usage.cache_write_tokens),
-                    row.cost_usd,
-                    row.fallback_from,
-                    to_sql_count(row.usage.cache_write_1h_tokens),
-                    row.source,
-                ])?;
+                let tx = conn.transaction()?;
+                let mut written = 0;
+                for (id, row) in &rows {
+                    let new = tx
+                        .prepare_cached(
+                            "INSERT OR IGNORE INTO cost_spool_applied (id) VALUES (?1)",
+                        )?
+                        .execute([id])?;
+                    if new == 1 {
+                        insert_row(&tx, row)?;
+                        written += 1;
+                    }
+                }
+                tx.commit()?;
+                Ok(written)
+            })
+            .await
+    }
+
+    /// Forget the spool ids of [`Db::insert_spooled_costs`]. Only once the spool is empty:
+    /// an id forgotten while its row is still in the spool would let a replay write it again.
+    pub async fn clear_spool_applied(&self) -> Result<(), StoreError> {
+        self.actor
+            .call(|conn| {
+                conn.execute("DELETE FROM cost_spool_applied", [])?;
                 Ok(())
             })
             .await

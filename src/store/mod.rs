@@ -58,6 +58,7 @@ pub(crate) static MIGRATIONS: LazyLock<Migrations<'static>> = LazyLock::new(|| {
         M::up(include_str!("migrations/0002_scheduled.sql")),
         M::up(include_str!("migrations/0003_fallback.sql")),
         M::up(include_str!("migrations/0004_cost_autopilot.sql")),
+        M::up(include_str!("migrations/0005_cost_spool.sql")),
     ])
 });
 

@@ -11,38 +11,14 @@ use serde_json::Value;
 
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{
-    WAIT, agentd_toml, daemon_with, fifo_write, is_outcome_of, provider_toml, wait_outcome,
+    WAIT, agentd_toml, daemon_with, db_rows, fail_cost_inserts, fifo_write, is_outcome_of,
+    provider_toml, wait_outcome,
 };
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire};
 use crate::support::wait_until;
 
 fn count(lines: &[Value], pred: impl Fn(&Value) -> bool) -> usize {
     lines.iter().filter(|l| pred(l)).count()
-}
-
-/// (model, call_type, input, output, cache_read, cache_write, cost_usd, provider)
-type CostRowTuple = (String, String, i64, i64, i64, i64, f64, String);
-
-fn db_rows(state_dir: &Path) -> Vec<CostRowTuple> {
-    let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
-    let mut st = conn
-        .prepare("SELECT model, call_type, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, provider FROM costs ORDER BY id")
-        .unwrap();
-    st.query_map([], |r| {
-        Ok((
-            r.get(0)?,
-            r.get(1)?,
-            r.get(2)?,
-            r.get(3)?,
-            r.get(4)?,
-            r.get(5)?,
-            r.get(6)?,
-            r.get(7)?,
-        ))
-    })
-    .unwrap()
-    .map(Result::unwrap)
-    .collect()
 }
 
 /// Must-show 2: `agent-send -m hello --from alice --wait 20` prints the model's reply; the
@@ -1155,16 +1131,7 @@ fn costs_on_a_full_disk_are_kept_and_stop_further_calls() {
     llm.push(Reply::text("one"));
     llm.push(Reply::text("three"));
     let d = daemon_with(&llm, "openai");
-    let set_full = |full: bool| {
-        let conn = rusqlite::Connection::open(d.state_dir.join("agentd.db")).unwrap();
-        conn.execute_batch(if full {
-            "CREATE TRIGGER disk_full BEFORE INSERT ON costs BEGIN \
-             SELECT RAISE(FAIL, 'database or disk is full'); END;"
-        } else {
-            "DROP TRIGGER disk_full;"
-        })
-        .unwrap();
-    };
+    let set_full = |full: bool| fail_cost_inserts(&d.state_dir, full);
     set_full(true);
     fifo_write(
         &d,

@@ -1,10 +1,12 @@
 //! The reliability battery (issue 6; the plan is in docs/reliability.md): crash cycles, a full
-//! disk and provider faults against the real binaries. The property tests for the parsers of
+//! disk, cost rows across a crash while the database fails, and provider faults against the
+//! real binaries. The property tests for the parsers of
 //! outside input live next to their parsers in `src/` (listed in docs/reliability.md).
 //!
 //! `cargo test --locked --test it battery::` runs this part alone. Randomised tests print their
 //! seed; `BATTERY_SEED=<n>` replays one, `BATTERY_CYCLES=<n>` changes the number of crash cycles.
 
+mod cost_spool;
 mod disk_full;
 mod kill9;
 mod provider_faults;

@@ -3,6 +3,7 @@
 //! trail line that completes one intake.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -71,6 +72,46 @@ pub fn fifo_write(d: &TestDaemon, line: &str) {
     let mut bytes = line.as_bytes().to_vec();
     bytes.push(b'\n');
     f.write_all(&bytes).expect("write control line");
+}
+
+/// (model, call_type, input, output, cache_read, cache_write, cost_usd, provider)
+pub type CostRowTuple = (String, String, i64, i64, i64, i64, f64, String);
+
+/// The rows of the `costs` table of `state_dir/agentd.db`, oldest first.
+pub fn db_rows(state_dir: &Path) -> Vec<CostRowTuple> {
+    let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
+    let mut st = conn
+        .prepare("SELECT model, call_type, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, provider FROM costs ORDER BY id")
+        .unwrap();
+    st.query_map([], |r| {
+        Ok((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+            r.get(7)?,
+        ))
+    })
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
+}
+
+/// Make every insert into `costs` of `state_dir/agentd.db` fail with SQLite's "database or disk
+/// is full" (a trigger, added from outside the daemon, that works while it runs), or work again.
+/// Everything else of the database, and the disk, stay writable.
+pub fn fail_cost_inserts(state_dir: &Path, fail: bool) {
+    let conn = rusqlite::Connection::open(state_dir.join("agentd.db")).unwrap();
+    conn.execute_batch(if fail {
+        "CREATE TRIGGER disk_full BEFORE INSERT ON costs BEGIN \
+         SELECT RAISE(FAIL, 'database or disk is full'); END;"
+    } else {
+        "DROP TRIGGER disk_full;"
+    })
+    .unwrap();
 }
 
 /// The trail line that completes intake `id` (final assistant message or failure).
