@@ -110,6 +110,7 @@ pub fn behavior(root: &mut Section<'_>) -> BehaviorConfig {
         max_concurrent_sessions: s.read(&kb::MAX_CONCURRENT_SESSIONS),
         max_queued_per_session: s.read(&kb::MAX_QUEUED_PER_SESSION),
         max_queued_total: s.read(&kb::MAX_QUEUED_TOTAL),
+        idle_session_cache_bytes: s.read(&kb::IDLE_SESSION_CACHE_BYTES),
         silent_tokens: s.read(&kb::SILENT_TOKENS),
         typing_indicators: s.read(&kb::TYPING_INDICATORS),
         show_fallback: s.read(&kb::SHOW_FALLBACK),

@@ -417,6 +417,8 @@ pub struct BehaviorConfig {
     pub max_queued_per_session: usize,
     /// Messages all sessions together may have waiting. At least 1.
     pub max_queued_total: usize,
+    /// Bytes the states of idle sessions may hold together in memory (SPEC §16.3); 0 = none.
+    pub idle_session_cache_bytes: usize,
     pub silent_tokens: Vec<String>,
     pub typing_indicators: bool,
     /// Telegram replies that a fallback model answered carry one line saying so (SPEC §18.3).

@@ -45,38 +45,80 @@ pub enum Job {
 
 /// Session states kept in memory for sessions whose worker has exited (the most recently
 /// used ones). A worker exits as soon as its queue is empty, so memory held for idle sessions
-/// is bounded by this, not by the number of session keys ever seen; a session not in here
+/// is bounded by this count and by `[behavior] idle_session_cache_bytes` (SPEC §16.3: by size,
+/// not only by count), not by the number of session keys ever seen; a session not in here
 /// loads its snapshot and the trail lines after it again (docs/BENCHMARKS.md, soak). A state
 /// evicted with lines its snapshot lacks is snapshotted (moved to the snapshot thread, no
 /// copy), so the next load folds few lines.
 const IDLE_STATES: usize = 8;
 
-/// The states of sessions without a worker, least recently used first.
-#[derive(Default)]
+/// A state in the cache, with its size when it was parked ([`parked_bytes`]; a parked state
+/// does not change).
+struct Parked {
+    key: String,
+    state: SessionState,
+    bytes: usize,
+}
+
+/// The memory a state takes in the cache: what it holds (`SessionState::heap_bytes`) and its
+/// entry, so no state is free and a bound of 0 keeps none.
+fn parked_bytes(state: &SessionState) -> usize {
+    state.heap_bytes() + std::mem::size_of::<Parked>()
+}
+
+/// The states of sessions without a worker, least recently used first, within `max_count`
+/// states and `max_bytes` bytes together.
 struct IdleStates {
-    entries: VecDeque<(String, SessionState)>,
+    entries: VecDeque<Parked>,
+    /// The sum of the entries' `bytes`.
+    bytes: usize,
+    max_count: usize,
+    max_bytes: usize,
 }
 
 impl IdleStates {
-    fn take(&mut self, key: &str) -> Option<SessionState> {
-        let i = self.entries.iter().position(|(k, _)| k == key)?;
-        self.entries.remove(i).map(|(_, s)| s)
+    fn new(max_count: usize, max_bytes: usize) -> IdleStates {
+        IdleStates {
+            entries: VecDeque::new(),
+            bytes: 0,
+            max_count,
+            max_bytes,
+        }
     }
 
-    /// Keep `state` as the newest; returns the states evicted to stay within `cap`.
-    fn put(&mut self, key: String, state: SessionState, cap: usize) -> Vec<SessionState> {
-        self.entries.retain(|(k, _)| *k != key);
-        self.entries.push_back((key, state));
+    fn take(&mut self, key: &str) -> Option<SessionState> {
+        let i = self.entries.iter().position(|p| p.key == key)?;
+        let parked = self.entries.remove(i)?;
+        self.bytes -= parked.bytes;
+        Some(parked.state)
+    }
+
+    /// Keep `state` as the newest; returns the states evicted, least recently used first, to
+    /// stay within both bounds, or `state` itself when it alone is over the byte bound (the
+    /// others stay). An older entry of the same key is dropped: `state` supersedes it.
+    fn put(&mut self, key: String, state: SessionState) -> Vec<SessionState> {
+        drop(self.take(&key));
+        let bytes = parked_bytes(&state);
+        if bytes > self.max_bytes {
+            return vec![state];
+        }
+        self.entries.push_back(Parked { key, state, bytes });
+        self.bytes += bytes;
         let mut evicted = Vec::new();
-        while self.entries.len() > cap {
-            evicted.extend(self.entries.pop_front().map(|(_, s)| s));
+        while self.entries.len() > self.max_count || self.bytes > self.max_bytes {
+            let Some(old) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= old.bytes;
+            evicted.push(old.state);
         }
         evicted
     }
 
     /// Every state, emptying the cache.
     fn drain(&mut self) -> Vec<SessionState> {
-        self.entries.drain(..).map(|(_, s)| s).collect()
+        self.bytes = 0;
+        self.entries.drain(..).map(|p| p.state).collect()
     }
 }
 
@@ -162,7 +204,10 @@ impl Queue {
     ) -> Arc<Queue> {
         Arc::new(Queue {
             workers: Mutex::new(HashMap::new()),
-            idle: std::sync::Mutex::new(IdleStates::default()),
+            idle: std::sync::Mutex::new(IdleStates::new(
+                IDLE_STATES,
+                behavior.idle_session_cache_bytes,
+            )),
             store,
             permits: Arc::new(Semaphore::new(behavior.max_concurrent_sessions.max(1))),
             queued: std::sync::Mutex::new(HashMap::new()),
@@ -307,7 +352,7 @@ impl Queue {
                             // is locked: a worker of an evicted key that starts now finds no
                             // state and loads one, so its snapshots are handed over after these.
                             let mut idle = self.idle_states();
-                            for old in idle.put(key.to_string(), s, IDLE_STATES) {
+                            for old in idle.put(key.to_string(), s) {
                                 self.store.snapshot_if_dirty(old);
                             }
                         }
@@ -441,9 +486,9 @@ mod tests {
 
     #[test]
     fn idle_states_keep_the_most_recent_few() {
-        let mut idle = IdleStates::default();
+        let mut idle = IdleStates::new(8, usize::MAX);
         for n in 0..20usize {
-            let evicted = idle.put(format!("k{n}"), state(&format!("s{n}")), 8);
+            let evicted = idle.put(format!("k{n}"), state(&format!("s{n}")));
             assert!(idle.entries.len() <= 8);
             // The least recently used one goes out, handed back to be snapshotted.
             let gone: Vec<String> = evicted.into_iter().map(|s| s.id).collect();
@@ -459,15 +504,112 @@ mod tests {
             "taken once: the worker owns it now"
         );
         // Putting a key again replaces its entry and makes it the newest.
-        idle.put("k13".into(), state("new13"), 8);
+        idle.put("k13".into(), state("new13"));
         assert_eq!(idle.entries.len(), 7);
         assert_eq!(
             idle.entries
                 .back()
-                .map(|(k, s)| (k.as_str(), s.id.as_str())),
+                .map(|p| (p.key.as_str(), p.state.id.as_str())),
             Some(("k13", "new13"))
         );
         assert_eq!(idle.drain().len(), 7);
         assert!(idle.entries.is_empty());
+        assert_eq!(idle.bytes, 0);
+    }
+
+    /// A state whose history holds `chars` characters of text.
+    fn sized(id: &str, chars: usize) -> SessionState {
+        let mut s = state(id);
+        s.messages
+            .push(crate::message::Message::user_text("x".repeat(chars)));
+        s
+    }
+
+    fn keys(idle: &IdleStates) -> Vec<&str> {
+        idle.entries.iter().map(|p| p.key.as_str()).collect()
+    }
+
+    /// Issue 33: the cache is bounded by bytes too (SPEC §16.3): the least recently used
+    /// states go first until the kept ones fit, whatever the count allows; the rendered
+    /// request bytes a state holds count.
+    #[test]
+    fn idle_states_are_bounded_by_bytes_least_recently_used_first() {
+        let one = parked_bytes(&sized("probe", 10_000));
+        assert!(one >= 10_000, "{one}");
+        let mut idle = IdleStates::new(8, 3 * one + one / 2);
+        for n in 0..3 {
+            assert!(
+                idle.put(format!("k{n}"), sized(&format!("s{n}"), 10_000))
+                    .is_empty()
+            );
+        }
+        // k0 is used again (taken by a worker, parked after its message): now the newest.
+        let s0 = idle.take("k0").unwrap();
+        assert!(idle.put("k0".into(), s0).is_empty());
+        assert_eq!(keys(&idle), ["k1", "k2", "k0"]);
+        let gone = idle.put("k3".into(), sized("s3", 10_000));
+        assert_eq!(
+            gone.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s1"]
+        );
+        assert_eq!(keys(&idle), ["k2", "k0", "k3"]);
+        assert_eq!(idle.bytes, 3 * one);
+        // Twice as big: two states make room for it.
+        let gone = idle.put("k4".into(), sized("s4", 20_000));
+        assert_eq!(
+            gone.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s2", "s0"]
+        );
+        assert_eq!(keys(&idle), ["k3", "k4"]);
+        // The request bytes rendered for a state's messages count as well.
+        let rendered = sized("s5", 100);
+        let cache = rendered.rendered.sync(
+            crate::message::rendered::WireFormat::Anthropic,
+            &rendered.messages,
+            |_, r| {
+                r.bytes = vec![b'r'; 2 * one];
+                Ok::<(), ()>(())
+            },
+        );
+        drop(cache);
+        assert!(rendered.heap_bytes() >= 2 * one);
+        let gone = idle.put("k5".into(), rendered);
+        assert_eq!(
+            gone.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["s3", "s4"]
+        );
+        assert_eq!(keys(&idle), ["k5"]);
+        let total: usize = idle.entries.iter().map(|p| parked_bytes(&p.state)).sum();
+        assert_eq!(idle.bytes, total);
+        assert!(idle.bytes <= idle.max_bytes);
+    }
+
+    /// A state larger than the byte bound is not kept (handed back to be snapshotted), and
+    /// it evicts nothing; `0` keeps none.
+    #[test]
+    fn a_state_over_the_byte_bound_alone_is_not_kept() {
+        let mut idle = IdleStates::new(8, 50_000);
+        assert!(idle.put("a".into(), sized("sa", 10_000)).is_empty());
+        assert!(idle.put("b".into(), sized("sb", 10_000)).is_empty());
+        let gone = idle.put("big".into(), sized("sbig", 60_000));
+        assert_eq!(
+            gone.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["sbig"]
+        );
+        assert_eq!(keys(&idle), ["a", "b"], "the others stay");
+        // A key parked again with an oversized state loses its older entry too.
+        let gone = idle.put("a".into(), sized("sa2", 60_000));
+        assert_eq!(
+            gone.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["sa2"]
+        );
+        assert_eq!(keys(&idle), ["b"]);
+        assert!(idle.take("a").is_none(), "no stale state of a is served");
+
+        let mut none = IdleStates::new(8, 0);
+        let gone = none.put("k".into(), state("s"));
+        assert_eq!(gone.len(), 1);
+        assert!(none.entries.is_empty());
+        assert_eq!(none.bytes, 0);
     }
 }

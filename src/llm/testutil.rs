@@ -43,6 +43,7 @@ pub(crate) fn behavior(retries: u32, call_timeout: Duration) -> BehaviorConfig {
         max_concurrent_sessions: 1,
         max_queued_per_session: 64,
         max_queued_total: 1024,
+        idle_session_cache_bytes: crate::config::keys::behavior::DEFAULT_IDLE_SESSION_CACHE_BYTES,
         silent_tokens: vec![],
         typing_indicators: false,
         show_fallback: true,

@@ -80,6 +80,77 @@ impl Message {
             _ => &[],
         }
     }
+
+    /// An estimate of the heap memory this message holds: the capacity of its strings and
+    /// block lists, and its tool calls' argument trees. For memory bounds (the idle session
+    /// cache, SPEC §16.3), not an exact account: allocator overhead is left out.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Message::User { content } => {
+                list_bytes(content)
+                    + (content.iter())
+                        .map(|b| match b {
+                            UserBlock::Text { text } => text.capacity(),
+                            UserBlock::Image {
+                                media_type,
+                                data,
+                                placeholder,
+                            } => media_type.capacity() + data.capacity() + placeholder.capacity(),
+                        })
+                        .sum::<usize>()
+            }
+            Message::Assistant {
+                text,
+                tool_calls,
+                thinking,
+                ..
+            } => {
+                let calls = tool_calls
+                    .iter()
+                    .map(|c| c.id.capacity() + c.name.capacity() + json_heap_bytes(&c.arguments));
+                let thoughts = thinking.iter().map(|t| {
+                    [&t.thinking, &t.signature, &t.redacted_data]
+                        .into_iter()
+                        .flatten()
+                        .map(String::capacity)
+                        .sum::<usize>()
+                });
+                text.capacity()
+                    + list_bytes(tool_calls)
+                    + calls.sum::<usize>()
+                    + list_bytes(thinking)
+                    + thoughts.sum::<usize>()
+            }
+            Message::ToolResults { results, notice } => {
+                list_bytes(results)
+                    + (results.iter())
+                        .map(|r| r.tool_call_id.capacity() + r.content.capacity())
+                        .sum::<usize>()
+                    + notice.as_ref().map_or(0, String::capacity)
+            }
+        }
+    }
+}
+
+/// The heap bytes of a list's own buffer (not what its elements point to).
+fn list_bytes<T>(v: &Vec<T>) -> usize {
+    v.capacity() * std::mem::size_of::<T>()
+}
+
+/// An estimate of the heap bytes of a JSON tree: its strings and keys, a `Value` per array
+/// element and object entry. Trees come from a parser with a depth limit, so the recursion is
+/// bounded.
+fn json_heap_bytes(v: &Value) -> usize {
+    let node = std::mem::size_of::<Value>();
+    match v {
+        Value::String(s) => s.capacity(),
+        Value::Array(a) => list_bytes(a) + a.iter().map(json_heap_bytes).sum::<usize>(),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| k.capacity() + node + json_heap_bytes(v))
+            .sum(),
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+    }
 }
 
 /// A content block of a user turn.
@@ -247,5 +318,52 @@ mod usage_tests {
             .unwrap_err();
         assert!(e.contains("cache_write_tokens = 10000001"), "{e}");
         assert!(u(u64::MAX, 0, 0, 0).check_per_call().is_err());
+    }
+}
+
+#[cfg(test)]
+mod heap_tests {
+    use super::*;
+
+    /// Every string a message holds counts: texts, images, tool calls and their arguments,
+    /// thinking, tool results and the notice.
+    #[test]
+    fn heap_bytes_counts_every_string_of_a_message() {
+        let small = Message::user_text("hi").heap_bytes();
+        assert!(small < 256, "{small}");
+        let long = Message::user_text("x".repeat(10_000)).heap_bytes();
+        assert!((10_000..10_256).contains(&long), "{long}");
+        let image = Message::User {
+            content: vec![UserBlock::Image {
+                media_type: "image/png".into(),
+                data: "A".repeat(50_000),
+                placeholder: "[image: inbox/1.png]".into(),
+            }],
+        };
+        assert!(image.heap_bytes() >= 50_000);
+        let call = Message::Assistant {
+            text: "t".repeat(100),
+            tool_calls: vec![ToolCall {
+                id: "c1".into(),
+                name: "write".into(),
+                arguments: serde_json::json!({"content": "y".repeat(20_000), "more": ["z".repeat(5_000)]}),
+            }],
+            thinking: vec![ThinkingBlock {
+                thinking: Some("h".repeat(3_000)),
+                signature: Some("s".repeat(1_000)),
+                redacted_data: None,
+            }],
+            usage: None,
+        };
+        assert!(call.heap_bytes() >= 29_100, "{}", call.heap_bytes());
+        let results = Message::ToolResults {
+            results: vec![ToolResult {
+                tool_call_id: "c1".into(),
+                content: "r".repeat(7_000),
+                is_error: false,
+            }],
+            notice: Some("n".repeat(500)),
+        };
+        assert!(results.heap_bytes() >= 7_500, "{}", results.heap_bytes());
     }
 }

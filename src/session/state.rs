@@ -192,6 +192,16 @@ impl SessionState {
         self.unsaved_lines() >= SNAPSHOT_EVERY_LINES.max(spread)
     }
 
+    /// An estimate of the heap memory the state holds: its messages
+    /// ([`Message::heap_bytes`]) and the request bytes rendered for them
+    /// ([`RenderCache::bytes`]); the few small fields are left out. What bounds the idle
+    /// session cache by size (SPEC §16.3); a walk over the history, without allocating.
+    pub fn heap_bytes(&self) -> usize {
+        self.messages.capacity() * std::mem::size_of::<Message>()
+            + self.messages.iter().map(Message::heap_bytes).sum::<usize>()
+            + self.rendered.bytes()
+    }
+
     /// Record that a snapshot of the state as it is now was written or queued.
     pub fn mark_saved(&mut self) {
         self.snapshot = SnapshotMark(self.last_seq);

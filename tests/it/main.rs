@@ -39,6 +39,7 @@ mod prompt_files;
 mod provider_limits;
 mod reload;
 mod retention;
+mod schedule_entries;
 mod schedule_isolation;
 mod session_control;
 mod session_index;

@@ -44,7 +44,7 @@ fn memory_daemon(llm: &FakeLlm, embed: Option<&FakeEmbed>, extra: &str) -> TestD
 }
 
 /// `agentd <args> -c <config>` with the daemon's state directory; blocking.
-fn agentd(d: &TestDaemon, args: &[&str]) -> Output {
+pub fn agentd(d: &TestDaemon, args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentd"));
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("AGENTD_") {
@@ -235,10 +235,9 @@ fn index_reports_configuration_problems() {
     assert!(stderr.contains("memory.indexer.include"), "{stderr}");
 }
 
-/// The last tool result's text in a request (Anthropic wire).
 /// Send `text` from alice and wait for its reply, then for the fake model to have seen
 /// `requests` requests in all; returns them.
-fn ask(d: &TestDaemon, llm: &FakeLlm, text: &str, requests: usize) -> Vec<Value> {
+pub fn ask(d: &TestDaemon, llm: &FakeLlm, text: &str, requests: usize) -> Vec<Value> {
     let out = d.agent_send(&["-m", text, "--from", "alice", "--wait", "30"]);
     assert!(
         out.status.success(),
@@ -250,7 +249,8 @@ fn ask(d: &TestDaemon, llm: &FakeLlm, text: &str, requests: usize) -> Vec<Value>
         .await_blocking()
 }
 
-fn last_tool_result(body: &Value) -> String {
+/// The last tool result's text in a request (Anthropic wire).
+pub fn last_tool_result(body: &Value) -> String {
     let msgs = body["messages"].as_array().unwrap();
     for m in msgs.iter().rev() {
         for b in m["content"].as_array().into_iter().flatten() {
@@ -487,7 +487,8 @@ fn a_damaged_memory_db_turns_memory_off_not_the_daemon() {
 
 const CONSOLIDATION_MARK: &str = "You maintain the long-term memory";
 
-fn is_consolidation(body: &Value) -> bool {
+/// Whether `body` is a consolidation call (its system prompt).
+pub fn is_consolidation(body: &Value) -> bool {
     body["system"].to_string().contains(CONSOLIDATION_MARK)
 }
 

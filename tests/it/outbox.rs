@@ -291,6 +291,64 @@ fn outbox_kill9_after_the_attempt_is_not_sent_again() {
     d.kill9();
 }
 
+/// `sendMessage` calls whose text contains `text`, answered or not.
+fn send_requests_with(tg: &FakeTelegram, text: &str) -> usize {
+    tg.requests()
+        .iter()
+        .filter(|(m, p)| m == "sendmessage" && p["text"].as_str().is_some_and(|t| t.contains(text)))
+        .count()
+}
+
+/// Issue 33: the live path of the at-most-once rule (SPEC §16.1), without a restart. A send
+/// Telegram never answers ends at the send timeout (`poll_timeout_seconds` + 15 s: 16 s
+/// here), is recorded `unknown` and never sent again; the next message of the same chat,
+/// which arrived while the send hung, still gets its reply.
+#[test]
+fn outbox_send_timeout_while_running_is_unknown_and_not_resent() {
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    llm.push(Reply::text("Maybe delivered."));
+    llm.push(Reply::text("Second reply."));
+    let tg = FakeTelegram::spawn(TOKEN);
+    tg.hang_next_sends(1);
+    let d = daemon(&llm, &tg, 4096);
+    tg.push_text(ALICE, ALICE, "hi bot");
+    wait_until(WAIT, "the send in flight", || {
+        (statuses(&d).iter().any(|s| s == "attempt")
+            && send_requests_with(&tg, "Maybe delivered.") == 1)
+            .then_some(())
+    });
+    tg.push_text(ALICE, ALICE, "still there?");
+    let s = wait_until(Duration::from_secs(90), "the timed-out send closed", || {
+        let s = statuses(&d);
+        s.iter().any(|s| s == "unknown").then_some(s)
+    });
+    assert_eq!(s[..3], ["intent", "attempt", "unknown"], "{s:?}");
+    assert!(!s.iter().any(|s| s == "failed"), "{s:?}");
+    wait_until(WAIT, "the second reply", || {
+        sent_to(&tg, ALICE)
+            .iter()
+            .any(|m| m == "Second reply.")
+            .then_some(())
+    });
+    let s = wait_until(WAIT, "the second delivery done", || {
+        let s = statuses(&d);
+        s.iter().any(|s| s == "done").then_some(s)
+    });
+    assert_eq!(s.iter().filter(|s| *s == "unknown").count(), 1, "{s:?}");
+    assert_eq!(s.iter().filter(|s| *s == "intent").count(), 2, "{s:?}");
+    assert_eq!(
+        send_requests_with(&tg, "Maybe delivered."),
+        1,
+        "the timed-out part is never sent again"
+    );
+    assert_eq!(sent_to(&tg, ALICE), ["Second reply."]);
+    assert_eq!(
+        llm.requests().len(),
+        2,
+        "each message reached the model once: nothing was run again"
+    );
+}
+
 #[test]
 fn outbox_retrying_delivery_does_not_hold_the_next_message() {
     let llm = FakeLlm::spawn(Wire::OpenAi);

@@ -7,8 +7,9 @@
 use serde_json::Value;
 
 use crate::support::daemon::TestDaemon;
-use crate::support::e2e::daemon_with;
+use crate::support::e2e::{WAIT, agentd_toml, daemon_with, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Wire};
+use crate::support::wait_until;
 
 /// `agent-send -m <text> --from <from> --wait 20`, which must succeed.
 fn send(d: &TestDaemon, from: &str, text: &str) {
@@ -122,4 +123,34 @@ fn graceful_stop_leaves_every_snapshot_at_its_trails_last_line() {
     assert_eq!(report_of(&d, "s0")["message_count"], 6);
     let sent = fake.requests().pop().unwrap()["messages"].to_string();
     assert!(sent.contains("hello") && sent.contains("again"), "{sent}");
+}
+
+/// Issue 33: `[behavior] idle_session_cache_bytes = 0` keeps no idle state. A session's state
+/// leaves memory when its worker exits and, as every evicted state, is snapshotted then if it
+/// lags its trail: the snapshot reaches the trail's last line without a stop (a cached state's
+/// would lag for dozens of lines), and the next message reads it back whole.
+#[test]
+fn with_no_idle_cache_bytes_a_state_is_snapshotted_when_its_worker_exits() {
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let config =
+        agentd_toml("fake").replace("[behavior]", "[behavior]\nidle_session_cache_bytes = 0");
+    let mut d = TestDaemon::new(
+        &config,
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    d.start();
+    let at_trail_end = |d: &TestDaemon, id: &str| {
+        wait_until(WAIT, "the snapshot at the trail's last line", || {
+            (snapshot_seq(d, id) == Some(trail_seq(d, id))).then_some(())
+        })
+    };
+    send(&d, "kim", "hello");
+    let id = d.session_id("kim").unwrap();
+    at_trail_end(&d, &id);
+    send(&d, "kim", "again");
+    at_trail_end(&d, &id);
+    assert_eq!(report_of(&d, "kim")["message_count"], 4);
+    let sent = fake.requests().pop().unwrap()["messages"].to_string();
+    assert!(sent.contains("hello") && sent.contains("again"), "{sent}");
+    d.kill9();
 }

@@ -23,6 +23,11 @@ pub const DEFAULT_CALL_DEADLINE_SECONDS: u64 = 900;
 /// model reply, about 250,000 tokens, more than any model's output limit today.
 pub const DEFAULT_MAX_REPLY_BYTES: usize = 1024 * 1024;
 
+/// `[behavior] idle_session_cache_bytes` default: 8 MiB for the conversations of recently
+/// idle sessions (SPEC §16.3), room for several long ones (a history at the compaction
+/// threshold, with its rendered request bytes, is one to two MiB).
+pub const DEFAULT_IDLE_SESSION_CACHE_BYTES: usize = 8 << 20;
+
 /// Default `approvals.timeout_seconds`.
 pub const DEFAULT_APPROVAL_TIMEOUT_SECONDS: u64 = 300;
 
@@ -43,6 +48,9 @@ config_keys! {
         MAX_QUEUED_TOTAL: "behavior" "max_queued_total", Int<usize> = Int::at_least(1),
             default(1024), restart, behavior.max_queued_total,
             "messages all sessions together may have waiting to start, refused the same way";
+        IDLE_SESSION_CACHE_BYTES: "behavior" "idle_session_cache_bytes", Int<usize> = Int::at_least(0),
+            default(DEFAULT_IDLE_SESSION_CACHE_BYTES), restart, behavior.idle_session_cache_bytes,
+            "memory for the conversations of sessions between messages, as estimated from their messages and the request bytes kept for them; at most 8 sessions are kept, the least recently used leave first (saved to their snapshot), and a session larger than this alone is not kept. A session not kept is read from its snapshot at its next message. `0` keeps none";
         SILENT_TOKENS: "behavior" "silent_tokens", List<Str> = List(TEXT),
             default(strings(&["HEARTBEAT_OK", "NO_REPLY"])), restart, behavior.silent_tokens,
             "a reply that starts or ends with one of these as a whole word — also wrapped in quotes, a fence, `<json>…</json>` or a one-key JSON object — is silent (`silent: true` in the trail, not delivered). Only the system prompt of system events (`system` source: heartbeats, notifications, schedules) tells the model about them";
