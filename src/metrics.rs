@@ -23,6 +23,9 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::message::Usage;
 
+mod classic;
+pub use classic::{CLASSIC_CONTENT_TYPE, to_classic};
+
 /// The `Content-Type` of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// Distinct values one label keeps before new ones become `"other"`.

@@ -327,14 +327,27 @@ pub(crate) async fn history(
 }
 
 /// `GET /metrics`: OpenMetrics text ([`crate::metrics::CONTENT_TYPE`]).
-pub(crate) async fn metrics(State(state): Shared) -> Result<Response, Reply> {
+pub(crate) async fn metrics(State(state): Shared, headers: HeaderMap) -> Result<Response, Reply> {
     let backend = state.backend();
     let text = read(&state, backend.metrics()).await?;
+    // OpenMetrics unless the client asks for the classic text format only (promtool, older
+    // scrapers); Prometheus itself lists both and gets OpenMetrics.
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let classic = accept.contains("text/plain") && !accept.contains("application/openmetrics-text");
+    let (text, content_type) = match classic {
+        true => (
+            crate::metrics::to_classic(&text),
+            crate::metrics::CLASSIC_CONTENT_TYPE,
+        ),
+        false => (text, crate::metrics::CONTENT_TYPE),
+    };
     let mut response = text.into_response();
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
-    );
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(response)
 }
 

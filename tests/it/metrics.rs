@@ -292,5 +292,55 @@ fn metrics_of_the_real_daemon_parse_with_the_prometheus_parser() {
         sample(f("agentd_queue_depth"), "agentd_queue_depth", &[]),
         Some(0.0)
     );
+
+    // A client that asks for the classic text format (promtool, older scrapers) gets it, the
+    // same samples, and Prometheus' own linter finds nothing to say.
+    let r = client
+        .get(format!("{base}/metrics"))
+        .bearer_auth(TOKEN)
+        .header("accept", "text/plain")
+        .send()
+        .unwrap();
+    assert_eq!(
+        r.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let classic = r.text().unwrap();
+    assert!(!classic.contains("# EOF"), "{classic}");
+    assert!(
+        classic.contains("# TYPE agentd_messages_total counter")
+            && classic.contains("agentd_messages_total{source=\"http\",outcome=\"reply\"} 1"),
+        "{classic}"
+    );
+    let (ok, said) = promtool_check(&classic);
+    assert!(ok && said.trim().is_empty(), "promtool: {said}\n{classic}");
     assert!(d.sigterm().success());
+}
+
+/// `promtool check metrics` on `text`: whether it passed, and what it printed.
+fn promtool_check(text: &str) -> (bool, String) {
+    use std::io::Write;
+    let promtool =
+        crate::support::test_peers("metrics", "Debian's package lists (apt-get download)")
+            .join("promtool/usr/bin/promtool");
+    let mut child = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", promtool.display()));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
 }
