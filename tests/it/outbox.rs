@@ -108,13 +108,11 @@ fn outbox_other_400_fails_at_once_and_is_recorded() {
     let tg = FakeTelegram::spawn(TOKEN);
     tg.fail_next_send(1, 400);
     let d = daemon(&llm, &tg, 4096);
-    let started = std::time::Instant::now();
     tg.push_text(ALICE, ALICE, "hi bot");
     let s = wait_closed(&d);
     assert_eq!(s, vec!["intent", "attempt", "failed"], "{s:?}");
     assert!(sent_to(&tg, ALICE).is_empty());
     assert_eq!(tg.served_send_failures(), 1, "not retried");
-    assert!(started.elapsed() < Duration::from_secs(15));
     // Counted in the monitor.
     wait_until(WAIT, "the failed delivery in monitor.json", || {
         let text = std::fs::read_to_string(d.state_dir.join("monitor.json")).ok()?;
@@ -365,19 +363,15 @@ fn outbox_retrying_delivery_does_not_hold_the_next_message() {
             .any(|l| l["final"] == true)
             .then_some(())
     });
-    let t = std::time::Instant::now();
     tg.push_text(ALICE, ALICE, "two");
     wait_until(WAIT, "the second model call", || {
         (llm.requests().len() >= 2).then_some(())
     });
-    assert!(
-        t.elapsed() < Duration::from_secs(8),
-        "the second message waited for the first delivery: {:?}",
-        t.elapsed()
-    );
+    // The order shows it: the second message reached the model while the first reply had
+    // not been delivered yet.
     assert!(
         sent_to(&tg, ALICE).is_empty(),
-        "the first reply still retries"
+        "the second message waited for the first delivery"
     );
     let got = wait_until(WAIT, "both replies", || {
         let s = sent_to(&tg, ALICE);
