@@ -7,8 +7,8 @@ use secrecy::SecretString;
 
 use super::env::is_var_name;
 use super::keys::tools::{
-    MCP_ARGS, MCP_COMMAND, MCP_CWD, MCP_ENABLED, MCP_ENV, MCP_HEADERS, MCP_NETWORK, MCP_TIMEOUT,
-    MCP_TOOLS, MCP_URL,
+    MCP_ARGS, MCP_COMMAND, MCP_CWD, MCP_ENABLED, MCP_ENV, MCP_HEADERS, MCP_NETWORK, MCP_SANDBOX,
+    MCP_TIMEOUT, MCP_TOOLS, MCP_UNIX_SOCKETS, MCP_URL,
 };
 use super::paths::resolve;
 use super::types::{McpServerConfig, McpTransport};
@@ -64,6 +64,10 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
     let timeout = s.read(&MCP_TIMEOUT);
     let has_network = s.has("network");
     let network = s.read(&MCP_NETWORK);
+    let has_sandbox = s.has("sandbox");
+    let sandbox = s.read(&MCP_SANDBOX);
+    let has_unix_sockets = s.has("unix_sockets");
+    let unix_sockets = s.read(&MCP_UNIX_SOCKETS);
 
     let transport = match (command, url) {
         (Some(command), None) => {
@@ -71,6 +75,18 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
                 s.problem(
                     "headers",
                     "only valid with url (streamable HTTP); pass values to a command server through env",
+                );
+            }
+            if !sandbox && !unix_sockets.is_empty() {
+                s.problem(
+                    "unix_sockets",
+                    "has no effect with sandbox = false (the server reaches every socket then); remove it, or remove sandbox = false to keep the server sandboxed",
+                );
+            }
+            if !sandbox && !network {
+                s.problem(
+                    "network",
+                    "false has no effect with sandbox = false (nothing holds the network off then); remove it, or remove sandbox = false to keep the server sandboxed",
                 );
             }
             McpTransport::Stdio {
@@ -89,6 +105,14 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
             ] {
                 if present {
                     s.problem(key, "only valid with command (a child process); remove it");
+                }
+            }
+            for (present, key) in [(has_sandbox, "sandbox"), (has_unix_sockets, "unix_sockets")] {
+                if present {
+                    s.problem(
+                        key,
+                        "only valid with command: a url server runs elsewhere and the daemon only sends it requests, so there is no process here to sandbox; remove it",
+                    );
                 }
             }
             McpTransport::Http { url, headers }
@@ -119,6 +143,8 @@ fn server(s: &mut Section<'_>, name: &str, config_dir: &Path) -> Option<McpServe
         tools,
         timeout,
         network,
+        sandbox,
+        unix_sockets,
     })
 }
 

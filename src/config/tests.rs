@@ -752,6 +752,84 @@ to = "Bob"
     }
 }
 
+/// `sandbox` and `unix_sockets` of a stdio server: defaults, values (`${VAR}`-expanded), and
+/// the problems where they do not fit.
+#[test]
+fn mcp_sandbox_keys_are_typed_and_validated() {
+    let mut f = minimal_with_key();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            r#"{MINIMAL}
+[mcp.servers.plain]
+command = "srv"
+[mcp.servers.agent]
+command = "srv"
+unix_sockets = ["${{SOCK_DIR}}/S.gpg-agent", "/run/docker.sock"]
+[mcp.servers.bare]
+command = "srv"
+sandbox = false
+"#
+        ),
+    );
+    f.set("SOCK_DIR", "/run/user/1000/gnupg");
+    let c = f.ok();
+    let plain = &c.mcp_servers["plain"];
+    assert!(plain.sandbox && plain.unix_sockets.is_empty());
+    assert_eq!(
+        c.mcp_servers["agent"].unix_sockets,
+        [
+            PathBuf::from("/run/user/1000/gnupg/S.gpg-agent"),
+            PathBuf::from("/run/docker.sock")
+        ]
+    );
+    assert!(!c.mcp_servers["bare"].sandbox);
+
+    let many: Vec<String> = (0..33).map(|i| format!("\"/s{i}\"")).collect();
+    f.write(
+        "config/agentd.toml",
+        &format!(
+            r#"{MINIMAL}
+[mcp.servers.rel]
+command = "srv"
+unix_sockets = ["/ok.sock", "run/x.sock", "/a/../b.sock"]
+[mcp.servers.many]
+command = "srv"
+unix_sockets = [{}]
+[mcp.servers.both]
+command = "srv"
+sandbox = false
+unix_sockets = ["/ok.sock"]
+network = false
+[mcp.servers.web]
+url = "https://mcp.example.org/mcp"
+sandbox = true
+unix_sockets = []
+[mcp.servers.typo]
+command = "srv"
+sandbox = "no"
+"#,
+            many.join(", ")
+        ),
+    );
+    let problems = f.problems();
+    for expected in [
+        "mcp.servers.rel.unix_sockets[1]: \"run/x.sock\" must be an absolute path without `..`",
+        "mcp.servers.rel.unix_sockets[2]: \"/a/../b.sock\" must be an absolute path",
+        "mcp.servers.many.unix_sockets: 33 paths, over the limit of 32",
+        "mcp.servers.both.unix_sockets: has no effect with sandbox = false",
+        "mcp.servers.both.network: false has no effect with sandbox = false",
+        "mcp.servers.web.sandbox: only valid with command",
+        "mcp.servers.web.unix_sockets: only valid with command",
+        "mcp.servers.typo.sandbox: expected true or false",
+    ] {
+        assert!(
+            has(&problems, expected),
+            "missing {expected:?} in {problems:?}"
+        );
+    }
+}
+
 #[test]
 fn schedule_precheck_is_typed_and_validated() {
     let f = minimal_with_key();

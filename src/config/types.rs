@@ -601,6 +601,12 @@ pub struct McpServerConfig {
     /// Whether a stdio server's sandbox lets it use the network (`network`, default true:
     /// most servers need it). Not used for `url` servers (the daemon makes those requests).
     pub network: bool,
+    /// Whether a stdio server runs through the sandbox helper (`sandbox`, default true);
+    /// `false` runs it directly with only its environment cleared. Not used for `url` servers.
+    pub sandbox: bool,
+    /// Unix sockets a sandboxed stdio server may connect to (`unix_sockets`, absolute paths;
+    /// empty: none). Empty whenever `sandbox` is false or the server is a `url` one.
+    pub unix_sockets: Vec<PathBuf>,
 }
 
 /// How to reach an MCP server. Values of `env` and `headers` are `${VAR}`-expanded and may hold

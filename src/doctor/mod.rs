@@ -1,5 +1,6 @@
 //! `agentd doctor` (SPEC §10.4): checks the configuration, provider reachability, Telegram,
-//! the databases, disk space and the exec sandbox's path, and prints a pass/fail table.
+//! the MCP servers, the databases, disk space and the exec sandbox's path, and prints a
+//! pass/fail table.
 //! Read-only apart from creating the state directory if it is missing.
 
 use std::fmt::Write as _;
@@ -7,6 +8,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 
+mod mcp;
 mod tool_probe;
 
 /// One line of the table.
@@ -77,7 +79,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
         out.push(telegram(cfg).await);
     }
     if !cfg.mcp_servers.is_empty() {
-        out.extend(mcp(cfg).await);
+        out.extend(mcp::servers(cfg).await);
     }
     out.push(state_dir(cfg));
     out.push(database(cfg).await);
@@ -148,36 +150,6 @@ async fn telegram(cfg: &Config) -> Check {
         Ok(Err(e)) => check("telegram getMe", Status::Fail, e.to_string()),
         Err(_) => check("telegram getMe", Status::Fail, "no answer in 10 s"),
     }
-}
-
-/// Start each MCP server, wait up to 10 s for its tool list, report its state.
-async fn mcp(cfg: &Config) -> Vec<Check> {
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let mgr = crate::tools::mcp::McpManager::start(
-        &cfg.mcp_servers,
-        crate::tools::mcp::McpSandbox::from_config(cfg),
-        cancel.clone(),
-    );
-    mgr.wait_ready(Duration::from_secs(10)).await;
-    let status = mgr.status();
-    cancel.cancel();
-    let mut out = Vec::new();
-    for (name, st) in status.as_object().into_iter().flatten() {
-        let state = st["state"].as_str().unwrap_or("unknown");
-        let (status, detail) = match state {
-            "ready" => (Status::Pass, format!("ready, {} tool(s)", st["tools"])),
-            "disabled" => (Status::Warn, "disabled".to_string()),
-            other => (
-                Status::Fail,
-                format!(
-                    "{other}: {}",
-                    st["last_error"].as_str().unwrap_or("not ready in 10 s")
-                ),
-            ),
-        };
-        out.push(check(format!("mcp {name}"), status, detail));
-    }
-    out
 }
 
 /// Can we open a TCP connection to the URL's host? (No request is made: that would need the

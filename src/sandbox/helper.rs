@@ -14,10 +14,6 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
-use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
-};
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::mount::{MsFlags, mount};
@@ -28,7 +24,10 @@ use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork, getgid, getpid, getuid, pipe2};
 
-use super::policy::{Policy, READ_WRITE_DEVICES, SandboxMode};
+use self::ruleset::apply_landlock;
+use super::policy::{Policy, SandboxMode};
+
+mod ruleset;
 
 /// Exit status of the helper when the command ran out of time (as `timeout(1)`).
 pub const EXIT_TIMED_OUT: i32 = 124;
@@ -46,11 +45,6 @@ macro_rules! say {
         let _ = writeln!(std::io::stderr(), $($arg)*);
     }};
 }
-
-/// The Landlock ABI whose filesystem rights are requested (best effort below it). V9 adds
-/// `ResolveUnix` (Linux 7.1): connecting to a pathname Unix socket outside the allowed paths
-/// is then refused by Landlock as well as by the seccomp filter.
-const FS_ABI: ABI = ABI::V9;
 
 /// How the process tree is held together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -356,67 +350,29 @@ const TMP: &str = "/tmp";
 
 /// Mount an empty tmpfs on `/tmp` in the command's mount namespace (SPEC §16.8), keeping at
 /// their paths what the command may use that lies under `/tmp` — the allowed paths (already
-/// split around the state and config directories), `TMPDIR`, the system read paths, and the
-/// working directory when one of those covers it — as bind mounts of the originals, so every
-/// tool still sees them at the same path and nothing else of the host's `/tmp` is visible.
+/// split around the state and config directories), `TMPDIR`, the system read paths, the Unix
+/// sockets it is given, and the working directory when one of those covers it — as bind
+/// mounts of the originals, so every tool still sees them at the same path and nothing else
+/// of the host's `/tmp` is visible.
 ///
 /// The caller then grants the tmpfs read-write, and Landlock's rules are hierarchical across
 /// mounts: whatever is bind-mounted under `/tmp` inherits that grant. So only what the policy
-/// already lets the command read comes back (an uncovered working directory does not), and
+/// already lets the command reach comes back (an uncovered working directory does not), and
 /// what it may only read comes back as a read-only bind mount, which no Landlock grant can
 /// make writable. Skipped (`Ok(false)`) when `/tmp` is itself an allowed path (the command
 /// then shares it, as configured) or is not a plain directory. On failure the tmpfs is removed
 /// again and the host's `/tmp` stays.
 fn private_tmp(policy: &Policy) -> Result<bool, String> {
     use std::os::fd::AsRawFd;
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
     let tmp = Path::new(TMP);
     if !std::fs::symlink_metadata(tmp).is_ok_and(|m| m.is_dir())
         || policy.read_write.iter().any(|p| p == tmp)
     {
         return Ok(false);
     }
-    let canon = |p: &PathBuf| std::fs::canonicalize(p).ok();
-    let writable: Vec<PathBuf> = policy
-        .read_write
-        .iter()
-        .chain(&policy.tmpdir)
-        .filter_map(canon)
-        .collect();
-    let readable: Vec<PathBuf> = policy.read_exec.iter().filter_map(canon).collect();
     let cwd = std::env::current_dir().ok();
-    let covered_cwd = cwd.as_ref().and_then(canon).filter(|c| {
-        writable
-            .iter()
-            .chain(&readable)
-            .any(|root| c.starts_with(root))
-    });
-    // (path, writable), sorted so a parent is mounted before what lies beneath it.
-    let mut keep: Vec<(PathBuf, bool)> = writable
-        .iter()
-        .map(|p| (p.clone(), true))
-        .chain(readable.iter().map(|p| (p.clone(), false)))
-        .chain(covered_cwd.map(|c| {
-            let w = writable.iter().any(|root| c.starts_with(root));
-            (c, w)
-        }))
-        .filter(|(p, _)| p.starts_with(tmp) && p != tmp)
-        .collect();
-    keep.sort();
-    keep.dedup_by(|later, earlier| {
-        later.0 == earlier.0 && {
-            earlier.1 |= later.1;
-            true
-        }
-    });
-    // A path needs its own mount unless an earlier one covers it in the same mode.
-    let mut roots: Vec<(PathBuf, bool)> = Vec::new();
-    for (p, w) in keep {
-        let covering = roots.iter().rev().find(|(r, _)| p.starts_with(r));
-        if covering.is_none_or(|(_, rw)| *rw != w) {
-            roots.push((p, w));
-        }
-    }
+    let roots = tmp_mounts(policy, tmp);
     // Hold every original before the tmpfs hides it.
     let mut held = Vec::new();
     for (p, w) in roots {
@@ -488,6 +444,61 @@ fn private_tmp(policy: &Policy) -> Result<bool, String> {
     Ok(true)
 }
 
+/// What [`private_tmp`] bind-mounts back under `tmp`: `(path, writable)`, each a canonical
+/// path below `tmp`, parents first, none covered by an earlier one in the same mode.
+fn tmp_mounts(policy: &Policy, tmp: &std::path::Path) -> Vec<(std::path::PathBuf, bool)> {
+    use std::path::PathBuf;
+    let canon = |p: &PathBuf| std::fs::canonicalize(p).ok();
+    let writable: Vec<PathBuf> = policy
+        .read_write
+        .iter()
+        .chain(&policy.tmpdir)
+        .filter_map(canon)
+        .collect();
+    // The listed Unix sockets come back like readable paths (a read-only bind mount does not
+    // stop a connect()).
+    let readable: Vec<PathBuf> = policy
+        .read_exec
+        .iter()
+        .chain(&policy.unix_sockets)
+        .filter_map(canon)
+        .collect();
+    let cwd = std::env::current_dir().ok();
+    let covered_cwd = cwd.as_ref().and_then(canon).filter(|c| {
+        writable
+            .iter()
+            .chain(&readable)
+            .any(|root| c.starts_with(root))
+    });
+    // (path, writable), sorted so a parent is mounted before what lies beneath it.
+    let mut keep: Vec<(PathBuf, bool)> = writable
+        .iter()
+        .map(|p| (p.clone(), true))
+        .chain(readable.iter().map(|p| (p.clone(), false)))
+        .chain(covered_cwd.map(|c| {
+            let w = writable.iter().any(|root| c.starts_with(root));
+            (c, w)
+        }))
+        .filter(|(p, _)| p.starts_with(tmp) && p != tmp)
+        .collect();
+    keep.sort();
+    keep.dedup_by(|later, earlier| {
+        later.0 == earlier.0 && {
+            earlier.1 |= later.1;
+            true
+        }
+    });
+    // A path needs its own mount unless an earlier one covers it in the same mode.
+    let mut roots: Vec<(PathBuf, bool)> = Vec::new();
+    for (p, w) in keep {
+        let covering = roots.iter().rev().find(|(r, _)| p.starts_with(r));
+        if covering.is_none_or(|(_, rw)| *rw != w) {
+            roots.push((p, w));
+        }
+    }
+    roots
+}
+
 /// The flags of the mount holding `p` that a remount in a user namespace must keep: the kernel
 /// locks `nosuid`, `nodev`, `noexec` and the atime flags of mounts inherited from the parent
 /// namespace, and refuses a remount that would clear them.
@@ -544,8 +555,10 @@ fn confine_and_exec(
         say!("{ERROR_PREFIX}cannot set no_new_privs: {e}");
         return EXIT_SETUP_FAILED;
     }
-    // Last before exec: no Unix socket outside, no socket at all without network (seccomp.rs).
-    if let Err(msg) = super::seccomp::install(policy.network) {
+    // Last before exec: no Unix socket outside unless given some, no socket at all without
+    // network but those (seccomp.rs).
+    let unix = !policy.unix_sockets.is_empty();
+    if let Err(msg) = super::seccomp::install(policy.network, unix) {
         say!("{ERROR_PREFIX}{msg}");
         return EXIT_SETUP_FAILED;
     }
@@ -579,94 +592,6 @@ fn set_rlimits(policy: &Policy) -> Result<(), String> {
     for (resource, soft, hard) in limits {
         setrlimit(resource, soft, hard)
             .map_err(|e| format!("cannot set {resource:?} to {soft}: {e}"))?;
-    }
-    Ok(())
-}
-
-/// Confine the filesystem (mode `landlock`) and, when the network is not allowed and no
-/// network namespace isolates it, TCP bind/connect (any mode). Refuses to go on when the
-/// kernel does not enforce what the policy needs.
-fn apply_landlock(policy: &Policy, isolation: Isolation, proc_visible: bool) -> Result<(), String> {
-    let confine_fs = policy.mode == SandboxMode::Landlock;
-    let need_net = !policy.network && isolation == Isolation::Subreaper;
-    if !confine_fs && !need_net {
-        return Ok(());
-    }
-    let err = |e: landlock::RulesetError| format!("Landlock setup failed: {e}");
-    let mut ruleset = Ruleset::default().set_compatibility(CompatLevel::BestEffort);
-    if confine_fs {
-        ruleset = ruleset
-            .handle_access(AccessFs::from_all(FS_ABI))
-            .map_err(err)?;
-        ruleset = ruleset.scope(Scope::from_all(ABI::V6)).map_err(err)?;
-    }
-    if !policy.network {
-        // Without a network namespace this is the only network barrier: require it.
-        let level = if need_net {
-            CompatLevel::HardRequirement
-        } else {
-            CompatLevel::BestEffort
-        };
-        ruleset = ruleset
-            .set_compatibility(level)
-            .handle_access(AccessNet::from_all(ABI::V4))
-            .map_err(|e| {
-                format!(
-                    "cannot block the network: no network namespace and no Landlock network \
-                     rules (kernel 6.7+ needed): {e}; set exec_network = true to run anyway"
-                )
-            })?
-            .set_compatibility(CompatLevel::BestEffort);
-    }
-    let mut created = ruleset.create().map_err(err)?;
-    if confine_fs {
-        let existing = |paths: &[std::path::PathBuf]| -> Vec<std::path::PathBuf> {
-            paths.iter().filter(|p| p.exists()).cloned().collect()
-        };
-        let devices: Vec<std::path::PathBuf> = READ_WRITE_DEVICES.iter().map(Into::into).collect();
-        // Without a private /proc, the host's /proc would show the daemon's environment to a
-        // same-uid command (Landlock's ptrace restriction does not cover it everywhere): grant
-        // no /proc at all then.
-        let read_exec: Vec<std::path::PathBuf> = policy
-            .read_exec
-            .iter()
-            .filter(|p| proc_visible || !p.starts_with("/proc"))
-            .cloned()
-            .collect();
-        created = created
-            .add_rules(path_beneath_rules(
-                existing(&read_exec),
-                AccessFs::from_read(FS_ABI),
-            ))
-            .map_err(err)?
-            .add_rules(path_beneath_rules(
-                existing(&policy.read_write),
-                AccessFs::from_all(FS_ABI),
-            ))
-            .map_err(err)?
-            .add_rules(path_beneath_rules(
-                existing(&devices),
-                AccessFs::from_read(FS_ABI) | AccessFs::WriteFile,
-            ))
-            .map_err(err)?
-            .add_rules(path_beneath_rules(
-                existing(&policy.list_only),
-                AccessFs::ReadDir,
-            ))
-            .map_err(err)?;
-    }
-    let status = created.restrict_self().map_err(err)?;
-    if status.ruleset == RulesetStatus::NotEnforced {
-        return Err(if confine_fs {
-            "Landlock is not enforced by this kernel (needs Linux 5.13+ with landlock in the \
-             `lsm=` list); refusing to run the command unsandboxed. Set [tools] exec_sandbox = \
-             \"none\" to run it without Landlock"
-                .into()
-        } else {
-            "Landlock network rules are not enforced; refusing to run with the network open. \
-             Set exec_network = true to allow it"
-                .into()
-        });
     }
     Ok(())
 }

@@ -79,6 +79,12 @@ pub struct Policy {
     /// [`Policy::with_fallback`].
     #[serde(default)]
     pub list_only: Vec<PathBuf>,
+    /// Unix sockets the command may connect to (an MCP server's `unix_sockets`; exec never
+    /// has any). Not empty: the seccomp filter lets it create Unix sockets, Landlock scopes
+    /// abstract ones (ABI 6) and, from ABI 9, lets it connect only to these pathname sockets
+    /// and to those beneath its read-write grants.
+    #[serde(default)]
+    pub unix_sockets: Vec<PathBuf>,
 }
 
 /// Landlock grants that keep the [`Policy::read_only`] paths unchanged by themselves: the
@@ -124,6 +130,7 @@ impl Policy {
             writable_within: Vec::new(),
             fallback: None,
             list_only: Vec::new(),
+            unix_sockets: Vec::new(),
         })
     }
 
@@ -232,6 +239,7 @@ impl Policy {
             writable_within: Vec::new(),
             fallback: None,
             list_only: Vec::new(),
+            unix_sockets: Vec::new(),
         })
     }
 

@@ -174,8 +174,18 @@ fn probe_namespaces(network: bool) -> (bool, bool) {
     (matches!(code, Some(1 | 2)), code == Some(2))
 }
 
-/// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`.
-fn landlock_abi() -> i32 {
+/// The Landlock ABI from which `connect()` to a pathname Unix socket is a filesystem right
+/// (`LANDLOCK_ACCESS_FS_RESOLVE_UNIX`): an MCP server's `unix_sockets` is enforced from it on.
+pub const RESOLVE_UNIX_ABI: i32 = 9;
+
+/// The Landlock ABI from which abstract Unix sockets created outside a sandbox are out of
+/// its reach (`LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET`).
+pub const ABSTRACT_SCOPE_ABI: i32 = 6;
+
+/// The running kernel's Landlock ABI version, 0 without Landlock:
+/// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`, a query that changes
+/// nothing (safe in the daemon too).
+pub fn landlock_abi() -> i32 {
     // SAFETY: with a null attribute pointer and size 0 the call only returns the version.
     let v = unsafe {
         libc::syscall(
@@ -190,7 +200,7 @@ fn landlock_abi() -> i32 {
 
 /// In the child: install the filter and check that `socket(AF_UNIX)` is refused.
 fn seccomp_check(network: bool) -> Result<(), String> {
-    super::seccomp::install(network)?;
+    super::seccomp::install(network, false)?;
     // SAFETY: a plain system call; a descriptor it returns is closed.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
     if fd >= 0 {

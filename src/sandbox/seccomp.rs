@@ -11,6 +11,10 @@
 //! - `socketpair(AF_UNIX, SOCK_DGRAM | SOCK_RAW, …)`: a datagram pair can be re-aimed at any
 //!   pathname datagram socket with `sendto()`/`connect()`. Stream and seqpacket pairs stay
 //!   allowed (they are connected for good: `connect()` on them fails with `EISCONN`);
+//!
+//!   neither of these two for a command given Unix sockets (an MCP server's `unix_sockets`):
+//!   it may create Unix sockets of every type, and Landlock is what narrows where they reach
+//!   (`helper.rs`; on a kernel without `ResolveUnix` nothing does, which the daemon says);
 //! - `io_uring_setup`/`_enter`/`_register`: io_uring creates sockets (`IORING_OP_SOCKET`)
 //!   without the `socket` system call;
 //! - `pidfd_getfd`: copying a socket out of another process;
@@ -47,37 +51,45 @@ const SOCK_TYPE_MASK: u64 = 0xf;
 #[cfg(target_arch = "x86_64")]
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
-/// Compile the filter for a command whose network is allowed (`network`) or not.
-pub fn filter(network: bool) -> Result<BpfProgram, String> {
+/// Compile the filter for a command whose network is allowed (`network`) or not, and which
+/// may create Unix sockets (`unix`) or not.
+pub fn filter(network: bool, unix: bool) -> Result<BpfProgram, String> {
     let err = |e: seccompiler::BackendError| format!("cannot build the seccomp filter: {e}");
     let arg = |index: u8, op: SeccompCmpOp, value: u64| {
         SeccompCondition::new(index, SeccompCmpArgLen::Dword, op, value).map_err(err)
     };
     let rule = |conditions: Vec<SeccompCondition>| SeccompRule::new(conditions).map_err(err);
-    let unix = libc::AF_UNIX as u64;
 
-    let socket_rules = if network {
-        vec![rule(vec![arg(0, SeccompCmpOp::Eq, unix)?])?]
-    } else {
-        // Every family but netlink (interface queries; no traffic leaves through it), so
-        // AF_UNIX too, and UDP and raw sockets where no network namespace isolates them.
-        vec![rule(vec![arg(
-            0,
-            SeccompCmpOp::Ne,
-            libc::AF_NETLINK as u64,
-        )?])?]
-    };
-    let mut socketpair_rules = Vec::new();
-    for kind in [libc::SOCK_DGRAM, libc::SOCK_RAW] {
-        socketpair_rules.push(rule(vec![
-            arg(0, SeccompCmpOp::Eq, unix)?,
-            arg(1, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), kind as u64)?,
-        ])?);
+    let af_unix = libc::AF_UNIX as u64;
+    // An empty rule list would refuse the call whatever its arguments: a call with nothing to
+    // refuse is left out instead.
+    let mut rules = Vec::new();
+    match (network, unix) {
+        (true, true) => {}
+        (true, false) => rules.push((
+            libc::SYS_socket,
+            vec![rule(vec![arg(0, SeccompCmpOp::Eq, af_unix)?])?],
+        )),
+        // Every family but netlink (interface queries; no traffic leaves through it), so UDP
+        // and raw sockets where no network namespace isolates them, and AF_UNIX unless allowed.
+        (false, _) => {
+            let mut refused = vec![arg(0, SeccompCmpOp::Ne, libc::AF_NETLINK as u64)?];
+            if unix {
+                refused.push(arg(0, SeccompCmpOp::Ne, af_unix)?);
+            }
+            rules.push((libc::SYS_socket, vec![rule(refused)?]));
+        }
     }
-    let mut rules = vec![
-        (libc::SYS_socket, socket_rules),
-        (libc::SYS_socketpair, socketpair_rules),
-    ];
+    if !unix {
+        let mut socketpair_rules = Vec::new();
+        for kind in [libc::SOCK_DGRAM, libc::SOCK_RAW] {
+            socketpair_rules.push(rule(vec![
+                arg(0, SeccompCmpOp::Eq, af_unix)?,
+                arg(1, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), kind as u64)?,
+            ])?);
+        }
+        rules.push((libc::SYS_socketpair, socketpair_rules));
+    }
     for always in [
         libc::SYS_io_uring_setup,
         libc::SYS_io_uring_enter,
@@ -170,8 +182,8 @@ fn refuse_x32(program: BpfProgram) -> Result<BpfProgram, String> {
 
 /// Install the filter on the calling thread (the helper is single-threaded; the command
 /// inherits it across `exec`). Sets `PR_SET_NO_NEW_PRIVS`, which an unprivileged filter needs.
-pub fn install(network: bool) -> Result<(), String> {
-    let program = filter(network)?;
+pub fn install(network: bool, unix: bool) -> Result<(), String> {
+    let program = filter(network, unix)?;
     install_program(&program)
 }
 
@@ -222,8 +234,17 @@ mod tests {
         network: bool,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> T {
+        on_thread_filtered_with(network, false, f)
+    }
+
+    /// [`on_filtered_thread`] for a command that may create Unix sockets (`unix`) or not.
+    fn on_thread_filtered_with<T: Send + 'static>(
+        network: bool,
+        unix: bool,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
         std::thread::spawn(move || {
-            install(network).unwrap();
+            install(network, unix).unwrap();
             f()
         })
         .join()
@@ -316,6 +337,42 @@ mod tests {
         assert_eq!(allowed, [Ok(()); 2]);
     }
 
+    /// A command given Unix sockets (an MCP server's `unix_sockets`) may create them, of every
+    /// type and as datagram pairs, with the network on or off; everything else stays as it was.
+    #[test]
+    fn unix_sockets_are_allowed_when_the_command_is_given_some() {
+        for network in [true, false] {
+            let got = on_thread_filtered_with(network, true, || {
+                [
+                    socket(libc::AF_UNIX, libc::SOCK_STREAM),
+                    socket(libc::AF_UNIX, libc::SOCK_DGRAM | FLAGS),
+                    socket(libc::AF_UNIX, libc::SOCK_SEQPACKET),
+                    socketpair(libc::SOCK_DGRAM),
+                    socket(libc::AF_NETLINK, libc::SOCK_RAW),
+                ]
+            });
+            assert_eq!(got, [Ok(()); 5], "network {network}");
+            let refused = on_thread_filtered_with(network, true, || {
+                [
+                    raw_syscall(libc::SYS_io_uring_setup),
+                    raw_syscall(libc::SYS_pidfd_getfd),
+                    raw_syscall(libc::SYS_umount2),
+                ]
+            });
+            assert_eq!(refused, [Err(EPERM); 3], "network {network}");
+        }
+        let off = on_thread_filtered_with(false, true, || {
+            [
+                socket(libc::AF_INET, libc::SOCK_STREAM),
+                socket(libc::AF_INET6, libc::SOCK_DGRAM),
+                socket(libc::AF_PACKET, libc::SOCK_DGRAM),
+            ]
+        });
+        assert_eq!(off, [Err(EPERM); 3]);
+        let on = on_thread_filtered_with(true, true, || socket(libc::AF_INET, libc::SOCK_STREAM));
+        assert_eq!(on, Ok(()));
+    }
+
     /// x32 calls carry the native audit architecture; without the extra check
     /// `socket | X32_SYSCALL_BIT` would pass the `socket` rule untouched.
     #[cfg(target_arch = "x86_64")]
@@ -367,7 +424,7 @@ mod tests {
                 ForkResult::Parent { child } => waitpid(child, None).unwrap(),
             }
         };
-        let program = filter(true).unwrap();
+        let program = filter(true, false).unwrap();
         let control = run(None);
         if !matches!(control, WaitStatus::Exited(_, 0)) {
             eprintln!("no 32-bit entry point on this kernel ({control:?}); nothing to check");
@@ -398,7 +455,7 @@ mod tests {
             .unwrap();
             seccompiler::apply_filter(&unit_like).unwrap();
             assert!(seccompiler::apply_filter(&unit_like).is_err());
-            install(true).unwrap();
+            install(true, false).unwrap();
             socket(libc::AF_UNIX, libc::SOCK_STREAM)
         })
         .join()

@@ -129,6 +129,8 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
             ]),
             timeout: Duration::from_secs(10),
             network: true,
+            sandbox: true,
+            unix_sockets: Vec::new(),
         },
     );
     servers.insert(
@@ -143,6 +145,8 @@ async fn stdio_server_tools_env_and_restart() -> anyhow::Result<()> {
             tools: None,
             timeout: Duration::from_secs(10),
             network: true,
+            sandbox: true,
+            unix_sockets: Vec::new(),
         },
     );
     let cancel = CancellationToken::new();
@@ -358,6 +362,8 @@ async fn real_reference_servers_time_and_everything() {
             tools: None,
             timeout: Duration::from_secs(30),
             network: true,
+            sandbox: true,
+            unix_sockets: Vec::new(),
         },
     );
     let mut node_env = BTreeMap::new();
@@ -382,6 +388,8 @@ async fn real_reference_servers_time_and_everything() {
             tools: None,
             timeout: Duration::from_secs(30),
             network: true,
+            sandbox: true,
+            unix_sockets: Vec::new(),
         },
     );
     let dir = tempfile::tempdir().unwrap();
@@ -467,6 +475,8 @@ async fn real_everything_server_over_streamable_http() {
             tools: Some(vec!["echo".into()]),
             timeout: Duration::from_secs(30),
             network: true,
+            sandbox: true,
+            unix_sockets: Vec::new(),
         },
     );
     let dir = tempfile::tempdir().unwrap();
@@ -487,11 +497,25 @@ async fn real_everything_server_over_streamable_http() {
     let _ = child.wait();
 }
 
-/// A server whose one tool tries a TCP connection to the port it is given.
-const CONNECT_SERVER: &str = r#"
+/// A server whose tools try a connection: `connect` a TCP one to the port it is given, `unix`
+/// a Unix stream one to `path` (or to the abstract name `abstract`), reading what the
+/// listener sends ("read: …"); each answers "refused: <error>" when it fails.
+pub(crate) const CONNECT_SERVER: &str = r#"
 import json, socket, sys
+TOOLS = [
+  {"name": "connect", "description": "connect", "inputSchema": {"type": "object", "properties": {"port": {"type": "integer"}}}},
+  {"name": "unix", "description": "connect to a Unix socket", "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}, "abstract": {"type": "string"}}}},
+]
 def send(obj):
     sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
+def unix(args):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(5)
+        s.connect(args["path"] if "path" in args else "\0" + args["abstract"])
+        return "read: " + s.recv(1024).decode()
+    finally:
+        s.close()
 for line in sys.stdin:
     msg = json.loads(line) if line.strip() else {}
     mid, method = msg.get("id"), msg.get("method")
@@ -500,12 +524,15 @@ for line in sys.stdin:
     if method == "initialize":
         send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": msg["params"].get("protocolVersion", "2025-06-18"), "capabilities": {"tools": {}}, "serverInfo": {"name": "net", "version": "0.1"}}})
     elif method == "tools/list":
-        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": [{"name": "connect", "description": "connect", "inputSchema": {"type": "object", "properties": {"port": {"type": "integer"}}}}]}})
+        send({"jsonrpc": "2.0", "id": mid, "result": {"tools": TOOLS}})
     elif method == "tools/call":
-        port = msg["params"]["arguments"]["port"]
+        name, args = msg["params"]["name"], msg["params"]["arguments"]
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-            text = "connected"
+            if name == "unix":
+                text = unix(args)
+            else:
+                socket.create_connection(("127.0.0.1", args["port"]), timeout=5).close()
+                text = "connected"
         except Exception as e:
             text = "refused: %s" % e
         send({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": text}], "isError": False}})
@@ -533,6 +560,8 @@ async fn stdio_server_network_is_per_server() {
         tools: None,
         timeout: Duration::from_secs(10),
         network,
+        sandbox: true,
+        unix_sockets: Vec::new(),
     };
     let mut servers = BTreeMap::new();
     for cfg in [
@@ -615,6 +644,8 @@ async fn hostile_server_gets_no_secret_on_every_isolation_path() {
                 tools: None,
                 timeout: Duration::from_secs(10),
                 network: true,
+                sandbox: true,
+                unix_sockets: Vec::new(),
             },
         );
         let mut sb = sandbox(dir.path());

@@ -100,6 +100,8 @@ fn server(name: &str, script: &Path, args: &[&str], secret: &str) -> McpServerCo
         tools: None,
         timeout: Duration::from_secs(10),
         network: false,
+        sandbox: true,
+        unix_sockets: Vec::new(),
     }
 }
 

@@ -28,7 +28,7 @@ fn reload_entry(d: &TestDaemon) -> Option<Value> {
 }
 
 /// Send SIGHUP and wait until the daemon reports that reload in the monitor.
-fn sighup(d: &TestDaemon) -> Value {
+pub(crate) fn sighup(d: &TestDaemon) -> Value {
     let before = reload_entry(d).map(|r| r["at"].clone());
     kill(Pid::from_raw(d.pid().unwrap() as i32), Signal::SIGHUP).unwrap();
     wait_until(WAIT, "the reload's outcome in monitor.json", || {
@@ -36,7 +36,8 @@ fn sighup(d: &TestDaemon) -> Value {
     })
 }
 
-fn edit_config(d: &TestDaemon, f: impl FnOnce(String) -> String) {
+/// Rewrite the daemon's config file through `f`.
+pub(crate) fn edit_config(d: &TestDaemon, f: impl FnOnce(String) -> String) {
     let text = std::fs::read_to_string(&d.config_path).unwrap();
     std::fs::write(&d.config_path, f(text)).unwrap();
 }

@@ -537,6 +537,55 @@ impl Codec for Path {
     }
 }
 
+/// A list of at most `max` absolute paths without `..` (`${VAR}`- and `~`-expanded), taken as
+/// written: paths of things the config does not own (a Unix socket), never resolved against
+/// the config directory. `example` is shown in the fix.
+pub struct AbsPaths {
+    pub max: usize,
+    pub example: &'static str,
+}
+
+impl Codec for AbsPaths {
+    type T = Vec<PathBuf>;
+    fn read(&self, w: &Walker<'_>, path: &str, v: Value) -> Option<Vec<PathBuf>> {
+        let list = List(Path).read(w, path, v)?;
+        if list.len() > self.max {
+            w.problem(
+                path,
+                format!(
+                    "{} paths, over the limit of {}; list only the ones needed",
+                    list.len(),
+                    self.max
+                ),
+            );
+            return None;
+        }
+        let before = w.problem_count();
+        for (i, p) in list.iter().enumerate() {
+            let parent = p
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir));
+            if !p.is_absolute() || parent {
+                w.problem(
+                    format!("{path}[{i}]"),
+                    format!(
+                        "{:?} must be an absolute path without `..`; write the full path, e.g. {:?}",
+                        p.display().to_string(),
+                        self.example
+                    ),
+                );
+            }
+        }
+        (w.problem_count() == before).then_some(list)
+    }
+    fn show(&self, v: &Vec<PathBuf>) -> Option<String> {
+        List(Path).show(v)
+    }
+    fn kind(&self) -> String {
+        format!("[absolute path], at most {}", self.max)
+    }
+}
+
 /// An http(s) URL; `empty_ok`: `""` (off) is allowed too. Shown without the parts that may be
 /// credentials.
 pub struct Url {

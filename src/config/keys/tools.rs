@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::agent::strings;
 use super::codec::{
-    Bool, Cron, Dur, Every, Int, List, Map, OneOf, Opt, Path, Secret, Str, TEXT, Url, WORD, Words,
+    AbsPaths, Bool, Cron, Dur, Every, Int, List, Map, OneOf, Opt, Path, Secret, Str, TEXT, Url,
+    WORD, Words,
 };
 use super::{Apply, Entries};
 use crate::config::types::{
@@ -17,6 +18,9 @@ use crate::config::types::{
 pub const BRAVE_SEARCH_URL: &str = "https://api.search.brave.com/res/v1/web/search";
 
 const MIB: u64 = 1024 * 1024;
+
+/// The most entries `[mcp.servers.<name>] unix_sockets` takes.
+pub const MAX_UNIX_SOCKETS: usize = 32;
 
 config_keys! {
     TOOLS = [
@@ -121,6 +125,12 @@ entry_keys! {
         MCP_NETWORK: "mcp.servers.<name>" "network", Bool = Bool,
             default(true), |s| stdio(s).map(|_| &s.network),
             "`false` puts the server in its own network namespace (no connection in or out; where namespaces are unavailable, Landlock blocks TCP as for `exec`). Most servers need the network (APIs, package downloads), hence the default (`command` only)";
+        MCP_SANDBOX: "mcp.servers.<name>" "sandbox", Bool = Bool,
+            default(true), |s| stdio(s).map(|_| &s.sandbox),
+            "`false` runs the server without the sandbox helper: only its environment is still cleared (its `env` plus `PATH`, `HOME` and `TMPDIR`, its private directory as HOME and TMPDIR). It can then read the state and config directories (`.env` with the keys), write wherever the daemon can and reach every socket. Logged as a warning at start and shown by `doctor`. `network = false` and `unix_sockets` are refused with it: nothing would enforce them (`command` only)";
+        MCP_UNIX_SOCKETS: "mcp.servers.<name>" "unix_sockets", AbsPaths = AbsPaths { max: MAX_UNIX_SOCKETS, example: "/run/user/1000/gnupg/S.gpg-agent" },
+            default(Vec::new()), |s| stdio(s).map(|_| &s.unix_sockets),
+            "Unix sockets a sandboxed server may connect to (docker, an ssh or gpg agent, D-Bus, a database): its sandbox lets it create Unix sockets, and where the kernel has Landlock ABI 9 only these (and sockets under the paths it may write) can be reached; on an older kernel the list is not enforced, which the log and `doctor` say. Abstract sockets outside the sandbox stay unreachable from Landlock ABI 6 on (docs/security.md). Not with `sandbox = false` (`command` only)";
         MCP_URL: "mcp.servers.<name>" "url", Url = Url { empty_ok: false },
             derived("one of `command` and `url`"), |s| http(s).map(|t| t.0),
             "a streamable HTTP server";

@@ -1,8 +1,8 @@
 //! MCP servers (SPEC §12): one supervisor task per enabled server keeps a client session
 //! alive (restart with backoff 0, 1, 2, 5, 10, 30, 60 s, then every 60 s) and the tools it lists
 //! are exposed to the model as proxy tools named `<server>__<tool>`. Every stdio server runs
-//! through the exec sandbox helper ([`McpSandbox`], docs/security.md). rmcp stays behind this
-//! module so its next major touches one file.
+//! through the exec sandbox helper ([`McpSandbox`], docs/security.md) unless its config says
+//! `sandbox = false`. rmcp stays behind this module so its next major touches one file.
 //!
 //! The tool set follows the servers: a server that comes up late, restarts with other tools or
 //! sends `notifications/tools/list_changed` (re-listed, bounded) changes its tools, and
@@ -29,7 +29,7 @@ mod stdio;
 mod supervise;
 
 use self::proxy::{McpTool, expose};
-pub use self::sandbox::McpSandbox;
+pub use self::sandbox::{McpSandbox, unix_sockets_note, unsandboxed_note};
 use self::supervise::{stop_all, supervise};
 use super::Tool;
 use super::registry::ToolRegistry;
@@ -265,6 +265,7 @@ impl McpManager {
             true => (State::Starting, None),
             false => (State::Disabled, Some("disabled in config".to_string())),
         };
+        sandbox::log_exposure(cfg);
         let server = Arc::new(Server {
             cfg: cfg.clone(),
             sandbox: sandbox.clone(),
@@ -614,11 +615,20 @@ mod tests {
             tools: None,
             timeout: Duration::from_secs(5),
             network: true,
+            sandbox: true,
+            unix_sockets: Vec::new(),
         };
         assert_eq!(cfg("one"), cfg("one"));
         assert_ne!(cfg("one"), cfg("two"));
         let mut other = cfg("one");
         other.timeout = Duration::from_secs(6);
+        assert_ne!(cfg("one"), other);
+        // A change of the sandbox keys restarts the server on a reload.
+        let mut other = cfg("one");
+        other.sandbox = false;
+        assert_ne!(cfg("one"), other);
+        let mut other = cfg("one");
+        other.unix_sockets = vec!["/run/a.sock".into()];
         assert_ne!(cfg("one"), other);
         let http = |h: &str| McpTransport::Http {
             url: "https://m".into(),

@@ -4,19 +4,20 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use rmcp::transport::ConfigureCommandExt;
 use secrecy::ExposeSecret;
 use tokio::process::Command;
 
-use crate::config::{Config, ExecSandbox, McpServerConfig};
+use crate::config::{Config, ExecSandbox, McpServerConfig, McpTransport};
+use crate::sandbox::probe::{ABSTRACT_SCOPE_ABI, RESOLVE_UNIX_ABI, landlock_abi};
 use crate::sandbox::runner::SANDBOX_PATH;
 use crate::sandbox::{HELPER_SUBCOMMAND, Policy, SandboxMode};
 
 /// How stdio servers are confined (SPEC §16.9 "Processes"): each runs through the exec
 /// sandbox helper (`agentd sandbox-exec`) under [`Policy::for_mcp_server`] — no read of the
 /// state or config directory (nor `.env`), a private directory as HOME and TMPDIR, network per
-/// server — with only the configured `env` plus `PATH`, `HOME` and `TMPDIR`. A reload with a
-/// different sandbox restarts every stdio server.
+/// server, the Unix sockets of its `unix_sockets` — with only the configured `env` plus
+/// `PATH`, `HOME` and `TMPDIR`; a server with `sandbox = false` runs directly, with that
+/// environment only. A reload with a different sandbox restarts every stdio server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct McpSandbox {
     /// `[tools] exec_sandbox`: `landlock` refuses to start a server the kernel cannot confine.
@@ -60,7 +61,8 @@ impl McpSandbox {
         }
     }
 
-    /// The helper command that runs `command args…` for server `cfg`, its environment set.
+    /// The command that runs `command args…` for server `cfg`, its environment set: through
+    /// the sandbox helper, or directly for `sandbox = false`.
     pub(super) fn command(
         &self,
         cfg: &McpServerConfig,
@@ -70,23 +72,24 @@ impl McpSandbox {
         cwd: Option<&PathBuf>,
     ) -> Result<Command, String> {
         let private = private_dir(&self.private_root, &cfg.name)?;
-        let mut policy = Policy::for_mcp_server(
-            self.mode,
-            cfg.network,
-            &self.allowed_paths,
-            &self.protected,
-            &private,
-        )?;
-        let (read_only, writable) = self.prompt.sandbox_paths();
-        policy.keep_read_only(&read_only, &writable, &self.protected);
-        policy.no_namespaces = self.no_namespaces;
-        policy.no_mount_namespace = self.no_mount_namespace;
-        let policy = serde_json::to_string(&policy)
-            .map_err(|e| format!("cannot encode the sandbox policy: {e}"))?;
-        let exe = match &self.helper_exe {
-            Some(exe) => exe.clone(),
-            None => std::env::current_exe()
-                .map_err(|e| format!("cannot find the agentd executable: {e}"))?,
+        let mut cmd = if cfg.sandbox {
+            let policy = serde_json::to_string(&self.policy(cfg, &private)?)
+                .map_err(|e| format!("cannot encode the sandbox policy: {e}"))?;
+            let exe = match &self.helper_exe {
+                Some(exe) => exe.clone(),
+                None => std::env::current_exe()
+                    .map_err(|e| format!("cannot find the agentd executable: {e}"))?,
+            };
+            let mut helper = Command::new(exe);
+            helper
+                .arg(HELPER_SUBCOMMAND)
+                .arg("--policy")
+                .arg(policy)
+                .arg("--")
+                .arg(command);
+            helper
+        } else {
+            Command::new(command)
         };
         let private = private.display().to_string();
         let defaults = [
@@ -94,24 +97,87 @@ impl McpSandbox {
             ("HOME", private.clone()),
             ("TMPDIR", private),
         ];
-        let cwd = cwd.unwrap_or(&self.default_cwd).clone();
-        Ok(Command::new(exe).configure(|c| {
-            c.arg(HELPER_SUBCOMMAND)
-                .arg("--policy")
-                .arg(policy)
-                .arg("--")
-                .arg(command)
-                .args(args)
-                .env_clear()
-                .envs(
-                    defaults
-                        .iter()
-                        .filter(|(k, _)| !env.contains_key(*k))
-                        .cloned(),
-                )
-                .envs(env.iter().map(|(k, v)| (k, v.expose_secret())))
-                .current_dir(cwd);
-        }))
+        cmd.args(args)
+            .env_clear()
+            .envs(
+                defaults
+                    .iter()
+                    .filter(|(k, _)| !env.contains_key(*k))
+                    .cloned(),
+            )
+            .envs(env.iter().map(|(k, v)| (k, v.expose_secret())))
+            .current_dir(cwd.unwrap_or(&self.default_cwd));
+        Ok(cmd)
+    }
+
+    /// The helper's policy for server `cfg` with its `private` directory.
+    fn policy(&self, cfg: &McpServerConfig, private: &Path) -> Result<Policy, String> {
+        let mut policy = Policy::for_mcp_server(
+            self.mode,
+            cfg.network,
+            &self.allowed_paths,
+            &self.protected,
+            private,
+        )?;
+        let (read_only, writable) = self.prompt.sandbox_paths();
+        policy.keep_read_only(&read_only, &writable, &self.protected);
+        policy.no_namespaces = self.no_namespaces;
+        policy.no_mount_namespace = self.no_mount_namespace;
+        policy.unix_sockets = cfg.unix_sockets.clone();
+        Ok(policy)
+    }
+}
+
+/// What `sandbox = false` gives server `name`: said as a warning when it starts, and by
+/// `doctor`.
+pub fn unsandboxed_note(name: &str) -> String {
+    format!(
+        "MCP server {name} runs without the sandbox (sandbox = false): it can read the state \
+         and config directories (the keys in .env too), write wherever the daemon can and \
+         reach every socket; only its environment is cleared"
+    )
+}
+
+/// What `unix_sockets` gives server `name` on a kernel with Landlock ABI `abi`: whether the
+/// list is enforced, and the line that says so (logged when the server starts, a warning when
+/// not enforced; shown by `doctor`).
+pub fn unix_sockets_note(name: &str, abi: i32) -> (bool, String) {
+    let abstract_sockets = if abi >= ABSTRACT_SCOPE_ABI {
+        "abstract sockets created outside its sandbox stay unreachable"
+    } else {
+        "abstract ones too"
+    };
+    if abi >= RESOLVE_UNIX_ABI {
+        let text = format!(
+            "unix_sockets is enforced (Landlock ABI {abi}): server {name} can connect to the \
+             listed sockets and to those beneath the paths it may write; {abstract_sockets}"
+        );
+        (true, text)
+    } else {
+        let text = format!(
+            "unix_sockets is not enforced on this kernel (Landlock ABI {abi} < \
+             {RESOLVE_UNIX_ABI}): server {name} can reach any Unix socket it can name; \
+             {abstract_sockets}"
+        );
+        (false, text)
+    }
+}
+
+/// Log what a stdio server's sandbox settings leave open, once per start of the server by the
+/// manager (at the daemon's start, on a reload that adds or changes it): `sandbox = false`
+/// and a `unix_sockets` list the kernel does not enforce are warnings.
+pub(super) fn log_exposure(cfg: &McpServerConfig) {
+    if !cfg.enabled || !matches!(cfg.transport, McpTransport::Stdio { .. }) {
+        return;
+    }
+    let name = &cfg.name;
+    if !cfg.sandbox {
+        tracing::warn!(server = %name, "{}", unsandboxed_note(name));
+    } else if !cfg.unix_sockets.is_empty() {
+        match unix_sockets_note(name, landlock_abi()) {
+            (true, text) => tracing::info!(server = %name, "{text}"),
+            (false, text) => tracing::warn!(server = %name, "{text}"),
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! A stdio MCP server's process tree and its pipes. The tree is ours alone: the sandbox helper
-//! starts in a process group of its own and gets SIGKILL when the daemon's thread that started
-//! it ends (`PR_SET_PDEATHSIG`; the helper passes it on to the command, and a PID namespace
-//! ends with its init), so no server outlives the daemon, killed or stopped. A connection's
-//! end kills the group and reaps the helper before a restart, so a server never runs twice.
+//! (or, with `sandbox = false`, the server itself) starts in a process group of its own and
+//! gets SIGKILL when the daemon's thread that started it ends (`PR_SET_PDEATHSIG`; the helper
+//! passes it on to the command, and a PID namespace ends with its init), so no server outlives
+//! the daemon, killed or stopped (without the sandbox, a descendant that left the group can).
+//! A connection's end kills the group and reaps the helper before a restart, so a server never
+//! runs twice.
 //!
 //! Between the server and rmcp sits [`pump_stdout`]: it caps what the server writes (line
 //! length, bytes per second) and prunes JSON nested too deep for the parser
@@ -73,7 +75,7 @@ impl Drop for ServerProcess {
     }
 }
 
-/// Spawn `cmd` (the sandbox helper) with piped stdio in a process group of its own, with
+/// Spawn `cmd` (the sandbox helper, or the server itself) with piped stdio in a process group of its own, with
 /// SIGKILL as its parent-death signal; start the stdout pump and the stderr logger.
 pub(super) fn spawn(mut cmd: Command, server: &str) -> Result<Spawned, String> {
     let parent = std::process::id();
@@ -94,17 +96,18 @@ pub(super) fn spawn(mut cmd: Command, server: &str) -> Result<Spawned, String> {
             Ok(())
         });
     }
+    let program = cmd.as_std().get_program().to_string_lossy().into_owned();
     let mut child = cmd
         .spawn()
-        .map_err(|e| format!("cannot start the sandbox helper: {e}"))?;
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
     let group = child
         .id()
         .map(|id| Pid::from_raw(id as i32))
-        .ok_or("the sandbox helper exited at once")?;
+        .ok_or_else(|| format!("{program} exited at once"))?;
     let (stdin, stdout, stderr) =
         match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
             (Some(i), Some(o), Some(e)) => (i, o, e),
-            _ => return Err("the sandbox helper has no pipes".into()),
+            _ => return Err(format!("{program} has no pipes")),
         };
     let process = ServerProcess {
         child: Some(child),
