@@ -15,6 +15,9 @@ use toml::Value;
 use crate::config::paths::expand_tilde;
 use crate::config::walker::{Int as Integer, Walker, describe, join_key};
 
+mod origin;
+pub use origin::Origin;
+
 /// How the TOML value of a key becomes its Rust value, and back.
 pub trait Codec: Sync + 'static {
     /// The Rust type of the value (the type of the `Config` field it fills).
@@ -774,41 +777,5 @@ impl Codec for Keywords {
     }
     fn kind(&self) -> String {
         "[string], not empty".into()
-    }
-}
-
-/// A web origin as browsers send it in `Origin`: `http(s)://host[:port]`, nothing after.
-pub struct Origin;
-
-impl Codec for Origin {
-    type T = String;
-    fn read(&self, w: &Walker<'_>, path: &str, v: Value) -> Option<String> {
-        let s = string(w, path, v)?;
-        let rest = s
-            .strip_prefix("https://")
-            .or_else(|| s.strip_prefix("http://"));
-        let host_ok = rest.is_some_and(|r| {
-            !r.is_empty()
-                && r.bytes().all(|b| {
-                    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
-                })
-        });
-        if !host_ok {
-            w.problem(
-                path,
-                format!(
-                    "expected an origin like \"https://chat.example.com\" or \"http://localhost:3000\" (scheme, host and port only; no path, no `*`), got {:?}",
-                    s.chars().take(80).collect::<String>()
-                ),
-            );
-            return None;
-        }
-        Some(s)
-    }
-    fn show(&self, v: &String) -> Option<String> {
-        Some(q(v))
-    }
-    fn kind(&self) -> String {
-        "web origin".into()
     }
 }
