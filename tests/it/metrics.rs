@@ -36,21 +36,11 @@ fn parse_with_prometheus_client(text: &str) -> BTreeMap<String, Value> {
 fn run_parser(text: &str) -> Result<BTreeMap<String, Value>, String> {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/openmetrics_parse.py");
-    let mut child = Command::new("python3")
+    let mut parser = Command::new("python3");
+    parser
         .arg(&script)
-        .env("PYTHONPATH", prometheus_client_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run python3");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+        .env("PYTHONPATH", prometheus_client_dir());
+    let out = piped(parser, text);
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
@@ -319,28 +309,33 @@ fn metrics_of_the_real_daemon_parse_with_the_prometheus_parser() {
 
 /// `promtool check metrics` on `text`: whether it passed, and what it printed.
 fn promtool_check(text: &str) -> (bool, String) {
-    use std::io::Write;
     let promtool =
         crate::support::test_peers("metrics", "Debian's package lists (apt-get download)")
             .join("promtool/usr/bin/promtool");
-    let mut child = std::process::Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", promtool.display()));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let mut check = Command::new(&promtool);
+    check.args(["check", "metrics"]);
+    let out = piped(check, text);
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), said)
+}
+
+/// Run `command` with `text` on its standard input; its whole output.
+fn piped(mut command: Command, text: &str) -> std::process::Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }
