@@ -83,6 +83,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
     }
     out.push(state_dir(cfg));
     out.push(database(cfg).await);
+    out.push(cost_spool(&cfg.paths.state_dir.join("agentd.db")));
     if cfg.memory.enabled {
         out.push(memory_database(cfg).await);
     }
@@ -297,6 +298,38 @@ async fn exec_tmp(cfg: &Config) -> Check {
     }
 }
 
+/// The cost spool beside `db` (SPEC §16.4): rows there are spent money the database does not
+/// count yet, so budgets undercount until the daemon writes them in.
+fn cost_spool(db: &std::path::Path) -> Check {
+    let spool = crate::cost::spool::Spool::beside(db);
+    let name = "cost spool";
+    match std::fs::read(spool.path()) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => check(name, Status::Pass, "empty"),
+        Err(e) => check(
+            name,
+            Status::Fail,
+            format!("{}: {e}", spool.path().display()),
+        ),
+        Ok(bytes) if bytes.is_empty() => check(name, Status::Pass, "empty"),
+        Ok(bytes) => {
+            let rows = bytes
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .count();
+            check(
+                name,
+                Status::Warn,
+                format!(
+                    "{rows} cost row(s) in {} are not in agentd.db yet (the database could not be \
+                     written); the daemon writes them at its next start or model call once it \
+                     can (docs/operations.md)",
+                    spool.path().display()
+                ),
+            )
+        }
+    }
+}
+
 async fn database(cfg: &Config) -> Check {
     let path = cfg.paths.state_dir.join("agentd.db");
     match crate::store::Db::open_read_only(&path) {
@@ -449,6 +482,21 @@ pub fn render_json(checks: &[Check]) -> (serde_json::Value, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cost_spool_with_rows_is_a_warning_naming_how_many() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("agentd.db");
+        let spool = dir.path().join("agentd.db.spool");
+        assert_eq!(cost_spool(&db).status, Status::Pass, "no file");
+        std::fs::write(&spool, "").unwrap();
+        assert_eq!(cost_spool(&db).status, Status::Pass, "empty");
+        std::fs::write(&spool, "{\"id\":\"a\"}\n{\"id\":\"b\"}\n").unwrap();
+        let c = cost_spool(&db);
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.detail.starts_with("2 cost row(s) in "), "{}", c.detail);
+        assert!(c.detail.contains("agentd.db.spool"), "{}", c.detail);
+    }
 
     #[test]
     fn host_port_parses_common_urls() {
