@@ -1680,18 +1680,26 @@ fn voice_section_defaults_prices_and_problems() {
     );
 }
 
+/// An ElevenLabs provider file with the model `eleven` (key `EL_KEY`).
+const ELEVENLABS: &str = "type = \"elevenlabs\"\napi_key_env = \"EL_KEY\"\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\n";
+
+/// A config loading Anthropic and ElevenLabs (both keys set) with `voice` as its `[voice]` table.
+fn with_elevenlabs(voice: &str) -> Fixture {
+    let mut f = Fixture::new(&format!(
+        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\n{voice}"
+    ));
+    f.provider("anthropic", ANTHROPIC);
+    f.provider("eleven", ELEVENLABS);
+    f.set("AGENTD_ANTHROPIC_KEY", "k");
+    f.set("EL_KEY", "e");
+    f
+}
+
 /// SPEC §19: "alloy" is the default voice only for OpenAI-compatible speech; an ElevenLabs
 /// `tts_model` without a voice id is a problem naming the key, the model and the fix.
 #[test]
 fn an_elevenlabs_tts_model_needs_a_voice_id() {
-    let eleven = "type = \"elevenlabs\"\napi_key_env = \"EL_KEY\"\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\n";
-    let mut f = Fixture::new(&format!(
-        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\n"
-    ));
-    f.provider("anthropic", ANTHROPIC);
-    f.provider("eleven", eleven);
-    f.set("AGENTD_ANTHROPIC_KEY", "k");
-    f.set("EL_KEY", "e");
+    let f = with_elevenlabs("tts_model = \"eleven\"\n");
     let p = f.problems();
     assert!(
         has(
@@ -1700,13 +1708,7 @@ fn an_elevenlabs_tts_model_needs_a_voice_id() {
         ),
         "{p:?}"
     );
-    let mut f = Fixture::new(&format!(
-        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\nvoice = \"JBFqnCBsd6RMkjVDRZzb\"\n"
-    ));
-    f.provider("anthropic", ANTHROPIC);
-    f.provider("eleven", eleven);
-    f.set("AGENTD_ANTHROPIC_KEY", "k");
-    f.set("EL_KEY", "e");
+    let f = with_elevenlabs("tts_model = \"eleven\"\nvoice = \"JBFqnCBsd6RMkjVDRZzb\"\n");
     assert_eq!(f.ok().voice.voice, "JBFqnCBsd6RMkjVDRZzb");
 }
 
@@ -1714,27 +1716,14 @@ fn an_elevenlabs_tts_model_needs_a_voice_id() {
 /// `stt_model`.
 #[test]
 fn elevenlabs_is_for_speech_only() {
-    let eleven = "type = \"elevenlabs\"\napi_key_env = \"EL_KEY\"\n[models.eleven]\nmodel = \"eleven_multilingual_v2\"\n";
-    let mut f = Fixture::new(&format!(
-        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\ntts_model = \"eleven\"\nvoice = \"JBFqnCBsd6RMkjVDRZzb\"\n"
-    ));
-    f.provider("anthropic", ANTHROPIC);
-    f.provider("eleven", eleven);
-    f.set("AGENTD_ANTHROPIC_KEY", "k");
-    f.set("EL_KEY", "e");
+    let f = with_elevenlabs("tts_model = \"eleven\"\nvoice = \"JBFqnCBsd6RMkjVDRZzb\"\n");
     let c = f.ok();
     let spec = c.models.get("eleven").unwrap();
     assert_eq!(spec.kind, ProviderKind::ElevenLabs);
     assert_eq!(spec.base_url, "https://api.elevenlabs.io/v1");
     assert!(render_effective(&c).contains("type = \"elevenlabs\""));
 
-    let mut f = Fixture::new(&format!(
-        "{MINIMAL}load = [\"anthropic\", \"eleven\"]\n[voice]\nstt_model = \"eleven\"\n"
-    ));
-    f.provider("anthropic", ANTHROPIC);
-    f.provider("eleven", eleven);
-    f.set("AGENTD_ANTHROPIC_KEY", "k");
-    f.set("EL_KEY", "e");
+    let f = with_elevenlabs("stt_model = \"eleven\"\n");
     let p = f.problems();
     assert!(
         has(&p, "voice.stt_model: \"eleven\" is an ElevenLabs model"),
@@ -1744,7 +1733,7 @@ fn elevenlabs_is_for_speech_only() {
     let mut f = Fixture::new(&format!("{MINIMAL}load = [\"eleven\"]\n"));
     f.provider(
         "eleven",
-        &eleven.replace("[models.eleven]", "[models.primary]"),
+        &ELEVENLABS.replace("[models.eleven]", "[models.primary]"),
     );
     f.set("EL_KEY", "e");
     let p = f.problems();
