@@ -301,15 +301,30 @@ async fn exec_tmp(cfg: &Config) -> Check {
 /// The cost spool beside `db` (SPEC §16.4): rows there are spent money the database does not
 /// count yet, so budgets undercount until the daemon writes them in.
 fn cost_spool(db: &std::path::Path) -> Check {
-    let spool = crate::cost::spool::Spool::beside(db);
-    let name = "cost spool";
-    match std::fs::read(spool.path()) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => check(name, Status::Pass, "empty"),
-        Err(e) => check(
+    use crate::cost::spool::{MAX_BYTES, Spool};
+    let spool = Spool::beside(db);
+    let (name, path) = ("cost spool", spool.path());
+    // The daemon's own reader refuses a symlink and a file over MAX_BYTES: so does this one.
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return check(name, Status::Pass, "empty");
+        }
+        Err(e) => return check(name, Status::Fail, format!("{}: {e}", path.display())),
+        Ok(m) => m,
+    };
+    if !meta.is_file() || meta.len() > MAX_BYTES {
+        return check(
             name,
             Status::Fail,
-            format!("{}: {e}", spool.path().display()),
-        ),
+            format!(
+                "{} is not a regular file of at most {MAX_BYTES} bytes: agentd never writes \
+                 such a file there; move it away",
+                path.display()
+            ),
+        );
+    }
+    match std::fs::read(path) {
+        Err(e) => check(name, Status::Fail, format!("{}: {e}", path.display())),
         Ok(bytes) if bytes.is_empty() => check(name, Status::Pass, "empty"),
         Ok(bytes) => {
             let rows = bytes
@@ -323,7 +338,7 @@ fn cost_spool(db: &std::path::Path) -> Check {
                     "{rows} cost row(s) in {} are not in agentd.db yet (the database could not be \
                      written); the daemon writes them at its next start or model call once it \
                      can (docs/operations.md)",
-                    spool.path().display()
+                    path.display()
                 ),
             )
         }
@@ -496,6 +511,13 @@ mod tests {
         assert_eq!(c.status, Status::Warn);
         assert!(c.detail.starts_with("2 cost row(s) in "), "{}", c.detail);
         assert!(c.detail.contains("agentd.db.spool"), "{}", c.detail);
+        std::fs::remove_file(&spool).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &spool).unwrap();
+        assert_eq!(
+            cost_spool(&db).status,
+            Status::Fail,
+            "a symlink is not followed"
+        );
     }
 
     #[test]
