@@ -1787,6 +1787,8 @@ fn cors_origins_take_exact_origins_only() {
         "https://chat.example.org/",
         "chat.example.org",
         "https://a b",
+        "http://:80",
+        "https://",
     ] {
         let f = minimal_with_key();
         f.write(

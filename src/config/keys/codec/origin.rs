@@ -13,7 +13,10 @@ impl Codec for Origin {
             .strip_prefix("https://")
             .or_else(|| s.strip_prefix("http://"));
         let host_ok = rest.is_some_and(|r| {
-            !r.is_empty()
+            // A host comes first (a name, an address, or `[` of an IPv6 one), never `:`.
+            r.bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'[')
                 && r.bytes().all(|b| {
                     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']')
                 })
