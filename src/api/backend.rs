@@ -101,6 +101,8 @@ pub struct CompatIn {
 pub struct CompatTicket {
     /// The intake id.
     pub id: String,
+    /// The session that takes the message (a UUID; Responses ids name it).
+    pub session_id: String,
     /// Resolves when the message is done. Dropping it stops the wait, never the work.
     pub done: BoxFuture<'static, Result<CompatOutcome, BackendError>>,
     /// While the answer is made: pieces of its text as the model writes them (streaming).

@@ -23,6 +23,7 @@ use super::server::ApiState;
 use crate::llm::StreamDelta;
 use crate::llm::anthropic::server as anthropic;
 use crate::llm::compat::{Api, CompatReply, ErrorKind, Invalid};
+use crate::llm::openai::responses;
 use crate::llm::openai::server as openai;
 
 /// The header that selects a persistent session.
@@ -61,7 +62,7 @@ pub(crate) fn error_response(
     param: Option<&str>,
 ) -> Response {
     let body = match api {
-        Api::OpenAi => openai::error_body(kind, message, param),
+        Api::OpenAi | Api::Responses => openai::error_body(kind, message, param),
         Api::Anthropic => anthropic::error_body(kind, message),
     };
     let status = StatusCode::from_u16(kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -121,6 +122,15 @@ pub(crate) async fn chat_completions(
     serve(state, Api::OpenAi, headers, body).await
 }
 
+/// `POST /v1/responses`.
+pub(crate) async fn responses(
+    State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(state, Api::Responses, headers, body).await
+}
+
 /// `POST /v1/messages`.
 pub(crate) async fn messages(
     State(state): State<Arc<ApiState>>,
@@ -151,6 +161,7 @@ async fn serve(
     let parsed = match api {
         Api::OpenAi => openai::parse_request(&body),
         Api::Anthropic => anthropic::parse_request(&body),
+        Api::Responses => responses::parse_request(&body),
     };
     let request = match parsed {
         Ok(r) => r,
@@ -169,6 +180,7 @@ async fn serve(
     let body_digest = body_digest(&body);
     let (stream, include_usage, model) =
         (request.stream, request.include_usage, request.model.clone());
+    let echo = responses::Echo::of(&request);
     let ticket = match state
         .backend()
         .compat(CompatIn {
@@ -184,7 +196,7 @@ async fn serve(
         Err(e) => return backend_error(api, e),
     };
     if stream {
-        return stream_answer(state, api, ticket, &model, include_usage);
+        return stream_answer(state, api, ticket, &model, include_usage, echo);
     }
     let timeout = state.call_timeout();
     match tokio::time::timeout(timeout, ticket.done).await {
@@ -205,6 +217,7 @@ async fn serve(
             let body = match api {
                 Api::OpenAi => openai::completion_body(&reply),
                 Api::Anthropic => anthropic::message_body(&reply),
+                Api::Responses => responses::response_body(&reply, &echo),
             };
             raw(StatusCode::OK, "application/json", body)
         }
@@ -213,11 +226,7 @@ async fn serve(
 
 /// The SHA-256 of the request body, hex: what an `Idempotency-Key` is bound to.
 fn body_digest(body: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(body)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::llm::compat::sha256_hex(body)
 }
 
 /// A header's trimmed value (`None` when absent or blank), or why it is unusable.
@@ -252,6 +261,7 @@ fn backend_error(api: Api, e: BackendError) -> Response {
 enum Frames {
     OpenAi(openai::ChunkStream),
     Anthropic(anthropic::EventStream),
+    Responses(responses::ResponseStream),
 }
 
 impl Frames {
@@ -259,30 +269,35 @@ impl Frames {
         match self {
             Frames::OpenAi(s) => s.start(),
             Frames::Anthropic(s) => s.start(),
+            Frames::Responses(s) => s.start(),
         }
     }
     fn text(&self, t: &str) -> Vec<u8> {
         match self {
             Frames::OpenAi(s) => s.text(t),
             Frames::Anthropic(s) => s.text(t),
+            Frames::Responses(s) => s.text(t),
         }
     }
     fn keep_alive(&self) -> Vec<u8> {
         match self {
             Frames::OpenAi(s) => s.keep_alive(),
             Frames::Anthropic(s) => s.keep_alive(),
+            Frames::Responses(s) => s.keep_alive(),
         }
     }
     fn finish(&self, r: &CompatReply) -> Vec<u8> {
         match self {
             Frames::OpenAi(s) => s.finish(r),
             Frames::Anthropic(s) => s.finish(r),
+            Frames::Responses(s) => s.finish(r),
         }
     }
     fn error(&self, kind: ErrorKind, message: &str) -> Vec<u8> {
         match self {
             Frames::OpenAi(s) => s.error(kind, message),
             Frames::Anthropic(s) => s.error(kind, message),
+            Frames::Responses(s) => s.error(kind, message),
         }
     }
 }
@@ -323,6 +338,7 @@ fn stream_answer(
     ticket: CompatTicket,
     model: &str,
     include_usage: bool,
+    echo: responses::Echo,
 ) -> Response {
     let frames = match api {
         Api::OpenAi => Frames::OpenAi(openai::ChunkStream::new(
@@ -332,6 +348,12 @@ fn stream_answer(
             include_usage,
         )),
         Api::Anthropic => Frames::Anthropic(anthropic::EventStream::new(&ticket.id, model)),
+        Api::Responses => Frames::Responses(responses::ResponseStream::new(
+            &crate::llm::compat::response_id(&ticket.session_id, &ticket.id),
+            model,
+            chrono::Utc::now().timestamp(),
+            echo,
+        )),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(STREAM_BUFFER);
     let keep_alive = state.keep_alive_every();

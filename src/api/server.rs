@@ -33,6 +33,7 @@ use super::ratelimit::{Group, RateLimiter, rate_limit};
 use super::reply::{agent_header_value, finish};
 use crate::config::HttpConfig;
 use crate::llm::anthropic::server as anthropic;
+use crate::llm::openai::responses;
 use crate::llm::openai::server as openai;
 
 /// How long [`serve`] lets requests in flight finish after `cancel` before it returns anyway
@@ -181,6 +182,7 @@ pub fn router(
             openai::CHAT_COMPLETIONS_PATH,
             post(compat::chat_completions),
         )
+        .route(responses::RESPONSES_PATH, post(compat::responses))
         .route_layer(auth.clone())
         .route(
             anthropic::MESSAGES_PATH,

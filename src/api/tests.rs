@@ -144,6 +144,7 @@ impl ApiBackend for Fake {
             }
             let reply = CompatReply {
                 id: "i1".into(),
+                session_id: String::new(),
                 model,
                 created: 1,
                 text: format!("echo: {text}"),
@@ -197,6 +198,7 @@ impl ApiBackend for Fake {
             };
             Ok(CompatTicket {
                 id: "i1".into(),
+                session_id: "0196f3a2-7c1e-7b40-9a51-3d2f0e8c4b11".into(),
                 done,
                 deltas: Some(rx),
             })

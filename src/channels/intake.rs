@@ -47,6 +47,8 @@ pub struct Completion {
 pub struct Accepted {
     /// `false`: its id was already in the session's trail; it was not queued again.
     pub new: bool,
+    /// The session that holds it (a UUID).
+    pub session_id: String,
     /// The transcripts of its audio (SPEC §19), which a chat channel may echo.
     pub transcripts: Vec<String>,
 }

@@ -9,7 +9,6 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use futures::future::BoxFuture;
-use sha2::{Digest, Sha256};
 use tokio::sync::oneshot;
 
 use super::http_backend::{AttachmentSaver, DaemonBackend, backend_error};
@@ -17,7 +16,9 @@ use crate::agent::{FailCause, Finish};
 use crate::api::backend::{AttachmentIn, BackendError, CompatIn, CompatOutcome, CompatTicket};
 use crate::channels::intake::{Completion, IntakeSink};
 use crate::control::Source;
-use crate::llm::compat::{CompatAttachment, CompatReply, ErrorKind, FinishReason, ModelChoice};
+use crate::llm::compat::{
+    self, CompatAttachment, CompatReply, ErrorKind, FinishReason, ModelChoice,
+};
 use crate::message::{Message, Usage};
 use crate::session::event::{ApiRoute, ONE_OFF_PREFIX};
 use crate::session::{Ending, Event, Intake, Route, TrailLine};
@@ -58,10 +59,7 @@ pub fn one_off_key(idempotency_key: Option<&str>) -> String {
 }
 
 fn hex(s: &str) -> String {
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::llm::compat::sha256_hex(s.as_bytes())
 }
 
 /// An `Idempotency-Key` as an intake id: the rule of client ids (`control::valid_id`, 1 to
@@ -188,6 +186,8 @@ pub fn recorded_matches(lines: &[TrailLine], id: &str, digest: &str, text: &str)
 /// What the answer says besides the text: the id and `model` the client sees, and when.
 struct Answering {
     id: String,
+    /// The session that takes the message (known once it is accepted).
+    session_id: String,
     model: String,
     created: i64,
 }
@@ -204,6 +204,7 @@ impl Answering {
                 ..
             } => CompatOutcome::Reply(CompatReply {
                 id: self.id.clone(),
+                session_id: self.session_id.clone(),
                 model: self.model.clone(),
                 created: self.created,
                 // A silent reply (the agent chose not to answer) is an empty answer.
@@ -352,13 +353,39 @@ impl DaemonBackend {
             Some(k) => idempotency_id(k).map_err(BackendError::BadRequest)?,
             None => uuid::Uuid::now_v7().to_string(),
         };
-        let answering = Answering {
+        let mut answering = Answering {
             id: id.clone(),
+            session_id: String::new(),
             model: r.model.clone(),
             created: chrono::Utc::now().timestamp(),
         };
         let name = session_header.or(r.session.clone());
-        let (key, from, one_off) = session_target(name.as_deref(), idempotency_key.as_deref());
+        let (mut key, mut from, mut one_off) =
+            session_target(name.as_deref(), idempotency_key.as_deref());
+        let mut history = r.history;
+        if let Some(previous) = r.continuation.previous_response.as_deref() {
+            match self.continued(previous).await? {
+                Continued::Session(k) => {
+                    if name.is_some() && k != key {
+                        return Err(BackendError::BadRequest(
+                            "previous_response_id belongs to another session than the one this request names (user, safety_identifier or X-Agentd-Session): send one of them".into(),
+                        ));
+                    }
+                    from = k.trim_start_matches("api:").to_string();
+                    key = k;
+                    one_off = false;
+                }
+                Continued::History(mut earlier) if one_off => {
+                    earlier.append(&mut history);
+                    history = earlier;
+                }
+                Continued::History(_) => {
+                    return Err(BackendError::BadRequest(
+                        "previous_response_id names a conversation without a session: leave out the session name (user, safety_identifier or X-Agentd-Session) to continue it".into(),
+                    ));
+                }
+            }
+        }
         let binding = Binding {
             session: key.clone(),
             digest: body_digest,
@@ -390,10 +417,11 @@ impl DaemonBackend {
             route: Some(Route::Api(ApiRoute {
                 model,
                 instructions: r.system,
-                history: if one_off { r.history } else { Vec::new() },
+                history: if one_off { history } else { Vec::new() },
                 options: r.options,
                 one_off,
                 request_digest: idempotency_key.as_ref().map(|_| binding.digest.clone()),
+                unstored: !r.continuation.store,
             })),
             notify_meta: None,
             relayed_from: None,
@@ -404,8 +432,8 @@ impl DaemonBackend {
             self.dispatcher.stream_to(&key, &id, tx);
             rx
         });
-        let new = match self.intake.accept(&key, intake).await {
-            Ok(accepted) => accepted.new,
+        let (new, session_id) = match self.intake.accept(&key, intake).await {
+            Ok(accepted) => (accepted.new, accepted.session_id),
             Err(e) => {
                 self.dispatcher.forget(&key, &id);
                 return Err(release(backend_error(e)));
@@ -422,8 +450,10 @@ impl DaemonBackend {
             self.dispatcher.forget(&key, &id);
         }
         let remember = idempotency_key.map(|k| (k, binding));
+        answering.session_id = session_id.clone();
         Ok(CompatTicket {
             id,
+            session_id,
             done: answer(self.recent.clone(), answering, replay, waiter, remember),
             deltas,
         })
@@ -521,6 +551,54 @@ impl DaemonBackend {
         .unwrap_or(false)
     }
 
+    /// Where `previous_response_id` leads: the named session it was answered in, or the
+    /// messages of the one-off conversation it ended. 404 for an id agentd did not make, an
+    /// answer with `store: false`, or one whose session was reset or pruned; 409 while it
+    /// is still being made.
+    async fn continued(&self, previous: &str) -> Result<Continued, BackendError> {
+        let not_found = || {
+            BackendError::NotFound(format!(
+                "previous_response_id {}: no stored response has this id (answers with store: false, and those of a reset or pruned session, cannot be continued)",
+                crate::control::escaped_preview(previous)
+            ))
+        };
+        let (session_id, digest) = compat::response_session(previous).ok_or_else(not_found)?;
+        let store = self.intake.store.clone();
+        let sid = session_id.clone();
+        let found = tokio::task::spawn_blocking(move || store.trail_by_id(&sid))
+            .await
+            .map_err(|e| BackendError::Internal(e.to_string()))?
+            .map_err(|e| BackendError::Internal(format!("cannot read the session trail: {e}")))?;
+        let (key, lines) = found.ok_or_else(not_found)?;
+        let intake = (lines.iter())
+            .find_map(|l| match &l.event {
+                Event::Intake(i) if compat::sha256_hex(i.id.as_bytes()).starts_with(&digest) => {
+                    Some(i)
+                }
+                _ => None,
+            })
+            .ok_or_else(not_found)?;
+        let Some(Route::Api(route)) = &intake.route else {
+            return Err(not_found());
+        };
+        if route.unstored {
+            return Err(not_found());
+        }
+        if recorded_finish(&lines, &intake.id).is_none() {
+            return Err(BackendError::Conflict(format!(
+                "previous_response_id {}: that response is still being made; continue it once it is done",
+                crate::control::escaped_preview(previous)
+            )));
+        }
+        match key {
+            Some(k) if !route.one_off => Ok(Continued::Session(k)),
+            _ if route.one_off => Ok(Continued::History(
+                crate::session::state::rebuild(&session_id, "", &lines).messages,
+            )),
+            _ => Err(not_found()),
+        }
+    }
+
     /// The finish of intake `id` in session `key`'s trail, if it is done.
     async fn finished_in_trail(&self, key: &str, id: &str) -> Option<Finish> {
         let store = self.intake.store.clone();
@@ -536,10 +614,23 @@ impl DaemonBackend {
     }
 }
 
+/// Where a `previous_response_id` leads.
+enum Continued {
+    /// A named session: the request goes on in it.
+    Session(String),
+    /// A one-off conversation, done: its messages are the history of a new one-off session.
+    History(Vec<Message>),
+}
+
 /// A ticket already answered.
 fn ready(id: String, outcome: CompatOutcome) -> CompatTicket {
+    let session_id = match &outcome {
+        CompatOutcome::Reply(r) => r.session_id.clone(),
+        CompatOutcome::Failed { .. } => String::new(),
+    };
     CompatTicket {
         id,
+        session_id,
         done: Box::pin(async move { Ok(outcome) }),
         deltas: None,
     }

@@ -101,12 +101,16 @@ impl IntakeHandler {
     async fn take_in(&self, key: &str, mut intake: Intake) -> Result<Accepted, AcceptError> {
         let slot = self.reserve(key, &intake.id)?;
         let heard = self.hear(key, &mut intake).await;
-        let new = self.record(key, intake, slot).await?;
+        let (new, session_id) = self.record(key, intake, slot).await?;
         let transcripts = match new {
             true => heard.into_iter().map(|h| h.transcript).collect(),
             false => Vec::new(),
         };
-        Ok(Accepted { new, transcripts })
+        Ok(Accepted {
+            new,
+            session_id,
+            transcripts,
+        })
     }
 
     /// Transcribe `intake`'s audio into its text, unless it is already recorded (offered
@@ -140,7 +144,7 @@ impl IntakeHandler {
         key: &str,
         intake: Intake,
         slot: super::workers::QueueSlot,
-    ) -> Result<bool, AcceptError> {
+    ) -> Result<(bool, String), AcceptError> {
         let store = self.store.clone();
         let k = key.to_string();
         // The model a new session is created with (the worker routes each message itself).
@@ -149,16 +153,16 @@ impl IntakeHandler {
         let recorded =
             tokio::task::spawn_blocking(move || store.append_intake(&k, &model, item)).await;
         let err = match recorded {
-            Ok(Ok((_, false))) => {
+            Ok(Ok((h, false))) => {
                 tracing::info!(id = %intake.id, session_key = %key, "duplicate intake id; already accepted, not queued again");
-                return Ok(false);
+                return Ok((false, h.id.clone()));
             }
-            Ok(Ok((_, true))) => {
+            Ok(Ok((h, true))) => {
                 tracing::info!(id = %intake.id, session_key = %key, source = %intake.source, "message accepted");
                 self.dispatcher
                     .submit_reserved(slot, Job::Message(Work::new(vec![intake])))
                     .await;
-                return Ok(true);
+                return Ok((true, h.id.clone()));
             }
             Ok(Err(e)) => format!("cannot record the message in the session trail: {e}"),
             Err(e) => format!("intake task failed: {e}"),

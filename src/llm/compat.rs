@@ -21,8 +21,11 @@ pub const MAX_AUDIO: usize = 2;
 /// Which API a request came in as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
+    /// Chat Completions.
     OpenAi,
     Anthropic,
+    /// OpenAI's Responses API (its errors use the OpenAI envelope).
+    Responses,
 }
 
 /// One image or sound of the new user message (becomes an attachment: an image the model sees,
@@ -57,6 +60,60 @@ pub struct CompatRequest {
     pub stream: bool,
     /// OpenAI `stream_options.include_usage`.
     pub include_usage: bool,
+    /// What the Responses API adds: the response a request continues, and whether its
+    /// answer may be continued.
+    pub continuation: Continuation,
+}
+
+/// A Responses request's `previous_response_id` and `store`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Continuation {
+    /// The response this request continues: its session goes on.
+    pub previous_response: Option<String>,
+    /// `store` (default true): `false` answers cannot be continued.
+    pub store: bool,
+}
+
+impl Default for Continuation {
+    fn default() -> Continuation {
+        Continuation {
+            previous_response: None,
+            store: true,
+        }
+    }
+}
+
+/// The id of the Responses answer to intake `intake_id` of session `session_id` (a UUID):
+/// `resp_`, the session's UUID in hex, then 16 hex digits of the intake id's SHA-256. A later
+/// `previous_response_id` finds the session from it (see [`response_session`]).
+pub fn response_id(session_id: &str, intake_id: &str) -> String {
+    let session = uuid::Uuid::parse_str(session_id)
+        .map(|u| u.simple().to_string())
+        .unwrap_or_else(|_| "0".repeat(32));
+    format!("resp_{session}{}", &sha256_hex(intake_id.as_bytes())[..16])
+}
+
+/// The session UUID and intake digest prefix a response id names; `None` for an id agentd
+/// did not make.
+pub fn response_session(response_id: &str) -> Option<(String, String)> {
+    let rest = response_id.strip_prefix("resp_")?;
+    if rest.len() != 48 || !rest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let session = uuid::Uuid::parse_str(&rest[..32]).ok()?;
+    Some((
+        session.hyphenated().to_string(),
+        rest[32..].to_ascii_lowercase(),
+    ))
+}
+
+/// The hex SHA-256 of `bytes` (intake ids, request bodies, session names).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A request refused with 400: which field and why.
@@ -110,6 +167,16 @@ pub fn request_object<'a>(
     body: &'a [u8],
     tool_fields: &[&str],
 ) -> Result<RequestObject<'a>, Invalid> {
+    request_object_with(body, "messages", tool_fields)
+}
+
+/// [`request_object`] whose list of messages is the field `list` (`input` in the Responses
+/// API), kept as text in [`RequestObject::messages`].
+pub fn request_object_with<'a>(
+    body: &'a [u8],
+    list: &str,
+    tool_fields: &[&str],
+) -> Result<RequestObject<'a>, Invalid> {
     use serde_json::Value;
     use serde_json::value::RawValue;
     let top: std::collections::BTreeMap<String, &RawValue> =
@@ -124,7 +191,7 @@ pub fn request_object<'a>(
     let mut fields = serde_json::Map::new();
     let mut messages = None;
     for (name, raw) in top {
-        if name == "messages" {
+        if name == list {
             messages = Some(raw);
             continue;
         }
@@ -164,19 +231,31 @@ pub fn request_object<'a>(
 pub fn message_list(
     raw: Option<&serde_json::value::RawValue>,
 ) -> Result<Vec<&serde_json::value::RawValue>, Invalid> {
+    item_list(raw, "messages")
+}
+
+/// The list `field` (`messages`, or the Responses API's `input`) as 1 to [`MAX_MESSAGES`]
+/// unparsed items.
+pub fn item_list<'a>(
+    raw: Option<&'a serde_json::value::RawValue>,
+    field: &str,
+) -> Result<Vec<&'a serde_json::value::RawValue>, Invalid> {
     let bad_count = || {
         Invalid::new(
-            "messages",
-            format!("`messages` must hold 1 to {MAX_MESSAGES} messages"),
+            field,
+            format!(
+                "`{field}` must hold 1 to {MAX_MESSAGES} {}",
+                if field == "messages" { "messages" } else { "items" }
+            ),
         )
     };
-    let raw = raw.ok_or_else(|| Invalid::new("messages", "`messages` must be an array"))?;
+    let raw = raw.ok_or_else(|| Invalid::new(field, format!("`{field}` must be an array")))?;
     let list: Capped<&serde_json::value::RawValue, MAX_MESSAGES> = serde_json::from_str(raw.get())
         .map_err(|e| {
             if e.to_string().starts_with(TOO_MANY) {
                 bad_count()
             } else {
-                Invalid::new("messages", "`messages` must be an array")
+                Invalid::new(field, format!("`{field}` must be an array"))
             }
         })?;
     if list.0.is_empty() {
@@ -343,6 +422,8 @@ pub enum FinishReason {
 pub struct CompatReply {
     /// Stable for the message: a retry with the same `Idempotency-Key` gets the same id.
     pub id: String,
+    /// The session that answered (a UUID; empty when unknown).
+    pub session_id: String,
     /// The `model` the request named.
     pub model: String,
     /// Unix seconds.
@@ -549,6 +630,24 @@ mod tests {
                 cached_tokens: 100
             }
         );
+    }
+
+    #[test]
+    fn response_ids_name_their_session() {
+        let session = "0196f3a2-7c1e-7b40-9a51-3d2f0e8c4b11";
+        let id = response_id(session, "intake-1");
+        assert!(
+            id.starts_with("resp_0196f3a27c1e7b409a513d2f0e8c4b11"),
+            "{id}"
+        );
+        assert_eq!(id.len(), 53);
+        let (s, digest) = response_session(&id).unwrap();
+        assert_eq!(s, session);
+        assert!(sha256_hex(b"intake-1").starts_with(&digest));
+        assert_ne!(id, response_id(session, "intake-2"));
+        for bad in ["", "resp_", "resp_xyz", "chatcmpl-1", &format!("{id}0")] {
+            assert!(response_session(bad).is_none(), "{bad}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::llm::anthropic::server as anthropic;
 use crate::llm::compat::{CompatReply, ErrorKind, FinishReason};
+use crate::llm::openai::responses;
 use crate::llm::openai::server as openai;
 use crate::message::Usage;
 
@@ -113,6 +114,8 @@ fixture!(OPENAI_RESPONSE, "openai-chat-response");
 fixture!(OPENAI_CHUNK, "openai-chat-chunk");
 fixture!(OPENAI_MODELS, "openai-models-response");
 fixture!(OPENAI_ERROR, "openai-error");
+fixture!(OPENAI_RESPONSES, "openai-response");
+fixture!(OPENAI_RESPONSES_EVENT, "openai-response-event");
 fixture!(ANTHROPIC_MESSAGE, "anthropic-message-response");
 fixture!(ANTHROPIC_EVENT, "anthropic-stream-event");
 fixture!(ANTHROPIC_ERROR, "anthropic-error");
@@ -152,6 +155,7 @@ const KINDS: &[ErrorKind] = &[
 fn reply(finish: FinishReason) -> CompatReply {
     CompatReply {
         id: "0196f3a2-7c1e-7b40-9a51-3d2f0e8c4b11".into(),
+        session_id: String::new(),
         model: "agentd".into(),
         created: 1_764_320_000,
         text: "Milk and bread.".into(),
@@ -265,6 +269,47 @@ fn anthropic_stream_events_match_the_schema() {
     );
 }
 
+fn echo() -> responses::Echo {
+    responses::Echo {
+        instructions: Some("Be brief.".into()),
+        previous_response: Some("resp_0196f3a27c1e7b409a513d2f0e8c4b110123456789abcdef".into()),
+        store: true,
+        temperature: Some(0.5),
+        max_output_tokens: Some(300),
+        effort: Some("low".into()),
+    }
+}
+
+#[test]
+fn responses_bodies_and_events_match_the_schemas() {
+    for finish in [FinishReason::Stop, FinishReason::Length] {
+        let mut r = reply(finish);
+        r.session_id = "0196f3a2-7c1e-7b40-9a51-3d2f0e8c4b11".into();
+        for e in [echo(), responses::Echo::default()] {
+            let body = json(&responses::response_body(&r, &e));
+            assert_valid(&OPENAI_RESPONSES, "response", &body);
+            assert!(body["id"].as_str().unwrap().starts_with("resp_0196f3a2"));
+        }
+        let s = responses::ResponseStream::new("resp_1", "agentd", 1_764_320_000, echo());
+        let mut all = s.start();
+        all.extend(s.keep_alive());
+        all.extend(s.text("Milk "));
+        all.extend(s.text("and bread."));
+        all.extend(s.finish(&r));
+        // An answer with no text streamed still opens and closes its message.
+        let quiet = responses::ResponseStream::new("resp_2", "agentd", 1, echo());
+        all.extend(quiet.finish(&r));
+        all.extend(quiet.error(ErrorKind::Budget, "daily budget reached"));
+        let frames = sse(&all);
+        assert_eq!(frames.len(), 10 + 6 + 1);
+        for (name, data) in &frames {
+            let event = json(data.as_bytes());
+            assert_eq!(name.as_deref(), event["type"].as_str(), "event name = type");
+            assert_valid(&OPENAI_RESPONSES_EVENT, name.as_deref().unwrap(), &event);
+        }
+    }
+}
+
 /// The schemas are not vacuous: a body missing a required field fails.
 #[test]
 fn the_response_schemas_reject_what_they_should() {
@@ -276,4 +321,10 @@ fn the_response_schemas_reject_what_they_should() {
     assert!(!ANTHROPIC_MESSAGE.is_valid(&body));
     let body = serde_json::json!({"type": "error", "error": {"type": "request_too_large", "message": "x"}, "request_id": null});
     assert!(!ANTHROPIC_ERROR.is_valid(&body));
+    let mut body = json(&responses::response_body(
+        &reply(FinishReason::Stop),
+        &echo(),
+    ));
+    body["output"][0]["content"][0]["annotations"] = Value::Null;
+    assert!(!OPENAI_RESPONSES.is_valid(&body));
 }

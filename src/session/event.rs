@@ -329,6 +329,10 @@ pub struct ApiRoute {
     /// restart. Absent in trails written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_digest: Option<String>,
+    /// A Responses request with `store: false`: its answer cannot be continued with
+    /// `previous_response_id`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unstored: bool,
 }
 
 /// The key prefix of one-off sessions of the compatible endpoints (SPEC §17).
@@ -483,6 +487,7 @@ mod tests {
                 },
                 one_off: true,
                 request_digest: Some("ab12".into()),
+                unstored: true,
             })),
             notify_meta: None,
             relayed_from: None,

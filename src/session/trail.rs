@@ -136,6 +136,29 @@ pub fn trail_files(dir: &Path, id: &str) -> io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+impl super::SessionStore {
+    /// Session `id`'s trail, live or archived, and its key while it is live; `None` when no
+    /// trail of that id exists. `id` must be a session id (a UUID), never outside text.
+    pub fn trail_by_id(&self, id: &str) -> io::Result<Option<(Option<String>, Vec<TrailLine>)>> {
+        if uuid::Uuid::parse_str(id).is_err() {
+            return Ok(None);
+        }
+        let key = (self.lock().index.iter())
+            .find(|(_, e)| e.session_id == id)
+            .map(|(k, _)| k.clone());
+        // Live, then archived, then live again: an archive moving the files between the first
+        // two reads finds them in one of the three.
+        let archive = self.dir.join(super::ARCHIVE_DIR);
+        for dir in [&self.dir, &archive, &self.dir] {
+            let lines = read_trail(dir, id)?;
+            if !lines.is_empty() {
+                return Ok(Some((key, lines)));
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// Every readable line of the session's trail, oldest first. Lines that do not parse (a torn
 /// last line, or damage) are skipped with a warning; they never stop the read.
 pub fn read_trail(dir: &Path, id: &str) -> io::Result<Vec<TrailLine>> {

@@ -21,7 +21,7 @@ fn sdk_dir() -> PathBuf {
 }
 
 /// A started daemon with the HTTP API on a free port and `extra` appended to its config.
-fn daemon(fake: &FakeLlm, extra: &str) -> (TestDaemon, String) {
+pub(crate) fn daemon(fake: &FakeLlm, extra: &str) -> (TestDaemon, String) {
     let port = free_port();
     let mut d = TestDaemon::new(
         &format!(
@@ -51,7 +51,7 @@ fn http_get(port: u16, path: &str) -> Option<String> {
 }
 
 /// Runs `compat_clients.py SCENARIO` and returns its steps by name.
-fn run_clients(base: &str, scenario: &str) -> std::collections::BTreeMap<String, Value> {
+pub(crate) fn run_clients(base: &str, scenario: &str) -> std::collections::BTreeMap<String, Value> {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/compat_clients.py");
     let out = Command::new("python3")

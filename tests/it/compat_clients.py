@@ -188,5 +188,57 @@ def budget():
         out("over_anthropic", error=type(e).__name__, status=e.status_code, body=e.body)
 
 
+def responses():
+    client = oai()
+    r = client.responses.create(model="agentd", input="responses first question",
+                                instructions="Answer in English.")
+    out("first", id=r.id, text=r.output_text, status=r.status, usage=usage_of(r.usage),
+        instructions=r.instructions)
+    r2 = client.responses.create(model="agentd", input="responses second question",
+                                 previous_response_id=r.id)
+    out("second", id=r2.id, text=r2.output_text, previous=r2.previous_response_id)
+
+    events = []
+    deltas = []
+    final = None
+    for e in client.responses.create(model="agentd", stream=True, input=[
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "responses stream to me"},
+                {"type": "input_image",
+                 "image_url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="}]}]):
+        events.append(e.type)
+        if e.type == "response.output_text.delta":
+            deltas.append(e.delta)
+        if e.type == "response.completed":
+            final = e.response
+    out("stream", events=events, text="".join(deltas), id=final.id,
+        final_text=final.output_text, usage=usage_of(final.usage))
+    with client.responses.stream(model="agentd", input="responses third question",
+                                 previous_response_id=final.id) as s:
+        done = s.get_final_response()
+    out("stream_continued", text=done.output_text, id=done.id)
+
+    named = client.responses.create(model="agentd", input="responses named first", user="resp-user")
+    named2 = client.responses.create(model="agentd", input="responses named second",
+                                     previous_response_id=named.id)
+    out("named", ids=[named.id, named2.id], text=named2.output_text)
+
+    unstored = client.responses.create(model="agentd", input="responses not stored", store=False)
+    out("unstored", store=unstored.store, text=unstored.output_text)
+    for step, prev in [("unstored_continue", unstored.id),
+                       ("unknown_continue", "resp_" + "0" * 48), ("foreign_continue", "chatcmpl-1")]:
+        try:
+            client.responses.create(model="agentd", input="x", previous_response_id=prev)
+            out(step, error=None)
+        except openai.APIStatusError as e:
+            out(step, error=type(e).__name__, status=e.status_code, message=e.message)
+    try:
+        client.responses.create(model="agentd", input="x", background=True)
+        out("background", error=None)
+    except openai.APIStatusError as e:
+        out("background", error=type(e).__name__, status=e.status_code, message=e.message)
+
+
 if __name__ == "__main__":
-    {"basics": basics, "streaming": streaming, "budget": budget}[sys.argv[1]]()
+    {"basics": basics, "streaming": streaming, "budget": budget,
+     "responses": responses}[sys.argv[1]]()

@@ -39,6 +39,7 @@ mod process_hardening;
 mod prompt_files;
 mod provider_limits;
 mod reload;
+mod responses;
 mod retention;
 mod schedule_entries;
 mod schedule_isolation;

@@ -80,6 +80,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         },
         stream,
         include_usage: true,
+        continuation: compat::Continuation::default(),
     })
 }
 
@@ -600,6 +601,7 @@ mod tests {
     fn reply() -> CompatReply {
         CompatReply {
             id: "abc".into(),
+            session_id: String::new(),
             model: "agentd".into(),
             created: 1,
             text: "Hi".into(),

@@ -4,6 +4,7 @@
 
 mod embeddings;
 mod render;
+pub mod responses;
 pub mod server;
 mod stream;
 

@@ -56,6 +56,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         options,
         stream,
         include_usage,
+        continuation: compat::Continuation::default(),
     })
 }
 
@@ -207,7 +208,7 @@ fn new_input(
 }
 
 /// A user turn of the history: its text, and a placeholder for each image or sound it had.
-fn user_message(text: String, files: &[CompatAttachment]) -> Message {
+pub(super) fn user_message(text: String, files: &[CompatAttachment]) -> Message {
     let mut content = vec![UserBlock::Text { text }];
     for f in files {
         let what = if f.media_type.starts_with("audio/") {
@@ -306,7 +307,7 @@ fn user_content(
 }
 
 /// Refuses a message with more than `max` attachments whose type starts with `kind`.
-fn at_most(
+pub(super) fn at_most(
     files: &[CompatAttachment],
     kind: &str,
     max: usize,
@@ -357,7 +358,7 @@ fn input_audio(part: Option<&Value>) -> Result<CompatAttachment, String> {
 }
 
 /// `data:image/png;base64,<data>` → the image.
-fn data_url(url: &str) -> Result<CompatAttachment, String> {
+pub(super) fn data_url(url: &str) -> Result<CompatAttachment, String> {
     let Some(rest) = url.strip_prefix("data:") else {
         return Err(
             "only data: URLs are accepted for images (agentd does not fetch URLs for a client); send data:image/png;base64,…"
@@ -382,7 +383,7 @@ fn data_url(url: &str) -> Result<CompatAttachment, String> {
     })
 }
 
-fn opt_bool(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, Invalid> {
+pub(super) fn opt_bool(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, Invalid> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -390,7 +391,7 @@ fn opt_bool(o: &Map<String, Value>, key: &str) -> Result<Option<bool>, Invalid> 
     }
 }
 
-fn opt_str(o: &Map<String, Value>, key: &str) -> Result<Option<String>, Invalid> {
+pub(super) fn opt_str(o: &Map<String, Value>, key: &str) -> Result<Option<String>, Invalid> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -398,7 +399,7 @@ fn opt_str(o: &Map<String, Value>, key: &str) -> Result<Option<String>, Invalid>
     }
 }
 
-fn opt_u32(o: &Map<String, Value>, key: &str) -> Result<Option<u32>, Invalid> {
+pub(super) fn opt_u32(o: &Map<String, Value>, key: &str) -> Result<Option<u32>, Invalid> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
@@ -823,6 +824,7 @@ mod tests {
     fn reply() -> CompatReply {
         CompatReply {
             id: "abc".into(),
+            session_id: String::new(),
             model: "agentd".into(),
             created: 1_700_000_000,
             text: "Hi".into(),
