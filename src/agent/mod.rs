@@ -482,12 +482,7 @@ impl Agent {
         self.record_client_history(session, state, work, cancel)
             .await?;
         let compaction_near = self.take_compaction_warning(state, tier).await;
-        let images = if self
-            .cfg
-            .models
-            .get(model)
-            .is_some_and(|m| m.supports_vision)
-        {
+        let images = if self.sees_images(model) {
             load_images(work).await
         } else {
             Vec::new()
@@ -617,7 +612,16 @@ impl Agent {
                 messages: state.messages.len(),
                 compactions: state.compaction_count,
             }),
+            sees_images: self.sees_images(model),
         }
+    }
+
+    /// Whether `model` is configured as seeing images (`[models.<name>] supports_vision`).
+    fn sees_images(&self, model: &str) -> bool {
+        self.cfg
+            .models
+            .get(model)
+            .is_some_and(|m| m.supports_vision)
     }
 }
 
@@ -629,9 +633,6 @@ fn scheduled_text(intake: &crate::session::Intake) -> String {
         None => intake.text.clone(),
     }
 }
-
-/// Largest image passed to a model (Anthropic's per-image limit).
-const MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
 
 /// The media type of an image attachment, by extension.
 fn image_media_type(path: &str) -> Option<&'static str> {
@@ -663,7 +664,7 @@ async fn load_images(work: &Work) -> Vec<UserBlock> {
             .filter_map(|p| {
                 let media_type = image_media_type(p)?;
                 let len = std::fs::metadata(p).ok()?.len();
-                if len > MAX_IMAGE_BYTES {
+                if len > crate::message::MAX_IMAGE_BYTES {
                     tracing::warn!(path = %p, bytes = len, "image too large to pass to the model");
                     return None;
                 }

@@ -502,7 +502,10 @@ impl Agent {
                 ctx.reply_to = approval.reply_to.clone();
                 ctx
             }
-            Caller::SubAgent { parent, .. } => (*parent).clone(),
+            Caller::SubAgent { parent, .. } => ToolContext {
+                sees_images: spec.supports_vision,
+                ..(*parent).clone()
+            },
         };
         let mut refused = refused.to_vec();
         refused.resize(resp.tool_calls.len(), None);
@@ -524,9 +527,24 @@ impl Agent {
             self.metrics.tool_call(name, !r.is_error);
         }
         let notice = wrap_up_notice(&resp.stop_reason, run.max_turns - turn);
-        // The registry already truncated each output to `output_truncation`.
-        self.record_step(run, state, Event::ToolResult { results, notice })
-            .await
+        // The registry already truncated each output to `output_truncation`. Images are never
+        // recorded: the trail gets the results without them (their text holds the
+        // placeholders), the in-memory copy keeps them for this message's calls.
+        if results.iter().all(|r| r.images.is_empty()) {
+            return self
+                .record_step(run, state, Event::ToolResult { results, notice })
+                .await;
+        }
+        let stored = results.iter().map(ToolResult::without_images).collect();
+        let event = Event::ToolResult {
+            results: stored,
+            notice: notice.clone(),
+        };
+        self.record_step(run, state, event).await?;
+        if let Some(last) = state.messages.len().checked_sub(1) {
+            state.replace_message(last, Message::ToolResults { results, notice });
+        }
+        Ok(())
     }
 
     /// Whether a final answer is a silent token (SPEC §5.5): a message's only, a sub-agent's
@@ -608,6 +626,7 @@ impl Agent {
                     c.name
                 ),
                 is_error: true,
+                images: Vec::new(),
             })
             .collect();
         tracing::warn!(session = %session.id, "repairing dangling tool calls");

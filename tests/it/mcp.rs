@@ -68,6 +68,7 @@ pub(crate) fn ctx(dir: &std::path::Path) -> ToolContext {
         protected: Default::default(),
         reply_to: None,
         status: Arc::new(NoStatus),
+        sees_images: false,
     }
 }
 
