@@ -23,7 +23,7 @@ use crate::cost::Ledger;
 use crate::gateway::Gateway;
 use crate::memory::Memory;
 use crate::memory::consolidate::Consolidator;
-use crate::message::{Message, Usage, UserBlock};
+use crate::message::{Message, ToolResult, Usage, UserBlock};
 use crate::metrics::Metrics;
 use crate::monitor::Monitor;
 use crate::session::event::ApiRoute;
@@ -466,6 +466,45 @@ impl Agent {
             deltas: work.deltas.as_ref(),
         };
         self.run_loop(&run, state).await
+    }
+
+    /// A crash between a tool call and its results leaves calls without results: answer them
+    /// with error results before the next call (SPEC §6).
+    async fn repair_dangling(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        cancel: &CancellationToken,
+    ) -> Result<(), Option<Fail>> {
+        let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
+            return Ok(());
+        };
+        if tool_calls.is_empty() {
+            return Ok(());
+        }
+        let results = tool_calls
+            .iter()
+            .map(|c| ToolResult {
+                tool_call_id: c.id.clone(),
+                content: format!(
+                    "error: tool '{}' did not finish: the daemon stopped before its result was recorded",
+                    c.name
+                ),
+                is_error: true,
+                images: Vec::new(),
+            })
+            .collect();
+        tracing::warn!(session = %session.id, "repairing dangling tool calls");
+        self.record_durably(
+            session,
+            state,
+            Event::ToolResult {
+                results,
+                notice: None,
+            },
+            cancel,
+        )
+        .await
     }
 
     /// The user turn, with this message's images (when the model sees images), the recall

@@ -530,18 +530,14 @@ impl Agent {
         // The registry already truncated each output to `output_truncation`. Images are never
         // recorded: the trail gets the results without them (their text holds the
         // placeholders), the in-memory copy keeps them for this message's calls.
-        if results.iter().all(|r| r.images.is_empty()) {
-            return self
-                .record_step(run, state, Event::ToolResult { results, notice })
-                .await;
-        }
+        let images = results.iter().any(|r| !r.images.is_empty());
         let stored = results.iter().map(ToolResult::without_images).collect();
         let event = Event::ToolResult {
             results: stored,
             notice: notice.clone(),
         };
         self.record_step(run, state, event).await?;
-        if let Some(last) = state.messages.len().checked_sub(1) {
+        if let Some(last) = state.messages.len().checked_sub(1).filter(|_| images) {
             state.replace_message(last, Message::ToolResults { results, notice });
         }
         Ok(())
@@ -601,45 +597,6 @@ impl Agent {
                 self.fold(state, line)
             }
         }
-    }
-
-    /// A crash between a tool call and its results leaves calls without results: answer them
-    /// with error results before the next call (SPEC §6).
-    pub(super) async fn repair_dangling(
-        &self,
-        session: &Arc<SessionHandle>,
-        state: &mut SessionState,
-        cancel: &CancellationToken,
-    ) -> Result<(), Option<Fail>> {
-        let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
-            return Ok(());
-        };
-        if tool_calls.is_empty() {
-            return Ok(());
-        }
-        let results = tool_calls
-            .iter()
-            .map(|c| ToolResult {
-                tool_call_id: c.id.clone(),
-                content: format!(
-                    "error: tool '{}' did not finish: the daemon stopped before its result was recorded",
-                    c.name
-                ),
-                is_error: true,
-                images: Vec::new(),
-            })
-            .collect();
-        tracing::warn!(session = %session.id, "repairing dangling tool calls");
-        self.record_durably(
-            session,
-            state,
-            Event::ToolResult {
-                results,
-                notice: None,
-            },
-            cancel,
-        )
-        .await
     }
 
     /// The budget before a call ([`crate::cost::Ledger::check`]) as the run's failure.

@@ -309,7 +309,7 @@ fn daemon_offers_mcp_tools_to_the_model() {
 
 /// Installs the real peers once per target dir (scripts/install-test-peers.sh) and returns
 /// their directory.
-fn real_peers() -> std::path::PathBuf {
+pub(crate) fn real_peers() -> std::path::PathBuf {
     crate::support::test_peers("mcp", "python3/pip and node/npm with registry access")
 }
 
