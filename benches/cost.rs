@@ -174,6 +174,7 @@ impl Session {
                     tool_call_id: id,
                     content: text(self.calls * 7 + k as u64, *result),
                     is_error: false,
+                    images: Vec::new(),
                 }],
                 notice: None,
             });

@@ -112,7 +112,12 @@ pub fn message_tokens(m: &Message) -> u64 {
         Message::ToolResults { results, notice } => {
             let results: u64 = results
                 .iter()
-                .map(|r| BLOCK_OVERHEAD + text_tokens(&r.tool_call_id) + text_tokens(&r.content))
+                .map(|r| {
+                    BLOCK_OVERHEAD
+                        + text_tokens(&r.tool_call_id)
+                        + text_tokens(&r.content)
+                        + r.images.len() as u64 * (BLOCK_OVERHEAD + IMAGE_TOKENS)
+                })
                 .sum();
             results
                 + notice
@@ -537,6 +542,7 @@ mod tests {
                     tool_call_id: id.to_string(),
                     content: format!("result {id}"),
                     is_error: false,
+                    images: Vec::new(),
                 })
                 .collect(),
             notice: None,
@@ -586,6 +592,25 @@ mod tests {
         assert_eq!(
             message_tokens(&m),
             MESSAGE_OVERHEAD + BLOCK_OVERHEAD + IMAGE_TOKENS
+        );
+        // A tool result's images count the same.
+        let image = crate::message::ToolImage {
+            media_type: "image/png".into(),
+            data: "A".repeat(4_000_000),
+            placeholder: String::new(),
+        };
+        let r = Message::ToolResults {
+            results: vec![ToolResult {
+                tool_call_id: String::new(),
+                content: String::new(),
+                is_error: false,
+                images: vec![image.clone(), image],
+            }],
+            notice: None,
+        };
+        assert_eq!(
+            message_tokens(&r),
+            MESSAGE_OVERHEAD + 3 * BLOCK_OVERHEAD + 2 * IMAGE_TOKENS
         );
     }
 
@@ -682,6 +707,7 @@ mod tests {
                     tool_call_id: id,
                     content: "r".repeat(400),
                     is_error: false,
+                    images: Vec::new(),
                 }],
                 notice: None,
             });
@@ -715,6 +741,7 @@ mod tests {
                     tool_call_id: "a".into(),
                     content: "z".repeat(50),
                     is_error: true,
+                    images: Vec::new(),
                 }],
                 notice: Some("wrap up".into()),
             },

@@ -23,7 +23,7 @@ use crate::cost::Ledger;
 use crate::gateway::Gateway;
 use crate::memory::Memory;
 use crate::memory::consolidate::Consolidator;
-use crate::message::{Message, Usage, UserBlock};
+use crate::message::{Message, ToolResult, Usage, UserBlock};
 use crate::metrics::Metrics;
 use crate::monitor::Monitor;
 use crate::session::event::ApiRoute;
@@ -468,6 +468,45 @@ impl Agent {
         self.run_loop(&run, state).await
     }
 
+    /// A crash between a tool call and its results leaves calls without results: answer them
+    /// with error results before the next call (SPEC §6).
+    async fn repair_dangling(
+        &self,
+        session: &Arc<SessionHandle>,
+        state: &mut SessionState,
+        cancel: &CancellationToken,
+    ) -> Result<(), Option<Fail>> {
+        let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
+            return Ok(());
+        };
+        if tool_calls.is_empty() {
+            return Ok(());
+        }
+        let results = tool_calls
+            .iter()
+            .map(|c| ToolResult {
+                tool_call_id: c.id.clone(),
+                content: format!(
+                    "error: tool '{}' did not finish: the daemon stopped before its result was recorded",
+                    c.name
+                ),
+                is_error: true,
+                images: Vec::new(),
+            })
+            .collect();
+        tracing::warn!(session = %session.id, "repairing dangling tool calls");
+        self.record_durably(
+            session,
+            state,
+            Event::ToolResult {
+                results,
+                notice: None,
+            },
+            cancel,
+        )
+        .await
+    }
+
     /// The user turn, with this message's images (when the model sees images), the recall
     /// from memory and the "compaction is near" notice, into the trail and the state.
     async fn append_user_turn(
@@ -482,12 +521,7 @@ impl Agent {
         self.record_client_history(session, state, work, cancel)
             .await?;
         let compaction_near = self.take_compaction_warning(state, tier).await;
-        let images = if self
-            .cfg
-            .models
-            .get(model)
-            .is_some_and(|m| m.supports_vision)
-        {
+        let images = if self.sees_images(model) {
             load_images(work).await
         } else {
             Vec::new()
@@ -617,7 +651,16 @@ impl Agent {
                 messages: state.messages.len(),
                 compactions: state.compaction_count,
             }),
+            sees_images: self.sees_images(model),
         }
+    }
+
+    /// Whether `model` is configured as seeing images (`[models.<name>] supports_vision`).
+    fn sees_images(&self, model: &str) -> bool {
+        self.cfg
+            .models
+            .get(model)
+            .is_some_and(|m| m.supports_vision)
     }
 }
 
@@ -629,9 +672,6 @@ fn scheduled_text(intake: &crate::session::Intake) -> String {
         None => intake.text.clone(),
     }
 }
-
-/// Largest image passed to a model (Anthropic's per-image limit).
-const MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
 
 /// The media type of an image attachment, by extension.
 fn image_media_type(path: &str) -> Option<&'static str> {
@@ -663,7 +703,7 @@ async fn load_images(work: &Work) -> Vec<UserBlock> {
             .filter_map(|p| {
                 let media_type = image_media_type(p)?;
                 let len = std::fs::metadata(p).ok()?.len();
-                if len > MAX_IMAGE_BYTES {
+                if len > crate::message::MAX_IMAGE_BYTES {
                     tracing::warn!(path = %p, bytes = len, "image too large to pass to the model");
                     return None;
                 }

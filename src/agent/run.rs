@@ -502,7 +502,10 @@ impl Agent {
                 ctx.reply_to = approval.reply_to.clone();
                 ctx
             }
-            Caller::SubAgent { parent, .. } => (*parent).clone(),
+            Caller::SubAgent { parent, .. } => ToolContext {
+                sees_images: spec.supports_vision,
+                ..(*parent).clone()
+            },
         };
         let mut refused = refused.to_vec();
         refused.resize(resp.tool_calls.len(), None);
@@ -524,9 +527,20 @@ impl Agent {
             self.metrics.tool_call(name, !r.is_error);
         }
         let notice = wrap_up_notice(&resp.stop_reason, run.max_turns - turn);
-        // The registry already truncated each output to `output_truncation`.
-        self.record_step(run, state, Event::ToolResult { results, notice })
-            .await
+        // The registry already truncated each output to `output_truncation`. Images are never
+        // recorded: the trail gets the results without them (their text holds the
+        // placeholders), the in-memory copy keeps them for this message's calls.
+        let images = results.iter().any(|r| !r.images.is_empty());
+        let stored = results.iter().map(ToolResult::without_images).collect();
+        let event = Event::ToolResult {
+            results: stored,
+            notice: notice.clone(),
+        };
+        self.record_step(run, state, event).await?;
+        if let Some(last) = state.messages.len().checked_sub(1).filter(|_| images) {
+            state.replace_message(last, Message::ToolResults { results, notice });
+        }
+        Ok(())
     }
 
     /// Whether a final answer is a silent token (SPEC §5.5): a message's only, a sub-agent's
@@ -583,44 +597,6 @@ impl Agent {
                 self.fold(state, line)
             }
         }
-    }
-
-    /// A crash between a tool call and its results leaves calls without results: answer them
-    /// with error results before the next call (SPEC §6).
-    pub(super) async fn repair_dangling(
-        &self,
-        session: &Arc<SessionHandle>,
-        state: &mut SessionState,
-        cancel: &CancellationToken,
-    ) -> Result<(), Option<Fail>> {
-        let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
-            return Ok(());
-        };
-        if tool_calls.is_empty() {
-            return Ok(());
-        }
-        let results = tool_calls
-            .iter()
-            .map(|c| ToolResult {
-                tool_call_id: c.id.clone(),
-                content: format!(
-                    "error: tool '{}' did not finish: the daemon stopped before its result was recorded",
-                    c.name
-                ),
-                is_error: true,
-            })
-            .collect();
-        tracing::warn!(session = %session.id, "repairing dangling tool calls");
-        self.record_durably(
-            session,
-            state,
-            Event::ToolResult {
-                results,
-                notice: None,
-            },
-            cancel,
-        )
-        .await
     }
 
     /// The budget before a call ([`crate::cost::Ledger::check`]) as the run's failure.

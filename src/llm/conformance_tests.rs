@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::config::{CacheTtl, ModelSpec, ProviderKind, Thinking};
 use crate::llm::testutil::{model_spec, sample_request};
 use crate::llm::{ChatRequest, SystemBlock, SystemTier, ToolChoice, ToolSpec, anthropic, openai};
-use crate::message::{Message, ThinkingBlock, ToolCall, ToolResult, UserBlock};
+use crate::message::{Message, ThinkingBlock, ToolCall, ToolImage, ToolResult, UserBlock};
 
 const ANTHROPIC_SCHEMA: &str =
     include_str!("../../tests/fixtures/specs/anthropic-messages-request.schema.json");
@@ -345,6 +345,7 @@ fn tool_calls_without_text() -> ChatRequest {
                 tool_call_id: "toolu_01A".into(),
                 content: "# notes".into(),
                 is_error: false,
+                images: Vec::new(),
             }],
             notice: None,
         },
@@ -392,6 +393,7 @@ fn empty_texts() -> ChatRequest {
                 tool_call_id: "toolu_01B".into(),
                 content: String::new(),
                 is_error: true,
+                images: Vec::new(),
             }],
             notice: Some(String::new()),
         },
@@ -413,6 +415,56 @@ fn empty_texts() -> ChatRequest {
     ];
     req.tools = tools().into();
     req.previous_messages = Some(3);
+    req
+}
+
+/// Tool results with images (an MCP tool's, for a model that sees images): one with text and
+/// two images, one with an empty text and an image (an error), then a notice.
+fn tool_result_images() -> ChatRequest {
+    let image = |n: u32| ToolImage {
+        media_type: "image/png".into(),
+        data: "iVBORw0KGgo=".into(),
+        placeholder: format!("[image from MCP tool shot__take: image/png, {n} bytes]"),
+    };
+    let mut req = request(vec![
+        Message::user_text("take two screenshots"),
+        Message::Assistant {
+            text: String::new(),
+            tool_calls: vec![
+                ToolCall {
+                    id: "toolu_01C".into(),
+                    name: "read_file".into(),
+                    arguments: json!({ "path": "a.png" }),
+                },
+                ToolCall {
+                    id: "toolu_01D".into(),
+                    name: "read_file".into(),
+                    arguments: json!({ "path": "b.png" }),
+                },
+            ],
+            thinking: vec![],
+            usage: None,
+        },
+        Message::ToolResults {
+            results: vec![
+                ToolResult {
+                    tool_call_id: "toolu_01C".into(),
+                    content: "two shots".into(),
+                    is_error: false,
+                    images: vec![image(8), image(9)],
+                },
+                ToolResult {
+                    tool_call_id: "toolu_01D".into(),
+                    content: String::new(),
+                    is_error: true,
+                    images: vec![image(10)],
+                },
+            ],
+            notice: Some("wrap up".into()),
+        },
+    ]);
+    req.tools = tools().into();
+    req.previous_messages = Some(2);
     req
 }
 
@@ -590,6 +642,28 @@ fn anthropic_empty_texts() {
     check_anthropic("empty texts, no cache", &anthropic_spec(), &empty_texts());
 }
 
+/// A tool result's images are `image` blocks inside its `tool_result` content, after its text.
+#[test]
+fn anthropic_tool_result_images() {
+    let req = tool_result_images();
+    check_anthropic("tool result images", &anthropic_spec(), &req);
+    check_anthropic(
+        "tool result images, cache",
+        &cached(CacheTtl::FiveMinutes),
+        &req,
+    );
+    let body = anthropic::render_request(&anthropic_spec(), &req);
+    let first = &body["messages"][2]["content"][0]["content"];
+    assert_eq!(first[0], json!({ "type": "text", "text": "two shots" }));
+    assert_eq!(
+        first[1],
+        json!({ "type": "image", "source": { "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo=" } })
+    );
+    assert_eq!(first.as_array().map(Vec::len), Some(3));
+    let second = &body["messages"][2]["content"][1]["content"];
+    assert_eq!(second[0]["type"], "image", "no empty text block: {second}");
+}
+
 // ---- OpenAI --------------------------------------------------------------------------------
 
 fn openai_spec(base_url: &str) -> ModelSpec {
@@ -646,6 +720,34 @@ fn openai_prompt_cache_key_and_token_limit_keys() {
     let body = openai::render_request(&local, &with_tools(ToolChoice::Auto));
     assert_eq!(body["max_tokens"], json!(4096));
     assert_openai("max_tokens (non-OpenAI host)", &body);
+}
+
+/// A `tool` message carries text only: the results' images follow the tool messages in one
+/// user message, each after its placeholder, before the notice.
+#[test]
+fn openai_tool_result_images() {
+    let spec = openai_spec(OPENAI_URL);
+    let req = tool_result_images();
+    check_openai("tool result images", &spec, &req);
+    let body = openai::render_request(&spec, &req);
+    let roles: Vec<&str> = body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| m["role"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "tool", "user", "user"]);
+    let parts = &body["messages"][4]["content"];
+    assert_eq!(parts.as_array().map(Vec::len), Some(6));
+    assert_eq!(
+        parts[0],
+        json!({ "type": "text", "text": "[image from MCP tool shot__take: image/png, 8 bytes]" })
+    );
+    assert_eq!(
+        parts[1],
+        json!({ "type": "image_url", "image_url": { "url": "data:image/png;base64,iVBORw0KGgo=" } })
+    );
+    assert_eq!(body["messages"][5]["content"], "wrap up");
 }
 
 #[test]

@@ -63,6 +63,7 @@ fn op() -> impl Strategy<Value = Op> {
                 tool_call_id,
                 content,
                 is_error,
+                images: Vec::new(),
             }
         });
     prop_oneof![
@@ -205,6 +206,7 @@ fn apply(state: &mut SessionState, op: Op) -> Result<(), TestCaseError> {
                     tool_call_id: c.id.clone(),
                     content: "error: did not finish".into(),
                     is_error: true,
+                    images: Vec::new(),
                 })
                 .collect();
             if !results.is_empty() {

@@ -135,11 +135,13 @@ pub(crate) fn sample_request() -> ChatRequest {
                         tool_call_id: "tu1".into(),
                         content: "A".into(),
                         is_error: false,
+                        images: Vec::new(),
                     },
                     ToolResult {
                         tool_call_id: "tu2".into(),
                         content: "boom".into(),
                         is_error: true,
+                        images: Vec::new(),
                     },
                 ],
                 notice: Some("wrap up".into()),
@@ -175,7 +177,7 @@ pub(crate) mod arb {
     use super::model_spec;
     use crate::config::{CacheTtl, ModelSpec, ProviderKind, Thinking};
     use crate::llm::{ChatRequest, SystemBlock, SystemTier, ToolChoice, ToolSpec};
-    use crate::message::{Message, ThinkingBlock, ToolCall, ToolResult, UserBlock};
+    use crate::message::{Message, ThinkingBlock, ToolCall, ToolImage, ToolResult, UserBlock};
 
     /// Short strings, often empty, with quotes, backslashes, control characters and non-ASCII.
     pub(crate) fn text() -> impl Strategy<Value = String> {
@@ -215,6 +217,14 @@ pub(crate) mod arb {
         ]
     }
 
+    fn tool_image() -> impl Strategy<Value = ToolImage> {
+        (text(), text(), text()).prop_map(|(media_type, data, placeholder)| ToolImage {
+            media_type,
+            data,
+            placeholder,
+        })
+    }
+
     fn thinking() -> impl Strategy<Value = ThinkingBlock> {
         (
             proptest::option::of(text()),
@@ -250,16 +260,20 @@ pub(crate) mod arb {
                     usage: None,
                 }),
             (
-                vec((text(), text(), any::<bool>()), 0..3),
+                vec(
+                    (text(), text(), any::<bool>(), vec(tool_image(), 0..2)),
+                    0..3
+                ),
                 proptest::option::of(text())
             )
                 .prop_map(|(results, notice)| Message::ToolResults {
                     results: results
                         .into_iter()
-                        .map(|(tool_call_id, content, is_error)| ToolResult {
+                        .map(|(tool_call_id, content, is_error, images)| ToolResult {
                             tool_call_id,
                             content,
                             is_error,
+                            images,
                         })
                         .collect(),
                     notice,

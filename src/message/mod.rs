@@ -55,9 +55,14 @@ impl Message {
         matches!(self, Message::User { .. })
     }
 
-    /// This message with every image replaced by its text placeholder (what is persisted).
+    /// This message with every image replaced by its text placeholder (what is persisted). A
+    /// tool result's images are dropped: its text already holds their placeholders.
     pub fn without_images(&self) -> Message {
         match self {
+            Message::ToolResults { results, notice } => Message::ToolResults {
+                results: results.iter().map(ToolResult::without_images).collect(),
+                notice: notice.clone(),
+            },
             Message::User { content } => Message::User {
                 content: content
                     .iter()
@@ -124,7 +129,18 @@ impl Message {
             Message::ToolResults { results, notice } => {
                 list_bytes(results)
                     + (results.iter())
-                        .map(|r| r.tool_call_id.capacity() + r.content.capacity())
+                        .map(|r| {
+                            r.tool_call_id.capacity()
+                                + r.content.capacity()
+                                + list_bytes(&r.images)
+                                + (r.images.iter())
+                                    .map(|i| {
+                                        i.media_type.capacity()
+                                            + i.data.capacity()
+                                            + i.placeholder.capacity()
+                                    })
+                                    .sum::<usize>()
+                        })
                         .sum::<usize>()
                     + notice.as_ref().map_or(0, String::capacity)
             }
@@ -186,7 +202,43 @@ pub struct ToolResult {
     pub content: String,
     #[serde(default)]
     pub is_error: bool,
+    /// Images for a model that sees them (an MCP tool's), passed to the provider for the calls
+    /// of the message that ran the tool only, like [`UserBlock::Image`]: never persisted
+    /// ([`Message::without_images`]); `content` holds their placeholders.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ToolImage>,
 }
+
+impl ToolResult {
+    /// This result without its images (what is persisted: its text holds their placeholders).
+    pub fn without_images(&self) -> ToolResult {
+        ToolResult {
+            tool_call_id: self.tool_call_id.clone(),
+            content: self.content.clone(),
+            is_error: self.is_error,
+            images: Vec::new(),
+        }
+    }
+}
+
+/// An image a tool returned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolImage {
+    /// One of [`IMAGE_MEDIA_TYPES`].
+    pub media_type: String,
+    /// Base64 data, checked.
+    pub data: String,
+    /// The line of the result's text that stands for it, e.g. "[image from MCP tool
+    /// s__shot: image/png, 1.2 KB]".
+    pub placeholder: String,
+}
+
+/// The largest image passed to a model, decoded (Anthropic's per-image limit); a larger one
+/// stays a placeholder.
+pub const MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
+
+/// The image types every provider takes.
+pub const IMAGE_MEDIA_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 /// A thinking block as returned by Anthropic. `redacted` blocks carry `data` instead of text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -361,9 +413,53 @@ mod heap_tests {
                 tool_call_id: "c1".into(),
                 content: "r".repeat(7_000),
                 is_error: false,
+                images: Vec::new(),
             }],
             notice: Some("n".repeat(500)),
         };
         assert!(results.heap_bytes() >= 7_500, "{}", results.heap_bytes());
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    use super::*;
+
+    /// A tool result's images are never serialised when there are none (the trail format of
+    /// every other result is unchanged), and `without_images` drops them, keeping the text.
+    #[test]
+    fn tool_result_images_are_dropped_before_persisting() {
+        let plain = ToolResult {
+            tool_call_id: "c1".into(),
+            content: "[image from MCP tool s__t: image/png, 3 bytes]".into(),
+            is_error: false,
+            images: Vec::new(),
+        };
+        let json = serde_json::to_value(&plain).unwrap();
+        assert_eq!(json.get("images"), None, "{json}");
+        let back: ToolResult = serde_json::from_value(
+            serde_json::json!({"tool_call_id": "c1", "content": plain.content, "is_error": false}),
+        )
+        .unwrap();
+        assert_eq!(back, plain);
+        let with = Message::ToolResults {
+            results: vec![ToolResult {
+                images: vec![ToolImage {
+                    media_type: "image/png".into(),
+                    data: "AAAA".into(),
+                    placeholder: plain.content.clone(),
+                }],
+                ..plain.clone()
+            }],
+            notice: None,
+        };
+        assert!(with.heap_bytes() > plain.content.len() + 4);
+        assert_eq!(
+            with.without_images(),
+            Message::ToolResults {
+                results: vec![plain],
+                notice: None,
+            }
+        );
     }
 }

@@ -351,6 +351,7 @@ mod tests {
                     tool_call_id: "t1".into(),
                     content: "error".into(),
                     is_error: true,
+                    images: Vec::new(),
                 }],
                 notice: None,
             },
@@ -471,6 +472,7 @@ mod tests {
                     tool_call_id: id.to_string(),
                     content: format!("result of {id}"),
                     is_error: false,
+                    images: Vec::new(),
                 })
                 .collect(),
             notice: None,

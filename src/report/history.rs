@@ -217,6 +217,7 @@ pub(crate) mod tests {
                 tool_call_id: "t1".into(),
                 content: "z".repeat(500),
                 is_error: false,
+                images: Vec::new(),
             }],
             notice: None,
         })

@@ -196,6 +196,7 @@ mod tests {
                     tool_call_id: "c1".into(),
                     content: "ok".into(),
                     is_error: false,
+                    images: Vec::new(),
                 }],
                 notice: None,
             },

@@ -523,6 +523,7 @@ mod tests {
                 tool_call_id: "t1".into(),
                 content: "x".into(),
                 is_error: true,
+                images: Vec::new(),
             }],
             notice: Some("wrap up".into()),
         });

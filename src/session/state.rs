@@ -255,10 +255,12 @@ impl SessionState {
             }
             Event::ToolResult { results, notice } => {
                 self.approvals.batch_done();
-                self.messages.push(Message::ToolResults {
+                let mut msg = Message::ToolResults {
                     results: results.clone(),
                     notice: notice.clone(),
-                })
+                };
+                strip_images(&mut msg);
+                self.messages.push(msg)
             }
             Event::Approval(r) => self.approvals.asked(r),
             Event::ApprovalDecision(d) => self.approvals.decided(d),
@@ -352,8 +354,9 @@ impl SessionState {
         }
     }
 
-    /// Replace message `index` (the one-time swap of a new user turn for its copy with images,
-    /// which only the calls of its own message see). Out of range: nothing.
+    /// Replace message `index` (the one-time swap of a new user turn or of tool results for
+    /// their copy with images, which only the calls of their own message see). Out of range:
+    /// nothing.
     pub fn replace_message(&mut self, index: usize, message: Message) {
         if let Some(m) = self.messages.get_mut(index) {
             *m = message;
@@ -374,18 +377,28 @@ impl SessionState {
     }
 }
 
-/// Whether an image was replaced.
+/// Whether an image was replaced (a user image by its placeholder) or dropped (a tool
+/// result's, whose text holds its placeholder).
 fn strip_images(m: &mut Message) -> bool {
     let mut stripped = false;
-    if let Message::User { content } = m {
-        for b in content.iter_mut() {
-            if let UserBlock::Image { placeholder, .. } = b {
-                *b = UserBlock::Text {
-                    text: std::mem::take(placeholder),
-                };
+    match m {
+        Message::User { content } => {
+            for b in content.iter_mut() {
+                if let UserBlock::Image { placeholder, .. } = b {
+                    *b = UserBlock::Text {
+                        text: std::mem::take(placeholder),
+                    };
+                    stripped = true;
+                }
+            }
+        }
+        Message::ToolResults { results, .. } => {
+            for r in results.iter_mut().filter(|r| !r.images.is_empty()) {
+                r.images = Vec::new();
                 stripped = true;
             }
         }
+        Message::Assistant { .. } => {}
     }
     stripped
 }
@@ -513,6 +526,7 @@ mod tests {
                         tool_call_id: "t1".into(),
                         content: "file".into(),
                         is_error: false,
+                        images: Vec::new(),
                     }],
                     notice: None,
                 },
@@ -647,6 +661,58 @@ mod tests {
         let before = s.clone();
         s.strip_images();
         assert_eq!(s, before);
+    }
+
+    /// Tool results swapped for their copy with images lose the images at the strip, keep
+    /// their text (the placeholders), and a trail line holding images is folded without them.
+    #[test]
+    fn tool_result_images_are_stripped_and_never_folded() {
+        let image = crate::message::ToolImage {
+            media_type: "image/png".into(),
+            data: "AAAA".into(),
+            placeholder: "[image from MCP tool s__t: image/png, 3 bytes]".into(),
+        };
+        let results = |images: Vec<crate::message::ToolImage>| {
+            vec![ToolResult {
+                tool_call_id: "c1".into(),
+                content: "[image from MCP tool s__t: image/png, 3 bytes]".into(),
+                is_error: false,
+                images,
+            }]
+        };
+        let tool_images = |s: &SessionState| {
+            s.messages.iter().any(|m| {
+                matches!(m, Message::ToolResults { results, .. } if results.iter().any(|r| !r.images.is_empty()))
+            })
+        };
+        let mut s = rebuild("s", "alice", &sample());
+        let seq = s.last_seq + 1;
+        s.apply(&line(
+            seq,
+            Event::ToolResult {
+                results: results(vec![image.clone()]),
+                notice: None,
+            },
+        ));
+        assert!(!tool_images(&s), "a folded line never brings images in");
+        let last = s.messages.len() - 1;
+        s.replace_message(
+            last,
+            Message::ToolResults {
+                results: results(vec![image]),
+                notice: None,
+            },
+        );
+        assert!(tool_images(&s));
+        s.strip_images();
+        assert!(!tool_images(&s));
+        assert_eq!(
+            s.messages[last],
+            Message::ToolResults {
+                results: results(Vec::new()),
+                notice: None,
+            }
+        );
     }
 
     #[test]

@@ -268,6 +268,7 @@ mod tests {
             protected: Default::default(),
             reply_to: None,
             status: Arc::new(NoStatus),
+            sees_images: false,
         };
         Ws {
             _tmp: tmp,

@@ -276,6 +276,7 @@ mod tests {
             protected: crate::tools::paths::Protected::new(dir.join("state"), dir.join("config")),
             reply_to: None,
             status: Arc::new(NoStatus),
+            sees_images: false,
         }
     }
 

@@ -39,7 +39,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::llm::ToolSpec;
-use crate::message::Usage;
+use crate::message::{ToolImage, Usage};
 
 /// A tool. Implementations are small and stateless where possible; everything per-call comes in
 /// through `ToolContext`.
@@ -69,6 +69,29 @@ pub trait Tool: Send + Sync {
         args: Value,
         ctx: &'a ToolContext,
     ) -> BoxFuture<'a, Result<String, ToolError>>;
+    /// Run the tool for the registry: its text and, for a model that sees images
+    /// (`ToolContext::sees_images`), the images it returned. Default: [`Tool::call`], no
+    /// images; a tool that returns images (the MCP proxy) overrides both.
+    fn call_with_images<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            self.call(args, ctx).await.map(|text| ToolOutput {
+                text,
+                images: Vec::new(),
+            })
+        })
+    }
+}
+
+/// What a call returned: its text (with a placeholder line per image) and the images a model
+/// that sees them is sent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolOutput {
+    pub text: String,
+    pub images: Vec<ToolImage>,
 }
 
 /// An error the model gets to read as an error result.
@@ -98,6 +121,9 @@ pub struct ToolContext {
     pub reply_to: Option<crate::message::Address>,
     /// Live facts for `session_status`.
     pub status: Arc<dyn StatusSource>,
+    /// Whether the model that runs the call sees images (`[models.<name>] supports_vision`):
+    /// a tool's images are passed to it, else they stay text placeholders.
+    pub sees_images: bool,
 }
 
 /// Where `session_status` gets its figures (the agent loop implements it).

@@ -17,8 +17,9 @@ use futures::FutureExt;
 use serde_json::Value;
 
 use super::arg_schema::ArgSchema;
-use super::{Tool, ToolContext, ToolError};
+use super::{Tool, ToolContext, ToolError, ToolOutput};
 use crate::llm::ToolSpec;
+use crate::llm::compat::MAX_IMAGES;
 use crate::message::{ToolCall, ToolResult};
 
 /// The key an adapter puts the raw text under when the model's arguments were not valid JSON.
@@ -272,9 +273,9 @@ impl ToolRegistry {
     pub async fn execute(&self, call: &ToolCall, ctx: &ToolContext) -> ToolResult {
         let started = Instant::now();
         let (outcome, from_outside) = self.run(call, ctx).await;
-        let (content, is_error) = match outcome {
-            Ok(out) => (out, false),
-            Err(msg) => (msg, true),
+        let (content, images, is_error) = match outcome {
+            Ok(out) => (out.text, out.images, false),
+            Err(msg) => (msg, Vec::new(), true),
         };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
@@ -284,6 +285,7 @@ impl ToolRegistry {
             duration_ms,
             is_error,
             output_bytes = content.len(),
+            images = images.len(),
             "tool call"
         );
         let mut content = truncate_output(&content, self.output_truncation);
@@ -294,6 +296,7 @@ impl ToolRegistry {
             tool_call_id: call.id.clone(),
             content,
             is_error,
+            images,
         }
     }
 
@@ -326,7 +329,7 @@ impl ToolRegistry {
             .map(|_| tokio::sync::Semaphore::new(0))
             .collect();
         let done = &done;
-        futures::future::join_all(calls.iter().enumerate().map(|(i, call)| {
+        let mut results = futures::future::join_all(calls.iter().enumerate().map(|(i, call)| {
             let refusal = refused.get(i).cloned().flatten();
             let waits = &waits[i];
             async move {
@@ -340,6 +343,7 @@ impl ToolRegistry {
                         tool_call_id: call.id.clone(),
                         content,
                         is_error: true,
+                        images: Vec::new(),
                     },
                     None => {
                         // Never closed, so `acquire` cannot fail; run anyway if it did.
@@ -351,7 +355,9 @@ impl ToolRegistry {
                 result
             }
         }))
-        .await
+        .await;
+        cap_images(&mut results);
+        results
     }
 
     /// What each call of an answer touches on disk (nothing for refused or unknown ones).
@@ -376,7 +382,7 @@ impl ToolRegistry {
 
     /// The checks and the call itself; `Err` is the text of an error result. The flag says
     /// whether the text came from outside (an untrusted tool's output or `Failed` error).
-    async fn run(&self, call: &ToolCall, ctx: &ToolContext) -> (Result<String, String>, bool) {
+    async fn run(&self, call: &ToolCall, ctx: &ToolContext) -> (Result<ToolOutput, String>, bool) {
         let tools = self.snapshot();
         let Some(entry) = tools.get(&call.name).cloned() else {
             return (Err(unknown_tool_message(&tools, &call.name)), false);
@@ -409,9 +415,9 @@ impl ToolRegistry {
         call: &ToolCall,
         args: Value,
         ctx: &ToolContext,
-    ) -> Result<String, CallError> {
+    ) -> Result<ToolOutput, CallError> {
         let limit = entry.tool.timeout().unwrap_or(self.default_timeout);
-        let fut = AssertUnwindSafe(entry.tool.call(args, ctx)).catch_unwind();
+        let fut = AssertUnwindSafe(entry.tool.call_with_images(args, ctx)).catch_unwind();
         match tokio::time::timeout(limit, fut).await {
             Err(_elapsed) => Err(CallError::Registry(format!(
                 "tool '{}' timed out after {} s",
@@ -428,6 +434,24 @@ impl ToolRegistry {
             }
             Ok(Ok(Err(e))) => Err(CallError::Tool(e)),
             Ok(Ok(Ok(out))) => Ok(out),
+        }
+    }
+}
+
+/// At most [`MAX_IMAGES`] images across the results of one answer (the cap of a user
+/// message's images); the images past it are dropped, each with a note after its result's
+/// text (outside the untrusted-content wrapper: the note is the daemon's).
+fn cap_images(results: &mut [ToolResult]) {
+    let mut kept = 0usize;
+    for r in results.iter_mut() {
+        let keep = r.images.len().min(MAX_IMAGES - kept);
+        kept += keep;
+        for dropped in r.images.drain(keep..) {
+            r.content.push_str(&format!(
+                "\n{} was not shown: the calls of one answer pass at most {MAX_IMAGES} images \
+                 to the model",
+                dropped.placeholder
+            ));
         }
     }
 }
@@ -668,6 +692,7 @@ mod tests {
             protected: Default::default(),
             reply_to: None,
             status: Arc::new(NoStatus),
+            sees_images: false,
         }
     }
 
@@ -1183,6 +1208,75 @@ mod tests {
 
         let res = reg.execute(&call("inside", json!({})), &ctx()).await;
         assert_eq!(res.content, "</untrusted-content>");
+    }
+
+    /// A tool that returns `n` images (their placeholders in its text).
+    struct ImageTool(&'static str, usize);
+
+    impl Tool for ImageTool {
+        fn spec(&self) -> ToolSpec {
+            ToolSpec {
+                name: self.0.into(),
+                description: "images".into(),
+                input_schema: json!({"type": "object"}),
+            }
+        }
+        fn untrusted_output(&self) -> bool {
+            true
+        }
+        fn call<'a>(
+            &'a self,
+            _args: Value,
+            _ctx: &'a ToolContext,
+        ) -> BoxFuture<'a, Result<String, ToolError>> {
+            Box::pin(async { Ok("text only".to_string()) })
+        }
+        fn call_with_images<'a>(
+            &'a self,
+            _args: Value,
+            _ctx: &'a ToolContext,
+        ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+            let images: Vec<_> = (0..self.1)
+                .map(|i| crate::message::ToolImage {
+                    media_type: "image/png".into(),
+                    data: "iVBORw0KGgo=".into(),
+                    placeholder: format!("[image {} {i}]", self.0),
+                })
+                .collect();
+            let text = images.iter().map(|i| i.placeholder.clone()).collect();
+            Box::pin(async move { Ok(ToolOutput { text, images }) })
+        }
+    }
+
+    /// A tool's images reach the result beside its wrapped text; the calls of one answer pass
+    /// at most `MAX_IMAGES`, the others are dropped with a note after the wrapper.
+    #[tokio::test]
+    async fn tool_images_reach_the_result_within_the_cap() {
+        let reg = ToolRegistry::new(
+            vec![
+                Arc::new(ImageTool("a", 5)) as Arc<dyn Tool>,
+                Arc::new(ImageTool("b", 5)),
+            ],
+            Duration::from_secs(5),
+            1000,
+        )
+        .expect("registry");
+        let results = reg
+            .execute_all(&[call("a", json!({})), call("b", json!({}))], &ctx())
+            .await;
+        assert_eq!(results[0].images.len(), 5);
+        assert_eq!(results[1].images.len(), MAX_IMAGES - 5);
+        assert!(
+            results[0].content.contains("[image a 4]"),
+            "{}",
+            results[0].content
+        );
+        assert!(!results[0].content.contains("iVBOR"));
+        let note = format!(
+            "</untrusted-content>\n[image b 3] was not shown: the calls of one answer pass at \
+             most {MAX_IMAGES} images to the model\n[image b 4] was not shown"
+        );
+        assert!(results[1].content.contains(&note), "{}", results[1].content);
     }
 
     #[test]

@@ -258,6 +258,7 @@ mod tests {
             protected: Default::default(),
             reply_to: None,
             status: Arc::new(NoStatus),
+            sees_images: false,
         }
     }
 

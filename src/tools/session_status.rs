@@ -168,6 +168,7 @@ mod tests {
             protected: Default::default(),
             reply_to: None,
             status: Arc::new(source),
+            sees_images: false,
         }
     }
 

@@ -252,6 +252,7 @@ mod tests {
                     tool_call_id: id.to_string(),
                     content: content.to_string(),
                     is_error: *is_error,
+                    images: Vec::new(),
                 })
                 .collect(),
             notice: None,

@@ -340,6 +340,7 @@ pub(crate) mod tests {
             protected: Default::default(),
             reply_to: None,
             status: Arc::new(NoStatus),
+            sees_images: false,
         };
         Ws {
             _tmp: tmp,

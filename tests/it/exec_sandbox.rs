@@ -227,6 +227,7 @@ fn ctx(ws: &Path, allowed: Vec<PathBuf>) -> ToolContext {
         protected: Default::default(),
         reply_to: None,
         status: Arc::new(NoStatus),
+        sees_images: false,
     }
 }
 

@@ -31,6 +31,7 @@ mod markdown_corpus;
 mod mcp;
 mod mcp_hostile;
 mod mcp_live;
+mod mcp_rich;
 mod mcp_sockets;
 mod memory;
 mod metrics;

@@ -68,6 +68,7 @@ pub(crate) fn ctx(dir: &std::path::Path) -> ToolContext {
         protected: Default::default(),
         reply_to: None,
         status: Arc::new(NoStatus),
+        sees_images: false,
     }
 }
 
@@ -308,7 +309,7 @@ fn daemon_offers_mcp_tools_to_the_model() {
 
 /// Installs the real peers once per target dir (scripts/install-test-peers.sh) and returns
 /// their directory.
-fn real_peers() -> std::path::PathBuf {
+pub(crate) fn real_peers() -> std::path::PathBuf {
     crate::support::test_peers("mcp", "python3/pip and node/npm with registry access")
 }
 

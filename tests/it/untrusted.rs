@@ -117,6 +117,7 @@ fn ctx() -> ToolContext {
         protected: Default::default(),
         reply_to: None,
         status: Arc::new(NoStatus),
+        sees_images: false,
     }
 }
 

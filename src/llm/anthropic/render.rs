@@ -18,7 +18,7 @@ use crate::config::{CacheTtl, ModelSpec, Thinking};
 use crate::llm::tool_memo::{ToolListMemo, finish_body};
 use crate::llm::{ChatRequest, ClientThinking, SystemTier, ToolChoice, ToolSpec};
 use crate::message::rendered::{Rendered, WireFormat};
-use crate::message::{Message, UserBlock};
+use crate::message::{Message, ToolImage, UserBlock};
 
 /// Text of a block that would otherwise be empty (the API rejects empty content).
 const EMPTY: &str = "(empty)";
@@ -219,6 +219,8 @@ enum Kind<'a> {
         tool_use_id: &'a str,
         content: &'a str,
         is_error: bool,
+        /// Sent as `image` blocks after the text inside the result's content.
+        images: &'a [ToolImage],
     },
 }
 
@@ -367,8 +369,9 @@ fn push_blocks<'a>(message: &'a Message, out: &mut Vec<Block<'a>>, size: &mut us
                         tool_use_id: &r.tool_call_id,
                         content: &r.content,
                         is_error: r.is_error,
+                        images: &r.images,
                     },
-                    r.content.len(),
+                    r.content.len() + r.images.iter().map(|i| i.data.len() + 96).sum::<usize>(),
                 );
             }
             if let Some(notice) = notice.as_deref().filter(|n| !n.is_empty()) {
@@ -645,14 +648,48 @@ impl Serialize for BlockOut<'_> {
                 tool_use_id,
                 content,
                 is_error,
+                images,
             } => {
-                m.serialize_entry("content", content)?;
+                if images.is_empty() {
+                    m.serialize_entry("content", content)?;
+                } else {
+                    m.serialize_entry("content", &ResultParts { content, images })?;
+                }
                 m.serialize_entry("is_error", &is_error)?;
                 m.serialize_entry("tool_use_id", tool_use_id)?;
                 m.serialize_entry("type", "tool_result")?;
             }
         }
         m.end()
+    }
+}
+
+/// A tool result's content with images: its text block (none when empty, the API rejects
+/// that) and an `image` block per image.
+struct ResultParts<'a> {
+    content: &'a str,
+    images: &'a [ToolImage],
+}
+
+impl Serialize for ResultParts<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(None)?;
+        if !self.content.is_empty() {
+            seq.serialize_element(&BlockOut {
+                kind: &Kind::Text(self.content),
+                marker: None,
+            })?;
+        }
+        for image in self.images {
+            seq.serialize_element(&BlockOut {
+                kind: &Kind::Image {
+                    media_type: &image.media_type,
+                    data: &image.data,
+                },
+                marker: None,
+            })?;
+        }
+        seq.end()
     }
 }
 
@@ -886,6 +923,7 @@ mod tests {
                         tool_call_id: "x".into(),
                         content: "r".into(),
                         is_error: false,
+                        images: Vec::new(),
                     }],
                     notice: None,
                 },
@@ -949,6 +987,7 @@ mod tests {
                         tool_call_id: "t".into(),
                         content: "ok".into(),
                         is_error: false,
+                        images: Vec::new(),
                     }],
                     notice: None,
                 },
@@ -1003,6 +1042,7 @@ mod tests {
                         tool_call_id: "t".into(),
                         content: String::new(),
                         is_error: false,
+                        images: Vec::new(),
                     }],
                     notice: Some(String::new()),
                 },

@@ -34,9 +34,12 @@ pub fn render_body(spec: &ModelSpec, req: &ChatRequest) -> serde_json::Result<Ve
                 })
                 .sum(),
             Message::Assistant { text, .. } => text.len() + 128,
-            Message::ToolResults { results, .. } => {
-                results.iter().map(|r| r.content.len() + 64).sum()
-            }
+            Message::ToolResults { results, .. } => results
+                .iter()
+                .map(|r| {
+                    r.content.len() + 64 + r.images.iter().map(|i| i.data.len() + 96).sum::<usize>()
+                })
+                .sum(),
         } + 32;
     }
     if let Some(cached) = render_cached(spec, req) {
@@ -171,6 +174,7 @@ enum Element<'a> {
     User(User<'a>),
     Assistant(Assistant<'a>),
     Tool(ToolMessage<'a>),
+    ToolImages(ToolImages<'a>),
 }
 
 impl Serialize for Element<'_> {
@@ -180,12 +184,14 @@ impl Serialize for Element<'_> {
             Element::User(e) => e.serialize(s),
             Element::Assistant(e) => e.serialize(s),
             Element::Tool(e) => e.serialize(s),
+            Element::ToolImages(e) => e.serialize(s),
         }
     }
 }
 
 /// The wire messages of one neutral message, in order: a tool-results message becomes one
-/// `tool` message per result and its notice a user message.
+/// `tool` message per result, then a user message with the results' images (a `tool` message
+/// carries text only), then its notice as a user message.
 fn for_each_element<'a>(message: &'a Message, mut f: impl FnMut(Element<'a>)) {
     match message {
         Message::User { content } => f(Element::User(User(content))),
@@ -195,6 +201,9 @@ fn for_each_element<'a>(message: &'a Message, mut f: impl FnMut(Element<'a>)) {
         Message::ToolResults { results, notice } => {
             for r in results {
                 f(Element::Tool(ToolMessage(r)));
+            }
+            if results.iter().any(|r| !r.images.is_empty()) {
+                f(Element::ToolImages(ToolImages(results)));
             }
             if let Some(notice) = notice {
                 f(Element::Simple(Simple {
@@ -334,20 +343,12 @@ struct Part<'a>(&'a UserBlock);
 
 impl Serialize for Part<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
         match self.0 {
-            UserBlock::Text { text } => {
-                m.serialize_entry("text", text)?;
-                m.serialize_entry("type", "text")?;
-            }
+            UserBlock::Text { text } => TextPart(text).serialize(s),
             UserBlock::Image {
                 media_type, data, ..
-            } => {
-                m.serialize_entry("image_url", &ImageUrl { media_type, data })?;
-                m.serialize_entry("type", "image_url")?;
-            }
+            } => ImagePart(ImageUrl { media_type, data }).serialize(s),
         }
-        m.end()
     }
 }
 
@@ -418,6 +419,57 @@ fn call(c: &ToolCall) -> Call<'_> {
         },
         id: &c.id,
         kind: "function",
+    }
+}
+
+/// The images of tool results as one user message: each image after a text part with its
+/// placeholder, which the `tool` message's text also holds.
+struct ToolImages<'a>(&'a [ToolResult]);
+
+impl Serialize for ToolImages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Parts<'a>(&'a [ToolResult]);
+        impl Serialize for Parts<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut seq = s.serialize_seq(None)?;
+                for image in self.0.iter().flat_map(|r| &r.images) {
+                    seq.serialize_element(&TextPart(&image.placeholder))?;
+                    seq.serialize_element(&ImagePart(ImageUrl {
+                        media_type: &image.media_type,
+                        data: &image.data,
+                    }))?;
+                }
+                seq.end()
+            }
+        }
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("content", &Parts(self.0))?;
+        m.serialize_entry("role", "user")?;
+        m.end()
+    }
+}
+
+/// `{"text": …, "type": "text"}`.
+struct TextPart<'a>(&'a str);
+
+impl Serialize for TextPart<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("text", self.0)?;
+        m.serialize_entry("type", "text")?;
+        m.end()
+    }
+}
+
+/// `{"image_url": {"url": …}, "type": "image_url"}`.
+struct ImagePart<'a>(ImageUrl<'a>);
+
+impl Serialize for ImagePart<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("image_url", &self.0)?;
+        m.serialize_entry("type", "image_url")?;
+        m.end()
     }
 }
 

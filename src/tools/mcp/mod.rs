@@ -21,12 +21,15 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+mod client;
+mod content;
 mod guard;
 pub mod limits;
 mod proxy;
 mod sandbox;
 mod stdio;
 mod supervise;
+mod tasks;
 
 use self::proxy::{McpTool, expose};
 pub use self::sandbox::{McpSandbox, unix_sockets_note, unsandboxed_note};
@@ -138,21 +141,27 @@ struct Server {
     settled: Notify,
     /// The manager's change signal, bumped when this server's tools change.
     changed: Arc<watch::Sender<u64>>,
+    /// Its tools that run only as tasks, as its stdio pump saw them listed.
+    task_only: Arc<tasks::TaskOnly>,
 }
 
 impl Server {
     /// `text` without the secrets of this server's URL and headers: rmcp's and reqwest's
     /// errors name the URL, which may carry a key (docs/security.md).
     fn scrub(&self, text: &str) -> String {
+        scrub(text, &self.secrets())
+    }
+
+    /// The secrets of this server's URL and headers, longest first (none for stdio).
+    fn secrets(&self) -> Vec<String> {
         match &self.cfg.transport {
             McpTransport::Http { url, headers } => {
                 let mut secrets = crate::redact::url_secrets(url);
                 secrets.extend(headers.values().map(|v| v.expose_secret().to_string()));
                 secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-                let refs: Vec<&str> = secrets.iter().map(String::as_str).collect();
-                crate::redact::redact(text, &refs)
+                secrets
             }
-            McpTransport::Stdio { .. } => text.to_string(),
+            McpTransport::Stdio { .. } => Vec::new(),
         }
     }
 
@@ -161,9 +170,15 @@ impl Server {
     }
 
     /// Take a fresh tool list: allow-list, exposed names, clashes (logged at error when new);
-    /// the change signal is bumped when what is offered changed.
-    fn set_tools(&self, listed: Vec<rmcp::model::Tool>) {
-        let (exposed, clashes) = expose(&self.cfg.name, self.cfg.tools.as_deref(), listed);
+    /// the change signal is bumped when what is offered changed, and the result says so.
+    fn set_tools(&self, listed: Vec<rmcp::model::Tool>) -> bool {
+        let task_only = |remote: &str| self.task_only.contains(remote);
+        let (exposed, clashes) = expose(
+            &self.cfg.name,
+            self.cfg.tools.as_deref(),
+            listed,
+            &task_only,
+        );
         let changed = {
             let mut s = self.lock();
             let new: Vec<&RefusedTool> =
@@ -177,7 +192,17 @@ impl Server {
         if changed {
             bump(&self.changed);
         }
+        changed
     }
+}
+
+/// `text` without `secrets` (longest first).
+fn scrub(text: &str, secrets: &[String]) -> String {
+    if secrets.is_empty() {
+        return text.to_string();
+    }
+    let refs: Vec<&str> = secrets.iter().map(String::as_str).collect();
+    crate::redact::redact(text, &refs)
 }
 
 /// Tools refused of one server, newly: each logged at error up to a few, then one line with
@@ -282,6 +307,7 @@ impl McpManager {
             closed: Notify::new(),
             settled: Notify::new(),
             changed: self.changed.clone(),
+            task_only: Arc::default(),
         });
         let cancel = self.cancel.child_token();
         let task = (state == State::Starting)
@@ -525,7 +551,7 @@ fn needs_restart(server: &Server, cfg: &McpServerConfig, sandbox: &McpSandbox) -
 
 #[cfg(test)]
 mod tests {
-    use super::proxy::{exposed_name, normalise_schema, render_content};
+    use super::proxy::{exposed_name, normalise_schema};
     use super::*;
     use proptest::prelude::*;
 
@@ -564,7 +590,7 @@ mod tests {
     #[test]
     fn a_name_clash_keeps_one_tool_and_explains_the_other() {
         for order in [["a.b", "a_b", "z"], ["z", "a_b", "a.b"]] {
-            let (exposed, refused) = expose("s", None, listed(&order));
+            let (exposed, refused) = expose("s", None, listed(&order), &|_| false);
             let names: Vec<_> = exposed
                 .iter()
                 .map(|e| (e.name.as_str(), e.remote.as_str()))
@@ -582,11 +608,11 @@ mod tests {
             );
         }
         // Neither exact: the smaller remote name wins.
-        let (exposed, refused) = expose("s", None, listed(&["a b", "a.b"]));
+        let (exposed, refused) = expose("s", None, listed(&["a b", "a.b"]), &|_| false);
         assert_eq!(exposed[0].remote, "a b");
         assert_eq!(refused[0].remote, "a.b");
         // Listed twice: one offered.
-        let (exposed, refused) = expose("s", None, listed(&["x", "x"]));
+        let (exposed, refused) = expose("s", None, listed(&["x", "x"]), &|_| false);
         assert_eq!(exposed.len(), 1);
         assert!(refused[0].reason.contains("twice"), "{refused:?}");
     }
@@ -594,10 +620,31 @@ mod tests {
     #[test]
     fn the_allow_list_filters_before_names_clash() {
         let allow = vec!["a.b".to_string()];
-        let (exposed, refused) = expose("s", Some(&allow), listed(&["a.b", "a_b", "c"]));
+        let (exposed, refused) =
+            expose("s", Some(&allow), listed(&["a.b", "a_b", "c"]), &|_| false);
         let names: Vec<_> = exposed.iter().map(|e| e.remote.as_str()).collect();
         assert_eq!(names, ["a.b"]);
         assert!(refused.is_empty());
+    }
+
+    /// A tool that runs only as an MCP task is refused, with a reason that says so; the others
+    /// are offered.
+    #[test]
+    fn task_only_tools_are_refused() {
+        let (exposed, refused) =
+            expose("s", None, listed(&["a", "research"]), &|r| r == "research");
+        let names: Vec<_> = exposed.iter().map(|e| e.remote.as_str()).collect();
+        assert_eq!(names, ["a"]);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(
+            (refused[0].name.as_str(), refused[0].remote.as_str()),
+            ("s__research", "research")
+        );
+        assert!(
+            refused[0].reason.contains("runs only as an MCP task"),
+            "{}",
+            refused[0].reason
+        );
     }
 
     /// Reload compares configs field by field, secrets by value.
@@ -651,19 +698,5 @@ mod tests {
         );
         let ok = json!({"type": "object", "required": ["a"]});
         assert_eq!(normalise_schema(ok.clone()), ok);
-    }
-
-    #[test]
-    fn content_is_rendered() {
-        let r = json!({"content": [
-            {"type": "text", "text": "one"},
-            {"type": "image", "data": "xx", "mimeType": "image/png"},
-            {"type": "text", "text": "two"}
-        ]});
-        assert_eq!(render_content(&r), "one\n[image content, image/png]\ntwo");
-        assert_eq!(
-            render_content(&json!({"content": [], "structuredContent": {"a": 1}})),
-            "{\"a\":1}"
-        );
     }
 }

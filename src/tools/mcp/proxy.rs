@@ -10,9 +10,10 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::service::ServiceError;
 use serde_json::{Value, json};
 
+use super::content::{self, cut};
 use super::{Exposed, RefusedTool, Server, State, limits};
 use crate::llm::ToolSpec;
-use crate::tools::{Tool, ToolContext, ToolError};
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
 
 /// A model-facing tool that forwards to one MCP server tool.
 pub(super) struct McpTool {
@@ -47,98 +48,82 @@ impl Tool for McpTool {
         args: Value,
         _ctx: &'a ToolContext,
     ) -> BoxFuture<'a, Result<String, ToolError>> {
-        Box::pin(async move {
-            let server_name = &self.server.cfg.name;
-            let peer = {
-                let s = self.server.lock();
-                match (&s.peer, s.state) {
-                    (Some(p), State::Ready) => p.clone(),
-                    (_, state) => {
-                        return Err(ToolError::Failed(format!(
-                            "MCP server '{server_name}' is not available (state: {})",
-                            state.as_str()
-                        )));
-                    }
-                }
-            };
-            let mut params = CallToolRequestParams::new(self.remote.clone());
-            if let Value::Object(map) = args {
-                params = params.with_arguments(map);
-            }
-            let timeout = self.server.cfg.timeout;
-            let result = match tokio::time::timeout(timeout, peer.call_tool(params)).await {
-                Err(_) => {
+        Box::pin(async move { self.run(args, false).await.map(|out| out.text) })
+    }
+
+    fn call_with_images<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(self.run(args, ctx.sees_images))
+    }
+}
+
+impl McpTool {
+    /// Forward the call and render the answer ([`content::render`]); images only when
+    /// `sees_images`. Every text is scrubbed of the server's secrets.
+    async fn run(&self, args: Value, sees_images: bool) -> Result<ToolOutput, ToolError> {
+        let server_name = &self.server.cfg.name;
+        let peer = {
+            let s = self.server.lock();
+            match (&s.peer, s.state) {
+                (Some(p), State::Ready) => p.clone(),
+                (_, state) => {
                     return Err(ToolError::Failed(format!(
-                        "MCP server '{server_name}': tool '{}' timed out after {}s",
-                        self.remote,
-                        timeout.as_secs()
+                        "MCP server '{server_name}' is not available (state: {})",
+                        state.as_str()
                     )));
                 }
-                Ok(Err(e)) => {
-                    if matches!(e, ServiceError::TransportClosed) || peer.is_transport_closed() {
-                        self.server.closed.notify_waiters();
-                    }
-                    return Err(ToolError::Failed(self.server.scrub(&format!(
-                        "MCP server '{server_name}': tool '{}' failed: {e}",
-                        self.remote
-                    ))));
-                }
-                Ok(Ok(r)) => r,
-            };
-            let value = serde_json::to_value(&result).unwrap_or(Value::Null);
-            let text = render_content(&value);
-            if result.is_error == Some(true) {
-                Err(ToolError::Failed(
-                    self.server
-                        .scrub(&format!("MCP server '{server_name}': {text}")),
-                ))
-            } else {
-                Ok(self.server.scrub(&text))
             }
-        })
-    }
-}
-
-/// Join the text parts of a `CallToolResult` (as JSON); other parts are summarised.
-pub(super) fn render_content(result: &Value) -> String {
-    let mut parts = Vec::new();
-    if let Some(items) = result.get("content").and_then(Value::as_array) {
-        for item in items {
-            let kind = item
-                .get("type")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown");
-            match (kind, item.get("text").and_then(Value::as_str)) {
-                ("text", Some(text)) => parts.push(text.to_string()),
-                _ => {
-                    let mime = item
-                        .get("mimeType")
-                        .or_else(|| item.get("resource").and_then(|r| r.get("mimeType")))
-                        .and_then(Value::as_str);
-                    parts.push(match mime {
-                        Some(m) => format!("[{kind} content, {m}]"),
-                        None => format!("[{kind} content]"),
-                    });
-                }
-            }
+        };
+        let mut params = CallToolRequestParams::new(self.remote.clone());
+        if let Value::Object(map) = args {
+            params = params.with_arguments(map);
         }
+        let timeout = self.server.cfg.timeout;
+        let result = match tokio::time::timeout(timeout, peer.call_tool(params)).await {
+            Err(_) => {
+                return Err(ToolError::Failed(format!(
+                    "MCP server '{server_name}': tool '{}' timed out after {}s",
+                    self.remote,
+                    timeout.as_secs()
+                )));
+            }
+            Ok(Err(e)) => {
+                if matches!(e, ServiceError::TransportClosed) || peer.is_transport_closed() {
+                    self.server.closed.notify_waiters();
+                }
+                return Err(ToolError::Failed(self.server.scrub(&format!(
+                    "MCP server '{server_name}': tool '{}' failed: {e}",
+                    self.remote
+                ))));
+            }
+            Ok(Ok(r)) => r,
+        };
+        let value = serde_json::to_value(&result).unwrap_or(Value::Null);
+        let mut out = content::render(&value, &self.name, sees_images);
+        if result.is_error == Some(true) {
+            return Err(ToolError::Failed(
+                self.server
+                    .scrub(&format!("MCP server '{server_name}': {}", out.text)),
+            ));
+        }
+        out.text = self.server.scrub(&out.text);
+        Ok(out)
     }
-    if parts.is_empty()
-        && let Some(structured) = result.get("structuredContent")
-    {
-        return structured.to_string();
-    }
-    parts.join("\n")
 }
 
-/// The tools of server `server` to offer: those on the allow-list (all without one), named by
-/// [`exposed_name`], sorted by that name. Two remote names that clean up to the same name
+/// The tools of server `server` to offer: those on the allow-list (all without one) that do not
+/// run only as MCP tasks (`task_only`, by remote name: refused), named by [`exposed_name`],
+/// sorted by that name. Two remote names that clean up to the same name
 /// cannot both be offered: the one that needed no cleaning wins, else the smaller; the others
 /// come back refused with a reason that names both and the fix.
 pub(super) fn expose(
     server: &str,
     allow: Option<&[String]>,
     listed: Vec<rmcp::model::Tool>,
+    task_only: &dyn Fn(&str) -> bool,
 ) -> (Vec<Exposed>, Vec<RefusedTool>) {
     let mut by_name: BTreeMap<String, Vec<Exposed>> = BTreeMap::new();
     let mut refused = Vec::new();
@@ -150,6 +135,18 @@ pub(super) fn expose(
             continue;
         }
         let name = exposed_name(server, &remote);
+        if task_only(&remote) {
+            refused.push(RefusedTool {
+                reason: format!(
+                    "tool '{}' is not offered: it runs only as an MCP task (execution.taskSupport \
+                     = \"required\"), and agentd calls tools directly",
+                    cut(&remote, 80)
+                ),
+                name,
+                remote: cut(&remote, limits::MAX_NAME_BYTES),
+            });
+            continue;
+        }
         let description = tool.description.as_deref().unwrap_or("");
         let schema_bytes =
             serde_json::to_string(&tool.input_schema).map_or(usize::MAX, |s| s.len());
@@ -230,15 +227,6 @@ pub(super) fn expose(
         false
     });
     (exposed, refused)
-}
-
-/// At most `max` bytes of `s`, cut at a character boundary.
-fn cut(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
 }
 
 /// `<server>__<tool>` reduced to `[A-Za-z0-9_-]{1,64}`.

@@ -8,7 +8,8 @@
 //!
 //! Between the server and rmcp sits [`pump_stdout`]: it caps what the server writes (line
 //! length, bytes per second) and prunes JSON nested too deep for the parser
-//! ([`limits::prune_deep`]), so one bad tool cannot drop the whole tool list. Stderr is logged
+//! ([`limits::prune_deep`]), so one bad tool cannot drop the whole tool list, and shows tool
+//! lists to [`TaskOnly`] (tools that run only as tasks, which rmcp does not tell). Stderr is logged
 //! within a byte budget per minute ([`log_stderr`]) and read no faster than a fixed rate.
 
 use std::process::Stdio;
@@ -21,6 +22,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 
 use super::limits::{self, Bucket};
+use super::tasks::TaskOnly;
 use crate::sandbox::helper::ERROR_PREFIX as HELPER_ERROR_PREFIX;
 
 /// Longest line taken from a server's stdout (one JSON-RPC message); longer ones are dropped.
@@ -77,7 +79,11 @@ impl Drop for ServerProcess {
 
 /// Spawn `cmd` (the sandbox helper, or the server itself) with piped stdio in a process group of its own, with
 /// SIGKILL as its parent-death signal; start the stdout pump and the stderr logger.
-pub(super) fn spawn(mut cmd: Command, server: &str) -> Result<Spawned, String> {
+pub(super) fn spawn(
+    mut cmd: Command,
+    server: &str,
+    task_only: Arc<TaskOnly>,
+) -> Result<Spawned, String> {
     let parent = std::process::id();
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -114,7 +120,7 @@ pub(super) fn spawn(mut cmd: Command, server: &str) -> Result<Spawned, String> {
         group,
     };
     let (ours, theirs) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(pump_stdout(stdout, ours, server.to_string()));
+    tokio::spawn(pump_stdout(stdout, ours, server.to_string(), task_only));
     let setup_error = Arc::new(Mutex::new(None));
     tokio::spawn(log_stderr(stderr, server.to_string(), setup_error.clone()));
     Ok(Spawned {
@@ -128,8 +134,13 @@ pub(super) fn spawn(mut cmd: Command, server: &str) -> Result<Spawned, String> {
 /// Copy the server's stdout to rmcp line by line: lines over [`MAX_LINE_BYTES`] are dropped,
 /// JSON nested deeper than [`limits::MAX_MESSAGE_DEPTH`] is pruned, and a server that writes
 /// more than its byte bucket allows is cut off (rmcp sees the end of the stream, the
-/// supervisor restarts the server with backoff).
-async fn pump_stdout(stdout: ChildStdout, mut to_rmcp: DuplexStream, server: String) {
+/// supervisor restarts the server with backoff). A tool list is shown to `task_only` first.
+async fn pump_stdout(
+    stdout: ChildStdout,
+    mut to_rmcp: DuplexStream,
+    server: String,
+    task_only: Arc<TaskOnly>,
+) {
     let mut bucket = Bucket::new(
         limits::STDOUT_BURST,
         limits::STDOUT_PER_SECOND,
@@ -154,6 +165,7 @@ async fn pump_stdout(stdout: ChildStdout, mut to_rmcp: DuplexStream, server: Str
             return;
         }
         let line = limits::prune_deep(&line, limits::MAX_MESSAGE_DEPTH);
+        task_only.observe(&line);
         if to_rmcp.write_all(&line).await.is_err() || to_rmcp.write_all(b"\n").await.is_err() {
             return;
         }

@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use rmcp::ServiceExt;
 use rmcp::model::PaginatedRequestParams;
-use rmcp::service::{MaybeSendFuture, NotificationContext, Peer, RoleClient, ServiceError};
+use rmcp::service::{Peer, RoleClient, ServiceError};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use secrecy::ExposeSecret;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::client::Client;
 use super::guard::{Guarded, Tripwire};
 use super::{
     Handle, MAX_LIST_PAGES, MAX_TOOLS_PER_SERVER, RELIST_MIN_INTERVAL, RESTART_DELAYS,
@@ -60,7 +61,7 @@ pub(super) async fn supervise(server: Arc<Server>, cancel: CancellationToken) {
                     s.peer = Some(conn.session.service.peer().clone());
                 }
                 // Tools first, then `settled`: whoever waited for it finds them in place.
-                server.set_tools(conn.tools);
+                let _ = server.set_tools(conn.tools);
                 server.lock().settled = true;
                 server.settled.notify_waiters();
                 let up_since = Instant::now();
@@ -166,8 +167,13 @@ async fn serve(
                 last_relist = Some(Instant::now());
                 match listed {
                     Ok(Ok(tools)) => {
-                        tracing::info!(server = %name, tools = tools.len(), "MCP tools re-listed");
-                        server.set_tools(tools);
+                        let count = tools.len();
+                        // A server may re-list every second: a line at INFO only for a change.
+                        if server.set_tools(tools) {
+                            tracing::info!(server = %name, tools = count, "MCP tools re-listed; the offer changed");
+                        } else {
+                            tracing::debug!(server = %name, tools = count, "MCP tools re-listed; unchanged");
+                        }
                     }
                     Ok(Err(e)) => {
                         let e = server.scrub(&e.to_string());
@@ -219,23 +225,6 @@ async fn list_tools(
     );
     tools.truncate(MAX_TOOLS_PER_SERVER);
     Ok(tools)
-}
-
-/// Our side of each connection: a `notifications/tools/list_changed` asks the supervisor to
-/// re-list (whether or not the server advertised `tools.listChanged`); many at once make one
-/// re-list.
-struct Client {
-    relist: Arc<Notify>,
-}
-
-impl rmcp::ClientHandler for Client {
-    fn on_tool_list_changed(
-        &self,
-        _context: NotificationContext<RoleClient>,
-    ) -> impl Future<Output = ()> + MaybeSendFuture + '_ {
-        self.relist.notify_one();
-        std::future::ready(())
-    }
 }
 
 type Running = rmcp::service::RunningService<RoleClient, Client>;
@@ -307,7 +296,11 @@ async fn connect(server: &Server) -> Result<Connection, String> {
 
 /// Spawn the child (or connect) and do the handshake, bounded by the server timeout.
 async fn start_session(server: &Server, relist: Arc<Notify>) -> Result<Session, String> {
-    let client = Client { relist };
+    let client = Client {
+        relist,
+        server: server.cfg.name.clone(),
+        secrets: server.secrets(),
+    };
     let timeout = server.cfg.timeout;
     let wire = Arc::new(Tripwire::default());
     let (command, args, env, cwd) = match &server.cfg.transport {
@@ -351,7 +344,7 @@ async fn start_session(server: &Server, relist: Arc<Notify>) -> Result<Session, 
     let cmd = server
         .sandbox
         .command(&server.cfg, command, args, env, cwd.as_ref())?;
-    let spawned = stdio::spawn(cmd, &server.cfg.name)
+    let spawned = stdio::spawn(cmd, &server.cfg.name, server.task_only.clone())
         .map_err(|e| format!("cannot start `{command}`: {e}"))?;
     let transport = Guarded::new(
         AsyncRwTransport::new_client(spawned.stdout, spawned.stdin),

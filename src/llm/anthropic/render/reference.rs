@@ -202,10 +202,23 @@ fn render_blocks(message: &Message) -> Vec<Value> {
         }
         Message::ToolResults { results, notice } => {
             for r in results {
+                let content = if r.images.is_empty() {
+                    json!(r.content)
+                } else {
+                    let text = (!r.content.is_empty())
+                        .then(|| json!({ "type": "text", "text": r.content }));
+                    let images = r.images.iter().map(|i| {
+                        json!({
+                            "type": "image",
+                            "source": { "type": "base64", "media_type": i.media_type, "data": i.data },
+                        })
+                    });
+                    Value::Array(text.into_iter().chain(images).collect())
+                };
                 blocks.push(json!({
                     "type": "tool_result",
                     "tool_use_id": r.tool_call_id,
-                    "content": r.content,
+                    "content": content,
                     "is_error": r.is_error,
                 }));
             }

@@ -108,6 +108,22 @@ fn render_messages(req: &ChatRequest) -> Vec<Value> {
                         "content": content,
                     }));
                 }
+                let images: Vec<Value> = results
+                    .iter()
+                    .flat_map(|r| &r.images)
+                    .flat_map(|i| {
+                        [
+                            json!({ "type": "text", "text": i.placeholder }),
+                            json!({
+                                "type": "image_url",
+                                "image_url": { "url": format!("data:{};base64,{}", i.media_type, i.data) },
+                            }),
+                        ]
+                    })
+                    .collect();
+                if !images.is_empty() {
+                    out.push(json!({ "role": "user", "content": images }));
+                }
                 if let Some(notice) = notice {
                     out.push(json!({ "role": "user", "content": notice }));
                 }
