@@ -173,6 +173,21 @@ impl ToolTokens {
     }
 }
 
+/// Estimated tokens a compatible request adds to a call: its history, new text and images,
+/// and its system text (`POST /v1/messages/count_tokens`).
+pub fn request_estimate(r: &crate::llm::compat::CompatRequest) -> u64 {
+    let images = r
+        .attachments
+        .iter()
+        .filter(|a| a.media_type.starts_with("image/"))
+        .count() as u64;
+    messages_tokens(&r.history)
+        + text_tokens(&r.text)
+        + r.system.as_deref().map_or(0, text_tokens)
+        + images * IMAGE_TOKENS
+        + BLOCK_OVERHEAD
+}
+
 /// Estimated tokens of a whole request.
 pub fn request_tokens(system: &[SystemBlock], messages: &[Message], tools: &[ToolSpec]) -> u64 {
     fixed_tokens(system, tools) + messages_tokens(messages)

@@ -83,26 +83,79 @@ fn raw(status: StatusCode, content_type: &'static str, body: impl Into<Body>) ->
     r
 }
 
-/// `GET /v1/models`.
-pub(crate) async fn models(State(state): State<Arc<ApiState>>) -> Response {
-    let body = openai::models_body(
-        &state.backend().models(),
-        state.started_unix(),
-        state.agent_name(),
-    );
+/// Anthropic clients name their API version in every request.
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
+/// When the daemon started, as Anthropic's model objects date it.
+fn created_at(state: &ApiState) -> String {
+    chrono::DateTime::from_timestamp(state.started_unix(), 0)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// `GET /v1/models`: OpenAI's list, or Anthropic's for a client that sends `anthropic-version`.
+pub(crate) async fn models(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    let names = state.backend().models();
+    let body = if headers.contains_key(ANTHROPIC_VERSION) {
+        anthropic::models_body(&names, &created_at(&state))
+    } else {
+        openai::models_body(&names, state.started_unix(), state.agent_name())
+    };
     raw(StatusCode::OK, "application/json", body)
+}
+
+/// `POST /v1/messages/count_tokens`: agentd's estimate of the tokens the request adds (its
+/// messages, system text and images, at about 4 bytes a token, as compaction counts), not
+/// counting agentd's own system prompt and tools, which come on top (and are cached). No
+/// provider is called.
+pub(crate) async fn count_tokens(
+    State(state): State<Arc<ApiState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let api = Api::Anthropic;
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let message = too_large_message(state.max_body_bytes());
+            return error_response(api, ErrorKind::TooLarge, &message, None);
+        }
+        Err(e) => return error_response(api, ErrorKind::InvalidRequest, &e.body_text(), None),
+    };
+    match anthropic::parse_request(&body) {
+        Ok(r) => {
+            let count = crate::agent::compaction::request_estimate(&r);
+            raw(
+                StatusCode::OK,
+                "application/json",
+                anthropic::count_tokens_body(count),
+            )
+        }
+        Err(Invalid { param, message }) => {
+            error_response(api, ErrorKind::InvalidRequest, &message, param.as_deref())
+        }
+    }
 }
 
 /// `GET /v1/models/{id}`: one of the listed models, else 404 naming the list.
 pub(crate) async fn model(
     State(state): State<Arc<ApiState>>,
+    headers: HeaderMap,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
     let names = state.backend().models();
-    match openai::model_body(&names, &id, state.started_unix(), state.agent_name()) {
+    let found = if headers.contains_key(ANTHROPIC_VERSION) {
+        anthropic::model_body(&names, &id, &created_at(&state))
+    } else {
+        openai::model_body(&names, &id, state.started_unix(), state.agent_name())
+    };
+    let api = match headers.contains_key(ANTHROPIC_VERSION) {
+        true => Api::Anthropic,
+        false => Api::OpenAi,
+    };
+    match found {
         Some(body) => raw(StatusCode::OK, "application/json", body),
         None => error_response(
-            Api::OpenAi,
+            api,
             ErrorKind::NotFound,
             &format!(
                 "no model \"{}\": GET /v1/models lists them (\"agentd\" or \"agentd:<model name>\")",

@@ -188,6 +188,10 @@ pub fn router(
             anthropic::MESSAGES_PATH,
             post(compat::messages).route_layer(api_key_auth.clone()),
         )
+        .route(
+            anthropic::COUNT_TOKENS_PATH,
+            post(compat::count_tokens).route_layer(api_key_auth.clone()),
+        )
         .route_layer(from_fn_with_state((state.clone(), Group::Post), rate_limit));
     let reads = Router::new()
         .route("/api/v1/sessions", get(handlers::sessions))

@@ -10,6 +10,11 @@ use crate::message::{Message, Usage};
 /// The model id of the routed default.
 pub const DEFAULT_MODEL: &str = "agentd";
 
+/// The ids `GET /v1/models` lists: the routed default, then `agentd:<name>` of each model.
+pub fn model_ids(names: &[String]) -> impl Iterator<Item = String> + '_ {
+    std::iter::once(DEFAULT_MODEL.to_string()).chain(names.iter().map(|n| format!("agentd:{n}")))
+}
+
 /// The most messages one request may carry (the body limit bounds their size).
 pub const MAX_MESSAGES: usize = 1000;
 
@@ -245,7 +250,11 @@ pub fn item_list<'a>(
             field,
             format!(
                 "`{field}` must hold 1 to {MAX_MESSAGES} {}",
-                if field == "messages" { "messages" } else { "items" }
+                if field == "messages" {
+                    "messages"
+                } else {
+                    "items"
+                }
             ),
         )
     };

@@ -119,6 +119,8 @@ fixture!(OPENAI_RESPONSES_EVENT, "openai-response-event");
 fixture!(ANTHROPIC_MESSAGE, "anthropic-message-response");
 fixture!(ANTHROPIC_EVENT, "anthropic-stream-event");
 fixture!(ANTHROPIC_ERROR, "anthropic-error");
+fixture!(ANTHROPIC_MODEL, "anthropic-model-response");
+fixture!(ANTHROPIC_COUNT, "anthropic-count-tokens-response");
 
 /// Fails with every schema error of `body`, and the body.
 fn assert_valid(schema: &Validator, what: &str, body: &Value) {
@@ -243,6 +245,26 @@ fn anthropic_message_and_errors_match_the_schemas() {
         let body = json(&anthropic::error_body(*kind, "what went wrong"));
         assert_valid(&ANTHROPIC_ERROR, &format!("error {kind:?}"), &body);
     }
+}
+
+#[test]
+fn anthropic_models_and_token_counts_match_the_schemas() {
+    let names = ["primary".to_string()];
+    let list = json(&anthropic::models_body(&names, "2026-12-07T12:00:00Z"));
+    assert_eq!(list["data"].as_array().unwrap().len(), 2);
+    for m in list["data"].as_array().unwrap() {
+        assert_valid(&ANTHROPIC_MODEL, "model in list", m);
+    }
+    assert_eq!(list["first_id"], "agentd");
+    assert_eq!(list["last_id"], "agentd:primary");
+    let one = anthropic::model_body(&names, "agentd:primary", "2026-12-07T12:00:00Z").unwrap();
+    assert_valid(&ANTHROPIC_MODEL, "model", &json(&one));
+    assert!(anthropic::model_body(&names, "claude", "2026-12-07T12:00:00Z").is_none());
+    assert_valid(
+        &ANTHROPIC_COUNT,
+        "count",
+        &json(&anthropic::count_tokens_body(42)),
+    );
 }
 
 #[test]

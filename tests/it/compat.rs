@@ -112,6 +112,19 @@ fn the_official_sdks_talk_to_the_real_daemon() {
     let request_id = steps["model"]["request_id"].as_str().unwrap_or_default();
     assert_eq!(request_id.len(), 36, "{}", steps["model"]);
     assert_eq!(steps["missing_model"]["error"], "NotFoundError");
+    // Anthropic clients get Anthropic's model objects, and an estimate of a request's tokens.
+    assert_eq!(
+        steps["ant_models"]["ids"],
+        json!(["agentd", "agentd:primary"])
+    );
+    assert_eq!(steps["ant_model"]["type"], "model");
+    assert_eq!(steps["ant_model"]["display_name"], "agentd:primary");
+    assert_eq!(steps["ant_missing_model"]["status"], 404);
+    let (short, long) = (
+        steps["count_tokens"]["short"].as_u64().unwrap(),
+        steps["count_tokens"]["long"].as_u64().unwrap(),
+    );
+    assert!(short > 0 && long > short + 400, "{}", steps["count_tokens"]);
     let no_tools = steps["no_tools"]["text"].as_str().unwrap_or_default();
     assert!(no_tools.ends_with("no tools please"), "{no_tools}");
 

@@ -46,6 +46,20 @@ def basics():
     except openai.NotFoundError as e:
         out("missing_model", error=type(e).__name__, status=e.status_code)
 
+    a = ant()
+    out("ant_models", ids=[m.id for m in a.models.list()])
+    m = a.models.retrieve("agentd:primary")
+    out("ant_model", id=m.id, type=m.type, display_name=m.display_name)
+    try:
+        a.models.retrieve("claude-nope")
+        out("ant_missing_model", error=None)
+    except anthropic.NotFoundError as e:
+        out("ant_missing_model", error=type(e).__name__, status=e.status_code)
+    short = a.messages.count_tokens(model="agentd", messages=[{"role": "user", "content": "hi"}])
+    long = a.messages.count_tokens(model="agentd", system="Be brief.",
+                                   messages=[{"role": "user", "content": "word " * 400}])
+    out("count_tokens", short=short.input_tokens, long=long.input_tokens)
+
     session = {"X-Agentd-Session": "sdk"}
     r = client.chat.completions.create(
         model="agentd",

@@ -370,6 +370,41 @@ pub fn message_body(r: &CompatReply) -> Vec<u8> {
     .unwrap_or_default()
 }
 
+/// The route of the token count.
+pub const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
+
+/// The answer of `POST /v1/messages/count_tokens`.
+pub fn count_tokens_body(input_tokens: u64) -> Vec<u8> {
+    serde_json::to_vec(&json!({"input_tokens": input_tokens})).unwrap_or_default()
+}
+
+/// Anthropic's model object for `id` (`created_at` RFC 3339). The limits are left null: a
+/// routed id may change model with the config.
+fn model_object(id: &str, created_at: &str) -> Value {
+    json!({"type": "model", "id": id, "display_name": id, "created_at": created_at,
+           "capabilities": null, "max_input_tokens": null, "max_tokens": null})
+}
+
+/// `GET /v1/models` for Anthropic clients (they send `anthropic-version`): one page of all.
+pub fn models_body(names: &[String], created_at: &str) -> Vec<u8> {
+    let data: Vec<Value> = compat::model_ids(names)
+        .map(|id| model_object(&id, created_at))
+        .collect();
+    let first = data.first().map(|m| m["id"].clone());
+    let last = data.last().map(|m| m["id"].clone());
+    serde_json::to_vec(
+        &json!({"data": data, "first_id": first, "last_id": last, "has_more": false}),
+    )
+    .unwrap_or_default()
+}
+
+/// `GET /v1/models/{id}` for Anthropic clients: the model object of a listed id.
+pub fn model_body(names: &[String], id: &str, created_at: &str) -> Option<Vec<u8>> {
+    compat::model_ids(names)
+        .any(|m| m == id)
+        .then(|| serde_json::to_vec(&model_object(id, created_at)).unwrap_or_default())
+}
+
 /// The error envelope: `{"type": "error", "error": {"type", "message"}}`.
 pub fn error_body(kind: ErrorKind, message: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({

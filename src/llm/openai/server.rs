@@ -484,7 +484,7 @@ pub fn completion_body(r: &CompatReply) -> Vec<u8> {
 
 /// The `list` of models: `agentd` and `agentd:<name>` per loaded model.
 pub fn models_body(names: &[String], created: i64, owner: &str) -> Vec<u8> {
-    let data: Vec<Value> = model_ids(names)
+    let data: Vec<Value> = compat::model_ids(names)
         .map(|id| model_object(&id, created, owner))
         .collect();
     serde_json::to_vec(&json!({"object": "list", "data": data})).unwrap_or_default()
@@ -492,15 +492,9 @@ pub fn models_body(names: &[String], created: i64, owner: &str) -> Vec<u8> {
 
 /// `GET /v1/models/{id}`: the model object of `id` if it is one of the listed ids.
 pub fn model_body(names: &[String], id: &str, created: i64, owner: &str) -> Option<Vec<u8>> {
-    model_ids(names)
+    compat::model_ids(names)
         .any(|m| m == id)
         .then(|| serde_json::to_vec(&model_object(id, created, owner)).unwrap_or_default())
-}
-
-/// The ids `GET /v1/models` lists: the routed default, then `agentd:<name>` of each model.
-fn model_ids(names: &[String]) -> impl Iterator<Item = String> + '_ {
-    std::iter::once(compat::DEFAULT_MODEL.to_string())
-        .chain(names.iter().map(|n| format!("agentd:{n}")))
 }
 
 fn model_object(id: &str, created: i64, owner: &str) -> Value {
