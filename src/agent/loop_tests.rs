@@ -693,7 +693,7 @@ async fn an_empty_answer_is_asked_again_once() {
     assert_eq!(reqs.len(), 2);
     match reqs[1].messages.last() {
         Some(Message::User { content }) => assert!(
-            matches!(&content[0], crate::message::UserBlock::Text { text } if text == run::EMPTY_ANSWER_NUDGE),
+            matches!(&content[0], crate::message::UserBlock::Text { text } if text == answer::EMPTY_ANSWER_NUDGE),
             "{content:?}"
         ),
         other => panic!("{other:?}"),
@@ -715,4 +715,147 @@ async fn two_empty_answers_fail_the_message() {
     assert!(error.contains("empty text twice"), "{error}");
     assert_eq!(cause, FailCause::Model);
     assert_eq!(primary.requests().len(), 2);
+}
+
+/// A compatible request's work asking for `format` (SPEC §17).
+fn structured_work(text: &str, format: crate::message::call::OutputFormat) -> Work {
+    let mut w = work(text);
+    w.intakes[0].source = crate::control::Source::Api;
+    w.intakes[0].route = Some(crate::session::Route::Api(
+        crate::session::event::ApiRoute {
+            options: crate::llm::CallOptions {
+                format: Some(Box::new(format)),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    ));
+    w
+}
+
+fn city_format() -> crate::message::call::OutputFormat {
+    crate::message::call::OutputFormat::JsonSchema {
+        name: "city".into(),
+        schema: json!({"type": "object", "properties": {"name": {"type": "string"}},
+                       "required": ["name"]}),
+        strict: None,
+        description: None,
+    }
+}
+
+impl Fixture {
+    async fn run_work(&self, w: &Work) -> (Finish, SessionState) {
+        let (h, mut state) = self.session();
+        let finish = self
+            .agent
+            .process(&h, &mut state, w, "primary", &CancellationToken::new())
+            .await;
+        (finish, state)
+    }
+}
+
+/// The text of the last user turn of `req`.
+fn last_user_note(req: &ChatRequest) -> String {
+    match req.messages.last() {
+        Some(Message::User { content }) => match &content[0] {
+            crate::message::UserBlock::Text { text } => text.clone(),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Structured output: every call of the message carries the format (a tool turn is not
+/// checked), and a fenced final answer is the reply without its fence.
+#[tokio::test]
+async fn a_structured_answer_is_checked_and_unfenced() {
+    let primary = Scripted::new(vec![
+        echo_call(),
+        Say::Text("```json\n{\"name\": \"Oslo\"}\n```"),
+    ]);
+    let f = fixture(&primary, None, |_| {});
+    let (finish, state) = f.run_work(&structured_work("a city", city_format())).await;
+    let Finish::Reply { text, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert_eq!(text, "{\"name\": \"Oslo\"}");
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 2);
+    assert!(
+        reqs.iter()
+            .all(|r| r.options.format.as_deref() == Some(&city_format()))
+    );
+    let Some(Message::Assistant { text, .. }) = state.messages.last() else {
+        panic!("{:?}", state.messages)
+    };
+    assert_eq!(
+        text, "{\"name\": \"Oslo\"}",
+        "the trail holds what the client got"
+    );
+}
+
+/// An answer that does not fit is asked again once, with the reason as a user-side note in
+/// the trail; the answer after it is the reply.
+#[tokio::test]
+async fn a_misfit_answer_is_asked_again_once_with_the_reason() {
+    let primary = Scripted::new(vec![
+        Say::Text("The city is Oslo."),
+        Say::Text("{\"name\": \"Oslo\"}"),
+    ]);
+    let f = fixture(&primary, None, |_| {});
+    let (finish, state) = f.run_work(&structured_work("a city", city_format())).await;
+    let Finish::Reply { text, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert_eq!(text, "{\"name\": \"Oslo\"}");
+    let reqs = primary.requests();
+    assert_eq!(reqs.len(), 2);
+    let note = last_user_note(&reqs[1]);
+    assert!(note.starts_with(answer::FORMAT_NOTE), "{note}");
+    assert!(note.contains("not JSON"), "{note}");
+    // user turn, the misfit answer (not final), the note, the answer.
+    assert_eq!(state.messages.len(), 4, "{:?}", state.messages);
+}
+
+/// Two answers that do not fit: the message fails as the model's failure, naming the reason.
+#[tokio::test]
+async fn two_misfit_answers_fail_the_message() {
+    let primary = Scripted::new(vec![Say::Text("{\"town\": \"Oslo\"}")]);
+    let f = fixture(&primary, None, |_| {});
+    let (finish, _) = f.run_work(&structured_work("a city", city_format())).await;
+    let Finish::Failed { error, cause, .. } = finish else {
+        panic!("{finish:?}")
+    };
+    assert_eq!(cause, FailCause::Model);
+    assert!(error.contains("also when asked again"), "{error}");
+    assert!(error.contains("name"), "{error}");
+    assert_eq!(primary.requests().len(), 2);
+}
+
+/// Without a format nothing is checked: prose is the reply.
+#[tokio::test]
+async fn without_a_format_prose_is_the_reply() {
+    let primary = Scripted::new(vec![Say::Text("The city is Oslo.")]);
+    let f = fixture(&primary, None, |_| {});
+    let (finish, _) = f.run("a city").await;
+    assert!(matches!(finish, Finish::Reply { .. }), "{finish:?}");
+    assert_eq!(primary.requests()[0].options.format, None);
+}
+
+/// A session pinned to a model without `structured_output`: a structured request passes it
+/// over for the route (checked when the request arrived); other work keeps the pin.
+#[tokio::test]
+async fn a_structured_request_passes_over_a_pinned_model_without_structured_output() {
+    let (primary, sub) = (Scripted::new(vec![]), Scripted::new(vec![]));
+    let f = fixture(&primary, Some(&sub), |cfg| {
+        let mut s = (*cfg.models.loaded["subagent"]).clone();
+        s.structured_output = false;
+        cfg.models.loaded.insert("subagent".into(), Arc::new(s));
+    });
+    let structured = structured_work("a city", city_format());
+    assert_eq!(f.agent.route_work(&structured, Some("subagent")), "primary");
+    assert_eq!(
+        f.agent.route_work(&work("hi"), Some("subagent")),
+        "subagent"
+    );
 }

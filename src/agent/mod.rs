@@ -3,6 +3,7 @@
 //! trail and the cost ledger, and report the outcome. Sub-agents (`subagent`) run through the
 //! same loop. Works on neutral types only.
 
+mod answer;
 mod approve;
 pub mod compaction;
 #[cfg(test)]
@@ -269,7 +270,8 @@ impl Agent {
     /// Model for a unit of work: the `agentd:<name>` of a compatible request, else the
     /// session's `pinned` model (SPEC §18.2), else `vision` when the message carries an image
     /// and that model is loaded, else the source's route. A name no longer loaded (the config
-    /// changed since) is passed over.
+    /// changed since), or one without `structured_output` for a request with a format, is
+    /// passed over.
     pub fn route_work(&self, work: &Work, pinned: Option<&str>) -> String {
         // `agentd:<name>` of a compatible request (checked when it arrived; a model unloaded
         // since falls back to the route).
@@ -278,11 +280,20 @@ impl Agent {
         {
             return name.to_string();
         }
+        // A structured-output request (SPEC §17) passes over a pinned or vision model that
+        // cannot take its format: its named model or the `api` route was checked on arrival.
+        let structured = work.api().is_some_and(|a| a.options.format.is_some());
+        let fits = |name: &str| {
+            self.cfg
+                .models
+                .get(name)
+                .is_some_and(|m| !structured || m.structured_output)
+        };
         if let Some(name) = pinned {
-            if self.cfg.models.get(name).is_some() {
+            if fits(name) {
                 return name.to_string();
             }
-            tracing::warn!(model = %name, "the session's pinned model is not loaded; routing instead");
+            tracing::warn!(model = %name, "the session's pinned model is not loaded or takes no structured output; routing instead");
         }
         let has_image = work
             .intakes
@@ -295,7 +306,7 @@ impl Agent {
                 .routing
                 .get("vision")
                 .map_or("vision", String::as_str);
-            if self.cfg.models.get(vision).is_some() {
+            if fits(vision) {
                 return vision.to_string();
             }
         }

@@ -13,7 +13,8 @@ use std::time::Instant;
 use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Agent, Fail, FailCause, Finish, append, prompt};
+use super::answer::{is_empty, nudge};
+use super::{Agent, Fail, FailCause, Finish, answer, append, prompt};
 use crate::backoff::Backoff;
 use crate::config::ModelSpec;
 use crate::cost::BudgetError;
@@ -28,28 +29,6 @@ use crate::session::{Event, MessageEvent, SessionHandle, SessionState, TrailLine
 use crate::store::CallType;
 use crate::tools::ToolContext;
 use crate::tools::spawn::ToolScope;
-
-/// What the model is told after an empty answer (recorded as a user turn of source `system`).
-pub(super) const EMPTY_ANSWER_NUDGE: &str = "[agentd] Your last answer was empty. Answer the \
-     message above now, in plain text.";
-
-/// Whether an answer has nothing to give: no text and no tool calls (on the last turn, calls
-/// are dropped, so only its text counts).
-fn is_empty(resp: &ChatResponse, last_turn: bool) -> bool {
-    resp.text.trim().is_empty() && (resp.tool_calls.is_empty() || last_turn)
-}
-
-/// The user turn that asks again after an empty answer.
-fn nudge() -> MessageEvent {
-    let mut ev = MessageEvent::new(Message::User {
-        content: vec![crate::message::UserBlock::Text {
-            text: EMPTY_ANSWER_NUDGE.to_string(),
-        }],
-    });
-    ev.source = Some("system".to_string());
-    ev.from = Some("agentd".to_string());
-    ev
-}
 
 /// The first wait before a failed trail write is tried again (`Agent::record_durably`).
 const STORAGE_RETRY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -140,6 +119,8 @@ struct Answer {
     started: Instant,
     /// A fallback model answered for the model asked for (SPEC §18.3).
     fell_back: Option<FellBack>,
+    /// Why the answer does not fit the client's format: then it is not final.
+    misfit: Option<String>,
 }
 
 impl Agent {
@@ -151,7 +132,7 @@ impl Agent {
         state: &mut SessionState,
     ) -> Result<Finish, Option<Fail>> {
         let mut tally = Tally::default();
-        let mut nudged = false;
+        let (mut nudged, mut reformatted) = (false, false);
         if let Caller::Message { .. } = &run.caller {
             self.resume_waiting_batch(run, state).await?;
         }
@@ -164,7 +145,7 @@ impl Agent {
             let (billed, _) = run.billing();
             self.check_budget(self.ledger.message_spent(billed)).await?;
             let req = self.request(run, state, last_turn).await?;
-            let answer = self.call(run, state, req, turn).await?;
+            let mut answer = self.call(run, state, req, turn).await?;
             let fallback = answer.fell_back.clone();
             tally.spent += answer.cost;
             tally.usage.add(&answer.resp.usage);
@@ -193,9 +174,28 @@ impl Agent {
                     .await?;
                 continue;
             }
+            answer.misfit =
+                answer::misfit(run.options.format.as_deref(), &mut answer.resp, last_turn);
+            let misfit = answer.misfit.clone();
             let (resp, refused, spec) = self
                 .record_answer(run, state, answer, turn, last_turn)
                 .await?;
+            if let Some(why) = misfit {
+                tracing::warn!(session = %run.session_id(), turn, %why, "the final answer does not fit the client's format");
+                if reformatted || last_turn {
+                    let reply = self.cfg.behavior.error_message.clone();
+                    return Err(Some(answer::format_fail(
+                        reply,
+                        &spec.name,
+                        &why,
+                        reformatted,
+                    )));
+                }
+                reformatted = true;
+                let note = answer::format_note(&why);
+                self.record_step(run, state, Event::Message(note)).await?;
+                continue;
+            }
             if resp.tool_calls.is_empty() {
                 let (cost_usd, usage) = self.reported(run, &tally);
                 return Ok(Finish::Reply {
@@ -276,7 +276,8 @@ impl Agent {
         Ok(ChatRequest {
             stable_ttl,
             options: run.options.clone(),
-            deltas: run.deltas.cloned(),
+            // A structured answer is sent whole once checked, not as it is written.
+            deltas: run.deltas.filter(|_| run.options.format.is_none()).cloned(),
             session_id: run.session_id(),
             system,
             // Lent to the request for the call instead of copied (the history is the largest
@@ -387,6 +388,7 @@ impl Agent {
             cost,
             started,
             fell_back,
+            misfit: None,
         })
     }
 
@@ -420,6 +422,7 @@ impl Agent {
             cost,
             started,
             fell_back,
+            misfit,
         } = answer;
         if last_turn && !resp.tool_calls.is_empty() {
             tracing::warn!(session = %run.session_id(), "model called tools on the last turn; calls dropped");
@@ -436,7 +439,7 @@ impl Agent {
                 }
             }
         }
-        let is_final = resp.tool_calls.is_empty();
+        let is_final = resp.tool_calls.is_empty() && misfit.is_none();
         let mut ev = MessageEvent::new(resp.to_message());
         ev.model = Some(spec.name.clone());
         ev.stop_reason = Some(resp.stop_reason.as_str().to_string());

@@ -297,6 +297,9 @@ fn header(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, Stri
 /// A backend refusal in the API's envelope.
 fn backend_error(api: Api, e: BackendError) -> Response {
     let kind = match &e {
+        BackendError::InvalidParam { param, message } => {
+            return error_response(api, ErrorKind::InvalidRequest, message, Some(param));
+        }
         BackendError::BadRequest(_) => ErrorKind::InvalidRequest,
         BackendError::Conflict(_) => ErrorKind::Conflict,
         BackendError::NotFound(_) => ErrorKind::NotFound,

@@ -47,7 +47,7 @@ pub use approvals::glob_matches;
 pub use error::{ConfigError, Problem};
 pub use live::Live;
 pub use load::ROUTING_SOURCES;
-pub use providers::{ANTHROPIC_BASE_URL, OPENAI_BASE_URL};
+pub use providers::{ANTHROPIC_BASE_URL, INLINE_PROVIDER, OPENAI_BASE_URL};
 pub use render::{render_effective, render_effective_json};
 pub use schedule::parse_every;
 pub use sections::system_timezone;

@@ -54,6 +54,7 @@ struct ModelFields {
     schema_keywords: Option<Arc<[String]>>,
     schema_max_length: Option<u64>,
     tool_calls_in_text: Option<bool>,
+    structured_output: Option<bool>,
 }
 
 impl ModelFields {
@@ -77,6 +78,7 @@ impl ModelFields {
             schema_keywords: s.read_opt(&km::SCHEMA_KEYWORDS),
             schema_max_length: s.read_opt(&km::SCHEMA_MAX_LENGTH),
             tool_calls_in_text: s.read_opt(&km::TOOL_CALLS_IN_TEXT),
+            structured_output: s.read_opt(&km::STRUCTURED_OUTPUT),
             per_minute: s.read_opt(&km::COST_PER_MINUTE),
             per_1k_chars: s.read_opt(&km::COST_PER_1K_CHARS),
             ..Default::default()
@@ -127,6 +129,7 @@ impl ModelFields {
             schema_keywords: self.schema_keywords.or(t.schema_keywords),
             schema_max_length: self.schema_max_length.or(t.schema_max_length),
             tool_calls_in_text: self.tool_calls_in_text.or(t.tool_calls_in_text),
+            structured_output: self.structured_output.or(t.structured_output),
         }
     }
 }
@@ -322,6 +325,9 @@ impl<'e> ModelCollector<'e> {
             tool_calls_in_text: f
                 .tool_calls_in_text
                 .unwrap_or_else(km::TOOL_CALLS_IN_TEXT.default.0),
+            structured_output: f
+                .structured_output
+                .unwrap_or(kind != ProviderKind::ElevenLabs),
         };
         self.invalid.remove(name);
         self.defined.insert(

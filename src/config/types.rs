@@ -288,6 +288,8 @@ pub struct ModelSpec {
     /// `tool_calls_in_text`: the model may write tool calls as text (a JSON object with `name`
     /// and `arguments`, `<tool_call>` tags, fenced JSON); they are taken as tool calls.
     pub tool_calls_in_text: bool,
+    /// `structured_output`: the provider takes a structured-output format (SPEC §17).
+    pub structured_output: bool,
 }
 
 /// The JSON Schema a provider accepts in tool definitions. `Default`: all of it.

@@ -17,7 +17,7 @@ use crate::api::backend::{AttachmentIn, BackendError, CompatIn, CompatOutcome, C
 use crate::channels::intake::{Completion, IntakeSink};
 use crate::control::Source;
 use crate::llm::compat::{
-    self, CompatAttachment, CompatReply, ErrorKind, FinishReason, ModelChoice,
+    self, Api, CompatAttachment, CompatReply, ErrorKind, FinishReason, ModelChoice, OutputFormat,
 };
 use crate::message::{Message, Usage};
 use crate::session::event::{ApiRoute, ONE_OFF_PREFIX};
@@ -343,6 +343,7 @@ impl DaemonBackend {
     /// `ApiBackend::compat`.
     pub(super) async fn compat_accept(&self, req: CompatIn) -> Result<CompatTicket, BackendError> {
         let CompatIn {
+            api,
             request: r,
             session_header,
             idempotency_key,
@@ -403,6 +404,10 @@ impl DaemonBackend {
         };
         let stream = r.stream;
         let model = self.routed_model(&r.model).map_err(release)?;
+        if let Some(format) = &r.options.format {
+            self.check_format(api, format, model.as_deref())
+                .map_err(release)?;
+        }
         let attachments = self
             .save_attachments(&r.attachments)
             .await
@@ -503,6 +508,55 @@ impl DaemonBackend {
                     .join(", ")
             ))),
         }
+    }
+
+    /// A structured-output request (SPEC §17) before it is recorded: refused (400 naming the
+    /// field) when the model it runs on (its `agentd:<name>`, else the `api` route; a pinned
+    /// or vision model without `structured_output` is passed over then, `route_work`) cannot
+    /// take a format, or when its schema cannot be checked (`tools::arg_schema` bounds its
+    /// depth and size).
+    fn check_format(
+        &self,
+        api: Api,
+        format: &OutputFormat,
+        named: Option<&str>,
+    ) -> Result<(), BackendError> {
+        let param = match api {
+            Api::OpenAi => "response_format",
+            Api::Anthropic => "output_config.format",
+            Api::Responses => "text.format",
+        };
+        let name = named.map_or_else(
+            || crate::agent::route_source(&self.cfg, "api"),
+            str::to_string,
+        );
+        if let Some(spec) = self.cfg.models.get(&name)
+            && !spec.structured_output
+        {
+            let file = match spec.provider.as_str() {
+                crate::config::INLINE_PROVIDER => "agentd.toml".to_string(),
+                p => format!("providers.d/{p}.toml"),
+            };
+            return Err(BackendError::InvalidParam {
+                param: param.into(),
+                message: format!(
+                    "structured output is not supported by model {name:?} (provider {:?}, model {:?}): it has structured_output = false; ask another model (\"agentd:<name>\", GET /v1/models), or set structured_output = true on [models.{name}] in {file} if the provider takes {param}",
+                    spec.provider, spec.model
+                ),
+            });
+        }
+        if let OutputFormat::JsonSchema { schema, .. } = format
+            && let Err(e) = crate::tools::arg_schema::ArgSchema::compile(schema)
+        {
+            return Err(BackendError::InvalidParam {
+                param: match api {
+                    Api::OpenAi => "response_format.json_schema.schema".into(),
+                    Api::Anthropic | Api::Responses => format!("{param}.schema"),
+                },
+                message: format!("the schema cannot be used to check the answer: {e}"),
+            });
+        }
+        Ok(())
     }
 
     /// Save a request's images and sounds into `inbox/`; their paths for the intake.

@@ -5,6 +5,7 @@
 //! `llm::openai::server` and `llm::anthropic::server`; nothing here knows it.
 
 use crate::message::call::CallOptions;
+pub use crate::message::call::OutputFormat;
 use crate::message::{Message, Usage};
 
 /// The model id of the routed default.
@@ -398,6 +399,97 @@ impl<'de, T: serde::Deserialize<'de>, const N: usize> serde::Deserialize<'de> fo
     }
 }
 
+/// The largest structured-output schema accepted, in bytes of its JSON: the bound of an MCP
+/// tool's input schema (`tools::mcp::limits`). Its depth and size in subschemas are bounded
+/// where it is compiled before intake (`tools::arg_schema`).
+pub const MAX_FORMAT_SCHEMA_BYTES: usize = 32 * 1024;
+
+/// The name a format gets when its API has none (Anthropic).
+pub const DEFAULT_FORMAT_NAME: &str = "output";
+
+/// A `json_schema` format from the fields of `o`: `schema` (required), `name` (required when
+/// `name_required`, else [`DEFAULT_FORMAT_NAME`] when absent), `strict`, `description`. `at`
+/// is where `o` is in the request (`response_format.json_schema`, `output_config.format`,
+/// `text.format`); errors name the field under it. Shared by every endpoint that takes a
+/// format.
+pub fn json_schema_format(
+    o: &serde_json::Map<String, serde_json::Value>,
+    at: &str,
+    name_required: bool,
+) -> Result<OutputFormat, Invalid> {
+    use serde_json::Value;
+    let here = |f: &str| format!("{at}.{f}");
+    let name = match o.get("name") {
+        Some(Value::String(n)) if crate::message::toolcalls::is_valid_token(n) => n.clone(),
+        None | Some(Value::Null) if !name_required => DEFAULT_FORMAT_NAME.to_string(),
+        _ => {
+            return Err(Invalid::new(
+                here("name"),
+                "the format needs a `name` of 1 to 64 characters of a-z, A-Z, 0-9, '_' or '-'",
+            ));
+        }
+    };
+    let schema = o.get("schema").cloned().unwrap_or(Value::Null);
+    check_format_schema(&schema).map_err(|m| Invalid::new(here("schema"), m))?;
+    let strict = match o.get("strict") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => {
+            return Err(Invalid::new(
+                here("strict"),
+                "`strict` must be true or false",
+            ));
+        }
+    };
+    let description = match o.get("description") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(d.clone()),
+        Some(_) => {
+            return Err(Invalid::new(
+                here("description"),
+                "`description` must be a string",
+            ));
+        }
+    };
+    Ok(OutputFormat::JsonSchema {
+        name,
+        schema,
+        strict,
+        description,
+    })
+}
+
+/// A format's schema: a JSON object of at most [`MAX_FORMAT_SCHEMA_BYTES`].
+pub fn check_format_schema(schema: &serde_json::Value) -> Result<(), String> {
+    if !schema.is_object() {
+        return Err("`schema` must be a JSON Schema object, e.g. {\"type\": \"object\", \"properties\": {…}}".into());
+    }
+    let bytes = schema.to_string().len();
+    if bytes > MAX_FORMAT_SCHEMA_BYTES {
+        return Err(format!(
+            "the schema is {bytes} bytes of JSON; at most {MAX_FORMAT_SCHEMA_BYTES} are accepted"
+        ));
+    }
+    Ok(())
+}
+
+/// The JSON of a structured answer: `text` trimmed, without the ```` ```json ```` fence small
+/// models put around it.
+pub fn unfenced(text: &str) -> &str {
+    let t = text.trim();
+    let Some(rest) = t.strip_prefix("```") else {
+        return t;
+    };
+    let Some(body) = rest.strip_suffix("```") else {
+        return t;
+    };
+    // The info string (`json`) runs to the end of the first line.
+    match body.split_once('\n') {
+        Some((info, inner)) if !info.contains('{') && !info.contains('[') => inner.trim(),
+        _ => t,
+    }
+}
+
 /// What the model choice in `model` means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelChoice {
@@ -657,6 +749,16 @@ mod tests {
         for bad in ["", "resp_", "resp_xyz", "chatcmpl-1", &format!("{id}0")] {
             assert!(response_session(bad).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn fences_are_taken_off_a_structured_answer() {
+        assert_eq!(unfenced(" {\"a\": 1} \n"), "{\"a\": 1}");
+        assert_eq!(unfenced("```json\n{\"a\": 1}\n```"), "{\"a\": 1}");
+        assert_eq!(unfenced("```\n[1]\n```\n"), "[1]");
+        // Not a fence around the whole answer: left as it is.
+        assert_eq!(unfenced("```json\n{}"), "```json\n{}");
+        assert_eq!(unfenced("text ```{}```"), "text ```{}```");
     }
 
     #[test]

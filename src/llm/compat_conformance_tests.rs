@@ -299,6 +299,8 @@ fn echo() -> responses::Echo {
         temperature: Some(0.5),
         max_output_tokens: Some(300),
         effort: Some("low".into()),
+        format: Some(serde_json::json!({"type": "json_schema", "name": "city",
+            "schema": {"type": "object", "properties": {"name": {"type": "string"}}}, "strict": true})),
     }
 }
 

@@ -845,6 +845,7 @@ fn client_call_options_render_valid_bodies() {
         temperature: Some(0.3),
         effort: Some("low".into()),
         thinking: None,
+        format: None,
     };
     let spec = openai_spec("https://api.openai.com/v1");
     check_openai("client options", &spec, &req);
@@ -892,4 +893,64 @@ fn client_call_options_render_valid_bodies() {
     req.options.thinking = Some(ClientThinking::Disabled);
     let body = anthropic::render_request(&spec, &req);
     assert!(body.get("thinking").is_none());
+}
+
+/// Structured output (SPEC §17) renders bodies valid under both published schemas: OpenAI
+/// `response_format` (json_schema with the schema reduced to the provider's dialect, or
+/// json_object), Anthropic `output_config.format` beside the effort.
+#[test]
+fn structured_output_renders_valid_bodies() {
+    use crate::llm::{CallOptions, ClientThinking};
+    use crate::message::call::OutputFormat;
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 5000}},
+                        "required": ["city"], "additionalProperties": false});
+    let mut req = plain_text();
+    req.options = CallOptions {
+        format: Some(Box::new(OutputFormat::JsonSchema {
+            name: "place".into(),
+            schema: schema.clone(),
+            strict: Some(true),
+            description: Some("where".into()),
+        })),
+        ..CallOptions::default()
+    };
+    let spec = openai_spec("https://api.openai.com/v1");
+    check_openai("json_schema", &spec, &req);
+    let body = openai::render_request(&spec, &req);
+    assert_eq!(
+        body["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "place", "schema": schema,
+                                                      "strict": true, "description": "where"}})
+    );
+    // A local server's dialect reduces the schema sent, as it does a tool's.
+    let mut local = openai_spec("http://127.0.0.1:8080/v1");
+    local.tool_schema.max_length = Some(1999);
+    let body = openai::render_request(&local, &req);
+    assert_eq!(
+        body["response_format"]["json_schema"]["schema"]["properties"]["city"],
+        json!({"type": "string"})
+    );
+    let mut anthropic_spec = anthropic_spec();
+    anthropic_spec.thinking_effort = Some("low".into());
+    req.options.thinking = Some(ClientThinking::Adaptive);
+    check_anthropic("json_schema", &anthropic_spec, &req);
+    let body = anthropic::render_request(&anthropic_spec, &req);
+    assert_eq!(
+        body["output_config"],
+        json!({"effort": "low", "format": {"type": "json_schema", "schema": schema}})
+    );
+    req.options.thinking = None;
+    let body = anthropic::render_request(&anthropic_spec, &req);
+    assert_eq!(
+        body["output_config"],
+        json!({"format": {"type": "json_schema", "schema": schema}})
+    );
+
+    req.options.format = Some(Box::new(OutputFormat::JsonObject));
+    check_openai("json_object", &spec, &req);
+    let body = openai::render_request(&spec, &req);
+    assert_eq!(body["response_format"], json!({"type": "json_object"}));
+    // Anthropic has no JSON mode: nothing sent, the answer is checked.
+    let body = anthropic::render_request(&anthropic_spec, &req);
+    assert!(body.get("output_config").is_none(), "{body}");
 }

@@ -166,7 +166,8 @@ impl Llm {
     /// One logical call: retries with jittered exponential backoff (base
     /// `api_retry_base_delay`, `api_retries` retries, honouring Retry-After, each wait capped at
     /// 60 s) on retryable errors, then each model of the `fallback` list in order (skipping
-    /// unloaded ones, which are logged). Unknown / unloaded model → `UnknownModel` /
+    /// unloaded ones, and for a structured-output request those without `structured_output`,
+    /// which are logged). Unknown / unloaded model → `UnknownModel` /
     /// `NotLoaded`. On total failure the error of the last model tried is returned.
     pub async fn chat(
         &self,
@@ -206,6 +207,11 @@ impl Llm {
                     continue;
                 }
             };
+            // A structured-output request only goes to a model that takes its format.
+            if req.options.format.is_some() && !next_spec.structured_output {
+                tracing::warn!(model = %model, fallback = %next, "skipping fallback model: structured_output = false");
+                continue;
+            }
             tracing::warn!(from = %from, to = %next, error = %error, "falling back to the next model");
             on_event(LlmEvent::Fallback {
                 from: from.clone(),
@@ -642,6 +648,27 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    /// A structured-output request skips a fallback model without `structured_output`
+    /// (SPEC §17): the next one that takes the format answers; other requests use it.
+    #[tokio::test]
+    async fn a_structured_request_skips_a_fallback_without_structured_output() {
+        let (base, seen) = server().await;
+        let mut primary = anthropic_model("primary", &base, "down");
+        primary.fallback = vec!["plain".into(), "local".into()];
+        let mut plain = model_spec("plain", ProviderKind::OpenAi, &format!("{base}/ok"));
+        plain.structured_output = false;
+        let local = model_spec("local", ProviderKind::OpenAi, &format!("{base}/ok"));
+        let llm = llm(vec![primary, plain, local], &[], 0);
+        let (_, sink) = collector();
+        let mut req = sample_request();
+        req.options.format = Some(Box::new(crate::message::call::OutputFormat::JsonObject));
+        let out = llm.chat("primary", &req, &sink).await.unwrap();
+        assert_eq!(out.model.name, "local");
+        let out = llm.chat("primary", &sample_request(), &sink).await.unwrap();
+        assert_eq!(out.model.name, "plain");
+        assert_eq!(count(&seen, "ok"), 2);
     }
 
     #[tokio::test]

@@ -33,6 +33,7 @@ pub(crate) fn model_spec(name: &str, kind: ProviderKind, base_url: &str) -> Mode
         prompt_cache_key: false,
         tool_schema: Default::default(),
         tool_calls_in_text: false,
+        structured_output: true,
     }
 }
 

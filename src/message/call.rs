@@ -23,6 +23,12 @@ pub struct CallOptions {
     /// Anthropic `thinking` as the client asked for it (Anthropic models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<ClientThinking>,
+    /// Structured output: the final answer must be JSON (OpenAI `response_format`, Anthropic
+    /// `output_config.format`). Sent to the provider with every call of the message and
+    /// checked on the final answer (`agent::run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Boxed: a schema is rare and large, an intake is common.
+    pub format: Option<Box<OutputFormat>>,
 }
 
 impl CallOptions {
@@ -44,6 +50,25 @@ pub enum ClientThinking {
     Adaptive,
 }
 
+/// The shape a client asked the final answer to have (SPEC §17 structured output).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputFormat {
+    /// Any JSON object (OpenAI `json_object`).
+    JsonObject,
+    /// JSON valid under `schema`, a JSON Schema object.
+    JsonSchema {
+        /// The format's name (OpenAI requires one; `output` when the API has none).
+        name: String,
+        schema: serde_json::Value,
+        /// OpenAI `strict`, passed on as asked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strict: Option<bool>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        description: Option<String>,
+    },
+}
+
 /// The effort values both APIs accept.
 pub const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
 
@@ -61,6 +86,7 @@ mod tests {
             thinking: Some(ClientThinking::Enabled {
                 budget_tokens: 2048,
             }),
+            format: None,
         };
         let s = serde_json::to_string(&o).unwrap();
         assert_eq!(
@@ -72,5 +98,31 @@ mod tests {
             serde_json::to_string(&CallOptions::default()).unwrap(),
             "{}"
         );
+    }
+
+    #[test]
+    fn a_format_roundtrips_in_its_trail_shape() {
+        let o = CallOptions {
+            format: Some(Box::new(OutputFormat::JsonSchema {
+                name: "answer".into(),
+                schema: serde_json::json!({"type": "object"}),
+                strict: Some(true),
+                description: None,
+            })),
+            ..CallOptions::default()
+        };
+        let s = serde_json::to_string(&o).unwrap();
+        assert_eq!(
+            s,
+            r#"{"format":{"type":"json_schema","name":"answer","schema":{"type":"object"},"strict":true}}"#
+        );
+        assert_eq!(serde_json::from_str::<CallOptions>(&s).unwrap(), o);
+        let o = CallOptions {
+            format: Some(Box::new(OutputFormat::JsonObject)),
+            ..CallOptions::default()
+        };
+        let s = serde_json::to_string(&o).unwrap();
+        assert_eq!(s, r#"{"format":{"type":"json_object"}}"#);
+        assert!(!o.is_empty());
     }
 }

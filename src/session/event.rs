@@ -483,6 +483,12 @@ mod tests {
                 history: vec![Message::user_text("my name is Zed")],
                 options: CallOptions {
                     max_tokens: Some(100),
+                    format: Some(Box::new(crate::message::call::OutputFormat::JsonSchema {
+                        name: "name".into(),
+                        schema: serde_json::json!({"type": "object"}),
+                        strict: None,
+                        description: None,
+                    })),
                     ..Default::default()
                 },
                 one_off: true,

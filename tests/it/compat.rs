@@ -13,7 +13,7 @@ use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire, last_user_text};
 use crate::support::{free_port, wait_until};
 
-const TOKEN: &str = "compat-token-123";
+pub(crate) const TOKEN: &str = "compat-token-123";
 
 /// The SDKs, installed once per target dir.
 fn sdk_dir() -> PathBuf {
@@ -22,13 +22,18 @@ fn sdk_dir() -> PathBuf {
 
 /// A started daemon with the HTTP API on a free port and `extra` appended to its config.
 pub(crate) fn daemon(fake: &FakeLlm, extra: &str) -> (TestDaemon, String) {
+    daemon_with(extra, &provider_toml("anthropic", &fake.base_url()))
+}
+
+/// [`daemon`] with `provider` as the text of its one provider file, `fake.toml`.
+pub(crate) fn daemon_with(extra: &str, provider: &str) -> (TestDaemon, String) {
     let port = free_port();
     let mut d = TestDaemon::new(
         &format!(
             "{}\n[http]\nenabled = true\nport = {port}\n{extra}",
             agentd_toml("fake")
         ),
-        &[("fake", &provider_toml("anthropic", &fake.base_url()))],
+        &[("fake", provider)],
     );
     d.set_env("AGENTD_HTTP_TOKEN", TOKEN);
     d.start();

@@ -253,6 +253,75 @@ def responses():
         out("background", error=type(e).__name__, status=e.status_code, message=e.message)
 
 
+def structured():
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str
+        people: int
+
+    client = oai()
+    session = {"X-Agentd-Session": "structured"}
+    r = client.chat.completions.parse(
+        model="agentd",
+        messages=[{"role": "user", "content": "structured city"}],
+        response_format=City,
+        extra_headers=session,
+    )
+    out("parsed", parsed=r.choices[0].message.parsed.model_dump(),
+        content=r.choices[0].message.content)
+
+    schema = City.model_json_schema()
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}}
+    r = client.chat.completions.create(
+        model="agentd", messages=[{"role": "user", "content": "structured retry"}],
+        response_format=fmt, extra_headers=session,
+    )
+    out("retry", content=r.choices[0].message.content)
+
+    try:
+        client.chat.completions.create(
+            model="agentd", messages=[{"role": "user", "content": "structured never"}],
+            response_format=fmt, extra_headers=session,
+        )
+        out("never", error=None)
+    except openai.APIStatusError as e:
+        out("never", error=type(e).__name__, status=e.status_code, body=e.body)
+
+    m = ant().messages.parse(
+        model="agentd", max_tokens=200, metadata={"user_id": "structured-ant"},
+        messages=[{"role": "user", "content": "structured anthropic"}],
+        output_format=City,
+    )
+    out("anthropic", parsed=m.parsed_output.model_dump(), text=m.content[0].text)
+
+
+def unsupported():
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": {"type": "object"}}}
+    try:
+        oai().chat.completions.create(
+            model="agentd", messages=[{"role": "user", "content": "structured refused"}],
+            response_format=fmt, extra_headers={"X-Agentd-Session": "refused"},
+        )
+        out("openai", error=None)
+    except openai.BadRequestError as e:
+        out("openai", error=type(e).__name__, status=e.status_code, body=e.body)
+    try:
+        ant().messages.create(
+            model="agentd", max_tokens=100, metadata={"user_id": "refused"},
+            messages=[{"role": "user", "content": "structured refused"}],
+            output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}},
+        )
+        out("anthropic", error=None)
+    except anthropic.BadRequestError as e:
+        out("anthropic", error=type(e).__name__, status=e.status_code, body=e.body)
+    # Without a format the same model answers.
+    r = oai().chat.completions.create(
+        model="agentd", messages=[{"role": "user", "content": "plain please"}],
+    )
+    out("plain", content=r.choices[0].message.content)
+
+
 if __name__ == "__main__":
-    {"basics": basics, "streaming": streaming, "budget": budget,
-     "responses": responses}[sys.argv[1]]()
+    {"basics": basics, "streaming": streaming, "budget": budget, "responses": responses,
+     "structured": structured, "unsupported": unsupported}[sys.argv[1]]()

@@ -48,6 +48,7 @@ mod session_control;
 mod session_index;
 mod snapshots;
 mod ssrf;
+mod structured_output;
 mod systemd;
 mod telegram_approvals;
 mod telegram_e2e;

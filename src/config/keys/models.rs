@@ -84,6 +84,9 @@ entry_keys! {
         TOOL_CALLS_IN_TEXT: "models.<name>" "tool_calls_in_text", Bool = Bool,
             default(false), |m| Some(&m.tool_calls_in_text),
             "the model may write a tool call as text — a bare `{\"name\": …, \"arguments\": {…}}` (or a list of them), `<tool_call>…</tool_call>`, fenced JSON — naming one of the request's tools with object arguments: it is taken as a tool call, with the same checks. Streamed text is held back while it may still be one";
+        STRUCTURED_OUTPUT: "models.<name>" "structured_output", Bool = Bool,
+            derived("`true` for anthropic and openai"), |m| Some(&m.structured_output),
+            "the provider takes a structured-output format (OpenAI `response_format`, Anthropic `output_config.format`). A compatible-endpoint request that asks for one is refused (400) when its model has `false`, and such a model is skipped as its fallback";
     ]
 }
 

@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::config::{CacheTtl, ModelSpec, Thinking};
 use crate::llm::tool_memo::{ToolListMemo, finish_body};
 use crate::llm::{ChatRequest, ClientThinking, SystemTier, ToolChoice, ToolSpec};
+use crate::message::call::OutputFormat;
 use crate::message::rendered::{Rendered, WireFormat};
 use crate::message::{Message, ToolImage, UserBlock};
 
@@ -461,8 +462,21 @@ impl Head<'_> {
         let spec = self.spec;
         let effective = Effective::of(spec, self.req);
         m.serialize_entry("model", &spec.model)?;
-        if let (Thinking::Adaptive, Some(effort)) = (effective.thinking, effective.effort) {
-            m.serialize_entry("output_config", &OutputConfig { effort })?;
+        let effort = match effective.thinking {
+            Thinking::Adaptive => effective.effort,
+            _ => None,
+        };
+        // Anthropic has no JSON mode: a `json_object` request is only checked (agent::run).
+        let schema = match self.req.options.format.as_deref() {
+            Some(OutputFormat::JsonSchema { schema, .. }) => Some(schema),
+            _ => None,
+        };
+        if effort.is_some() || schema.is_some() {
+            let format = schema.map(|schema| JsonOutputFormat {
+                schema,
+                kind: "json_schema",
+            });
+            m.serialize_entry("output_config", &OutputConfig { effort, format })?;
         }
         m.serialize_entry("stream", &true)?;
         if !self.system.is_empty() {
@@ -501,7 +515,18 @@ struct TypeOnly<'a> {
 
 #[derive(Serialize)]
 struct OutputConfig<'a> {
-    effort: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    effort: Option<&'a str>,
+    /// Structured output (SPEC §17).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    format: Option<JsonOutputFormat<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonOutputFormat<'a> {
+    schema: &'a serde_json::Value,
+    #[serde(rename = "type")]
+    kind: &'static str,
 }
 
 /// `{"type": "adaptive"}` or `{"budget_tokens": n, "type": "enabled"}`.

@@ -77,6 +77,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
             temperature: compat::temperature(o.get("temperature"), 1.0)?,
             effort,
             thinking,
+            format: output_format(&o)?,
         },
         stream,
         include_usage: true,
@@ -115,6 +116,34 @@ fn effort(o: &Map<String, Value>) -> Result<Option<String>, Invalid> {
             ),
         )),
     }
+}
+
+/// `output_config.format` (`{"type": "json_schema", "schema": {…}}`), or the deprecated
+/// top-level `output_format` of the same shape; not both.
+fn output_format(o: &Map<String, Value>) -> Result<Option<Box<compat::OutputFormat>>, Invalid> {
+    let current = o.get("output_config").and_then(|c| c.get("format"));
+    let old = o.get("output_format");
+    let (at, v) = match (current, old) {
+        (None | Some(Value::Null), None | Some(Value::Null)) => return Ok(None),
+        (Some(v), None | Some(Value::Null)) if !v.is_null() => ("output_config.format", v),
+        (None | Some(Value::Null), Some(v)) => ("output_format", v),
+        _ => {
+            return Err(Invalid::new(
+                "output_format",
+                "send the format once: `output_config.format` (`output_format` is its deprecated name)",
+            ));
+        }
+    };
+    let Value::Object(f) = v else {
+        return Err(Invalid::new(at, format!("`{at}` must be an object")));
+    };
+    if f.get("type").and_then(Value::as_str) != Some("json_schema") {
+        return Err(Invalid::new(
+            format!("{at}.type"),
+            "the only format type is \"json_schema\": {\"type\": \"json_schema\", \"schema\": {…}}",
+        ));
+    }
+    compat::json_schema_format(f, at, false).map(|f| Some(Box::new(f)))
 }
 
 /// `metadata.user_id`, the session (none when blank).
@@ -518,6 +547,68 @@ mod tests {
 
     fn parse(v: Value) -> Result<CompatRequest, Invalid> {
         parse_request(&serde_json::to_vec(&v).unwrap())
+    }
+
+    /// SPEC §17 structured output: `output_config.format` (or the deprecated `output_format`)
+    /// into the neutral format, beside the effort; bad shapes are 400 naming the field.
+    #[test]
+    fn output_config_format_is_parsed_and_bad_shapes_name_the_field() {
+        use crate::message::call::OutputFormat;
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let with = |extra: Value| {
+            let mut body = json!({"model": "agentd", "max_tokens": 100,
+                                  "messages": [{"role": "user", "content": "hi"}]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(body)
+        };
+        let expected = Some(&OutputFormat::JsonSchema {
+            name: compat::DEFAULT_FORMAT_NAME.into(),
+            schema: schema.clone(),
+            strict: None,
+            description: None,
+        });
+        let r = with(json!({"output_config": {"effort": "low",
+                                              "format": {"type": "json_schema", "schema": schema}}}))
+        .unwrap();
+        assert_eq!(r.options.format.as_deref(), expected);
+        assert_eq!(r.options.effort.as_deref(), Some("low"));
+        let r = with(json!({"output_format": {"type": "json_schema", "schema": schema}})).unwrap();
+        assert_eq!(r.options.format.as_deref(), expected);
+        assert_eq!(
+            with(json!({"output_config": {"effort": "low"}}))
+                .unwrap()
+                .options
+                .format,
+            None
+        );
+        for (extra, param) in [
+            (
+                json!({"output_config": {"format": "json"}}),
+                "output_config.format",
+            ),
+            (
+                json!({"output_config": {"format": {"type": "json_object"}}}),
+                "output_config.format.type",
+            ),
+            (
+                json!({"output_config": {"format": {"type": "json_schema", "schema": []}}}),
+                "output_config.format.schema",
+            ),
+            (
+                json!({"output_format": {"type": "json_schema"}}),
+                "output_format.schema",
+            ),
+            (
+                json!({"output_format": {"type": "json_schema", "schema": schema},
+                       "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+                "output_format",
+            ),
+        ] {
+            let e = with(extra.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {e:?}");
+        }
     }
 
     #[test]

@@ -12,11 +12,13 @@ use std::fmt;
 
 use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
+use serde_json::Value;
 
 use crate::config::ModelSpec;
 use crate::llm::each::Each;
 use crate::llm::tool_memo::{ToolListMemo, finish_body};
 use crate::llm::{ChatRequest, ToolChoice, ToolSpec};
+use crate::message::call::OutputFormat;
 use crate::message::rendered::{Rendered, WireFormat};
 use crate::message::{Message, ToolCall, ToolResult, UserBlock};
 
@@ -265,6 +267,12 @@ impl Body<'_> {
         if let Some(effort) = &req.options.effort {
             m.serialize_entry("reasoning_effort", effort)?;
         }
+        if let Some(format) = &req.options.format {
+            m.serialize_entry(
+                "response_format",
+                &ResponseFormat(format, &spec.tool_schema),
+            )?;
+        }
         m.serialize_entry("stream", &true)?;
         m.serialize_entry(
             "stream_options",
@@ -288,6 +296,49 @@ impl Body<'_> {
 }
 
 // Fixed-shape objects derive `Serialize`: their fields are declared in key order.
+
+/// `response_format` (SPEC §17 structured output): `{"type": "json_object"}` or
+/// `{"json_schema": {"description"?, "name", "schema", "strict"?}, "type": "json_schema"}`,
+/// the schema reduced to what the provider's grammar accepts (`schema_keywords`), as tool
+/// schemas are: the final answer is still checked against the full one.
+struct ResponseFormat<'a>(&'a OutputFormat, &'a crate::config::ToolSchemaDialect);
+
+impl Serialize for ResponseFormat<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        match self.0 {
+            OutputFormat::JsonObject => m.serialize_entry("type", "json_object")?,
+            OutputFormat::JsonSchema {
+                name,
+                schema,
+                strict,
+                description,
+            } => {
+                m.serialize_entry(
+                    "json_schema",
+                    &JsonSchema {
+                        description: description.as_deref(),
+                        name,
+                        schema: &crate::llm::schema::for_dialect(schema, self.1),
+                        strict: *strict,
+                    },
+                )?;
+                m.serialize_entry("type", "json_schema")?;
+            }
+        }
+        m.end()
+    }
+}
+
+#[derive(Serialize)]
+struct JsonSchema<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    name: &'a str,
+    schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    strict: Option<bool>,
+}
 
 #[derive(Serialize)]
 struct StreamOptions {

@@ -46,6 +46,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         temperature: compat::temperature(o.get("temperature"), 2.0)?,
         effort: effort(&o)?,
         thinking: None,
+        format: text_format(&o)?,
     };
     let mut system = Vec::new();
     if let Some(i) = opt_str(&o, "instructions")? {
@@ -93,8 +94,8 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
     })
 }
 
-/// Refuses what agentd cannot do: background responses, server-side conversations, prompt
-/// templates and structured output.
+/// Refuses what agentd cannot do: background responses, server-side conversations and prompt
+/// templates.
 fn refuse_unsupported(o: &Map<String, Value>) -> Result<(), Invalid> {
     let set = |k: &str| {
         o.get(k)
@@ -118,12 +119,28 @@ fn refuse_unsupported(o: &Map<String, Value>) -> Result<(), Invalid> {
             "prompt templates are not supported: send `instructions` and `input`",
         ));
     }
-    match o.get("text").and_then(|t| t.get("format")) {
-        None | Some(Value::Null) => Ok(()),
-        Some(f) if f.get("type").and_then(Value::as_str) == Some("text") => Ok(()),
-        Some(_) => Err(Invalid::new(
-            "text.format",
-            "structured output is not supported on this endpoint yet: leave out `text.format`",
+    Ok(())
+}
+
+/// `text.format`: `text` (or absent) asks for nothing; `json_object`; `json_schema` with its
+/// `name`, `schema` and `strict` beside the type.
+fn text_format(o: &Map<String, Value>) -> Result<Option<Box<compat::OutputFormat>>, Invalid> {
+    const AT: &str = "text.format";
+    let f = match o.get("text").and_then(|t| t.get("format")) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(f)) => f,
+        Some(_) => return Err(Invalid::new(AT, "`text.format` must be an object")),
+    };
+    match f.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Box::new(compat::OutputFormat::JsonObject))),
+        Some("json_schema") => Ok(Some(Box::new(compat::json_schema_format(f, AT, true)?))),
+        other => Err(Invalid::new(
+            "text.format.type",
+            format!(
+                "unknown text.format type {}: use \"text\", \"json_object\" or \"json_schema\"",
+                short(&other.map_or("(none)".to_string(), |t| format!("{t:?}")))
+            ),
         )),
     }
 }
@@ -296,6 +313,8 @@ pub struct Echo {
     pub temperature: Option<f32>,
     pub max_output_tokens: Option<u32>,
     pub effort: Option<String>,
+    /// `text.format` as asked (`{"type": "text"}` when none).
+    pub format: Option<Value>,
 }
 
 impl Echo {
@@ -307,6 +326,29 @@ impl Echo {
             temperature: r.options.temperature,
             max_output_tokens: r.options.max_tokens,
             effort: r.options.effort.clone(),
+            format: r.options.format.as_deref().map(format_echo),
+        }
+    }
+}
+
+/// A format as the Responses API shows it in `text.format`.
+fn format_echo(f: &compat::OutputFormat) -> Value {
+    match f {
+        compat::OutputFormat::JsonObject => json!({"type": "json_object"}),
+        compat::OutputFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+            description,
+        } => {
+            let mut v = json!({"type": "json_schema", "name": name, "schema": schema});
+            if let Some(s) = strict {
+                v["strict"] = (*s).into();
+            }
+            if let Some(d) = description {
+                v["description"] = d.as_str().into();
+            }
+            v
         }
     }
 }
@@ -378,7 +420,7 @@ impl Head<'_> {
             "parallel_tool_calls": true,
             "store": e.store,
             "temperature": e.temperature.unwrap_or(1.0),
-            "text": {"format": {"type": "text"}},
+            "text": {"format": e.format.clone().unwrap_or_else(|| json!({"type": "text"}))},
             "tool_choice": "auto",
             "tools": [],
             "top_p": 1.0,
@@ -641,8 +683,8 @@ mod tests {
                 "conversation",
             ),
             (
-                json!({"model": "agentd", "input": "x", "text": {"format": {"type": "json_object"}}}),
-                "text.format",
+                json!({"model": "agentd", "input": "x", "text": {"format": {"type": "json_schema"}}}),
+                "text.format.name",
             ),
             (
                 json!({"model": "agentd", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}),

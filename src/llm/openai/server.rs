@@ -110,6 +110,7 @@ fn call_options(o: &Map<String, Value>) -> Result<CallOptions, Invalid> {
             }
         },
         thinking: None,
+        format: response_format(o.get("response_format"))?,
     };
     if o.get("reasoning").is_some_and(|r| !r.is_null()) {
         return Err(Invalid::new(
@@ -118,6 +119,38 @@ fn call_options(o: &Map<String, Value>) -> Result<CallOptions, Invalid> {
         ));
     }
     Ok(options)
+}
+
+/// `response_format`: `text` (or absent) asks for nothing; `json_object`; `json_schema` with
+/// `json_schema.{name, schema, strict, description}`.
+fn response_format(v: Option<&Value>) -> Result<Option<Box<compat::OutputFormat>>, Invalid> {
+    const AT: &str = "response_format";
+    let o = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(Invalid::new(AT, "`response_format` must be an object")),
+    };
+    match o.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Box::new(compat::OutputFormat::JsonObject))),
+        Some("json_schema") => match o.get("json_schema") {
+            Some(Value::Object(js)) => {
+                compat::json_schema_format(js, "response_format.json_schema", true)
+                    .map(|f| Some(Box::new(f)))
+            }
+            _ => Err(Invalid::new(
+                "response_format.json_schema",
+                "a json_schema response_format needs `json_schema`: {\"name\": …, \"schema\": {…}}",
+            )),
+        },
+        other => Err(Invalid::new(
+            "response_format.type",
+            format!(
+                "unknown response_format type {}: use \"text\", \"json_object\" or \"json_schema\"",
+                short(&other.map_or("(none)".to_string(), |t| format!("{t:?}")))
+            ),
+        )),
+    }
 }
 
 /// A turn of the conversation and the attachments of its user message.
@@ -609,6 +642,72 @@ mod tests {
 
     fn parse(v: Value) -> Result<CompatRequest, Invalid> {
         parse_request(&serde_json::to_vec(&v).unwrap())
+    }
+
+    /// SPEC §17 structured output: `response_format` into the neutral format; bad shapes are
+    /// 400 naming the field.
+    #[test]
+    fn response_format_is_parsed_and_bad_shapes_name_the_field() {
+        use crate::message::call::OutputFormat;
+        let with = |f: Value| {
+            parse(json!({"model": "agentd", "response_format": f,
+                         "messages": [{"role": "user", "content": "hi"}]}))
+        };
+        assert_eq!(with(json!({"type": "text"})).unwrap().options.format, None);
+        assert_eq!(
+            with(json!({"type": "json_object"})).unwrap().options.format,
+            Some(Box::new(OutputFormat::JsonObject))
+        );
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let r = with(json!({"type": "json_schema", "json_schema": {
+            "name": "thing", "schema": schema, "strict": true, "description": "a thing"}}))
+        .unwrap();
+        assert_eq!(
+            r.options.format.as_deref(),
+            Some(&OutputFormat::JsonSchema {
+                name: "thing".into(),
+                schema: schema.clone(),
+                strict: Some(true),
+                description: Some("a thing".into()),
+            })
+        );
+        let big =
+            json!({"type": "object", "description": "x".repeat(compat::MAX_FORMAT_SCHEMA_BYTES)});
+        for (f, param) in [
+            (json!("json"), "response_format"),
+            (json!({"type": "yaml"}), "response_format.type"),
+            (
+                json!({"type": "json_schema"}),
+                "response_format.json_schema",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"schema": schema}}),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "a b", "schema": schema}}),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "t", "schema": "{}"}}),
+                "response_format.json_schema.schema",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "t"}}),
+                "response_format.json_schema.schema",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "t", "schema": big}}),
+                "response_format.json_schema.schema",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": "yes"}}),
+                "response_format.json_schema.strict",
+            ),
+        ] {
+            let e = with(f.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{f}: {e:?}");
+        }
     }
 
     #[test]
