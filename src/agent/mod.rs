@@ -4,6 +4,7 @@
 //! same loop. Works on neutral types only.
 
 mod approve;
+mod client;
 pub mod compaction;
 #[cfg(test)]
 mod loop_tests;
@@ -114,6 +115,15 @@ impl Work {
             _ => None,
         }
     }
+    /// A compatible request whose new input is only the results of client tools (no text,
+    /// no attachment): the loop goes on from them without a user turn.
+    fn only_tool_results(&self) -> bool {
+        self.api().is_some_and(|a| !a.tool_results.is_empty())
+            && self
+                .intakes
+                .iter()
+                .all(|i| i.text.trim().is_empty() && i.attachments.is_empty())
+    }
     fn text(&self) -> String {
         self.intakes
             .iter()
@@ -143,6 +153,9 @@ pub enum Finish {
         truncated: bool,
         /// Set when a fallback model gave the final answer (SPEC §18.3).
         fallback: Option<crate::llm::FellBack>,
+        /// The calls of a compatible endpoint's client tools the turn ended on (SPEC §17):
+        /// the client runs them and sends their results with its next request.
+        client_calls: Vec<crate::message::ToolCall>,
     },
     Failed {
         /// What the sender is told.
@@ -423,6 +436,7 @@ impl Agent {
             cost_usd: 0.0,
             truncated: false,
             fallback: None,
+            client_calls: Vec::new(),
         }
     }
 
@@ -437,19 +451,28 @@ impl Agent {
         handle: u64,
         cancel: &CancellationToken,
     ) -> Result<Finish, Option<Fail>> {
-        // Calls left without results (a crash, /stop during tools) are answered before
-        // anything is appended: providers reject a tool call without its result. A batch
-        // that waited for approval is asked again instead (run_loop).
+        // Calls left without results (a crash, /stop during tools, client calls the client
+        // did not answer) are answered before anything is appended: providers reject a tool
+        // call without its result. The results a compatible request brings answer its open
+        // client calls first. A batch that waited for approval is asked again instead
+        // (run_loop).
         let approval = approve::ApprovalRoute::of(work);
+        if !work.resume {
+            self.record_client_history(session, state, work, cancel)
+                .await?;
+            self.record_client_results(session, state, work, cancel)
+                .await?;
+        }
         if !(work.resume && Self::waiting_batch(state).is_some()) {
             self.repair_dangling(session, state, cancel).await?;
         }
         let tier = compaction::work_tier(work);
-        if !work.resume {
+        if !work.resume && !work.only_tool_results() {
             self.append_user_turn(session, state, work, model, &tier, cancel)
                 .await?;
         }
         let options = work.api().map(|a| a.options.clone()).unwrap_or_default();
+        let client = client::ClientTools::of(work);
         let run = run::Run {
             caller: run::Caller::Message {
                 session,
@@ -464,6 +487,7 @@ impl Agent {
             cancel,
             options: &options,
             deltas: work.deltas.as_ref(),
+            client: &client,
         };
         self.run_loop(&run, state).await
     }
@@ -479,8 +503,6 @@ impl Agent {
         tier: &str,
         cancel: &CancellationToken,
     ) -> Result<(), Option<Fail>> {
-        self.record_client_history(session, state, work, cancel)
-            .await?;
         let compaction_near = self.take_compaction_warning(state, tier).await;
         let images = if self
             .cfg

@@ -134,6 +134,9 @@ pub enum BackendError {
     /// 400
     #[error("{0}")]
     BadRequest(String),
+    /// 400 naming the field of the request at fault (`messages[3]`).
+    #[error("{message}")]
+    BadField { param: String, message: String },
     /// 404
     #[error("{0}")]
     NotFound(String),

@@ -235,7 +235,7 @@ fn header(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, Stri
 /// A backend refusal in the API's envelope.
 fn backend_error(api: Api, e: BackendError) -> Response {
     let kind = match &e {
-        BackendError::BadRequest(_) => ErrorKind::InvalidRequest,
+        BackendError::BadRequest(_) | BackendError::BadField { .. } => ErrorKind::InvalidRequest,
         BackendError::Conflict(_) => ErrorKind::Conflict,
         BackendError::NotFound(_) => ErrorKind::NotFound,
         BackendError::Unavailable(_) => ErrorKind::Unavailable,
@@ -245,7 +245,11 @@ fn backend_error(api: Api, e: BackendError) -> Response {
     if kind == ErrorKind::Internal {
         tracing::warn!(error = %e, "compatible endpoint: backend error");
     }
-    error_response(api, kind, &e.to_string(), None)
+    let param = match &e {
+        BackendError::BadField { param, .. } => Some(param.as_str()),
+        _ => None,
+    };
+    error_response(api, kind, &e.to_string(), param)
 }
 
 /// The frames of one streamed answer in either API.

@@ -147,6 +147,7 @@ impl ApiBackend for Fake {
                 model,
                 created: 1,
                 text: format!("echo: {text}"),
+                calls: vec![],
                 finish: FinishReason::Stop,
                 usage: Usage {
                     input_tokens: 10,

@@ -17,7 +17,10 @@ use crate::agent::{FailCause, Finish};
 use crate::api::backend::{AttachmentIn, BackendError, CompatIn, CompatOutcome, CompatTicket};
 use crate::channels::intake::{Completion, IntakeSink};
 use crate::control::Source;
-use crate::llm::compat::{CompatAttachment, CompatReply, ErrorKind, FinishReason, ModelChoice};
+use crate::llm::compat::{
+    self, CompatAttachment, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid,
+    ModelChoice,
+};
 use crate::message::{Message, Usage};
 use crate::session::event::{ApiRoute, ONE_OFF_PREFIX};
 use crate::session::{Ending, Event, Intake, Route, TrailLine};
@@ -201,6 +204,7 @@ impl Answering {
                 silent,
                 usage,
                 truncated,
+                client_calls,
                 ..
             } => CompatOutcome::Reply(CompatReply {
                 id: self.id.clone(),
@@ -208,11 +212,14 @@ impl Answering {
                 created: self.created,
                 // A silent reply (the agent chose not to answer) is an empty answer.
                 text: if silent { String::new() } else { text },
-                finish: if truncated {
+                finish: if !client_calls.is_empty() {
+                    FinishReason::ToolCalls
+                } else if truncated {
                     FinishReason::Length
                 } else {
                     FinishReason::Stop
                 },
+                calls: client_calls,
                 usage,
             }),
             Finish::Failed {
@@ -250,7 +257,7 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
         // The usage of every call of the turn, for trails written before the final answer
         // carried the message's totals.
         match &l.event {
-            Event::Message(m) if m.message.is_user() => {
+            Event::Message(m) if m.message.is_user() || m.starts_work() => {
                 ours = m.reply_to.iter().any(|r| r == id);
                 usage = Usage::default();
                 cost = 0.0;
@@ -282,6 +289,13 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
                     to: m.model.clone().unwrap_or_default(),
                     reason: m.fallback_reason.clone().unwrap_or_default(),
                 }),
+                client_calls: m
+                    .message
+                    .tool_calls()
+                    .iter()
+                    .filter(|c| m.client_calls.contains(&c.id))
+                    .cloned()
+                    .collect(),
             },
             Ending::Failed { reply, error } => Finish::Failed {
                 reply: reply.to_string(),
@@ -374,6 +388,9 @@ impl DaemonBackend {
             }
             e
         };
+        self.check_client_tools(&r, &key, one_off)
+            .await
+            .map_err(release)?;
         let stream = r.stream;
         let model = self.routed_model(&r.model).map_err(release)?;
         let attachments = self
@@ -394,6 +411,9 @@ impl DaemonBackend {
                 options: r.options,
                 one_off,
                 request_digest: idempotency_key.as_ref().map(|_| binding.digest.clone()),
+                tools: r.tools,
+                tool_choice: r.tool_choice,
+                tool_results: r.tool_results.into_iter().map(|t| t.result).collect(),
             })),
             notify_meta: None,
             relayed_from: None,
@@ -453,6 +473,55 @@ impl DaemonBackend {
             return Err(reused(k));
         }
         Ok(None)
+    }
+
+    /// A request's client tools and tool results against the session (SPEC §17): a client
+    /// tool may not take the name of one of agentd's own tools (the registry's, MCP tools
+    /// included); a result must answer a call still open in the session it goes to (a
+    /// one-off session: the calls at the end of the request's own messages).
+    async fn check_client_tools(
+        &self,
+        r: &CompatRequest,
+        key: &str,
+        one_off: bool,
+    ) -> Result<(), BackendError> {
+        let bad = |i: Invalid| BackendError::BadField {
+            param: i.param.unwrap_or_else(|| "messages".into()),
+            message: i.message,
+        };
+        if !r.tools.is_empty() {
+            compat::check_clash(&r.tools, &self.tools.names()).map_err(bad)?;
+        }
+        if r.tool_results.is_empty() {
+            return Ok(());
+        }
+        let (open, whose) = if one_off {
+            (compat::open_calls(&r.history), "the request's messages")
+        } else {
+            (
+                self.open_client_calls(key).await?,
+                "this session (the client calls its last answer made)",
+            )
+        };
+        compat::check_results(&r.tool_results, &open, whose).map_err(bad)
+    }
+
+    /// The client calls open in session `key` (none for a session not yet created), read
+    /// from its snapshot and trail.
+    async fn open_client_calls(&self, key: &str) -> Result<Vec<String>, BackendError> {
+        let (store, key) = (self.intake.store.clone(), key.to_string());
+        tokio::task::spawn_blocking(move || {
+            let Some(session) = store.get(&key)? else {
+                return Ok(Vec::new());
+            };
+            crate::session::current_state(session.dir(), &session.id, &key)
+                .map(|s| s.open_client_calls)
+        })
+        .await
+        .map_err(|e| BackendError::Internal(e.to_string()))?
+        .map_err(|e: std::io::Error| {
+            BackendError::Internal(format!("cannot read the session's state: {e}"))
+        })
     }
 
     /// The model a request names: `None` for `agentd` (routed), the name for a loaded

@@ -194,6 +194,7 @@ async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<
         started: s.started,
         recent: Default::default(),
         approvals: s.approvals.clone(),
+        tools: s.tools.clone(),
     });
     let router = crate::api::router(
         backend,

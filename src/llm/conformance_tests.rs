@@ -743,6 +743,7 @@ fn client_call_options_render_valid_bodies() {
         temperature: Some(0.3),
         effort: Some("low".into()),
         thinking: None,
+        parallel_tool_calls: None,
     };
     let spec = openai_spec("https://api.openai.com/v1");
     check_openai("client options", &spec, &req);
