@@ -28,7 +28,14 @@ pub(super) struct ClientTools {
     /// The definitions as tool specs, sorted by name.
     specs: Vec<ToolSpec>,
     choice: Option<ClientToolChoice>,
+    /// The last list made by [`ClientTools::tools`] and the agent's list it was made from: the
+    /// same `Arc` for every call of the message while the agent's tools stay, so the wire
+    /// JSON of the list is made once (`llm::tool_memo`).
+    combined: std::sync::Mutex<Option<Combined>>,
 }
+
+/// The agent's list and the list with the client's tools made from it.
+type Combined = (Arc<[ToolSpec]>, Arc<[ToolSpec]>);
 
 impl ClientTools {
     /// The client tools `work` brings (none for work that is not a compatible request).
@@ -49,6 +56,7 @@ impl ClientTools {
         ClientTools {
             specs,
             choice: api.tool_choice.clone(),
+            combined: Default::default(),
         }
     }
 
@@ -68,7 +76,15 @@ impl ClientTools {
         if !self.offered() {
             return own;
         }
-        own.iter().chain(&self.specs).cloned().collect()
+        let mut combined = self.combined.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((from, list)) = combined.as_ref()
+            && Arc::ptr_eq(from, &own)
+        {
+            return list.clone();
+        }
+        let list: Arc<[ToolSpec]> = own.iter().chain(&self.specs).cloned().collect();
+        *combined = Some((own, list.clone()));
+        list
     }
 
     /// The tool choice of a call that is not the last: the client's `required` or named tool
@@ -288,6 +304,7 @@ mod tests {
             choice: Some(ClientToolChoice::Tool {
                 name: "lookup".into(),
             }),
+            combined: Default::default(),
         };
         assert_eq!(tools.choice(true), ToolChoice::Tool("lookup".into()));
         assert_eq!(tools.choice(false), ToolChoice::Auto);
@@ -295,6 +312,10 @@ mod tests {
         assert_eq!(tools.choice(true), ToolChoice::Required);
         let own: Arc<[ToolSpec]> = Arc::from(vec![]);
         assert_eq!(tools.tools(own.clone()).len(), 1);
+        assert!(
+            Arc::ptr_eq(&tools.tools(own.clone()), &tools.tools(own.clone())),
+            "one list per message"
+        );
         tools.choice = Some(ClientToolChoice::None);
         assert_eq!(
             tools.tools(own).len(),
