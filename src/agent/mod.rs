@@ -5,6 +5,7 @@
 
 mod answer;
 mod approve;
+mod client;
 pub mod compaction;
 #[cfg(test)]
 mod loop_tests;
@@ -115,6 +116,15 @@ impl Work {
             _ => None,
         }
     }
+    /// A compatible request whose new input is only the results of client tools (no text,
+    /// no attachment): the loop goes on from them without a user turn.
+    fn only_tool_results(&self) -> bool {
+        self.api().is_some_and(|a| !a.tool_results.is_empty())
+            && self
+                .intakes
+                .iter()
+                .all(|i| i.text.trim().is_empty() && i.attachments.is_empty())
+    }
     fn text(&self) -> String {
         self.intakes
             .iter()
@@ -144,6 +154,9 @@ pub enum Finish {
         truncated: bool,
         /// Set when a fallback model gave the final answer (SPEC §18.3).
         fallback: Option<crate::llm::FellBack>,
+        /// The calls of a compatible endpoint's client tools the turn ended on (SPEC §17):
+        /// the client runs them and sends their results with its next request.
+        client_calls: Vec<crate::message::ToolCall>,
     },
     Failed {
         /// What the sender is told.
@@ -434,6 +447,7 @@ impl Agent {
             cost_usd: 0.0,
             truncated: false,
             fallback: None,
+            client_calls: Vec::new(),
         }
     }
 
@@ -448,19 +462,28 @@ impl Agent {
         handle: u64,
         cancel: &CancellationToken,
     ) -> Result<Finish, Option<Fail>> {
-        // Calls left without results (a crash, /stop during tools) are answered before
-        // anything is appended: providers reject a tool call without its result. A batch
-        // that waited for approval is asked again instead (run_loop).
+        // Calls left without results (a crash, /stop during tools, client calls the client
+        // did not answer) are answered before anything is appended: providers reject a tool
+        // call without its result. The results a compatible request brings answer its open
+        // client calls first. A batch that waited for approval is asked again instead
+        // (run_loop).
         let approval = approve::ApprovalRoute::of(work);
+        if !work.resume {
+            self.record_client_history(session, state, work, cancel)
+                .await?;
+            self.record_client_results(session, state, work, cancel)
+                .await?;
+        }
         if !(work.resume && Self::waiting_batch(state).is_some()) {
             self.repair_dangling(session, state, cancel).await?;
         }
         let tier = compaction::work_tier(work);
-        if !work.resume {
+        if !work.resume && !work.only_tool_results() {
             self.append_user_turn(session, state, work, model, &tier, cancel)
                 .await?;
         }
         let options = work.api().map(|a| a.options.clone()).unwrap_or_default();
+        let client = client::ClientTools::of(work);
         let run = run::Run {
             caller: run::Caller::Message {
                 session,
@@ -475,37 +498,28 @@ impl Agent {
             cancel,
             options: &options,
             deltas: work.deltas.as_ref(),
+            client: &client,
         };
         self.run_loop(&run, state).await
     }
 
-    /// A crash between a tool call and its results leaves calls without results: answer them
-    /// with error results before the next call (SPEC §6).
+    /// A crash between a tool call and its results leaves calls without results, and so does
+    /// a client that sends a message instead of the results of its open calls (SPEC §17):
+    /// answer them with error results before the next call (SPEC §6).
     async fn repair_dangling(
         &self,
         session: &Arc<SessionHandle>,
         state: &mut SessionState,
         cancel: &CancellationToken,
     ) -> Result<(), Option<Fail>> {
-        let Some(Message::Assistant { tool_calls, .. }) = state.messages.last() else {
-            return Ok(());
-        };
-        if tool_calls.is_empty() {
+        let results: Vec<ToolResult> = client::dangling(&state.messages)
+            .into_iter()
+            .map(|c| client::dangling_result(c, state.open_client_calls.contains(&c.id)))
+            .collect();
+        if results.is_empty() {
             return Ok(());
         }
-        let results = tool_calls
-            .iter()
-            .map(|c| ToolResult {
-                tool_call_id: c.id.clone(),
-                content: format!(
-                    "error: tool '{}' did not finish: the daemon stopped before its result was recorded",
-                    c.name
-                ),
-                is_error: true,
-                images: Vec::new(),
-            })
-            .collect();
-        tracing::warn!(session = %session.id, "repairing dangling tool calls");
+        tracing::warn!(session = %session.id, calls = results.len(), "answering dangling tool calls with error results");
         self.record_durably(
             session,
             state,
@@ -529,8 +543,6 @@ impl Agent {
         tier: &str,
         cancel: &CancellationToken,
     ) -> Result<(), Option<Fail>> {
-        self.record_client_history(session, state, work, cancel)
-            .await?;
         let compaction_near = self.take_compaction_warning(state, tier).await;
         let images = if self.sees_images(model) {
             load_images(work).await

@@ -14,6 +14,7 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use super::answer::{is_empty, nudge};
+use super::client::ClientTools;
 use super::{Agent, Fail, FailCause, Finish, answer, append, prompt};
 use crate::backoff::Backoff;
 use crate::config::ModelSpec;
@@ -68,6 +69,9 @@ pub(super) struct Run<'a> {
     /// A streamed answer of a compatible endpoint: the text of each call as it arrives, and
     /// a mark as each batch of tool calls starts.
     pub deltas: Option<&'a DeltaSink>,
+    /// A compatible endpoint's client tools (SPEC §17): offered beside the agent's own; a
+    /// call of one ends the turn.
+    pub client: &'a ClientTools,
 }
 
 impl Run<'_> {
@@ -144,7 +148,7 @@ impl Agent {
             // Everything the message spent so far: its sub-agents and compactions too.
             let (billed, _) = run.billing();
             self.check_budget(self.ledger.message_spent(billed)).await?;
-            let req = self.request(run, state, last_turn).await?;
+            let req = self.request(run, state, (turn == 1, last_turn)).await?;
             let mut answer = self.call(run, state, req, turn).await?;
             let fallback = answer.fell_back.clone();
             tally.spent += answer.cost;
@@ -196,7 +200,11 @@ impl Agent {
                 self.record_step(run, state, Event::Message(note)).await?;
                 continue;
             }
-            if resp.tool_calls.is_empty() {
+            let client_calls = run.client.calls_of(&resp.tool_calls, &refused);
+            if resp.tool_calls.is_empty() || !client_calls.is_empty() {
+                let (resp, client_calls) = self
+                    .run_own_calls(run, state, (resp, &refused, &spec), &client_calls, turn)
+                    .await?;
                 let (cost_usd, usage) = self.reported(run, &tally);
                 return Ok(Finish::Reply {
                     truncated: resp.stop_reason == StopReason::MaxTokens,
@@ -205,6 +213,7 @@ impl Agent {
                     usage,
                     cost_usd,
                     fallback,
+                    client_calls,
                 });
             }
             if let Some(d) = run.deltas {
@@ -236,7 +245,7 @@ impl Agent {
         &self,
         run: &Run<'_>,
         state: &mut SessionState,
-        last_turn: bool,
+        (first_call, last_turn): (bool, bool),
     ) -> Result<ChatRequest, Option<Fail>> {
         let (system, tools) = match &run.caller {
             Caller::Message {
@@ -248,7 +257,7 @@ impl Agent {
                 let system = self
                     .system_blocks(tier, &state.skills_off, *silence)
                     .await?;
-                let tools = self.tools.specs();
+                let tools = run.client.tools(self.tools.specs());
                 let tool_tokens = self.tool_tokens.of(&tools);
                 self.fit_context(session, state, run.model, &system, tool_tokens)
                     .await?;
@@ -288,7 +297,7 @@ impl Agent {
             tool_choice: if last_turn {
                 ToolChoice::None
             } else {
-                ToolChoice::Auto
+                run.client.choice(first_call)
             },
             previous_messages: state.previous_messages,
             // Lent the same way: the renderer reuses the bytes of every message it rendered
@@ -439,8 +448,11 @@ impl Agent {
                 }
             }
         }
-        let is_final = resp.tool_calls.is_empty() && misfit.is_none();
+        // A call of a client tool ends the turn: this is the answer the client gets.
+        let client_calls = run.client.calls_of(&resp.tool_calls, &refused);
+        let is_final = (resp.tool_calls.is_empty() || !client_calls.is_empty()) && misfit.is_none();
         let mut ev = MessageEvent::new(resp.to_message());
+        ev.client_calls = client_calls;
         ev.model = Some(spec.name.clone());
         ev.stop_reason = Some(resp.stop_reason.as_str().to_string());
         ev.turn = Some(turn);

@@ -48,6 +48,7 @@ impl Agent {
             cancel: &cancel,
             options: &Default::default(),
             deltas: None,
+            client: &Default::default(),
         };
         match self.run_loop(&run, &mut state).await {
             Ok(Finish::Reply { text, .. }) => Ok(text),

@@ -136,9 +136,9 @@ pub enum BackendError {
     /// 400
     #[error("{0}")]
     BadRequest(String),
-    /// 400 about one field of the request (`param` in the OpenAI envelope).
+    /// 400 naming the field of the request at fault (`messages[3]`).
     #[error("{message}")]
-    InvalidParam { param: String, message: String },
+    BadField { param: String, message: String },
     /// 404
     #[error("{0}")]
     NotFound(String),

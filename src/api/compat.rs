@@ -84,7 +84,7 @@ fn raw(status: StatusCode, content_type: &'static str, body: impl Into<Body>) ->
 }
 
 /// Anthropic clients name their API version in every request.
-const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static(anthropic::VERSION_HEADER);
 
 /// When the daemon started, as Anthropic's model objects date it.
 fn created_at(state: &ApiState) -> String {
@@ -297,7 +297,7 @@ fn header(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, Stri
 /// A backend refusal in the API's envelope.
 fn backend_error(api: Api, e: BackendError) -> Response {
     let kind = match &e {
-        BackendError::InvalidParam { param, message } => {
+        BackendError::BadField { param, message } => {
             return error_response(api, ErrorKind::InvalidRequest, message, Some(param));
         }
         BackendError::BadRequest(_) => ErrorKind::InvalidRequest,
@@ -310,7 +310,11 @@ fn backend_error(api: Api, e: BackendError) -> Response {
     if kind == ErrorKind::Internal {
         tracing::warn!(error = %e, "compatible endpoint: backend error");
     }
-    error_response(api, kind, &e.to_string(), None)
+    let param = match &e {
+        BackendError::BadField { param, .. } => Some(param.as_str()),
+        _ => None,
+    };
+    error_response(api, kind, &e.to_string(), param)
 }
 
 /// The frames of one streamed answer in either API.

@@ -82,9 +82,7 @@ impl IntoResponse for Reply {
 impl From<BackendError> for Reply {
     fn from(e: BackendError) -> Reply {
         let status = match &e {
-            BackendError::BadRequest(_) | BackendError::InvalidParam { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            BackendError::BadRequest(_) | BackendError::BadField { .. } => StatusCode::BAD_REQUEST,
             BackendError::NotFound(_) => StatusCode::NOT_FOUND,
             BackendError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             BackendError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,

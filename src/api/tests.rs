@@ -148,6 +148,7 @@ impl ApiBackend for Fake {
                 model,
                 created: 1,
                 text: format!("echo: {text}"),
+                calls: vec![],
                 finish: FinishReason::Stop,
                 usage: Usage {
                     input_tokens: 10,
@@ -896,16 +897,16 @@ async fn refusals_and_failures_use_each_envelope_and_say_whether_to_retry() {
     let (fake, app) = app();
     let (b0, b1) = bearer();
     let tools = json!({"model": "agentd", "messages": [{"role": "user", "content": "x"}],
-                       "tools": [{"type": "function", "function": {"name": "f"}}]});
+                       "functions": [{"name": "f"}]});
     let (status, v, head) = send(&app, compat_req("/v1/chat/completions", tools, (b0, &b1))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(v["error"]["type"], "invalid_request_error");
-    assert_eq!(v["error"]["param"], "tools");
+    assert_eq!(v["error"]["param"], "functions");
     assert!(
         v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("runs its own tools")
+            .contains("send the same definitions as `tools`")
     );
     assert_eq!(head.headers()["x-should-retry"], "false");
     assert!(

@@ -12,8 +12,9 @@ use crate::session::Intake;
 /// What one control line asks.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Request {
-    /// A message: `intake` for session `key`.
-    Message { key: String, intake: Intake },
+    /// A message: `intake` for session `key` (boxed: an intake is far larger than a control
+    /// line).
+    Message { key: String, intake: Box<Intake> },
     /// A control line that is not a message.
     Control(ControlLine),
 }
@@ -105,7 +106,10 @@ pub async fn request_of(line: ControlLine, state_dir: &Path, max_bytes: usize) -
         }
         other => return Some(Request::Control(other)),
     };
-    Some(Request::Message { key, intake })
+    Some(Request::Message {
+        key,
+        intake: Box::new(intake),
+    })
 }
 
 /// The text of a control line, or `None` (logged: the line is skipped).

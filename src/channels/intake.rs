@@ -227,6 +227,7 @@ mod tests {
                 cost_usd: 0.0,
                 truncated: false,
                 fallback: None,
+                client_calls: vec![],
             })
         };
         assert_eq!(

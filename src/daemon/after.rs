@@ -638,6 +638,7 @@ mod tests {
             cost_usd: 0.0,
             truncated: false,
             fallback,
+            client_calls: vec![],
         };
         let fell = crate::llm::FellBack {
             from: "primary".into(),

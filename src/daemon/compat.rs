@@ -17,7 +17,8 @@ use crate::api::backend::{AttachmentIn, BackendError, CompatIn, CompatOutcome, C
 use crate::channels::intake::{Completion, IntakeSink};
 use crate::control::Source;
 use crate::llm::compat::{
-    self, Api, CompatAttachment, CompatReply, ErrorKind, FinishReason, ModelChoice, OutputFormat,
+    self, Api, CompatAttachment, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid,
+    ModelChoice, OutputFormat,
 };
 use crate::message::{Message, Usage};
 use crate::session::event::{ApiRoute, ONE_OFF_PREFIX};
@@ -201,6 +202,7 @@ impl Answering {
                 silent,
                 usage,
                 truncated,
+                client_calls,
                 ..
             } => CompatOutcome::Reply(CompatReply {
                 id: self.id.clone(),
@@ -209,11 +211,14 @@ impl Answering {
                 created: self.created,
                 // A silent reply (the agent chose not to answer) is an empty answer.
                 text: if silent { String::new() } else { text },
-                finish: if truncated {
+                finish: if !client_calls.is_empty() {
+                    FinishReason::ToolCalls
+                } else if truncated {
                     FinishReason::Length
                 } else {
                     FinishReason::Stop
                 },
+                calls: client_calls,
                 usage,
             }),
             Finish::Failed {
@@ -251,7 +256,7 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
         // The usage of every call of the turn, for trails written before the final answer
         // carried the message's totals.
         match &l.event {
-            Event::Message(m) if m.message.is_user() => {
+            Event::Message(m) if m.message.is_user() || m.starts_work() => {
                 ours = m.reply_to.iter().any(|r| r == id);
                 usage = Usage::default();
                 cost = 0.0;
@@ -283,6 +288,13 @@ pub fn recorded_finish(lines: &[TrailLine], id: &str) -> Option<Finish> {
                     to: m.model.clone().unwrap_or_default(),
                     reason: m.fallback_reason.clone().unwrap_or_default(),
                 }),
+                client_calls: m
+                    .message
+                    .tool_calls()
+                    .iter()
+                    .filter(|c| m.client_calls.contains(&c.id))
+                    .cloned()
+                    .collect(),
             },
             Ending::Failed { reply, error } => Finish::Failed {
                 reply: reply.to_string(),
@@ -344,7 +356,7 @@ impl DaemonBackend {
     pub(super) async fn compat_accept(&self, req: CompatIn) -> Result<CompatTicket, BackendError> {
         let CompatIn {
             api,
-            request: r,
+            request: mut r,
             session_header,
             idempotency_key,
             body_digest,
@@ -361,32 +373,15 @@ impl DaemonBackend {
             created: chrono::Utc::now().timestamp(),
         };
         let name = session_header.or(r.session.clone());
-        let (mut key, mut from, mut one_off) =
-            session_target(name.as_deref(), idempotency_key.as_deref());
-        let mut history = r.history;
-        if let Some(previous) = r.continuation.previous_response.as_deref() {
-            match self.continued(previous).await? {
-                Continued::Session(k) => {
-                    if name.is_some() && k != key {
-                        return Err(BackendError::BadRequest(
-                            "previous_response_id belongs to another session than the one this request names (user, safety_identifier or X-Agentd-Session): send one of them".into(),
-                        ));
-                    }
-                    from = k.trim_start_matches("api:").to_string();
-                    key = k;
-                    one_off = false;
-                }
-                Continued::History(mut earlier) if one_off => {
-                    earlier.append(&mut history);
-                    history = earlier;
-                }
-                Continued::History(_) => {
-                    return Err(BackendError::BadRequest(
-                        "previous_response_id names a conversation without a session: leave out the session name (user, safety_identifier or X-Agentd-Session) to continue it".into(),
-                    ));
-                }
-            }
-        }
+        let mut history = std::mem::take(&mut r.history);
+        let (key, from, one_off) = self
+            .destination(
+                name.as_deref(),
+                idempotency_key.as_deref(),
+                r.continuation.previous_response.as_deref(),
+                &mut history,
+            )
+            .await?;
         let binding = Binding {
             session: key.clone(),
             digest: body_digest,
@@ -402,6 +397,9 @@ impl DaemonBackend {
             }
             e
         };
+        self.check_client_tools(&r, &history, &key, one_off)
+            .await
+            .map_err(release)?;
         let stream = r.stream;
         let model = self.routed_model(&r.model).map_err(release)?;
         if let Some(format) = &r.options.format {
@@ -427,6 +425,9 @@ impl DaemonBackend {
                 one_off,
                 request_digest: idempotency_key.as_ref().map(|_| binding.digest.clone()),
                 unstored: !r.continuation.store,
+                tools: r.tools,
+                tool_choice: r.tool_choice,
+                tool_results: r.tool_results.into_iter().map(|t| t.result).collect(),
             })),
             notify_meta: None,
             relayed_from: None,
@@ -490,6 +491,56 @@ impl DaemonBackend {
         Ok(None)
     }
 
+    /// A request's client tools and tool results against the session (SPEC §17): a client
+    /// tool may not take the name of one of agentd's own tools (the registry's, MCP tools
+    /// included); a result must answer a call still open in the session it goes to (a
+    /// one-off session: the calls at the end of the request's own messages).
+    async fn check_client_tools(
+        &self,
+        r: &CompatRequest,
+        history: &[Message],
+        key: &str,
+        one_off: bool,
+    ) -> Result<(), BackendError> {
+        let bad = |i: Invalid| BackendError::BadField {
+            param: i.param.unwrap_or_else(|| "messages".into()),
+            message: i.message,
+        };
+        if !r.tools.is_empty() {
+            compat::check_clash(&r.tools, &self.tools.names()).map_err(bad)?;
+        }
+        if r.tool_results.is_empty() {
+            return Ok(());
+        }
+        let (open, whose) = if one_off {
+            (compat::open_calls(history), "the request's messages")
+        } else {
+            (
+                self.open_client_calls(key).await?,
+                "this session (the client calls its last answer made)",
+            )
+        };
+        compat::check_results(&r.tool_results, &open, whose).map_err(bad)
+    }
+
+    /// The client calls open in session `key` (none for a session not yet created), read
+    /// from its snapshot and trail.
+    async fn open_client_calls(&self, key: &str) -> Result<Vec<String>, BackendError> {
+        let (store, key) = (self.intake.store.clone(), key.to_string());
+        tokio::task::spawn_blocking(move || {
+            let Some(session) = store.get(&key)? else {
+                return Ok(Vec::new());
+            };
+            crate::session::current_state(session.dir(), &session.id, &key)
+                .map(|s| s.open_client_calls)
+        })
+        .await
+        .map_err(|e| BackendError::Internal(e.to_string()))?
+        .map_err(|e: std::io::Error| {
+            BackendError::Internal(format!("cannot read the session's state: {e}"))
+        })
+    }
+
     /// The model a request names: `None` for `agentd` (routed), the name for a loaded
     /// `agentd:<name>`, else `NotFound` naming the loaded ones.
     fn routed_model(&self, asked: &str) -> Result<Option<String>, BackendError> {
@@ -537,7 +588,7 @@ impl DaemonBackend {
                 crate::config::INLINE_PROVIDER => "agentd.toml".to_string(),
                 p => format!("providers.d/{p}.toml"),
             };
-            return Err(BackendError::InvalidParam {
+            return Err(BackendError::BadField {
                 param: param.into(),
                 message: format!(
                     "structured output is not supported by model {name:?} (provider {:?}, model {:?}): it has structured_output = false; ask another model (\"agentd:<name>\", GET /v1/models), or set structured_output = true on [models.{name}] in {file} if the provider takes {param}",
@@ -548,7 +599,7 @@ impl DaemonBackend {
         if let OutputFormat::JsonSchema { schema, .. } = format
             && let Err(e) = crate::tools::arg_schema::ArgSchema::compile(schema)
         {
-            return Err(BackendError::InvalidParam {
+            return Err(BackendError::BadField {
                 param: match api {
                     Api::OpenAi => "response_format.json_schema.schema".into(),
                     Api::Anthropic | Api::Responses => format!("{param}.schema"),
@@ -603,6 +654,39 @@ impl DaemonBackend {
         .ok()
         .flatten()
         .unwrap_or(false)
+    }
+
+    /// The session a request goes to, the intake's `from`, and whether it is a one-off
+    /// ([`session_target`]), with `previous_response_id` followed: into its named session, or
+    /// (a one-off conversation) with its messages before `history`.
+    async fn destination(
+        &self,
+        name: Option<&str>,
+        idempotency_key: Option<&str>,
+        previous: Option<&str>,
+        history: &mut Vec<Message>,
+    ) -> Result<(String, String, bool), BackendError> {
+        let (key, from, one_off) = session_target(name, idempotency_key);
+        let Some(previous) = previous else {
+            return Ok((key, from, one_off));
+        };
+        match self.continued(previous).await? {
+            Continued::Session(k) if name.is_none() || k == key => {
+                let from = k.trim_start_matches("api:").to_string();
+                Ok((k, from, false))
+            }
+            Continued::Session(_) => Err(BackendError::BadRequest(
+                "previous_response_id belongs to another session than the one this request names (user, safety_identifier or X-Agentd-Session): send one of them".into(),
+            )),
+            Continued::History(mut earlier) if one_off => {
+                earlier.append(history);
+                *history = earlier;
+                Ok((key, from, one_off))
+            }
+            Continued::History(_) => Err(BackendError::BadRequest(
+                "previous_response_id names a conversation without a session: leave out the session name (user, safety_identifier or X-Agentd-Session) to continue it".into(),
+            )),
+        }
     }
 
     /// Where `previous_response_id` leads: the named session it was answered in, or the

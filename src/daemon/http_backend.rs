@@ -38,6 +38,8 @@ pub struct DaemonBackend {
     pub recent: Arc<super::compat::RecentAnswers>,
     /// Tool calls waiting for a yes (SPEC §18.1).
     pub approvals: Arc<crate::tools::approval::Approvals>,
+    /// The agent's tools: a client tool may not take one's name (SPEC §17).
+    pub tools: Arc<crate::tools::ToolRegistry>,
 }
 
 impl DaemonBackend {

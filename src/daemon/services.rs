@@ -64,6 +64,9 @@ pub struct Services {
     pub intake: Arc<IntakeHandler>,
     /// Tool calls waiting for a person's yes (SPEC §18.1).
     pub approvals: Arc<crate::tools::approval::Approvals>,
+    /// The agent's tools (MCP ones included): a compatible endpoint's client tools may not
+    /// take their names (SPEC §17).
+    pub tools: Arc<crate::tools::ToolRegistry>,
     pub started: Instant,
 }
 
@@ -359,7 +362,7 @@ impl Services {
         let agent = Agent::new(
             cfg.clone(),
             gateway.clone(),
-            tools,
+            tools.clone(),
             skills.clone(),
             monitor.clone(),
         )
@@ -402,6 +405,7 @@ impl Services {
             dispatcher,
             intake,
             approvals,
+            tools,
             started,
         })
     }

@@ -163,7 +163,7 @@ fn start_fifo(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<(), Da
                 // Errors are logged by intake; the FIFO writer sees no intake record and
                 // times out.
                 Some(Request::Message { key, intake }) => {
-                    let _ = sink.accept(&key, intake).await;
+                    let _ = sink.accept(&key, *intake).await;
                 }
                 Some(Request::Control(line @ crate::control::ControlLine::Approval { .. })) => {
                     super::approvals::handle_line(&approvals, &line)
@@ -194,6 +194,7 @@ async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<
         started: s.started,
         recent: Default::default(),
         approvals: s.approvals.clone(),
+        tools: s.tools.clone(),
     });
     let router = crate::api::router(
         backend,

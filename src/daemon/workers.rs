@@ -816,6 +816,7 @@ mod tests {
                         cost_usd: 0.0,
                         truncated: false,
                         fallback: None,
+                        client_calls: vec![],
                     }
                 };
                 self.running.fetch_sub(1, Ordering::SeqCst);

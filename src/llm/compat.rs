@@ -2,11 +2,20 @@
 //! parsed request of either API says ([`CompatRequest`]), what the answer carries
 //! ([`CompatReply`]), the error classes both envelopes share ([`ErrorKind`]) and the model ids
 //! (`agentd`, `agentd:<name>`). The wire JSON of each API lives beside its client, in
-//! `llm::openai::server` and `llm::anthropic::server`; nothing here knows it.
+//! `llm::openai::server` and `llm::anthropic::server`; nothing here knows it. The client's
+//! function tools, their calls and results in a conversation are checked in `compat/tools.rs`.
 
-use crate::message::call::CallOptions;
+mod tools;
+
+pub use tools::{
+    CompatToolResult, MAX_CLIENT_TOOLS, NewInput, Turn, check_clash, check_client_tools,
+    check_history, check_results, check_tool_choice, client_tool, history_call, new_input,
+    open_calls, push_result,
+};
+
 pub use crate::message::call::OutputFormat;
-use crate::message::{Message, Usage};
+use crate::message::call::{CallOptions, ClientTool, ClientToolChoice};
+use crate::message::{Message, ToolCall, Usage};
 
 /// The model id of the routed default.
 pub const DEFAULT_MODEL: &str = "agentd";
@@ -58,8 +67,16 @@ pub struct CompatRequest {
     /// The messages before the last user message, in neutral form (client images there are
     /// replaced by a placeholder; the history of a one-off session).
     pub history: Vec<Message>,
-    /// The text of the last user message: the new input.
+    /// The text of the last user message: the new input (empty when the new input is only
+    /// tool results).
     pub text: String,
+    /// The results of the client's tools that end the conversation: the answers to the calls
+    /// the model made at the end of the previous turn (SPEC §17).
+    pub tool_results: Vec<CompatToolResult>,
+    /// The client's function tools, checked (at most [`MAX_CLIENT_TOOLS`], distinct names).
+    pub tools: Vec<ClientTool>,
+    /// The client's `tool_choice`, when it sent one.
+    pub tool_choice: Option<ClientToolChoice>,
     /// The images and sounds of the last user message.
     pub attachments: Vec<CompatAttachment>,
     pub options: CallOptions,
@@ -157,23 +174,23 @@ pub struct RequestObject<'a> {
     pub model: String,
 }
 
-/// The start both wire formats share: `body` as a JSON object, refused when it asks for
-/// client-side tools (`tool_fields`, the format's own names for them: the agent runs its own),
-/// and its `model` (required, at most 256 bytes).
-/// A `tool_choice` (or `function_call`) that asks for no client tool: `"none"` or `"auto"`,
-/// as a string (OpenAI) or `{"type": …}` (Anthropic). Clients send it with an empty `tools`.
-fn no_tool_choice(v: &serde_json::Value) -> bool {
+/// A field that asks for something agentd does not do (`"none"`, `"auto"`, an empty list or
+/// null ask for nothing and pass): its name and what to send instead.
+fn asks_for_something(v: &serde_json::Value) -> bool {
     let kind = v
         .as_str()
         .or_else(|| v.get("type").and_then(serde_json::Value::as_str));
-    matches!(kind, Some("none" | "auto"))
+    !v.is_null() && v != &serde_json::Value::Array(vec![]) && !matches!(kind, Some("none" | "auto"))
 }
 
+/// The start both wire formats share: `body` as a JSON object, refused when it uses one of
+/// the `refused` fields (name, why and what to send instead), and its `model` (required, at
+/// most 256 bytes).
 pub fn request_object<'a>(
     body: &'a [u8],
-    tool_fields: &[&str],
+    refused: &[(&str, &str)],
 ) -> Result<RequestObject<'a>, Invalid> {
-    request_object_with(body, "messages", tool_fields)
+    request_object_with(body, "messages", refused)
 }
 
 /// [`request_object`] whose list of messages is the field `list` (`input` in the Responses
@@ -181,7 +198,7 @@ pub fn request_object<'a>(
 pub fn request_object_with<'a>(
     body: &'a [u8],
     list: &str,
-    tool_fields: &[&str],
+    refused: &[(&str, &str)],
 ) -> Result<RequestObject<'a>, Invalid> {
     use serde_json::Value;
     use serde_json::value::RawValue;
@@ -204,17 +221,9 @@ pub fn request_object_with<'a>(
         let v = bounded_value(raw).map_err(|m| Invalid::new(&name, m))?;
         fields.insert(name, v);
     }
-    for f in tool_fields {
-        if fields
-            .get(*f)
-            .is_some_and(|v| !v.is_null() && v != &Value::Array(vec![]) && !no_tool_choice(v))
-        {
-            return Err(Invalid::new(
-                *f,
-                format!(
-                    "client-side tools are not supported: agentd is an agent and runs its own tools; remove `{f}` from the request"
-                ),
-            ));
+    for (f, why) in refused {
+        if fields.get(*f).is_some_and(asks_for_something) {
+            return Err(Invalid::new(*f, *why));
         }
     }
     let model = match fields.get("model") {
@@ -516,6 +525,8 @@ pub enum FinishReason {
     Stop,
     /// Cut at the output limit (`length`, `max_tokens`).
     Length,
+    /// The model called client tools (`tool_calls`, `tool_use`): the calls are in the answer.
+    ToolCalls,
 }
 
 /// A finished answer.
@@ -530,6 +541,9 @@ pub struct CompatReply {
     /// Unix seconds.
     pub created: i64,
     pub text: String,
+    /// The calls of the client's tools the turn ended on (SPEC §17); `finish` is then
+    /// [`FinishReason::ToolCalls`].
+    pub calls: Vec<ToolCall>,
     pub finish: FinishReason,
     /// Totals over the message's whole loop.
     pub usage: Usage,
@@ -666,7 +680,8 @@ pub fn is_image_type(t: &str) -> bool {
     matches!(t, "image/png" | "image/jpeg" | "image/gif" | "image/webp")
 }
 
-/// Consecutive messages of the same role merged (texts joined by a blank line), and a leading
+/// Consecutive messages of the same role merged (texts joined by a blank line, tool results
+/// into one list; an assistant message takes the calls of the one after it), and a leading
 /// assistant message preceded by a user note, so the history alternates as both providers
 /// require.
 pub fn normalise_history(messages: Vec<Message>) -> Vec<Message> {
@@ -677,15 +692,24 @@ pub fn normalise_history(messages: Vec<Message>) -> Vec<Message> {
                 content.extend(more);
             }
             (
-                Some(Message::Assistant { text, .. }),
+                Some(Message::ToolResults { results, .. }),
+                Message::ToolResults { results: more, .. },
+            ) => results.extend(more),
+            (
+                Some(Message::Assistant {
+                    text, tool_calls, ..
+                }),
                 Message::Assistant {
-                    text: more_text, ..
+                    text: more_text,
+                    tool_calls: more_calls,
+                    ..
                 },
-            ) => {
+            ) if tool_calls.is_empty() => {
                 if !text.is_empty() && !more_text.is_empty() {
                     text.push_str("\n\n");
                 }
                 text.push_str(&more_text);
+                *tool_calls = more_calls;
             }
             (None, m @ Message::Assistant { .. }) => {
                 out.push(Message::user_text(

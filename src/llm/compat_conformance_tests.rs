@@ -161,6 +161,7 @@ fn reply(finish: FinishReason) -> CompatReply {
         model: "agentd".into(),
         created: 1_764_320_000,
         text: "Milk and bread.".into(),
+        calls: vec![],
         finish,
         usage: Usage {
             input_tokens: 30,
@@ -324,8 +325,26 @@ fn responses_bodies_and_events_match_the_schemas() {
         let quiet = responses::ResponseStream::new("resp_2", "agentd", 1, echo());
         all.extend(quiet.finish(&r));
         all.extend(quiet.error(ErrorKind::Budget, "daily budget reached"));
+        // A turn that calls the client's tools, with text and without.
+        let mut calls = r.clone();
+        calls.finish = FinishReason::ToolCalls;
+        calls.calls = vec![crate::message::ToolCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: serde_json::json!({"city": "Paris"}),
+        }];
+        for text in ["", "Checking."] {
+            calls.text = text.into();
+            let body = json(&responses::response_body(&calls, &echo()));
+            assert_valid(&OPENAI_RESPONSES, "response with calls", &body);
+            let s = responses::ResponseStream::new("resp_3", "agentd", 1, echo());
+            if !text.is_empty() {
+                all.extend(s.text(text));
+            }
+            all.extend(s.finish(&calls));
+        }
         let frames = sse(&all);
-        assert_eq!(frames.len(), 10 + 6 + 1);
+        assert_eq!(frames.len(), 10 + 6 + 1 + 5 + 3 + 8);
         for (name, data) in &frames {
             let event = json(data.as_bytes());
             assert_eq!(name.as_deref(), event["type"].as_str(), "event name = type");
@@ -351,4 +370,96 @@ fn the_response_schemas_reject_what_they_should() {
     ));
     body["output"][0]["content"][0]["annotations"] = Value::Null;
     assert!(!OPENAI_RESPONSES.is_valid(&body));
+}
+
+/// An answer that ended on calls of the client's tools (SPEC §17): with text before them,
+/// and without.
+fn with_calls(text: &str) -> CompatReply {
+    CompatReply {
+        text: text.into(),
+        calls: vec![
+            crate::message::ToolCall {
+                id: "toolu_01A".into(),
+                name: "lookup".into(),
+                arguments: serde_json::json!({"city": "Paris", "days": 2}),
+            },
+            crate::message::ToolCall {
+                id: "call_2".into(),
+                name: "ping".into(),
+                arguments: serde_json::json!({}),
+            },
+        ],
+        ..reply(FinishReason::ToolCalls)
+    }
+}
+
+#[test]
+fn answers_with_client_tool_calls_match_the_schemas() {
+    for text in ["Let me look that up.", ""] {
+        let r = with_calls(text);
+        let body = json(&openai::completion_body(&r));
+        assert_valid(&OPENAI_RESPONSE, "chat.completion with tool calls", &body);
+        assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
+        let call = &body["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "lookup");
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+            .expect("arguments are a JSON string");
+        assert_eq!(args["city"], "Paris");
+        assert_eq!(
+            body["choices"][0]["message"]["content"].is_null(),
+            text.is_empty()
+        );
+
+        let body = json(&anthropic::message_body(&r));
+        assert_valid(&ANTHROPIC_MESSAGE, "message with tool_use", &body);
+        assert_eq!(body["stop_reason"], "tool_use");
+        let blocks = body["content"].as_array().unwrap();
+        assert_eq!(blocks.len(), if text.is_empty() { 2 } else { 3 });
+        let tool_use = &blocks[blocks.len() - 2];
+        assert_eq!(tool_use["type"], "tool_use");
+        assert_eq!(tool_use["input"]["days"], 2);
+
+        let s = openai::ChunkStream::new("i1", "agentd", 1_764_320_000, true);
+        let mut all = s.start();
+        all.extend(s.text(text));
+        all.extend(s.finish(&r));
+        let frames = sse(&all);
+        let mut calls = Vec::new();
+        for (_, data) in &frames[..frames.len() - 1] {
+            let chunk = json(data.as_bytes());
+            assert_valid(&OPENAI_CHUNK, "chunk with tool calls", &chunk);
+            if let Some(c) = chunk["choices"][0]["delta"]["tool_calls"].as_array() {
+                calls.extend(c.iter().cloned());
+            }
+        }
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1]["index"], 1);
+        assert_eq!(calls[1]["id"], "call_2");
+        let last = json(frames[frames.len() - 3].1.as_bytes());
+        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+
+        let s = anthropic::EventStream::new("i1", "agentd");
+        let mut all = s.start();
+        all.extend(s.text(text));
+        all.extend(s.finish(&r));
+        let mut names = Vec::new();
+        for (name, data) in sse(&all) {
+            let event = json(data.as_bytes());
+            assert_valid(&ANTHROPIC_EVENT, name.as_deref().unwrap(), &event);
+            if event["type"] == "content_block_start" && event["index"] != 0 {
+                assert_eq!(event["content_block"]["type"], "tool_use");
+            }
+            if let Some(p) = event["delta"]["partial_json"].as_str() {
+                assert!(serde_json::from_str::<Value>(p).unwrap().is_object());
+            }
+            if event["type"] == "message_delta" {
+                assert_eq!(event["delta"]["stop_reason"], "tool_use");
+            }
+            names.push(name.unwrap());
+        }
+        assert_eq!(
+            names.iter().filter(|n| *n == "content_block_start").count(),
+            3
+        );
+    }
 }

@@ -846,6 +846,7 @@ fn client_call_options_render_valid_bodies() {
         effort: Some("low".into()),
         thinking: None,
         format: None,
+        parallel_tool_calls: None,
     };
     let spec = openai_spec("https://api.openai.com/v1");
     check_openai("client options", &spec, &req);

@@ -10,6 +10,12 @@ use serde_json::{Map, Value};
 
 use crate::config::ToolSchemaDialect;
 
+/// A tool definition's description from outside (an MCP server, a compatible endpoint's
+/// client), in bytes.
+pub const MAX_DESCRIPTION_BYTES: usize = 8 * 1024;
+/// A tool definition's input schema from outside, serialised, in bytes.
+pub const MAX_SCHEMA_BYTES: usize = 32 * 1024;
+
 /// How deep local `$ref`s are inlined; a deeper (or recursive) reference becomes `{}`.
 const MAX_INLINE_DEPTH: usize = 16;
 

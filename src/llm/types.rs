@@ -19,12 +19,16 @@ pub struct ToolSpec {
     pub input_schema: Value,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolChoice {
     Auto,
     /// Tools stay defined (cache stays warm) but the model may not call them.
     None,
+    /// The model must call a tool (a compatible endpoint's client asked, SPEC §17).
+    Required,
+    /// The model must call this tool (a compatible endpoint's client asked, SPEC §17).
+    Tool(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -29,6 +29,10 @@ pub struct CallOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Boxed: a schema is rare and large, an intake is common.
     pub format: Option<Box<OutputFormat>>,
+    /// `Some(false)`: at most one tool call per answer (OpenAI `parallel_tool_calls: false`,
+    /// Anthropic `disable_parallel_tool_use: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 impl CallOptions {
@@ -69,6 +73,32 @@ pub enum OutputFormat {
     },
 }
 
+/// A function tool the client of a compatible endpoint defines and runs itself (SPEC §17):
+/// offered to the model beside the agent's own tools; a call of it ends the turn and goes
+/// back to the client. Checked where the request arrives (`llm::compat::client_tool`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientTool {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// JSON Schema of the arguments (an object schema).
+    pub parameters: serde_json::Value,
+}
+
+/// The client's `tool_choice` (SPEC §17).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientToolChoice {
+    /// The model decides (the default).
+    Auto,
+    /// The client's tools are not offered for this message (the agent's own stay).
+    None,
+    /// The first call of the message must call a tool (OpenAI `required`, Anthropic `any`).
+    Required,
+    /// The first call of the message must call this client tool.
+    Tool { name: String },
+}
+
 /// The effort values both APIs accept.
 pub const EFFORTS: &[&str] = &["none", "minimal", "low", "medium", "high", "xhigh", "max"];
 
@@ -87,6 +117,7 @@ mod tests {
                 budget_tokens: 2048,
             }),
             format: None,
+            parallel_tool_calls: None,
         };
         let s = serde_json::to_string(&o).unwrap();
         assert_eq!(

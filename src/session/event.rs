@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::message::call::CallOptions;
+use crate::message::call::{CallOptions, ClientTool, ClientToolChoice};
 use crate::message::{Address, Message, ToolResult};
 
 /// Format version of trail lines.
@@ -333,6 +333,17 @@ pub struct ApiRoute {
     /// `previous_response_id`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub unstored: bool,
+    /// The client's function tools, offered to the model beside the agent's own for this
+    /// message only (SPEC §17).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ClientTool>,
+    /// The client's `tool_choice`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ClientToolChoice>,
+    /// The results of the client's tools this request brings: the answers to the session's
+    /// open client calls, recorded (as untrusted content) before the loop goes on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_results: Vec<ToolResult>,
 }
 
 /// The key prefix of one-off sessions of the compatible endpoints (SPEC §17).
@@ -384,6 +395,11 @@ pub struct MessageEvent {
     /// Final assistant message only: the tokens of those rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_usage: Option<crate::message::Usage>,
+    /// Final assistant message only: the ids of its calls that are a compatible endpoint's
+    /// client tools (SPEC §17). The turn ended on them; they stay open until the client's
+    /// next request brings their results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_calls: Vec<String>,
 }
 
 impl MessageEvent {
@@ -404,7 +420,18 @@ impl MessageEvent {
             fallback_reason: None,
             message_cost_usd: None,
             message_usage: None,
+            client_calls: Vec::new(),
         }
+    }
+
+    /// Whether this message starts the work of the intakes in `reply_to`: their user turn,
+    /// or the results of a compatible endpoint's client tools that open it (SPEC §17).
+    pub fn starts_work(&self) -> bool {
+        !self.reply_to.is_empty()
+            && matches!(
+                self.message,
+                Message::User { .. } | Message::ToolResults { .. }
+            )
     }
 }
 
@@ -494,6 +521,7 @@ mod tests {
                 one_off: true,
                 request_digest: Some("ab12".into()),
                 unstored: true,
+                ..ApiRoute::default()
             })),
             notify_meta: None,
             relayed_from: None,

@@ -700,7 +700,7 @@ pub fn pending_intakes(lines: &[TrailLine]) -> Vec<Pending> {
     let mut started: HashSet<&str> = HashSet::new();
     for l in lines {
         match &l.event {
-            Event::Message(m) if m.message.is_user() => {
+            Event::Message(m) if m.starts_work() => {
                 started.extend(m.reply_to.iter().map(String::as_str))
             }
             Event::Message(m) if m.is_final => done.extend(m.reply_to.iter().map(String::as_str)),

@@ -62,6 +62,10 @@ pub struct SessionState {
     /// session's cadence, which picks the cache TTL (SPEC §20).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_turns: Vec<i64>,
+    /// The calls of a compatible endpoint's client tools the last turn ended on that have no
+    /// result yet (SPEC §17): the only calls the client's next results may answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open_client_calls: Vec<String>,
     /// The messages as the provider's wire format last rendered them, reused by the next call
     /// (SPEC §16.6). Memory only; compaction, the image swap and a repair of stored calls
     /// invalidate it here; a clone starts empty (`message::rendered`).
@@ -169,6 +173,7 @@ impl SessionState {
             job_costs: Default::default(),
             job_running: None,
             recent_turns: Vec::new(),
+            open_client_calls: Vec::new(),
             rendered: RenderCache::new(),
             snapshot: SnapshotMark::default(),
             images_from: ImagesFrom::default(),
@@ -251,9 +256,18 @@ impl SessionState {
                 if let Some(n) = m.sent_messages {
                     self.previous_messages = Some(n);
                 }
+                match &msg {
+                    Message::Assistant { .. } => self.open_client_calls = m.client_calls.clone(),
+                    Message::ToolResults { results, .. } => {
+                        self.answered(results);
+                        self.approvals.batch_done();
+                    }
+                    Message::User { .. } => {}
+                }
                 self.messages.push(msg);
             }
             Event::ToolResult { results, notice } => {
+                self.answered(results);
                 self.approvals.batch_done();
                 let mut msg = Message::ToolResults {
                     results: results.clone(),
@@ -310,6 +324,12 @@ impl SessionState {
     /// Follow the cost of a scheduled job's turn: a user turn answering `schedule-<name>-<slot>`
     /// starts it, each assistant message adds its cost, the final one records it in
     /// `job_costs`.
+    /// Client calls answered by `results` are no longer open.
+    fn answered(&mut self, results: &[crate::message::ToolResult]) {
+        self.open_client_calls
+            .retain(|id| !results.iter().any(|r| &r.tool_call_id == id));
+    }
+
     fn track_job(&mut self, m: &super::event::MessageEvent) {
         match &m.message {
             Message::User { .. } => {

@@ -300,6 +300,12 @@ impl ToolRegistry {
         }
     }
 
+    /// A result a compatible endpoint's client sent for one of its tools (SPEC §17): from
+    /// outside like an MCP server's output, so truncated and wrapped the same way.
+    pub fn client_result(&self, tool: &str, content: &str) -> String {
+        super::untrusted::wrap(tool, &truncate_output(content, self.output_truncation))
+    }
+
     /// Run all calls concurrently, at most `max_parallel` at a time; results come back in the
     /// order of `calls`.
     pub async fn execute_all(&self, calls: &[ToolCall], ctx: &ToolContext) -> Vec<ToolResult> {

@@ -80,16 +80,6 @@ def basics():
     out("chat2", content=r.choices[0].message.content)
 
     try:
-        client.chat.completions.create(
-            model="agentd",
-            messages=[{"role": "user", "content": "use my tool"}],
-            tools=[{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
-        )
-        out("tools", error=None)
-    except openai.BadRequestError as e:
-        out("tools", error=type(e).__name__, status=e.status_code, message=str(e))
-
-    try:
         openai.OpenAI(base_url=BASE + "/v1", api_key="wrong-key", max_retries=0).models.list()
         out("bad_key", error=None)
     except openai.AuthenticationError as e:
@@ -252,6 +242,35 @@ def responses():
     except openai.APIStatusError as e:
         out("background", error=type(e).__name__, status=e.status_code, message=e.message)
 
+    weather = {"type": "function", "name": "get_weather", "description": "The weather of a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}
+    t1 = client.responses.create(model="agentd", input="responses weather tool", tools=[weather])
+    calls = [o for o in t1.output if o.type == "function_call"]
+    t2 = client.responses.create(model="agentd", previous_response_id=t1.id, tools=[weather],
+                                 input=[{"type": "function_call_output",
+                                         "call_id": calls[0].call_id, "output": "18 C and sunny"}])
+    out("tool_round", status=t1.status, text=t2.output_text,
+        calls=[{"name": c.name, "arguments": c.arguments, "call_id": c.call_id} for c in calls])
+    events, final = [], None
+    for e in client.responses.create(model="agentd", input="responses weather stream",
+                                     tools=[weather], stream=True, user="resp-tools"):
+        events.append(e.type)
+        if e.type == "response.completed":
+            final = e.response
+    calls = [o for o in final.output if o.type == "function_call"]
+    done = client.responses.create(model="agentd", user="resp-tools", tools=[weather],
+                                   input=[{"type": "function_call_output",
+                                           "call_id": calls[0].call_id, "output": "rain"}])
+    out("tool_stream", events=events, calls=[c.call_id for c in calls], text=done.output_text)
+    try:
+        client.responses.create(model="agentd", user="resp-tools", tools=[weather],
+                                input=[{"type": "function_call_output", "call_id": "nope",
+                                        "output": "x"}])
+        out("tool_unknown", error=None)
+    except openai.APIStatusError as e:
+        out("tool_unknown", error=type(e).__name__, status=e.status_code, message=e.message)
+
 
 def structured():
     import pydantic
@@ -322,6 +341,119 @@ def unsupported():
     out("plain", content=r.choices[0].message.content)
 
 
+WEATHER_OAI = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city, from the client.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    },
+}
+WEATHER_ANT = {
+    "name": "get_weather",
+    "description": "The weather in a city, from the client.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                     "required": ["city"]},
+}
+
+
+def error_of(call):
+    try:
+        call()
+        return {"error": None}
+    except (openai.APIStatusError, anthropic.APIStatusError) as e:
+        return {"error": type(e).__name__, "status": e.status_code, "body": e.body}
+
+
+def oai_round(client, question, session):
+    """A client tool round trip on chat completions: the call, then the result."""
+    extra = {"user": session} if session else {}
+    messages = [{"role": "user", "content": question}]
+    r = client.chat.completions.create(model="agentd", messages=messages,
+                                       tools=[WEATHER_OAI], **extra)
+    msg = r.choices[0].message
+    calls = [{"id": c.id, "name": c.function.name, "arguments": json.loads(c.function.arguments)}
+             for c in msg.tool_calls or []]
+    messages.append(msg.model_dump(exclude_none=True))
+    for c in msg.tool_calls or []:
+        messages.append({"role": "tool", "tool_call_id": c.id, "content": "18 C and sunny"})
+    r2 = client.chat.completions.create(model="agentd", messages=messages,
+                                        tools=[WEATHER_OAI], **extra)
+    return {"finish": r.choices[0].finish_reason, "calls": calls,
+            "final": r2.choices[0].message.content, "final_finish": r2.choices[0].finish_reason}
+
+
+def ant_round(client, question, session):
+    """A client tool round trip on messages: the tool_use, then the tool_result."""
+    extra = {"metadata": {"user_id": session}} if session else {}
+    messages = [{"role": "user", "content": question}]
+    m = client.messages.create(model="agentd", max_tokens=200, messages=messages,
+                               tools=[WEATHER_ANT], **extra)
+    uses = [b for b in m.content if b.type == "tool_use"]
+    messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]})
+    messages.append({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": b.id, "content": "18 C and sunny"} for b in uses]})
+    m2 = client.messages.create(model="agentd", max_tokens=200, messages=messages,
+                                tools=[WEATHER_ANT], **extra)
+    return {"stop": m.stop_reason, "calls": [{"id": b.id, "name": b.name, "input": b.input} for b in uses],
+            "final": "".join(b.text for b in m2.content if b.type == "text"),
+            "final_stop": m2.stop_reason}
+
+
+def client_tools():
+    client = oai()
+    out("oai_session", **oai_round(client, "weather in Paris? (oai session)", "tools-oai"))
+    out("oai_one_off", **oai_round(client, "weather in Paris? (oai one-off)", None))
+    out("ant_session", **ant_round(ant(), "weather in Paris? (ant session)", "tools-ant"))
+    out("ant_one_off", **ant_round(ant(), "weather in Paris? (ant one-off)", None))
+
+    # Streamed: the call arrives as delta.tool_calls chunks.
+    chunks = client.chat.completions.create(
+        model="agentd", messages=[{"role": "user", "content": "weather in Paris? (oai stream)"}],
+        tools=[WEATHER_OAI], stream=True, user="tools-stream")
+    calls, finish, text = {}, None, ""
+    for c in chunks:
+        if not c.choices:
+            continue
+        d = c.choices[0].delta
+        text += d.content or ""
+        for t in d.tool_calls or []:
+            entry = calls.setdefault(t.index, {"id": None, "name": None, "arguments": ""})
+            entry["id"] = t.id or entry["id"]
+            if t.function is not None:
+                entry["name"] = t.function.name or entry["name"]
+                entry["arguments"] += t.function.arguments or ""
+        finish = c.choices[0].finish_reason or finish
+    calls = [calls[i] for i in sorted(calls)]
+    out("oai_stream", finish=finish, text=text, calls=calls)
+    with ant().messages.stream(
+        model="agentd", max_tokens=200, metadata={"user_id": "tools-stream-ant"},
+        messages=[{"role": "user", "content": "weather in Paris? (ant stream)"}],
+        tools=[WEATHER_ANT],
+    ) as s:
+        final = s.get_final_message()
+    out("ant_stream", stop=final.stop_reason,
+        calls=[{"id": b.id, "name": b.name, "input": b.input} for b in final.content if b.type == "tool_use"])
+
+    # A client tool named like one of agentd's own tools.
+    clash = dict(WEATHER_OAI, function=dict(WEATHER_OAI["function"], name="session_status"))
+    out("clash", **error_of(lambda: client.chat.completions.create(
+        model="agentd", messages=[{"role": "user", "content": "clash"}], tools=[clash])))
+    # A result for a call the session never made.
+    out("unknown_call", **error_of(lambda: client.chat.completions.create(
+        model="agentd", tools=[WEATHER_OAI], user="tools-oai",
+        messages=[{"role": "user", "content": "x"},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "call_never", "type": "function",
+                       "function": {"name": "get_weather", "arguments": "{}"}}]},
+                  {"role": "tool", "tool_call_id": "call_never", "content": "made up"}])))
+
+    # agentd's own tool and a client tool in one answer.
+    out("mixed", **oai_round(client, "weather in Paris? (mixed)", "tools-mixed"))
+
+
 if __name__ == "__main__":
     {"basics": basics, "streaming": streaming, "budget": budget, "responses": responses,
-     "structured": structured, "unsupported": unsupported}[sys.argv[1]]()
+     "structured": structured, "unsupported": unsupported,
+     "client_tools": client_tools}[sys.argv[1]]()

@@ -13,6 +13,7 @@ mod battery;
 mod cli;
 mod compaction;
 mod compat;
+mod compat_tools;
 mod concurrency;
 mod daemon_e2e;
 mod daemon_inprocess;

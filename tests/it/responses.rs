@@ -7,16 +7,50 @@ use serde_json::Value;
 use crate::compat::{daemon, run_clients};
 use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire, last_user_text};
 
-/// Answers by the new input's last line naming `responses <what>`: `<what> answer`.
+/// The text of the `tool_result` blocks of the request's last message (Anthropic's wire).
+fn results_in_last_message(body: &Value) -> Vec<String> {
+    let last = body["messages"].as_array().and_then(|m| m.last());
+    let blocks = last.and_then(|l| l["content"].as_array());
+    (blocks.into_iter().flatten())
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| b["content"].to_string())
+        .collect()
+}
+
+/// Answers by the new input's last line naming `responses <what>`: `<what> answer`; a
+/// `weather` question calls the client's `get_weather`, and its result is read back.
 fn answer(body: &Value) -> Option<Reply> {
+    let usage = Usage::new(20, 4, 100, 10);
+    let results = results_in_last_message(body);
+    if !results.is_empty() {
+        return Some(Reply::Text {
+            text: format!("the weather: {}", results.join(", ")),
+            usage,
+        });
+    }
     let text = last_user_text(body);
+    if let Some(tag) = text
+        .lines()
+        .last()
+        .and_then(|l| l.split("responses weather ").nth(1))
+    {
+        return Some(Reply::ToolCalls {
+            text: None,
+            calls: vec![(
+                format!("call_{tag}"),
+                "get_weather".into(),
+                serde_json::json!({"city": "Paris"}),
+            )],
+            usage,
+        });
+    }
     let line = (text.lines().rev())
         .find(|l| l.contains("responses "))
         .unwrap_or_default();
     let what = line.rsplit("responses ").next().unwrap_or(line);
     Some(Reply::Text {
         text: format!("{what} answer"),
-        usage: Usage::new(20, 4, 100, 10),
+        usage,
     })
 }
 
@@ -116,5 +150,34 @@ fn the_openai_sdk_uses_the_responses_api_and_continues_its_conversations() {
         );
     }
     assert_eq!(steps["background"]["status"], 400);
+
+    // Client tools: the call comes back as a function_call item; its output, sent with
+    // previous_response_id (a one-off conversation) or to the named session, goes on.
+    let round = &steps["tool_round"];
+    assert_eq!(round["status"], "completed");
+    assert_eq!(round["calls"][0]["name"], "get_weather");
+    assert_eq!(round["calls"][0]["call_id"], "call_tool");
+    assert_eq!(round["calls"][0]["arguments"], "{\"city\":\"Paris\"}");
+    assert!(
+        round["text"].as_str().unwrap().contains("18 C and sunny"),
+        "{round}"
+    );
+    let stream = &steps["tool_stream"];
+    assert_eq!(stream["calls"][0], "call_stream");
+    for kind in [
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    ] {
+        assert!(stream["events"].to_string().contains(kind), "{stream}");
+    }
+    assert!(
+        stream["text"].as_str().unwrap().contains("rain"),
+        "{stream}"
+    );
+    assert_eq!(
+        steps["tool_unknown"]["status"], 400,
+        "{}",
+        steps["tool_unknown"]
+    );
     assert!(d.sigterm().success());
 }

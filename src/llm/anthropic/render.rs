@@ -108,15 +108,12 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
             close_wire_message(&mut out, r);
         }
         out.push(b']');
-        let choice: &[u8] = match req.tool_choice {
-            ToolChoice::Auto => br#"{"type":"auto"}"#,
-            ToolChoice::None => br#"{"type":"none"}"#,
-        };
+        let choice = tool_choice(req, Effective::of(spec, req).thinking);
         finish_body(
             &mut out,
             |out| serde_json::to_writer(out, &Rest(&head)),
             &req.tools,
-            choice,
+            &choice,
             (&TOOLS_JSON, crate::llm::schema::tag(&spec.tool_schema)),
             |tools| serde_json::to_vec(&Tools(tools, &spec.tool_schema)),
         )
@@ -493,25 +490,41 @@ impl Head<'_> {
             }
         }
         if with_tools && !self.req.tools.is_empty() {
-            let choice = match self.req.tool_choice {
-                ToolChoice::Auto => "auto",
-                ToolChoice::None => "none",
-            };
-            m.serialize_entry("tool_choice", &TypeOnly { kind: choice })?;
+            let choice = tool_choice(self.req, effective.thinking);
+            let choice = serde_json::value::RawValue::from_string(
+                String::from_utf8(choice).map_err(serde::ser::Error::custom)?,
+            )
+            .map_err(serde::ser::Error::custom)?;
+            m.serialize_entry("tool_choice", &choice)?;
             m.serialize_entry("tools", &Tools(&self.req.tools, &spec.tool_schema))?;
         }
         Ok(())
     }
 }
 
-// Fixed-shape objects derive `Serialize`: their fields are declared in key order.
-
-/// `{"type": …}`.
-#[derive(Serialize)]
-struct TypeOnly<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
+/// The `tool_choice` object, keys sorted: `auto`, `none`, `any` (a tool is required) or `tool`
+/// with its name; `disable_parallel_tool_use` when the client asked for one call at a time.
+/// A forced tool (`any`, `tool`) is refused by the API while thinking is on: `auto` then.
+fn tool_choice(req: &ChatRequest, thinking: Thinking) -> Vec<u8> {
+    let forced_ok = thinking == Thinking::Off;
+    let (kind, name) = match &req.tool_choice {
+        ToolChoice::None => ("none", None),
+        ToolChoice::Required if forced_ok => ("any", None),
+        ToolChoice::Tool(name) if forced_ok => ("tool", Some(name.as_str())),
+        ToolChoice::Auto | ToolChoice::Required | ToolChoice::Tool(_) => ("auto", None),
+    };
+    let mut v = serde_json::Map::new();
+    if kind != "none" && req.options.parallel_tool_calls == Some(false) {
+        v.insert("disable_parallel_tool_use".into(), Value::Bool(true));
+    }
+    if let Some(name) = name {
+        v.insert("name".into(), Value::String(name.to_string()));
+    }
+    v.insert("type".into(), Value::String(kind.into()));
+    serde_json::to_vec(&v).unwrap_or_default()
 }
+
+// Fixed-shape objects derive `Serialize`: their fields are declared in key order.
 
 #[derive(Serialize)]
 struct OutputConfig<'a> {

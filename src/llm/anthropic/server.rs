@@ -8,10 +8,11 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::llm::compat::{
-    self, CompatAttachment, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid, short,
+    self, CompatAttachment, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid, Turn,
+    short,
 };
-use crate::message::call::{CallOptions, ClientThinking, EFFORTS};
-use crate::message::{Message, Usage, UserBlock};
+use crate::message::call::{CallOptions, ClientThinking, ClientTool, ClientToolChoice, EFFORTS};
+use crate::message::{Message, ToolCall, ToolResult, Usage, UserBlock};
 
 /// The route of the endpoint.
 pub const MESSAGES_PATH: &str = "/v1/messages";
@@ -19,8 +20,11 @@ pub const MESSAGES_PATH: &str = "/v1/messages";
 /// The header Anthropic clients send the key in.
 pub const API_KEY_HEADER: &str = "x-api-key";
 
-/// Fields that ask the server to run client-side or server-side tools it does not have.
-const TOOL_FIELDS: &[&str] = &["tools", "tool_choice", "mcp_servers"];
+/// Fields agentd does not honour: refused with the reason.
+const REFUSED: &[(&str, &str)] = &[(
+    "mcp_servers",
+    "`mcp_servers` is not supported: agentd connects to its own MCP servers ([mcp.servers]); define the client's tools in `tools`",
+)];
 
 /// Parses a request body. Fields that change nothing the agent does (`top_p`, `top_k`,
 /// `stop_sequences`, `service_tier`, …) are ignored; fields it cannot honour are refused with
@@ -30,7 +34,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         fields: o,
         messages,
         model,
-    } = compat::request_object(body, TOOL_FIELDS)?;
+    } = compat::request_object(body, REFUSED)?;
     let stream = match o.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -47,42 +51,125 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         None | Some(Value::Null) => None,
         Some(s) => Some(text_blocks(s, "system")?),
     };
+    let tools = client_tools(&o)?;
+    let (tool_choice, parallel_tool_calls) = tool_choice(&o)?;
+    compat::check_tool_choice(tool_choice.as_ref(), &tools, "tool_choice")?;
     let messages = compat::message_list(messages)?;
     let mut turns = conversation(&messages)?;
-    let Some((Message::User { content: last }, images)) = turns.pop() else {
-        return Err(Invalid::new(
-            "messages",
-            "the last message must be a user message: it is the new input (prefilling the assistant's answer is not supported)",
-        ));
-    };
-    let text = match last.into_iter().next() {
-        Some(UserBlock::Text { text }) => text,
-        _ => String::new(),
-    };
-    if text.trim().is_empty() && images.is_empty() {
-        return Err(Invalid::new(
-            format!("messages[{}].content", messages.len() - 1),
-            "the last user message is empty",
-        ));
-    }
+    let input = compat::new_input(
+        &mut turns,
+        messages.len(),
+        "the last message must be a user message (text, images or tool results): it is the new input (prefilling the assistant's answer is not supported)",
+    )?;
+    let history = compat::normalise_history(turns.into_iter().map(|t| t.message).collect());
+    compat::check_history(&history)?;
     Ok(CompatRequest {
         model,
         session,
         system: system.filter(|s| !s.trim().is_empty()),
-        history: compat::normalise_history(turns.into_iter().map(|(m, _)| m).collect()),
-        text,
-        attachments: images,
+        history,
+        text: input.text,
+        tool_results: input.tool_results,
+        tools,
+        tool_choice,
+        attachments: input.attachments,
         options: CallOptions {
             max_tokens,
             temperature: compat::temperature(o.get("temperature"), 1.0)?,
             effort,
             thinking,
             format: output_format(&o)?,
+            parallel_tool_calls,
         },
         stream,
         include_usage: true,
         continuation: compat::Continuation::default(),
     })
+}
+
+/// `tools`: custom tools (`name`, `description`, `input_schema`); a server tool (a `type`
+/// like `web_search_20250305`) is refused naming it.
+fn client_tools(o: &Map<String, Value>) -> Result<Vec<ClientTool>, Invalid> {
+    let list = match o.get("tools") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(Invalid::new("tools", "`tools` must be an array")),
+    };
+    let mut tools = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        match t.get("type") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(k)) if k == "custom" => {}
+            Some(other) => {
+                return Err(Invalid::new(
+                    format!("{at}.type"),
+                    format!(
+                        "the server tool {} is not supported: agentd runs its own tools; define the client's tools as custom tools (name, description, input_schema)",
+                        short(&other.to_string())
+                    ),
+                ));
+            }
+        }
+        if t.get("input_schema").is_none() {
+            return Err(Invalid::new(
+                format!("{at}.input_schema"),
+                "a custom tool needs an `input_schema`",
+            ));
+        }
+        tools.push(compat::client_tool(
+            &at,
+            t.get("name"),
+            t.get("description"),
+            t.get("input_schema"),
+            "input_schema",
+        )?);
+    }
+    compat::check_client_tools(&tools, "tools")?;
+    Ok(tools)
+}
+
+/// `tool_choice`: `{"type": "auto" | "any" | "none"}` or `{"type": "tool", "name"}`, each
+/// with an optional `disable_parallel_tool_use`.
+fn tool_choice(
+    o: &Map<String, Value>,
+) -> Result<(Option<ClientToolChoice>, Option<bool>), Invalid> {
+    let Some(v) = o.get("tool_choice").filter(|v| !v.is_null()) else {
+        return Ok((None, None));
+    };
+    let parallel = match v.get("disable_parallel_tool_use") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(off)) => Some(!off),
+        Some(_) => {
+            return Err(Invalid::new(
+                "tool_choice.disable_parallel_tool_use",
+                "`disable_parallel_tool_use` must be true or false",
+            ));
+        }
+    };
+    let choice = match v.get("type").and_then(Value::as_str) {
+        Some("auto") => ClientToolChoice::Auto,
+        Some("any") => ClientToolChoice::Required,
+        Some("none") => ClientToolChoice::None,
+        Some("tool") => match v.get("name").and_then(Value::as_str) {
+            Some(name) => ClientToolChoice::Tool {
+                name: name.to_string(),
+            },
+            None => {
+                return Err(Invalid::new(
+                    "tool_choice.name",
+                    "a `tool_choice` of type \"tool\" needs the tool's `name`",
+                ));
+            }
+        },
+        _ => {
+            return Err(Invalid::new(
+                "tool_choice.type",
+                "`tool_choice.type` must be \"auto\", \"any\", \"tool\" or \"none\"",
+            ));
+        }
+    };
+    Ok((Some(choice), parallel))
 }
 
 /// `max_tokens`: a positive integer, or absent.
@@ -159,11 +246,9 @@ fn session(o: &Map<String, Value>) -> Result<Option<String>, Invalid> {
     }
 }
 
-/// A turn of the conversation and the images of its user message.
-type Turn = (Message, Vec<CompatAttachment>);
-
-/// The turns of `messages`, in order: user messages (with a placeholder for each image) and
-/// assistant messages.
+/// The turns of `messages`, in order: user messages (with a placeholder for each image),
+/// the tool results a user message carries (before its text, as Anthropic orders them), and
+/// assistant messages with their tool calls.
 fn conversation(messages: &[&RawValue]) -> Result<Vec<Turn>, Invalid> {
     let mut turns: Vec<Turn> = Vec::new();
     for (i, raw) in messages.iter().enumerate() {
@@ -173,18 +258,34 @@ fn conversation(messages: &[&RawValue]) -> Result<Vec<Turn>, Invalid> {
         };
         match m.get("role").and_then(Value::as_str) {
             Some("user") => {
-                let (text, images) = content(&m, &at, true)?;
-                let mut blocks = vec![UserBlock::Text { text }];
-                for _ in &images {
+                let b = content(&m, &at, true)?;
+                let only_results =
+                    !b.results.is_empty() && b.text.is_empty() && b.images.is_empty();
+                for (result, at) in b.results {
+                    compat::push_result(&mut turns, result, at);
+                }
+                if only_results {
+                    continue;
+                }
+                let mut blocks = vec![UserBlock::Text { text: b.text }];
+                for _ in &b.images {
                     blocks.push(UserBlock::Text {
                         text: "[image sent by the client]".into(),
                     });
                 }
-                turns.push((Message::User { content: blocks }, images));
+                turns.push(Turn {
+                    message: Message::User { content: blocks },
+                    files: b.images,
+                    at: Vec::new(),
+                });
             }
             Some("assistant") => {
-                let (text, _) = content(&m, &at, false)?;
-                turns.push((compat::assistant_text(text), Vec::new()));
+                let b = content(&m, &at, false)?;
+                let mut message = compat::assistant_text(b.text);
+                if let Message::Assistant { tool_calls, .. } = &mut message {
+                    *tool_calls = b.calls;
+                }
+                turns.push(Turn::of(message));
             }
             _ => {
                 return Err(Invalid::new(
@@ -258,16 +359,31 @@ fn text_blocks(v: &Value, at: &str) -> Result<String, Invalid> {
     }
 }
 
-/// A message's text blocks (joined by newlines) and, for a user message, its images.
-/// Thinking blocks of assistant messages are skipped; tool blocks are refused.
-fn content(
-    m: &Map<String, Value>,
-    at: &str,
-    user: bool,
-) -> Result<(String, Vec<CompatAttachment>), Invalid> {
-    let blocks = match m.get("content") {
-        Some(Value::String(s)) => return Ok((s.clone(), Vec::new())),
-        Some(Value::Array(blocks)) => blocks,
+/// What one message's content blocks hold.
+#[derive(Default)]
+struct Blocks {
+    /// The text blocks, joined by newlines.
+    text: String,
+    /// A user message's images.
+    images: Vec<CompatAttachment>,
+    /// An assistant message's `tool_use` blocks.
+    calls: Vec<ToolCall>,
+    /// A user message's `tool_result` blocks, with where each was.
+    results: Vec<(ToolResult, String)>,
+}
+
+/// A message's content blocks: text (and for a user message images and tool results, for an
+/// assistant message tool calls); thinking blocks of assistant messages are skipped; server
+/// tool blocks are refused.
+fn content(m: &Map<String, Value>, at: &str, user: bool) -> Result<Blocks, Invalid> {
+    let list = match m.get("content") {
+        Some(Value::String(s)) => {
+            return Ok(Blocks {
+                text: s.clone(),
+                ..Blocks::default()
+            });
+        }
+        Some(Value::Array(list)) => list,
         _ => {
             return Err(Invalid::new(
                 format!("{at}.content"),
@@ -276,29 +392,36 @@ fn content(
         }
     };
     let mut text = Vec::new();
-    let mut images = Vec::new();
-    for (j, b) in blocks.iter().enumerate() {
+    let mut b = Blocks::default();
+    for (j, block) in list.iter().enumerate() {
         let here = format!("{at}.content[{j}]");
-        match b.get("type").and_then(Value::as_str) {
-            Some("text") => match b.get("text") {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => match block.get("text") {
                 Some(Value::String(t)) => text.push(t.clone()),
                 _ => return Err(Invalid::new(here, "a text block needs a string `text`")),
             },
             Some("image") if user => {
-                images.push(image(b).map_err(|m| Invalid::new(&here, m))?);
-                if images.len() > compat::MAX_IMAGES {
+                b.images
+                    .push(image(block).map_err(|m| Invalid::new(&here, m))?);
+                if b.images.len() > compat::MAX_IMAGES {
                     return Err(Invalid::new(
                         here,
                         format!("at most {} images per message", compat::MAX_IMAGES),
                     ));
                 }
             }
+            Some("tool_result") if user => {
+                let result = tool_result(block, &here)?;
+                b.results.push((result, here));
+            }
+            Some("tool_use") if !user => b.calls.push(tool_use(block, &here)?),
             Some("thinking" | "redacted_thinking") if !user => {}
-            Some(kind @ ("tool_use" | "tool_result" | "server_tool_use")) => {
+            Some(kind @ ("tool_use" | "tool_result")) => {
                 return Err(Invalid::new(
                     here,
                     format!(
-                        "`{kind}` blocks are not supported: agentd is an agent and runs its own tools"
+                        "`{kind}` blocks belong in {} messages",
+                        if user { "assistant" } else { "user" }
                     ),
                 ));
             }
@@ -308,14 +431,90 @@ fn content(
                     format!(
                         "content blocks of type {:?} are not supported here: send text{}",
                         short(other),
-                        if user { " and images" } else { "" }
+                        if user {
+                            ", images and tool results"
+                        } else {
+                            " and tool calls"
+                        }
                     ),
                 ));
             }
             None => return Err(Invalid::new(here, "a content block needs a `type`")),
         }
     }
-    Ok((text.join("\n"), images))
+    b.text = text.join("\n");
+    Ok(b)
+}
+
+/// A `tool_use` block of the history: `{"id", "name", "input"}`.
+fn tool_use(block: &Value, at: &str) -> Result<ToolCall, Invalid> {
+    let (Some(id), Some(name)) = (
+        block.get("id").and_then(Value::as_str),
+        block.get("name").and_then(Value::as_str),
+    ) else {
+        return Err(Invalid::new(
+            at,
+            "a tool_use block needs `id`, `name` and `input`",
+        ));
+    };
+    let input = block
+        .get("input")
+        .cloned()
+        .unwrap_or(Value::Object(Map::new()));
+    compat::history_call(id, name, input, at)
+}
+
+/// A `tool_result` block: `{"tool_use_id", "content"?: text or blocks, "is_error"?}`; an
+/// image in it becomes a placeholder.
+fn tool_result(block: &Value, at: &str) -> Result<ToolResult, Invalid> {
+    let Some(id) = block.get("tool_use_id").and_then(Value::as_str) else {
+        return Err(Invalid::new(
+            format!("{at}.tool_use_id"),
+            "a tool_result block needs the `tool_use_id` of the call it answers",
+        ));
+    };
+    let content = match block.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut out = Vec::new();
+            for (k, p) in parts.iter().enumerate() {
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => out.push(t.clone()),
+                    (Some("image"), _) => out.push("[image returned by the tool]".into()),
+                    _ => {
+                        return Err(Invalid::new(
+                            format!("{at}.content[{k}]"),
+                            "a tool result may hold text and image blocks",
+                        ));
+                    }
+                }
+            }
+            out.join("\n")
+        }
+        Some(_) => {
+            return Err(Invalid::new(
+                format!("{at}.content"),
+                "must be a string or an array of content blocks",
+            ));
+        }
+    };
+    let is_error = match block.get("is_error") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(Invalid::new(
+                format!("{at}.is_error"),
+                "`is_error` must be true or false",
+            ));
+        }
+    };
+    Ok(ToolResult {
+        tool_call_id: id.to_string(),
+        content,
+        is_error,
+        images: Vec::new(),
+    })
 }
 
 /// An image block with a base64 source (agentd fetches nothing a client names).
@@ -351,7 +550,14 @@ fn stop_reason(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Stop => "end_turn",
         FinishReason::Length => "max_tokens",
+        FinishReason::ToolCalls => "tool_use",
     }
+}
+
+/// A call of a client tool as a `tool_use` block.
+fn tool_use_block(c: &ToolCall) -> Value {
+    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments,
+           "caller": {"type": "direct"}})
 }
 
 /// Usage as Anthropic reports it: uncached input, cache reads and cache writes apart (the
@@ -385,19 +591,33 @@ fn message(id: &str, model: &str, content: Value, stop: Option<&str>, u: &Usage)
     })
 }
 
+/// The answer's content blocks: its text (left out when the model only called tools), then
+/// a `tool_use` block per call of a client tool.
+fn answer_content(r: &CompatReply) -> Value {
+    let mut blocks = Vec::new();
+    if !r.text.is_empty() || r.calls.is_empty() {
+        // `citations` is required by the published schema, and strict clients (the AI SDK)
+        // refuse `null` there: an empty list satisfies both.
+        blocks.push(json!({"type": "text", "text": r.text, "citations": []}));
+    }
+    blocks.extend(r.calls.iter().map(tool_use_block));
+    Value::Array(blocks)
+}
+
 /// The `message` object.
 pub fn message_body(r: &CompatReply) -> Vec<u8> {
     serde_json::to_vec(&message(
         &format!("msg_{}", r.id),
         &r.model,
-        // `citations` is required by the published schema, and strict clients (the AI SDK)
-        // refuse `null` there: an empty list satisfies both.
-        json!([{"type": "text", "text": r.text, "citations": []}]),
+        answer_content(r),
         Some(stop_reason(r.finish)),
         &r.usage,
     ))
     .unwrap_or_default()
 }
+
+/// The header Anthropic clients name their API version in (every request of theirs).
+pub const VERSION_HEADER: &str = "anthropic-version";
 
 /// The route of the token count.
 pub const COUNT_TOKENS_PATH: &str = "/v1/messages/count_tokens";
@@ -502,11 +722,32 @@ impl EventStream {
         event("ping", &json!({"type": "ping"}))
     }
 
+    /// The text block's stop, a `tool_use` block per call of a client tool (its input as
+    /// one `input_json_delta`), `message_delta` and `message_stop`.
     pub fn finish(&self, r: &CompatReply) -> Vec<u8> {
         let mut out = event(
             "content_block_stop",
             &json!({"type": "content_block_stop", "index": 0}),
         );
+        for (i, c) in r.calls.iter().enumerate() {
+            let index = i + 1;
+            let mut start = tool_use_block(c);
+            start["input"] = json!({});
+            out.extend(event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": index, "content_block": start}),
+            ));
+            out.extend(event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "input_json_delta",
+                                  "partial_json": serde_json::to_string(&c.arguments).unwrap_or_default()}}),
+            ));
+            out.extend(event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            ));
+        }
         out.extend(event(
             "message_delta",
             &json!({"type": "message_delta",
@@ -666,6 +907,62 @@ mod tests {
     }
 
     #[test]
+    fn client_tools_their_calls_and_results_are_parsed() {
+        let r = parse(json!({
+            "model": "agentd",
+            "max_tokens": 100,
+            "tools": [
+                {"name": "lookup", "description": "Find", "input_schema": {"type": "object"},
+                 "cache_control": {"type": "ephemeral"}},
+                {"type": "custom", "name": "ping", "input_schema": {"type": "object"}}
+            ],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "messages": [
+                {"role": "user", "content": "find x"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Looking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": "x"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "ping", "input": {}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "found"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": true,
+                     "content": [{"type": "text", "text": "timeout"}]},
+                    {"type": "text", "text": "and hurry"}
+                ]}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(r.tools.len(), 2);
+        assert_eq!(r.tool_choice, Some(ClientToolChoice::Required));
+        assert_eq!(r.options.parallel_tool_calls, Some(false));
+        assert_eq!(r.text, "and hurry");
+        assert_eq!(r.tool_results.len(), 2);
+        assert_eq!(r.tool_results[1].at, "messages[2].content[1]");
+        assert!(r.tool_results[1].result.is_error);
+        assert_eq!(r.tool_results[1].result.content, "timeout");
+        let Message::Assistant {
+            text, tool_calls, ..
+        } = &r.history[1]
+        else {
+            panic!("{:?}", r.history)
+        };
+        assert_eq!(text, "Looking.");
+        assert_eq!(tool_calls[0].arguments, json!({"q": "x"}));
+        // Only results: no text in the new input.
+        let r = parse(json!({"model": "agentd", "messages": [
+            {"role": "user", "content": "find x"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "found"}]}
+        ]}))
+        .unwrap();
+        assert_eq!((r.text.as_str(), r.tool_results.len()), ("", 1));
+        assert_eq!(r.history.len(), 2);
+    }
+
+    #[test]
     fn no_tools_with_a_tool_choice_of_none_or_auto_is_accepted() {
         let msgs = json!([{"role": "user", "content": "x"}]);
         for choice in ["none", "auto"] {
@@ -681,7 +978,16 @@ mod tests {
         let cases = [
             (
                 json!({"model": "agentd", "max_tokens": 10, "messages": msgs, "tools": [{"name": "t"}]}),
-                "tools",
+                "tools[0].input_schema",
+            ),
+            (
+                json!({"model": "agentd", "max_tokens": 10, "messages": msgs,
+                       "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "agentd", "max_tokens": 10, "messages": msgs, "mcp_servers": [{"url": "x"}]}),
+                "mcp_servers",
             ),
             (
                 json!({"model": "agentd", "max_tokens": 10, "messages": msgs, "tool_choice": {"type": "any"}}),
@@ -704,9 +1010,15 @@ mod tests {
                 "messages",
             ),
             (
+                json!({"model": "agentd", "messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
+                {"role": "user", "content": "y"}]}),
+                "messages[1].content[0]",
+            ),
+            (
                 json!({"model": "agentd", "messages": [{"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]}),
-                "messages[0].content[0]",
+                {"type": "tool_result", "content": "x"}]}]}),
+                "messages[0].content[0].tool_use_id",
             ),
             (
                 json!({"model": "agentd", "messages": [{"role": "user", "content": [
@@ -731,6 +1043,7 @@ mod tests {
             model: "agentd".into(),
             created: 1,
             text: "Hi".into(),
+            calls: vec![],
             finish: FinishReason::Length,
             usage: Usage {
                 input_tokens: 10,

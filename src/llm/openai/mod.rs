@@ -2,6 +2,7 @@
 //! OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio and others. `render` builds the wire
 //! JSON, `stream` parses the SSE answer.
 
+mod chat_tools;
 mod embeddings;
 mod render;
 pub mod responses;

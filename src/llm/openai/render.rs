@@ -97,15 +97,12 @@ fn render_cached(spec: &ModelSpec, req: &ChatRequest) -> Option<serde_json::Resu
             first = false;
         }
         out.push(b']');
-        let choice: &[u8] = match req.tool_choice {
-            ToolChoice::Auto => b"\"auto\"",
-            ToolChoice::None => b"\"none\"",
-        };
+        let choice = tool_choice(req);
         finish_body(
             &mut out,
             |out| serde_json::to_writer(out, &Rest(Body { spec, req })),
             &req.tools,
-            choice,
+            &choice,
             (&TOOLS_JSON, crate::llm::schema::tag(&spec.tool_schema)),
             |tools| serde_json::to_vec(&Tools(tools, &spec.tool_schema)),
         )
@@ -284,15 +281,53 @@ impl Body<'_> {
             m.serialize_entry("temperature", &t)?;
         }
         if with_tools && !req.tools.is_empty() {
-            let choice = match req.tool_choice {
-                ToolChoice::Auto => "auto",
-                ToolChoice::None => "none",
-            };
-            m.serialize_entry("tool_choice", choice)?;
+            m.serialize_entry("tool_choice", &ChoiceValue(&req.tool_choice))?;
+            if parallel_off(req) {
+                m.serialize_entry("parallel_tool_calls", &false)?;
+            }
             m.serialize_entry("tools", &Tools(&req.tools, &spec.tool_schema))?;
         }
         Ok(())
     }
+}
+
+/// Whether the client asked for one tool call at a time (and there is a call to make).
+fn parallel_off(req: &ChatRequest) -> bool {
+    req.options.parallel_tool_calls == Some(false) && req.tool_choice != ToolChoice::None
+}
+
+/// The value of `tool_choice`, and `parallel_tool_calls` after it when the client turned
+/// parallel calls off: the bytes that follow `"tool_choice":` in the body.
+fn tool_choice(req: &ChatRequest) -> Vec<u8> {
+    let mut out = serde_json::to_vec(&ChoiceValue(&req.tool_choice)).unwrap_or_default();
+    if parallel_off(req) {
+        out.extend_from_slice(b",\"parallel_tool_calls\":false");
+    }
+    out
+}
+
+/// `"auto"`, `"none"`, `"required"` or `{"type": "function", "function": {"name": …}}`.
+struct ChoiceValue<'a>(&'a ToolChoice);
+
+impl Serialize for ChoiceValue<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            ToolChoice::Auto => s.serialize_str("auto"),
+            ToolChoice::None => s.serialize_str("none"),
+            ToolChoice::Required => s.serialize_str("required"),
+            ToolChoice::Tool(name) => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("type", "function")?;
+                m.serialize_entry("function", &NameOnly { name })?;
+                m.end()
+            }
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct NameOnly<'a> {
+    name: &'a str,
 }
 
 // Fixed-shape objects derive `Serialize`: their fields are declared in key order.

@@ -11,16 +11,13 @@ use serde_json::{Map, Value, json};
 use super::server::{at_most, data_url, opt_bool, opt_str, opt_u32, user_message};
 use crate::llm::compat::{
     self, CompatAttachment, CompatReply, CompatRequest, Continuation, ErrorKind, FinishReason,
-    Invalid, OpenAiUsage, short,
+    Invalid, OpenAiUsage, Turn, short,
 };
-use crate::message::Message;
-use crate::message::call::{CallOptions, EFFORTS};
+use crate::message::call::{CallOptions, ClientTool, ClientToolChoice, EFFORTS};
+use crate::message::{Message, ToolCall, ToolResult};
 
 /// The route of the endpoint.
 pub const RESPONSES_PATH: &str = "/v1/responses";
-
-/// Fields that ask the server to run client-side tools (refused while agentd runs its own).
-const CLIENT_TOOL_FIELDS: &[&str] = &["tools", "tool_choice"];
 
 /// Parses a request body. Fields that change nothing the agent does (`top_p`, `truncation`,
 /// `include`, `metadata`, `prompt_cache_key`, …) are ignored; fields it cannot honour are
@@ -30,7 +27,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         fields: o,
         messages: input,
         model,
-    } = compat::request_object_with(body, "input", CLIENT_TOOL_FIELDS)?;
+    } = compat::request_object_with(body, "input", &[])?;
     refuse_unsupported(&o)?;
     let stream = opt_bool(&o, "stream")?.unwrap_or(false);
     let continuation = Continuation {
@@ -47,12 +44,16 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         effort: effort(&o)?,
         thinking: None,
         format: text_format(&o)?,
+        parallel_tool_calls: opt_bool(&o, "parallel_tool_calls")?,
     };
+    let tools = client_tools(&o)?;
+    let tool_choice = tool_choice(&o)?;
+    compat::check_tool_choice(tool_choice.as_ref(), &tools, "tool_choice")?;
     let mut system = Vec::new();
     if let Some(i) = opt_str(&o, "instructions")? {
         system.push(i);
     }
-    let (text, attachments, history) = match input {
+    let (input, history) = match input {
         None => {
             return Err(Invalid::new(
                 "input",
@@ -62,31 +63,43 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         Some(raw) if raw.get().trim_start().starts_with('"') => {
             let text: String = serde_json::from_str(raw.get())
                 .map_err(|e| Invalid::new("input", format!("not valid JSON: {e}")))?;
-            (text, Vec::new(), Vec::new())
+            let input = compat::NewInput {
+                text,
+                attachments: Vec::new(),
+                tool_results: Vec::new(),
+            };
+            (input, Vec::new())
         }
         Some(raw) => {
             let items = compat::item_list(Some(raw), "input")?;
             let (more_system, mut turns) = conversation(&items)?;
             system.extend(more_system);
-            let (text, attachments) = new_input(&mut turns, items.len())?;
-            (
-                text,
-                attachments,
-                turns.into_iter().map(|(m, _)| m).collect(),
+            let input = compat::new_input(
+                &mut turns,
+                items.len(),
+                "the last input item must be a user message or function_call_output items: it is the new input",
             )
+            .map_err(|e| Invalid::new("input", e.message))?;
+            (input, turns.into_iter().map(|t| t.message).collect())
         }
     };
-    if text.trim().is_empty() && attachments.is_empty() {
+    if input.text.trim().is_empty() && input.attachments.is_empty() && input.tool_results.is_empty()
+    {
         return Err(Invalid::new("input", "the input is empty"));
     }
+    let history = compat::normalise_history(history);
+    compat::check_history(&history).map_err(|e| Invalid::new("input", e.message))?;
     let system = system.join("\n\n");
     Ok(CompatRequest {
         model,
         session,
         system: (!system.trim().is_empty()).then_some(system),
-        history: compat::normalise_history(history),
-        text,
-        attachments,
+        history,
+        text: input.text,
+        attachments: input.attachments,
+        tool_results: input.tool_results,
+        tools,
+        tool_choice,
         options,
         stream,
         include_usage: true,
@@ -167,11 +180,68 @@ fn effort(o: &Map<String, Value>) -> Result<Option<String>, Invalid> {
     }
 }
 
-/// A turn of the conversation and the attachments of its user message.
-type Turn = (Message, Vec<CompatAttachment>);
+/// `tools`: function tools only (a built-in tool type is refused naming it).
+fn client_tools(o: &Map<String, Value>) -> Result<Vec<ClientTool>, Invalid> {
+    let list = match o.get("tools") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(Invalid::new("tools", "`tools` must be an array")),
+    };
+    let mut tools = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            other => {
+                return Err(Invalid::new(
+                    format!("{at}.type"),
+                    format!(
+                        "only tools of type \"function\" are supported (agentd runs its own search, file and MCP tools), got {}",
+                        short(other.unwrap_or("none"))
+                    ),
+                ));
+            }
+        }
+        tools.push(compat::client_tool(
+            &at,
+            t.get("name"),
+            t.get("description"),
+            t.get("parameters"),
+            "parameters",
+        )?);
+    }
+    compat::check_client_tools(&tools, "tools")?;
+    Ok(tools)
+}
 
-/// The system (and developer) texts and the turns of `input`'s items, in order. Reasoning
-/// items a client sends back are skipped.
+/// `tool_choice`: `"none"`, `"auto"`, `"required"` or `{"type": "function", "name": …}`.
+fn tool_choice(o: &Map<String, Value>) -> Result<Option<ClientToolChoice>, Invalid> {
+    match o.get("tool_choice") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(c)) if c == "none" => Ok(Some(ClientToolChoice::None)),
+        Some(Value::String(c)) if c == "auto" => Ok(Some(ClientToolChoice::Auto)),
+        Some(Value::String(c)) if c == "required" => Ok(Some(ClientToolChoice::Required)),
+        Some(v) => match (
+            v.get("type").and_then(Value::as_str),
+            v.get("name").and_then(Value::as_str),
+        ) {
+            (Some("function"), Some(name)) => Ok(Some(ClientToolChoice::Tool {
+                name: name.to_string(),
+            })),
+            _ => Err(Invalid::new(
+                "tool_choice",
+                format!(
+                    "`tool_choice` must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"name\": …}}, got {}",
+                    short(&v.to_string())
+                ),
+            )),
+        },
+    }
+}
+
+/// The system (and developer) texts and the turns of `input`'s items, in order: messages,
+/// the client's function calls (joined to the assistant turn before them) and their
+/// outputs. Reasoning items a client sends back are skipped.
 fn conversation(items: &[&RawValue]) -> Result<(Vec<String>, Vec<Turn>), Invalid> {
     let mut system = Vec::new();
     let mut turns: Vec<Turn> = Vec::new();
@@ -187,17 +257,32 @@ fn conversation(items: &[&RawValue]) -> Result<(Vec<String>, Vec<Turn>), Invalid
         {
             "message" => {}
             "reasoning" => continue,
-            "function_call" | "function_call_output" => {
-                return Err(Invalid::new(
-                    format!("{at}.type"),
-                    "client-side tool calls are not supported: agentd runs its own tools",
-                ));
+            "function_call" => {
+                let call = function_call(&item, &at)?;
+                if let Some(Turn {
+                    message: Message::Assistant { tool_calls, .. },
+                    ..
+                }) = turns.last_mut()
+                {
+                    tool_calls.push(call);
+                } else {
+                    let mut m = compat::assistant_text(String::new());
+                    if let Message::Assistant { tool_calls, .. } = &mut m {
+                        tool_calls.push(call);
+                    }
+                    turns.push(Turn::of(m));
+                }
+                continue;
+            }
+            "function_call_output" => {
+                compat::push_result(&mut turns, function_output(&item, &at)?, at);
+                continue;
             }
             other => {
                 return Err(Invalid::new(
                     format!("{at}.type"),
                     format!(
-                        "input items of type {:?} are not supported: send messages",
+                        "input items of type {:?} are not supported: send messages, function_call and function_call_output items",
                         short(other)
                     ),
                 ));
@@ -207,11 +292,13 @@ fn conversation(items: &[&RawValue]) -> Result<(Vec<String>, Vec<Turn>), Invalid
             "system" | "developer" => system.push(content(item.get("content"), &at, false)?.0),
             "user" => {
                 let (text, files) = content(item.get("content"), &at, true)?;
-                turns.push((user_message(text, &files), files));
+                let mut turn = Turn::of(user_message(text, &files));
+                turn.files = files;
+                turns.push(turn);
             }
             "assistant" => {
                 let text = content(item.get("content"), &at, false)?.0;
-                turns.push((compat::assistant_text(text), Vec::new()));
+                turns.push(Turn::of(compat::assistant_text(text)));
             }
             other => {
                 return Err(Invalid::new(
@@ -225,6 +312,51 @@ fn conversation(items: &[&RawValue]) -> Result<(Vec<String>, Vec<Turn>), Invalid
         }
     }
     Ok((system, turns))
+}
+
+/// A `function_call` item of the client's history: `call_id`, `name` and `arguments` (a
+/// JSON string).
+fn function_call(item: &Map<String, Value>, at: &str) -> Result<ToolCall, Invalid> {
+    let field = |k: &str| item.get(k).and_then(Value::as_str);
+    let (Some(id), Some(name)) = (field("call_id"), field("name")) else {
+        return Err(Invalid::new(
+            at,
+            "a function_call item needs `call_id`, `name` and `arguments`",
+        ));
+    };
+    let arguments = match field("arguments") {
+        Some(a) if !a.trim().is_empty() => serde_json::from_str(a).map_err(|e| {
+            Invalid::new(format!("{at}.arguments"), format!("not a JSON object: {e}"))
+        })?,
+        _ => Value::Object(Map::new()),
+    };
+    compat::history_call(id, name, arguments, &format!("{at}.arguments"))
+}
+
+/// A `function_call_output` item: the result of the call `call_id` (a string, or text parts).
+fn function_output(item: &Map<String, Value>, at: &str) -> Result<ToolResult, Invalid> {
+    let Some(id) = (item.get("call_id").and_then(Value::as_str)).filter(|i| !i.is_empty()) else {
+        return Err(Invalid::new(
+            format!("{at}.call_id"),
+            "a function_call_output item needs the `call_id` of the call it answers",
+        ));
+    };
+    let content = match item.get("output") {
+        Some(Value::String(s)) => s.clone(),
+        Some(v @ Value::Array(_)) => content(Some(v), at, false)?.0,
+        _ => {
+            return Err(Invalid::new(
+                format!("{at}.output"),
+                "`output` must be a string or a list of input_text parts",
+            ));
+        }
+    };
+    Ok(ToolResult {
+        tool_call_id: id.to_string(),
+        content,
+        is_error: false,
+        images: Vec::new(),
+    })
 }
 
 /// A message's content: a string, or a list of `input_text` / `output_text` parts (joined by
@@ -278,30 +410,6 @@ fn content(
         }
     }
     Ok((text.join("\n"), files))
-}
-
-/// Takes the last turn off `turns`: it must be a user message (the new input).
-fn new_input(
-    turns: &mut Vec<Turn>,
-    count: usize,
-) -> Result<(String, Vec<CompatAttachment>), Invalid> {
-    let last_user = || {
-        Invalid::new(
-            format!("input[{}]", count.saturating_sub(1)),
-            "the last input item must be a user message: it is the new input",
-        )
-    };
-    let Some((last, attachments)) = turns.pop() else {
-        return Err(last_user());
-    };
-    let Message::User { content } = last else {
-        return Err(last_user());
-    };
-    let text = match content.into_iter().next() {
-        Some(crate::message::UserBlock::Text { text }) => text,
-        _ => String::new(),
-    };
-    Ok((text, attachments))
 }
 
 /// What an answer repeats of its request.
@@ -461,9 +569,16 @@ fn output_text(text: &str) -> Value {
 
 fn end_status(r: &CompatReply) -> Status {
     match r.finish {
-        FinishReason::Stop => Status::Completed,
+        FinishReason::Stop | FinishReason::ToolCalls => Status::Completed,
         FinishReason::Length => Status::Incomplete,
     }
+}
+
+/// A call of a client tool as an output item: `{"type": "function_call", "call_id", "name",
+/// "arguments"}` (the arguments as a JSON string).
+fn call_item(c: &ToolCall) -> Value {
+    json!({"type": "function_call", "id": format!("fc_{}", c.id), "call_id": c.id,
+           "name": c.name, "arguments": c.arguments.to_string(), "status": "completed"})
 }
 
 /// The `response` object of a finished answer.
@@ -476,8 +591,13 @@ pub fn response_body(r: &CompatReply, echo: &Echo) -> Vec<u8> {
         echo,
     };
     let status = end_status(r);
-    let item = message_item(&id, status, Some(&r.text));
-    serde_json::to_vec(&head.object(status, vec![item], Some(usage(r)), None)).unwrap_or_default()
+    // A turn that only calls the client's tools has no message.
+    let mut output = Vec::new();
+    if r.calls.is_empty() || !r.text.is_empty() {
+        output.push(message_item(&id, status, Some(&r.text)));
+    }
+    output.extend(r.calls.iter().map(call_item));
+    serde_json::to_vec(&head.object(status, output, Some(usage(r)), None)).unwrap_or_default()
 }
 
 /// The events of one streamed answer, each with its `sequence_number`: `response.created`
@@ -568,6 +688,51 @@ impl ResponseStream {
 
     /// The closing events and `response.completed` (or `response.incomplete`).
     pub fn finish(&self, r: &CompatReply) -> Vec<u8> {
+        let status = end_status(r);
+        let mut output = Vec::new();
+        let mut out = Vec::new();
+        // A turn that only calls the client's tools, with no text, has no message.
+        if self.opened.get() || r.calls.is_empty() {
+            out.extend(self.close_message(status, &mut output));
+        }
+        for c in &r.calls {
+            let index = output.len();
+            let mut item = call_item(c);
+            item["status"] = "in_progress".into();
+            item["arguments"] = "".into();
+            out.extend(self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            ));
+            let item = call_item(c);
+            let (item_id, arguments) = (item["id"].clone(), item["arguments"].clone());
+            out.extend(self.event(
+                "response.function_call_arguments.delta",
+                json!({"item_id": item_id, "output_index": index, "delta": arguments}),
+            ));
+            out.extend(self.event(
+                "response.function_call_arguments.done",
+                json!({"item_id": item_id, "output_index": index, "name": c.name,
+                       "arguments": arguments}),
+            ));
+            out.extend(self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            ));
+            output.push(item);
+        }
+        let done = self.head().object(status, output, Some(usage(r)), None);
+        let kind = match status {
+            Status::Incomplete => "response.incomplete",
+            _ => "response.completed",
+        };
+        out.extend(self.event(kind, json!({"response": done})));
+        out
+    }
+
+    /// The message item's closing events (opened first if no text came); its item joins
+    /// `output`.
+    fn close_message(&self, status: Status, output: &mut Vec<Value>) -> Vec<u8> {
         let mut out = self.open();
         let text = self.text.borrow().clone();
         let item_id = message_id(&self.id);
@@ -581,18 +746,12 @@ impl ResponseStream {
             json!({"item_id": item_id, "output_index": 0, "content_index": 0,
                    "part": output_text(&text)}),
         ));
-        let status = end_status(r);
         let item = message_item(&self.id, status, Some(&text));
         out.extend(self.event(
             "response.output_item.done",
             json!({"output_index": 0, "item": item}),
         ));
-        let done = self.head().object(status, vec![item], Some(usage(r)), None);
-        let kind = match status {
-            Status::Incomplete => "response.incomplete",
-            _ => "response.completed",
-        };
-        out.extend(self.event(kind, json!({"response": done})));
+        output.push(item);
         out
     }
 
@@ -670,6 +829,33 @@ mod tests {
     }
 
     #[test]
+    fn function_calls_and_their_outputs_are_history_and_new_input() {
+        let r = parse(json!({"model": "agentd",
+            "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+            "input": [
+                {"role": "user", "content": "weather?"},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]}
+            ]}))
+        .unwrap();
+        assert_eq!(r.tools[0].name, "get_weather");
+        assert_eq!(
+            r.tool_choice,
+            Some(ClientToolChoice::Tool {
+                name: "get_weather".into()
+            })
+        );
+        assert_eq!(r.history.len(), 4, "{:?}", r.history);
+        assert_eq!(r.history[1].tool_calls()[0].arguments["city"], "Paris");
+        assert_eq!(r.tool_results.len(), 1);
+        assert_eq!(r.tool_results[0].result.content, "rain");
+        assert!(r.text.is_empty());
+    }
+
+    #[test]
     fn what_agentd_cannot_do_is_refused_with_the_field() {
         let cases = [
             (json!({"model": "agentd"}), "input"),
@@ -687,7 +873,11 @@ mod tests {
                 "text.format.name",
             ),
             (
-                json!({"model": "agentd", "input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}),
+                json!({"model": "agentd", "input": "x", "tools": [{"type": "web_search"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "agentd", "input": [{"type": "item_reference", "id": "x"}]}),
                 "input[0].type",
             ),
             (
@@ -696,7 +886,7 @@ mod tests {
             ),
             (
                 json!({"model": "agentd", "input": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}),
-                "input[1]",
+                "input",
             ),
             (
                 json!({"model": "agentd", "input": "x", "reasoning": {"effort": "most"}}),
@@ -730,6 +920,7 @@ mod tests {
             text: "ignored: the stream repeats what it sent".into(),
             finish: FinishReason::Stop,
             usage: Default::default(),
+            calls: Vec::new(),
         }));
         let text = String::from_utf8(all).unwrap();
         let events: Vec<Value> = text

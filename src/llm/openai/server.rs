@@ -9,10 +9,10 @@ use serde_json::{Map, Value, json};
 
 use crate::llm::compat::{
     self, CompatAttachment, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid,
-    OpenAiUsage, short,
+    OpenAiUsage, Turn, short,
 };
 use crate::message::call::{CallOptions, EFFORTS};
-use crate::message::{Message, UserBlock};
+use crate::message::{Message, ToolCall, ToolResult, UserBlock};
 
 /// The route of the endpoint.
 pub const CHAT_COMPLETIONS_PATH: &str = "/v1/chat/completions";
@@ -22,8 +22,17 @@ pub const MODELS_PATH: &str = "/v1/models";
 /// One model (`GET`).
 pub const MODEL_PATH: &str = "/v1/models/{id}";
 
-/// Fields that ask the server to run client-side tools: refused (the agent runs its own).
-const CLIENT_TOOL_FIELDS: &[&str] = &["tools", "functions", "tool_choice", "function_call"];
+/// The legacy function fields: refused with what to send instead.
+const REFUSED: &[(&str, &str)] = &[
+    (
+        "functions",
+        "the legacy `functions` field is not supported: send the same definitions as `tools` (`{\"type\": \"function\", \"function\": …}`)",
+    ),
+    (
+        "function_call",
+        "the legacy `function_call` field is not supported: send `tool_choice`",
+    ),
+];
 
 /// Parses a request body. Unknown fields that change nothing the agent does (`top_p`, `seed`,
 /// `stop`, penalties, `store`, `metadata`, …) are ignored; fields it cannot honour are
@@ -33,7 +42,7 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         fields: o,
         messages,
         model,
-    } = compat::request_object(body, CLIENT_TOOL_FIELDS)?;
+    } = compat::request_object(body, REFUSED)?;
     refuse_other_outputs(&o)?;
     let stream = opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = include_usage(&o)?;
@@ -41,18 +50,31 @@ pub fn parse_request(body: &[u8]) -> Result<CompatRequest, Invalid> {
         (Some(s), _) | (None, Some(s)) if !s.trim().is_empty() => Some(s),
         _ => None,
     };
-    let options = call_options(&o)?;
+    let mut options = call_options(&o)?;
+    options.parallel_tool_calls = opt_bool(&o, "parallel_tool_calls")?;
+    let tools = super::chat_tools::client_tools(&o)?;
+    let tool_choice = super::chat_tools::tool_choice(&o)?;
+    compat::check_tool_choice(tool_choice.as_ref(), &tools, "tool_choice")?;
     let messages = compat::message_list(messages)?;
     let (system, mut turns) = conversation(&messages)?;
-    let (text, attachments) = new_input(&mut turns, messages.len())?;
+    let input = compat::new_input(
+        &mut turns,
+        messages.len(),
+        "the last message must be a user message or tool results: it is the new input",
+    )?;
+    let history = compat::normalise_history(turns.into_iter().map(|t| t.message).collect());
+    compat::check_history(&history)?;
     let system = system.join("\n\n");
     Ok(CompatRequest {
         model,
         session,
         system: (!system.trim().is_empty()).then_some(system),
-        history: compat::normalise_history(turns.into_iter().map(|(m, _)| m).collect()),
-        text,
-        attachments,
+        history,
+        text: input.text,
+        tool_results: input.tool_results,
+        tools,
+        tool_choice,
+        attachments: input.attachments,
         options,
         stream,
         include_usage,
@@ -95,6 +117,7 @@ fn call_options(o: &Map<String, Value>) -> Result<CallOptions, Invalid> {
             None => opt_u32(o, "max_tokens")?,
         },
         temperature: compat::temperature(o.get("temperature"), 2.0)?,
+        parallel_tool_calls: None,
         effort: match opt_str(o, "reasoning_effort")? {
             None => None,
             Some(e) if EFFORTS.contains(&e.as_str()) => Some(e),
@@ -153,9 +176,6 @@ fn response_format(v: Option<&Value>) -> Result<Option<Box<compat::OutputFormat>
     }
 }
 
-/// A turn of the conversation and the attachments of its user message.
-type Turn = (Message, Vec<CompatAttachment>);
-
 /// The system (and developer) texts and the turns of `messages`, in order.
 fn conversation(messages: &[&RawValue]) -> Result<(Vec<String>, Vec<Turn>), Invalid> {
     let mut system = Vec::new();
@@ -170,20 +190,28 @@ fn conversation(messages: &[&RawValue]) -> Result<(Vec<String>, Vec<Turn>), Inva
             "system" | "developer" => system.push(text_of(m.get("content"), &at)?),
             "user" => {
                 let (text, files) = user_content(m.get("content"), &at)?;
-                turns.push((user_message(text, &files), files));
+                turns.push(Turn {
+                    message: user_message(text, &files),
+                    files,
+                    at: Vec::new(),
+                });
             }
-            "assistant" => turns.push((assistant_message(&m, &at)?, Vec::new())),
-            "tool" | "function" => {
+            "assistant" => turns.push(Turn::of(assistant_message(&m, &at)?)),
+            "tool" => {
+                let result = tool_message(&m, &at)?;
+                compat::push_result(&mut turns, result, at);
+            }
+            "function" => {
                 return Err(Invalid::new(
                     format!("{at}.role"),
-                    "client-side tool results are not supported: agentd runs its own tools",
+                    "legacy `function` messages are not supported: send the result as a `tool` message with its `tool_call_id`",
                 ));
             }
             other => {
                 return Err(Invalid::new(
                     format!("{at}.role"),
                     format!(
-                        "unknown role {:?}: use system, developer, user or assistant",
+                        "unknown role {:?}: use system, developer, user, assistant or tool",
                         short(other)
                     ),
                 ));
@@ -193,51 +221,79 @@ fn conversation(messages: &[&RawValue]) -> Result<(Vec<String>, Vec<Turn>), Inva
     Ok((system, turns))
 }
 
-/// An assistant turn of the history: its text; client-side tool calls are refused.
+/// A `tool` message: the result of the call `tool_call_id`.
+fn tool_message(m: &Map<String, Value>, at: &str) -> Result<ToolResult, Invalid> {
+    let id = match m.get("tool_call_id") {
+        Some(Value::String(id)) if !id.is_empty() => id.clone(),
+        _ => {
+            return Err(Invalid::new(
+                format!("{at}.tool_call_id"),
+                "a tool message needs the `tool_call_id` of the call it answers",
+            ));
+        }
+    };
+    Ok(ToolResult {
+        tool_call_id: id,
+        content: text_of(m.get("content"), at)?,
+        is_error: false,
+        images: Vec::new(),
+    })
+}
+
+/// An assistant turn of the history: its text and its tool calls.
 fn assistant_message(m: &Map<String, Value>, at: &str) -> Result<Message, Invalid> {
-    if m.get("tool_calls")
-        .is_some_and(|v| !v.is_null() && v != &json!([]))
-        || m.get("function_call").is_some_and(|v| !v.is_null())
-    {
+    if m.get("function_call").is_some_and(|v| !v.is_null()) {
         return Err(Invalid::new(
-            format!("{at}.tool_calls"),
-            "client-side tool calls are not supported: agentd runs its own tools",
+            format!("{at}.function_call"),
+            "the legacy `function_call` is not supported: send `tool_calls`",
         ));
     }
     let text = match m.get("content") {
         None | Some(Value::Null) => String::new(),
         c => text_of(c, at)?,
     };
-    Ok(compat::assistant_text(text))
+    let mut message = compat::assistant_text(text);
+    let calls = match m.get("tool_calls") {
+        None | Some(Value::Null) => return Ok(message),
+        Some(Value::Array(calls)) => calls,
+        Some(_) => {
+            return Err(Invalid::new(
+                format!("{at}.tool_calls"),
+                "`tool_calls` must be an array",
+            ));
+        }
+    };
+    if let Message::Assistant { tool_calls, .. } = &mut message {
+        for (j, c) in calls.iter().enumerate() {
+            tool_calls.push(history_call(c, &format!("{at}.tool_calls[{j}]"))?);
+        }
+    }
+    Ok(message)
 }
 
-/// Takes the last turn off `turns`: it must be a non-empty user message (the new input) of
-/// the `count` messages; its text and attachments.
-fn new_input(
-    turns: &mut Vec<Turn>,
-    count: usize,
-) -> Result<(String, Vec<CompatAttachment>), Invalid> {
-    let Some((last, attachments)) = turns.pop() else {
-        return Err(Invalid::new("messages", "no user message"));
-    };
-    let Message::User { content } = last else {
+/// `{"id", "type": "function", "function": {"name", "arguments": "<JSON>"}}`.
+fn history_call(c: &Value, at: &str) -> Result<ToolCall, Invalid> {
+    let f = c.get("function");
+    let (Some(id), Some(name), Some(arguments)) = (
+        c.get("id").and_then(Value::as_str),
+        f.and_then(|f| f.get("name")).and_then(Value::as_str),
+        f.and_then(|f| f.get("arguments")).and_then(Value::as_str),
+    ) else {
         return Err(Invalid::new(
-            "messages",
-            "the last message must be a user message: it is the new input",
+            at,
+            "a tool call needs `id`, `function.name` and `function.arguments` (a JSON string)",
         ));
     };
-    // The first block is the text; the rest are the attachments' placeholders.
-    let text = match content.into_iter().next() {
-        Some(UserBlock::Text { text }) => text,
-        _ => String::new(),
+    let arguments = match arguments.trim() {
+        "" => Value::Object(Map::new()),
+        a => serde_json::from_str(a).map_err(|_| {
+            Invalid::new(
+                format!("{at}.function.arguments"),
+                "`arguments` must be a JSON object encoded as a string",
+            )
+        })?,
     };
-    if text.trim().is_empty() && attachments.is_empty() {
-        return Err(Invalid::new(
-            format!("messages[{}].content", count - 1),
-            "the last user message is empty",
-        ));
-    }
-    Ok((text, attachments))
+    compat::history_call(id, name, arguments, at)
 }
 
 /// A user turn of the history: its text, and a placeholder for each image or sound it had.
@@ -452,7 +508,24 @@ fn finish_reason(f: FinishReason) -> &'static str {
     match f {
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
+        FinishReason::ToolCalls => "tool_calls",
     }
+}
+
+/// A call's arguments as OpenAI sends them: a JSON string.
+fn arguments(c: &ToolCall) -> String {
+    serde_json::to_string(&c.arguments).unwrap_or_else(|_| "{}".into())
+}
+
+/// `message.tool_calls`: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+fn tool_calls(calls: &[ToolCall]) -> Value {
+    calls
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": arguments(c)}})
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -497,6 +570,19 @@ fn usage(r: &CompatReply) -> UsageWire {
     }
 }
 
+/// The answer's message: its text (null when the model only called tools) and the calls
+/// of the client's tools.
+fn message(r: &CompatReply) -> Value {
+    let mut m = json!({"role": "assistant", "content": r.text, "refusal": null, "annotations": []});
+    if !r.calls.is_empty() {
+        if r.text.is_empty() {
+            m["content"] = Value::Null;
+        }
+        m["tool_calls"] = tool_calls(&r.calls);
+    }
+    m
+}
+
 /// The `chat.completion` object.
 pub fn completion_body(r: &CompatReply) -> Vec<u8> {
     let v = json!({
@@ -506,7 +592,7 @@ pub fn completion_body(r: &CompatReply) -> Vec<u8> {
         "model": r.model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": r.text, "refusal": null, "annotations": []},
+            "message": message(r),
             "logprobs": null,
             "finish_reason": finish_reason(r.finish),
         }],
@@ -602,9 +688,18 @@ impl ChunkStream {
         b": keep-alive\n\n".to_vec()
     }
 
-    /// The last chunk, the usage chunk when `include_usage`, and `[DONE]`.
+    /// The calls of the client's tools (one chunk each, whole), the last chunk, the usage
+    /// chunk when `include_usage`, and `[DONE]`.
     pub fn finish(&self, r: &CompatReply) -> Vec<u8> {
-        let mut out = self.chunk(json!({}), Some(finish_reason(r.finish)));
+        let mut out = Vec::new();
+        for (index, c) in r.calls.iter().enumerate() {
+            out.extend(self.chunk(
+                json!({"tool_calls": [{"index": index, "id": c.id, "type": "function",
+                       "function": {"name": c.name, "arguments": arguments(c)}}]}),
+                None,
+            ));
+        }
+        out.extend(self.chunk(json!({}), Some(finish_reason(r.finish))));
         if self.include_usage {
             out.extend(frame(&json!({
                 "id": self.id,
@@ -639,6 +734,7 @@ fn frame(v: &Value) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::message::Usage;
+    use crate::message::call::ClientToolChoice;
 
     fn parse(v: Value) -> Result<CompatRequest, Invalid> {
         parse_request(&serde_json::to_vec(&v).unwrap())
@@ -791,6 +887,99 @@ mod tests {
     }
 
     #[test]
+    fn client_tools_their_calls_and_results_are_parsed() {
+        let r = parse(json!({
+            "model": "agentd",
+            "tools": [
+                {"type": "function", "function": {"name": "lookup", "description": "Find a thing",
+                 "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}, "strict": true}},
+                {"type": "function", "function": {"name": "ping"}}
+            ],
+            "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+            "parallel_tool_calls": false,
+            "messages": [
+                {"role": "user", "content": "find x"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\":\"x\"}"}},
+                    {"id": "call_2", "type": "function", "function": {"name": "ping", "arguments": ""}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "found"},
+                {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "pong"}]}
+            ]
+        }))
+        .unwrap();
+        assert_eq!(r.tools.len(), 2);
+        assert_eq!(r.tools[0].description, "Find a thing");
+        assert_eq!(r.tools[1].parameters, json!({"type": "object"}));
+        assert_eq!(
+            r.tool_choice,
+            Some(ClientToolChoice::Tool {
+                name: "lookup".into()
+            })
+        );
+        assert_eq!(r.options.parallel_tool_calls, Some(false));
+        assert_eq!(r.text, "");
+        let results: Vec<(&str, &str, &str)> = r
+            .tool_results
+            .iter()
+            .map(|t| {
+                (
+                    t.at.as_str(),
+                    t.result.tool_call_id.as_str(),
+                    t.result.content.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            results,
+            [
+                ("messages[2]", "call_1", "found"),
+                ("messages[3]", "call_2", "pong")
+            ]
+        );
+        assert_eq!(r.history.len(), 2);
+        let calls = r.history[1].tool_calls();
+        assert_eq!(calls[0].arguments, json!({"q": "x"}));
+        assert_eq!(calls[1].arguments, json!({}));
+        assert_eq!(compat::open_calls(&r.history), ["call_1", "call_2"]);
+
+        // Results then a new user message: both are the new input.
+        let r = parse(json!({"model": "agentd", "messages": [
+            {"role": "user", "content": "find x"},
+            {"role": "assistant", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "found"},
+            {"role": "user", "content": "thanks, and now?"}
+        ]}))
+        .unwrap();
+        assert_eq!(r.text, "thanks, and now?");
+        assert_eq!(r.tool_results.len(), 1);
+
+        // A history whose results do not follow their calls is refused.
+        let e = parse(json!({"model": "agentd", "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "tool", "tool_call_id": "nope", "content": "x"},
+            {"role": "user", "content": "b"},
+            {"role": "assistant", "content": "c"},
+            {"role": "user", "content": "d"}
+        ]}))
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"), "{e:?}");
+        assert!(e.message.contains("`nope`"), "{e:?}");
+        let e = parse(json!({"model": "agentd", "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "not json"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "x"}
+        ]}))
+        .unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("messages[1].tool_calls[0].function.arguments")
+        );
+    }
+
+    #[test]
     fn safety_identifier_wins_over_user() {
         let r = parse(
             json!({"model": "agentd", "user": "u", "safety_identifier": "s",
@@ -816,7 +1005,33 @@ mod tests {
         let cases = [
             (
                 json!({"model": "agentd", "messages": msgs, "tools": [{"type": "function"}]}),
-                "tools",
+                "tools[0].function",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "tools": [{"type": "custom", "custom": {"name": "x"}}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "tools": [
+                    {"type": "function", "function": {"name": "bad name"}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "tools": [
+                    {"type": "function", "function": {"name": "a", "parameters": {"type": "string"}}}]}),
+                "tools[0].function.parameters",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "tools": [
+                    {"type": "function", "function": {"name": "a"}},
+                    {"type": "function", "function": {"name": "a"}}]}),
+                "tools[1]",
+            ),
+            (
+                json!({"model": "agentd", "messages": msgs, "tools": [
+                    {"type": "function", "function": {"name": "a"}}],
+                    "tool_choice": {"type": "function", "function": {"name": "b"}}}),
+                "tool_choice",
             ),
             (
                 json!({"model": "agentd", "messages": msgs, "tool_choice": "required"}),
@@ -850,8 +1065,12 @@ mod tests {
                 "messages",
             ),
             (
-                json!({"model": "agentd", "messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}),
+                json!({"model": "agentd", "messages": [{"role": "function", "content": "x", "name": "f"}]}),
                 "messages[0].role",
+            ),
+            (
+                json!({"model": "agentd", "messages": [{"role": "tool", "content": "x"}]}),
+                "messages[0].tool_call_id",
             ),
             (
                 json!({"model": "agentd", "messages": [{"role": "user", "content": [
@@ -885,8 +1104,11 @@ mod tests {
             let e = parse(body.clone()).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
         }
-        let e = parse(json!({"model": "agentd", "messages": msgs, "tools": [{}]})).unwrap_err();
-        assert!(e.message.contains("runs its own tools"), "{e:?}");
+        let e = parse(json!({"model": "agentd", "messages": msgs, "functions": [{}]})).unwrap_err();
+        assert!(
+            e.message.contains("send the same definitions as `tools`"),
+            "{e:?}"
+        );
         // An empty tools list asks for nothing.
         assert!(parse(json!({"model": "agentd", "messages": msgs, "tools": []})).is_ok());
         assert!(parse_request(b"{").is_err());
@@ -921,6 +1143,7 @@ mod tests {
             model: "agentd".into(),
             created: 1_700_000_000,
             text: "Hi".into(),
+            calls: vec![],
             finish: FinishReason::Stop,
             usage: Usage {
                 input_tokens: 10,

@@ -7,10 +7,9 @@ use std::time::{Duration, Instant};
 
 /// A tool's name on the server, in bytes (the exposed name is cut to 64 anyway).
 pub const MAX_NAME_BYTES: usize = 128;
-/// A tool's description, in bytes.
-pub const MAX_DESCRIPTION_BYTES: usize = 8 * 1024;
-/// A tool's input schema, serialised, in bytes.
-pub const MAX_SCHEMA_BYTES: usize = 32 * 1024;
+/// A tool's description and its input schema (serialised), in bytes: the bounds every tool
+/// definition from outside shares (a compatible endpoint's client tools too).
+pub use crate::llm::schema::{MAX_DESCRIPTION_BYTES, MAX_SCHEMA_BYTES};
 /// All of one server's offered tools together (names, descriptions, schemas), in bytes; the
 /// tools past it (in name order) are refused.
 pub const MAX_SERVER_BYTES: usize = 128 * 1024;

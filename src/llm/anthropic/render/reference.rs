@@ -42,11 +42,17 @@ pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
             })
             .collect();
         body.insert("tools".into(), Value::Array(tools));
-        let choice = match req.tool_choice {
-            ToolChoice::Auto => "auto",
-            ToolChoice::None => "none",
+        let forced_ok = spec.thinking == Thinking::Off;
+        let mut choice = match &req.tool_choice {
+            ToolChoice::None => json!({ "type": "none" }),
+            ToolChoice::Required if forced_ok => json!({ "type": "any" }),
+            ToolChoice::Tool(name) if forced_ok => json!({ "type": "tool", "name": name }),
+            _ => json!({ "type": "auto" }),
         };
-        body.insert("tool_choice".into(), json!({ "type": choice }));
+        if req.tool_choice != ToolChoice::None && req.options.parallel_tool_calls == Some(false) {
+            choice["disable_parallel_tool_use"] = json!(true);
+        }
+        body.insert("tool_choice".into(), choice);
     }
 
     match spec.thinking {

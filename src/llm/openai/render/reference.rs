@@ -38,11 +38,16 @@ pub fn render_request(spec: &ModelSpec, req: &ChatRequest) -> Value {
             })
             .collect();
         body.insert("tools".into(), Value::Array(tools));
-        let choice = match req.tool_choice {
-            ToolChoice::Auto => "auto",
-            ToolChoice::None => "none",
+        let choice = match &req.tool_choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
         };
-        body.insert("tool_choice".into(), json!(choice));
+        body.insert("tool_choice".into(), choice);
+        if req.options.parallel_tool_calls == Some(false) && req.tool_choice != ToolChoice::None {
+            body.insert("parallel_tool_calls".into(), json!(false));
+        }
     }
     if spec.prompt_cache_key {
         body.insert("prompt_cache_key".into(), json!(req.session_id));
