@@ -11,7 +11,8 @@
 # scripts/real-model-check.sh talks to, into DEST/llama-real. The part `clients` adds the
 # client families tests/it/clients.rs drives against the compatible endpoints: the Vercel AI
 # SDK (npm `ai`, `@ai-sdk/openai`, `@ai-sdk/anthropic`, into DEST/clients/npm), the OpenAI
-# Agents SDK and LangChain's OpenAI chat model (PyPI, into DEST/clients/py). Idempotent: an existing install
+# Agents SDK and LangChain's OpenAI chat model (PyPI, into DEST/clients/py), LlamaIndex's
+# OpenAILike and litellm (PyPI, into DEST/clients/lite). Idempotent: an existing install
 # is kept, so once installed the tests run offline.
 set -euo pipefail
 dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients]...}"
@@ -192,6 +193,12 @@ for part in "${parts[@]}"; do
         python3 -m pip install --quiet --disable-pip-version-check --target "$dest/clients/py" \
           openai-agents langchain-openai
         touch "$dest/clients/py/.done"
+      fi
+      # Apart: resolved together with the Agents SDK, pip backtracks for many minutes.
+      if [ ! -f "$dest/clients/lite/.done" ]; then
+        python3 -m pip install --quiet --disable-pip-version-check --target "$dest/clients/lite" \
+          llama-index-llms-openai-like litellm
+        touch "$dest/clients/lite/.done"
       fi
       if [ ! -f "$dest/clients/npm/.done" ]; then
         mkdir -p "$dest/clients/npm"

@@ -1,8 +1,9 @@
 //! More client families against the compatible endpoints of the real daemon (SPEC §17), each
 //! with its defaults, installed by `scripts/install-test-peers.sh clients`: the Vercel AI SDK
 //! (`clients_ai_sdk.mjs`: `openai()` on the Responses API, streamed and with a tool;
-//! `anthropic()` on Messages, with a tool) and two agent frameworks with function tools
-//! (`clients_py.py`: the OpenAI Agents SDK, LangChain's ChatOpenAI).
+//! `anthropic()` on Messages, with a tool), two agent frameworks with function tools and two
+//! client libraries (`clients_py.py`: the OpenAI Agents SDK, LangChain's ChatOpenAI,
+//! LlamaIndex's OpenAILike, litellm), each configured as `docs/recipes.md` says.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -129,14 +130,23 @@ fn the_vercel_ai_sdk_works_with_its_defaults() {
 }
 
 #[test]
-fn agent_frameworks_run_their_function_tools_through_agentd() {
+fn agent_frameworks_and_client_libraries_work_through_agentd() {
     let fake = FakeLlm::spawn(Wire::Anthropic);
     fake.set_responder(answer);
     let (mut d, base) = daemon(&fake, "");
-    let mut cmd = Command::new("python3");
-    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/clients_py.py"))
-        .env("PYTHONPATH", clients_dir().join("py"));
-    let steps = steps(cmd, &base, "the agent frameworks");
+    let python = |group: &str, dir: &str| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/clients_py.py"))
+            .arg(group)
+            .env("PYTHONPATH", clients_dir().join(dir));
+        cmd
+    };
+    let mut steps = steps(python("frameworks", "py"), &base, "the agent frameworks");
+    steps.extend(self::steps(
+        python("libraries", "lite"),
+        &base,
+        "LlamaIndex and litellm",
+    ));
     assert!(
         text_of(&steps, "agents").contains("18 C and sunny in Paris"),
         "{}",
@@ -149,5 +159,7 @@ fn agent_frameworks_run_their_function_tools_through_agentd() {
         "{}",
         steps["langchain_tools"]
     );
+    assert_eq!(text_of(&steps, "llamaindex"), "hello llamaindex answer");
+    assert_eq!(text_of(&steps, "litellm"), "hello litellm answer");
     assert!(d.sigterm().success());
 }

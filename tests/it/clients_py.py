@@ -1,7 +1,9 @@
-"""Agent frameworks against a running agentd (SPEC §17): the OpenAI Agents SDK (its default,
-the Responses API, with a function tool) and LangChain's ChatOpenAI (Chat Completions, with a
-bound tool). Run by tests/it/clients.rs with DEST/clients/py of scripts/install-test-peers.sh
-on PYTHONPATH. Environment: AGENTD_BASE, AGENTD_TOKEN. Prints one JSON object per step.
+"""Agent frameworks and client libraries against a running agentd (SPEC §17): the OpenAI
+Agents SDK (its default, the Responses API, with a function tool), LangChain's ChatOpenAI
+(Chat Completions, with a bound tool), LlamaIndex's OpenAILike and litellm. The configuration
+each uses is the one docs/recipes.md gives. Run by tests/it/clients.rs with DEST/clients/py
+(`frameworks`) or DEST/clients/lite (`libraries`) of scripts/install-test-peers.sh on
+PYTHONPATH. Environment: AGENTD_BASE, AGENTD_TOKEN. Prints one JSON object per step.
 """
 
 import json
@@ -57,5 +59,30 @@ def langchain():
     out("langchain_tools", calls=[c["name"] for c in calls], text=final.content)
 
 
-agents_sdk()
-langchain()
+def llamaindex():
+    from llama_index.llms.openai_like import OpenAILike
+
+    llm = OpenAILike(model="agentd", api_base=BASE + "/v1", api_key=TOKEN,
+                     is_chat_model=True, max_retries=0)
+    out("llamaindex", text=str(llm.complete("clients hello llamaindex")))
+
+
+def litellm_sdk():
+    # The cost map ships with the package; without this litellm fetches it from GitHub.
+    os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    import litellm
+
+    r = litellm.completion(model="openai/agentd", api_base=BASE + "/v1", api_key=TOKEN,
+                           messages=[{"role": "user", "content": "clients hello litellm"}])
+    out("litellm", text=r.choices[0].message.content)
+
+
+if __name__ == "__main__":
+    import sys
+    # Two installs (see scripts/install-test-peers.sh `clients`), one group each.
+    if sys.argv[1] == "frameworks":
+        agents_sdk()
+        langchain()
+    else:
+        llamaindex()
+        litellm_sdk()
