@@ -12,23 +12,15 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::compat::{TOKEN, daemon};
-use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire, last_user_text};
-
-/// The text of the `tool_result` blocks of the request's last message (Anthropic's wire).
-fn results_in_last_message(body: &Value) -> Vec<String> {
-    let last = body["messages"].as_array().and_then(|m| m.last());
-    let blocks = last.and_then(|l| l["content"].as_array());
-    (blocks.into_iter().flatten())
-        .filter(|b| b["type"] == "tool_result")
-        .map(|b| b["content"].to_string())
-        .collect()
-}
+use crate::support::fake_llm::{
+    FakeLlm, Reply, Usage, Wire, last_user_text, tool_results_in_last_message,
+};
 
 /// `clients <what>` → `<what> answer`; `clients weather <tag>` calls the client's
 /// `get_weather` (id `call_<tag>`); a result is read back.
 fn answer(body: &Value) -> Option<Reply> {
     let usage = Usage::new(30, 6, 0, 0);
-    let results = results_in_last_message(body);
+    let results = tool_results_in_last_message(body);
     if !results.is_empty() {
         return Some(Reply::Text {
             text: format!("the weather: {}", results.join(", ")),

@@ -8,30 +8,16 @@
 use serde_json::{Value, json};
 
 use crate::compat::{daemon, run_clients};
-use crate::support::fake_llm::{FakeLlm, Reply, Usage, Wire, last_user_text};
-
-/// The text of the `tool_result` blocks of the request's last message (the provider's wire is
-/// Anthropic's), joined.
-fn results_in_last_message(body: &Value) -> Vec<String> {
-    let Some(last) = body["messages"].as_array().and_then(|m| m.last()) else {
-        return Vec::new();
-    };
-    let Some(blocks) = last["content"].as_array() else {
-        return Vec::new();
-    };
-    blocks
-        .iter()
-        .filter(|b| b["type"] == "tool_result")
-        .map(|b| b["content"].to_string())
-        .collect()
-}
+use crate::support::fake_llm::{
+    FakeLlm, Reply, Usage, Wire, last_user_text, tool_results_in_last_message,
+};
 
 /// The scripted model: a question about the weather calls the client's `get_weather` (and,
 /// for "(mixed)", agentd's own `session_status` first); results in the last message are
 /// answered with what they say.
 fn responder(body: &Value) -> Option<Reply> {
     let usage = Usage::new(20, 5, 0, 0);
-    let results = results_in_last_message(body);
+    let results = tool_results_in_last_message(body);
     // A message that comes with the error results of calls the client left open.
     if last_user_text(body).ends_with("never mind") {
         return Some(Reply::Text {
@@ -143,12 +129,12 @@ fn client_tools_round_trip_through_the_official_sdks() {
     let answered = requests
         .iter()
         .find(|r| {
-            results_in_last_message(r)
+            tool_results_in_last_message(r)
                 .iter()
                 .any(|t| t.contains("18 C and sunny"))
         })
         .expect("a result reached the provider");
-    let result = results_in_last_message(answered).join("");
+    let result = tool_results_in_last_message(answered).join("");
     assert!(result.contains("untrusted-content"), "{result}");
 
     // The trail of the persistent session holds the call (the final answer of the first

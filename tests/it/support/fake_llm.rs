@@ -463,6 +463,17 @@ pub fn last_user_text(body: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// The contents of the `tool_result` blocks of an Anthropic-wire request's last message, as
+/// JSON text (empty when it has none).
+pub fn tool_results_in_last_message(body: &Value) -> Vec<String> {
+    let last = body["messages"].as_array().and_then(|m| m.last());
+    let blocks = last.and_then(|l| l["content"].as_array());
+    (blocks.into_iter().flatten())
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| b["content"].to_string())
+        .collect()
+}
+
 /// Facts about the request that shape the answer.
 struct Ctx {
     wire: Wire,
