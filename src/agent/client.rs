@@ -113,27 +113,8 @@ impl ClientTools {
     }
 }
 
-/// The calls at the end of the history still waiting for a result: those of the last
-/// assistant message with calls that no result after it answers (none once a user message
-/// follows it).
-pub(super) fn dangling(messages: &[Message]) -> Vec<&ToolCall> {
-    let mut answered: Vec<&str> = Vec::new();
-    for m in messages.iter().rev() {
-        match m {
-            Message::ToolResults { results, .. } => {
-                answered.extend(results.iter().map(|r| r.tool_call_id.as_str()));
-            }
-            Message::Assistant { tool_calls, .. } => {
-                return tool_calls
-                    .iter()
-                    .filter(|c| !answered.contains(&c.id.as_str()))
-                    .collect();
-            }
-            Message::User { .. } => return Vec::new(),
-        }
-    }
-    Vec::new()
-}
+/// The calls at the end of the history still waiting for a result.
+pub(super) use crate::message::open_tool_calls as dangling;
 
 /// The error result of a dangling call: the client's that got no result, or one a stop
 /// interrupted.

@@ -148,6 +148,28 @@ impl Message {
     }
 }
 
+/// The calls at the end of a conversation still waiting for a result: those of the last
+/// assistant message with calls that no result after it answers (none once a user message
+/// follows it). One rule for the loop's dangling calls and a client's open ones (SPEC §17).
+pub fn open_tool_calls(messages: &[Message]) -> Vec<&ToolCall> {
+    let mut answered: Vec<&str> = Vec::new();
+    for m in messages.iter().rev() {
+        match m {
+            Message::ToolResults { results, .. } => {
+                answered.extend(results.iter().map(|r| r.tool_call_id.as_str()));
+            }
+            Message::Assistant { tool_calls, .. } => {
+                return tool_calls
+                    .iter()
+                    .filter(|c| !answered.contains(&c.id.as_str()))
+                    .collect();
+            }
+            Message::User { .. } => return Vec::new(),
+        }
+    }
+    Vec::new()
+}
+
 /// The heap bytes of a list's own buffer (not what its elements point to).
 fn list_bytes<T>(v: &Vec<T>) -> usize {
     v.capacity() * std::mem::size_of::<T>()

@@ -171,27 +171,12 @@ pub fn check_clash(tools: &[ClientTool], own: &[String]) -> Result<(), Invalid> 
     Ok(())
 }
 
-/// The ids of the calls at the end of `history` still waiting for a result: those of the
-/// last assistant message with calls that no result after it answers (none once a user
-/// message follows it).
+/// The ids of the calls at the end of `history` still waiting for a result
+/// ([`crate::message::open_tool_calls`]).
 pub fn open_calls(history: &[Message]) -> Vec<String> {
-    let mut answered: Vec<&str> = Vec::new();
-    for m in history.iter().rev() {
-        match m {
-            Message::ToolResults { results, .. } => {
-                answered.extend(results.iter().map(|r| r.tool_call_id.as_str()));
-            }
-            Message::Assistant { tool_calls, .. } => {
-                return tool_calls
-                    .iter()
-                    .filter(|c| !answered.contains(&c.id.as_str()))
-                    .map(|c| c.id.clone())
-                    .collect();
-            }
-            Message::User { .. } => return Vec::new(),
-        }
-    }
-    Vec::new()
+    (crate::message::open_tool_calls(history).into_iter())
+        .map(|c| c.id.clone())
+        .collect()
 }
 
 /// Refuses a result that answers none of the `open` calls, or one answered twice: "a result
