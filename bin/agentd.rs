@@ -44,6 +44,10 @@ enum Command {
         /// (SIGHUP) would apply and what needs a restart.
         #[arg(long)]
         diff: bool,
+        /// Instead, rewrite the file with renamed keys under their new names and retired ones
+        /// removed, keeping values and comments; the old file is kept beside it.
+        #[arg(long, conflicts_with = "diff")]
+        migrate: bool,
         /// Print one JSON document on stdout instead (docs/usage.md, "JSON output").
         #[arg(long)]
         json: bool,
@@ -158,8 +162,17 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // The daemon logs them (`run`); every other command says them on stderr.
+    if !json && !matches!(cli.command, None | Some(Command::Run | Command::Chat)) {
+        for w in &cfg.warnings {
+            eprintln!("agentd: warning: {w}");
+        }
+    }
     match cli.command.unwrap_or(Command::Run) {
-        Command::CheckConfig { diff: false, json } => {
+        Command::CheckConfig { migrate: true, .. } => check_config_migrate(&path),
+        Command::CheckConfig {
+            diff: false, json, ..
+        } => {
             if json {
                 print_json(&agentd::config::render_effective_json(&cfg));
             } else {
@@ -167,7 +180,9 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::CheckConfig { diff: true, json } => check_config_diff(&cfg, json),
+        Command::CheckConfig {
+            diff: true, json, ..
+        } => check_config_diff(&cfg, json),
         Command::Run => run(cfg, agentd::daemon::RunOptions::default()),
         Command::Chat => run(
             cfg,
@@ -215,6 +230,9 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
                 return ExitCode::from(1);
             }
         };
+    for w in &cfg.warnings {
+        tracing::warn!(key = %w.key, "{}", w.message);
+    }
     if let Some(why) = &cfg.agent.timezone_fallback {
         tracing::warn!(reason = %why, "the system's time zone is not readable; using UTC (set [agent] timezone)");
     }
@@ -308,6 +326,30 @@ fn check_config_diff(cfg: &agentd::config::Config, json: bool) -> ExitCode {
             if json {
                 print_json(&serde_json::json!({"ok": false, "error": e}));
             }
+            eprintln!("agentd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `check-config --migrate`: what changed (or that nothing had to), and where the old file is.
+fn check_config_migrate(path: &std::path::Path) -> ExitCode {
+    match agentd::config::migrate::migrate(path, agentd::config::load) {
+        Ok(m) => {
+            for c in &m.changes {
+                println!("{c}");
+            }
+            match &m.backup {
+                Some(b) => println!(
+                    "rewrote {} (same effective configuration); the old file is {}",
+                    path.display(),
+                    b.display()
+                ),
+                None => println!("{}: nothing to migrate", path.display()),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
             eprintln!("agentd: {e}");
             ExitCode::from(1)
         }

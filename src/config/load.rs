@@ -48,7 +48,7 @@ pub(super) fn load(path: &Path, process: ProcessSource) -> Result<Config, Config
         ProcessSource::Fixed(map) => Env::with_process_map(map, dotenv),
     };
 
-    let table = match super::parse_toml(&text) {
+    let mut table = match super::parse_toml(&text) {
         Ok(t) => t,
         Err(message) => {
             problems.push(Problem {
@@ -64,7 +64,9 @@ pub(super) fn load(path: &Path, process: ProcessSource) -> Result<Config, Config
     };
 
     let w = Walker::new(&config_path, &env);
-    let (config, provider_problems) = walk(&w, table, &config_path, &config_dir, &dotenv_path);
+    super::keys::renames::apply(&w, &mut table, super::keys::renames::RENAMES);
+    let (mut config, provider_problems) = walk(&w, table, &config_path, &config_dir, &dotenv_path);
+    config.warnings = w.warnings();
     problems.extend(w.into_problems());
     problems.extend(provider_problems);
     if problems.is_empty() {
@@ -216,6 +218,7 @@ fn walk(
         caching,
         alerts,
         voice,
+        warnings: Vec::new(),
     };
     (config, provider_problems)
 }

@@ -13,6 +13,8 @@
 //!   the keys of the table and checking what spans keys.
 //! - `providers`: provider files, inheritance, model defaults and validation → `ModelSet`.
 //! - `load`: the orchestration; `render`: `render_effective` for `agentd check-config`.
+//! - `migrate`: `check-config --migrate`, the file rewritten with the renames of
+//!   `keys::renames` (old keys still load, with a warning).
 //! - `live`: the running config, replaced on SIGHUP; `diff`: what changed and what a reload
 //!   applies (`agentd check-config --diff`).
 
@@ -26,6 +28,7 @@ pub mod keys;
 mod live;
 mod load;
 mod mcp;
+pub mod migrate;
 mod paths;
 mod providers;
 mod render;

@@ -48,6 +48,9 @@ pub struct Config {
     pub caching: CachingConfig,
     /// `[alerts]` (SPEC §20).
     pub alerts: AlertsConfig,
+    /// What loaded with a warning (a renamed or retired key, `keys::renames`): logged at start
+    /// and printed by `check-config`.
+    pub warnings: Vec<super::error::Problem>,
 }
 
 /// `[caching]` (SPEC §20).

@@ -19,6 +19,8 @@ pub struct Walker<'e> {
     file: PathBuf,
     env: &'e Env,
     problems: RefCell<Vec<Problem>>,
+    /// Warnings: the file loads, but says something in an old way (a renamed key).
+    warnings: RefCell<Vec<Problem>>,
 }
 
 impl<'e> Walker<'e> {
@@ -27,6 +29,7 @@ impl<'e> Walker<'e> {
             file: file.to_path_buf(),
             env,
             problems: RefCell::new(Vec::new()),
+            warnings: RefCell::new(Vec::new()),
         }
     }
 
@@ -46,6 +49,20 @@ impl<'e> Walker<'e> {
             key: key.into(),
             message: message.into(),
         });
+    }
+
+    /// Record a warning at `key` (a full dotted path): the file still loads.
+    pub fn warn(&self, key: impl Into<String>, message: impl Into<String>) {
+        self.warnings.borrow_mut().push(Problem {
+            file: self.file.clone(),
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+
+    /// The warnings recorded so far.
+    pub fn warnings(&self) -> Vec<Problem> {
+        self.warnings.borrow().clone()
     }
 
     /// Number of problems recorded so far.

@@ -58,4 +58,5 @@ mod tool_schemas;
 mod toolcalls;
 mod untested;
 mod untrusted;
+mod upgrade;
 mod voice;

@@ -19,6 +19,7 @@
 
 pub mod codec;
 pub mod reference;
+pub mod renames;
 #[cfg(test)]
 mod tests;
 
