@@ -84,6 +84,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Import another agent's state: `agentd import openclaw PATH` (OpenClaw's state directory,
+    /// e.g. ~/.openclaw). A dry run that reports what would be imported and what is skipped;
+    /// `--apply` writes sessions (archived), memory notes and skills, and indexes the notes.
+    /// Cron jobs and the Telegram allow-list are printed as config to add, never written.
+    Import {
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(["openclaw"]))]
+        from: String,
+        path: PathBuf,
+        #[arg(long)]
+        apply: bool,
+    },
     /// Internal: the exec tool's sandbox helper (`--policy <json> -- <command...>`).
     #[command(hide = true)]
     SandboxExec {
@@ -202,6 +213,7 @@ fn main() -> ExitCode {
         Command::Consolidate { json } => {
             memory_command(&cfg, |cfg| agentd::cli::memory::consolidate(cfg, json))
         }
+        Command::Import { path, apply, .. } => import_openclaw(&cfg, &path, apply),
         Command::SandboxExec { .. }
         | Command::SandboxProbe { .. }
         | Command::Completions { .. } => ExitCode::from(2),
@@ -330,6 +342,28 @@ fn check_config_diff(cfg: &agentd::config::Config, json: bool) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// `import openclaw PATH [--apply]`: the report on stdout; after an import that wrote memory
+/// notes, the memory index (as `agentd index`), so search finds them at once.
+fn import_openclaw(cfg: &agentd::config::Config, path: &std::path::Path, apply: bool) -> ExitCode {
+    agentd::telemetry::init_cli();
+    let report = match agentd::cli::import::openclaw(cfg, path, apply) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentd: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    print!("{}", report.render());
+    if report.notes_written == 0 {
+        return ExitCode::SUCCESS;
+    }
+    if !cfg.memory.enabled {
+        println!("memory is disabled ([memory] enabled = false): the notes are not indexed");
+        return ExitCode::SUCCESS;
+    }
+    memory_command(cfg, |cfg| agentd::cli::memory::index(cfg, false))
 }
 
 /// `check-config --migrate`: what changed (or that nothing had to), and where the old file is.

@@ -14,7 +14,8 @@
 //!
 //! `memory` is the other command-line front end here: `agentd index` and `agentd consolidate`
 //! (async, run by `bin/agentd.rs` on a current-thread runtime), kept here because only `cli/`
-//! prints, and so is `config_diff` (`agentd check-config --diff`).
+//! prints, and so are `config_diff` (`agentd check-config --diff`) and `import` (`agentd import
+//! openclaw`).
 
 pub mod approvals;
 pub mod config_diff;
@@ -23,6 +24,7 @@ pub mod cost;
 mod error;
 pub mod fifo;
 pub mod history;
+pub mod import;
 pub mod line;
 pub mod memory;
 pub mod output;

@@ -25,6 +25,7 @@ mod file_tools;
 mod gateway;
 mod http_api;
 mod http_daemon;
+mod import;
 mod intake_limits;
 mod local_behaviour;
 mod local_model;
