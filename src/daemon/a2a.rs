@@ -85,7 +85,7 @@ impl DaemonBackend {
             id: id.clone(),
             source: Source::Http,
             from: FROM.into(),
-            text,
+            text: text.clone(),
             tier: None,
             attachments,
             route: None,
@@ -105,12 +105,20 @@ impl DaemonBackend {
                 return Err(backend_error(e));
             }
         };
-        // A retry of a message that is done already: answered from the trail.
+        // A retry of a message that is done already: answered from the trail. A message id
+        // reused for another text is refused (the client must not get another's answer).
         let replay = match new {
             true => None,
-            false => (self.recorded_task(&key, &id).await?)
-                .map(|t| t.end)
-                .filter(|e| *e != TaskEnd::Working),
+            false => match self.recorded_task(&key, &id).await? {
+                Some(t) if t.text != text => {
+                    self.dispatcher.forget(&key, &id);
+                    return Err(BackendError::BadRequest(format!(
+                        "messageId {} was already used for another message in this context: a retry must send the same message, a new message needs a new messageId",
+                        crate::control::escaped_preview(&id)
+                    )));
+                }
+                t => t.map(|t| t.end).filter(|e| *e != TaskEnd::Working),
+            },
         };
         if replay.is_some() {
             self.dispatcher.forget(&key, &id);

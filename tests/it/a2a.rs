@@ -178,6 +178,21 @@ fn the_official_a2a_client_talks_to_agentd() {
         1
     );
     assert_valid("GetTaskResponse", &s["raw_get"]["body"]);
+    // The message id is the idempotency key: a retry is answered from the same message
+    // (recorded once), another message under the same id is refused.
+    let retry = &s["raw_retry"]["body"]["result"];
+    assert_eq!(retry["id"], s["raw_send"]["body"]["result"]["id"]);
+    assert_eq!(
+        retry["artifacts"],
+        s["raw_send"]["body"]["result"]["artifacts"]
+    );
+    assert_eq!(s["raw_reused_id"]["body"]["error"]["code"], -32602);
+    let raw_requests = fake
+        .requests()
+        .into_iter()
+        .filter(|r| last_user_text(r).trim_end().ends_with("a2a raw"))
+        .count();
+    assert_eq!(raw_requests, 1, "the retry was not recorded again");
     assert_eq!(s["raw_cancel"]["body"]["error"]["code"], -32002);
     assert_valid("CancelTaskResponse", &s["raw_cancel"]["body"]);
     assert_eq!(s["raw_unknown_method"]["body"]["error"]["code"], -32601);

@@ -151,6 +151,11 @@ async def raw(http, authed):
     sent = (await post(rpc("message/send", {"message": raw_message("a2a raw")}))).json()
     out("raw_send", body=sent)
     task_id = sent["result"]["id"]
+    first = sent["result"]["history"][0]
+    again = {"message": raw_message("a2a raw", messageId=first["messageId"], contextId=first["contextId"])}
+    out("raw_retry", body=(await post(rpc("message/send", again))).json())
+    again["message"]["parts"] = [{"kind": "text", "text": "a2a other"}]
+    out("raw_reused_id", body=(await post(rpc("message/send", again))).json())
     out("raw_get", body=(await post(rpc("tasks/get", {"id": task_id, "historyLength": 1}))).json())
     out("raw_cancel", body=(await post(rpc("tasks/cancel", {"id": task_id}))).json())
     out("raw_unknown_method", body=(await post(rpc("tasks/nothing", {}))).json())
