@@ -167,6 +167,11 @@ fn the_official_a2a_client_talks_to_agentd() {
     // tasks/cancel stops the work as /stop does.
     assert_eq!(s["submitted"]["task"]["status"]["state"], "submitted");
     assert_eq!(s["cancel"]["task"]["status"]["state"], "canceled");
+    assert_eq!(s["cancel_queued"]["code"], -32002);
+    let why = s["cancel_queued"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("queued behind"), "{why}");
+    assert_eq!(s["after_cancel"]["task"]["status"]["state"], "completed");
+    assert!(s["after_cancel"]["text"].as_str().unwrap().starts_with("after hold answer"));
 
     // The endpoint's own JSON against the published schema, and the refusals.
     assert_valid("SendMessageResponse", &s["raw_send"]["body"]);

@@ -102,6 +102,18 @@ async def cancel(authed, card):
         client, message("a2a hold cancel"), MessageSendConfiguration(blocking=False)
     )
     out("submitted", task=dump(held))
+    # A second task of the same context waits behind the held one: not cancelable yet, and
+    # cancelling the held one never stops it.
+    queued = await last_task(
+        client,
+        message("a2a after hold", held.context_id),
+        MessageSendConfiguration(blocking=False),
+    )
+    try:
+        await client.cancel_task(TaskIdParams(id=queued.id))
+        out("cancel_queued", code=None)
+    except A2AClientJSONRPCError as e:
+        out("cancel_queued", code=e.error.code, message=e.error.message)
     for _ in range(600):
         try:
             task = await client.cancel_task(TaskIdParams(id=held.id))
@@ -111,6 +123,12 @@ async def cancel(authed, card):
                 raise
             await asyncio.sleep(0.1)
     out("cancel", task=dump(task))
+    for _ in range(1200):
+        after = await client.get_task(TaskQueryParams(id=queued.id))
+        if after.status.state.value != "working":
+            break
+        await asyncio.sleep(0.1)
+    out("after_cancel", task=dump(after), text=texts(after))
 
 
 async def disconnect(authed):
