@@ -174,6 +174,10 @@ async def raw(http, authed):
     out("raw_retry", body=(await post(rpc("message/send", again))).json())
     again["message"]["parts"] = [{"kind": "text", "text": "a2a other"}]
     out("raw_reused_id", body=(await post(rpc("message/send", again))).json())
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+    picture = raw_message("a2a picture")
+    picture["parts"].append({"kind": "file", "file": {"bytes": png, "mimeType": "image/png"}})
+    out("raw_picture", body=(await post(rpc("message/send", {"message": picture}))).json())
     out("raw_get", body=(await post(rpc("tasks/get", {"id": task_id, "historyLength": 1}))).json())
     out("raw_cancel", body=(await post(rpc("tasks/cancel", {"id": task_id}))).json())
     out("raw_unknown_method", body=(await post(rpc("tasks/nothing", {}))).json())
