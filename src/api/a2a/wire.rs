@@ -246,6 +246,11 @@ fn parts(parts: Option<&Value>) -> Result<(String, Vec<AttachmentIn>), RpcError>
                     let shown = crate::control::escaped_preview(mime);
                     return Err(unsupported(n, &format!("a file of type \"{shown}\"")));
                 }
+                if !is_base64(bytes) {
+                    return Err(RpcError::params(format!(
+                        "params.message.parts[{n}].file.bytes must be standard base64"
+                    )));
+                }
                 if images.len() == MAX_IMAGES {
                     return Err(RpcError::params(format!(
                         "params.message.parts: at most {MAX_IMAGES} images"
@@ -272,6 +277,13 @@ fn parts(parts: Option<&Value>) -> Result<(String, Vec<AttachmentIn>), RpcError>
         ));
     }
     Ok((text, images))
+}
+
+fn is_base64(s: &str) -> bool {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(s.as_bytes())
+        .is_ok()
 }
 
 /// `params` of `tasks/get` and `tasks/cancel`: the task's id, and `historyLength`.

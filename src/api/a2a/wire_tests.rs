@@ -73,6 +73,11 @@ fn other_parts_and_bad_fields_are_refused_clearly() {
         "{}",
         e.message
     );
+    let garbled =
+        user(json!([{"kind": "file", "file": {"bytes": "not base64!", "mimeType": "image/png"}}]));
+    let e = send(garbled).unwrap_err();
+    assert_eq!(e.code, code::INVALID_PARAMS);
+    assert!(e.message.contains("parts[0].file.bytes"), "{}", e.message);
     let many: Vec<Value> = (0..=MAX_PARTS)
         .map(|_| json!({"kind": "text", "text": "x"}))
         .collect();
