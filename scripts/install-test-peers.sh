@@ -12,13 +12,15 @@
 # client families tests/it/clients.rs drives against the compatible endpoints: the Vercel AI
 # SDK (npm `ai`, `@ai-sdk/openai`, `@ai-sdk/anthropic`, into DEST/clients/npm), the OpenAI
 # Agents SDK and LangChain's OpenAI chat model (PyPI, into DEST/clients/py), LlamaIndex's
-# OpenAILike and litellm (PyPI, into DEST/clients/lite). Idempotent: an existing install
+# OpenAILike and litellm (PyPI, into DEST/clients/lite). The part `a2a` adds the official A2A
+# Python SDK (PyPI `a2a-sdk`, the 0.3 line: A2A protocol 0.3.0, into DEST/a2a/py), the client
+# tests/it/a2a.rs drives against the A2A endpoint. Idempotent: an existing install
 # is kept, so once installed the tests run offline.
 set -euo pipefail
-dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients]...}"
+dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|a2a]...}"
 shift || true
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients)
+[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients a2a)
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
 # Tests run in parallel: one install at a time into DEST.
@@ -207,6 +209,14 @@ for part in "${parts[@]}"; do
         touch "$dest/clients/npm/.done"
       fi
       ;;
+    a2a)
+      # The 0.3 line speaks A2A 0.3.0 (JSON-RPC `message/send`); 1.x speaks A2A 1.0.
+      if [ ! -f "$dest/a2a/py/.done" ]; then
+        python3 -m pip install --quiet --disable-pip-version-check --target "$dest/a2a/py" \
+          'a2a-sdk==0.3.26'
+        touch "$dest/a2a/py/.done"
+      fi
+      ;;
     llama-real)
       if [ ! -f "$dest/llama-real/.done" ]; then
         install_llama_real "$dest/llama-real"
@@ -214,7 +224,7 @@ for part in "${parts[@]}"; do
       fi
       ;;
     *)
-      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real or clients)" >&2
+      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients or a2a)" >&2
       exit 2
       ;;
   esac

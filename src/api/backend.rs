@@ -5,6 +5,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::a2a::{A2aIn, A2aTicket, TaskResult};
 use crate::cost::Period;
 use crate::llm::compat::{Api, CompatReply, CompatRequest, ErrorKind};
 use crate::message::Usage;
@@ -237,5 +238,27 @@ pub trait ApiBackend: Send + Sync + 'static {
                 "the compatible endpoints are not served by this backend".into(),
             ))
         })
+    }
+    /// A2A (SPEC §23): durably accept a message into session `req.key` (its intake id the
+    /// message id: a retry is recorded once and answered from the same message), then the
+    /// ticket to wait on.
+    fn a2a_send(&self, req: A2aIn) -> BoxFuture<'_, Result<A2aTicket, BackendError>> {
+        let _ = req;
+        Box::pin(async { Err(BackendError::Unavailable("A2A is not served here".into())) })
+    }
+    /// A2A `tasks/get`: intake `id` of session `key`, read back from its trail.
+    fn a2a_task(&self, key: String, id: String) -> BoxFuture<'_, TaskResult> {
+        let _ = (key, id);
+        Box::pin(async { Ok(None) })
+    }
+    /// A2A `tasks/cancel`: stop intake `id` of session `key` if it runs (as `/stop`), then the
+    /// task as recorded. `Conflict` when it is done already or still queued.
+    fn a2a_cancel(&self, key: String, id: String) -> BoxFuture<'_, TaskResult> {
+        let _ = (key, id);
+        Box::pin(async { Ok(None) })
+    }
+    /// The skills of the agent card: `(name, description)`, sorted by name.
+    fn skills(&self) -> Vec<(String, String)> {
+        Vec::new()
     }
 }

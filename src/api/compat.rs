@@ -31,7 +31,7 @@ pub(crate) const SESSION_HEADER: HeaderName = HeaderName::from_static("x-agentd-
 /// The header whose value becomes the intake id.
 pub(crate) const IDEMPOTENCY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 /// Tells nginx (and proxies that copy it) not to buffer a stream.
-const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+pub(super) const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 /// The header the official SDKs obey to retry or not.
 pub(crate) const SHOULD_RETRY_HEADER: HeaderName = HeaderName::from_static("x-should-retry");
 
@@ -75,7 +75,11 @@ pub(crate) fn error_response(
 }
 
 /// A response whose body the outer `finish` layer leaves as it is.
-fn raw(status: StatusCode, content_type: &'static str, body: impl Into<Body>) -> Response {
+pub(super) fn raw(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Body>,
+) -> Response {
     let mut r = (status, body.into()).into_response();
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -364,19 +368,19 @@ impl Frames {
 
 /// What was streamed of the text so far, to send only the rest at the end.
 #[derive(Default)]
-struct Sent {
+pub(super) struct Sent {
     /// The text of the current model turn streamed so far.
-    turn: String,
+    pub(super) turn: String,
     /// Any text was streamed.
-    any: bool,
+    pub(super) any: bool,
     /// A tool batch ran after streamed text: the next text starts a new paragraph.
-    new_turn: bool,
+    pub(super) new_turn: bool,
 }
 
 /// The rest of `final_text` to send after `sent` streamed: everything after the part of the
 /// last turn already sent, or all of it (after a blank line) when what was streamed is not
 /// its start (text of a turn that went on to call tools).
-fn remainder<'a>(sent: &Sent, final_text: &'a str) -> std::borrow::Cow<'a, str> {
+pub(super) fn remainder<'a>(sent: &Sent, final_text: &'a str) -> std::borrow::Cow<'a, str> {
     if let Some(rest) = final_text
         .strip_prefix(sent.turn.as_str())
         .filter(|_| !sent.turn.is_empty())

@@ -7,9 +7,11 @@
 //! - `compat`: the OpenAI- and Anthropic-compatible endpoints (SPEC §17); their wire
 //!   formats are `llm::openai::server` and `llm::anthropic::server`.
 //! - `approvals`: the approvals endpoints (SPEC §18.1).
+//! - [`a2a`]: the A2A agent card and JSON-RPC endpoint (SPEC §23).
 //! - `reply`: JSON bodies; the outermost layer adds `agent` and `X-Agentd-Agent` to every answer.
 //! - [`webhook`]: the callback POSTed after every processed message.
 
+pub mod a2a;
 pub mod backend;
 
 mod approvals;

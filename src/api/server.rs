@@ -183,6 +183,7 @@ pub fn router(
             post(compat::chat_completions),
         )
         .route(responses::RESPONSES_PATH, post(compat::responses))
+        .route(super::a2a::wire::ENDPOINT, post(super::a2a::rpc))
         .route_layer(auth.clone())
         .route(
             anthropic::MESSAGES_PATH,
@@ -211,6 +212,8 @@ pub fn router(
             get(compat::model).route_layer(api_key_auth.clone()),
         )
         .route("/api/v1/status", get(handlers::status))
+        // Strangers may read the card; it shows the skills only to a caller with the token.
+        .route(super::a2a::wire::CARD_PATH, get(super::a2a::card))
         .route_layer(from_fn_with_state((state.clone(), Group::Read), rate_limit));
     Router::new()
         .merge(posts)

@@ -40,6 +40,8 @@ pub struct DaemonBackend {
     pub approvals: Arc<crate::tools::approval::Approvals>,
     /// The agent's tools: a client tool may not take one's name (SPEC §17).
     pub tools: Arc<crate::tools::ToolRegistry>,
+    /// The skills (the A2A card lists them, SPEC §23).
+    pub skills: Arc<crate::skills::SkillSet>,
 }
 
 impl DaemonBackend {
@@ -440,6 +442,29 @@ impl ApiBackend for DaemonBackend {
     fn models(&self) -> Vec<String> {
         // Only what a message can be routed to: not the embedding or speech models.
         self.cfg.chat_models().map(|m| m.name.clone()).collect()
+    }
+
+    fn a2a_send(
+        &self,
+        req: crate::api::a2a::A2aIn,
+    ) -> BoxFuture<'_, Result<crate::api::a2a::A2aTicket, BackendError>> {
+        Box::pin(self.a2a_accept(req))
+    }
+
+    fn a2a_task(&self, key: String, id: String) -> BoxFuture<'_, crate::api::a2a::TaskResult> {
+        Box::pin(async move { self.recorded_task(&key, &id).await })
+    }
+
+    fn a2a_cancel(&self, key: String, id: String) -> BoxFuture<'_, crate::api::a2a::TaskResult> {
+        Box::pin(async move { self.a2a_stop(&key, &id).await })
+    }
+
+    fn skills(&self) -> Vec<(String, String)> {
+        let mut list: Vec<(String, String)> = (self.skills.all().iter())
+            .map(|s| (s.name.clone(), s.description.clone()))
+            .collect();
+        list.sort();
+        list
     }
 
     fn compat(&self, req: CompatIn) -> BoxFuture<'_, Result<CompatTicket, BackendError>> {

@@ -2,6 +2,7 @@
 //! starts the sources (`sources`) and per-session workers (`workers`), and owns the lifecycle
 //! (`lifecycle`: signals, READY, the two-stage stop). [`run`] reads as that list.
 
+pub mod a2a;
 pub mod after;
 pub mod approvals;
 pub mod chat;

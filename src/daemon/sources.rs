@@ -195,6 +195,7 @@ async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<
         recent: Default::default(),
         approvals: s.approvals.clone(),
         tools: s.tools.clone(),
+        skills: s.skills.clone(),
     });
     let router = crate::api::router(
         backend,

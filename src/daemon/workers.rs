@@ -27,6 +27,9 @@ use crate::metrics::Metrics;
 use crate::monitor::Monitor;
 use crate::session::{Event, SessionHandle, SessionState, SessionStore};
 
+/// The recorded error of a message a person (or an A2A client) stopped.
+pub const STOPPED_ERROR: &str = "stopped by the user";
+
 /// What the dispatcher asks of the agent: the model for a unit of work (decided once per
 /// message, here, with the session's pinned model), running it on that model, and the
 /// after-message check (compaction). Implemented by [`Agent`]; the tests use a fake.
@@ -114,8 +117,8 @@ pub struct Dispatcher {
     contacts: Contacts,
     queue: Arc<Queue>,
     after: AfterMessage,
-    /// The `/stop` token of each session's running message.
-    running: std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>,
+    /// The `/stop` token of each session's running message, with the intake ids it answers.
+    running: std::sync::Mutex<std::collections::HashMap<String, (CancellationToken, Vec<String>)>>,
     active: AtomicUsize,
     tracker: TaskTracker,
     /// Fired at shutdown: workers start no new job.
@@ -244,11 +247,23 @@ impl Dispatcher {
     /// Cancel the message in flight for `key` (Telegram `/stop`). Returns whether one ran.
     pub fn stop_session(&self, key: &str) -> bool {
         match self.running_tokens().get(key) {
-            Some(t) => {
+            Some((t, _)) => {
                 t.cancel();
                 true
             }
             None => false,
+        }
+    }
+
+    /// [`Self::stop_session`], only when the running message answers intake `id` (A2A
+    /// `tasks/cancel`). Returns whether it did.
+    pub fn stop_intake(&self, key: &str, id: &str) -> bool {
+        match self.running_tokens().get(key) {
+            Some((t, ids)) if ids.iter().any(|i| i == id) => {
+                t.cancel();
+                true
+            }
+            _ => false,
         }
     }
 
@@ -278,7 +293,10 @@ impl Dispatcher {
 
     fn running_tokens(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CancellationToken>> {
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<String, (CancellationToken, Vec<String>)>,
+    > {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -715,7 +733,7 @@ impl Dispatcher {
         target: Option<&Address>,
     ) -> std::io::Result<Finish> {
         let stop = self.abort.child_token();
-        self.running_tokens().insert(key.to_string(), stop.clone());
+        (self.running_tokens()).insert(key.to_string(), (stop.clone(), work.ids()));
         let typing = (self.after).typing(target, self.cfg.get().behavior.typing_indicators);
         self.active.fetch_add(1, Ordering::Relaxed);
         let finish = self.runner.process(session, st, work, model, &stop).await;
@@ -727,7 +745,7 @@ impl Dispatcher {
         if finish != Finish::Cancelled || self.abort.is_cancelled() {
             return Ok(finish);
         }
-        let (reply, error) = ("Stopped.".to_string(), "stopped by the user".to_string());
+        let (reply, error) = ("Stopped.".to_string(), STOPPED_ERROR.to_string());
         let ev = Event::Failure {
             reply_to: work.ids(),
             error: error.clone(),

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod a2a;
 mod addresses;
 mod approvals;
 mod architecture;

@@ -42,7 +42,7 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
 }
 
 /// Installs `part` of the real test peers (`scripts/install-test-peers.sh`: `mcp`, `sdk`,
-/// `metrics`, `llama`, `clients`) once per target dir and returns the peers' directory; panics naming `needs`
+/// `metrics`, `llama`, `clients`, `a2a`) once per target dir and returns the peers' directory; panics naming `needs`
 /// (what the install needs) when it fails. Installs run one at a time: they share the
 /// directory.
 pub fn test_peers(part: &str, needs: &str) -> std::path::PathBuf {
