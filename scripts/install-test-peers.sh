@@ -12,13 +12,16 @@
 # client families tests/it/clients.rs drives against the compatible endpoints: the Vercel AI
 # SDK (npm `ai`, `@ai-sdk/openai`, `@ai-sdk/anthropic`, into DEST/clients/npm), the OpenAI
 # Agents SDK and LangChain's OpenAI chat model (PyPI, into DEST/clients/py), LlamaIndex's
-# OpenAILike and litellm (PyPI, into DEST/clients/lite). Idempotent: an existing install
+# OpenAILike and litellm (PyPI, into DEST/clients/lite). The part `mcpclients` adds the MCP
+# clients tests/it/mcp_server.rs drives against agentd's own MCP server: the official Python
+# SDK (PyPI `mcp`, into DEST/mcpclients/py) and the MCP Inspector (npm, into
+# DEST/mcpclients/npm). Idempotent: an existing install
 # is kept, so once installed the tests run offline.
 set -euo pipefail
-dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients]...}"
+dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|mcpclients]...}"
 shift || true
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients)
+[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients mcpclients)
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
 # Tests run in parallel: one install at a time into DEST.
@@ -207,6 +210,18 @@ for part in "${parts[@]}"; do
         touch "$dest/clients/npm/.done"
       fi
       ;;
+    mcpclients)
+      if [ ! -f "$dest/mcpclients/py/.done" ]; then
+        python3 -m pip install --quiet --disable-pip-version-check --target "$dest/mcpclients/py" mcp
+        touch "$dest/mcpclients/py/.done"
+      fi
+      if [ ! -f "$dest/mcpclients/npm/.done" ]; then
+        mkdir -p "$dest/mcpclients/npm"
+        npm install --silent --no-audit --no-fund --prefix "$dest/mcpclients/npm" \
+          @modelcontextprotocol/inspector
+        touch "$dest/mcpclients/npm/.done"
+      fi
+      ;;
     llama-real)
       if [ ! -f "$dest/llama-real/.done" ]; then
         install_llama_real "$dest/llama-real"
@@ -214,7 +229,7 @@ for part in "${parts[@]}"; do
       fi
       ;;
     *)
-      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real or clients)" >&2
+      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients or mcpclients)" >&2
       exit 2
       ;;
   esac

@@ -9,6 +9,7 @@
 //! - `approvals`: the approvals endpoints (SPEC §18.1).
 //! - `reply`: JSON bodies; the outermost layer adds `agent` and `X-Agentd-Agent` to every answer.
 //! - [`webhook`]: the callback POSTed after every processed message.
+//! - [`mcp`]: agentd as an MCP server (SPEC §23): `/mcp` here, and `agentd mcp` on stdio.
 
 pub mod backend;
 
@@ -17,6 +18,7 @@ mod auth;
 mod compat;
 mod error;
 mod handlers;
+pub mod mcp;
 mod ratelimit;
 mod reply;
 mod server;
@@ -25,7 +27,7 @@ pub mod webhook;
 pub use error::ApiError;
 pub use server::{
     ApiState, HEADER_READ_TIMEOUT, SHUTDOWN_GRACE, bind, connection_cap, raise_fd_limit, router,
-    serve,
+    router_with_mcp, serve,
 };
 pub use webhook::{TokenCounts, Webhook, WebhookError, WebhookPayload};
 

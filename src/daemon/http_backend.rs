@@ -40,6 +40,8 @@ pub struct DaemonBackend {
     pub approvals: Arc<crate::tools::approval::Approvals>,
     /// The agent's tools: a client tool may not take one's name (SPEC §17).
     pub tools: Arc<crate::tools::ToolRegistry>,
+    /// Long-term memory for the MCP server's `memory_search` (SPEC §23); `None` when off.
+    pub memory: Option<crate::memory::Memory>,
 }
 
 impl DaemonBackend {
@@ -182,6 +184,21 @@ fn blocking<T: Send + 'static>(
 }
 
 impl ApiBackend for DaemonBackend {
+    fn message(
+        &self,
+        req: crate::api::backend::SessionMessageIn,
+    ) -> BoxFuture<'_, Result<crate::api::backend::MessageTicket, BackendError>> {
+        Box::pin(self.session_message(req))
+    }
+
+    fn stop(&self, key: String) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move { Ok(self.dispatcher.stop_session(&key)) })
+    }
+
+    fn memory_search(&self, query: String, k: usize) -> BoxFuture<'_, Result<Value, BackendError>> {
+        Box::pin(async move { self.search_memory(&query, k).await })
+    }
+
     fn approvals(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
         Box::pin(async move { Ok(json!({ "approvals": self.approvals.list() })) })
     }
