@@ -16,6 +16,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 
 WAIT = 120
 
@@ -61,8 +62,11 @@ async def exercise(streams, label):
         step("ask", text=text_of(r), structured=r.structured_content, is_error=r.is_error,
              progress=progress)
 
-        r = await session.call_tool("send", {"message": "mcp queued", "bogus": 1})
-        step("strict", is_error=r.is_error, text=text_of(r))
+        try:
+            await session.call_tool("send", {"message": "mcp queued", "bogus": 1})
+            step("strict", refused=False)
+        except MCPError as e:
+            step("strict", refused=True, error=str(e))
 
         r = await session.call_tool("memory_search", {"query": "zebra password"})
         step("memory_search", is_error=r.is_error, text=text_of(r)[:2000])
