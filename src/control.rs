@@ -454,6 +454,15 @@ mod tests {
                 target: "all".into()
             }
         );
+        let stop = parse_line(br#"{"id":"s1","type":"stop","key":"mcp:x"}"#, 4096).unwrap();
+        assert_eq!(stop.kind(), "stop");
+        assert_eq!(
+            stop,
+            ControlLine::Stop {
+                id: Some("s1".into()),
+                key: "mcp:x".into()
+            }
+        );
     }
 
     #[test]
