@@ -95,6 +95,9 @@ enum Command {
         #[arg(long)]
         apply: bool,
     },
+    /// Serve MCP on stdin/stdout for an MCP host (docs/mcp-server.md): talks to the running
+    /// daemon through the control FIFO and the state files, like agent-send.
+    Mcp,
     /// Internal: the exec tool's sandbox helper (`--policy <json> -- <command...>`).
     #[command(hide = true)]
     SandboxExec {
@@ -214,6 +217,7 @@ fn main() -> ExitCode {
             memory_command(&cfg, |cfg| agentd::cli::memory::consolidate(cfg, json))
         }
         Command::Import { path, apply, .. } => import_openclaw(&cfg, &path, apply),
+        Command::Mcp => mcp(cfg),
         Command::SandboxExec { .. }
         | Command::SandboxProbe { .. }
         | Command::Completions { .. } => ExitCode::from(2),
@@ -311,6 +315,30 @@ where
         }
         Err(e) => {
             eprintln!("agentd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `agentd mcp`: stdout carries the protocol, so logs go to stderr only (warnings, unless
+/// AGENTD_LOG says otherwise); a daemon that is not running is exit 1 with the reason.
+fn mcp(cfg: agentd::config::Config) -> ExitCode {
+    agentd::telemetry::init_cli();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agentd: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(agentd::cli::mcp::serve(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentd mcp: {e}");
             ExitCode::from(1)
         }
     }

@@ -20,7 +20,7 @@ have() { command -v "$1"; }
 need "python3 (MCP reference server, SDK clients, A2A client, metrics parser)" \
   "apt-get install python3 python3-pip" have python3
 need "pip for python3" "apt-get install python3-pip" python3 -m pip --version
-need "node and npm (the MCP reference server @modelcontextprotocol/server-everything)" \
+need "node and npm (the MCP reference server @modelcontextprotocol/server-everything, the MCP Inspector)" \
   "apt-get install nodejs npm" have npm
 need "systemd-analyze (the units are checked offline)" "apt-get install systemd" have systemd-analyze
 need "apt-get and dpkg-deb (Prometheus' promtool comes from Debian's prometheus package)" \

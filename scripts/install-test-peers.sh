@@ -14,13 +14,16 @@
 # Agents SDK and LangChain's OpenAI chat model (PyPI, into DEST/clients/py), LlamaIndex's
 # OpenAILike and litellm (PyPI, into DEST/clients/lite). The part `a2a` adds the official A2A
 # Python SDK (PyPI `a2a-sdk`, the 0.3 line: A2A protocol 0.3.0, into DEST/a2a/py), the client
-# tests/it/a2a.rs drives against the A2A endpoint. Idempotent: an existing install
+# tests/it/a2a.rs drives against the A2A endpoint. The part `mcpclients` adds the MCP
+# clients tests/it/mcp_server.rs drives against agentd's own MCP server: the official Python
+# SDK (PyPI `mcp`, into DEST/mcpclients/py) and the MCP Inspector (npm, into
+# DEST/mcpclients/npm). Idempotent: an existing install
 # is kept, so once installed the tests run offline.
 set -euo pipefail
-dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|a2a]...}"
+dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|a2a|mcpclients]...}"
 shift || true
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients a2a)
+[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients a2a mcpclients)
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
 # Tests run in parallel: one install at a time into DEST.
@@ -217,6 +220,18 @@ for part in "${parts[@]}"; do
         touch "$dest/a2a/py/.done"
       fi
       ;;
+    mcpclients)
+      if [ ! -f "$dest/mcpclients/py/.done" ]; then
+        python3 -m pip install --quiet --disable-pip-version-check --target "$dest/mcpclients/py" mcp
+        touch "$dest/mcpclients/py/.done"
+      fi
+      if [ ! -f "$dest/mcpclients/npm/.done" ]; then
+        mkdir -p "$dest/mcpclients/npm"
+        npm install --silent --no-audit --no-fund --prefix "$dest/mcpclients/npm" \
+          @modelcontextprotocol/inspector
+        touch "$dest/mcpclients/npm/.done"
+      fi
+      ;;
     llama-real)
       if [ ! -f "$dest/llama-real/.done" ]; then
         install_llama_real "$dest/llama-real"
@@ -224,7 +239,7 @@ for part in "${parts[@]}"; do
       fi
       ;;
     *)
-      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients or a2a)" >&2
+      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients, a2a or mcpclients)" >&2
       exit 2
       ;;
   esac

@@ -155,6 +155,13 @@ pub enum ControlLine {
         name: String,
         enabled: bool,
     },
+    /// Stop the message session `key` is running, as the chat command `/stop` does (SPEC
+    /// §23: an MCP client's cancellation over `agentd mcp`).
+    Stop {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        key: String,
+    },
 }
 
 fn all() -> String {
@@ -199,7 +206,8 @@ impl ControlLine {
             | ControlLine::Reset { id, .. }
             | ControlLine::Approval { id, .. }
             | ControlLine::SessionModel { id, .. }
-            | ControlLine::SessionSkill { id, .. } => id.as_deref(),
+            | ControlLine::SessionSkill { id, .. }
+            | ControlLine::Stop { id, .. } => id.as_deref(),
         }
     }
 
@@ -211,7 +219,8 @@ impl ControlLine {
             | ControlLine::Reset { id, .. }
             | ControlLine::Approval { id, .. }
             | ControlLine::SessionModel { id, .. }
-            | ControlLine::SessionSkill { id, .. } => *id = Some(new),
+            | ControlLine::SessionSkill { id, .. }
+            | ControlLine::Stop { id, .. } => *id = Some(new),
         }
     }
 
@@ -224,6 +233,7 @@ impl ControlLine {
             ControlLine::Approval { .. } => "approval",
             ControlLine::SessionModel { .. } => "session_model",
             ControlLine::SessionSkill { .. } => "session_skill",
+            ControlLine::Stop { .. } => "stop",
         }
     }
 
@@ -442,6 +452,15 @@ mod tests {
             ControlLine::Reset {
                 id: None,
                 target: "all".into()
+            }
+        );
+        let stop = parse_line(br#"{"id":"s1","type":"stop","key":"mcp:x"}"#, 4096).unwrap();
+        assert_eq!(stop.kind(), "stop");
+        assert_eq!(
+            stop,
+            ControlLine::Stop {
+                id: Some("s1".into()),
+                key: "mcp:x".into()
             }
         );
     }

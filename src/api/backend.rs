@@ -111,6 +111,24 @@ pub struct CompatTicket {
     pub deltas: Option<tokio::sync::mpsc::UnboundedReceiver<crate::llm::StreamDelta>>,
 }
 
+/// A message an MCP client sends to session `key` (SPEC §23): the `ask` and `send` tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionMessageIn {
+    /// The session key (checked with the HTTP API's key rule).
+    pub key: String,
+    pub text: String,
+    /// The client's idempotency key: the intake id, so a retried call is recorded once.
+    pub id: Option<String>,
+}
+
+/// A session message durably accepted: its intake id, its session and the wait for it.
+pub struct MessageTicket {
+    pub id: String,
+    pub session_id: String,
+    /// Resolves when the message is done. Dropping it stops the wait, never the work.
+    pub done: BoxFuture<'static, Result<crate::session::Outcome, BackendError>>,
+}
+
 /// A change of `POST /api/v1/sessions/{key}/model` or `/skills` (SPEC §18.2).
 #[derive(Debug, Clone, PartialEq)]
 pub enum SessionChange {
@@ -225,6 +243,34 @@ pub trait ApiBackend: Send + Sync + 'static {
         Box::pin(async {
             Err(BackendError::Unavailable(
                 "session settings are not served by this backend".into(),
+            ))
+        })
+    }
+    /// Durably accept a message for session `key` (the MCP server's `ask` and `send`, SPEC
+    /// §23), not debounced; a duplicate id is answered from the same message.
+    fn message(&self, req: SessionMessageIn) -> BoxFuture<'_, Result<MessageTicket, BackendError>> {
+        let _ = req;
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "messages are not served by this backend".into(),
+            ))
+        })
+    }
+    /// Stop the message session `key` is running, as `/stop` does; `false`: none was running.
+    fn stop(&self, key: String) -> BoxFuture<'_, Result<bool, BackendError>> {
+        let _ = key;
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "stop is not served by this backend".into(),
+            ))
+        })
+    }
+    /// Long-term memory search (SPEC §13): `crate::memory::search::SearchResults` as JSON.
+    fn memory_search(&self, query: String, k: usize) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let _ = (query, k);
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "memory search is not served by this backend".into(),
             ))
         })
     }

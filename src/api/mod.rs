@@ -10,6 +10,7 @@
 //! - [`a2a`]: the A2A agent card and JSON-RPC endpoint (SPEC §23).
 //! - `reply`: JSON bodies; the outermost layer adds `agent` and `X-Agentd-Agent` to every answer.
 //! - [`webhook`]: the callback POSTed after every processed message.
+//! - [`mcp`]: agentd as an MCP server (SPEC §23): `/mcp` here, and `agentd mcp` on stdio.
 
 pub mod a2a;
 pub mod backend;
@@ -19,6 +20,7 @@ mod auth;
 mod compat;
 mod error;
 mod handlers;
+pub mod mcp;
 mod ratelimit;
 mod reply;
 mod server;
@@ -27,7 +29,7 @@ pub mod webhook;
 pub use error::ApiError;
 pub use server::{
     ApiState, HEADER_READ_TIMEOUT, SHUTDOWN_GRACE, bind, connection_cap, raise_fd_limit, router,
-    serve,
+    router_with_mcp, serve,
 };
 pub use webhook::{TokenCounts, Webhook, WebhookError, WebhookPayload};
 

@@ -162,6 +162,20 @@ pub fn router(
     agent_name: &str,
     call_timeout: Duration,
 ) -> Router {
+    router_with_mcp(backend, cfg, agent_name, call_timeout, None)
+}
+
+/// [`router`], with the MCP server at `/mcp` when `mcp` is given (SPEC §23): the same token,
+/// rate limit (the POST group) and body limit as the other routes; `cancel` ends its sessions.
+pub fn router_with_mcp(
+    backend: Arc<dyn ApiBackend>,
+    cfg: &HttpConfig,
+    agent_name: &str,
+    call_timeout: Duration,
+    mcp: Option<(super::mcp::McpOptions, CancellationToken)>,
+) -> Router {
+    let mcp =
+        mcp.map(|(opts, cancel)| super::mcp::http_service(backend.clone(), opts, cfg, cancel));
     let state = Arc::new(ApiState::new(backend, cfg, agent_name, call_timeout));
     let auth = from_fn_with_state(state.clone(), require_bearer);
     let api_key_auth = from_fn_with_state(state.clone(), require_bearer_or_api_key);
@@ -215,9 +229,16 @@ pub fn router(
         // Strangers may read the card; it shows the skills only to a caller with the token.
         .route(super::a2a::wire::CARD_PATH, get(super::a2a::card))
         .route_layer(from_fn_with_state((state.clone(), Group::Read), rate_limit));
-    Router::new()
-        .merge(posts)
-        .merge(reads)
+    let mut routes = Router::new().merge(posts).merge(reads);
+    if let Some(service) = mcp {
+        routes = routes.merge(
+            Router::new()
+                .route_service(super::mcp::PATH, service)
+                .route_layer(from_fn_with_state(state.clone(), require_bearer))
+                .route_layer(from_fn_with_state((state.clone(), Group::Post), rate_limit)),
+        );
+    }
+    routes
         .fallback(handlers::not_found)
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(cfg.max_body_bytes))

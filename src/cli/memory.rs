@@ -122,6 +122,17 @@ fn open(cfg: &Config) -> Result<(Memory, Arc<Gateway>), MemoryError> {
     Ok((memory, gateway))
 }
 
+/// Memory search for `agentd mcp`'s `memory_search` (SPEC §23): the daemon's own search over
+/// `memory.db`, its query embedding billed through this process's gateway.
+pub async fn search(
+    cfg: &Config,
+    query: &str,
+    k: usize,
+) -> Result<crate::memory::search::SearchResults, MemoryError> {
+    let (memory, _gateway) = open(cfg)?;
+    memory.search(query, k, "mcp").await
+}
+
 /// `agentd index`: one run, progress on stderr; the summary (text or JSON) is returned.
 /// An embeddings failure after the full-text index was updated is an error too (exit 1), with
 /// the summary in the message.

@@ -12,6 +12,9 @@
 //!
 //! Everything here is blocking; it is meant for the CLI process, not for a tokio worker.
 //!
+//! `mcp` is `agentd mcp`: the MCP server of `api::mcp` on stdio, over the FIFO and the state
+//! files.
+//!
 //! `memory` is the other command-line front end here: `agentd index` and `agentd consolidate`
 //! (async, run by `bin/agentd.rs` on a current-thread runtime), kept here because only `cli/`
 //! prints, and so are `config_diff` (`agentd check-config --diff`) and `import` (`agentd import
@@ -26,6 +29,7 @@ pub mod fifo;
 pub mod history;
 pub mod import;
 pub mod line;
+pub mod mcp;
 pub mod memory;
 pub mod output;
 pub mod send;

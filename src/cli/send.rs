@@ -43,7 +43,17 @@ pub enum SendResult {
 
 /// Send `out` through the daemon of `ctx` and wait as `opts` says. Blocking.
 pub fn send(ctx: &Context, out: &Outgoing, opts: SendOptions) -> Result<SendResult, CliError> {
-    let id = uuid::Uuid::new_v4().to_string();
+    send_with_id(ctx, out, opts, uuid::Uuid::new_v4().to_string())
+}
+
+/// [`send`] with the intake id `id` (a client's idempotency key: a duplicate is recorded
+/// once).
+pub fn send_with_id(
+    ctx: &Context,
+    out: &Outgoing,
+    opts: SendOptions,
+    id: String,
+) -> Result<SendResult, CliError> {
     let sessions_dir = ctx.sessions_dir();
     check_setting(ctx, out)?;
     let reset_before = match (out, opts.wait) {

@@ -148,6 +148,7 @@ fn walk(
     let budget = sections::budget(&mut root);
     let approvals = super::approvals::approvals(&mut root);
     let delivery = sections::delivery(&mut root);
+    let mcp_server = sections::mcp_server(&mut root);
     let tools = tools::tools(&mut root, config_dir, &agent.workspace);
     // SPEC §16.8: the tools may not write the state or config directory, so scratch space
     // there would be unusable.
@@ -217,6 +218,7 @@ fn walk(
         schedules,
         caching,
         alerts,
+        mcp_server,
         voice,
         warnings: Vec::new(),
     };

@@ -10,7 +10,7 @@ use super::keys::state as ks;
 use super::paths::{expand_tilde, resolve};
 use super::types::{
     AgentConfig, BehaviorConfig, BudgetConfig, CompactionConfig, ContextConfig, DeliveryConfig,
-    LoggingConfig, MemoryConfig, RetentionConfig, SkillsConfig, TierFiles,
+    LoggingConfig, McpServeConfig, MemoryConfig, RetentionConfig, SkillsConfig, TierFiles,
 };
 use super::walker::Section;
 
@@ -142,6 +142,14 @@ pub fn delivery(root: &mut Section<'_>) -> DeliveryConfig {
     let mut s = root.section("delivery");
     DeliveryConfig {
         retry: s.read(&kb::RETRY_MINUTES),
+    }
+}
+
+/// `[mcp_server]`.
+pub fn mcp_server(root: &mut Section<'_>) -> McpServeConfig {
+    let mut s = root.section("mcp_server");
+    McpServeConfig {
+        allow_approvals: s.read(&super::keys::channels::MCP_SERVE_ALLOW_APPROVALS),
     }
 }
 

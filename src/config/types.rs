@@ -32,6 +32,8 @@ pub struct Config {
     /// `[approvals]` (SPEC §18.1).
     pub approvals: ApprovalsConfig,
     pub delivery: DeliveryConfig,
+    /// `[mcp_server]`: agentd as an MCP server (SPEC §23).
+    pub mcp_server: McpServeConfig,
     pub tools: ToolsConfig,
     pub memory: MemoryConfig,
     pub paths: PathsConfig,
@@ -443,6 +445,22 @@ pub struct BehaviorConfig {
     /// Characters.
     pub output_truncation: usize,
     pub compaction: CompactionConfig,
+}
+
+/// `[mcp_server]` (SPEC §23).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct McpServeConfig {
+    /// `allow_approvals` (default false): the `approvals` and `decide` tools.
+    pub allow_approvals: bool,
+}
+
+impl Default for McpServeConfig {
+    /// The defaults of the key table.
+    fn default() -> McpServeConfig {
+        McpServeConfig {
+            allow_approvals: super::keys::channels::MCP_SERVE_ALLOW_APPROVALS.default_value(),
+        }
+    }
 }
 
 /// `[delivery]` (SPEC §16.1): how long the outbox retries a part that failed retryably.

@@ -42,6 +42,8 @@ pub struct DaemonBackend {
     pub tools: Arc<crate::tools::ToolRegistry>,
     /// The skills (the A2A card lists them, SPEC §23).
     pub skills: Arc<crate::skills::SkillSet>,
+    /// Long-term memory for the MCP server's `memory_search` (SPEC §23); `None` when off.
+    pub memory: Option<crate::memory::Memory>,
 }
 
 impl DaemonBackend {
@@ -184,6 +186,21 @@ fn blocking<T: Send + 'static>(
 }
 
 impl ApiBackend for DaemonBackend {
+    fn message(
+        &self,
+        req: crate::api::backend::SessionMessageIn,
+    ) -> BoxFuture<'_, Result<crate::api::backend::MessageTicket, BackendError>> {
+        Box::pin(self.session_message(req))
+    }
+
+    fn stop(&self, key: String) -> BoxFuture<'_, Result<bool, BackendError>> {
+        Box::pin(async move { Ok(self.dispatcher.stop_session(&key)) })
+    }
+
+    fn memory_search(&self, query: String, k: usize) -> BoxFuture<'_, Result<Value, BackendError>> {
+        Box::pin(async move { self.search_memory(&query, k).await })
+    }
+
     fn approvals(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
         Box::pin(async move { Ok(json!({ "approvals": self.approvals.list() })) })
     }

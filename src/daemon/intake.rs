@@ -49,6 +49,10 @@ impl IntakeHandler {
             ControlLine::Reset { target, .. } => {
                 self.reset(&target, "control FIFO reset").await;
             }
+            ControlLine::Stop { key, .. } => {
+                let stopped = self.dispatcher.stop_session(&key);
+                tracing::info!(id = %id, session_key = %crate::control::escaped_preview(&key), stopped, "FIFO stop");
+            }
             ControlLine::Approval { .. }
             | ControlLine::User { .. }
             | ControlLine::System { .. }

@@ -12,6 +12,7 @@ pub mod http_backend;
 pub mod idle;
 pub mod intake;
 pub mod lifecycle;
+pub mod mcp_backend;
 pub mod notify;
 pub mod pidlock;
 pub mod queue;

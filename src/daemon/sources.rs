@@ -196,12 +196,15 @@ async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<
         approvals: s.approvals.clone(),
         tools: s.tools.clone(),
         skills: s.skills.clone(),
+        memory: s.memory.clone(),
     });
-    let router = crate::api::router(
+    let mcp = crate::api::mcp::McpOptions::from_config(cfg);
+    let router = crate::api::router_with_mcp(
         backend,
         &cfg.http,
         &cfg.agent.name,
         cfg.behavior.call_timeout,
+        Some((mcp, tasks.stop.clone())),
     );
     let stop = tasks.stop.clone();
     let max_connections = cfg.http.max_connections;

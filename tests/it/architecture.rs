@@ -439,11 +439,11 @@ fn only_channels_telegram_names_teloxide() {
 }
 
 #[test]
-fn only_tools_mcp_names_rmcp() {
+fn only_tools_mcp_and_api_mcp_name_rmcp() {
     check(Rule {
         what: "`rmcp`",
-        why: "DESIGN §2.1",
-        allowed: &["src/tools/mcp"],
+        why: "DESIGN §2.1: the MCP client is tools/mcp/, the MCP server api/mcp/",
+        allowed: &["src/tools/mcp/", "src/api/mcp/"],
         matches: &any_token(&["rmcp"]),
     });
 }

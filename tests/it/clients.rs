@@ -56,7 +56,7 @@ fn clients_dir() -> std::path::PathBuf {
 }
 
 /// Runs a client program and returns its steps by name.
-fn steps(mut cmd: Command, base: &str, what: &str) -> BTreeMap<String, Value> {
+pub(crate) fn steps(mut cmd: Command, base: &str, what: &str) -> BTreeMap<String, Value> {
     let out = cmd
         .env("AGENTD_BASE", base)
         .env("AGENTD_TOKEN", TOKEN)

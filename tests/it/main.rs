@@ -36,6 +36,7 @@ mod mcp;
 mod mcp_hostile;
 mod mcp_live;
 mod mcp_rich;
+mod mcp_server;
 mod mcp_sockets;
 mod memory;
 mod metrics;

@@ -54,6 +54,14 @@ config_keys! {
 }
 
 config_keys! {
+    MCP_SERVE = [
+        MCP_SERVE_ALLOW_APPROVALS: "mcp_server" "allow_approvals", Bool = Bool,
+            default(false), restart, mcp_server.allow_approvals,
+            "offer the `approvals` and `decide` tools to MCP clients (`agentd mcp` and `/mcp`, docs/mcp-server.md). Off by default: a client that approves the calls of its own messages defeats approvals";
+    ]
+}
+
+config_keys! {
     HTTP = [
         HTTP_ENABLED: "http" "enabled", Bool = Bool,
             default(false), restart, http.enabled,

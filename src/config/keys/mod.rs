@@ -361,6 +361,7 @@ pub static TABLES: &[Table] = &[
     Table::Keys(channels::TELEGRAM),
     Table::Keys(channels::FIFO),
     Table::Keys(channels::HTTP),
+    Table::Keys(channels::MCP_SERVE),
     Table::Keys(behavior::BEHAVIOR),
     Table::Keys(behavior::BUDGET),
     Table::Keys(behavior::APPROVALS),
