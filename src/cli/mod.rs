@@ -17,6 +17,7 @@
 //! prints, and so is `config_diff` (`agentd check-config --diff`).
 
 pub mod approvals;
+pub mod backup;
 pub mod config_diff;
 pub mod context;
 pub mod cost;

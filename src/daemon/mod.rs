@@ -21,6 +21,7 @@ pub mod session_control;
 pub mod signals;
 pub mod sources;
 pub mod telegram;
+pub mod upgrade;
 pub mod voice;
 pub mod workers;
 

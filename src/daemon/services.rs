@@ -90,7 +90,11 @@ fn open_state(cfg: &Config) -> Result<State, DaemonError> {
     };
     prepare_state_dir(&paths, cfg)?;
     let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
-    let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
+    let before = super::upgrade::backup_before_migration(cfg)?;
+    let db = Db::open(&paths.db()).map_err(|e| match &before {
+        Some(b) => super::upgrade::failed_after_backup("cannot open the database", &e, b),
+        None => startup("cannot open the database", &e),
+    })?;
     let store = Arc::new(
         SessionStore::open(&paths.sessions(), cfg.agent.timezone.clone())
             .map_err(|e| startup("cannot open the sessions directory", &e))?,
