@@ -97,7 +97,9 @@ pub enum BackupError {
 
 /// A full disk says so and what to do; other errors name the path.
 fn io_message(what: &str, path: &Path, source: &io::Error) -> String {
-    if source.kind() == io::ErrorKind::StorageFull {
+    if source.kind() == io::ErrorKind::StorageFull
+        || source.raw_os_error() == Some(nix::libc::ENOSPC)
+    {
         format!(
             "cannot {what} {}: no space left on the device; free space there or write the backup elsewhere (--to, [backup] dir)",
             path.display()
