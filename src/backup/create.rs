@@ -21,12 +21,13 @@ use crate::store::backup::{DbKind, copy_online};
 const ZSTD_LEVEL: i32 = 3;
 
 /// Files and directories of the state directory a backup leaves out: the live process's
-/// (pid file, FIFO, monitor, logs), downloads, and what is copied otherwise (the databases
+/// (pid file, FIFO, monitor, the running config, logs), downloads, and what is copied otherwise (the databases
 /// and their journals) or is a backup itself.
 const LEFT_OUT: &[&str] = &[
     "agentd.pid",
     "control.pipe",
     "monitor.json",
+    "running-config.toml",
     "logs",
     "inbox",
     "backups",

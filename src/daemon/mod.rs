@@ -4,6 +4,7 @@
 
 pub mod after;
 pub mod approvals;
+pub mod backups;
 pub mod chat;
 pub mod compat;
 pub mod delivery;

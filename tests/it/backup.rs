@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::battery::disk_full::PrivateTmpfs;
-use crate::battery::outcome_text;
+use crate::battery::{free_port, http, outcome_text};
 use crate::support::daemon::{TestDaemon, parse_jsonl};
 use crate::support::e2e::{
     agentd_toml, daemon_with, db_rows, fifo_write, provider_toml, telegram_daemon_unstarted,
@@ -500,4 +500,95 @@ fn a_failed_migration_leaves_the_files_as_they_were_and_names_the_backup() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
     assert_eq!(version, 4);
+}
+
+/// `agentd_backups_total{result}` of the daemon's `/metrics`.
+fn backups_counted(port: u16, token: &str, result: &str) -> u64 {
+    let (_, text) = http(port, "GET", "/metrics", Some(token), None).unwrap_or_default();
+    let series = format!("agentd_backups_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .map_or(0, |n| n as u64)
+}
+
+fn monitor(d: &TestDaemon) -> Value {
+    fs::read_to_string(d.state_dir.join("monitor.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null)
+}
+
+fn scheduled_backups(dir: &Path) -> usize {
+    fs::read_dir(dir).map_or(0, |rd| {
+        rd.filter(|e| {
+            let name = e
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            name.starts_with("agentd-backup-") && name.ends_with(".tar.zst")
+        })
+        .count()
+    })
+}
+
+/// `[backup] every` writes backups in the daemon, keeps the newest `keep`, counts them in
+/// `/metrics` and shows the last in `monitor.json`; a failed one is an alert in the monitor
+/// (and the log) while the daemon keeps answering, and the next good one ends it.
+#[test]
+fn scheduled_backups_are_kept_counted_shown_and_a_failure_alerts() {
+    const TOKEN: &str = "backup-http-token";
+    let fake = FakeLlm::spawn(Wire::OpenAi);
+    let port = free_port();
+    let mut d = TestDaemon::new(
+        &format!(
+            "{}\n[http]\nenabled = true\nport = {port}\n\n[backup]\nevery = \"1s\"\nkeep = 2\ndir = \"../backups\"\n",
+            agentd_toml("fake")
+        ),
+        &[("fake", &provider_toml("openai", &fake.base_url()))],
+    );
+    d.set_env("AGENTD_HTTP_TOKEN", TOKEN);
+    d.start();
+    let dir = d.dir.path().join("backups");
+    wait_until(WAIT, "three scheduled backups", || {
+        (backups_counted(port, TOKEN, "ok") >= 3).then_some(())
+    });
+    wait_until(WAIT, "two backups kept", || {
+        (scheduled_backups(&dir) == 2).then_some(())
+    });
+    assert_eq!(monitor(&d)["backup"]["ok"], true, "{}", monitor(&d));
+
+    // The directory becomes a file: the next backups fail.
+    fs::remove_dir_all(&dir).unwrap();
+    fs::write(&dir, "in the way").unwrap();
+    wait_until(WAIT, "a failed backup counted", || {
+        (backups_counted(port, TOKEN, "failed") >= 1).then_some(())
+    });
+    let alerts = wait_until(WAIT, "the backup alert", || {
+        let m = monitor(&d);
+        let alerts = m["alerts"].as_array().cloned().unwrap_or_default();
+        alerts.into_iter().find(|a| a["kind"] == "backup")
+    });
+    assert!(
+        alerts["message"].as_str().unwrap().contains("backups"),
+        "{alerts}"
+    );
+    d.wait_log("scheduled backup into");
+    fifo_write(
+        &d,
+        r#"{"id":"s1","type":"user","text":"still there?","sender":"sam"}"#,
+    );
+    wait_outcome(&d, "sam", "s1");
+
+    fs::remove_file(&dir).unwrap();
+    wait_until(WAIT, "the alert over", || {
+        let m = monitor(&d);
+        let open = m["alerts"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|a| a["kind"] == "backup"));
+        (!open && m["backup"]["ok"] == true).then_some(())
+    });
+    d.sigterm();
 }
