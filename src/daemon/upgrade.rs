@@ -58,7 +58,11 @@ pub fn backup_before_migration(cfg: &Config) -> Result<Option<PathBuf>, DaemonEr
 }
 
 /// The start-up error of a database that failed to open after a backup before its migration.
-pub fn failed_after_backup(what: &str, e: &dyn std::fmt::Display, backup: &PathBuf) -> DaemonError {
+pub fn failed_after_backup(
+    what: &str,
+    e: &dyn std::fmt::Display,
+    backup: &std::path::Path,
+) -> DaemonError {
     DaemonError::Startup(format!(
         "{what}: {e}; the database files are as they were before (the migration runs in one \
          transaction), and the backup written before it is {} (agentd restore)",

@@ -206,9 +206,9 @@ mod tests {
         copy_online(&src, &dst).unwrap();
         let bytes = std::fs::read(&dst).unwrap();
         std::fs::write(&dst, &bytes[..bytes.len() / 2]).unwrap();
-        match check_copy(&dst) {
-            Ok(check) => assert!(!check.problems.is_empty(), "{check:?}"),
-            Err(_) => {}
+        // Either SQLite cannot read it at all, or its integrity check names a problem.
+        if let Ok(check) = check_copy(&dst) {
+            assert!(!check.problems.is_empty(), "{check:?}");
         }
     }
 }
