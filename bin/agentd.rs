@@ -11,7 +11,8 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success; `run`/`chat`: stopped cleanly
   1  configuration or start-up error; `check-config` found problems or `--diff` has no running
-     daemon to compare against; a `doctor` check failed; `index`/`consolidate` failed
+     daemon to compare against; a `doctor` check failed; `index`/`consolidate` failed;
+     `backup` failed, `backup verify` found a problem, `restore` refused or failed
   2  usage error (unknown command or flag)
   3  the daemon failed while running";
 
