@@ -36,7 +36,7 @@ pub struct Opts {
 /// A fake provider that answers every call at once with a short text. It reports the request's
 /// size as input tokens (4 bytes a token), so the daemon's context estimate, and with it
 /// compaction, behaves as with a real provider.
-fn echo_provider() -> Result<FakeProvider> {
+pub(crate) fn echo_provider() -> Result<FakeProvider> {
     FakeProvider::spawn(Box::new(|body| {
         (
             Answer::Text("ok".into()),
@@ -312,7 +312,11 @@ fn slot_waits(rt: &tokio::runtime::Runtime, chat: &Chat) -> Result<(f64, f64)> {
 }
 
 /// Client round trip minus the provider's own time for the same message.
-fn subtract(totals: &[Duration], tags: &[u64], spans: &[(u64, Duration)]) -> Result<Vec<Duration>> {
+pub(crate) fn subtract(
+    totals: &[Duration],
+    tags: &[u64],
+    spans: &[(u64, Duration)],
+) -> Result<Vec<Duration>> {
     let mut by_tag: HashMap<u64, Duration> = HashMap::new();
     for (tag, span) in spans {
         *by_tag.entry(*tag).or_default() += *span;
@@ -327,7 +331,7 @@ fn subtract(totals: &[Duration], tags: &[u64], spans: &[(u64, Duration)]) -> Res
         .collect()
 }
 
-fn report(totals: &[Duration], added: &[Duration], n: usize, wall: Duration) {
+pub(crate) fn report(totals: &[Duration], added: &[Duration], n: usize, wall: Duration) {
     let mut t = totals.to_vec();
     let mut a = added.to_vec();
     println!("    round trip:    {}", summary(&mut t));

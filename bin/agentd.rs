@@ -11,7 +11,8 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success; `run`/`chat`: stopped cleanly
   1  configuration or start-up error; `check-config` found problems or `--diff` has no running
-     daemon to compare against; a `doctor` check failed; `index`/`consolidate` failed
+     daemon to compare against; a `doctor` check failed; `index`/`consolidate` failed;
+     `backup` failed, `backup verify` found a problem, `restore` refused or failed
   2  usage error (unknown command or flag)
   3  the daemon failed while running";
 
@@ -98,6 +99,45 @@ enum Command {
     /// Serve MCP on stdin/stdout for an MCP host (docs/mcp-server.md): talks to the running
     /// daemon through the control FIFO and the state files, like agent-send.
     Mcp,
+    /// Write a backup of the state directory, workspace and config to one file (tar + zstd),
+    /// also while the daemon runs; `backup verify FILE` checks one (docs/operations.md).
+    #[command(args_conflicts_with_subcommands = true)]
+    Backup {
+        #[command(subcommand)]
+        action: Option<BackupAction>,
+        /// The file to write (default: ./agentd-backup-<time>.tar.zst).
+        #[arg(long)]
+        to: Option<PathBuf>,
+        /// Include the secrets (config/.env); the file is written mode 0600 either way.
+        #[arg(long)]
+        with_secrets: bool,
+        /// Print one JSON document on stdout instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore a backup into an empty state directory (exit 1 when refused or failed).
+    Restore {
+        file: PathBuf,
+        /// The state directory to restore into (empty or new).
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Move a non-empty target aside (to <dir>.before-restore-<time>) instead of refusing.
+        #[arg(long)]
+        force: bool,
+        /// Send the replies whose delivery was open at backup time when the daemon starts,
+        /// instead of closing them as `unknown`.
+        #[arg(long)]
+        resume_deliveries: bool,
+        /// Where the workspace goes (default: <state-dir>/from-backup/workspace).
+        #[arg(long)]
+        workspace: Option<PathBuf>,
+        /// Where the config files go (default: <state-dir>/from-backup/config).
+        #[arg(long)]
+        config_dir: Option<PathBuf>,
+        /// Print one JSON document on stdout instead.
+        #[arg(long)]
+        json: bool,
+    },
     /// Internal: the exec tool's sandbox helper (`--policy <json> -- <command...>`).
     #[command(hide = true)]
     SandboxExec {
@@ -115,6 +155,18 @@ enum Command {
         /// Take the subreaper fallback (`AGENTD_SANDBOX_FALLBACK=1` in the daemon).
         #[arg(long)]
         no_namespaces: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BackupAction {
+    /// Check a backup: the manifest, every hash, both databases' integrity, every trail line,
+    /// the schema versions (exit 1 when a problem is found; each is named).
+    Verify {
+        file: PathBuf,
+        /// Print one JSON document on stdout instead.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -146,6 +198,15 @@ fn main() -> ExitCode {
         let code = agentd::sandbox::probe::probe_main(*network, *no_namespaces);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    // Checking a backup reads only the file.
+    if let Some(Command::Backup {
+        action: Some(BackupAction::Verify { file, json }),
+        ..
+    }) = &cli.command
+    {
+        agentd::telemetry::init_cli();
+        return ExitCode::from(agentd::cli::backup::verify(file, *json));
+    }
     // Every other role holds the daemon's secrets (environment, .env, tokens): non-dumpable
     // before anything is read, so `/proc/<pid>/environ`, `mem` and ptrace are root's only and
     // no core file is written. Other processes of the same uid (an MCP server, a command that
@@ -162,6 +223,11 @@ fn main() -> ExitCode {
     // Before any HTTPS client exists (providers, Telegram, MCP over HTTP, doctor).
     agentd::net::tls::install();
     let path = agentd::config::resolve_config_path(cli.config.as_deref());
+    // A restore needs no config (it may be what is restored): the zone is the config's if
+    // it loads.
+    if let Some(Command::Restore { .. }) = &cli.command {
+        return restore(cli, &path);
+    }
     let json = matches!(
         cli.command,
         Some(Command::CheckConfig { json: true, .. } | Command::Doctor { json: true })
@@ -218,9 +284,19 @@ fn main() -> ExitCode {
         }
         Command::Import { path, apply, .. } => import_openclaw(&cfg, &path, apply),
         Command::Mcp => mcp(cfg),
+        Command::Backup {
+            to,
+            with_secrets,
+            json,
+            ..
+        } => {
+            agentd::telemetry::init_cli();
+            ExitCode::from(agentd::cli::backup::backup(&cfg, to, with_secrets, json))
+        }
         Command::SandboxExec { .. }
         | Command::SandboxProbe { .. }
-        | Command::Completions { .. } => ExitCode::from(2),
+        | Command::Completions { .. }
+        | Command::Restore { .. } => ExitCode::from(2),
     }
 }
 
@@ -459,4 +535,37 @@ fn doctor(cfg: &agentd::config::Config, json: bool) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+/// `agentd restore`.
+fn restore(cli: Cli, config: &std::path::Path) -> ExitCode {
+    let Some(Command::Restore {
+        file,
+        state_dir,
+        force,
+        resume_deliveries,
+        workspace,
+        config_dir,
+        json,
+    }) = cli.command
+    else {
+        return ExitCode::from(2);
+    };
+    agentd::telemetry::init_cli();
+    let tz = agentd::config::load(config)
+        .map(|c| c.agent.timezone)
+        .unwrap_or_else(|_| agentd::zone::Zone::utc());
+    let opts = agentd::backup::RestoreOptions {
+        state_dir,
+        force,
+        workspace,
+        config_dir,
+    };
+    ExitCode::from(agentd::cli::backup::restore(
+        tz,
+        &file,
+        &opts,
+        resume_deliveries,
+        json,
+    ))
 }

@@ -6,6 +6,8 @@
 //! target/release/bench all          # or footprint | startup | overhead | cache | soak | senders
 //! ```
 
+#[path = "../benches/backup.rs"]
+mod backup;
 #[path = "../benches/cache.rs"]
 mod cache;
 #[path = "../benches/client.rs"]
@@ -42,6 +44,8 @@ enum Name {
     Soak,
     /// Many distinct HTTP senders with idle sessions archived after 2 s.
     Senders,
+    /// `agentd backup` of 1,000 sessions and 100,000 trail lines; per-message time meanwhile.
+    Backup,
     /// Everything but the soak and senders.
     All,
 }
@@ -136,6 +140,7 @@ fn main() -> Result<()> {
             runs::soak(&o)?
         }
         Name::Senders => runs::senders(&o)?,
+        Name::Backup => backup::backup(&o)?,
         Name::All => {
             runs::footprint(&o)?;
             runs::startup(&o)?;

@@ -22,21 +22,9 @@ fn write_replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // A fresh random name, created exclusively and without following symlinks: a link planted
-    // at a predictable temp name cannot redirect the write.
-    let tmp = dir.join(format!(
-        ".{name}.tmp.{}.{:016x}",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
+    let tmp = dir.join(temp_name(&name));
     let written = (|| {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .mode_0600()
-            .open(&tmp)?;
+        let mut f = create_temp(&tmp)?;
         f.write_all(bytes)?;
         if durable {
             f.sync_all()?;
@@ -53,6 +41,43 @@ fn write_replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
         fsync_dir(dir)?;
     }
     Ok(())
+}
+
+/// A temp name for `name` in the same directory, `.<name>.tmp.<pid>.<16 hex digits>`: fresh
+/// and random, and what [`remove_stale_temps`] removes once its process is gone.
+pub fn temp_name(name: &str) -> String {
+    format!(
+        ".{name}.tmp.{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    )
+}
+
+/// Create `tmp` (a [`temp_name`]) exclusively, mode 0600, without following symlinks: a link
+/// planted at a predictable temp name cannot redirect the write.
+pub fn create_temp(tmp: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .mode_0600()
+        .open(tmp)
+}
+
+/// Make a temp file written to completion the file at `path`: fsync it, rename it over `path`,
+/// fsync the directory. Readers see `path` only once it is whole. On an error the temp file is
+/// removed.
+pub fn persist_temp(file: File, tmp: &Path, path: &Path) -> io::Result<()> {
+    let done = file.sync_all().and_then(|()| {
+        drop(file);
+        fs::rename(tmp, path)
+    });
+    if let Err(e) = done {
+        let _ = fs::remove_file(tmp);
+        return Err(e);
+    }
+    fsync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
 /// fsync a directory so a rename or create inside it is durable.

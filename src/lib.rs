@@ -21,6 +21,7 @@ pub const VERSION: &str = concat!(
 pub mod agent;
 pub mod api;
 pub mod backoff;
+pub mod backup;
 pub mod channels;
 pub mod cli;
 pub mod config;

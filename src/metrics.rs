@@ -94,6 +94,8 @@ pub struct Metrics {
     webhooks: Bounded,
     /// Tool calls waiting for a person's yes (SPEC §18.1).
     approvals_pending: Count,
+    /// Scheduled backups (SPEC §24), by result: ok, failed.
+    backups: Bounded,
     message_duration: Histogram,
     /// The count of `message_duration` (the client keeps its histograms' counts to itself).
     messages_finished: AtomicU64,
@@ -184,6 +186,13 @@ impl Metrics {
                 "Webhook callbacks, by outcome (delivered; failed after its attempts or refused; dropped because the deliveries in flight were at their bound)",
                 &["outcome"],
                 &WEBHOOK_OUTCOMES,
+            ),
+            backups: bounded(
+                r,
+                "backups",
+                "Scheduled backups, by result (ok, failed)",
+                &["result"],
+                &["ok", "failed"],
             ),
             message_duration: histogram(
                 r,
@@ -292,6 +301,11 @@ impl Metrics {
     /// A webhook callback ended with `outcome` (`delivered`, `failed`, `dropped`).
     pub fn webhook(&self, outcome: &str) {
         self.webhooks.inc(&[outcome]);
+    }
+
+    /// A scheduled backup ended (SPEC §24).
+    pub fn backup(&self, ok: bool) {
+        self.backups.inc(&[if ok { "ok" } else { "failed" }]);
     }
 
     /// Deliveries queued or in flight.

@@ -122,6 +122,8 @@ struct Inner {
     prechecks: BTreeMap<String, Value>,
     /// The prompt cache's hit ratio (SPEC §20): `{hit_ratio_recent, hit_ratio_baseline}`.
     cache: Option<Value>,
+    /// The last scheduled backup (SPEC §24): `{at, ok, path, bytes, error}`.
+    backup: Option<Value>,
     /// Open alert episodes, e.g. the cache alarm (SPEC §20).
     alerts: Vec<Value>,
     /// The last refused FIFO control lines with an id, oldest first: `{id, at, error}`.
@@ -224,6 +226,8 @@ struct View<'a> {
     prechecks: &'a BTreeMap<String, Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     cache: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backup: Option<&'a Value>,
     alerts: &'a [Value],
     #[serde(skip_serializing_if = "VecDeque::is_empty")]
     refused: &'a VecDeque<Value>,
@@ -285,6 +289,7 @@ impl Inner {
             reload: self.reload.as_ref(),
             prechecks: &self.prechecks,
             cache: self.cache.as_ref(),
+            backup: self.backup.as_ref(),
             alerts: &self.alerts,
             refused: &self.refused,
         }
@@ -351,6 +356,7 @@ impl Monitor {
             reload: None,
             prechecks: BTreeMap::new(),
             cache: None,
+            backup: None,
             alerts: Vec::new(),
             refused: VecDeque::new(),
             created_at: Utc::now(),
@@ -550,13 +556,27 @@ impl Monitor {
         }
     }
 
-    /// The open alert episodes (SPEC §20), when they changed.
-    pub fn set_alerts(&self, alerts: Vec<Value>) {
+    /// The open alert of `kind` replaced (`Some`) or ended (`None`); the others stay.
+    pub fn set_alert(&self, kind: &str, alert: Option<Value>) {
         let mut inner = self.lock();
+        let mut alerts: Vec<Value> = inner
+            .alerts
+            .iter()
+            .filter(|a| a["kind"] != kind)
+            .cloned()
+            .collect();
+        alerts.extend(alert);
         if inner.alerts != alerts {
             inner.alerts = alerts;
             self.publish(inner);
         }
+    }
+
+    /// The last scheduled backup (SPEC §24).
+    pub fn set_backup(&self, backup: Value) {
+        let mut inner = self.lock();
+        inner.backup = Some(backup);
+        self.publish(inner);
     }
 
     /// A FIFO control line `id` the daemon refused, and why (a session setting naming an

@@ -21,6 +21,7 @@
 //! openclaw`).
 
 pub mod approvals;
+pub mod backup;
 pub mod config_diff;
 pub mod context;
 pub mod cost;

@@ -172,6 +172,7 @@ fn walk(
     let memory = sections::memory(&mut root);
     let logging = sections::logging(&mut root);
     let retention = sections::retention(&mut root);
+    let backup = sections::backup(&mut root, config_dir);
     let caching = super::autopilot::caching(&mut root);
     let alerts = super::autopilot::alerts(&mut root);
     let voice = super::voice::voice(&mut root, &models);
@@ -214,6 +215,7 @@ fn walk(
         paths: super::types::PathsConfig { state_dir },
         logging,
         retention,
+        backup,
         mcp_servers,
         schedules,
         caching,

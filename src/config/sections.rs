@@ -230,6 +230,19 @@ pub fn retention(root: &mut Section<'_>) -> RetentionConfig {
     }
 }
 
+/// `[backup]` (SPEC §24).
+pub fn backup(root: &mut Section<'_>, config_dir: &std::path::Path) -> super::types::BackupConfig {
+    let mut s = root.section("backup");
+    super::types::BackupConfig {
+        dir: s
+            .read_opt(&ks::BACKUP_DIR)
+            .flatten()
+            .map(|p| super::paths::resolve(&p, config_dir)),
+        every: s.read(&ks::BACKUP_EVERY),
+        keep: s.read(&ks::BACKUP_KEEP),
+    }
+}
+
 /// An age of `[retention]`: `"0"` (never, `None`) or an interval as `[[schedule]] every`
 /// takes it (`"30d"`, `"12h"`, `"2s"`, `"1h30m"`).
 pub fn parse_age(v: &str) -> Result<Option<Duration>, String> {

@@ -40,6 +40,8 @@ pub struct Config {
     pub logging: LoggingConfig,
     /// `[retention]` (SPEC §16.3).
     pub retention: RetentionConfig,
+    /// `[backup]` (SPEC §24).
+    pub backup: BackupConfig,
     /// `[mcp.servers.<name>]` by server name (§12).
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// `[[schedule]]` entries in file order (§14).
@@ -597,6 +599,16 @@ pub struct LoggingConfig {
     /// `max_total_mb`: the log files' total size at most (oldest deleted first, then lines
     /// dropped and counted until the next day).
     pub max_total_bytes: u64,
+}
+
+/// `[backup]` (SPEC §24): scheduled backups.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackupConfig {
+    /// Absolute; `None`: `<state_dir>/backups`.
+    pub dir: Option<PathBuf>,
+    /// `None`: no scheduled backups (`"0"`).
+    pub every: Option<Duration>,
+    pub keep: usize,
 }
 
 /// `[retention]` (SPEC §16.3): how long state is kept. `None` = kept forever (`"0"`).

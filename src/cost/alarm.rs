@@ -126,20 +126,23 @@ impl CacheWatch {
                     baseline * 100.0
                 );
                 tracing::warn!(recent, baseline, "cache alarm: {message}");
-                self.monitor.set_alerts(vec![json!({
-                    "kind": "cache",
-                    "since": chrono::DateTime::from_timestamp(now, 0).map(|t| t.to_rfc3339()),
-                    "message": message,
-                    "hit_ratio_recent": recent,
-                    "hit_ratio_baseline": baseline,
-                })]);
+                self.monitor.set_alert(
+                    "cache",
+                    Some(json!({
+                        "kind": "cache",
+                        "since": chrono::DateTime::from_timestamp(now, 0).map(|t| t.to_rfc3339()),
+                        "message": message,
+                        "hit_ratio_recent": recent,
+                        "hit_ratio_baseline": baseline,
+                    })),
+                );
                 if let Some(notify) = &self.notify {
                     notify(format!("agentd: {message}"));
                 }
             }
             Some(Transition::Ended { recent, baseline }) => {
                 tracing::info!(recent, baseline, "cache alarm over: the hit ratio is back");
-                self.monitor.set_alerts(Vec::new());
+                self.monitor.set_alert("cache", None);
             }
             None => {}
         }

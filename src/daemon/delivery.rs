@@ -112,6 +112,76 @@ pub fn undelivered(lines: &[TrailLine]) -> Undelivered {
     (todo, uncertain)
 }
 
+/// A delivery a restore closed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Closed {
+    pub session_id: String,
+    pub reply_to: Vec<String>,
+    pub channel: String,
+}
+
+/// After a restore (SPEC §24): the deliveries open in a backup may have gone out after it was
+/// taken, so each reply bound for a chat whose delivery is not closed gets an `unknown` line in
+/// its trail and is never sent again. Replies without a chat (HTTP, terminal) have nothing to
+/// close. Blocking.
+pub fn close_restored(
+    sessions_dir: &std::path::Path,
+    tz: crate::zone::Zone,
+) -> std::io::Result<Vec<Closed>> {
+    use crate::session::{Route, TrailWriter, index::read_index, trail::read_trail};
+    let mut closed = Vec::new();
+    for entry in read_index(sessions_dir)?.into_values() {
+        let id = entry.session_id;
+        let lines = read_trail(sessions_dir, &id)?;
+        let (todo, _legacy_never_sent_again) = undelivered(&lines);
+        let mut writer = None;
+        for pending in todo {
+            let intent = lines.iter().find_map(|l| match &l.event {
+                Event::Delivery {
+                    reply_to,
+                    channel,
+                    status: DeliveryStatus::Intent,
+                    ..
+                } if *reply_to == pending.ids => Some(channel.clone()),
+                _ => None,
+            });
+            let routed = lines.iter().find_map(|l| match &l.event {
+                Event::Intake(i) if pending.ids.contains(&i.id) => i
+                    .route
+                    .as_ref()
+                    .and_then(Route::address)
+                    .map(|a| a.channel.clone()),
+                _ => None,
+            });
+            let Some(channel) = intent.or(routed) else {
+                continue;
+            };
+            let w = match &mut writer {
+                Some(w) => w,
+                None => writer.insert(TrailWriter::open(sessions_dir, &id, tz.clone())?),
+            };
+            w.append(Event::Delivery {
+                reply_to: pending.ids.clone(),
+                channel: channel.clone(),
+                status: DeliveryStatus::Unknown,
+                detail: Some(
+                    "restored from a backup: it may have been delivered after the backup was \
+                     taken; not sent again"
+                        .into(),
+                ),
+                parts: None,
+                part: None,
+            })?;
+            closed.push(Closed {
+                session_id: id.clone(),
+                reply_to: pending.ids,
+                channel,
+            });
+        }
+    }
+    Ok(closed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@
 pub mod a2a;
 pub mod after;
 pub mod approvals;
+pub mod backups;
 pub mod chat;
 pub mod compat;
 pub mod delivery;
@@ -23,6 +24,7 @@ pub mod session_control;
 pub mod signals;
 pub mod sources;
 pub mod telegram;
+pub mod upgrade;
 pub mod voice;
 pub mod workers;
 

@@ -67,6 +67,8 @@ pub struct Services {
     /// The agent's tools (MCP ones included): a compatible endpoint's client tools may not
     /// take their names (SPEC §17).
     pub tools: Arc<crate::tools::ToolRegistry>,
+    /// How an alert reaches the `[alerts]` chat (the cache alarm's, a failed scheduled backup).
+    pub alert: Option<crate::cost::alarm::Notify>,
     pub started: Instant,
 }
 
@@ -90,7 +92,11 @@ fn open_state(cfg: &Config) -> Result<State, DaemonError> {
     };
     prepare_state_dir(&paths, cfg)?;
     let pid = PidLock::acquire(&paths.pid()).map_err(|e| DaemonError::Startup(e.to_string()))?;
-    let db = Db::open(&paths.db()).map_err(|e| startup("cannot open the database", &e))?;
+    let before = super::upgrade::backup_before_migration(cfg)?;
+    let db = Db::open(&paths.db()).map_err(|e| match &before {
+        Some(b) => super::upgrade::failed_after_backup("cannot open the database", &e, b),
+        None => startup("cannot open the database", &e),
+    })?;
     let store = Arc::new(
         SessionStore::open(&paths.sessions(), cfg.agent.timezone.clone())
             .map_err(|e| startup("cannot open the sessions directory", &e))?,
@@ -205,20 +211,14 @@ fn accounting(
     cfg: &Config,
     db: &Db,
     monitor: &Arc<Monitor>,
-    contacts: &Contacts,
-    outbound: Option<Arc<dyn Outbound>>,
-    tasks: &Tasks,
+    alert: Option<crate::cost::alarm::Notify>,
 ) -> (
     crate::cost::Ledger,
     Arc<crate::metrics::Metrics>,
     Arc<Gateway>,
 ) {
-    let ledger = crate::cost::Ledger::new(db.clone(), cfg).with_cache_watch(
-        crate::cost::alarm::CacheWatch::new(
-            monitor.clone(),
-            alert_notice(cfg, contacts, outbound, tasks),
-        ),
-    );
+    let ledger = crate::cost::Ledger::new(db.clone(), cfg)
+        .with_cache_watch(crate::cost::alarm::CacheWatch::new(monitor.clone(), alert));
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let gateway = Arc::new(Gateway::new(cfg, ledger.clone(), metrics.clone()));
     (ledger, metrics, gateway)
@@ -325,8 +325,8 @@ impl Services {
         let chats = super::chat::Opened::open(&cfg)?;
         let outbound = chats.router();
         let contacts = super::chat::contacts(&live);
-        let (ledger, metrics, gateway) =
-            accounting(&cfg, &db, &monitor, &contacts, outbound.clone(), tasks);
+        let alert = alert_notice(&cfg, &contacts, outbound.clone(), tasks);
+        let (ledger, metrics, gateway) = accounting(&cfg, &db, &monitor, alert.clone());
         // Cost rows a stop or crash left in the spool count before any budget check.
         ledger.replay_spool().await;
         let (memory, consolidator) = open_memory(&cfg, &gateway);
@@ -406,6 +406,7 @@ impl Services {
             intake,
             approvals,
             tools,
+            alert,
             started,
         })
     }

@@ -97,6 +97,7 @@ pub async fn start(
     let watch = SourceWatch::default();
     start_scheduler(s, tasks);
     super::retention::start(s, tasks);
+    super::backups::start(s, tasks);
     super::idle::start(s, tasks);
     for (name, chat) in &s.chats.channels {
         watch.spawn(tasks, name, chat.start(s, tasks));

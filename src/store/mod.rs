@@ -11,6 +11,7 @@
 //!   running: no migrations, no writes.
 
 pub(crate) mod actor;
+pub mod backup;
 mod costs;
 mod kv;
 pub mod memory;

@@ -605,7 +605,7 @@ const LAYERS: &[&[&str]] = &[
     // 7
     &["channels", "scheduler", "api"],
     // 8
-    &["daemon", "doctor", "cli"],
+    &["daemon", "doctor", "cli", "backup"],
 ];
 
 const LAYER_RULE: &str = "a module may use only modules of its own layer or a lower one \

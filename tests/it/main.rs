@@ -10,6 +10,7 @@ mod addresses;
 mod approvals;
 mod architecture;
 mod autopilot;
+mod backup;
 mod battery;
 mod cli;
 mod clients;

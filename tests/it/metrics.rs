@@ -209,6 +209,7 @@ fn metrics_of_the_real_daemon_parse_with_the_prometheus_parser() {
         ("agentd_deliveries_pending", "gauge"),
         ("agentd_deliveries", "counter"),
         ("agentd_webhooks", "counter"),
+        ("agentd_backups", "counter"),
         ("agentd_message_duration_seconds", "histogram"),
         ("agentd_session_slot_wait_seconds", "histogram"),
         ("agentd_llm_call_duration_seconds", "histogram"),

@@ -374,6 +374,7 @@ pub static TABLES: &[Table] = &[
     Table::Keys(state::PATHS),
     Table::Keys(state::LOGGING),
     Table::Keys(state::RETENTION),
+    Table::Keys(state::BACKUP),
     Table::Keys(state::VOICE),
     Table::Models(&models::MODELS),
 ];

@@ -1,4 +1,5 @@
-//! `[memory]` (and its sub-tables), `[paths]`, `[logging]`, `[retention]` and `[voice]`.
+//! `[memory]` (and its sub-tables), `[paths]`, `[logging]`, `[retention]`, `[backup]` and
+//! `[voice]`.
 
 use std::time::Duration;
 
@@ -84,6 +85,20 @@ config_keys! {
         ARCHIVE_MAX_AGE: "retention" "archive_max_age", Age = Age,
             default(None), restart, retention.archive_max_age,
             "archived sessions (`sessions/.archive/`) older than this are deleted for good";
+    ]
+}
+
+config_keys! {
+    BACKUP = [
+        BACKUP_DIR: "backup" "dir", Opt<Path> = Opt(Path),
+            derived("`<state_dir>/backups`"), restart, backup.dir,
+            "where scheduled backups go (created 0700); relative to the config directory";
+        BACKUP_EVERY: "backup" "every", Age = Age,
+            default(None), restart, backup.every,
+            "how often the daemon writes a backup of the state, workspace and config (`\"1d\"`, `\"12h\"`), off the message path; `\"0\"`: never";
+        BACKUP_KEEP: "backup" "keep", Int<usize> = Int::at_least(1),
+            default(7), restart, backup.keep,
+            "scheduled backups kept in `dir`; the oldest beyond this are deleted";
     ]
 }
 

@@ -35,7 +35,7 @@ const TMPFS_SIZE: &str = "8m";
 
 /// A tmpfs mounted in a private mount namespace, held by a `sleep` process (killed on drop,
 /// which unmounts it).
-struct PrivateTmpfs {
+pub(crate) struct PrivateTmpfs {
     holder: Child,
     /// The mount point as the processes inside see it (a directory on the host that stays
     /// empty there).
@@ -43,7 +43,7 @@ struct PrivateTmpfs {
 }
 
 impl PrivateTmpfs {
-    fn mount(mount_point: &Path, size: &str) -> PrivateTmpfs {
+    pub(crate) fn mount(mount_point: &Path, size: &str) -> PrivateTmpfs {
         fs::create_dir_all(mount_point).expect("create the mount point");
         let script = "mount -t tmpfs -o size=\"$1\",mode=0700 agentd-battery \"$2\" && echo mounted && exec sleep 100000";
         let mut holder = Command::new("unshare")
@@ -81,13 +81,13 @@ impl PrivateTmpfs {
     }
 
     /// `path` (inside the mount) as seen from the test, through the holder's root.
-    fn view(&self, inner: &Path) -> PathBuf {
+    pub(crate) fn view(&self, inner: &Path) -> PathBuf {
         let rel = inner.strip_prefix("/").expect("absolute path");
         PathBuf::from(format!("/proc/{}/root", self.holder.id())).join(rel)
     }
 
     /// The command prefix that runs a program inside the namespaces.
-    fn nsenter(&self) -> Vec<String> {
+    pub(crate) fn nsenter(&self) -> Vec<String> {
         [
             "nsenter",
             "--target",

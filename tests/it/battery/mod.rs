@@ -7,7 +7,7 @@
 //! seed; `BATTERY_SEED=<n>` replays one, `BATTERY_CYCLES=<n>` changes the number of crash cycles.
 
 mod cost_spool;
-mod disk_full;
+pub(crate) mod disk_full;
 mod kill9;
 mod provider_faults;
 

@@ -364,6 +364,20 @@ impl TestDaemon {
         run_with_timeout(cmd, AGENT_SEND_TIMEOUT, &format!("agent-send {args:?}"))
     }
 
+    /// `agentd <args…> -c <config>` with this daemon's state directory and environment (the
+    /// `set_env` variables), not run yet: for the subcommands that read the daemon's state.
+    pub fn agentd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentd"));
+        cmd.args(args).arg("-c").arg(&self.config_path);
+        self.apply_env(&mut cmd);
+        cmd.env("AGENTD_STATE_DIR", self.daemon_state_dir());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.current_dir(self.dir.path()).stdin(Stdio::null());
+        cmd
+    }
+
     /// The session id of `key`: from `state/sessions/sessions.json`, or, while the index does
     /// not name the key, from the trails (the daemon writes the index in the background, a
     /// moment after a new session's first intake; the record of a session is the `session`
