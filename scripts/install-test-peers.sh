@@ -13,12 +13,14 @@
 # SDK (npm `ai`, `@ai-sdk/openai`, `@ai-sdk/anthropic`, into DEST/clients/npm), the OpenAI
 # Agents SDK and LangChain's OpenAI chat model (PyPI, into DEST/clients/py), LlamaIndex's
 # OpenAILike and litellm (PyPI, into DEST/clients/lite). Idempotent: an existing install
-# is kept, so once installed the tests run offline.
+# is kept, so once installed the tests run offline. The part `browser` installs Debian's
+# `chromium` and `chromium-driver` (apt-get, as root) and PyPI `selenium` (into DEST/browser/py),
+# which tests/it/console.rs drives against the web console.
 set -euo pipefail
-dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients]...}"
+dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|browser]...}"
 shift || true
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients)
+[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients browser)
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
 # Tests run in parallel: one install at a time into DEST.
@@ -207,6 +209,18 @@ for part in "${parts[@]}"; do
         touch "$dest/clients/npm/.done"
       fi
       ;;
+    browser)
+      if [ ! -f "$dest/browser/.done" ]; then
+        if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+          if ! apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; then
+            apt-get update -qq >/dev/null
+            apt-get install -y -qq chromium chromium-driver >/dev/null
+          fi
+        fi
+        python3 -m pip install --quiet --disable-pip-version-check --target "$dest/browser/py" selenium
+        touch "$dest/browser/.done"
+      fi
+      ;;
     llama-real)
       if [ ! -f "$dest/llama-real/.done" ]; then
         install_llama_real "$dest/llama-real"
@@ -214,7 +228,7 @@ for part in "${parts[@]}"; do
       fi
       ;;
     *)
-      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real or clients)" >&2
+      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients or browser)" >&2
       exit 2
       ;;
   esac

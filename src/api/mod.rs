@@ -7,6 +7,7 @@
 //! - `compat`: the OpenAI- and Anthropic-compatible endpoints (SPEC §17); their wire
 //!   formats are `llm::openai::server` and `llm::anthropic::server`.
 //! - `approvals`: the approvals endpoints (SPEC §18.1).
+//! - `console`: the web console at `/console/` (SPEC §22).
 //! - `reply`: JSON bodies; the outermost layer adds `agent` and `X-Agentd-Agent` to every answer.
 //! - [`webhook`]: the callback POSTed after every processed message.
 
@@ -15,6 +16,7 @@ pub mod backend;
 mod approvals;
 mod auth;
 mod compat;
+mod console;
 mod error;
 mod handlers;
 mod ratelimit;

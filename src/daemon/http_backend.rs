@@ -40,6 +40,10 @@ pub struct DaemonBackend {
     pub approvals: Arc<crate::tools::approval::Approvals>,
     /// The agent's tools: a client tool may not take one's name (SPEC §17).
     pub tools: Arc<crate::tools::ToolRegistry>,
+    /// `agentd.db`: the schedules' last runs (the web console, SPEC §22).
+    pub db: crate::store::Db,
+    /// Long-term memory, when on: the console's memory page.
+    pub memory: Option<crate::memory::Memory>,
 }
 
 impl DaemonBackend {
@@ -182,6 +186,38 @@ fn blocking<T: Send + 'static>(
 }
 
 impl ApiBackend for DaemonBackend {
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.monitor.subscribe())
+    }
+
+    fn cost_days(&self, days: u32) -> BoxFuture<'_, Result<Value, BackendError>> {
+        self.console_cost_days(days)
+    }
+
+    fn schedules(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        self.console_schedules()
+    }
+
+    fn memory(&self, query: String) -> BoxFuture<'_, Result<Value, BackendError>> {
+        self.console_memory(query)
+    }
+
+    fn auth_failed(&self) {
+        self.metrics.error("http_auth");
+    }
+
+    fn stop(&self, key: String) -> bool {
+        self.console_stop(&key)
+    }
+
+    fn console_chat(
+        &self,
+        name: String,
+        text: String,
+    ) -> BoxFuture<'_, Result<crate::api::backend::ConsoleChat, BackendError>> {
+        self.console_chat_accept(name, text)
+    }
+
     fn approvals(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
         Box::pin(async move { Ok(json!({ "approvals": self.approvals.list() })) })
     }

@@ -6,6 +6,7 @@ pub mod after;
 pub mod approvals;
 pub mod chat;
 pub mod compat;
+mod console_backend;
 pub mod delivery;
 pub mod http_backend;
 pub mod idle;

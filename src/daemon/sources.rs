@@ -195,6 +195,8 @@ async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<
         recent: Default::default(),
         approvals: s.approvals.clone(),
         tools: s.tools.clone(),
+        db: s.db.clone(),
+        memory: s.memory.clone(),
     });
     let router = crate::api::router(
         backend,
