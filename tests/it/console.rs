@@ -116,6 +116,13 @@ impl Drop for Browser {
     }
 }
 
+fn page_title(b: &mut Browser) -> String {
+    b.js("return document.querySelector('h1').textContent")
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 fn shots_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-shots");
     std::fs::create_dir_all(&dir).unwrap();
@@ -411,7 +418,9 @@ fn console_session_page_shows_tool_calls_and_hostile_text_as_text() {
     let fake = FakeLlm::spawn(Wire::Anthropic);
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let mut d = daemon(&fake, port, "");
+    // A weekly entry (never due in the test): the schedules page shows it.
+    let schedule = "[[schedule]]\nname = \"weekly-report\"\ncron = \"0 9 * * 1\"\nsystem = \"Write the weekly report\"\nprecheck = \"test -s report-input.txt\"\n";
+    let mut d = daemon(&fake, port, schedule);
     let file = d.workspace().join("page.html");
     std::fs::write(&file, HOSTILE).unwrap();
     fake.push(Reply::tool_calls(vec![(
@@ -456,6 +465,11 @@ fn console_session_page_shows_tool_calls_and_hostile_text_as_text() {
     b.shots(&format!("/console/sessions/{id}"), "session");
     b.shots("/console/sessions", "sessions");
     b.shots("/console/", "overview");
+    let page = b.open("/console/schedules");
+    assert!(
+        page["text"].as_str().unwrap().contains("weekly-report"),
+        "{page}"
+    );
     b.shots("/console/schedules", "schedules");
     b.shots("/console/memory", "memory");
     b.cmd(json!({"op": "open", "path": "/console/login"}));

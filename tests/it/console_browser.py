@@ -97,16 +97,19 @@ def run(d, c):
         except NoAlertPresentException:
             return {"alert": None}
     if op == "screenshot":
-        d.set_window_size(c["width"], 900)
-        time.sleep(0.2)
+        w = c["width"]
+        metrics = lambda h: d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": w, "height": h, "deviceScaleFactor": 1, "mobile": w < 600})
+        metrics(900)
+        time.sleep(0.3)
         height = d.execute_script(
             "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
-        d.set_window_size(c["width"], min(max(height, 600), 4000))
-        time.sleep(0.2)
+        metrics(min(max(height, 600), 6000))
+        time.sleep(0.3)
         overflow = d.execute_script(
             "return document.documentElement.scrollWidth > window.innerWidth")
         d.save_screenshot(c["path"])
-        d.set_window_size(1280, 900)
+        d.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
         return {"overflow_x": overflow}
     if op == "logs":
         return {"logs": [e["message"] for e in d.get_log("browser")]}

@@ -13,6 +13,8 @@ const PALETTE: [&str; 8] = [
     "#2563eb", "#16a34a", "#d97706", "#dc2626", "#7c3aed", "#0891b2", "#db2777", "#65a30d",
 ];
 const W: f64 = 720.0;
+/// Right margin, so the last bar and point stay inside the frame.
+const RIGHT: f64 = 8.0;
 const H: f64 = 220.0;
 /// Left margin for the axis labels, bottom margin for the dates.
 const LEFT: f64 = 56.0;
@@ -51,7 +53,7 @@ pub(crate) fn spend_per_day(h: &mut Html, rows: &[Value], key: &str) {
         .fold(0.0_f64, f64::max)
         .max(1e-9);
     let n = 30.0;
-    let slot = (W - LEFT) / n;
+    let slot = (W - LEFT - RIGHT) / n;
     let mut svg = String::new();
     let _ = write!(
         svg,
@@ -60,14 +62,9 @@ pub(crate) fn spend_per_day(h: &mut Html, rows: &[Value], key: &str) {
     axis(&mut svg, &usd(max));
     let first = rows.iter().map(day_of).min().unwrap_or_default();
     let last = rows.iter().map(day_of).max().unwrap_or_default();
-    let start = chrono::NaiveDate::parse_from_str(&last, "%Y-%m-%d")
-        .ok()
-        .and_then(|d| d.checked_sub_days(chrono::Days::new(29)));
+    let start = first_day(rows);
     for (day, stack) in &days {
-        let idx = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
-            .ok()
-            .zip(start)
-            .map_or(0, |(d, s)| (d - s).num_days().clamp(0, 29));
+        let idx = day_index(day, start);
         let x = LEFT + idx as f64 * slot + 1.0;
         let mut y = H - BOTTOM;
         for (k, c) in stack {
@@ -84,9 +81,10 @@ pub(crate) fn spend_per_day(h: &mut Html, rows: &[Value], key: &str) {
     }
     let _ = write!(
         svg,
-        r#"<text x="{LEFT}" y="{}" class="label">{}</text><text x="{W}" y="{}" class="label" text-anchor="end">{}</text></svg>"#,
+        r#"<text x="{LEFT}" y="{}" class="label">{}</text><text x="{}" y="{}" class="label" text-anchor="end">{}</text></svg>"#,
         H - 6.0,
         esc(&start.map(|d| d.to_string()).unwrap_or(first)),
+        W - RIGHT,
         H - 6.0,
         esc(&last)
     );
@@ -94,13 +92,29 @@ pub(crate) fn spend_per_day(h: &mut Html, rows: &[Value], key: &str) {
     h.raw(r#"<ul class="legend">"#);
     for (k, total) in &keys {
         let _ = write!(
-            svg_legend(h),
+            h,
             r#"<li><svg class="swatch" viewBox="0 0 12 12" aria-hidden="true"><rect width="12" height="12" fill="{}"/></svg>"#,
             color.get(k.as_str()).copied().unwrap_or(PALETTE[0])
         );
         h.text(&format!("{k}: {}", usd(*total))).raw("</li>");
     }
     h.raw("</ul>");
+}
+
+/// The first of the 30 days that end on the latest day of `rows`.
+fn first_day(rows: &[Value]) -> Option<chrono::NaiveDate> {
+    let last = rows.iter().map(day_of).max()?;
+    chrono::NaiveDate::parse_from_str(&last, "%Y-%m-%d")
+        .ok()?
+        .checked_sub_days(chrono::Days::new(29))
+}
+
+/// `day`'s place (0-29) on the axis that starts at `start`.
+fn day_index(day: &str, start: Option<chrono::NaiveDate>) -> i64 {
+    chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
+        .ok()
+        .zip(start)
+        .map_or(0, |(d, s)| (d - s).num_days().clamp(0, 29))
 }
 
 /// The axis line and the top value's label.
@@ -113,19 +127,6 @@ fn axis(svg: &mut String, top: &str) {
         LEFT - 4.0,
         esc(top)
     );
-}
-
-struct Raw<'a>(&'a mut Html);
-
-impl std::fmt::Write for Raw<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.raw(s);
-        Ok(())
-    }
-}
-
-fn svg_legend(h: &mut Html) -> Raw<'_> {
-    Raw(h)
 }
 
 /// The cache hit ratio (reads / all prompt tokens) of each day with prompt tokens, as a line.
@@ -145,22 +146,24 @@ pub(crate) fn hit_ratio(h: &mut Html, rows: &[Value]) {
         h.el("p", "No prompt tokens in the last 30 days.");
         return;
     }
-    let step = if points.len() > 1 {
-        (W - LEFT - 8.0) / (points.len() - 1) as f64
-    } else {
-        0.0
-    };
+    let start = first_day(rows);
+    let slot = (W - LEFT - RIGHT) / 30.0;
     let mut svg = String::new();
     let _ = write!(
         svg,
         r#"<svg class="chart" viewBox="0 0 {W} {H}" role="img" aria-label="Cache hit ratio per day">"#
     );
     axis(&mut svg, "100%");
+    let _ = write!(
+        svg,
+        r#"<text x="{}" y="{}" class="label" text-anchor="end">0%</text>"#,
+        LEFT - 4.0,
+        H - BOTTOM
+    );
     let coords: Vec<(f64, f64, &str, f64)> = points
         .iter()
-        .enumerate()
-        .map(|(i, (d, r))| {
-            let x = LEFT + 4.0 + i as f64 * step;
+        .map(|(d, r)| {
+            let x = LEFT + (day_index(d, start) as f64 + 0.5) * slot;
             let y = (H - BOTTOM) - r * (H - BOTTOM - 8.0);
             (x, y, d.as_str(), *r)
         })

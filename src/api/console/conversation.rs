@@ -19,7 +19,7 @@ pub(crate) fn render(h: &mut Html, lines: &[TrailLine]) {
                     open(h, "user", "User", &l.ts, m.from.as_deref());
                     for b in content {
                         match b {
-                            UserBlock::Text { text } => h.el("p class=\"text\"", text),
+                            UserBlock::Text { text } => user_text(h, text),
                             UserBlock::Image { placeholder, .. } => {
                                 h.el("p class=\"meta\"", placeholder)
                             }
@@ -109,6 +109,21 @@ pub(crate) fn render(h: &mut Html, lines: &[TrailLine]) {
         }
     }
     h.raw("</div>");
+}
+
+/// A user turn's text; the context block the daemon adds in front is folded.
+fn user_text<'h>(h: &'h mut Html, text: &str) -> &'h mut Html {
+    const END: &str = "</agentd-context>";
+    match text.find(END) {
+        Some(at) if text.starts_with("<agentd-context>") => {
+            let (context, rest) = text.split_at(at + END.len());
+            h.raw("<details class=\"context\"><summary>Context the daemon added</summary><pre>")
+                .text(context)
+                .raw("</pre></details>")
+                .el("p class=\"text\"", rest.trim_start())
+        }
+        _ => h.el("p class=\"text\"", text),
+    }
 }
 
 fn assistant(

@@ -59,6 +59,14 @@ impl Html {
     }
 }
 
+/// Literal markup written with `write!` (never data: that goes through [`Html::text`]).
+impl std::fmt::Write for Html {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.push_str(s);
+        Ok(())
+    }
+}
+
 /// The navigation: path, label.
 pub(crate) const PAGES: [(&str, &str); 7] = [
     ("/console/", "Overview"),

@@ -45,7 +45,7 @@ pub(crate) async fn overview_data(state: &ApiState) -> Value {
     cards.push(json!({"title": "Daemon", "rows": [
         row("Health", status["status"].as_str().unwrap_or("unknown"), if ok { "good" } else { "bad" }),
         row("Version", status["version"].as_str().unwrap_or(""), ""),
-        row("Up for", format!("{} s", status["uptime_seconds"].as_u64().unwrap_or(0)), ""),
+        row("Up for", uptime(status["uptime_seconds"].as_u64().unwrap_or(0)), ""),
     ]}));
     let mut channels = Vec::new();
     for (name, h) in status["channels"].as_object().into_iter().flatten() {
@@ -75,7 +75,7 @@ pub(crate) async fn overview_data(state: &ApiState) -> Value {
         row("Running", status["active_sessions"].to_string(), ""),
         row("Queued", monitor["queue_depth"].to_string(), ""),
         row("Latest", last, ""),
-        row("Updated", monitor["updated_at"].as_str().unwrap_or(""), ""),
+        row("Updated", clock(monitor["updated_at"].as_str().unwrap_or("")), ""),
     ]}));
     let d = &monitor["deliveries"];
     let n = |k: &str| d[k].as_u64().unwrap_or(0);
@@ -117,6 +117,27 @@ pub(crate) async fn overview_data(state: &ApiState) -> Value {
         row("This month", month.map(|m| usd(m["total_cost"].as_f64().unwrap_or(0.0))).unwrap_or_default(), ""),
     ]}));
     Value::Array(cards)
+}
+
+/// `3 d 4 h`, `2 h 5 min`, `40 s`.
+fn uptime(s: u64) -> String {
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86_400 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// An RFC 3339 time as `HH:MM:SS UTC` (the date is today's on an overview).
+fn clock(t: &str) -> String {
+    chrono::DateTime::parse_from_rfc3339(t)
+        .map(|t| {
+            t.with_timezone(&chrono::Utc)
+                .format("%H:%M:%S UTC")
+                .to_string()
+        })
+        .unwrap_or_default()
 }
 
 /// The cards as HTML (the same structure the script builds from an event).

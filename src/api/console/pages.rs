@@ -123,6 +123,7 @@ pub(crate) async fn session(
     Path(id): Path<String>,
 ) -> Response {
     let mut h = Html::default();
+    let mut title = format!("Session {id}");
     if !crate::report::history::is_valid_target(&id) {
         problem(&mut h, "Session", "not a session id");
         return done(&state, &v, "Session", "/console/sessions", h);
@@ -140,7 +141,8 @@ pub(crate) async fn session(
                 _ => None,
             });
             if let Some(key) = &key {
-                session_controls(&mut h, &v, key);
+                title = format!("Session {key}");
+                session_controls(&mut h, &v, key, &id);
             }
             h.raw(r#"<div class="search"><label for="find">Search in this conversation</label><input id="find" type="search" data-filter=".turn" autocomplete="off"><span id="find-count" aria-live="polite"></span></div>"#);
             super::conversation::render(&mut h, &lines);
@@ -148,18 +150,18 @@ pub(crate) async fn session(
         Ok(None) => problem(&mut h, "Session", "no such session"),
         Err(e) => problem(&mut h, "Session", &e),
     }
-    done(&state, &v, &format!("Session {id}"), "/console/sessions", h)
+    done(&state, &v, &title, "/console/sessions", h)
 }
 
-fn session_controls(h: &mut Html, v: &Visitor, key: &str) {
-    h.raw(r#"<p class="meta">Key: "#).text(key).raw("</p>");
+fn session_controls(h: &mut Html, v: &Visitor, key: &str, id: &str) {
+    h.raw(r#"<p class="meta">Session id "#).text(id).raw("</p>");
     h.raw(r#"<div class="actions">"#);
     for (action, label) in [
         ("stop", "Stop the message in flight"),
         ("reset", "Reset the session"),
     ] {
         let _ = write!(
-            h_raw(h),
+            h,
             r#"<form method="post" action="/console/sessions/{action}"><input type="hidden" name="key" value="{}">"#,
             esc(key)
         );
@@ -169,20 +171,6 @@ fn session_controls(h: &mut Html, v: &Visitor, key: &str) {
             .raw("</button></form>");
     }
     h.raw("</div>");
-}
-
-/// A `String` to `write!` literal markup into (then appended raw).
-fn h_raw(h: &mut Html) -> HtmlWriter<'_> {
-    HtmlWriter(h)
-}
-
-struct HtmlWriter<'a>(&'a mut Html);
-
-impl std::fmt::Write for HtmlWriter<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.raw(s);
-        Ok(())
-    }
 }
 
 async fn session_action(state: &ApiState, req: Request, stop: bool) -> Response {
@@ -224,7 +212,13 @@ pub(crate) async fn costs(
     for period in [Period::Today, Period::Week, Period::Month, Period::All] {
         match call(&state, state.backend().cost(period, None)).await {
             Ok(r) => {
-                h.el("dt", period.as_str())
+                let label = match period {
+                    Period::Today => "Today",
+                    Period::Week => "This week",
+                    Period::Month => "This month",
+                    _ => "All time",
+                };
+                h.el("dt", label)
                     .raw(r#"<dd data-period=""#)
                     .text(period.as_str())
                     .raw(r#"" data-total=""#)
@@ -316,7 +310,7 @@ fn approval_card(h: &mut Html, v: &Visitor, a: &Value) {
         .text(&serde_json::to_string_pretty(&a["input"]).unwrap_or_default())
         .raw("</pre></details>");
     let _ = write!(
-        h_raw(h),
+        h,
         r#"<form method="post" action="/console/approvals/{}" class="decide">"#,
         esc(id)
     );
@@ -382,10 +376,9 @@ pub(crate) async fn decide(State(state): Shared, Path(id): Path<String>, req: Re
     let decision = form_field(&bytes, "decision").unwrap_or_default();
     if let Some(d) = Decision::parse(&decision)
         && crate::tools::approval::is_valid_id(&id)
+        && let Err(e) = call(&state, state.backend().decide_approval(id.clone(), d)).await
     {
-        if let Err(e) = call(&state, state.backend().decide_approval(id.clone(), d)).await {
-            tracing::info!(id = %id, error = %e, "web console: approval not decided");
-        }
+        tracing::info!(id = %id, error = %e, "web console: approval not decided");
     }
     redirect("/console/approvals")
 }
@@ -532,6 +525,7 @@ fn memory_results(h: &mut Html, r: &Value, facts_only: bool) {
     let facts = r["facts"].as_array().cloned().unwrap_or_default();
     if facts.is_empty() {
         h.el("p", "No fact.");
+        return;
     }
     h.raw(r#"<div class="table"><table><thead><tr><th scope="col">Entity</th><th scope="col">Attribute</th><th scope="col">Value</th><th scope="col">Source</th></tr></thead><tbody>"#);
     for f in &facts {
