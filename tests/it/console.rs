@@ -446,6 +446,7 @@ fn console_session_page_shows_tool_calls_and_hostile_text_as_text() {
         text.contains("read the page") && text.contains("I read the page."),
         "{text}"
     );
+    assert!(page_title(&mut b).starts_with("Session sam"));
     b.click("details.tool-result summary");
     let shown = b.wait_text("details.tool-result", "<script>");
     assert!(shown.contains("<img src=x onerror="), "{shown}");
@@ -537,6 +538,11 @@ fn console_cost_totals_equal_the_api_and_charts_are_drawn() {
             .as_u64()
             .unwrap()
             >= 2
+    );
+    assert_eq!(
+        b.js("return document.querySelectorAll('ol.bars meter').length"),
+        1,
+        "the one seeded session's bar"
     );
     let legend = b.cmd(json!({"op": "text", "css": ".legend"}))["text"]
         .as_str()

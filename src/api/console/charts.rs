@@ -121,10 +121,10 @@ fn day_index(day: &str, start: Option<chrono::NaiveDate>) -> i64 {
 fn axis(svg: &mut String, top: &str) {
     let _ = write!(
         svg,
-        r#"<line x1="{LEFT}" y1="{}" x2="{W}" y2="{}" class="axis"/><text x="{}" y="14" class="label" text-anchor="end">{}</text>"#,
+        r#"<line x1="{LEFT}" y1="{}" x2="{}" y2="{}" class="axis"/><text x="4" y="20" class="label">{}</text>"#,
         H - BOTTOM,
+        W - RIGHT,
         H - BOTTOM,
-        LEFT - 4.0,
         esc(top)
     );
 }
@@ -156,8 +156,7 @@ pub(crate) fn hit_ratio(h: &mut Html, rows: &[Value]) {
     axis(&mut svg, "100%");
     let _ = write!(
         svg,
-        r#"<text x="{}" y="{}" class="label" text-anchor="end">0%</text>"#,
-        LEFT - 4.0,
+        r#"<text x="4" y="{}" class="label">0%</text>"#,
         H - BOTTOM
     );
     let coords: Vec<(f64, f64, &str, f64)> = points
@@ -188,7 +187,7 @@ pub(crate) fn hit_ratio(h: &mut Html, rows: &[Value]) {
     h.raw(&svg);
 }
 
-/// Horizontal bars of the most expensive sessions (at most 10).
+/// The most expensive sessions (at most 10): name, a bar (`<meter>`) and the amount.
 pub(crate) fn top_bars(h: &mut Html, groups: &[Value]) {
     let top: Vec<&Value> = groups.iter().take(10).collect();
     if top.is_empty() {
@@ -200,34 +199,19 @@ pub(crate) fn top_bars(h: &mut Html, groups: &[Value]) {
         .map(|g| g["cost_usd"].as_f64().unwrap_or(0.0))
         .fold(0.0_f64, f64::max)
         .max(1e-9);
-    let row = 26.0;
-    let height = row * top.len() as f64 + 4.0;
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg class="chart bars" viewBox="0 0 {W} {height}" role="img" aria-label="Top sessions by spend this month">"#
-    );
-    for (i, g) in top.iter().enumerate() {
+    h.raw(r#"<ol class="bars">"#);
+    for g in top {
         let c = g["cost_usd"].as_f64().unwrap_or(0.0);
-        let y = i as f64 * row + 2.0;
-        let bw = (c / max) * (W - 260.0);
         let key = g["key"].as_str().unwrap_or("");
-        let short: String = key.chars().take(24).collect();
+        h.raw("<li>").el("span class=\"key\"", key);
         let _ = write!(
-            svg,
-            r#"<text x="0" y="{:.1}" class="label">{}</text><rect x="190" y="{y:.1}" width="{bw:.1}" height="{:.1}" fill="{}"><title>{}</title></rect><text x="{:.1}" y="{:.1}" class="label">{}</text>"#,
-            y + 15.0,
-            esc(&short),
-            row - 8.0,
-            PALETTE[0],
-            esc(&format!("{key}: {}", usd(c))),
-            194.0 + bw,
-            y + 15.0,
-            esc(&usd(c))
+            h,
+            r#"<meter min="0" max="{max}" value="{c}" aria-label="{}"></meter>"#,
+            esc(&format!("{key}: {}", usd(c)))
         );
+        h.el("span class=\"amount\"", &usd(c)).raw("</li>");
     }
-    svg.push_str("</svg>");
-    h.raw(&svg);
+    h.raw("</ol>");
 }
 
 #[cfg(test)]
