@@ -25,6 +25,9 @@ need "node and npm (the MCP reference server @modelcontextprotocol/server-everyt
 need "systemd-analyze (the units are checked offline)" "apt-get install systemd" have systemd-analyze
 need "apt-get and dpkg-deb (Prometheus' promtool comes from Debian's prometheus package)" \
   "run the suite on Debian or Ubuntu" bash -c 'command -v apt-get && command -v dpkg-deb'
+need "chromium and chromium-driver (the web console's browser tests), or root to install them" \
+  "apt-get install chromium chromium-driver" \
+  bash -c '{ command -v chromium && command -v chromedriver; } || [ "$(id -u)" -eq 0 ]'
 need "setpriv (tests run the daemon as an unprivileged user)" "apt-get install util-linux" have setpriv
 need "the time zone database (/usr/share/zoneinfo)" "apt-get install tzdata" \
   test -f /usr/share/zoneinfo/Europe/Berlin
@@ -43,7 +46,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 dest=target/tmp/test-peers
-echo "test peers: installing into $dest (once; needs PyPI and npm)" >&2
+echo "test peers: installing into $dest (once; needs PyPI, npm and Debian's package archive)" >&2
 if ! scripts/install-test-peers.sh "$dest"; then
   echo "The test suite cannot run here: the test peers could not be installed into $dest" >&2
   echo "  - fix: give this machine access to PyPI and the npm registry, then run again" >&2

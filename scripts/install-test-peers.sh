@@ -17,13 +17,15 @@
 # tests/it/a2a.rs drives against the A2A endpoint. The part `mcpclients` adds the MCP
 # clients tests/it/mcp_server.rs drives against agentd's own MCP server: the official Python
 # SDK (PyPI `mcp`, into DEST/mcpclients/py) and the MCP Inspector (npm, into
-# DEST/mcpclients/npm). Idempotent: an existing install
+# DEST/mcpclients/npm). The part `browser` installs Debian's `chromium` and `chromium-driver`
+# (apt-get, as root) and PyPI `selenium` (into DEST/browser/py), which tests/it/console.rs
+# drives against the web console. Idempotent: an existing install
 # is kept, so once installed the tests run offline.
 set -euo pipefail
-dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|a2a|mcpclients]...}"
+dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|a2a|mcpclients|browser]...}"
 shift || true
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients a2a mcpclients)
+[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients a2a mcpclients browser)
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
 # Tests run in parallel: one install at a time into DEST.
@@ -232,6 +234,18 @@ for part in "${parts[@]}"; do
         touch "$dest/mcpclients/npm/.done"
       fi
       ;;
+    browser)
+      if [ ! -f "$dest/browser/.done" ]; then
+        if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+          if ! apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; then
+            apt-get update -qq >/dev/null
+            apt-get install -y -qq chromium chromium-driver >/dev/null
+          fi
+        fi
+        python3 -m pip install --quiet --disable-pip-version-check --target "$dest/browser/py" selenium
+        touch "$dest/browser/.done"
+      fi
+      ;;
     llama-real)
       if [ ! -f "$dest/llama-real/.done" ]; then
         install_llama_real "$dest/llama-real"
@@ -239,7 +253,7 @@ for part in "${parts[@]}"; do
       fi
       ;;
     *)
-      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients, a2a or mcpclients)" >&2
+      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients, a2a, mcpclients or browser)" >&2
       exit 2
       ;;
   esac

@@ -140,6 +140,8 @@ pub struct Monitor {
     inner: Arc<Mutex<Inner>>,
     /// Told "the state changed"; renders it on its own thread.
     writer: LatestWriter<()>,
+    /// Counts the published changes, for live views ([`Monitor::subscribe`]).
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 /// The writer's rest after each write: the events of a message (begin, each state, each turn,
@@ -375,6 +377,7 @@ impl Monitor {
             path,
             inner,
             writer,
+            changed: tokio::sync::watch::Sender::new(0),
         };
         monitor.publish(monitor.lock());
         monitor.flush();
@@ -390,6 +393,13 @@ impl Monitor {
     fn publish(&self, inner: MutexGuard<'_, Inner>) {
         drop(inner);
         self.writer.submit(self.path.clone(), ());
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Told each time the state changes (the web console's live overview, SPEC §22): no
+    /// polling, nothing read from disk.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// Waits (up to 5 s) until everything published so far is on disk. For tests and for

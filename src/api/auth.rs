@@ -57,6 +57,7 @@ async fn check(state: &ApiState, req: Request, next: Next, api_key: bool) -> Res
     {
         next.run(req).await
     } else {
+        state.backend().auth_failed();
         Reply::error(
             StatusCode::UNAUTHORIZED,
             if api_key {

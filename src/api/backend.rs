@@ -138,6 +138,16 @@ pub enum SessionChange {
     Skill { name: String, enabled: bool },
 }
 
+/// A message from the web console's chat page (SPEC §22), accepted: its session, the text as
+/// the model writes it, and the end.
+pub struct ConsoleChat {
+    pub session_id: String,
+    /// Pieces of the answer as the model writes them.
+    pub deltas: tokio::sync::mpsc::UnboundedReceiver<crate::llm::StreamDelta>,
+    /// Resolves when the message is done. Dropping it stops the wait, never the work.
+    pub done: BoxFuture<'static, Result<ChatOutcome, BackendError>>,
+}
+
 /// How a compatible request ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CompatOutcome {
@@ -307,4 +317,48 @@ pub trait ApiBackend: Send + Sync + 'static {
     fn skills(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+
+    /// Told each time the live state (the monitor) changes: the console's overview (SPEC
+    /// §22). `None`: this backend has no live state.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+    /// Spend per day, model and source over the last `days` days (`report::cost::daily`):
+    /// `{days:[{day, model, source, input_tokens, cache_read_tokens, cache_write_tokens,
+    /// cost_usd}]}` with `day` as `YYYY-MM-DD`, oldest first.
+    fn cost_days(&self, days: u32) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let _ = days;
+        Box::pin(async { Ok(serde_json::json!({ "days": [] })) })
+    }
+    /// The `[[schedule]]` entries and the messages scheduled once: `{entries:[{name, when,
+    /// action, precheck, next_run, last_run, last_precheck}], pending:[…]}`.
+    fn schedules(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        Box::pin(async { Ok(serde_json::json!({ "entries": [], "pending": [] })) })
+    }
+    /// Long-term memory: the memory tool's search for `query` (`memory::Memory::search`), or
+    /// with an empty query the facts list: `{mode?, chunks, facts, episodes, warning?}`.
+    fn memory(&self, query: String) -> BoxFuture<'_, Result<Value, BackendError>> {
+        let _ = query;
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "long-term memory is off ([memory] enabled = false)".into(),
+            ))
+        })
+    }
+    /// Accept `text` for session `web:<name>` and stream its answer (the console's chat).
+    fn console_chat(
+        &self,
+        name: String,
+        text: String,
+    ) -> BoxFuture<'_, Result<ConsoleChat, BackendError>> {
+        let _ = (name, text);
+        Box::pin(async {
+            Err(BackendError::Unavailable(
+                "the console chat is not served by this backend".into(),
+            ))
+        })
+    }
+    /// A request came with a wrong or missing token (the API's bearer, the console's login):
+    /// counted as `agentd_errors_total{kind="http_auth"}` by the daemon.
+    fn auth_failed(&self) {}
 }

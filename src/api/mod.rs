@@ -8,6 +8,7 @@
 //!   formats are `llm::openai::server` and `llm::anthropic::server`.
 //! - `approvals`: the approvals endpoints (SPEC §18.1).
 //! - [`a2a`]: the A2A agent card and JSON-RPC endpoint (SPEC §23).
+//! - `console`: the web console at `/console/` (SPEC §22).
 //! - `reply`: JSON bodies; the outermost layer adds `agent` and `X-Agentd-Agent` to every answer.
 //! - [`webhook`]: the callback POSTed after every processed message.
 //! - [`mcp`]: agentd as an MCP server (SPEC §23): `/mcp` here, and `agentd mcp` on stdio.
@@ -18,6 +19,7 @@ pub mod backend;
 mod approvals;
 mod auth;
 mod compat;
+mod console;
 mod error;
 mod handlers;
 pub mod mcp;

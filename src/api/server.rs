@@ -88,6 +88,8 @@ pub struct ApiState {
     read_limiter: RateLimiter,
     /// When the router was built (Unix seconds): the `created` of `GET /v1/models`.
     started_unix: i64,
+    /// The web console's open sessions (empty until the first login).
+    console: super::console::Sessions,
 }
 
 impl ApiState {
@@ -107,7 +109,12 @@ impl ApiState {
             agent_header: agent_header_value(agent_name),
             call_timeout,
             started_unix: chrono::Utc::now().timestamp(),
+            console: Default::default(),
         }
+    }
+
+    pub(crate) fn console(&self) -> &super::console::Sessions {
+        &self.console
     }
 
     pub(crate) fn started_unix(&self) -> i64 {
@@ -229,7 +236,12 @@ pub fn router_with_mcp(
         // Strangers may read the card; it shows the skills only to a caller with the token.
         .route(super::a2a::wire::CARD_PATH, get(super::a2a::card))
         .route_layer(from_fn_with_state((state.clone(), Group::Read), rate_limit));
-    let mut routes = Router::new().merge(posts).merge(reads);
+    let console = if cfg.console {
+        super::console::router(&state)
+    } else {
+        Router::new()
+    };
+    let mut routes = Router::new().merge(posts).merge(reads).merge(console);
     if let Some(service) = mcp {
         routes = routes.merge(
             Router::new()

@@ -225,6 +225,8 @@ fn config(token: Option<&str>) -> HttpConfig {
         callback_token: None,
         callback_timeout: Duration::from_secs(1),
         cors_origins: Vec::new(),
+        console: true,
+        console_secure_cookie: false,
     }
 }
 

@@ -389,6 +389,8 @@ mod tests {
             callback_token: token.map(SecretString::from),
             callback_timeout: Duration::from_secs(5),
             cors_origins: Vec::new(),
+            console: true,
+            console_secure_cookie: false,
         }
     }
 

@@ -59,6 +59,8 @@ pub fn http(root: &mut Section<'_>) -> HttpConfig {
         callback_token,
         callback_timeout: s.read(&kc::HTTP_CALLBACK_TIMEOUT),
         cors_origins: s.read(&kc::HTTP_CORS_ORIGINS),
+        console: s.read(&kc::HTTP_CONSOLE),
+        console_secure_cookie: s.read(&kc::HTTP_CONSOLE_SECURE_COOKIE),
     }
 }
 

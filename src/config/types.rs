@@ -386,6 +386,10 @@ pub struct HttpConfig {
     pub callback_timeout: Duration,
     /// Browser origins allowed to call the API (CORS); empty = none.
     pub cors_origins: Vec<String>,
+    /// Serve the web console at `/console/` (SPEC §22).
+    pub console: bool,
+    /// Always mark the console's cookie `Secure` (behind a TLS proxy).
+    pub console_secure_cookie: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -42,7 +42,9 @@ pub struct DaemonBackend {
     pub tools: Arc<crate::tools::ToolRegistry>,
     /// The skills (the A2A card lists them, SPEC §23).
     pub skills: Arc<crate::skills::SkillSet>,
-    /// Long-term memory for the MCP server's `memory_search` (SPEC §23); `None` when off.
+    /// `agentd.db`: the schedules' last runs (the web console, SPEC §22).
+    pub db: crate::store::Db,
+    /// Long-term memory, when on: the MCP server's `memory_search`, the console's memory page.
     pub memory: Option<crate::memory::Memory>,
 }
 
@@ -199,6 +201,34 @@ impl ApiBackend for DaemonBackend {
 
     fn memory_search(&self, query: String, k: usize) -> BoxFuture<'_, Result<Value, BackendError>> {
         Box::pin(async move { self.search_memory(&query, k).await })
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.monitor.subscribe())
+    }
+
+    fn cost_days(&self, days: u32) -> BoxFuture<'_, Result<Value, BackendError>> {
+        self.console_cost_days(days)
+    }
+
+    fn schedules(&self) -> BoxFuture<'_, Result<Value, BackendError>> {
+        self.console_schedules()
+    }
+
+    fn memory(&self, query: String) -> BoxFuture<'_, Result<Value, BackendError>> {
+        self.console_memory(query)
+    }
+
+    fn auth_failed(&self) {
+        self.metrics.error("http_auth");
+    }
+
+    fn console_chat(
+        &self,
+        name: String,
+        text: String,
+    ) -> BoxFuture<'_, Result<crate::api::backend::ConsoleChat, BackendError>> {
+        self.console_chat_accept(name, text)
     }
 
     fn approvals(&self) -> BoxFuture<'_, Result<Value, BackendError>> {

@@ -8,6 +8,7 @@ pub mod approvals;
 pub mod backups;
 pub mod chat;
 pub mod compat;
+mod console_backend;
 pub mod delivery;
 pub mod http_backend;
 pub mod idle;

@@ -197,6 +197,7 @@ async fn start_http(s: &Services, tasks: &Tasks, watch: &SourceWatch) -> Result<
         approvals: s.approvals.clone(),
         tools: s.tools.clone(),
         skills: s.skills.clone(),
+        db: s.db.clone(),
         memory: s.memory.clone(),
     });
     let mcp = crate::api::mcp::McpOptions::from_config(cfg);

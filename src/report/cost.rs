@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::ReportError;
 use crate::cost::Period;
-use crate::store::{CostSummary, Db, GroupBy, GroupCost};
+use crate::store::{CostSummary, DayCost, Db, GroupBy, GroupCost};
 
 /// The cost database in the state directory.
 pub const DB_FILE: &str = "agentd.db";
@@ -81,6 +81,25 @@ pub fn today_cost(state_dir: &Path, tz: &Zone, now: DateTime<Utc>) -> Result<f64
     Ok(cost_report(state_dir, Period::Today, None, tz, now)?
         .summary
         .total_cost)
+}
+
+/// Spend per local day in `tz`, model and source over the last `days` days (today
+/// included), oldest first: the web console's charts (SPEC §22). A missing database is none.
+/// Blocking.
+pub fn daily(
+    state_dir: &Path,
+    days: u32,
+    tz: &Zone,
+    now: DateTime<Utc>,
+) -> Result<Vec<DayCost>, ReportError> {
+    use chrono::Offset;
+    let Some(db) = Db::open_read_only(&state_dir.join(DB_FILE))? else {
+        return Ok(Vec::new());
+    };
+    let offset = i64::from(now.with_timezone(tz).offset().fix().local_minus_utc());
+    let today = (now.timestamp() + offset).div_euclid(86_400);
+    let since = (today - i64::from(days.saturating_sub(1))) * 86_400 - offset;
+    Ok(futures::executor::block_on(db.cost_daily(since, offset))?)
 }
 
 #[cfg(test)]

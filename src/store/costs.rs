@@ -144,6 +144,19 @@ pub struct GroupCost {
     pub hit_ratio: Option<f64>,
 }
 
+/// One day's spend of one model from one source ([`Db::cost_daily`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DayCost {
+    /// Days since 1970-01-01 in the asked offset.
+    pub day: i64,
+    pub model: String,
+    pub source: String,
+    pub input_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub cost_usd: f64,
+}
+
 /// Cache reads / all prompt tokens; `None` when there were none.
 pub fn hit_ratio(input: u64, cache_read: u64, cache_write: u64) -> Option<f64> {
     let all = input.saturating_add(cache_read).saturating_add(cache_write);
@@ -366,6 +379,43 @@ impl Db {
                             cache_write_1h_tokens: from_sql_total(row.get(6)?),
                             cost_usd: row.get(7)?,
                             hit_ratio: hit_ratio(input, read, write),
+                        })
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Spend per local day (`offset_secs` east of UTC), model and source over rows with
+    /// `timestamp >= since`, oldest day first: the web console's charts (SPEC §22). `day` is
+    /// days since 1970-01-01 in that offset.
+    pub async fn cost_daily(
+        &self,
+        since: i64,
+        offset_secs: i64,
+    ) -> Result<Vec<DayCost>, StoreError> {
+        self.actor
+            .call(move |conn| {
+                let mut stmt = conn.prepare_cached(concat!(
+                    "SELECT (timestamp + ?2) / 86400 AS day, model, source, TOTAL(input_tokens), \
+                     TOTAL(cache_read_tokens), TOTAL(cache_write_tokens), TOTAL(cost_usd) \
+                     FROM costs WHERE timestamp >= ?1 AND ",
+                    plausible!(),
+                    " GROUP BY day, model, source ORDER BY day ASC, model ASC"
+                ))?;
+                let rows = stmt
+                    .query_map([since, offset_secs], |row| {
+                        Ok(DayCost {
+                            day: row.get(0)?,
+                            model: row.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                            source: row
+                                .get::<_, Option<String>>(2)?
+                                .unwrap_or_else(|| "(unknown)".to_string()),
+                            input_tokens: from_sql_total(row.get(3)?),
+                            cache_read_tokens: from_sql_total(row.get(4)?),
+                            cache_write_tokens: from_sql_total(row.get(5)?),
+                            cost_usd: row.get(6)?,
                         })
                     })?
                     .collect::<rusqlite::Result<Vec<_>>>()?;

@@ -31,8 +31,8 @@ use rusqlite_migration::{M, MigrationDefinitionError, Migrations};
 use actor::Actor;
 
 pub use costs::{
-    CacheRatios, CallType, CostRow, CostSummary, GroupBy, GroupCost, ModelCost, RECENT_CALLS,
-    hit_ratio,
+    CacheRatios, CallType, CostRow, CostSummary, DayCost, GroupBy, GroupCost, ModelCost,
+    RECENT_CALLS, hit_ratio,
 };
 
 /// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.

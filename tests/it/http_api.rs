@@ -171,6 +171,8 @@ fn config(token: Option<&str>) -> HttpConfig {
         callback_token: None,
         callback_timeout: Duration::from_secs(5),
         cors_origins: vec!["http://localhost:3000".into()],
+        console: true,
+        console_secure_cookie: false,
     }
 }
 

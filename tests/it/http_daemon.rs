@@ -335,6 +335,12 @@ pub(crate) mod reqwest {
                 b: self.b.json(v),
             }
         }
+        pub fn body(self, b: String) -> Self {
+            Req {
+                rt: self.rt,
+                b: self.b.body(b),
+            }
+        }
         pub fn header(self, k: &str, v: &str) -> Self {
             Req {
                 rt: self.rt,

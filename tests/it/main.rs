@@ -18,6 +18,7 @@ mod compaction;
 mod compat;
 mod compat_tools;
 mod concurrency;
+mod console;
 mod daemon_e2e;
 mod daemon_inprocess;
 mod exec_sandbox;

@@ -102,5 +102,11 @@ config_keys! {
         HTTP_CORS_ORIGINS: "http" "cors_origins", List<Origin> = List(Origin),
             default(Vec::new()), restart, http.cors_origins,
             "browser origins (`scheme://host[:port]`, exactly as the browser sends `Origin`) whose pages may call the API: they get CORS answers (any request header, `x-request-id` readable) and still need the token. Empty = no CORS, so browsers keep other sites' pages out. `*` is refused: list each origin";
+        HTTP_CONSOLE: "http" "console", Bool = Bool,
+            default(true), restart, http.console,
+            "serve the web console at `/console/` on the API listener (SPEC §22); login with the API token";
+        HTTP_CONSOLE_SECURE_COOKIE: "http" "console_secure_cookie", Bool = Bool,
+            default(false), restart, http.console_secure_cookie,
+            "mark the console's session cookie `Secure` on every answer (set it when a TLS proxy sits in front); it is marked anyway when a request carries `X-Forwarded-Proto: https`";
     ]
 }
