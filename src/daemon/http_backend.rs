@@ -412,6 +412,10 @@ impl ApiBackend for DaemonBackend {
             "mcp": self.mcp.status(),
             "active_sessions": self.dispatcher.active_sessions(),
             "queue_depth": self.dispatcher.queue_depth(),
+            "budget": {
+                "daily_usd": self.cfg.budget.daily_usd,
+                "monthly_usd": self.cfg.budget.monthly_usd,
+            },
         });
         blocking(move || {
             let today = crate::report::cost::today_cost(&dir, &tz, Utc::now())

@@ -112,11 +112,29 @@ pub(crate) async fn overview_data(state: &ApiState) -> Value {
         alerts.push(row("Alerts", "none", "good"));
     }
     cards.push(json!({"title": "Alerts", "rows": alerts}));
+    let today = status["today_cost"].as_f64().unwrap_or(0.0);
+    let month = month.map_or(0.0, |m| m["total_cost"].as_f64().unwrap_or(0.0));
     cards.push(json!({"title": "Spend", "rows": [
-        row("Today", usd(status["today_cost"].as_f64().unwrap_or(0.0)), ""),
-        row("This month", month.map(|m| usd(m["total_cost"].as_f64().unwrap_or(0.0))).unwrap_or_default(), ""),
+        spend("Today", today, status["budget"]["daily_usd"].as_f64()),
+        spend("This month", month, status["budget"]["monthly_usd"].as_f64()),
     ]}));
     Value::Array(cards)
+}
+
+/// Spend against its budget (`$1.20 of $5.00`), toned by how much of it is used; a budget
+/// of 0 is off.
+fn spend(label: &str, spent: f64, budget: Option<f64>) -> Value {
+    match budget.filter(|b| *b > 0.0) {
+        Some(b) => {
+            let tone = match spent / b {
+                r if r >= 1.0 => "bad",
+                r if r >= 0.8 => "warn",
+                _ => "good",
+            };
+            row(label, format!("{} of {}", usd(spent), usd(b)), tone)
+        }
+        None => row(label, format!("{} (no budget)", usd(spent)), ""),
+    }
 }
 
 /// `3 d 4 h`, `2 h 5 min`, `40 s`.
@@ -235,5 +253,25 @@ fn finished(r: Result<ChatOutcome, crate::api::backend::BackendError>) -> SseEve
         Ok(ChatOutcome::Reply { reply, .. }) => SseEvent::default().event("done").data(reply),
         Ok(ChatOutcome::Failed { error, .. }) => SseEvent::default().event("failed").data(error),
         Err(e) => SseEvent::default().event("failed").data(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spend_is_shown_against_its_budget_and_toned_by_its_share() {
+        assert_eq!(
+            spend("Today", 1.0, Some(4.0)),
+            json!(["Today", "$1.0000 of $4.0000", "good"])
+        );
+        assert_eq!(spend("Today", 3.5, Some(4.0))[2], "warn");
+        assert_eq!(spend("Today", 4.0, Some(4.0))[2], "bad");
+        assert_eq!(
+            spend("This month", 2.0, Some(0.0)),
+            json!(["This month", "$2.0000 (no budget)", ""])
+        );
+        assert_eq!(spend("This month", 2.0, None)[1], "$2.0000 (no budget)");
     }
 }
