@@ -102,6 +102,28 @@ fn read_dotenv(path: &Path, problems: &mut Vec<Problem>) -> BTreeMap<String, Str
     vars
 }
 
+/// The fallbacks resolve, and `primary` exists and can answer a message.
+fn check_primary(w: &Walker<'_>, models: &mut ModelCollector<'_>) {
+    models.check_fallbacks();
+    if !models.is_defined("primary") {
+        w.problem(
+            "models",
+            "no model named \"primary\" is defined; define [models.primary] in a provider file listed in [providers] load, or inline in this file",
+        );
+    }
+    // ElevenLabs models speak (`[voice] tts_model`); they cannot answer a message.
+    for name in ["primary"] {
+        if models.kind_of(name) == Some(super::types::ProviderKind::ElevenLabs) {
+            w.problem(
+                "models",
+                format!(
+                    "model {name:?} has type = \"elevenlabs\", a speech-only provider; give {name:?} an anthropic or openai type and use the ElevenLabs model as [voice] tts_model"
+                ),
+            );
+        }
+    }
+}
+
 /// Walk every section of agentd.toml. Returns the config (meaningful only when no problem was
 /// recorded) and the problems found in provider files.
 fn walk(
@@ -121,24 +143,7 @@ fn walk(
         models.load_file(w, &providers.dir, i, name);
     }
     models.inline(root.section("models"));
-    models.check_fallbacks();
-    if !models.is_defined("primary") {
-        w.problem(
-            "models",
-            "no model named \"primary\" is defined; define [models.primary] in a provider file listed in [providers] load, or inline in this file",
-        );
-    }
-    // ElevenLabs models speak (`[voice] tts_model`); they cannot answer a message.
-    for name in ["primary"] {
-        if models.kind_of(name) == Some(super::types::ProviderKind::ElevenLabs) {
-            w.problem(
-                "models",
-                format!(
-                    "model {name:?} has type = \"elevenlabs\", a speech-only provider; give {name:?} an anthropic or openai type and use the ElevenLabs model as [voice] tts_model"
-                ),
-            );
-        }
-    }
+    check_primary(w, &mut models);
     let routing = routing(&mut root, &models);
 
     let telegram = channels::telegram(&mut root);

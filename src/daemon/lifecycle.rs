@@ -152,10 +152,14 @@ pub async fn shutdown(s: Services, tasks: Tasks, notifier: &Notifier) {
     tracing::debug!(states = idle, "snapshots of idle sessions queued");
     // The index is written in the background too (`session::IndexWriter`); a stop leaves it
     // on disk, so the next start has nothing to repair.
+    // So is `monitor.json`: flushed here, not left to the last handle's drop, which a task
+    // still holding one (a connection, a live view) would put off past the exit.
     let store = s.store.clone();
+    let monitor = s.monitor.clone();
     let _ = tokio::task::spawn_blocking(move || {
         store.flush_index();
         store.flush_snapshots();
+        monitor.flush();
     })
     .await;
     if s.cfg.fifo.enabled {

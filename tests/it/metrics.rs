@@ -210,13 +210,15 @@ fn metrics_of_the_real_daemon_parse_with_the_prometheus_parser() {
         ("agentd_deliveries", "counter"),
         ("agentd_webhooks", "counter"),
         ("agentd_backups", "counter"),
+        // The request without the token above, counted as kind `http_auth`.
+        ("agentd_errors", "counter"),
         ("agentd_message_duration_seconds", "histogram"),
         ("agentd_session_slot_wait_seconds", "histogram"),
         ("agentd_llm_call_duration_seconds", "histogram"),
     ]
     .into_iter()
     .collect();
-    // No error happened, and a labelled family has no samples before its first count.
+    // A labelled family has no samples before its first count.
     assert_eq!(kinds, expected, "{text}");
     assert_eq!(
         sample(
@@ -226,6 +228,15 @@ fn metrics_of_the_real_daemon_parse_with_the_prometheus_parser() {
         ),
         Some(0.0),
         "known statuses are sampled from the start"
+    );
+    assert_eq!(
+        sample(
+            f("agentd_errors"),
+            "agentd_errors_total",
+            &[("kind", "http_auth")]
+        ),
+        Some(1.0),
+        "the request without the token is counted: {text}"
     );
 
     assert_eq!(

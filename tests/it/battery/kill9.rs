@@ -619,6 +619,12 @@ fn kill9_cycles_lose_nothing_acknowledged_and_repeat_nothing() {
             })
             .then_some(())
     });
+    // The poll after the last finished update confirms it to Telegram.
+    wait_until(
+        Duration::from_secs(60),
+        "every Telegram update confirmed",
+        || b.tg.pending_update_ids().is_empty().then_some(()),
+    );
     assert!(b.d.sigterm().success(), "graceful stop");
     let report = b.check(&format!("at the end (seed {seed})"), true);
     assert!(
