@@ -44,6 +44,8 @@ pub enum Source {
     /// A system event: `agent-send --system`, a notification, a `[[schedule]]` system entry.
     System,
     Telegram,
+    /// A Matrix room message (SPEC §21).
+    Matrix,
     /// `POST /api/v1/chat`.
     Http,
     /// The OpenAI- and Anthropic-compatible endpoints (SPEC §17).
@@ -62,6 +64,7 @@ impl Source {
             Source::User => "user",
             Source::System => "system",
             Source::Telegram => "telegram",
+            Source::Matrix => "matrix",
             Source::Http => "http",
             Source::Api => "api",
             Source::Terminal => "terminal",
@@ -417,6 +420,7 @@ mod tests {
             Source::User,
             Source::System,
             Source::Telegram,
+            Source::Matrix,
             Source::Http,
             Source::Terminal,
             Source::Scheduler,

@@ -89,6 +89,7 @@ impl DynamicContext<'_> {
     pub fn render(&self) -> String {
         let framing = match self.source {
             "telegram" => "a Telegram chat message; your reply is sent to that chat.",
+            "matrix" => "a Matrix room message; your reply is sent to that room.",
             "user" => {
                 "a message sent with agent-send; your reply is recorded in the session trail (and sent by Telegram if the sender is a contact)."
             }

@@ -6,5 +6,6 @@ pub mod commands;
 pub mod fifo;
 pub mod fifo_intake;
 pub mod intake;
+pub mod matrix;
 pub mod telegram;
 pub mod terminal;

@@ -19,7 +19,7 @@ use super::{channels, mcp, schedule, sections, tools};
 /// Source names allowed as keys of `[routing]` (SPEC §3, §5): the message sources plus
 /// `vision` (used when a message carries an image).
 pub const ROUTING_SOURCES: &[&str] = &[
-    "telegram", "user", "system", "http", "api", "terminal", "vision",
+    "telegram", "matrix", "user", "system", "http", "api", "terminal", "vision",
 ];
 
 /// Where the process environment comes from.
@@ -147,6 +147,7 @@ fn walk(
     let routing = routing(&mut root, &models);
 
     let telegram = channels::telegram(&mut root);
+    let matrix = super::matrix::matrix(&mut root);
     let fifo = channels::fifo(&mut root, config_dir, &state_dir);
     let http = channels::http(&mut root);
     let behavior = sections::behavior(&mut root);
@@ -211,6 +212,7 @@ fn walk(
         fifo,
         http,
         telegram,
+        matrix,
         behavior,
         budget,
         approvals,

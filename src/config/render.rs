@@ -83,6 +83,9 @@ fn derived(cfg: &Config, path: &str) -> Option<(&'static str, String)> {
     let t = &cfg.tools;
     Some(match path {
         "channel.telegram.token_env" => ("token", secret(&cfg.telegram.token)),
+        "matrix.token_env" => ("token", secret(&cfg.matrix.token)),
+        "matrix.password_env" => ("password", secret(&cfg.matrix.password)),
+        "matrix.recovery_key_env" => ("recovery_key", secret(&cfg.matrix.recovery_key)),
         "http.token_env" => ("token", secret(&cfg.http.token)),
         "http.callback_token_env" => ("callback_token", secret(&cfg.http.callback_token)),
         "tools.web_search.base_url" => ("web_search.key", secret(&t.web_search_key)),

@@ -11,6 +11,7 @@ impl Config {
     pub fn url_values(&self) -> Vec<&str> {
         let mut urls = vec![
             self.telegram.api_url.as_str(),
+            self.matrix.homeserver.as_str(),
             self.http.callback_url.as_str(),
             self.tools.web_search_base_url.as_str(),
         ];
@@ -32,6 +33,9 @@ impl Config {
     pub fn secrets_to_scrub(&self) -> Vec<String> {
         let mut out: Vec<String> = [
             &self.telegram.token,
+            &self.matrix.token,
+            &self.matrix.password,
+            &self.matrix.recovery_key,
             &self.http.token,
             &self.http.callback_token,
             &self.tools.web_search_key,

@@ -27,6 +27,8 @@ pub struct Config {
     pub fifo: FifoConfig,
     pub http: HttpConfig,
     pub telegram: TelegramConfig,
+    /// `[matrix]` (SPEC §21).
+    pub matrix: super::matrix::MatrixConfig,
     pub behavior: BehaviorConfig,
     pub budget: BudgetConfig,
     /// `[approvals]` (SPEC §18.1).

@@ -38,7 +38,7 @@ pub trait OpenChannel: Send + Sync {
 }
 
 /// Every chat channel, in the order a contact name is looked up.
-pub const CHANNELS: &[ChatChannel] = &[super::telegram::CHANNEL];
+pub const CHANNELS: &[ChatChannel] = &[super::telegram::CHANNEL, super::matrix::CHANNEL];
 
 /// The channels turned on for this run, opened.
 pub struct Opened {

@@ -14,6 +14,7 @@ pub mod http_backend;
 pub mod idle;
 pub mod intake;
 pub mod lifecycle;
+pub mod matrix;
 pub mod mcp_backend;
 pub mod notify;
 pub mod pidlock;

@@ -78,6 +78,9 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
     if cfg.telegram.enabled {
         out.push(telegram(cfg).await);
     }
+    if cfg.matrix.enabled {
+        out.push(matrix(cfg).await);
+    }
     if !cfg.mcp_servers.is_empty() {
         out.extend(mcp::servers(cfg).await);
     }
@@ -150,6 +153,16 @@ async fn telegram(cfg: &Config) -> Check {
         ),
         Ok(Err(e)) => check("telegram getMe", Status::Fail, e.to_string()),
         Err(_) => check("telegram getMe", Status::Fail, "no answer in 10 s"),
+    }
+}
+
+/// Matrix (SPEC §21): the homeserver answers and the token is valid (`whoami`).
+async fn matrix(cfg: &Config) -> Check {
+    let probe = crate::channels::matrix::client::probe(&cfg.matrix, &cfg.paths.state_dir);
+    match tokio::time::timeout(Duration::from_secs(10), probe).await {
+        Ok(Ok(detail)) => check("matrix whoami", Status::Pass, detail),
+        Ok(Err(e)) => check("matrix whoami", Status::Fail, e),
+        Err(_) => check("matrix whoami", Status::Fail, "no answer in 10 s"),
     }
 }
 

@@ -360,6 +360,17 @@ pub struct Window {
     pub strict: bool,
 }
 
+tokio::task_local! {
+    static SEND_KEY: String;
+}
+
+/// The key of the delivery part being sent by [`Outbox::deliver`] (its session, intake ids and
+/// part number), the same on every try of that part: a channel whose sends are idempotent by a
+/// key of the caller's derives it from this (Matrix's transaction ids). `None` outside it.
+pub fn send_key() -> Option<String> {
+    SEND_KEY.try_with(Clone::clone).ok()
+}
+
 /// First backoff wait; it doubles per try up to [`MAX_BACKOFF`], jittered.
 const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -616,8 +627,9 @@ impl Outbox<'_> {
                 return out;
             }
             let what = format!("{} delivery to {}", self.session.id, self.target.channel);
+            let key = format!("{}/{}#{i}", self.session.id, self.ids.join(","));
             match send_with_retry(
-                || piece.send(self.out, self.target),
+                || Box::pin(SEND_KEY.scope(key.clone(), piece.send(self.out, self.target))),
                 self.window.until,
                 self.abort,
                 &what,

@@ -439,6 +439,16 @@ fn only_channels_telegram_names_teloxide() {
 }
 
 #[test]
+fn only_channels_matrix_names_matrix_sdk() {
+    check(Rule {
+        what: "`matrix_sdk` / `ruma`",
+        why: "one module knows the Matrix client (docs/ARCHITECTURE.md invariant 6)",
+        allowed: &["src/channels/matrix/"],
+        matches: &any_token(&["matrix_sdk", "ruma"]),
+    });
+}
+
+#[test]
 fn only_tools_mcp_and_api_mcp_name_rmcp() {
     check(Rule {
         what: "`rmcp`",

@@ -1,4 +1,4 @@
-//! `[channel.telegram]`, `[fifo]` and `[http]`.
+//! `[channel.telegram]`, `[matrix]`, `[fifo]` and `[http]`.
 
 use std::time::Duration;
 
@@ -36,6 +36,47 @@ config_keys! {
         TG_FORMAT: "channel.telegram" "format", OneOf<TelegramFormat> = OneOf(&[("html", TelegramFormat::Html), ("plain", TelegramFormat::Plain)]),
             default(TelegramFormat::Html), restart, telegram.format,
             "`\"html\"`: Markdown rendered as Telegram HTML, a part Telegram rejects is resent as its raw text; `\"plain\"`: the reply text is sent as is";
+    ]
+}
+
+config_keys! {
+    MATRIX = [
+        MX_HOMESERVER: "matrix" "homeserver", Url = Url { empty_ok: true },
+            default(String::new()), restart, matrix.homeserver,
+            "the homeserver's client API URL (`https://matrix.example.org`); setting it turns the Matrix channel on (SPEC §21, docs/matrix.md); empty = off";
+        MX_USER_ID: "matrix" "user_id", Str = TEXT,
+            default(String::new()), restart, matrix.user_id,
+            "the bot's user id, `@name:server`; required";
+        MX_DEVICE_ID: "matrix" "device_id", Str = TEXT,
+            default(String::new()), restart, matrix.device_id,
+            "the bot's device; empty = the device of the first login, kept in `<state_dir>/matrix/`";
+        MX_TOKEN_ENV: "matrix" "token_env", Str = WORD,
+            default("AGENTD_MATRIX_TOKEN".to_string()), restart, matrix.token_env,
+            "variable holding the bot's access token (one of it and `password_env` must be set)";
+        MX_PASSWORD_ENV: "matrix" "password_env", Str = WORD,
+            default("AGENTD_MATRIX_PASSWORD".to_string()), restart, matrix.password_env,
+            "variable holding the bot's password, used when no token is set: the first login's device and token are kept in `<state_dir>/matrix/` (0600), so a restart does not create a device";
+        MX_RECOVERY_KEY_ENV: "matrix" "recovery_key_env", Str = WORD,
+            default("AGENTD_MATRIX_RECOVERY_KEY".to_string()), restart, matrix.recovery_key_env,
+            "variable holding the account's recovery key: when set, the device recovers the cross-signing and backup keys at start and so is verified (docs/matrix.md)";
+        MX_ALLOW_FROM: "matrix" "allow_from", List<Str> = List(WORD),
+            default(Vec::new()), live, matrix.allow_from,
+            "user ids allowed to talk to the bot and to invite it (`@alice:example.org`; `@alice:*` allows any server); empty = nobody. Invites from others are declined and logged";
+        MX_ROOMS: "matrix" "rooms", List<Str> = List(WORD),
+            default(Vec::new()), live, matrix.rooms,
+            "room ids (`!abc:example.org`) the bot answers in; empty = any room an allowed user invited it to";
+        MX_CONTACTS: "matrix" "contacts", Map<Str> = Map(WORD),
+            default(Default::default()), live, matrix.contacts,
+            "`{ Name = \"@user:server\" or \"!room:server\" }`: where the `message` tool and scheduled messages reach a contact (a user id: the direct chat with that user)";
+        MX_ENCRYPTION: "matrix" "encryption", Bool = Bool,
+            default(true), restart, matrix.encryption,
+            "end-to-end encryption: encrypted rooms are read and answered encrypted; `false` ignores encrypted rooms";
+        MX_TEXT_CHUNK_LIMIT: "matrix" "text_chunk_limit", Int<usize> = Int::capped(16, 16_000, "; a Matrix event holds at most 64 KiB"),
+            default(8_000), restart, matrix.text_chunk_limit,
+            "replies are split into messages of at most this many characters";
+        MX_MAX_DOWNLOAD_BYTES: "matrix" "max_download_bytes", Int<u64> = Int::capped(1, 50 * 1024 * 1024, "; files are taken up to 50 MiB"),
+            default(50 * MIB), restart, matrix.max_download_bytes,
+            "size cap for images, files and audio taken into `inbox/` (by the declared and the actual size)";
     ]
 }
 

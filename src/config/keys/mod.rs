@@ -359,6 +359,7 @@ pub static TABLES: &[Table] = &[
     Table::Keys(agent::PROVIDERS),
     Table::Routing(&agent::ROUTING),
     Table::Keys(channels::TELEGRAM),
+    Table::Keys(channels::MATRIX),
     Table::Keys(channels::FIFO),
     Table::Keys(channels::HTTP),
     Table::Keys(channels::MCP_SERVE),

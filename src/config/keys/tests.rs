@@ -30,6 +30,7 @@ fn every_key() -> Fixture {
     for (k, v) in [
         ("EVERY_KEY", "sk-every"),
         ("EVERY_TG", "1:tg"),
+        ("EVERY_MX", "syt-every"),
         ("EVERY_HTTP", "http-token"),
         ("EVERY_CB", "cb-token"),
     ] {

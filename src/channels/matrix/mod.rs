@@ -1,0 +1,10 @@
+//! Matrix (SPEC §21), through `matrix-sdk`: end-to-end encryption, its SQLite stores in
+//! `state_dir/matrix/`. Only this module names `matrix_sdk` and `ruma`. [`address`] maps rooms
+//! to neutral addresses and derives transaction ids, [`inbound`] reads events (as JSON) into
+//! messages, [`client`] logs in and sends, [`sync`] is the sync loop with our persisted token.
+
+pub mod address;
+pub mod client;
+pub mod inbound;
+pub mod outbound;
+pub mod sync;
