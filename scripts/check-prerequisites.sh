@@ -17,7 +17,7 @@ need() { # need DESCRIPTION FIX CONDITION...
 }
 have() { command -v "$1"; }
 
-need "python3 (MCP reference server, SDK clients, A2A client, metrics parser)" \
+need "python3 (MCP reference server, SDK clients, A2A client, metrics parser, Synapse and matrix-nio)" \
   "apt-get install python3 python3-pip" have python3
 need "pip for python3" "apt-get install python3-pip" python3 -m pip --version
 need "node and npm (the MCP reference server @modelcontextprotocol/server-everything, the MCP Inspector)" \
