@@ -1,7 +1,160 @@
 //! The Matrix channel (SPEC §21, issue 34) end to end: the real daemon against a real Synapse
-//! (`support::synapse`), driven by matrix-nio users (`tests/it/matrix_client.py`).
+//! (`support::synapse`, one per test binary, every test with users of its own), driven by
+//! matrix-nio users (`tests/it/matrix_client.py`); the daemon reaches the homeserver through a
+//! fault proxy (`support::fault_proxy`), which records its requests and injects faults.
+//!
+//! - `chat`: DMs answered, strangers ignored and their invites declined, encrypted DMs,
+//!   `/model` and `/stop`, approvals by reaction, a password login's device kept;
+//! - `media`: an image, a file and a voice note reach the model;
+//! - `crash`: kill -9 between the recorded intake and the sync acknowledgement, and between
+//!   the delivery record and the send: answered exactly once; homeserver faults (5xx, 429 with
+//!   `retry_after_ms`, a connection dropped mid-sync, a revoked token).
+//!
+//! No fault point inside the daemon is needed: the kills are placed from outside (a held
+//! request at the proxy, a trigger that makes the sync position's save fail in `agentd.db`).
 
-use crate::support::synapse::synapse;
+mod chat;
+mod crash;
+mod media;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::daemon::TestDaemon;
+use crate::support::e2e::{agentd_toml, provider_toml};
+use crate::support::fake_llm::FakeLlm;
+use crate::support::fault_proxy::FaultProxy;
+use crate::support::synapse::{MatrixUser, synapse};
+use crate::support::wait_until;
+
+/// How long a test waits for one outcome in the daemon's files.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A test's world: the fake model, the bot's account, the proxy the daemon reaches the
+/// homeserver through, and the daemon (not started by [`World::new`]).
+struct World {
+    llm: FakeLlm,
+    bot: MatrixUser,
+    proxy: FaultProxy,
+    d: TestDaemon,
+}
+
+/// How the daemon logs in.
+#[derive(Clone, Copy, PartialEq)]
+enum Login {
+    Token,
+    Password,
+}
+
+impl World {
+    /// A daemon with `[matrix]` for a new bot account on the proxy, `allow_from = allow`,
+    /// `matrix` more lines of `[matrix]`, `sections` more sections, `providers` the provider
+    /// files (the first one is `fake`, on `llm`, when empty).
+    fn new(
+        llm: FakeLlm,
+        allow: &[&str],
+        matrix: &str,
+        sections: &str,
+        providers: &[(&str, String)],
+        login: Login,
+    ) -> World {
+        let hs = synapse();
+        let bot = hs.register("bot");
+        let proxy = FaultProxy::spawn(&hs.url());
+        let allow: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
+        let names: Vec<String> = providers.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+        let mut toml = agentd_toml("fake").replace(
+            "[behavior]",
+            &format!(
+                "[matrix]\nhomeserver = \"{}\"\nuser_id = \"{}\"\nallow_from = [{}]\n{matrix}\n\n{sections}\n[behavior]\ndebounce_ms = 50",
+                proxy.url(),
+                bot.user_id,
+                allow.join(", ")
+            ),
+        );
+        if !names.is_empty() {
+            toml = toml.replace(
+                r#"load = ["fake"]"#,
+                &format!("load = [{}]", names.join(", ")),
+            );
+        }
+        let default = [("fake", provider_toml("openai", &llm.base_url()))];
+        let files: Vec<(&str, &str)> = if providers.is_empty() {
+            default.iter().map(|(n, t)| (*n, t.as_str())).collect()
+        } else {
+            providers.iter().map(|(n, t)| (*n, t.as_str())).collect()
+        };
+        let mut d = TestDaemon::new(&toml, &files);
+        match login {
+            Login::Token => d.set_env("AGENTD_MATRIX_TOKEN", &bot.access_token),
+            Login::Password => d.set_env("AGENTD_MATRIX_PASSWORD", &bot.password),
+        }
+        World { llm, bot, proxy, d }
+    }
+
+    /// [`World::new`] with the token, one fake provider and no extra config, started.
+    fn started(llm: FakeLlm, allow: &[&str]) -> World {
+        let mut w = World::new(llm, allow, "", "", &[], Login::Token);
+        w.d.start();
+        w
+    }
+
+    /// A direct chat `user` opens with the bot (encrypted when `encrypted`), once the bot has
+    /// joined it.
+    fn dm(&self, user: &MatrixUser, encrypted: bool) -> String {
+        let room = user.create_dm(&[&self.bot.user_id], encrypted);
+        user.wait_membership(&room, &self.bot.user_id, "join");
+        room
+    }
+
+    /// The bot's `n`th message (from 1) in `room` as `user` reads it, once it is there.
+    fn nth_answer(&self, user: &MatrixUser, room: &str, n: usize) -> Value {
+        let got = user.wait_messages(room, &self.bot.user_id, n, None);
+        got[n - 1].clone()
+    }
+
+    /// The bot's first message in `room` whose body contains `needle`.
+    fn answer_containing(&self, user: &MatrixUser, room: &str, needle: &str) -> Value {
+        let got = user.wait_messages(room, &self.bot.user_id, 1, Some(needle));
+        got[0].clone()
+    }
+
+    /// The trail lines of the room's session (`mx:<room id>`).
+    fn trail(&self, room: &str) -> Vec<Value> {
+        self.d.trail(&format!("mx:{room}"))
+    }
+
+    /// The intake records of the room's session.
+    fn intakes(&self, room: &str) -> Vec<Value> {
+        self.trail(room)
+            .into_iter()
+            .filter(|l| l["type"] == "intake")
+            .collect()
+    }
+
+    /// Waits for the intake record of `event_id` (`mx-<event id>`).
+    fn wait_intake(&self, room: &str, event_id: &str) -> Value {
+        let id = format!("mx-{event_id}");
+        wait_until(WAIT, &format!("the intake of {id}"), || {
+            self.intakes(room).into_iter().find(|l| l["id"] == id)
+        })
+    }
+}
+
+/// The text the fake model was asked last in request `n` (0-based), once it arrived.
+fn asked(llm: &FakeLlm, n: usize) -> Value {
+    wait_until(WAIT, &format!("model request {}", n + 1), || {
+        llm.requests().get(n).cloned()
+    })
+}
+
+/// Whether any request to the fake model contains `needle`.
+fn model_saw(llm: &FakeLlm, needle: &str) -> bool {
+    llm.requests()
+        .iter()
+        .any(|r| r.to_string().contains(needle))
+}
 
 /// The harness alone, no agentd code: two nio users exchange an end-to-end encrypted direct
 /// message through the real homeserver, each reading the other's in clear.

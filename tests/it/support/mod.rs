@@ -11,6 +11,7 @@ pub mod fake_audio;
 pub mod fake_embed;
 pub mod fake_llm;
 pub mod fake_telegram;
+pub mod fault_proxy;
 pub mod llama;
 pub mod provider_spec;
 pub mod synapse;
