@@ -7,8 +7,9 @@
 //!   reaches the server), or reaches the server but its answer is withheld; the resend after
 //!   the restart carries the same transaction id (the server deduplicates);
 //! - 5xx, 429 with `retry_after_ms` and a connection dropped mid-body, on the sync that carries
-//!   the message and on the send of the answer;
-//! and a revoked token turns the channel red with one ERROR naming `AGENTD_MATRIX_TOKEN`, no
+//!   the message and on the send of the answer.
+//!
+//! And a revoked token turns the channel red with one ERROR naming `AGENTD_MATRIX_TOKEN`, no
 //! restart loop.
 
 use std::path::Path;

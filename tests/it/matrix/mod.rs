@@ -24,7 +24,7 @@ use serde_json::Value;
 use crate::support::daemon::TestDaemon;
 use crate::support::e2e::{agentd_toml, provider_toml};
 use crate::support::fake_llm::FakeLlm;
-use crate::support::fault_proxy::FaultProxy;
+use crate::support::fault_proxy::{Fault, FaultProxy, Rule};
 use crate::support::synapse::{MatrixUser, synapse};
 use crate::support::wait_until;
 
@@ -182,4 +182,66 @@ fn synapse_and_nio_selftest() {
     assert_eq!(got[0]["body"], "got it");
     assert_eq!(got[0]["event_id"], reply.as_str());
     assert_eq!(got[0]["type"], "m.room.encrypted");
+}
+
+/// The fault proxy alone, in front of the real homeserver: requests pass unchanged, and the
+/// rules' faults are served in order, once each (a 503, a 429 with `retry_after_ms`, a body
+/// cut short, a request held until released).
+#[test]
+fn fault_proxy_selftest() {
+    use crate::battery::http;
+    let proxy = FaultProxy::spawn(&synapse().url());
+    let port = proxy.port();
+    let versions = "/_matrix/client/versions";
+    let (status, body) = http(port, "GET", versions, None, None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let full: Value = serde_json::from_str(&body).unwrap();
+    assert!(full["versions"].is_array(), "{full}");
+
+    proxy.inject(Rule::new("GET", versions, Fault::Status(503), 1));
+    proxy.inject(Rule::new(
+        "GET",
+        versions,
+        Fault::RateLimited {
+            retry_after_ms: 1500,
+        },
+        1,
+    ));
+    proxy.inject(Rule::new("GET", versions, Fault::DropMidBody, 1).answering("versions"));
+    let (status, body) = http(port, "GET", versions, None, None).unwrap();
+    assert_eq!(status, 503, "{body}");
+    let (status, body) = http(port, "GET", versions, None, None).unwrap();
+    assert_eq!(status, 429);
+    let limited: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(limited["errcode"], "M_LIMIT_EXCEEDED");
+    assert_eq!(limited["retry_after_ms"], 1500);
+    match http(port, "GET", versions, None, None) {
+        Ok((status, body)) => {
+            assert_eq!(status, 200);
+            assert!(
+                serde_json::from_str::<Value>(&body).is_err(),
+                "cut short: {body}"
+            );
+        }
+        Err(e) => eprintln!("the cut connection: {e}"),
+    }
+    let (_, again) = http(port, "GET", versions, None, None).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&again).unwrap(),
+        full,
+        "passed unchanged"
+    );
+    assert_eq!(proxy.pending(), 0);
+
+    proxy.inject(Rule::new("GET", versions, Fault::Hold, 1));
+    let held = std::thread::spawn(move || http(port, "GET", versions, None, None));
+    wait_until(WAIT, "the request held", || {
+        (proxy.served(&Fault::Hold) == 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!held.is_finished(), "held until released");
+    proxy.release();
+    assert_eq!(held.join().unwrap().unwrap().0, 200);
+    let seen = proxy.seen_matching("GET", versions);
+    assert_eq!(seen.len(), 6, "{seen:#?}");
 }

@@ -152,6 +152,11 @@ impl FaultProxy {
         format!("http://{}", self.addr)
     }
 
+    /// The proxy's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     /// Adds a rule (rules are tried in the order they were added).
     pub fn inject(&self, rule: Rule) {
         self.shared.rules.lock().unwrap().push(rule);
