@@ -17,9 +17,12 @@ need() { # need DESCRIPTION FIX CONDITION...
 }
 have() { command -v "$1"; }
 
-need "python3 (MCP reference server, SDK clients, A2A client, metrics parser)" \
+need "python3 (MCP reference server, SDK clients, A2A client, metrics parser, Synapse and matrix-nio)" \
   "apt-get install python3 python3-pip" have python3
 need "pip for python3" "apt-get install python3-pip" python3 -m pip --version
+need "python3 3.10 or later (the Synapse homeserver of the Matrix tests)" \
+  "install Python 3.10 or later (Debian 12: apt-get install python3)" \
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))'
 need "node and npm (the MCP reference server @modelcontextprotocol/server-everything, the MCP Inspector)" \
   "apt-get install nodejs npm" have npm
 need "systemd-analyze (the units are checked offline)" "apt-get install systemd" have systemd-analyze

@@ -19,13 +19,16 @@
 # SDK (PyPI `mcp`, into DEST/mcpclients/py) and the MCP Inspector (npm, into
 # DEST/mcpclients/npm). The part `browser` installs Debian's `chromium` and `chromium-driver`
 # (apt-get, as root) and PyPI `selenium` (into DEST/browser/py), which tests/it/console.rs
-# drives against the web console. Idempotent: an existing install
+# drives against the web console. The part `synapse` adds a real Matrix homeserver and a Matrix
+# client with end-to-end encryption (PyPI `matrix-synapse` and `matrix-nio[e2e]`, whose crypto is
+# the vodozemac wheel, no libolm; into DEST/synapse), which tests/it/matrix.rs starts and drives
+# (tests/it/support/synapse.rs, tests/it/matrix_client.py). Idempotent: an existing install
 # is kept, so once installed the tests run offline.
 set -euo pipefail
-dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|a2a|mcpclients|browser]...}"
+dest="${1:?usage: install-test-peers.sh DEST [mcp|sdk|metrics|llama|llama-real|clients|a2a|mcpclients|browser|synapse]...}"
 shift || true
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients a2a mcpclients browser)
+[ ${#parts[@]} -eq 0 ] && parts=(mcp sdk metrics llama clients a2a mcpclients browser synapse)
 mkdir -p "$dest"
 dest="$(cd "$dest" && pwd)"
 # Tests run in parallel: one install at a time into DEST.
@@ -246,6 +249,15 @@ for part in "${parts[@]}"; do
         touch "$dest/browser/.done"
       fi
       ;;
+    synapse)
+      # Pinned: the tests depend on Synapse's admin registration API and config layout, and
+      # on nio's E2EE (0.26 uses vodozemac). Installed together so pip resolves one set.
+      if [ ! -f "$dest/synapse/.done" ]; then
+        python3 -m pip install --quiet --disable-pip-version-check --target "$dest/synapse" \
+          'matrix-synapse==1.163.2' 'matrix-nio[e2e]==0.26.0'
+        touch "$dest/synapse/.done"
+      fi
+      ;;
     llama-real)
       if [ ! -f "$dest/llama-real/.done" ]; then
         install_llama_real "$dest/llama-real"
@@ -253,7 +265,7 @@ for part in "${parts[@]}"; do
       fi
       ;;
     *)
-      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients, a2a, mcpclients or browser)" >&2
+      echo "install-test-peers.sh: unknown part $part (mcp, sdk, metrics, llama, llama-real, clients, a2a, mcpclients, browser or synapse)" >&2
       exit 2
       ;;
   esac

@@ -34,6 +34,7 @@ mod local_behaviour;
 mod local_model;
 mod local_replay;
 mod markdown_corpus;
+mod matrix;
 mod mcp;
 mod mcp_hostile;
 mod mcp_live;

@@ -636,7 +636,7 @@ pub fn copy_dir_recursive(src: &Path, dst: &Path) {
 
 /// Spawns `cmd` (stdout/stderr piped by the caller) and collects its output; kills it and
 /// panics after `timeout`.
-fn run_with_timeout(mut cmd: Command, timeout: Duration, what: &str) -> Output {
+pub fn run_with_timeout(mut cmd: Command, timeout: Duration, what: &str) -> Output {
     let child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot spawn {what}: {e}"));

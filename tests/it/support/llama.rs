@@ -194,7 +194,7 @@ impl LlamaServer {
                 self.child = None;
                 return Err(format!("exited before it was ready ({status})"));
             }
-            if health(self.port) == Some(200) {
+            if super::get_status(self.port, "/health") == Some(200) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -223,16 +223,4 @@ impl Drop for LlamaServer {
         }
         self.kill();
     }
-}
-
-/// The status of `GET /health`, or `None` while nothing answers.
-fn health(port: u16) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split(' ').nth(1)?.parse().ok()
 }

@@ -11,8 +11,10 @@ pub mod fake_audio;
 pub mod fake_embed;
 pub mod fake_llm;
 pub mod fake_telegram;
+pub mod fault_proxy;
 pub mod llama;
 pub mod provider_spec;
+pub mod synapse;
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +26,21 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("listener has no address")
         .port()
+}
+
+/// The status of `GET <path>` on 127.0.0.1:`port` (HTTP/1.1, no client library), or `None`
+/// while nothing answers there: for a peer's health check while it starts.
+pub fn get_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split(' ').nth(1)?.parse().ok()
 }
 
 /// Polls `f` every 20 ms until it returns `Some`, for at most `timeout`; panics naming `what`.
@@ -42,7 +59,7 @@ pub fn wait_until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
 }
 
 /// Installs `part` of the real test peers (`scripts/install-test-peers.sh`: `mcp`, `sdk`,
-/// `metrics`, `llama`, `clients`, `a2a`) once per target dir and returns the peers' directory; panics naming `needs`
+/// `metrics`, `llama`, `clients`, `a2a`, `synapse`, …) once per target dir and returns the peers' directory; panics naming `needs`
 /// (what the install needs) when it fails. Installs run one at a time: they share the
 /// directory.
 pub fn test_peers(part: &str, needs: &str) -> std::path::PathBuf {
