@@ -111,7 +111,7 @@ fn check(s: &Section<'_>, cfg: &MatrixConfig) {
         }
     }
     for (i, r) in cfg.rooms.iter().enumerate() {
-        if !is_id(r, '!', false) {
+        if !is_room_id(r) {
             s.problem(
                 &format!("rooms[{i}]"),
                 format!(
@@ -121,13 +121,22 @@ fn check(s: &Section<'_>, cfg: &MatrixConfig) {
         }
     }
     for (name, to) in &cfg.contacts {
-        if !is_id(to, '@', false) && !is_id(to, '!', false) {
+        if !is_id(to, '@', false) && !is_room_id(to) {
             s.problem(
                 &format!("contacts.{name}"),
                 format!("{to:?} is neither a user id (\"@name:server\") nor a room id (\"!opaque:server\")"),
             );
         }
     }
+}
+
+/// Whether `s` is a room id: `!opaque:server`, or `!opaque` (room version 12).
+pub fn is_room_id(s: &str) -> bool {
+    is_id(s, '!', false)
+        || (s.len() > 1
+            && s.starts_with('!')
+            && !s.contains([':', '*'])
+            && !s.chars().any(char::is_whitespace))
 }
 
 /// Whether `s` is `<sigil>local:server` (a room or user id); with `glob`, the server part may
@@ -212,5 +221,7 @@ mod tests {
         assert!(!is_id("@alice", '@', true));
         assert!(!is_id("@al ice:x", '@', true));
         assert!(!is_id("!abc:example.org", '@', true));
+        assert!(super::is_room_id("!v12opaque") && super::is_room_id("!a:x"));
+        assert!(!super::is_room_id("#alias:x") && !super::is_room_id("!"));
     }
 }

@@ -30,9 +30,15 @@ pub fn target(to: &Address) -> Result<&str, String> {
     if to.channel != CHANNEL {
         return Err(format!("{to} is not a Matrix room"));
     }
-    if !(to.chat.starts_with('!') || to.chat.starts_with('@')) || !to.chat.contains(':') {
+    // Room ids of room version 12 have no server part (`!opaque`); user ids always do.
+    let ok = match to.chat.chars().next() {
+        Some('!') => to.chat.len() > 1,
+        Some('@') => to.chat.contains(':'),
+        _ => false,
+    };
+    if !ok {
         return Err(format!(
-            "{to} is not a Matrix room (a room id is \"!opaque:server\")"
+            "{to} is not a Matrix room (a room id is \"!opaque\" or \"!opaque:server\")"
         ));
     }
     Ok(&to.chat)
@@ -109,6 +115,11 @@ mod tests {
         let room = address("!abc:example.org");
         assert_eq!(room, Address::new("matrix", "!abc:example.org"));
         assert_eq!(target(&room), Ok("!abc:example.org"));
+        assert_eq!(
+            target(&address("!v12opaque")),
+            Ok("!v12opaque"),
+            "room version 12"
+        );
         assert!(
             target(&Address::new("telegram", "1"))
                 .unwrap_err()

@@ -20,7 +20,7 @@ use tokio::sync::OnceCell;
 
 use super::address::{target, txn_id};
 use super::client::{MxClient, MxError, REQUEST_TIMEOUT};
-use crate::channels::telegram::format::markdown_to_html;
+use crate::channels::telegram::format::{markdown_to_html, strip_to_plain};
 use crate::channels::telegram::split::split_message;
 use crate::tools::outbound::{Address, FileKind, Outbound, PartError, send_key};
 
@@ -86,6 +86,18 @@ fn txn(kind: &str) -> OwnedTransactionId {
     id.into()
 }
 
+/// A part's `formatted_body`: Telegram's renderer (its text is escaped, so every `<` left is
+/// one of its tags), with the tags Matrix recommends for bold, italic and strike-through.
+pub fn html(part: &str) -> String {
+    markdown_to_html(part)
+        .replace("<b>", "<strong>")
+        .replace("</b>", "</strong>")
+        .replace("<i>", "<em>")
+        .replace("</i>", "</em>")
+        .replace("<s>", "<del>")
+        .replace("</s>", "</del>")
+}
+
 /// The MIME type of a file sent as `kind`, from its extension.
 pub fn mime_of(path: &Path, kind: FileKind) -> &'static str {
     let ext = path
@@ -123,7 +135,7 @@ impl MxOutbound {
     /// Send one text part; the event id.
     pub async fn text(&self, to: &Address, part: &str, kind: &str) -> Result<String, PartError> {
         let room = self.room(to).await?;
-        let content = RoomMessageEventContent::text_html(part, markdown_to_html(part));
+        let content = RoomMessageEventContent::text_html(strip_to_plain(part), html(part));
         let sent = room.send(content).with_transaction_id(txn(kind)).await;
         let id = sent
             .map_err(|e| part_error(e.into()))?
@@ -267,6 +279,16 @@ impl Outbound for MxOutbound {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formatted_bodies_use_matrix_tags() {
+        assert_eq!(
+            html("Hello **Alice**, *b* ~~c~~"),
+            "Hello <strong>Alice</strong>, <em>b</em> <del>c</del>"
+        );
+        assert_eq!(html("a <b> tag"), "a &lt;b&gt; tag");
+        assert_eq!(strip_to_plain("Hello **Alice**!"), "Hello Alice!");
+    }
 
     #[test]
     fn mime_types_follow_the_extension() {
