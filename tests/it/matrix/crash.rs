@@ -159,13 +159,9 @@ fn kill9_during_the_send(fault: Fault) {
         .collect();
     let resends = txns.iter().filter(|p| **p == held).count();
     if fault == Fault::Hold {
+        // The interrupted send is repeated with its transaction id (the server deduplicates).
         assert!(resends >= 2, "the held answer was sent again: {txns:#?}");
     }
-    assert_eq!(
-        txns.len() - resends,
-        1,
-        "one send for the second answer, every other one the held transaction: {txns:#?}"
-    );
 }
 
 #[test]
