@@ -118,8 +118,8 @@ fn kill9_between_the_recorded_intake_and_the_sync_acknowledgement_answers_once()
 }
 
 /// Kill -9 while the answer's send is held at the proxy (`fault`: before or after the server
-/// saw it); after the restart the answer is in the room exactly once, and every send of it
-/// carried the same transaction id.
+/// saw it); after the restart the answer is in the room exactly once, and a send that never
+/// reached the server is repeated with its transaction id.
 fn kill9_during_the_send(fault: Fault) {
     let alice = synapse().register("alice");
     let llm = FakeLlm::spawn(Wire::OpenAi);
