@@ -32,7 +32,13 @@ fn an_allowed_users_dm_is_answered_and_a_strangers_gets_nothing() {
     mallory.send_text(&room, "mallory wants in");
     let hi = alice.send_text(&room, "hi bot");
     let answer = w.nth_answer(&alice, &room, 1);
-    assert_eq!(answer["body"], "Hello Alice!", "{answer:#?}");
+    // `body` is the plain fallback (the Markdown source is fine there, as Element sends it).
+    assert!(
+        answer["body"]
+            .as_str()
+            .is_some_and(|b| b.contains("Hello") && b.contains("Alice")),
+        "{answer:#?}"
+    );
     assert!(
         answer["formatted_body"]
             .as_str()
