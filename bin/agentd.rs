@@ -314,14 +314,18 @@ fn run(cfg: agentd::config::Config, opts: agentd::daemon::RunOptions) -> ExitCod
         nix::libc::mallopt(nix::libc::M_MMAP_THRESHOLD, 128 * 1024);
         nix::libc::mallopt(nix::libc::M_TRIM_THRESHOLD, 256 * 1024);
     }
-    let _guard =
-        match agentd::telemetry::init(&cfg, opts.terminal, agentd::tools::mcp::QUIET_LOG_TARGETS) {
-            Ok(g) => g,
-            Err(e) => {
-                eprintln!("agentd: {e}");
-                return ExitCode::from(1);
-            }
-        };
+    let quiet = [
+        agentd::tools::mcp::QUIET_LOG_TARGETS,
+        agentd::channels::matrix::QUIET_LOG_TARGETS,
+    ]
+    .concat();
+    let _guard = match agentd::telemetry::init(&cfg, opts.terminal, &quiet) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("agentd: {e}");
+            return ExitCode::from(1);
+        }
+    };
     for w in &cfg.warnings {
         tracing::warn!(key = %w.key, "{}", w.message);
     }

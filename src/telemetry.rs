@@ -137,12 +137,12 @@ const LOG_BUFFER_LINES: usize = 8192;
 /// Keep the returned guard alive until exit: dropping it flushes the file writer. With
 /// `quiet_stderr` (the terminal channel of `agentd chat`) only warnings reach stderr.
 ///
-/// `quiet_targets`: library targets logged at `error` only unless the filter names them
-/// (`tools::mcp::QUIET_LOG_TARGETS`).
+/// `quiet_targets`: library targets capped at a level (`(target, level)`) unless the filter
+/// names them (`tools::mcp::QUIET_LOG_TARGETS`, `channels::matrix::QUIET_LOG_TARGETS`).
 pub fn init(
     cfg: &Config,
     quiet_stderr: bool,
-    quiet_targets: &[&str],
+    quiet_targets: &[(&str, &str)],
 ) -> Result<Option<WorkerGuard>, String> {
     crate::redact::register(cfg.secrets_to_scrub());
     let filter = std::env::var("AGENTD_LOG")
@@ -225,13 +225,14 @@ pub fn init_cli() {
         .try_init();
 }
 
-/// `filter` with each of `targets` at `error` unless the filter names it itself (a library
-/// that logs what a peer sends at `info` would let the peer fill the log; docs/security.md).
-fn with_quiet_targets(filter: &str, targets: &[&str]) -> String {
+/// `filter` with each of `targets` (`(target, level)`) capped at its level unless the filter
+/// names it itself (a library that logs what a peer sends at `info` would let the peer fill
+/// the log; docs/security.md).
+fn with_quiet_targets(filter: &str, targets: &[(&str, &str)]) -> String {
     let mut out = filter.to_string();
-    for t in targets {
+    for (t, level) in targets {
         if !filter.contains(t) {
-            out.push_str(&format!(",{t}=error"));
+            out.push_str(&format!(",{t}={level}"));
         }
     }
     out
@@ -433,11 +434,34 @@ mod cap_tests {
 
     #[test]
     fn quiet_targets_are_quiet_unless_named() {
-        assert_eq!(with_quiet_targets("info", &["lib"]), "info,lib=error");
+        let lib = [("lib", "error")];
+        assert_eq!(with_quiet_targets("info", &lib), "info,lib=error");
         assert_eq!(
-            with_quiet_targets("debug,lib=debug", &["lib"]),
+            with_quiet_targets("debug,lib=debug", &lib),
             "debug,lib=debug"
         );
+    }
+
+    /// matrix-sdk and ruma log at `info` what the homeserver sends (every sync, every key
+    /// share): capped at `warn` unless the filter names them, in every crate of theirs.
+    #[test]
+    fn matrix_sdk_and_ruma_are_capped_at_warn_unless_named() {
+        use tracing::Level;
+        let quiet = crate::channels::matrix::QUIET_LOG_TARGETS;
+        let f = parse_filter(&with_quiet_targets("info", quiet)).unwrap();
+        for t in [
+            "matrix_sdk::sync",
+            "matrix_sdk_crypto::machine",
+            "ruma_common",
+        ] {
+            assert!(!f.would_enable(t, &Level::INFO), "{t}");
+            assert!(f.would_enable(t, &Level::WARN), "{t}");
+        }
+        assert!(f.would_enable("agentd::channels::matrix", &Level::INFO));
+        let named = with_quiet_targets("info,matrix_sdk_crypto=debug", quiet);
+        let f = parse_filter(&named).unwrap();
+        assert!(f.would_enable("matrix_sdk_crypto::machine", &Level::DEBUG));
+        assert!(!f.would_enable("ruma_common", &Level::INFO));
     }
 }
 

@@ -671,6 +671,9 @@ mod tests {
         fail: std::sync::atomic::AtomicUsize,
         /// Every try, failed ones included.
         tries: std::sync::atomic::AtomicUsize,
+        /// Whether its sends are idempotent by the send key (as Matrix's), and the keys seen.
+        idempotent: bool,
+        keys: std::sync::Mutex<Vec<Option<String>>>,
     }
 
     fn chunks(size: usize) -> Chunks {
@@ -680,6 +683,8 @@ mod tests {
             flood: None,
             fail: Default::default(),
             tries: Default::default(),
+            idempotent: false,
+            keys: Default::default(),
         }
     }
 
@@ -716,7 +721,12 @@ mod tests {
                 });
             }
             self.sent.lock().unwrap().push(part.to_string());
-            Box::pin(async { Ok(()) })
+            Box::pin(async {
+                // Inside the future: the key is scoped around its polling.
+                let key = crate::tools::outbound::send_key();
+                self.keys.lock().unwrap().push(key);
+                Ok(())
+            })
         }
         fn send_file<'a>(
             &'a self,
@@ -736,6 +746,9 @@ mod tests {
         }
         fn attempt_timeout(&self) -> Duration {
             Duration::from_secs(1)
+        }
+        fn idempotent_sends(&self, _to: &Address) -> bool {
+            self.idempotent
         }
         fn typing<'a>(&'a self, _to: &'a Address) -> futures::future::BoxFuture<'a, ()> {
             Box::pin(async {})
@@ -903,6 +916,48 @@ mod tests {
         )
         .await;
         assert!(out.sent.lock().unwrap().is_empty());
+    }
+
+    /// On a channel whose sends are idempotent by the send key (Matrix), a part `attempt`ed
+    /// before a restart is sent again with the key it had, so the delivery completes `done`
+    /// with no notice; on any other channel (Telegram) it is skipped, at most once.
+    #[tokio::test]
+    async fn an_attempted_part_is_sent_again_only_where_sends_are_idempotent() {
+        let d = tempfile::tempdir().unwrap();
+        let h = session(&d);
+        let policy = RetryPolicy {
+            within: Duration::from_secs(1),
+            abort: CancellationToken::new(),
+        };
+        let begun = Progress {
+            sent: [0].into(),
+            attempted: [1].into(),
+            parts: Some(3),
+        };
+        let ids = ["m1".to_string()];
+        let resume = async |out: &Chunks, channel: &str| {
+            let to = Address::new(channel, "1");
+            let p = Some(&begun);
+            deliver_recorded(&h, out, &to, &ids, "abcdef", &policy, w(&policy), p).await
+        };
+        let telegram = chunks(2);
+        assert_eq!(
+            resume(&telegram, "telegram").await,
+            Some(DeliveryStatus::Unknown)
+        );
+        assert_eq!(telegram.sent.lock().unwrap()[0], "ef", "part 1 skipped");
+        let matrix = Chunks {
+            idempotent: true,
+            ..chunks(2)
+        };
+        assert_eq!(resume(&matrix, "matrix").await, Some(DeliveryStatus::Done));
+        assert_eq!(*matrix.sent.lock().unwrap(), ["cd", "ef"], "no notice");
+        let key = |i: usize| Some(format!("{}/m1#{i}", h.id));
+        assert_eq!(
+            *matrix.keys.lock().unwrap(),
+            [key(1), key(2)],
+            "the same keys"
+        );
     }
 
     /// The retry window counts from when the reply was recorded, not from when its lane

@@ -1,7 +1,8 @@
 //! Where replies go (SPEC §5.6) and what a trail says about their delivery (SPEC §5.2, §16.1):
 //! an `intent` before the first send, `attempt`/`sent` around each part, `done`, `failed` or
 //! `unknown` to close it. On restart a `sent` part is skipped, an `attempt`ed part without
-//! `sent` is never sent again, and the rest are sent.
+//! `sent` is never sent again (sent again with the same key where the channel's sends are
+//! idempotent: Matrix), and the rest are sent.
 
 use crate::agent::Work;
 use crate::control::Source;
@@ -366,7 +367,15 @@ mod tests {
         assert!(uncertain.is_empty());
         assert_eq!(todo.len(), 1, "{todo:?}");
         let p = todo[0].progress.clone().unwrap();
-        assert!(!p.todo(0) && !p.todo(1) && p.todo(2), "{p:?}");
+        assert!(
+            !p.todo(0, false) && !p.todo(1, false) && p.todo(2, false),
+            "{p:?}"
+        );
+        // A channel whose sends are idempotent sends the attempted part again, never a sent one.
+        assert!(
+            !p.todo(0, true) && p.todo(1, true) && p.todo(2, true),
+            "{p:?}"
+        );
     }
 
     #[test]

@@ -97,6 +97,13 @@ pub trait Outbound: Send + Sync {
     fn serves(&self, _channel: &str) -> bool {
         true
     }
+    /// Whether a repeated send of the same part to `to` with the same [`send_key`] cannot post
+    /// twice (the channel derives an idempotency key from it, as Matrix's transaction ids).
+    /// Then a part a restart left `attempt`ed without `sent` is sent again; otherwise it never
+    /// is (at most once, SPEC §5.2).
+    fn idempotent_sends(&self, _to: &Address) -> bool {
+        false
+    }
     /// Ask for approval `id` (SPEC §18.1) once: `text` with the choices *Approve* / *Always in
     /// this session* / *Deny*. Returns the prompt's message id, which
     /// [`Outbound::settle_approval`] edits. A channel that cannot ask refuses.
@@ -211,6 +218,10 @@ impl Outbound for Router {
 
     fn serves(&self, channel: &str) -> bool {
         self.channels.contains_key(channel)
+    }
+
+    fn idempotent_sends(&self, to: &Address) -> bool {
+        self.to(to).is_ok_and(|out| out.idempotent_sends(to))
     }
 
     fn ask_approval<'a>(
@@ -457,16 +468,18 @@ pub async fn send_text_with_retry(
 pub struct Progress {
     /// Parts accepted by the channel: skipped on resume.
     pub sent: BTreeSet<usize>,
-    /// Parts attempted without a `sent` record: never sent again (at most once, §5.2).
+    /// Parts attempted without a `sent` record: never sent again (at most once, §5.2), unless
+    /// the channel's sends are idempotent ([`Outbound::idempotent_sends`]).
     pub attempted: BTreeSet<usize>,
     /// The number of parts the `intent` announced (`None` for a legacy intent).
     pub parts: Option<usize>,
 }
 
 impl Progress {
-    /// Whether part `i` still needs a send.
-    pub fn todo(&self, i: usize) -> bool {
-        !self.sent.contains(&i) && !self.attempted.contains(&i)
+    /// Whether part `i` still needs a send: not `sent`, and not `attempted` unless the
+    /// channel's sends are `idempotent` (a repeat with the same send key cannot post twice).
+    pub fn todo(&self, i: usize, idempotent: bool) -> bool {
+        !self.sent.contains(&i) && (idempotent || !self.attempted.contains(&i))
     }
 
     /// Fold one `attempt`/`sent` record in.
@@ -559,7 +572,9 @@ impl Outbox<'_> {
     /// `failed`/`unknown` at the first piece that could not be delivered (later ones are not
     /// sent, so the order holds). With `resume`, pieces already `sent` are skipped and pieces
     /// `attempt`ed without `sent` are never sent again (at most once); the later ones are sent
-    /// and the delivery closes `unknown`, naming the skipped piece. When `missing_notice` is
+    /// and the delivery closes `unknown`, naming the skipped piece. On a channel whose sends
+    /// are idempotent ([`Outbound::idempotent_sends`]) an `attempt`ed piece is sent again,
+    /// with the same send key, so the channel keeps one. When `missing_notice` is
     /// given and a piece was skipped that way, it is sent after the rest (recorded as piece
     /// `pieces.len()`), so the person knows a part may be missing.
     pub async fn deliver(
@@ -583,6 +598,7 @@ impl Outbox<'_> {
             return out;
         }
         let notice = missing_notice.map(|n| Piece::Text(n.to_string()));
+        let idempotent = self.out.idempotent_sends(self.target);
         let mut close = (DeliveryStatus::Done, None, None);
         for i in 0..=pieces.len() {
             let piece = match (pieces.get(i), &notice) {
@@ -594,7 +610,7 @@ impl Outbox<'_> {
                 (None, _) => break,
             };
             if let Some(p) = resume
-                && !p.todo(i)
+                && !p.todo(i, idempotent)
             {
                 if !p.sent.contains(&i) && i < pieces.len() {
                     tracing::warn!(session = %self.session.id, part = i, ids = ?self.ids,
@@ -607,6 +623,10 @@ impl Outbox<'_> {
                     );
                 }
                 continue;
+            }
+            if resume.is_some_and(|p| p.attempted.contains(&i)) {
+                tracing::info!(session = %self.session.id, part = i, ids = ?self.ids,
+                    "a part was being sent when agentd stopped; sending it again with the same key");
             }
             if self.abort.is_cancelled() {
                 // Past the shutdown deadline: left open, resumed after the restart.

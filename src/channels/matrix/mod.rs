@@ -8,3 +8,7 @@ pub mod client;
 pub mod inbound;
 pub mod outbound;
 pub mod sync;
+
+/// Log targets (with their cap) kept at `warn` unless the log filter names them: matrix-sdk
+/// and ruma log every sync and key share at `info` (prefixes: `matrix_sdk_crypto` too).
+pub const QUIET_LOG_TARGETS: &[(&str, &str)] = &[("matrix_sdk", "warn"), ("ruma", "warn")];

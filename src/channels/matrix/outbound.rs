@@ -235,6 +235,11 @@ impl Outbound for MxOutbound {
         REQUEST_TIMEOUT + Duration::from_secs(5)
     }
 
+    /// `PUT …/send/{type}/{txnId}` is idempotent per device: the txn id comes from the send key.
+    fn idempotent_sends(&self, _to: &Address) -> bool {
+        true
+    }
+
     fn ask_approval<'a>(
         &'a self,
         to: &'a Address,

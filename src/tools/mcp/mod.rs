@@ -38,10 +38,10 @@ use super::Tool;
 use super::registry::ToolRegistry;
 use crate::config::{McpServerConfig, McpTransport};
 
-/// Log targets kept at `error` unless the log filter names them: rmcp logs every notification
+/// Log targets (with their cap) kept at `error` unless the log filter names them: rmcp logs every notification
 /// a server sends at `info` and every refused request at `warn`, so a hostile server could fill
 /// the log through it; what the daemon logs of its servers is bounded here per server.
-pub const QUIET_LOG_TARGETS: &[&str] = &["rmcp"];
+pub const QUIET_LOG_TARGETS: &[(&str, &str)] = &[("rmcp", "error")];
 
 /// At most this many tools are taken from one server's list; the rest are dropped with a
 /// warning (a hostile or broken server must not flood the model's tool list).
