@@ -162,6 +162,11 @@ fn kill9_during_the_send(fault: Fault) {
         // The interrupted send is repeated with its transaction id (the server deduplicates).
         assert!(resends >= 2, "the held answer was sent again: {txns:#?}");
     }
+    assert_eq!(
+        txns.len() - resends,
+        1,
+        "one send for the second answer, every other one the held transaction: {txns:#?}"
+    );
 }
 
 #[test]
