@@ -124,8 +124,9 @@ enum Command {
         /// Move a non-empty target aside (to <dir>.before-restore-<time>) instead of refusing.
         #[arg(long)]
         force: bool,
-        /// Send the replies whose delivery was open at backup time when the daemon starts,
-        /// instead of closing them as `unknown`.
+        /// Answer the messages in flight and send the replies whose delivery was open at
+        /// backup time when the daemon starts, instead of closing them (they may have been
+        /// answered or sent after the backup).
         #[arg(long)]
         resume_deliveries: bool,
         /// Where the workspace goes (default: <state-dir>/from-backup/workspace).

@@ -161,7 +161,7 @@ pub fn restore(
         Err(e) => return fail(json, "restore failed", &e),
     };
     let closed = if resume {
-        Vec::new()
+        Default::default()
     } else {
         let sessions = restored.state_dir.join("sessions");
         match crate::daemon::delivery::close_restored(&sessions, tz) {
@@ -175,14 +175,19 @@ pub fn restore(
             }
         }
     };
-    for c in &closed {
+    for m in &closed.messages {
+        tracing::warn!(session = %m.session_id, intake = %m.intake_id,
+            "message in flight at backup time closed: it may have been answered after the backup; not answering it again");
+    }
+    for c in &closed.deliveries {
         tracing::warn!(session = %c.session_id, reply_to = ?c.reply_to, channel = %c.channel,
             "delivery open at backup time closed as unknown: it may have been sent after the backup; not sending it again");
     }
     if json {
         let mut v = serde_json::to_value(&restored).unwrap_or_default();
         v["ok"] = json!(true);
-        v["closed_deliveries"] = json!(closed);
+        v["closed_deliveries"] = json!(closed.deliveries);
+        v["closed_messages"] = json!(closed.messages);
         print_json(&v);
         return 0;
     }
@@ -206,7 +211,13 @@ pub fn restore(
     for d in &restored.moved_aside {
         println!("  moved aside (not deleted): {}", d.display());
     }
-    for c in &closed {
+    for m in &closed.messages {
+        println!(
+            "  in flight at backup time, closed (it may have been answered after the backup; not answered again): session {} intake {}",
+            m.session_id, m.intake_id
+        );
+    }
+    for c in &closed.deliveries {
         println!(
             "  delivery closed as unknown (it may have gone out after the backup; not sent again): session {} reply to {} on {}",
             c.session_id,
@@ -215,12 +226,8 @@ pub fn restore(
         );
     }
     if resume {
-        println!("  open deliveries are resumed when the daemon starts (--resume-deliveries)");
-    }
-    for m in &restored.manifest.in_flight {
         println!(
-            "  in flight at backup time, answered when the daemon starts: session {} intake {}",
-            m.session_id, m.intake_id
+            "  open deliveries are resumed and messages in flight at backup time answered when the daemon starts (--resume-deliveries)"
         );
     }
     0

@@ -1,6 +1,6 @@
 //! The daemon side of the A2A endpoint (SPEC §23): a message becomes an intake (source
 //! `http`, from `a2a`) of session `a2a:<context id>` with the message id as its id, through
-//! the same `IntakeSink::accept`, waiters and answer streams as the compatible endpoints; a
+//! `DaemonBackend::accept_waited` like the compatible endpoints, the MCP server and the console; a
 //! task is read back from the trail (`session::outcome_of`), and cancelled as `/stop` does.
 
 use std::time::Duration;
@@ -12,7 +12,7 @@ use super::workers::STOPPED_ERROR;
 use crate::agent::Finish;
 use crate::api::a2a::{A2aIn, A2aTicket, RecordedTask, TaskEnd};
 use crate::api::backend::BackendError;
-use crate::channels::intake::{Completion, IntakeSink};
+use crate::channels::intake::Completion;
 use crate::control::Source;
 use crate::session::{Event, Intake, Outcome, TrailLine};
 
@@ -92,19 +92,15 @@ impl DaemonBackend {
             notify_meta: None,
             relayed_from: None,
         };
-        let waiter = self.dispatcher.wait_in(&key, &id);
-        let deltas = stream.then(|| {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            self.dispatcher.stream_to(&key, &id, tx);
-            rx
-        });
-        let new = match self.intake.accept(&key, intake).await {
-            Ok(accepted) => accepted.new,
-            Err(e) => {
-                self.dispatcher.forget(&key, &id);
-                return Err(backend_error(e));
-            }
-        };
+        let super::http_backend::Waited {
+            new,
+            waiter,
+            deltas,
+            ..
+        } = self
+            .accept_waited(&key, intake, stream)
+            .await
+            .map_err(backend_error)?;
         // A retry of a message that is done already: answered from the trail. A message id
         // reused for another text is refused (the client must not get another's answer).
         let replay = match new {

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::http_backend::{AttachmentSaver, DaemonBackend, backend_error};
 use crate::agent::{FailCause, Finish};
 use crate::api::backend::{AttachmentIn, BackendError, CompatIn, CompatOutcome, CompatTicket};
-use crate::channels::intake::{Completion, IntakeSink};
+use crate::channels::intake::Completion;
 use crate::control::Source;
 use crate::llm::compat::{
     self, Api, CompatAttachment, CompatReply, CompatRequest, ErrorKind, FinishReason, Invalid,
@@ -432,18 +432,14 @@ impl DaemonBackend {
             notify_meta: None,
             relayed_from: None,
         };
-        let waiter = self.dispatcher.wait_in(&key, &id);
-        let deltas = stream.then(|| {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            self.dispatcher.stream_to(&key, &id, tx);
-            rx
-        });
-        let (new, session_id) = match self.intake.accept(&key, intake).await {
-            Ok(accepted) => (accepted.new, accepted.session_id),
-            Err(e) => {
-                self.dispatcher.forget(&key, &id);
-                return Err(release(backend_error(e)));
-            }
+        let super::http_backend::Waited {
+            new,
+            session_id,
+            waiter,
+            deltas,
+        } = match self.accept_waited(&key, intake, stream).await {
+            Ok(w) => w,
+            Err(e) => return Err(release(backend_error(e))),
         };
         let replay = if new {
             None

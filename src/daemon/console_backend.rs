@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::http_backend::{DaemonBackend, backend_error};
 use crate::api::backend::{BackendError, ChatOutcome, ConsoleChat};
-use crate::channels::intake::{IntakeSink, reply_text, valid_key};
+use crate::channels::intake::{reply_text, valid_key};
 use crate::config::{ScheduleAction, ScheduleEntry, ScheduleWhen};
 use crate::control::Source;
 use crate::session::Intake;
@@ -131,17 +131,18 @@ impl DaemonBackend {
                 notify_meta: None,
                 relayed_from: None,
             };
-            let waiter = self.dispatcher.wait_in(&key, &id);
-            let (tx, deltas) = tokio::sync::mpsc::unbounded_channel();
-            self.dispatcher.stream_to(&key, &id, tx);
-            let accepted = match IntakeSink::accept(self.intake.as_ref(), &key, intake).await {
-                Ok(a) => a,
-                Err(e) => {
-                    self.dispatcher.forget(&key, &id);
-                    return Err(backend_error(e));
-                }
+            let super::http_backend::Waited {
+                session_id,
+                waiter,
+                deltas,
+                ..
+            } = self
+                .accept_waited(&key, intake, true)
+                .await
+                .map_err(backend_error)?;
+            let Some(deltas) = deltas else {
+                return Err(BackendError::Internal("no answer stream".into()));
             };
-            let session_id = accepted.session_id.clone();
             let done: BoxFuture<'static, Result<ChatOutcome, BackendError>> =
                 Box::pin(async move {
                     let c = waiter

@@ -121,22 +121,95 @@ pub struct Closed {
     pub channel: String,
 }
 
-/// After a restore (SPEC §24): the deliveries open in a backup may have gone out after it was
-/// taken, so each reply bound for a chat whose delivery is not closed gets an `unknown` line in
-/// its trail and is never sent again. Replies without a chat (HTTP, terminal) have nothing to
-/// close. Blocking.
+/// A message in flight when the backup was taken, closed by the restore.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ClosedMessage {
+    pub session_id: String,
+    pub intake_id: String,
+}
+
+/// What a restore closed: messages in flight at backup time and deliveries open then.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RestoreClosed {
+    pub messages: Vec<ClosedMessage>,
+    pub deliveries: Vec<Closed>,
+}
+
+/// The failure a restore records for a message in flight at backup time.
+const IN_FLIGHT_ERROR: &str = "restored from a backup taken while this message was in flight: it \
+     may have been answered after the backup; not answered again";
+
+/// After a restore (SPEC §24): a message in flight when the backup was taken, or a delivery open
+/// then, may have been answered or sent after it. So each intake without an ending gets a
+/// failure line (it is not answered again), and each reply bound for a chat whose delivery is not
+/// closed (those failures included) gets an `unknown` line and is never sent. Replies without a
+/// chat (HTTP, terminal) have nothing to close. Blocking.
 pub fn close_restored(
     sessions_dir: &std::path::Path,
     tz: crate::zone::Zone,
-) -> std::io::Result<Vec<Closed>> {
-    use crate::session::{Route, TrailWriter, index::read_index, trail::read_trail};
-    let mut closed = Vec::new();
+) -> std::io::Result<RestoreClosed> {
+    use crate::session::{TrailWriter, index::read_index, trail::read_trail};
+    let mut closed = RestoreClosed::default();
     for entry in read_index(sessions_dir)?.into_values() {
         let id = entry.session_id;
-        let lines = read_trail(sessions_dir, &id)?;
-        let (todo, _legacy_never_sent_again) = undelivered(&lines);
+        let mut lines = read_trail(sessions_dir, &id)?;
         let mut writer = None;
-        for pending in todo {
+        let mut stopped = Vec::new();
+        for pending in crate::session::pending_intakes(&lines) {
+            let w = match &mut writer {
+                Some(w) => w,
+                None => writer.insert(TrailWriter::open(sessions_dir, &id, tz.clone())?),
+            };
+            lines.push(
+                w.append(Event::Failure {
+                    reply_to: vec![pending.intake.id.clone()],
+                    error: IN_FLIGHT_ERROR.into(),
+                    reply: "This message was in flight when a backup was taken and the state was \
+                        later restored from it; send it again if it was not answered."
+                        .into(),
+                })?,
+            );
+            stopped.push(pending.intake.id.clone());
+            closed.messages.push(ClosedMessage {
+                session_id: id.clone(),
+                intake_id: pending.intake.id,
+            });
+        }
+        for (reply_to, channel) in open_chat_deliveries(&lines) {
+            let detail = if reply_to.iter().all(|i| stopped.contains(i)) {
+                "restored from a backup: the message was in flight at backup time; not sent"
+            } else {
+                "restored from a backup: it may have been delivered after the backup was taken; \
+                 not sent again"
+            };
+            let w = match &mut writer {
+                Some(w) => w,
+                None => writer.insert(TrailWriter::open(sessions_dir, &id, tz.clone())?),
+            };
+            w.append(Event::Delivery {
+                reply_to: reply_to.clone(),
+                channel: channel.clone(),
+                status: DeliveryStatus::Unknown,
+                detail: Some(detail.into()),
+                parts: None,
+                part: None,
+            })?;
+            closed.deliveries.push(Closed {
+                session_id: id.clone(),
+                reply_to,
+                channel,
+            });
+        }
+    }
+    Ok(closed)
+}
+
+/// The replies of `lines` whose delivery is open and bound for a chat: their ids and channel.
+fn open_chat_deliveries(lines: &[TrailLine]) -> Vec<(Vec<String>, String)> {
+    use crate::session::Route;
+    let (todo, _legacy_never_sent_again) = undelivered(lines);
+    todo.into_iter()
+        .filter_map(|pending| {
             let intent = lines.iter().find_map(|l| match &l.event {
                 Event::Delivery {
                     reply_to,
@@ -154,33 +227,9 @@ pub fn close_restored(
                     .map(|a| a.channel.clone()),
                 _ => None,
             });
-            let Some(channel) = intent.or(routed) else {
-                continue;
-            };
-            let w = match &mut writer {
-                Some(w) => w,
-                None => writer.insert(TrailWriter::open(sessions_dir, &id, tz.clone())?),
-            };
-            w.append(Event::Delivery {
-                reply_to: pending.ids.clone(),
-                channel: channel.clone(),
-                status: DeliveryStatus::Unknown,
-                detail: Some(
-                    "restored from a backup: it may have been delivered after the backup was \
-                     taken; not sent again"
-                        .into(),
-                ),
-                parts: None,
-                part: None,
-            })?;
-            closed.push(Closed {
-                session_id: id.clone(),
-                reply_to: pending.ids,
-                channel,
-            });
-        }
-    }
-    Ok(closed)
+            Some((pending.ids, intent.or(routed)?))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -302,6 +351,46 @@ mod tests {
             at(intake(Source::Terminal, "x", chat(&room))),
             None,
             "matrix does not run"
+        );
+    }
+
+    /// A restore closes a message in flight (a failure, its delivery `unknown`) and an open
+    /// delivery (`unknown`): afterwards nothing is left to answer or to send.
+    #[test]
+    fn a_restore_closes_messages_in_flight_and_open_deliveries() {
+        let dir = tempfile::tempdir().unwrap();
+        let tz = crate::zone::Zone::utc();
+        let store = crate::session::SessionStore::open(dir.path(), tz.clone()).unwrap();
+        let chat = Some(Route::Chat {
+            to: Address::new("telegram", "1001"),
+            message: None,
+        });
+        let answered = intake(Source::Telegram, "1001", chat.clone());
+        let mut in_flight = intake(Source::Telegram, "1001", chat);
+        in_flight.id = "m2".into();
+        let (h, _) = store.append_intake("tg:1001", "m", answered).unwrap();
+        h.append(fin("m1", "hello", false)).unwrap();
+        store.append_intake("tg:1001", "m", in_flight).unwrap();
+        store.flush_index();
+        drop((h, store));
+
+        let closed = close_restored(dir.path(), tz.clone()).unwrap();
+        assert_eq!(closed.messages.len(), 1);
+        assert_eq!(closed.messages[0].intake_id, "m2");
+        let reply_to: Vec<_> = closed
+            .deliveries
+            .iter()
+            .map(|c| c.reply_to.clone())
+            .collect();
+        assert_eq!(reply_to, [vec!["m1".to_string()], vec!["m2".to_string()]]);
+        let id = &closed.messages[0].session_id;
+        let lines = crate::session::trail::read_trail(dir.path(), id).unwrap();
+        assert!(crate::session::pending_intakes(&lines).is_empty());
+        assert_eq!(undelivered(&lines), (vec![], vec![]));
+        // A second run finds nothing more to close.
+        assert_eq!(
+            close_restored(dir.path(), tz).unwrap(),
+            RestoreClosed::default()
         );
     }
 

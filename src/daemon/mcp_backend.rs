@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::http_backend::{DaemonBackend, backend_error};
 use crate::agent::Finish;
 use crate::api::backend::{BackendError, MessageTicket, SessionMessageIn};
-use crate::channels::intake::{IntakeSink, valid_key};
+use crate::channels::intake::valid_key;
 use crate::control::{Source, valid_id};
 use crate::session::{Intake, Outcome};
 
@@ -45,14 +45,11 @@ impl DaemonBackend {
             notify_meta: None,
             relayed_from: None,
         };
-        let waiter = self.dispatcher.wait_in(&key, &id);
-        let accepted = match IntakeSink::accept(self.intake.as_ref(), &key, intake).await {
-            Ok(a) => a,
-            Err(e) => {
-                self.dispatcher.forget(&key, &id);
-                return Err(backend_error(e));
-            }
-        };
+        let accepted = self
+            .accept_waited(&key, intake, false)
+            .await
+            .map_err(backend_error)?;
+        let waiter = accepted.waiter;
         if !accepted.new
             && let Some(done) = self.outcome_in_trail(&key, &id).await
         {

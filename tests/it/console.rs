@@ -220,6 +220,21 @@ fn console_login_logout_restart_csrf_and_origin() {
         page["text"].as_str().unwrap().contains("Overview"),
         "{page}"
     );
+    // An open overview costs nothing: a few seconds on its live stream make no provider call
+    // and change no file under the state directory (no channel polls in this daemon).
+    b.wait_text("#live", "Deliveries");
+    let before = state_files(&d.state_dir);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(b.overview_value("Running"), "0");
+    assert_eq!(
+        state_files(&d.state_dir),
+        before,
+        "the open overview wrote to disk"
+    );
+    assert!(
+        fake.requests().is_empty(),
+        "the open overview called the model"
+    );
     let cookies = b.cmd(json!({"op": "cookies"}))["cookies"].clone();
     let c = cookies
         .as_array()
@@ -341,6 +356,24 @@ fn console_overview_changes_when_a_message_arrives_and_a_delivery_fails() {
         "the page was reloaded"
     );
     assert!(d.sigterm().success());
+}
+
+/// Every file under `dir` with its length and modification time.
+fn state_files(dir: &Path) -> Vec<(PathBuf, u64, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                todo.push(e.path());
+            } else if let Ok(modified) = meta.modified() {
+                out.push((e.path(), meta.len(), modified));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// `e2e::telegram_daemon` with the API token set before the start.

@@ -33,7 +33,7 @@ pub fn memory_toml(embed: Option<&FakeEmbed>, extra: &str) -> String {
 }
 
 /// A daemon layout (not started) whose workspace holds the retrieval fixture's notes.
-fn memory_daemon(llm: &FakeLlm, embed: Option<&FakeEmbed>, extra: &str) -> TestDaemon {
+pub fn memory_daemon(llm: &FakeLlm, embed: Option<&FakeEmbed>, extra: &str) -> TestDaemon {
     let config = format!("{}{}", agentd_toml("fake"), memory_toml(embed, extra));
     let d = TestDaemon::new(
         &config,
@@ -60,7 +60,7 @@ pub fn agentd(d: &TestDaemon, args: &[&str]) -> Output {
 }
 
 /// `agentd index --json`, which must succeed; its report.
-fn index(d: &TestDaemon) -> Value {
+pub fn index(d: &TestDaemon) -> Value {
     let out = agentd(d, &["index", "--json"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
