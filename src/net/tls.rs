@@ -150,7 +150,10 @@ fn build(provider: Arc<CryptoProvider>) -> Option<Shared> {
 /// A reqwest client builder whose TLS uses the process's one root store; reqwest's own
 /// builder when that store cannot be built. Every HTTPS client of the daemon starts here.
 pub fn client_builder() -> reqwest::ClientBuilder {
-    let builder = reqwest::Client::builder();
+    // No automatic decompression, whatever features a dependency turns on (matrix-sdk enables
+    // reqwest's `gzip`): our readers count and refuse the bytes the server sent, and
+    // `web_fetch` refuses a compressed body rather than inflate it.
+    let builder = reqwest::Client::builder().no_gzip();
     match shared() {
         Some(shared) => builder.tls_backend_preconfigured(shared.config.clone()),
         None => builder,
