@@ -92,13 +92,9 @@ impl DaemonBackend {
             notify_meta: None,
             relayed_from: None,
         };
-        let super::http_backend::Waited {
-            new,
-            waiter,
-            deltas,
-            ..
-        } = self
-            .accept_waited(&key, intake, stream)
+        let (sink, deltas) = stream.then(tokio::sync::mpsc::unbounded_channel).unzip();
+        let super::http_backend::Waited { new, waiter, .. } = self
+            .accept_waited(&key, intake, sink)
             .await
             .map_err(backend_error)?;
         // A retry of a message that is done already: answered from the trail. A message id

@@ -432,12 +432,12 @@ impl DaemonBackend {
             notify_meta: None,
             relayed_from: None,
         };
+        let (sink, deltas) = stream.then(tokio::sync::mpsc::unbounded_channel).unzip();
         let super::http_backend::Waited {
             new,
             session_id,
             waiter,
-            deltas,
-        } = match self.accept_waited(&key, intake, stream).await {
+        } = match self.accept_waited(&key, intake, sink).await {
             Ok(w) => w,
             Err(e) => return Err(release(backend_error(e))),
         };

@@ -131,18 +131,13 @@ impl DaemonBackend {
                 notify_meta: None,
                 relayed_from: None,
             };
+            let (sink, deltas) = tokio::sync::mpsc::unbounded_channel();
             let super::http_backend::Waited {
-                session_id,
-                waiter,
-                deltas,
-                ..
+                session_id, waiter, ..
             } = self
-                .accept_waited(&key, intake, true)
+                .accept_waited(&key, intake, Some(sink))
                 .await
                 .map_err(backend_error)?;
-            let Some(deltas) = deltas else {
-                return Err(BackendError::Internal("no answer stream".into()));
-            };
             let done: BoxFuture<'static, Result<ChatOutcome, BackendError>> =
                 Box::pin(async move {
                     let c = waiter

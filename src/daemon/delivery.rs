@@ -153,22 +153,24 @@ pub fn close_restored(
     for entry in read_index(sessions_dir)?.into_values() {
         let id = entry.session_id;
         let mut lines = read_trail(sessions_dir, &id)?;
+        // Opened at the first line to write: most trails have nothing to close.
         let mut writer = None;
-        let mut stopped = Vec::new();
-        for pending in crate::session::pending_intakes(&lines) {
+        let mut append = |event: Event| -> std::io::Result<TrailLine> {
             let w = match &mut writer {
                 Some(w) => w,
                 None => writer.insert(TrailWriter::open(sessions_dir, &id, tz.clone())?),
             };
-            lines.push(
-                w.append(Event::Failure {
-                    reply_to: vec![pending.intake.id.clone()],
-                    error: IN_FLIGHT_ERROR.into(),
-                    reply: "This message was in flight when a backup was taken and the state was \
+            w.append(event)
+        };
+        let mut stopped = Vec::new();
+        for pending in crate::session::pending_intakes(&lines) {
+            lines.push(append(Event::Failure {
+                reply_to: vec![pending.intake.id.clone()],
+                error: IN_FLIGHT_ERROR.into(),
+                reply: "This message was in flight when a backup was taken and the state was \
                         later restored from it; send it again if it was not answered."
-                        .into(),
-                })?,
-            );
+                    .into(),
+            })?);
             stopped.push(pending.intake.id.clone());
             closed.messages.push(ClosedMessage {
                 session_id: id.clone(),
@@ -182,11 +184,7 @@ pub fn close_restored(
                 "restored from a backup: it may have been delivered after the backup was taken; \
                  not sent again"
             };
-            let w = match &mut writer {
-                Some(w) => w,
-                None => writer.insert(TrailWriter::open(sessions_dir, &id, tz.clone())?),
-            };
-            w.append(Event::Delivery {
+            append(Event::Delivery {
                 reply_to: reply_to.clone(),
                 channel: channel.clone(),
                 status: DeliveryStatus::Unknown,

@@ -54,34 +54,29 @@ pub(super) struct Waited {
     pub new: bool,
     pub session_id: String,
     pub waiter: tokio::sync::oneshot::Receiver<crate::channels::intake::Completion>,
-    /// The answer as the model writes it, when asked for.
-    pub deltas: Option<tokio::sync::mpsc::UnboundedReceiver<crate::llm::StreamDelta>>,
 }
 
 impl DaemonBackend {
-    /// Accept `intake` into session `key` with its waiter (and with `stream` its answer
-    /// stream) registered first, so no completion or delta is missed; a refused intake
-    /// leaves neither behind. The one way an HTTP-side caller (compatible endpoints, MCP,
-    /// A2A, console chat) sends a message and waits for its answer.
+    /// Accept `intake` into session `key` with its waiter (and `sink`, for the answer as the
+    /// model writes it) registered first, so no completion or delta is missed; a refused
+    /// intake leaves neither behind. The one way an HTTP-side caller (compatible endpoints,
+    /// MCP, A2A, console chat) sends a message and waits for its answer.
     pub(super) async fn accept_waited(
         &self,
         key: &str,
         intake: Intake,
-        stream: bool,
+        sink: Option<crate::llm::DeltaSink>,
     ) -> Result<Waited, AcceptError> {
         let id = intake.id.clone();
         let waiter = self.dispatcher.wait_in(key, &id);
-        let deltas = stream.then(|| {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            self.dispatcher.stream_to(key, &id, tx);
-            rx
-        });
+        if let Some(sink) = sink {
+            self.dispatcher.stream_to(key, &id, sink);
+        }
         match IntakeSink::accept(self.intake.as_ref(), key, intake).await {
             Ok(a) => Ok(Waited {
                 new: a.new,
                 session_id: a.session_id,
                 waiter,
-                deltas,
             }),
             Err(e) => {
                 self.dispatcher.forget(key, &id);

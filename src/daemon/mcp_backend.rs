@@ -46,7 +46,7 @@ impl DaemonBackend {
             relayed_from: None,
         };
         let accepted = self
-            .accept_waited(&key, intake, false)
+            .accept_waited(&key, intake, None)
             .await
             .map_err(backend_error)?;
         let waiter = accepted.waiter;
