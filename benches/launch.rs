@@ -30,8 +30,19 @@ pub struct Setup {
     pub telegram_url: Option<String>,
     /// Extra TOML appended to `agentd.toml` (e.g. `[behavior]` keys).
     pub extra_toml: String,
+    /// A real homeserver's bot account (`None`: Matrix off).
+    pub matrix: Option<MatrixLogin>,
     /// Workspace files to write over the template copy: `(relative path, content)`.
     pub workspace_files: Vec<(String, String)>,
+}
+
+/// The Matrix account the daemon logs in to (`bench --matrix`).
+#[derive(Clone, Debug)]
+pub struct MatrixLogin {
+    pub homeserver: String,
+    pub user_id: String,
+    /// The access token, given to the daemon as `AGENTD_MATRIX_TOKEN`.
+    pub token: String,
 }
 
 /// A daemon's temporary home and, while it runs, the process.
@@ -42,6 +53,7 @@ pub struct Daemon {
     pub port: u16,
     agentd: PathBuf,
     child: Option<Child>,
+    matrix_token: Option<String>,
     starts: usize,
     keep: bool,
 }
@@ -77,6 +89,12 @@ status_rate_limit = 10000000
                 "\n[channel.telegram]\nenabled = true\napi_url = \"{url}\"\nallow_from = [1001]\ncontacts = {{ Alice = 1001 }}\n"
             ));
         }
+        if let Some(m) = &setup.matrix {
+            toml.push_str(&format!(
+                "\n[matrix]\nhomeserver = \"{}\"\nuser_id = \"{}\"\n",
+                m.homeserver, m.user_id
+            ));
+        }
         toml.push_str(&setup.extra_toml);
         let config_path = config_dir.join("agentd.toml");
         fs::write(&config_path, toml)?;
@@ -110,6 +128,7 @@ status_rate_limit = 10000000
             port,
             agentd: agentd.to_path_buf(),
             child: None,
+            matrix_token: setup.matrix.as_ref().map(|m| m.token.clone()),
             starts: 0,
             keep: std::env::var_os("AGENTD_BENCH_KEEP").is_some(),
         })
@@ -147,6 +166,9 @@ status_rate_limit = 10000000
             .stdout(log.try_clone()?)
             .stderr(log)
             .process_group(0);
+        if let Some(token) = &self.matrix_token {
+            cmd.env("AGENTD_MATRIX_TOKEN", token);
+        }
         let t0 = Instant::now();
         self.child = Some(cmd.spawn().context("cannot spawn agentd")?);
         Ok(t0)

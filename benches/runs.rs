@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::client::{Chat, runtime};
 use crate::fake_provider::{Answer, FakeProvider, Usage};
-use crate::launch::{Daemon, ProcStats, Setup, TG_TOKEN, mb, storage_of};
+use crate::launch::{Daemon, MatrixLogin, ProcStats, Setup, TG_TOKEN, mb, storage_of};
 use crate::stats::{ms, pct, summary};
 
 /// Options shared by the benchmarks.
@@ -31,6 +31,40 @@ pub struct Opts {
     pub per_sender: usize,
     /// overhead: the sequential session only (no concurrent phase).
     pub sequential_only: bool,
+    /// footprint and startup: Matrix on, logged in to this account.
+    pub matrix: Option<MatrixLogin>,
+}
+
+/// The channels the daemon of footprint and startup runs, for their headings.
+fn channels(o: &Opts) -> &'static str {
+    match o.matrix {
+        Some(_) => "FIFO + HTTP + Telegram + Matrix",
+        None => "FIFO + HTTP + Telegram",
+    }
+}
+
+/// Waits until the daemon's `monitor.json` shows a Matrix sync that succeeded.
+fn wait_matrix_synced(d: &Daemon, timeout: Duration) -> Result<Instant> {
+    let deadline = Instant::now() + timeout;
+    let monitor = d.state_dir.join("monitor.json");
+    loop {
+        let synced = fs_json(&monitor)
+            .is_some_and(|m| m["channels"]["matrix"]["last_sync_ok_at"].is_string());
+        if synced {
+            return Ok(Instant::now());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "no Matrix sync succeeded within {timeout:?} (see the daemon's log under {})",
+                d.root.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn fs_json(path: &Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
 /// A fake provider that answers every call at once with a short text. It reports the request's
@@ -84,6 +118,7 @@ fn telegram_daemon(o: &Opts) -> Result<(FakeProvider, crate::fake_telegram::Fake
         &Setup {
             provider_url: fake.base_url(),
             telegram_url: Some(tg.api_url()),
+            matrix: o.matrix.clone(),
             ..Setup::default()
         },
     )?;
@@ -99,8 +134,14 @@ pub fn footprint(o: &Opts) -> Result<()> {
     // Telegram is up when the poller has asked for updates.
     let rt = runtime()?;
     rt.block_on(tg.wait_for_polls(1, Duration::from_secs(10)));
+    if o.matrix.is_some() {
+        wait_matrix_synced(&d, Duration::from_secs(60))?;
+    }
     std::thread::sleep(Duration::from_secs(3));
-    println!("footprint (FIFO + HTTP + Telegram on a fake Bot API; 2 tokio workers)");
+    println!(
+        "footprint ({}; Telegram on a fake Bot API; 2 tokio workers)",
+        channels(o)
+    );
     let idle = ProcStats::read(pid)?;
     print_stats("3 s after ready:", &idle);
 
@@ -139,13 +180,18 @@ pub fn startup(o: &Opts) -> Result<()> {
     let cold = d.wait_status(Duration::from_secs(30), poll)? - t0;
     d.stop()?;
     let mut warm = Vec::new();
+    let mut synced = Vec::new();
     for _ in 0..o.runs {
         let t0 = d.spawn()?;
         warm.push(d.wait_status(Duration::from_secs(30), poll)? - t0);
+        if o.matrix.is_some() {
+            synced.push(wait_matrix_synced(&d, Duration::from_secs(60))? - t0);
+        }
         d.stop()?;
     }
     println!(
-        "startup: exec → GET /api/v1/status 200 (FIFO + HTTP + Telegram; polled every {} µs)",
+        "startup: exec → GET /api/v1/status 200 ({}; polled every {} µs)",
+        channels(o),
         poll.as_micros()
     );
     println!("  first start (empty state dir): {} ms", ms(cold));
@@ -159,6 +205,15 @@ pub fn startup(o: &Opts) -> Result<()> {
         ms(*w.last().expect("runs > 0")),
         w.len()
     );
+    if !synced.is_empty() {
+        synced.sort();
+        println!(
+            "  restart → first Matrix sync in monitor.json: min {} / p50 {} / max {} ms",
+            ms(synced[0]),
+            ms(pct(&synced, 50.0)),
+            ms(*synced.last().expect("runs > 0"))
+        );
+    }
     Ok(())
 }
 

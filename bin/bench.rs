@@ -30,7 +30,7 @@ mod stats;
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -101,6 +101,13 @@ struct Cli {
     /// threshold_tokens`; 0 keeps the default, 150,000).
     #[arg(long, default_value_t = 0)]
     compaction_tokens: u64,
+    /// footprint and startup: turn Matrix on against this homeserver URL, logged in as
+    /// `--matrix-user` with the access token in AGENTD_MATRIX_TOKEN.
+    #[arg(long, requires = "matrix_user")]
+    matrix: Option<String>,
+    /// The bot's user id for `--matrix` (`@bot:example.org`).
+    #[arg(long, requires = "matrix")]
+    matrix_user: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -127,6 +134,15 @@ fn main() -> Result<()> {
         senders: cli.senders.max(1),
         per_sender: cli.per_sender.max(1),
         sequential_only: cli.sequential_only,
+        matrix: match (cli.matrix, cli.matrix_user) {
+            (Some(homeserver), Some(user_id)) => Some(launch::MatrixLogin {
+                homeserver,
+                user_id,
+                token: std::env::var("AGENTD_MATRIX_TOKEN")
+                    .context("--matrix needs the bot's access token in AGENTD_MATRIX_TOKEN")?,
+            }),
+            _ => None,
+        },
     };
     machine(&o);
     match cli.name {
