@@ -135,7 +135,7 @@ pub fn footprint(o: &Opts) -> Result<()> {
     let rt = runtime()?;
     rt.block_on(tg.wait_for_polls(1, Duration::from_secs(10)));
     if o.matrix.is_some() {
-        wait_matrix_synced(&d, Duration::from_secs(60))?;
+        wait_matrix_synced(&d, Duration::from_secs(180))?;
     }
     std::thread::sleep(Duration::from_secs(3));
     println!(
@@ -185,7 +185,7 @@ pub fn startup(o: &Opts) -> Result<()> {
         let t0 = d.spawn()?;
         warm.push(d.wait_status(Duration::from_secs(30), poll)? - t0);
         if o.matrix.is_some() {
-            synced.push(wait_matrix_synced(&d, Duration::from_secs(60))? - t0);
+            synced.push(wait_matrix_synced(&d, Duration::from_secs(180))? - t0);
         }
         d.stop()?;
     }

@@ -34,6 +34,14 @@ CG_PHASE=run "$work/bench" footprint --agentd "$work/cg.sh"
 CG_PHASE=run "$work/bench" overhead --sequential-only --messages 100 --agentd "$work/cg.sh"
 CG_PHASE=run "$work/bench" soak --messages 300 --sessions 3 --concurrency 3 \
     --compaction-tokens 8000 --agentd "$work/cg.sh"
+# Optional third phase, the Matrix channel logging in and syncing: with
+# SYMBOL_ORDER_MATRIX="<homeserver URL> <@bot:server>" and the access token of a bot user that
+# has never logged in with agentd in AGENTD_MATRIX_TOKEN (docs/BENCHMARKS.md). Its functions go
+# last, so a daemon without Matrix keeps its pages together.
+if [ -n "${SYMBOL_ORDER_MATRIX:-}" ]; then
+    set -- $SYMBOL_ORDER_MATRIX
+    CG_PHASE=matrix "$work/bench" footprint --matrix "$1" --matrix-user "$2" --agentd "$work/cg.sh"
+fi
 
 # Every function callgrind saw run (fn= and cfn= lines name them, the first time with their
 # name), kept if the binary defines it as code. What a start runs comes first, so an idle
@@ -42,17 +50,22 @@ ran() { cat "$@" | sed -n 's/^c\{0,1\}fn=([0-9]*) //p' | sort -u; }
 nm --defined-only "$work/agentd" | awk '$2 ~ /^[tTwW]$/ { print $3 }' | sort -u > "$work/defined"
 ran "$work"/start.* | comm -12 - "$work/defined" > "$work/start"
 ran "$work"/run.* | comm -12 - "$work/defined" | comm -23 - "$work/start" > "$work/later"
+: > "$work/matrix"
+if ls "$work"/matrix.* >/dev/null 2>&1; then
+    sort -u "$work/start" "$work/later" > "$work/seen"
+    ran "$work"/matrix.* | comm -12 - "$work/defined" | comm -23 - "$work/seen" > "$work/matrix"
+fi
 # An empty list (valgrind wrote nothing) must not replace the committed one.
 [ -s "$work/start" ] && [ -s "$work/later" ] || {
     echo "symbol-order.sh: callgrind recorded no functions; build/symbol-order.txt left as it was" >&2
     exit 1
 }
 mkdir -p build
-cat "$work/start" "$work/later" > build/symbol-order.txt
+cat "$work/start" "$work/later" "$work/matrix" > build/symbol-order.txt
 # The names hold a hash of the compiler's version and of the dependencies: build.rs warns when
 # another compiler builds or Cargo.lock changed.
 { "${RUSTC:-rustc}" -V; echo "Cargo.lock $(cksum < Cargo.lock)"; } > build/symbol-order.rustc
-echo "symbol-order.sh: $(wc -l < "$work/start") functions at the start, $(wc -l < "$work/later") more for messages, in build/symbol-order.txt"
+echo "symbol-order.sh: $(wc -l < "$work/start") functions at the start, $(wc -l < "$work/later") more for messages, $(wc -l < "$work/matrix") more for Matrix, in build/symbol-order.txt"
 
 # The shipped build again: stripped, with the new order (build.rs watches the file only once
 # it exists).
