@@ -14,7 +14,8 @@ device id, access token), so a user keeps one device across invocations. Command
 - join {room_id}: joins a room the user was invited to.
 - send {room_id, kind, ...}: kind `text` / `notice` {body}, `edit` {target, body}, `reply`
   {target, body, quoted}, `reaction` {target, key}, `image` / `file` / `audio` {path, mimetype,
-  body}; `audio` is a voice message (m.audio with the voice markers). Encrypted rooms: the
+  body, declared_size (the `info.size` announced, the true size when absent)}; `audio` is a
+  voice message (m.audio with the voice markers). Encrypted rooms: the
   message and the uploaded media are encrypted, room keys go to every device, unverified ones
   too. Returns event_id.
 - messages {room_id}: every event of the room from /messages, oldest first, decrypted where
@@ -170,7 +171,7 @@ async def upload(client, cmd, encrypted):
     uri = check(resp, "upload").content_uri
     content = {
         "body": cmd.get("body") or os.path.basename(path),
-        "info": {"mimetype": cmd["mimetype"], "size": size},
+        "info": {"mimetype": cmd["mimetype"], "size": cmd.get("declared_size", size)},
     }
     if encrypted:
         content["file"] = {"url": uri, **keys}
