@@ -317,9 +317,19 @@ impl MxClient {
     }
 }
 
+/// What `doctor` learns of the Matrix account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The account, its device and the homeserver, or why the check was skipped.
+    pub account: String,
+    /// Whether the device is verified (cross-signed), with the line to show; `None` when
+    /// there is no device yet.
+    pub device: Option<(bool, String)>,
+}
+
 /// For `doctor`: the homeserver answers and the token (or the saved login's) is valid; which
-/// device it is.
-pub async fn probe(cfg: &MatrixConfig, state_dir: &Path) -> Result<String, String> {
+/// device it is and whether it is cross-signed (`keys/query`).
+pub async fn probe(cfg: &MatrixConfig, state_dir: &Path) -> Result<Probe, String> {
     let http = http_client().map_err(|e| e.to_string())?;
     let saved = std::fs::read(store_dir(state_dir).join("session.json"))
         .ok()
@@ -328,21 +338,89 @@ pub async fn probe(cfg: &MatrixConfig, state_dir: &Path) -> Result<String, Strin
         (Some(t), _) => (t.expose_secret().to_string(), cfg.token_env.as_str()),
         (None, Some(s)) => (s.access_token.clone(), "the saved login"),
         (None, None) => {
-            return Ok(format!(
-                "{} reachable check skipped: no token yet (the daemon logs in with {} at start)",
-                cfg.homeserver, cfg.password_env
-            ));
+            return Ok(Probe {
+                account: format!(
+                    "{} reachable check skipped: no token yet (the daemon logs in with {} at start)",
+                    cfg.homeserver, cfg.password_env
+                ),
+                device: None,
+            });
         }
     };
-    match whoami(&http, &cfg.homeserver, &token).await {
-        Ok((user, device)) => Ok(format!(
-            "{user}, device {} on {}",
-            device.unwrap_or_else(|| "?".into()),
-            cfg.homeserver
-        )),
-        Err(MxError::Unauthorized(e)) => Err(format!("{e}: set a valid token in {var}")),
-        Err(e) => Err(e.to_string()),
+    let (user, device) = match whoami(&http, &cfg.homeserver, &token).await {
+        Ok(found) => found,
+        Err(MxError::Unauthorized(e)) => return Err(format!("{e}: set a valid token in {var}")),
+        Err(e) => return Err(e.to_string()),
+    };
+    let account = format!(
+        "{user}, device {} on {}",
+        device.as_deref().unwrap_or("?"),
+        cfg.homeserver
+    );
+    let Some(device) = device else {
+        return Ok(Probe {
+            account,
+            device: None,
+        });
+    };
+    let verified = match device_keys(&http, &cfg.homeserver, &token, &user, &device).await {
+        Ok(keys) if cross_signed(&keys, &user, &device) => {
+            (true, format!("device {device} verified (cross-signed)"))
+        }
+        Ok(_) => (
+            false,
+            format!("device {device} not verified: see docs/matrix.md (recovery key)"),
+        ),
+        Err(e) => (
+            false,
+            format!("device {device}: cannot tell whether it is verified: {e}"),
+        ),
+    };
+    Ok(Probe {
+        account,
+        device: Some(verified),
+    })
+}
+
+/// `POST /keys/query` for `device` of `user`: the answer's JSON.
+async fn device_keys(
+    http: &reqwest::Client,
+    homeserver: &str,
+    token: &str,
+    user: &str,
+    device: &str,
+) -> Result<serde_json::Value, MxError> {
+    let url = format!("{homeserver}/_matrix/client/v3/keys/query");
+    let resp = http
+        .post(&url)
+        .bearer_auth(token)
+        .timeout(REQUEST_TIMEOUT)
+        .json(&serde_json::json!({ "device_keys": { user: [device] } }))
+        .send()
+        .await
+        .map_err(|e| MxError::Retry {
+            after: None,
+            error: one_line(&crate::net::scrub::reqwest_error_text(e)),
+        })?;
+    let status = resp.status().as_u16();
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    if status != 200 {
+        return Err(status_error(status, &body, "keys/query"));
     }
+    Ok(body)
+}
+
+/// Whether a `keys/query` answer shows `device` of `user` cross-signed: its device keys carry
+/// a signature by the user's self-signing key (`self_signing_keys[user].keys`' key id among
+/// `device_keys[user][device].signatures[user]`).
+pub fn cross_signed(keys: &serde_json::Value, user: &str, device: &str) -> bool {
+    let Some(self_signing) = keys["self_signing_keys"][user]["keys"].as_object() else {
+        return false;
+    };
+    let signatures = &keys["device_keys"][user][device]["signatures"][user];
+    self_signing
+        .keys()
+        .any(|id| signatures.get(id).is_some_and(|sig| sig.is_string()))
 }
 
 /// The session to restore: from the token (whoami) or the saved login; `None` after a first
@@ -437,6 +515,33 @@ async fn login(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_is_cross_signed_when_the_self_signing_key_signed_it() {
+        let (user, device, ssk) = ("@bot:x", "DEV", "ed25519:SSKPUB");
+        let keys = |signed_by: &str| {
+            serde_json::json!({
+                "device_keys": { user: { device: { "signatures": { user: {
+                    "ed25519:DEV": "self-signature",
+                    signed_by: "sig",
+                } } } } },
+                "self_signing_keys": { user: { "keys": { ssk: "SSKPUB" }, "usage": ["self_signing"] } },
+            })
+        };
+        assert!(cross_signed(&keys(ssk), user, device));
+        assert!(
+            !cross_signed(&keys("ed25519:OTHER"), user, device),
+            "only its own signature"
+        );
+        let mut no_ssk = keys(ssk);
+        no_ssk["self_signing_keys"] = serde_json::json!({});
+        assert!(
+            !cross_signed(&no_ssk, user, device),
+            "no cross-signing set up"
+        );
+        assert!(!cross_signed(&keys(ssk), user, "OTHERDEV"));
+        assert!(!cross_signed(&serde_json::json!({}), user, device));
+    }
 
     #[test]
     fn errors_are_one_line() {
