@@ -383,9 +383,12 @@ fn passthrough(
         delivered.fetch_add(c.len(), Ordering::Relaxed);
         Ok::<_, std::io::Error>(c)
     });
+    let length = bytes.len();
     let mut resp = Response::new(Body::from_stream(stream));
     *resp.status_mut() = status;
     copy_headers(&mut resp, headers);
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     resp
 }
 
