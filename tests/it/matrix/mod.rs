@@ -6,6 +6,7 @@
 //! - `chat`: DMs answered, strangers ignored and their invites declined, encrypted DMs,
 //!   `/model` and `/stop`, approvals by reaction, a password login's device kept;
 //! - `media`: an image, a file and a voice note reach the model;
+//! - `rooms`: a room over `max_room_members` left; strangers' invites declined, also in a flood;
 //! - `verify`: the recovery key verifies the device, `doctor` says whether it is;
 //! - `crash`: kill -9 between the recorded intake and the sync acknowledgement, and between
 //!   the delivery record and the send: answered exactly once; homeserver faults (5xx, 429 with
@@ -17,6 +18,7 @@
 mod chat;
 mod crash;
 mod media;
+mod rooms;
 mod verify;
 
 use std::time::Duration;
