@@ -33,6 +33,8 @@ pub struct MatrixConfig {
     pub encryption: bool,
     pub text_chunk_limit: usize,
     pub max_download_bytes: u64,
+    /// Rooms with more joined members are left, never answered in.
+    pub max_room_members: usize,
 }
 
 /// `[matrix]`; without a homeserver: off.
@@ -60,6 +62,7 @@ pub fn matrix(root: &mut Section<'_>) -> MatrixConfig {
         encryption: s.read(&kc::MX_ENCRYPTION),
         text_chunk_limit: s.read(&kc::MX_TEXT_CHUNK_LIMIT),
         max_download_bytes: s.read(&kc::MX_MAX_DOWNLOAD_BYTES),
+        max_room_members: s.read(&kc::MX_MAX_ROOM_MEMBERS),
         user_id,
     };
     // A section naming the bot without a homeserver is a mistake, not "off".
@@ -190,7 +193,7 @@ mod tests {
         f.write(
             "config/agentd.toml",
             &format!(
-                "{MINIMAL}\n[matrix]\nuser_id = \"bot\"\nallow_from = [\"@*:x\"]\nrooms = [\"#alias:x\"]\n"
+                "{MINIMAL}\n[matrix]\nuser_id = \"bot\"\nallow_from = [\"@*:x\"]\nrooms = [\"#alias:x\"]\nmax_room_members = 1\n"
             ),
         );
         f.env.remove("AGENTD_MATRIX_TOKEN");
@@ -201,6 +204,7 @@ mod tests {
             "matrix.token_env: neither AGENTD_MATRIX_TOKEN nor AGENTD_MATRIX_PASSWORD is set",
             "matrix.allow_from[0]: \"@*:x\" is not a Matrix user id",
             "matrix.rooms[0]: \"#alias:x\" is not a room id",
+            "matrix.max_room_members: expected an integer ≥ 2, got 1",
         ] {
             assert!(
                 problems.iter().any(|p| p.starts_with(expected)),

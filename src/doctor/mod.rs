@@ -1,5 +1,5 @@
 //! `agentd doctor` (SPEC §10.4): checks the configuration, provider reachability, Telegram,
-//! the MCP servers, the databases, disk space and the exec sandbox's path, and prints a
+//! Matrix, the MCP servers, the databases, disk space and the exec sandbox's path, and prints a
 //! pass/fail table.
 //! Read-only apart from creating the state directory if it is missing.
 
@@ -79,7 +79,7 @@ pub async fn run(cfg: &Config) -> Vec<Check> {
         out.push(telegram(cfg).await);
     }
     if cfg.matrix.enabled {
-        out.push(matrix(cfg).await);
+        out.extend(matrix(cfg).await);
     }
     if !cfg.mcp_servers.is_empty() {
         out.extend(mcp::servers(cfg).await);
@@ -156,13 +156,21 @@ async fn telegram(cfg: &Config) -> Check {
     }
 }
 
-/// Matrix (SPEC §21): the homeserver answers and the token is valid (`whoami`).
-async fn matrix(cfg: &Config) -> Check {
+/// Matrix (SPEC §21): the homeserver answers and the token is valid (`whoami`); the device is
+/// verified (cross-signed) or not, a warning.
+async fn matrix(cfg: &Config) -> Vec<Check> {
     let probe = crate::channels::matrix::client::probe(&cfg.matrix, &cfg.paths.state_dir);
     match tokio::time::timeout(Duration::from_secs(10), probe).await {
-        Ok(Ok(detail)) => check("matrix whoami", Status::Pass, detail),
-        Ok(Err(e)) => check("matrix whoami", Status::Fail, e),
-        Err(_) => check("matrix whoami", Status::Fail, "no answer in 10 s"),
+        Ok(Ok(p)) => {
+            let mut out = vec![check("matrix whoami", Status::Pass, p.account)];
+            if let Some((verified, detail)) = p.device {
+                let status = if verified { Status::Pass } else { Status::Warn };
+                out.push(check("matrix device", status, detail));
+            }
+            out
+        }
+        Ok(Err(e)) => vec![check("matrix whoami", Status::Fail, e)],
+        Err(_) => vec![check("matrix whoami", Status::Fail, "no answer in 10 s")],
     }
 }
 

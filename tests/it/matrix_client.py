@@ -10,11 +10,13 @@ device id, access token), so a user keeps one device across invocations. Command
   (/_synapse/admin/v1/register, HMAC-SHA1 over the nonce); returns user_id, access_token,
   device_id (and keeps them in `store` when given).
 - login {user_id, password}: a password login (a new device), kept in `store`.
-- create_dm {invite: [user ids], encrypted}: a direct chat with those users invited.
+- create_dm {invite: [user ids], encrypted, count}: a direct chat with those users invited
+  (`count` of them, 1 when absent); returns room_id (the first) and room_ids.
 - join {room_id}: joins a room the user was invited to.
 - send {room_id, kind, ...}: kind `text` / `notice` {body}, `edit` {target, body}, `reply`
   {target, body, quoted}, `reaction` {target, key}, `image` / `file` / `audio` {path, mimetype,
-  body}; `audio` is a voice message (m.audio with the voice markers). Encrypted rooms: the
+  body, declared_size (the `info.size` announced, the true size when absent)}; `audio` is a
+  voice message (m.audio with the voice markers). Encrypted rooms: the
   message and the uploaded media are encrypted, room keys go to every device, unverified ones
   too. Returns event_id.
 - messages {room_id}: every event of the room from /messages, oldest first, decrypted where
@@ -22,7 +24,8 @@ device id, access token), so a user keeps one device across invocations. Command
 - wait {room_id, sender, count, contains, timeout}: syncs until the room holds at least `count`
   m.room.message events from `sender` (whose body contains `contains`, when given); returns
   them as `events`.
-- membership {room_id, user_id}: the user's membership in the room ("" when none).
+- membership {room_id, user_id}: the user's membership in the room ("" when none);
+  memberships {room_ids, user_id}: the same for each room, as a list.
 - devices {user_id}: the user's device ids (from /keys/query).
 - logout {access_token}: revokes that access token (POST /logout).
 """
@@ -147,13 +150,25 @@ def check(resp, what):
 
 
 async def create_dm(client, cmd):
-    resp = await client.room_create(
-        is_direct=True,
-        preset=RoomPreset.trusted_private_chat,
-        invite=cmd.get("invite", []),
-        initial_state=[ENCRYPTION] if cmd.get("encrypted") else [],
-    )
-    return {"room_id": check(resp, "create the room").room_id}
+    rooms = []
+    for _ in range(int(cmd.get("count", 1))):
+        resp = await client.room_create(
+            is_direct=True,
+            preset=RoomPreset.trusted_private_chat,
+            invite=cmd.get("invite", []),
+            initial_state=[ENCRYPTION] if cmd.get("encrypted") else [],
+        )
+        rooms.append(check(resp, "create the room").room_id)
+    return {"room_id": rooms[0], "room_ids": rooms}
+
+
+def membership(client, room_id, user_id):
+    path = f"/_matrix/client/v3/rooms/{quote(room_id)}/state/m.room.member/{quote(user_id)}"
+    try:
+        state = http(client.homeserver, "GET", path, client.access_token)
+    except Failed:
+        state = {}
+    return state.get("membership", "")
 
 
 async def upload(client, cmd, encrypted):
@@ -170,7 +185,7 @@ async def upload(client, cmd, encrypted):
     uri = check(resp, "upload").content_uri
     content = {
         "body": cmd.get("body") or os.path.basename(path),
-        "info": {"mimetype": cmd["mimetype"], "size": size},
+        "info": {"mimetype": cmd["mimetype"], "size": cmd.get("declared_size", size)},
     }
     if encrypted:
         content["file"] = {"url": uri, **keys}
@@ -313,12 +328,9 @@ async def with_client(cmd):
         if name == "wait":
             return await wait(client, cmd)
         if name == "membership":
-            path = f"/_matrix/client/v3/rooms/{quote(cmd['room_id'])}/state/m.room.member/{quote(cmd['user_id'])}"
-            try:
-                state = http(client.homeserver, "GET", path, client.access_token)
-            except Failed:
-                state = {}
-            return {"membership": state.get("membership", "")}
+            return {"membership": membership(client, cmd["room_id"], cmd["user_id"])}
+        if name == "memberships":
+            return {"memberships": [membership(client, r, cmd["user_id"]) for r in cmd["room_ids"]]}
         if name == "devices":
             body = {"device_keys": {cmd["user_id"]: []}}
             keys = http(client.homeserver, "POST", "/_matrix/client/v3/keys/query", client.access_token, body)

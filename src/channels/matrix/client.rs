@@ -63,7 +63,7 @@ impl From<matrix_sdk::HttpError> for MxError {
     }
 }
 
-fn one_line(s: &str) -> String {
+pub(super) fn one_line(s: &str) -> String {
     let s = s.replace(['\n', '\r'], " ");
     s.chars().take(300).collect()
 }
@@ -165,26 +165,36 @@ pub async fn whoami(
         })?;
     let status = resp.status().as_u16();
     let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    if status != 200 {
+        return Err(status_error(status, &body, "whoami"));
+    }
+    let user = body.get("user_id").and_then(|v| v.as_str()).unwrap_or("");
+    let device = body.get("device_id").and_then(|v| v.as_str());
+    Ok((user.to_string(), device.map(str::to_string)))
+}
+
+/// What a non-200 answer of our own requests means (`body` the error JSON, if any): a refused
+/// token is `Unauthorized`, 429 (with its `retry_after_ms`) and 5xx are worth a retry, the
+/// rest is refused for good.
+pub fn status_error(status: u16, body: &serde_json::Value, what: &str) -> MxError {
     let errcode = body.get("errcode").and_then(|v| v.as_str()).unwrap_or("");
     match status {
-        200 => {
-            let user = body.get("user_id").and_then(|v| v.as_str()).unwrap_or("");
-            let device = body.get("device_id").and_then(|v| v.as_str());
-            Ok((user.to_string(), device.map(str::to_string)))
-        }
         401 | 403
             if errcode == "M_UNKNOWN_TOKEN" || errcode == "M_MISSING_TOKEN" || status == 401 =>
         {
-            Err(MxError::Unauthorized(format!(
+            MxError::Unauthorized(format!(
                 "the homeserver refused the access token ({errcode})"
-            )))
+            ))
         }
-        429 | 500..=599 => Err(MxError::Retry {
-            after: None,
-            error: format!("whoami answered HTTP {status}"),
-        }),
-        _ => Err(MxError::Fatal(format!(
-            "whoami answered HTTP {status} {errcode}"
+        429 | 500..=599 => MxError::Retry {
+            after: body
+                .get("retry_after_ms")
+                .and_then(|v| v.as_u64())
+                .map(Duration::from_millis),
+            error: format!("{what} answered HTTP {status}"),
+        },
+        _ => MxError::Fatal(one_line(&format!(
+            "{what} answered HTTP {status} {errcode}"
         ))),
     }
 }
@@ -271,71 +281,6 @@ impl MxClient {
 }
 
 impl MxClient {
-    /// Download the media of `source` (an event's `url` or encrypted `file`, decrypted) into
-    /// `dest_dir` (0700) as a new 0600 file `<unix ts>-<event>.<ext>`. Refused when the
-    /// declared size or the bytes received pass `max_bytes`.
-    pub async fn download(
-        &self,
-        media: &Media<'_>,
-        dest_dir: &Path,
-        max_bytes: u64,
-    ) -> Result<PathBuf, String> {
-        use matrix_sdk::media::{MediaFormat, MediaRequestParameters};
-        use matrix_sdk::ruma::events::room::MediaSource;
-        if let Some(size) = media.size
-            && size > max_bytes
-        {
-            return Err(format!(
-                "the file has {size} bytes; at most {max_bytes} are taken"
-            ));
-        }
-        let source = match media.source {
-            serde_json::Value::String(url) => MediaSource::Plain(url.as_str().into()),
-            other => MediaSource::Encrypted(Box::new(
-                serde_json::from_value(other.clone())
-                    .map_err(|e| format!("unreadable encrypted file: {e}"))?,
-            )),
-        };
-        let request = MediaRequestParameters {
-            source,
-            format: MediaFormat::File,
-        };
-        let bytes = self
-            .sdk
-            .media()
-            .get_media_content(&request, false)
-            .await
-            .map_err(|e| MxError::from(e).to_string())?;
-        if bytes.len() as u64 > max_bytes {
-            return Err(format!(
-                "the file has {} bytes; at most {max_bytes} are taken",
-                bytes.len()
-            ));
-        }
-        crate::fsutil::create_private_dir(dest_dir)
-            .map_err(|e| format!("cannot create {}: {e}", dest_dir.display()))?;
-        let path = dest_dir.join(media.file_name());
-        let write = {
-            let path = path.clone();
-            move || -> std::io::Result<()> {
-                use std::io::Write;
-                use std::os::unix::fs::OpenOptionsExt;
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&path)?;
-                f.write_all(&bytes)?;
-                f.sync_all()
-            }
-        };
-        tokio::task::spawn_blocking(write)
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        Ok(path)
-    }
-
     /// Mark `event_id` of `room_id` read (failures are only logged).
     pub async fn read_receipt(&self, room_id: &str, event_id: &str) {
         use matrix_sdk::ruma::api::client::receipt::create_receipt::v3::ReceiptType;
@@ -372,9 +317,19 @@ impl MxClient {
     }
 }
 
+/// What `doctor` learns of the Matrix account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The account, its device and the homeserver, or why the check was skipped.
+    pub account: String,
+    /// Whether the device is verified (cross-signed), with the line to show; `None` when
+    /// there is no device yet.
+    pub device: Option<(bool, String)>,
+}
+
 /// For `doctor`: the homeserver answers and the token (or the saved login's) is valid; which
-/// device it is.
-pub async fn probe(cfg: &MatrixConfig, state_dir: &Path) -> Result<String, String> {
+/// device it is and whether it is cross-signed (`keys/query`).
+pub async fn probe(cfg: &MatrixConfig, state_dir: &Path) -> Result<Probe, String> {
     let http = http_client().map_err(|e| e.to_string())?;
     let saved = std::fs::read(store_dir(state_dir).join("session.json"))
         .ok()
@@ -383,55 +338,89 @@ pub async fn probe(cfg: &MatrixConfig, state_dir: &Path) -> Result<String, Strin
         (Some(t), _) => (t.expose_secret().to_string(), cfg.token_env.as_str()),
         (None, Some(s)) => (s.access_token.clone(), "the saved login"),
         (None, None) => {
-            return Ok(format!(
-                "{} reachable check skipped: no token yet (the daemon logs in with {} at start)",
-                cfg.homeserver, cfg.password_env
-            ));
+            return Ok(Probe {
+                account: format!(
+                    "{} reachable check skipped: no token yet (the daemon logs in with {} at start)",
+                    cfg.homeserver, cfg.password_env
+                ),
+                device: None,
+            });
         }
     };
-    match whoami(&http, &cfg.homeserver, &token).await {
-        Ok((user, device)) => Ok(format!(
-            "{user}, device {} on {}",
-            device.unwrap_or_else(|| "?".into()),
-            cfg.homeserver
-        )),
-        Err(MxError::Unauthorized(e)) => Err(format!("{e}: set a valid token in {var}")),
-        Err(e) => Err(e.to_string()),
-    }
+    let (user, device) = match whoami(&http, &cfg.homeserver, &token).await {
+        Ok(found) => found,
+        Err(MxError::Unauthorized(e)) => return Err(format!("{e}: set a valid token in {var}")),
+        Err(e) => return Err(e.to_string()),
+    };
+    let account = format!(
+        "{user}, device {} on {}",
+        device.as_deref().unwrap_or("?"),
+        cfg.homeserver
+    );
+    let Some(device) = device else {
+        return Ok(Probe {
+            account,
+            device: None,
+        });
+    };
+    let verified = match device_keys(&http, &cfg.homeserver, &token, &user, &device).await {
+        Ok(keys) if cross_signed(&keys, &user, &device) => {
+            (true, format!("device {device} verified (cross-signed)"))
+        }
+        Ok(_) => (
+            false,
+            format!("device {device} not verified: see docs/matrix.md (recovery key)"),
+        ),
+        Err(e) => (
+            false,
+            format!("device {device}: cannot tell whether it is verified: {e}"),
+        ),
+    };
+    Ok(Probe {
+        account,
+        device: Some(verified),
+    })
 }
 
-/// An event's media, for [`MxClient::download`].
-pub struct Media<'a> {
-    pub event_id: &'a str,
-    pub source: &'a serde_json::Value,
-    pub size: Option<u64>,
-    /// The sender's file name (its extension is kept).
-    pub body: &'a str,
-    pub default_ext: &'static str,
+/// `POST /keys/query` for `device` of `user`: the answer's JSON.
+async fn device_keys(
+    http: &reqwest::Client,
+    homeserver: &str,
+    token: &str,
+    user: &str,
+    device: &str,
+) -> Result<serde_json::Value, MxError> {
+    let url = format!("{homeserver}/_matrix/client/v3/keys/query");
+    let resp = http
+        .post(&url)
+        .bearer_auth(token)
+        .timeout(REQUEST_TIMEOUT)
+        .json(&serde_json::json!({ "device_keys": { user: [device] } }))
+        .send()
+        .await
+        .map_err(|e| MxError::Retry {
+            after: None,
+            error: one_line(&crate::net::scrub::reqwest_error_text(e)),
+        })?;
+    let status = resp.status().as_u16();
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    if status != 200 {
+        return Err(status_error(status, &body, "keys/query"));
+    }
+    Ok(body)
 }
 
-impl Media<'_> {
-    /// `<unix ts>-<event id's safe characters>.<ext>`: inside the directory whatever the sender
-    /// named it.
-    pub fn file_name(&self) -> String {
-        let safe = |s: &str, max: usize| -> String {
-            s.chars()
-                .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-                .take(max)
-                .collect()
-        };
-        let ext = self
-            .body
-            .rsplit_once('.')
-            .map(|(_, e)| safe(e, 10).to_ascii_lowercase())
-            .filter(|e| !e.is_empty())
-            .unwrap_or_else(|| self.default_ext.to_string());
-        let id = match safe(self.event_id, 64) {
-            s if s.is_empty() => "file".to_string(),
-            s => s,
-        };
-        format!("{}-{id}.{ext}", chrono::Utc::now().timestamp())
-    }
+/// Whether a `keys/query` answer shows `device` of `user` cross-signed: its device keys carry
+/// a signature by the user's self-signing key (`self_signing_keys[user].keys`' key id among
+/// `device_keys[user][device].signatures[user]`).
+pub fn cross_signed(keys: &serde_json::Value, user: &str, device: &str) -> bool {
+    let Some(self_signing) = keys["self_signing_keys"][user]["keys"].as_object() else {
+        return false;
+    };
+    let signatures = &keys["device_keys"][user][device]["signatures"][user];
+    self_signing
+        .keys()
+        .any(|id| signatures.get(id).is_some_and(|sig| sig.is_string()))
 }
 
 /// The session to restore: from the token (whoami) or the saved login; `None` after a first
@@ -528,26 +517,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn download_names_stay_inside_the_directory() {
-        let v = serde_json::Value::Null;
-        let m = Media {
-            event_id: "$ab/../c:x",
-            source: &v,
-            size: None,
-            body: "../../x.PNG",
-            default_ext: "bin",
+    fn a_device_is_cross_signed_when_the_self_signing_key_signed_it() {
+        let (user, device, ssk) = ("@bot:x", "DEV", "ed25519:SSKPUB");
+        let keys = |signed_by: &str| {
+            serde_json::json!({
+                "device_keys": { user: { device: { "signatures": { user: {
+                    "ed25519:DEV": "self-signature",
+                    signed_by: "sig",
+                } } } } },
+                "self_signing_keys": { user: { "keys": { ssk: "SSKPUB" }, "usage": ["self_signing"] } },
+            })
         };
-        let name = m.file_name();
-        assert!(name.ends_with("-abcx.png"), "{name}");
-        assert!(!name.contains('/'));
-        let m = Media {
-            event_id: "$e",
-            source: &v,
-            size: None,
-            body: "voice",
-            default_ext: "ogg",
-        };
-        assert!(m.file_name().ends_with("-e.ogg"));
+        assert!(cross_signed(&keys(ssk), user, device));
+        assert!(
+            !cross_signed(&keys("ed25519:OTHER"), user, device),
+            "only its own signature"
+        );
+        let mut no_ssk = keys(ssk);
+        no_ssk["self_signing_keys"] = serde_json::json!({});
+        assert!(
+            !cross_signed(&no_ssk, user, device),
+            "no cross-signing set up"
+        );
+        assert!(!cross_signed(&keys(ssk), user, "OTHERDEV"));
+        assert!(!cross_signed(&serde_json::json!({}), user, device));
     }
 
     #[test]

@@ -3,12 +3,14 @@
 //! recorded), so a restart neither replays acknowledged events nor skips new ones (an event
 //! offered twice after a crash is dropped by intake, by its id). Invites are joined only when
 //! the inviter is allowed, declined otherwise; events of strangers and of rooms outside
-//! `rooms` are neither answered nor recorded.
+//! `rooms` are neither answered nor recorded. Members are lazy-loaded, and a room with more
+//! joined members than `max_room_members` is left, not answered in.
 //!
 //! Failures never end the loop: 5xx, 429 (waiting `retry_after_ms`) and dropped connections
 //! back off with jitter; a refused token turns the health red with one ERROR naming the
 //! variable and is retried at the longest interval. Only cancellation ends it.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,11 +91,14 @@ pub struct SyncLoop {
     pub backoff_max: Duration,
 }
 
+/// Members are lazy-loaded: a room brings the member events of the senders in the response,
+/// not every member's (a room of 10,000 would bring 10,000 into the first sync and the store).
 fn filter() -> Filter {
-    let mut timeline = RoomEventFilter::default();
+    let mut timeline = RoomEventFilter::with_lazy_loading();
     timeline.limit = Some(TIMELINE_LIMIT.into());
     let mut room = RoomFilter::default();
     room.timeline = timeline;
+    room.state = RoomEventFilter::with_lazy_loading();
     let mut def = FilterDefinition::default();
     def.room = room;
     Filter::FilterDefinition(def)
@@ -103,6 +108,7 @@ impl SyncLoop {
     /// Run until `stop`.
     pub async fn run(self, stop: CancellationToken) {
         let mut token = self.tokens.load().await;
+        let mut too_big = HashSet::new();
         let mut backoff =
             Backoff::exponential(self.backoff_min, self.backoff_max).honouring_retry_after();
         loop {
@@ -121,7 +127,7 @@ impl SyncLoop {
                     backoff.reset();
                     // The first sync (no token yet) brings history: only invites are taken.
                     let history = token.is_none();
-                    match self.handle(&resp, history).await {
+                    match self.handle(&resp, history, &mut too_big).await {
                         Ok(()) => {
                             self.tokens.save(&resp.next_batch).await;
                             token = Some(resp.next_batch);
@@ -193,22 +199,35 @@ impl SyncLoop {
         wait
     }
 
-    /// Invites, then every room's events in order.
+    /// Invites, rooms over `max_room_members` left, then every other room's events in order.
+    /// `too_big` holds the rooms already logged as too big.
     async fn handle(
         &self,
         resp: &matrix_sdk::sync::SyncResponse,
         history: bool,
+        too_big: &mut HashSet<String>,
     ) -> Result<(), String> {
         let cfg = self.live.get();
-        let invites = resp.rooms.invited.keys();
-        for room_id in invites.take(MAX_INVITES_PER_SYNC) {
-            self.invite(room_id.as_str()).await;
+        // Every pending invite of the store, not only this response's: an invite left over
+        // from a flood does not come again in a later response.
+        let invites = self.client.sdk.invited_rooms();
+        for room in invites.iter().take(MAX_INVITES_PER_SYNC) {
+            self.invite(room.room_id().as_str()).await;
         }
-        if resp.rooms.invited.len() > MAX_INVITES_PER_SYNC {
+        if invites.len() > MAX_INVITES_PER_SYNC {
             tracing::warn!(
-                invites = resp.rooms.invited.len(),
-                "matrix: more invites than handled per sync; the rest wait"
+                invites = invites.len(),
+                "matrix: more invites than handled per sync; the rest wait for the next"
             );
+        }
+        let mut left = HashSet::new();
+        for room_id in resp.rooms.joined.keys() {
+            if self
+                .leave_if_too_big(room_id.as_str(), cfg.matrix.max_room_members, too_big)
+                .await
+            {
+                left.insert(room_id.as_str());
+            }
         }
         if history {
             return Ok(());
@@ -216,6 +235,9 @@ impl SyncLoop {
         let me = self.client.user_id.as_str();
         for (room_id, update) in &resp.rooms.joined {
             let room_id = room_id.as_str();
+            if left.contains(room_id) {
+                continue;
+            }
             if update.timeline.limited {
                 tracing::warn!(room = %room_id, "matrix: more events than one sync holds; older ones of this gap are not read");
             }
@@ -248,6 +270,35 @@ impl SyncLoop {
         Ok(())
     }
 
+    /// Leave `room_id` when it has more joined members than `max` (logged once per room, in
+    /// `logged`); whether it was too big.
+    async fn leave_if_too_big(
+        &self,
+        room_id: &str,
+        max: usize,
+        logged: &mut HashSet<String>,
+    ) -> bool {
+        let Ok(room) = self.client.room(room_id) else {
+            return false;
+        };
+        let members = room.joined_members_count();
+        if !room_too_big(members, max) {
+            return false;
+        }
+        if logged.insert(room_id.to_string()) {
+            tracing::warn!(
+                room = %room_id,
+                members,
+                max_room_members = max,
+                "matrix: a room with {members} joined members, over [matrix] max_room_members = {max}, is left and not answered in (every member's devices would get its keys); raise max_room_members to {members} to stay in rooms this size"
+            );
+        }
+        if let Err(e) = room.leave().await {
+            tracing::warn!(room = %room_id, error = %e, "matrix: cannot leave a room");
+        }
+        true
+    }
+
     /// Join an allowed user's invite; decline anyone else's.
     async fn invite(&self, room_id: &str) {
         let Ok(room) = self.client.room(room_id) else {
@@ -278,6 +329,12 @@ impl SyncLoop {
             }
         }
     }
+}
+
+/// Whether a room of `joined` members is over the bound `max` (`[matrix] max_room_members`):
+/// then the bot leaves it. An unknown count (0) is not.
+pub fn room_too_big(joined: u64, max: usize) -> bool {
+    joined > max as u64
 }
 
 /// Edits of a message of the same batch replace its text before it is handed on (it is not
@@ -318,6 +375,24 @@ mod tests {
                 quoted: None,
             },
         }
+    }
+
+    #[test]
+    fn rooms_over_the_member_bound_are_left() {
+        assert!(!room_too_big(2, 2), "a direct chat at the smallest bound");
+        assert!(room_too_big(3, 2));
+        assert!(!room_too_big(100, 100));
+        assert!(room_too_big(10_000, 100));
+        assert!(!room_too_big(0, 2), "an unknown count leaves nothing");
+    }
+
+    #[test]
+    fn members_are_lazy_loaded() {
+        let Filter::FilterDefinition(def) = filter() else {
+            panic!("a filter definition");
+        };
+        assert!(!def.room.state.lazy_load_options.is_disabled());
+        assert!(!def.room.timeline.lazy_load_options.is_disabled());
     }
 
     #[test]

@@ -77,6 +77,9 @@ config_keys! {
         MX_MAX_DOWNLOAD_BYTES: "matrix" "max_download_bytes", Int<u64> = Int::capped(1, 50 * 1024 * 1024, "; files are taken up to 50 MiB"),
             default(50 * MIB), restart, matrix.max_download_bytes,
             "size cap for images, files and audio taken into `inbox/` (by the declared and the actual size)";
+        MX_MAX_ROOM_MEMBERS: "matrix" "max_room_members", Int<usize> = Int::at_least(2),
+            default(100), live, matrix.max_room_members,
+            "the bot leaves (and never answers in) a room with more joined members than this: every member's devices would get the keys of its messages, and everyone there could talk to the agent";
     ]
 }
 

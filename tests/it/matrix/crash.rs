@@ -259,12 +259,8 @@ fn a_revoked_token_turns_matrix_red_with_one_error_and_no_restart_loop() {
     let pid = w.d.pid();
 
     alice.revoke(&w.bot.access_token);
-    let monitor = w.d.state_dir.join("monitor.json");
     let health = wait_until(WAIT, "Matrix red in monitor.json", || {
-        let bytes = std::fs::read(&monitor).ok()?;
-        let m: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        let h = m["channels"]["matrix"].clone();
-        (h["healthy"] == false).then_some(h)
+        w.matrix_health().filter(|h| h["healthy"] == false)
     });
     let errors = |log: &str| {
         log.lines()

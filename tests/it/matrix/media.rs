@@ -108,3 +108,108 @@ fn an_image_a_file_and_a_voice_note_reach_the_model() {
         "the transcript is the user turn: {third}"
     );
 }
+
+/// The files of the daemon's `inbox/`, by name.
+fn inbox(w: &World) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(w.d.state_dir.join("inbox"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Downloads are streamed with the cap (`max_download_bytes` = 1 MiB here): a 2 MiB file that
+/// says so and a 24 MiB one whose `info.size` lies (1 KiB) are both refused (the model is told,
+/// nothing is left in inbox/), and the liar is not read whole: the proxy delivers far less than
+/// its size before the daemon hangs up. An encrypted file under the cap arrives intact.
+#[test]
+fn downloads_stop_at_the_cap_whatever_the_size_declared_and_encrypted_files_arrive_intact() {
+    const MIB: usize = 1 << 20;
+    let alice = synapse().register("alice");
+    let llm = FakeLlm::spawn(Wire::OpenAi);
+    let mut w = World::new(
+        llm,
+        &[&alice.user_id],
+        &format!("max_download_bytes = {MIB}"),
+        "",
+        &[],
+        Login::Token,
+    );
+    w.llm.push(Reply::text("too big noted"));
+    w.llm.push(Reply::text("liar noted"));
+    w.llm.push(Reply::text("secret file received"));
+    w.d.start();
+    let room = w.dm(&alice, false);
+    let files = tempfile::tempdir().unwrap();
+    let write = |name: &str, len: usize| {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let path = files.path().join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        (path, bytes)
+    };
+
+    // True size declared: refused before any byte is fetched.
+    let (big, _) = write("big.bin", 2 * MIB);
+    alice.send(
+        &room,
+        "file",
+        json!({"path": big, "mimetype": "application/octet-stream", "body": "big.bin"}),
+    );
+    w.answer_containing(&alice, &room, "too big noted");
+    let first = asked(&w.llm, 0).to_string();
+    assert!(
+        first.contains("[attachment could not be downloaded: the file has 2097152 bytes"),
+        "{first}"
+    );
+
+    // A lie: 1 KiB declared, 24 MiB sent. Stopped once the bytes pass the cap.
+    let (liar, _) = write("liar.bin", 24 * MIB);
+    alice.send(
+        &room,
+        "file",
+        json!({"path": liar, "mimetype": "application/octet-stream", "body": "liar.bin", "declared_size": 1024}),
+    );
+    w.answer_containing(&alice, &room, "liar noted");
+    let second = asked(&w.llm, 1).to_string();
+    assert!(
+        second
+            .contains("[attachment could not be downloaded: the file has more than 1048576 bytes"),
+        "{second}"
+    );
+    let fetched = w.proxy.seen_matching("GET", "/media/download/");
+    assert_eq!(fetched.len(), 1, "only the liar was fetched: {fetched:#?}");
+    let delivered = fetched[0]
+        .delivered
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        delivered < 16 * MIB,
+        "the download went on after the cap: {delivered} of {} bytes read",
+        24 * MIB
+    );
+    assert!(inbox(&w).is_empty(), "nothing left behind: {:?}", inbox(&w));
+
+    // Encrypted, under the cap: decrypted from a streamed ciphertext, byte for byte.
+    let secret_room = w.dm(&alice, true);
+    let (doc, bytes) = write("secret.bin", 300 * 1024);
+    let event = alice.send(
+        &secret_room,
+        "file",
+        json!({"path": doc, "mimetype": "application/octet-stream", "body": "secret.bin"}),
+    );
+    w.answer_containing(&alice, &secret_room, "secret file received");
+    let intake = w.wait_intake(&secret_room, &event);
+    let saved = intake["attachments"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("the file is an attachment of its intake: {intake:#}"));
+    assert_eq!(std::fs::read(saved).unwrap(), bytes, "decrypted intact");
+    let name = std::path::Path::new(saved)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(inbox(&w), [name], "no ciphertext left beside it");
+}

@@ -6,6 +6,8 @@
 //! - `chat`: DMs answered, strangers ignored and their invites declined, encrypted DMs,
 //!   `/model` and `/stop`, approvals by reaction, a password login's device kept;
 //! - `media`: an image, a file and a voice note reach the model;
+//! - `rooms`: a room over `max_room_members` left; strangers' invites declined, also in a flood;
+//! - `verify`: the recovery key verifies the device, `doctor` says whether it is;
 //! - `crash`: kill -9 between the recorded intake and the sync acknowledgement, and between
 //!   the delivery record and the send: answered exactly once; homeserver faults (5xx, 429 with
 //!   `retry_after_ms`, a connection dropped mid-sync, a revoked token).
@@ -16,6 +18,8 @@
 mod chat;
 mod crash;
 mod media;
+mod rooms;
+mod verify;
 
 use std::time::Duration;
 
@@ -131,6 +135,13 @@ impl World {
             .into_iter()
             .filter(|l| l["type"] == "intake")
             .collect()
+    }
+
+    /// The Matrix channel's health in `monitor.json`, once there is one.
+    fn matrix_health(&self) -> Option<Value> {
+        let bytes = std::fs::read(self.d.state_dir.join("monitor.json")).ok()?;
+        let m: Value = serde_json::from_slice(&bytes).ok()?;
+        Some(m["channels"]["matrix"].clone()).filter(|h| !h.is_null())
     }
 
     /// Waits for the intake record of `event_id` (`mx-<event id>`).

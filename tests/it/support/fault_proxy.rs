@@ -11,6 +11,7 @@
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -18,6 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
+use futures::StreamExt;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -88,6 +90,9 @@ pub struct Seen {
     pub path: String,
     /// The fault it got, if any.
     pub fault: Option<Fault>,
+    /// How many bytes of the answer's body went out to the client (passed-through answers
+    /// are sent in chunks: a client that stops reading stops the count).
+    pub delivered: Arc<AtomicUsize>,
 }
 
 struct Shared {
@@ -254,12 +259,15 @@ fn take_rule(shared: &Shared, method: &str, path: &str, body: Option<&[u8]>) -> 
     Some(rule.fault.clone())
 }
 
-fn record(shared: &Shared, method: &str, path: &str, fault: Option<Fault>) {
+fn record(shared: &Shared, method: &str, path: &str, fault: Option<Fault>) -> Arc<AtomicUsize> {
+    let delivered = Arc::new(AtomicUsize::new(0));
     shared.seen.lock().unwrap().push(Seen {
         method: method.to_string(),
         path: path.to_string(),
         fault,
+        delivered: delivered.clone(),
     });
+    delivered
 }
 
 async fn wait_released(shared: &Shared) {
@@ -276,8 +284,9 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         .unwrap_or_default();
     let released = *shared.released.borrow();
     let held = !released && take_rule(&shared, &method, &path, None).is_some();
+    let mut delivered = None;
     if held {
-        record(&shared, &method, &path, Some(Fault::Hold));
+        delivered = Some(record(&shared, &method, &path, Some(Fault::Hold)));
         wait_released(&shared).await;
     }
     let (parts, body) = req.into_parts();
@@ -311,11 +320,12 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     } else {
         take_rule(&shared, &method, &path, Some(&bytes))
     };
-    if !held {
-        record(&shared, &method, &path, fault.clone());
-    }
+    let delivered = match delivered {
+        Some(d) => d,
+        None => record(&shared, &method, &path, fault.clone()),
+    };
     match fault {
-        None => passthrough(status, &headers, bytes),
+        None => passthrough(status, &headers, bytes, delivered),
         Some(Fault::Status(code)) => {
             error_response(code, "M_UNKNOWN", "injected by the test's fault proxy")
         }
@@ -336,7 +346,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         Some(Fault::DropMidBody) => cut_off(status, &headers, bytes),
         Some(Fault::ForwardThenHold) => {
             wait_released(&shared).await;
-            passthrough(status, &headers, bytes)
+            passthrough(status, &headers, bytes, delivered)
         }
         Some(Fault::Hold) => unreachable!("holds are taken before forwarding"),
     }
@@ -357,10 +367,28 @@ fn copy_headers(resp: &mut Response, headers: &HeaderMap) {
     }
 }
 
-fn passthrough(status: StatusCode, headers: &HeaderMap, bytes: Bytes) -> Response {
-    let mut resp = Response::new(Body::from(bytes));
+/// The answer as it came, its body in chunks of 64 KiB counted into `delivered` as they go.
+fn passthrough(
+    status: StatusCode,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    delivered: Arc<AtomicUsize>,
+) -> Response {
+    const CHUNK: usize = 64 << 10;
+    let chunks: Vec<Bytes> = (0..bytes.len())
+        .step_by(CHUNK)
+        .map(|i| bytes.slice(i..(i + CHUNK).min(bytes.len())))
+        .collect();
+    let stream = futures::stream::iter(chunks).map(move |c| {
+        delivered.fetch_add(c.len(), Ordering::Relaxed);
+        Ok::<_, std::io::Error>(c)
+    });
+    let length = bytes.len();
+    let mut resp = Response::new(Body::from_stream(stream));
     *resp.status_mut() = status;
     copy_headers(&mut resp, headers);
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     resp
 }
 

@@ -295,6 +295,13 @@ impl MatrixUser {
         str_field(&out, "room_id")
     }
 
+    /// Creates `count` direct chats inviting `invite` (not encrypted) in one client run;
+    /// returns their room ids.
+    pub fn create_dms(&self, invite: &[&str], count: usize) -> Vec<String> {
+        let out = self.call(json!({"cmd": "create_dm", "invite": invite, "count": count}));
+        strings(&out, "room_ids")
+    }
+
     /// Joins a room this user was invited to.
     pub fn join(&self, room: &str) {
         self.call(json!({"cmd": "join", "room_id": room}));
@@ -364,6 +371,12 @@ impl MatrixUser {
         str_field(&out, "membership")
     }
 
+    /// `user`'s membership in each of `rooms`, in order (one client run).
+    pub fn memberships(&self, rooms: &[String], user: &str) -> Vec<String> {
+        let out = self.call(json!({"cmd": "memberships", "room_ids": rooms, "user_id": user}));
+        strings(&out, "memberships")
+    }
+
     /// Waits until `user`'s membership in `room` is `want`; panics naming the last one.
     pub fn wait_membership(&self, room: &str, user: &str, want: &str) {
         let deadline = Instant::now() + Duration::from_secs(WAIT_SECONDS);
@@ -383,14 +396,7 @@ impl MatrixUser {
     /// `user`'s device ids (from /keys/query).
     pub fn devices(&self, user: &str) -> Vec<String> {
         let out = self.call(json!({"cmd": "devices", "user_id": user}));
-        out["devices"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|d| d.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
+        strings(&out, "devices")
     }
 
     /// Revokes `access_token` (POST /logout with it): the homeserver answers M_UNKNOWN_TOKEN
@@ -404,6 +410,17 @@ fn str_field(v: &Value, k: &str) -> String {
     v[k].as_str()
         .unwrap_or_else(|| panic!("no {k} in {v}"))
         .to_string()
+}
+
+/// The strings of the array `v[k]`.
+fn strings(v: &Value, k: &str) -> Vec<String> {
+    v[k].as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn events(v: &Value) -> Vec<Value> {
@@ -458,6 +475,7 @@ rc_invites:
   per_issuer: {unlimited}
 rc_key_requests: {unlimited}
 rc_admin_redaction: {unlimited}
+rc_room_creation: {unlimited}
 "#
     )
 }

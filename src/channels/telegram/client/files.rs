@@ -1,12 +1,12 @@
 //! Files over the Bot API: uploads (`sendPhoto`, `sendDocument`, … as one multipart request,
 //! refused over [`MAX_UPLOAD_BYTES`] before anything is read) and downloads (`getFile`, then
-//! streamed into a new 0600 file of a 0700 directory, bounded by size).
+//! streamed into a new 0600 file of a 0700 directory, bounded by size: `net::download`).
 
 use std::path::{Path, PathBuf};
 
-use futures::StreamExt;
 use secrecy::ExposeSecret;
-use tokio::io::AsyncWriteExt;
+
+use crate::net::download::StreamError;
 
 use super::{FileKind, RawBody, TelegramClient, TgError, message_id};
 
@@ -94,32 +94,23 @@ impl TelegramClient {
                 max: max_bytes,
             });
         }
+        let response = self.fetch_file(file_path).await?;
         create_dir_0700(dest_dir).await?;
         let name = download_file_name(chrono::Utc::now().timestamp(), unique_id, file_path);
-        let (path, mut out) = create_new_0600(dest_dir, &name).await?;
-        let written = self.stream_to(file_path, &mut out, max_bytes, &path).await;
-        drop(out);
-        match written {
-            Ok(()) => Ok(path),
-            Err(e) => {
-                if let Err(rm) = tokio::fs::remove_file(&path).await {
-                    tracing::warn!(path = %path.display(), error = %rm, "telegram: cannot remove a partial download");
-                }
-                Err(e)
+        let (path, out) = create_new_0600(dest_dir, &name).await?;
+        match crate::net::download::stream_capped(response, out, &path, max_bytes).await {
+            Ok(_) => Ok(path),
+            Err(StreamError::TooLarge { got, max }) => Err(TgError::TooLarge { size: got, max }),
+            Err(StreamError::Network(e)) => Err(self.network_error(e.without_url(), None)),
+            Err(StreamError::Io(e)) => {
+                Err(TgError::Io(format!("cannot write {}: {e}", path.display())))
             }
         }
     }
 
-    async fn stream_to(
-        &self,
-        file_path: &str,
-        out: &mut tokio::fs::File,
-        max_bytes: u64,
-        path: &Path,
-    ) -> Result<(), TgError> {
-        let io_err =
-            |e: std::io::Error| TgError::Io(format!("cannot write {}: {e}", path.display()));
-        // `<api_url>/file/bot<token>/<file_path>`, Telegram's path pushed as its segments.
+    /// `GET <api_url>/file/bot<token>/<file_path>` (Telegram's path pushed as its segments):
+    /// the answer, once its status is 200.
+    async fn fetch_file(&self, file_path: &str) -> Result<reqwest::Response, TgError> {
         let mut url = self.api_url.clone();
         if let Ok(mut segments) = url.path_segments_mut() {
             segments.pop_if_empty();
@@ -127,15 +118,12 @@ impl TelegramClient {
             segments.push(&format!("bot{}", self.token.expose_secret()));
             segments.extend(file_path.split('/').filter(|s| !s.is_empty() && *s != ".."));
         }
-        let url_text = url.as_str().to_string();
-        let net = |e: reqwest::Error| {
-            if e.is_timeout() {
-                TgError::Timeout
-            } else {
-                TgError::Network(self.scrub_error(&e, Some(&url_text)))
-            }
-        };
-        let response = self.http.get(url.as_str()).send().await.map_err(net)?;
+        let response = self
+            .http
+            .get(url.as_str())
+            .send()
+            .await
+            .map_err(|e| self.network_error(e, Some(url.as_str())))?;
         let status = response.status().as_u16();
         if status != 200 {
             return Err(match status {
@@ -144,22 +132,15 @@ impl TelegramClient {
                 _ => TgError::Network(format!("the file download answered HTTP {status}")),
             });
         }
-        let mut stream = response.bytes_stream();
-        let mut total: u64 = 0;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(net)?;
-            total += chunk.len() as u64;
-            if total > max_bytes {
-                return Err(TgError::TooLarge {
-                    size: total,
-                    max: max_bytes,
-                });
-            }
-            out.write_all(&chunk).await.map_err(io_err)?;
+        Ok(response)
+    }
+
+    fn network_error(&self, e: reqwest::Error, url: Option<&str>) -> TgError {
+        if e.is_timeout() {
+            TgError::Timeout
+        } else {
+            TgError::Network(self.scrub_error(&e, url))
         }
-        out.flush().await.map_err(io_err)?;
-        out.sync_all().await.map_err(io_err)?;
-        Ok(())
     }
 }
 
