@@ -441,10 +441,10 @@ fn only_channels_telegram_names_teloxide() {
 #[test]
 fn only_channels_matrix_names_matrix_sdk() {
     check(Rule {
-        what: "`matrix_sdk` / `ruma`",
+        what: "`matrix_sdk` / `matrix_sdk_crypto` / `ruma`",
         why: "one module knows the Matrix client (docs/ARCHITECTURE.md invariant 6)",
         allowed: &["src/channels/matrix/"],
-        matches: &any_token(&["matrix_sdk", "ruma"]),
+        matches: &any_token(&["matrix_sdk", "matrix_sdk_crypto", "ruma"]),
     });
 }
 
